@@ -1,0 +1,13 @@
+"""tinytune: a lazy-tensor kernel generator with an autotuning harness."""
+from __future__ import annotations
+
+from tinytune.codegen.kernel import Kernel, KernelOptError
+from tinytune.codegen.opts import Opt, OptOps
+from tinytune.dtype import DType, dtypes
+from tinytune.helpers import Context
+from tinytune.realize import GlobalCounters
+from tinytune.runtime import Device
+from tinytune.tensor import Tensor
+
+__version__ = "0.1.0"
+__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "Kernel", "KernelOptError", "Opt", "OptOps"]

@@ -1,0 +1,278 @@
+"""The C-style renderer family: one walk over a kernel emits C; dialects set types, qualifiers and prefixes.
+
+Register parts of the kernel (UPCAST, UNROLL) are expanded into straight-line code. One UPCAST part along the
+contiguous output axis becomes SIMD lanes: a value is one scalar for all lanes, one native vector, or one
+scalar per lane, whichever the loads and ops allow."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
+from tinytune.dtype import DType, dtypes
+from tinytune.shape import strides_for
+from tinytune.uop import Ops, UOp, simplify
+
+TRUE = UOp.const(dtypes.bool, True)
+
+
+@dataclass(frozen=True)
+class Val:
+  """A rendered value: kind "s" (one scalar for every lane), "v" (a native vector), "l" (a scalar per lane)."""
+  kind: str
+  names: tuple[str, ...]
+
+  def lane(self, i: int) -> str: return self.names[0] if self.kind == "s" else f"{self.names[0]}[{i}]" if self.kind == "v" else self.names[i]
+
+
+class CStyleRenderer:
+  types = {dtypes.bool: "_Bool", dtypes.uint8: "unsigned char", dtypes.int32: "int", dtypes.int64: "long",
+           dtypes.float16: "_Float16", dtypes.float32: "float"}
+  kernel_prefix = "void"
+  restrict = "restrict"
+  vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
+  prelude = """#include <math.h>
+static inline long tt_fdiv(long a, long b) { long q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }
+static inline long tt_fmod(long a, long b) { long r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }
+"""
+
+  def vtype(self, width: int) -> str: return f"tt_f{width}"
+  def vector_prelude(self, width: int) -> str:
+    vt = self.vtype(width)
+    return (f"typedef float {vt} __attribute__((vector_size({4 * width})));\n"
+            f"static inline {vt} {vt}_load(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}\n"
+            f"static inline void {vt}_store(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}\n")
+
+  def literal(self, v: object, dtype: DType) -> str:
+    if dtype == dtypes.bool: return "1" if v else "0"
+    if dtype.is_int: return f"{int(v)}L" if dtype == dtypes.int64 else str(int(v))  # type: ignore[call-overload]
+    f = float(v)  # type: ignore[arg-type]
+    if math.isnan(f): return "NAN"
+    if math.isinf(f): return "INFINITY" if f > 0 else "(-INFINITY)"
+    text = f"{f!r}f"
+    return f"(({self.types[dtype]}){text})" if dtype != dtypes.float32 else f"({text})" if f < 0 else text
+
+  def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    a = args[0]
+    b = args[1] if len(args) > 1 else ""
+    if op is Ops.CAST: return f"(({self.types[dtype]})({a}))"
+    return {
+      Ops.NEG: f"(-{a})", Ops.EXP2: f"exp2f({a})", Ops.LOG2: f"log2f({a})", Ops.SIN: f"sinf({a})", Ops.SQRT: f"sqrtf({a})",
+      Ops.RECIP: f"(1.0f/{a})", Ops.ADD: f"({a}+{b})", Ops.MUL: f"({a}*{b})", Ops.IDIV: f"({a}/{b})", Ops.MOD: f"({a}%{b})",
+      Ops.MAX: f"({a}>{b}?{a}:{b})", Ops.CMPLT: f"({a}<{b})", Ops.CMPNE: f"({a}!={b})", Ops.AND: f"({a}&{b})",
+      Ops.OR: f"({a}|{b})", Ops.XOR: f"({a}^{b})", Ops.WHERE: f"({a}?{b}:{args[2] if len(args) > 2 else ''})",
+    }[op]
+
+  def index(self, u: UOp) -> str:
+    """Render integer index math; division and modulo are floor operations where the numerator can be negative."""
+    if u.op is Ops.CONST: return str(int(u.arg)) if u.arg >= 0 else f"({int(u.arg)})"
+    if u.op is Ops.VAR: return u.arg[0]
+    s = [self.index(x) for x in u.src]
+    if u.op in (Ops.IDIV, Ops.MOD) and u.src[0].vmin < 0: return f"tt_f{'div' if u.op is Ops.IDIV else 'mod'}({s[0]},{s[1]})"
+    if u.op is Ops.AND: return f"({s[0]}&&{s[1]})"
+    return self.code(u.op, s, u.dtype)
+
+  def render(self, k: Kernel) -> str: return _KernelRender(self, k).source()
+
+
+class _KernelRender:
+  def __init__(self, r: CStyleRenderer, k: Kernel):
+    self.r, self.k, self.count = r, k, 0
+    self.lines: list[str] = []
+    self.memo: dict[tuple, Val] = {}
+    self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
+    self.decls: list[str] = []
+    self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
+    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim, for float32 outputs
+    self.width, self.lane_axis = 1, -1
+    for i, a in enumerate(k.axes):
+      if a.kind is AxisKind.UPCAST and a.dim == k.n_global - 1 and a.stride == 1 and k.ast.dtype == dtypes.float32:
+        self.width = next((w for w in (k.caps.simd_width, 4) if a.size % w == 0), 1)
+        self.lane_axis = i if self.width > 1 else -1
+    self.lane = UOp.var("lane", 0, self.width - 1)
+    self.vt = r.vtype(self.width)
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t"}
+    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, a.size - 1) if a.size > 1 else UOp.const(dtypes.int64, 0)
+                     for i, a in enumerate(k.axes) if a.kind in names}
+
+  # ***** emitting *****
+  def emit(self, ctype: str, expr: str, prefix: str = "v") -> str:
+    self.count += 1
+    self.lines.append(f"{ctype} {prefix}{self.count} = {expr};")
+    return f"{prefix}{self.count}"
+
+  def vec(self, v: Val) -> str:
+    if v.kind == "v": return v.names[0]
+    if v.kind == "s": return v.names[0]  # scalars mix with vectors in C vector extensions
+    return self.emit(self.vt, f"({self.vt}){{{', '.join(v.names)}}}")
+
+  def subst_lane(self, u: UOp, i: int) -> UOp: return simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+  def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
+
+  def index_val(self, u: UOp) -> Val:
+    if not self.lane_dep(u): return Val("s", (self.r.index(u),))
+    return Val("l", tuple(self.r.index(self.subst_lane(u, i)) for i in range(self.width)))
+
+  # ***** dims *****
+  def dims(self, inst: dict[int, UOp]) -> list[UOp]:
+    """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
+    exprs, zero = [], UOp.const(dtypes.int64, 0)
+    for d in range(len(self.k.sizes)):
+      e = UOp.const(dtypes.int64, 0)
+      for i, a in enumerate(self.k.axes):
+        if a.dim == d: e = e + (self.loopvars[i] if i in self.loopvars else inst.get(i, zero)) * a.stride
+      exprs.append(simplify(e))
+    return exprs
+
+  def clamp(self, d: int, e: UOp) -> UOp:
+    """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
+    if d not in self.k.padded: return e
+    real = self.k.padded[d]
+    return simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
+
+  def guard(self, dims: list[UOp], which: range) -> UOp:
+    g = TRUE
+    for d in which:
+      if d in self.k.padded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
+    return simplify(g)
+
+  def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
+    axes = [i for i, a in enumerate(self.k.axes) if a.kind in kinds]
+    ranges = [range(0, self.k.axes[i].size, self.width if i == self.lane_axis else 1) for i in axes]
+    return [{i: UOp.const(dtypes.int64, v) + (self.lane if i == self.lane_axis else 0) for i, v in zip(axes, vals)}
+            for vals in itertools.product(*ranges)]
+
+  # ***** values *****
+  def node(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    key = (u, idx)
+    if key in self.memo: return self.memo[key]
+    if u.op is Ops.CONST: ret = Val("s", (self.r.literal(u.arg, u.dtype),))
+    elif u.op is Ops.VIEW:
+      off, valid = u.arg.index(idx)
+      off, valid, src = simplify(off), simplify(valid), u.src[0]
+      if src.op is Ops.BUFFER:
+        if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
+        ret = self.memo[lkey]
+      else:
+        child = tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape)))
+        ret = self.node(src, child)
+        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
+    elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
+    elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
+    else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
+    self.memo[key] = ret
+    return ret
+
+  def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
+    ctype = self.r.types[dtype]
+    if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, self.r.code(op, [s.names[0] for s in srcs], dtype)),))
+    if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in src_dtypes or [dtype]):
+      return Val("v", (self.emit(self.vt, self.r.code(op, [self.vec(s) for s in srcs], dtype)),))
+    return Val("l", tuple(self.emit(ctype, self.r.code(op, [s.lane(i) for s in srcs], dtype)) for i in range(self.width)))
+
+  def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
+    ptr, ctype, zero = f"data{self.bufs[buf.arg]}", self.r.types[buf.dtype], self.r.literal(0, buf.dtype)
+    def scalar(o: UOp, v: UOp) -> str:
+      return f"{ptr}[{self.r.index(o)}]" if v is TRUE else f"({self.r.index(v)}?{ptr}[{self.r.index(o)}]:{zero})"
+    if not self.lane_dep(off, valid): return Val("s", (self.emit(ctype, scalar(off, valid)),))
+    base = self.subst_lane(off, 0)
+    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and simplify(off - base) is self.lane:
+      load = f"{self.vt}_load({ptr}+{self.r.index(base)})"
+      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.r.index(valid)}?{load}:({self.vt}){{0}})"),))
+    return Val("l", tuple(self.emit(ctype, scalar(self.subst_lane(off, i), self.subst_lane(valid, i))) for i in range(self.width)))
+
+  def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
+    op, ctype = red.arg[0], self.r.types[red.dtype]
+    ident = self.r.literal(0 if op is Ops.ADD else -math.inf if red.dtype.is_float else _dtype_min(red.dtype), red.dtype)
+    self.count += 1
+    if not self.lane_dep(*idx): ret, decl = Val("s", (f"acc{self.count}",)), [f"{ctype} acc{self.count} = {ident};"]
+    elif red.dtype == dtypes.float32 and op is Ops.ADD:
+      ret, decl = Val("v", (f"acc{self.count}",)), [f"{self.vt} acc{self.count} = ({self.vt}){{{', '.join([ident] * self.width)}}};"]
+    else:
+      ret = Val("l", tuple(f"acc{self.count}_{i}" for i in range(self.width)))
+      decl = [f"{ctype} {n} = {ident};" for n in ret.names]
+    self.decls += decl
+    self.accs.append((red, idx, ret))
+    return ret
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp]) -> None:
+    k = self.k
+    in_idx = list(idx)
+    for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
+    val = self.node(red.src[0], tuple(in_idx))
+    if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
+      ident = self.r.literal(0 if red.arg[0] is Ops.ADD else -math.inf if red.dtype.is_float else _dtype_min(red.dtype), red.dtype)
+      val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val("s", (ident,))])
+    if acc.kind == "v": self.lines.append(f"{acc.names[0]} = {self.r.code(red.arg[0], [acc.names[0], self.vec(val)], red.dtype)};")
+    else:
+      for i, name in enumerate(acc.names): self.lines.append(f"{name} = {self.r.code(red.arg[0], [name, val.lane(i)], red.dtype)};")
+
+  def store(self, val: Val, off: UOp, guard: UOp) -> None:
+    ptr = "data0"
+    if self.lane_dep(off) and val.kind != "s" or self.lane_dep(off, guard):
+      base = self.subst_lane(off, 0)
+      if val.kind == "v" and not self.lane_dep(guard) and simplify(off - base) is self.lane:
+        line = f"{self.vt}_store({ptr}+{self.r.index(base)}, {val.names[0]});"
+        self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
+        return
+      for i in range(self.width):
+        g, line = self.subst_lane(guard, i), f"{ptr}[{self.r.index(self.subst_lane(off, i))}] = {val.lane(i)};"
+        self.lines.append(line if g is TRUE else f"if ({self.r.index(g)}) {line}")
+      return
+    line = f"{ptr}[{self.r.index(off)}] = {val.names[0] if val.kind == 's' else val.lane(0)};"
+    self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
+
+  # ***** the kernel *****
+  def source(self) -> str:
+    k = self.k
+    out_strides = strides_for(k.out_shape)
+    for inst in self.instances((AxisKind.UPCAST,)):
+      dims = self.dims(inst)
+      val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
+      off = simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
+      self.store(val, off, self.guard(dims, range(k.n_global)))
+    post, self.lines, self.memo = self.lines, [], {}
+    for inst in self.instances((AxisKind.UNROLL,)):
+      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, self.dims(inst))
+    body = self.lines
+    return self.assemble(body, post)
+
+  def assemble(self, body: list[str], post: list[str]) -> str:
+    k, out, depth = self.k, [], 1
+    def loop(i: int) -> None:
+      nonlocal depth
+      if k.axes[i].size > 1:
+        var = self.loopvars[i].arg[0]
+        out.append("  " * depth + f"for (long {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
+        depth += 1
+    def close(n: int) -> None:
+      nonlocal depth
+      for _ in range(n):
+        depth -= 1
+        out.append("  " * depth + "}")
+    loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size > 1]
+    if loops: out.append("  #pragma omp parallel for schedule(static)")
+    loops += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
+    for i in loops: loop(i)
+    opened = sum(k.axes[i].size > 1 for i in loops)
+    out += ["  " * depth + line for line in self.decls]
+    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    for i in red_loops: loop(i)
+    out += ["  " * depth + line for line in body]
+    close(sum(k.axes[i].size > 1 for i in red_loops))
+    out += ["  " * depth + line for line in post]
+    close(opened)
+    args = [f"{self.r.types[k.ast.dtype]}* {self.r.restrict} data0"]
+    args += [f"const {self.r.types[b.dtype]}* {self.r.restrict} data{i}" for b, i in self.bufs.items()]
+    head = self.r.prelude + (self.r.vector_prelude(self.width) if self.width > 1 else "")
+    return f"{head}{self.r.kernel_prefix} {k.name}({', '.join(args)}) {{\n" + "\n".join(out) + "\n}\n"
+
+
+def _dtype_min(dt: DType) -> int: return int(dtypes.min(dt))
+
+
+class CRenderer(CStyleRenderer):
+  """C for the CPU (gcc or clang with OpenMP)."""
+

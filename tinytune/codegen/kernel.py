@@ -1,0 +1,146 @@
+"""A kernel: the fused AST of one output, its axes, and the opts that rewrite them."""
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from enum import Enum
+from functools import cached_property
+from typing import Sequence
+
+from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
+from tinytune.helpers import prod, round_up
+from tinytune.runtime import Buffer, DeviceCaps
+from tinytune.uop import ALU, Ops, UOp
+
+__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis"]
+
+
+class AxisKind(Enum):
+  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; GROUP = "gr"  # noqa: E702
+
+
+LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
+
+
+@dataclass
+class Axis:
+  size: int
+  kind: AxisKind
+  dim: int  # the kernel dim this axis is a part of
+  stride: int  # the dim's index is the sum of stride * value over its axes
+
+
+def find_reduce(ast: UOp) -> UOp | None:
+  reduces = {u for u in ast.toposort if u.op is Ops.REDUCE}
+  if len(reduces) > 1: raise ValueError("a kernel has at most one reduce; the scheduler splits the rest")
+  return next(iter(reduces), None)
+
+
+class Kernel:
+  """The AST's output dims are the global dims, the reduce's dims follow; `axes` are the loops and register parts they split into."""
+
+  def __init__(self, ast: UOp, caps: DeviceCaps):
+    self.ast, self.caps = ast, caps
+    self.reduceop = find_reduce(ast)
+    self.out_shape: tuple[int, ...] = ast.shape
+    self.n_global = len(self.out_shape)
+    self.reduce_axes: tuple[int, ...] = self.reduceop.arg[1] if self.reduceop is not None else ()
+    red_sizes = [self.reduceop.src[0].shape[a] for a in self.reduce_axes] if self.reduceop is not None else []
+    self.sizes: list[int] = list(self.out_shape) + red_sizes  # padded sizes after PADTO
+    self.axes = [Axis(s, AxisKind.GLOBAL if d < self.n_global else AxisKind.REDUCE, d, 1) for d, s in enumerate(self.sizes)]
+    self.global_order = list(range(self.n_global))
+    self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
+    self.opts: list[Opt] = []
+    self.bufs: list[Buffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
+
+  @property
+  def n_reduce(self) -> int: return len(self.sizes) - self.n_global
+  def real_size(self, dim: int) -> int: return self.padded.get(dim, self.sizes[dim])
+  def remaining(self, dim: int) -> Axis: return next(a for a in self.axes if a.dim == dim and a.kind in LOOPS)
+  def upcast_size(self) -> int: return prod(a.size for a in self.axes if a.kind in (AxisKind.UPCAST, AxisKind.UNROLL))
+  def copy(self) -> Kernel:
+    ret = copy.copy(self)
+    ret.axes, ret.global_order, ret.padded, ret.opts = [copy.copy(a) for a in self.axes], list(self.global_order), dict(self.padded), list(self.opts)
+    return ret
+
+  @property
+  def name(self) -> str:
+    return ("r_" if self.reduceop is not None else "E_") + "_".join(str(s) for s in self.sizes or [1])
+
+  # ***** identity *****
+  @cached_property
+  def ast_text(self) -> str:
+    """A canonical text of the AST: ops, dtypes, views, constants and buffer positions, never addresses or ids."""
+    index: dict[UOp, int] = {}
+    lines = []
+    for u in self.ast.toposort:
+      index[u] = len(index)
+      arg = f"buf{self.bufs.index(u.arg)}:{u.arg.size}" if u.op is Ops.BUFFER else repr(u.arg)
+      lines.append(f"{index[u]} {u.op.name} {u.dtype.name} {[index[s] for s in u.src]} {arg}")
+    return "\n".join(lines)
+
+  @cached_property
+  def key(self) -> str: return hashlib.sha256(self.ast_text.encode()).hexdigest()[:24]
+
+  @cached_property
+  def flops(self) -> int:
+    ops = 0
+    for u in self.ast.toposort:
+      if u.op in ALU and u.op is not Ops.CAST: ops += prod(u.shape)
+      if u.op is Ops.REDUCE: ops += prod(u.src[0].shape)
+    return ops
+
+  @property
+  def mem_bytes(self) -> int: return sum(b.nbytes for b in self.bufs) + prod(self.out_shape) * self.ast.dtype.itemsize
+
+  # ***** opts *****
+  def apply_opts(self, opts: Sequence[Opt]) -> Kernel:
+    for opt in opts: self.apply_opt(opt)
+    return self
+
+  def apply_opt(self, opt: Opt) -> None:
+    """Apply one opt in place, or raise KernelOptError (leaving the kernel unchanged) if it is not valid here."""
+    check(isinstance(opt, Opt) and isinstance(opt.axis, int) and isinstance(opt.arg, int), f"not an opt: {opt!r}")
+    op, arg = opt.op, opt.arg
+    check(op is not OptOps.TC, "TC needs a device with tensor cores")
+    if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
+    if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
+      check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
+      dim = opt.axis
+    elif op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):
+      check(0 <= opt.axis < self.n_reduce, f"{op.name} axis {opt.axis} is not one of the {self.n_reduce} reduce axes")
+      dim = self.n_global + opt.axis
+    else:
+      check(0 <= opt.axis < len(self.sizes), f"PADTO axis {opt.axis} is not one of the {len(self.sizes)} axes")
+      dim = opt.axis
+    rem = self.remaining(dim)
+    if op is OptOps.SWAP:
+      check(0 <= arg < self.n_global and arg != dim, f"SWAP needs another global axis, got {arg}")
+      i, j = self.global_order.index(dim), self.global_order.index(arg)
+      check(i < j, "SWAP moves an axis inward past a later one; use the earlier axis first")
+      self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
+    elif op is OptOps.PADTO:
+      check(dim not in self.padded and sum(a.dim == dim for a in self.axes) == 1, "PADTO comes before any split of its axis")
+      new = round_up(rem.size, arg) if arg > 1 else 0
+      check(arg > 1 and new != rem.size and new <= 2 * rem.size, f"PADTO {arg} does not fit axis of size {rem.size}")
+      self.padded[dim], rem.size, self.sizes[dim] = rem.size, new, new
+    else:
+      check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
+      if op in (OptOps.UPCAST, OptOps.UNROLL):
+        check(self.upcast_size() * arg <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
+      if op is OptOps.THREAD:
+        check(self.caps.threads > 1 and arg <= 4 * self.caps.threads, f"THREAD {arg} over this device's {self.caps.threads} threads")
+        check(all(a.kind is not AxisKind.THREAD for a in self.axes), "one THREAD opt per kernel")
+      kind = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL,
+              OptOps.GROUP: AxisKind.GROUP, OptOps.GROUPTOP: AxisKind.GROUP, OptOps.THREAD: AxisKind.THREAD}[op]
+      if op in (OptOps.THREAD, OptOps.GROUPTOP):  # outer part
+        self.axes.append(Axis(arg, kind, dim, rem.stride * (rem.size // arg)))
+      else:  # inner part
+        self.axes.append(Axis(arg, kind, dim, rem.stride))
+        rem.stride *= arg
+      rem.size //= arg
+    self.opts.append(opt)
+
+  def __repr__(self) -> str:
+    return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"

@@ -1,0 +1,63 @@
+"""Small shared helpers: environment knobs, math on shapes, the cache directory."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import operator
+import os
+import pathlib
+from typing import Any, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+def prod(xs: Iterable[int]) -> int: return functools.reduce(operator.mul, xs, 1)
+def argfix(*x: Any) -> tuple:
+  """Accept both f(1, 2) and f((1, 2))."""
+  return tuple(x[0]) if len(x) == 1 and isinstance(x[0], (tuple, list)) else tuple(x)
+def all_same(xs: list) -> bool: return all(x == xs[0] for x in xs)
+def round_up(x: int, m: int) -> int: return -(-x // m) * m
+def getenv(key: str, default: Any = 0) -> Any: return type(default)(os.getenv(key, default))
+def divisors(n: int) -> list[int]: return [d for d in range(1, n + 1) if n % d == 0]
+def ilog2(n: int) -> int: return int(math.log2(n))
+
+
+class ContextVar:
+  """A knob read once from the environment and changeable with `with Context(NAME=value):`."""
+  registry: dict[str, ContextVar] = {}
+
+  def __init__(self, key: str, default: int):
+    self.key, self.value = key, getenv(key, default)
+    ContextVar.registry[key] = self
+
+  def __bool__(self) -> bool: return bool(self.value)
+  def __ge__(self, x: int) -> bool: return self.value >= x
+  def __gt__(self, x: int) -> bool: return self.value > x
+  def __lt__(self, x: int) -> bool: return self.value < x
+
+
+# DEBUG=2: a line per kernel run; 3: its opts; 4: the generated source; 5: the kernel IR.
+DEBUG = ContextVar("DEBUG", 0)
+# NOOPT=1: run every kernel with no opts (the reference the optimized kernels are checked against).
+NOOPT = ContextVar("NOOPT", 0)
+
+
+@contextlib.contextmanager
+def Context(**kwargs: int) -> Iterator[None]:
+  """Temporarily set knobs: `with Context(DEBUG=4): ...`."""
+  unknown = [k for k in kwargs if k not in ContextVar.registry]
+  if unknown: raise ValueError(f"unknown context variable(s) {unknown}; known: {sorted(ContextVar.registry)}")
+  old = {k: ContextVar.registry[k].value for k in kwargs}
+  for k, v in kwargs.items(): ContextVar.registry[k].value = v
+  try: yield
+  finally:
+    for k, v in old.items(): ContextVar.registry[k].value = v
+
+
+def cache_dir() -> pathlib.Path:
+  """Where tinytune keeps compiled kernels and databases: $TINYTUNE_CACHE_DIR or the user cache dir."""
+  base = os.getenv("TINYTUNE_CACHE_DIR") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tinytune")
+  path = pathlib.Path(base)
+  path.mkdir(parents=True, exist_ok=True)
+  return path

@@ -1,0 +1,69 @@
+"""Cut a lazy graph into kernels.
+
+Elementwise work and views are inlined into the kernel that consumes them. A kernel holds at most one reduce, with
+its elementwise inputs before and its elementwise users after. A reduce becomes its own kernel's output (a buffer)
+when it is read through an expanding or padding view, from inside another reduce, or beside a second reduce."""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from tinytune.helpers import prod
+from tinytune.runtime import Buffer
+from tinytune.shape import View
+from tinytune.uop import Ops, UOp
+
+
+@dataclass
+class ScheduleItem:
+  ast: UOp  # the value to compute; BUFFER leaves are its inputs
+  out: Buffer  # filled contiguously with ast.shape
+
+
+# node -> the VIEW-of-BUFFER that holds its realized value, so later schedules reuse it
+realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+def buffer_view(buf: Buffer, shape: tuple[int, ...]) -> UOp:
+  return UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), View.create(shape))
+
+
+def is_buffer_view(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER
+
+
+def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
+  """Walk one kernel from its root; return the reduces that must become kernel boundaries."""
+  found: dict[UOp, bool] = {}  # reduce -> may be inlined
+  seen: set[tuple[UOp, bool, bool]] = set()
+  stack = [(root, False, False)]
+  while stack:
+    u, expanded, in_reduce = stack.pop()
+    if (u, expanded, in_reduce) in seen: continue
+    seen.add((u, expanded, in_reduce))
+    if u is not root and u in roots or u.op in (Ops.BUFFER, Ops.CONST): continue
+    if u.op is Ops.REDUCE:
+      found[u] = found.get(u, True) and not expanded and not in_reduce
+      stack.append((u.src[0], False, True))
+    elif u.op is Ops.VIEW: stack.append((u.src[0], expanded or u.arg.expands, in_reduce))
+    else: stack.extend((s, expanded, in_reduce) for s in u.src)
+  bad = {r for r, ok in found.items() if not ok}
+  rest = sorted((r for r in found if r not in bad), key=lambda r: root.toposort.index(r))
+  return bad | set(rest[:-1])  # keep the outermost reduce in this kernel
+
+
+def create_schedule(target: UOp, device: str) -> tuple[list[ScheduleItem], UOp]:
+  """The kernels that compute `target`, in order, and the realized node that replaces it."""
+  target = target.substitute({u: realized[u] for u in target.toposort if u in realized})
+  if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return [], target
+  roots: set[UOp] = {target} | {u for u in target.toposort if u.op is Ops.CONTIGUOUS}
+  while new := set().union(*(_kernel_reduces(root, roots) for root in roots)) - roots: roots |= new
+  order = [u for u in target.toposort if u in roots]
+  outputs: dict[UOp, UOp] = {}
+  items = []
+  for root in order:
+    ast = root.substitute({r: outputs[r] for r in outputs})
+    buf = Buffer(device, prod(root.shape), root.dtype)
+    items.append(ScheduleItem(ast, buf))
+    outputs[root] = buffer_view(buf, root.shape)
+  for root, out in outputs.items(): realized[root] = out
+  return items, outputs[target]
