@@ -8,7 +8,7 @@ from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.helpers import DEBUG, NOOPT
 from tinytune.runtime import Device, Program
-from tinytune.schedule import ScheduleItem
+from tinytune.schedule import ScheduleItem, realized
 
 
 class GlobalCounters:
@@ -46,6 +46,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     program, src = compile_kernel(kernel, device)
     if DEBUG >= 4: print(src)
     seconds = program(item.out, *kernel.bufs)
+    realized[item.node] = item.view
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += kernel.flops
     GlobalCounters.global_mem += kernel.mem_bytes

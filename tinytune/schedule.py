@@ -18,9 +18,11 @@ from tinytune.uop import Ops, UOp
 class ScheduleItem:
   ast: UOp  # the value to compute; BUFFER leaves are its inputs
   out: Buffer  # filled contiguously with ast.shape
+  node: UOp  # the graph node this kernel realizes
+  view: UOp  # the VIEW of `out` that stands for `node` once the kernel has run
 
 
-# node -> the VIEW-of-BUFFER that holds its realized value, so later schedules reuse it
+# node -> the VIEW-of-BUFFER that holds its realized value (filled in after the kernel runs), so later schedules reuse it
 realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 
 
@@ -63,7 +65,6 @@ def create_schedule(target: UOp, device: str) -> tuple[list[ScheduleItem], UOp]:
   for root in order:
     ast = root.substitute({r: outputs[r] for r in outputs})
     buf = Buffer(device, prod(root.shape), root.dtype)
-    items.append(ScheduleItem(ast, buf))
     outputs[root] = buffer_view(buf, root.shape)
-  for root, out in outputs.items(): realized[root] = out
+    items.append(ScheduleItem(ast, buf, root, outputs[root]))
   return items, outputs[target]

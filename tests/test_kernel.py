@@ -1,0 +1,71 @@
+"""Kernel identity, the compile cache and debug output."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tinytune import Context, Device, Kernel, Tensor, dtypes
+from tinytune.realize import compile_kernel
+from tinytune.runtime import cpu
+from tinytune.schedule import create_schedule
+
+KEY_SCRIPT = """
+from tinytune import Tensor, Kernel, Device
+from tinytune.schedule import create_schedule
+a, b = Tensor.rand({m}, 32).realize(), Tensor.rand(32, 16).realize()
+item = create_schedule(((a @ b).relu() + 1).uop, 'CPU')[0][0]
+print(Kernel(item.ast, Device['CPU'].caps).key)
+"""
+
+
+def kernel_of(t: Tensor) -> Kernel:
+  return Kernel(create_schedule(t.uop, t.device)[0][-1].ast, Device[t.device].caps)
+
+
+def key_in_subprocess(m: int) -> str:
+  return subprocess.run([sys.executable, "-c", KEY_SCRIPT.format(m=m)], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_key_is_stable_across_processes() -> None:
+  assert key_in_subprocess(8) == key_in_subprocess(8)
+  assert key_in_subprocess(8) != key_in_subprocess(12)
+
+
+def test_key_ignores_buffers_but_not_shapes_strides_dtypes() -> None:
+  a, b = Tensor.rand(8, 8).realize(), Tensor.rand(8, 8).realize()
+  assert kernel_of(a + b).key == kernel_of(Tensor.rand(8, 8).realize() + Tensor.rand(8, 8).realize()).key
+  assert kernel_of(a + b).key != kernel_of(a + b.T).key
+  assert kernel_of(a + b).key != kernel_of(a.cast(dtypes.float16) + b.cast(dtypes.float16)).key
+  assert kernel_of(a + b).key != kernel_of(Tensor.rand(8, 9).realize() + Tensor.rand(8, 9).realize()).key
+
+
+def test_compile_cache_hit(tmp_path, monkeypatch) -> None:
+  monkeypatch.setenv("TINYTUNE_CACHE_DIR", str(tmp_path))
+  k = kernel_of(Tensor.rand(4, 4).realize() * 3 + 1)
+  before = dict(cpu.compile_stats)
+  Device["CPU"].compile(Device["CPU"].renderer.render(k))
+  Device["CPU"].compile(Device["CPU"].renderer.render(k))
+  assert cpu.compile_stats["misses"] == before["misses"] + 1 and cpu.compile_stats["hits"] == before["hits"] + 1
+  assert len(list((tmp_path / "cpu").glob("*.so"))) == 1
+
+
+def test_debug_levels(capsys) -> None:
+  a = Tensor.rand(4, 4).realize()
+  with Context(DEBUG=2): (a + 1).numpy()
+  line = capsys.readouterr().out
+  assert "E_4_4" in line and "GFLOPS" in line and "GB/s" in line and " us " in line
+  with Context(DEBUG=4): (a + 2).numpy()
+  assert "void E_4_4(" in capsys.readouterr().out
+  with Context(DEBUG=5): (a + 3).numpy()
+  assert "BUFFER" in capsys.readouterr().out
+
+
+def test_compile_error_is_reported() -> None:
+  import pytest
+  with pytest.raises(cpu.CompileError, match="failed"): Device["CPU"].compile("this is not C")
+
+
+def test_source_is_deterministic() -> None:
+  a, b = Tensor.rand(16, 16).realize(), Tensor.rand(16, 16).realize()
+  k1, k2 = kernel_of(a @ b), kernel_of(a @ b)
+  assert compile_kernel(k1, "CPU")[1] == compile_kernel(k2, "CPU")[1]

@@ -1,0 +1,77 @@
+"""Fusion: how many kernels a program becomes, and that laziness holds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinytune import GlobalCounters, Tensor
+from tinytune.schedule import create_schedule
+
+
+def kernels(t: Tensor) -> int:
+  return len(create_schedule(t.uop, t.device)[0])
+
+
+def test_nothing_runs_before_realize() -> None:
+  GlobalCounters.reset()
+  a = Tensor.rand(8, 8).realize()
+  b = (a * 2 + 1).relu().sum(1)
+  assert GlobalCounters.kernel_count == 0
+  b.numpy()
+  assert GlobalCounters.kernel_count == 1
+
+
+@pytest.mark.parametrize("build, count", [
+  (lambda a, b, c: (a * b + c).relu().sum(1), 1),
+  (lambda a, b, c: a @ b, 1),
+  (lambda a, b, c: (a @ b).relu() + c, 1),
+  (lambda a, b, c: a.softmax(1), 3),
+  (lambda a, b, c: a.log_softmax(0), 3),
+  (lambda a, b, c: (a + b).sum() * 2, 1),
+  (lambda a, b, c: a.sum(0) + b.sum(1), 2),
+  (lambda a, b, c: (a @ b) @ c, 2),
+  (lambda a, b, c: a.T.contiguous() + 1, 2),
+  (lambda a, b, c: a.layernorm(), 3),
+])
+def test_fusion_counts(build, count) -> None:
+  a, b, c = (Tensor.rand(16, 16).realize() for _ in range(3))
+  out = build(a, b, c)
+  assert kernels(out) == count
+
+
+def test_matmul_has_no_materialized_broadcast() -> None:
+  a, b = Tensor.rand(32, 16).realize(), Tensor.rand(16, 24).realize()
+  (item,), _ = create_schedule((a @ b).uop, a.device)
+  assert item.out.size == 32 * 24  # the (32, 24, 16) product only exists inside the kernel
+
+
+def test_realized_results_are_reused() -> None:
+  a = Tensor.rand(16, 16).realize()
+  m = a.max(1, keepdim=True)
+  m.numpy()
+  GlobalCounters.reset()
+  (a - m).numpy()  # the max is already a buffer
+  assert GlobalCounters.kernel_count == 1
+
+
+def test_counters_count_ops_and_bytes() -> None:
+  a, b = Tensor.rand(64, 64).realize(), Tensor.rand(64, 64).realize()
+  GlobalCounters.reset()
+  (a @ b).numpy()
+  assert GlobalCounters.kernel_count == 1
+  assert GlobalCounters.global_ops >= 2 * 64 ** 3
+  assert GlobalCounters.global_mem >= 3 * 64 * 64 * 4
+  assert GlobalCounters.time_sum_s > 0
+
+
+def test_softmax_values() -> None:
+  x = np.random.randn(7, 33).astype(np.float32)
+  e = np.exp(x - x.max(1, keepdims=True))
+  np.testing.assert_allclose(Tensor(x).softmax().numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_scheduling_without_running_marks_nothing_realized() -> None:
+  a = Tensor.rand(8, 8).realize()
+  t = a * 3
+  assert kernels(t) == 1 and kernels(t) == 1  # a schedule that never ran must not stand in for the result
+  np.testing.assert_allclose(t.numpy(), a.numpy() * 3)
