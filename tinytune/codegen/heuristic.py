@@ -12,33 +12,32 @@ THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   k = kernel.copy()
-  def try_opt(opt: Opt) -> bool:
-    try: k.apply_opt(opt)
-    except KernelOptError: return False
-    return True
+  def first_valid(*opts: Opt) -> None:
+    """Apply the first of these opts that is valid here."""
+    for opt in opts:
+      try: return k.apply_opt(opt)
+      except KernelOptError: pass
 
   n, simd = k.n_global, k.caps.simd_width
-  vector_ok = k.ast.dtype == dtypes.float32 and n > 0
-  if vector_ok:  # SIMD lanes along the contiguous output dim; reductions keep two vectors of accumulators per row
-    for amt in ((2 * simd, simd, 4) if k.reduceop is not None else (simd, 4)):
-      if k.sizes[n - 1] >= amt and try_opt(Opt(OptOps.UPCAST, n - 1, amt)): break
-  if k.reduceop is not None and n >= 2 and _broadcasts_along(k, n - 1):  # a register tile: rows that share the loaded vectors
-    for d in reversed(range(n - 1)):
-      if k.sizes[d] >= 4 and try_opt(Opt(OptOps.UPCAST, d, 4)): break
-  if k.reduceop is not None and k.n_reduce:
-    r = k.n_reduce - 1
-    for amt in (4, 2):
-      if k.remaining(k.n_global + r).size >= 2 * amt and try_opt(Opt(OptOps.UNROLL, r, amt)): break
-  work = prod(k.sizes)
-  if k.caps.threads > 1 and work >= THREAD_MIN_WORK:
-    for d in k.global_order:
-      size = k.remaining(d).size
-      if size >= k.caps.threads and try_opt(Opt(OptOps.THREAD, d, k.caps.threads)): break
+  lane = n - 1  # the contiguous output dim carries the SIMD lanes
+  vectorize = k.ast.dtype == dtypes.float32 and n > 0
+  tile_row = next((d for d in reversed(range(n - 1)) if _broadcasts_along(k, lane, d)), None) if k.reduceop is not None else None
+  if tile_row is not None:
+    # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row
+    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 4)))
+    vectors = max(1, k.upcast_size() // simd)
+    first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
+  else:
+    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (simd, 4)))
+    if k.reduceop is not None and k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK: first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order))
+  if tile_row is not None: first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
   return k.opts
 
 
-def _broadcasts_along(k: Kernel, dim: int) -> bool:
-  """True if some input of the reduce does not change along `dim` (like A in A@B along N), so a tile reuses it."""
-  if k.reduceop is None: return False
-  views = [u for u in k.reduceop.src[0].toposort if u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER]
-  return any(len(v.arg.strides) == len(k.reduceop.src[0].shape) and v.arg.strides[dim] == 0 for v in views)
+def _broadcasts_along(k: Kernel, lane: int, row: int) -> bool:
+  """True if the reduce reads one input that is constant along the lane dim but not the row dim (A in A@B), and one the other way."""
+  assert k.reduceop is not None
+  src = k.reduceop.src[0]
+  strides = [u.arg.strides for u in src.toposort if u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and len(u.arg.shape) == len(src.shape)]
+  return any(st[lane] == 0 and st[row] != 0 for st in strides) and any(st[row] == 0 and st[lane] != 0 for st in strides)

@@ -19,6 +19,7 @@ class DeviceCaps:
   threads: int = 1  # cores a THREAD opt can split across
   max_upcast: int = 256  # elements computed per thread in registers
   simd_width: int = 8  # float32 lanes of one vector register
+  vector_registers: int = 16
 
 
 class Program:

@@ -41,6 +41,16 @@ def compiler_version(cc: str) -> str:
   return subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
 
 
+def simd() -> tuple[int, int]:
+  """(float32 lanes, vector registers) of this CPU as -march=native compiles for it."""
+  try:
+    with open("/proc/cpuinfo") as f: flags = next((line.split() for line in f if line.startswith("flags")), [])
+  except OSError: flags = []
+  if "avx512f" in flags: return 16, 32
+  if "avx2" in flags or "avx" in flags: return 8, 16
+  return 4, 16
+
+
 class CPUProgram(Program):
   def __init__(self, name: str, path: str):
     self.lib = ctypes.CDLL(path)
@@ -59,7 +69,8 @@ class CPUDevice(Compiled):
   def __init__(self) -> None:
     self.cc = find_compiler()
     self.renderer = CRenderer()
-    self.caps = DeviceCaps(has_local=False, threads=os.cpu_count() or 1, max_upcast=256, simd_width=8)
+    width, registers = simd()
+    self.caps = DeviceCaps(has_local=False, threads=os.cpu_count() or 1, max_upcast=256, simd_width=width, vector_registers=registers)
 
   def alloc(self, size: int, dtype: DType) -> np.ndarray: return np.empty(size, dtype=dtype.np)
 
