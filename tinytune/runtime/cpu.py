@@ -18,7 +18,7 @@ from tinytune.dtype import DType
 from tinytune.helpers import cache_dir
 from tinytune.runtime import Buffer, Compiled, DeviceCaps, Program
 
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno")
 
 
 compile_stats = {"hits": 0, "misses": 0}  # on-disk compile cache
@@ -37,15 +37,30 @@ def find_compiler() -> str:
 
 
 @functools.cache
+def openmp_works(cc: str) -> bool:
+  """Whether `cc -fopenmp` builds a shared object here (clang needs libomp installed for it)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    with open(os.path.join(tmp, "t.c"), "w") as f: f.write("void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n")
+    return subprocess.run([cc, *FLAGS, "-fopenmp", "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
+
+
+@functools.cache
 def compiler_version(cc: str) -> str:
   return subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
 
 
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+  """The first processor's fields from /proc/cpuinfo (empty where there is none)."""
+  try:
+    with open("/proc/cpuinfo") as f: lines = f.read().split("\n\n")[0].splitlines()
+  except OSError: return {}
+  return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
 def simd() -> tuple[int, int]:
   """(float32 lanes, vector registers) of this CPU as -march=native compiles for it."""
-  try:
-    with open("/proc/cpuinfo") as f: flags = next((line.split() for line in f if line.startswith("flags")), [])
-  except OSError: flags = []
+  flags = cpuinfo().get("flags", "").split()
   if "avx512f" in flags: return 16, 32
   if "avx2" in flags or "avx" in flags: return 8, 16
   return 4, 16
@@ -69,14 +84,17 @@ class CPUDevice(Compiled):
   def __init__(self) -> None:
     self.cc = find_compiler()
     self.renderer = CRenderer()
+    openmp = openmp_works(self.cc)
+    self.flags = FLAGS + (("-fopenmp",) if openmp else ())
     width, registers = simd()
-    self.caps = DeviceCaps(has_local=False, threads=os.cpu_count() or 1, max_upcast=256, simd_width=width, vector_registers=registers)
+    threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
+    self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers)
 
   def alloc(self, size: int, dtype: DType) -> np.ndarray: return np.empty(size, dtype=dtype.np)
 
   def compile(self, src: str) -> bytes:
     """Source -> path of a shared object (as bytes), cached on disk by source, compiler, its version and flags."""
-    key = hashlib.sha256("\n".join([src, self.cc, compiler_version(self.cc), *FLAGS]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\n".join([src, self.cc, compiler_version(self.cc), *self.flags]).encode()).hexdigest()[:32]
     path = cache_dir() / "cpu" / f"{key}.so"
     compile_stats["hits" if path.exists() else "misses"] += 1
     if not path.exists():
@@ -84,7 +102,7 @@ class CPUDevice(Compiled):
       with tempfile.TemporaryDirectory() as tmp:
         cfile, sofile = os.path.join(tmp, "k.c"), os.path.join(tmp, "k.so")
         with open(cfile, "w") as f: f.write(src)
-        res = subprocess.run([self.cc, *FLAGS, cfile, "-o", sofile, "-lm"], capture_output=True, text=True)
+        res = subprocess.run([self.cc, *self.flags, cfile, "-o", sofile, "-lm"], capture_output=True, text=True)
         if res.returncode != 0: raise CompileError(f"{self.cc} failed:\n{res.stderr}\n{src}")
         os.replace(sofile, path)  # atomic, so concurrent compiles of the same kernel are safe
     return str(path).encode()
@@ -92,5 +110,7 @@ class CPUDevice(Compiled):
   def program(self, name: str, lib: bytes) -> Program: return CPUProgram(name, lib.decode())
 
   def fingerprint(self) -> dict[str, str]:
-    return {"kind": "CPU", "name": platform.processor() or platform.machine(), "compiler": self.cc,
-            "compiler_version": compiler_version(self.cc), "flags": " ".join(FLAGS)}
+    info = cpuinfo()
+    isa = hashlib.sha256(info.get("flags", "").encode()).hexdigest()[:12]  # -march=native code depends on the exact ISA
+    return {"kind": "CPU", "name": info.get("model name", platform.processor()), "arch": f"{platform.machine()}-{isa}", "compiler": self.cc,
+            "compiler_version": compiler_version(self.cc), "flags": " ".join(self.flags)}
