@@ -1,0 +1,18 @@
+"""The results database: every device, kernel, search run, candidate and baseline, and the tuning cache (see DESIGN.md)."""
+from __future__ import annotations
+
+from tinytune.results_db.db import (
+  BaselineRow,
+  CandidateRow,
+  Database,
+  RunRow,
+  SchemaError,
+  TunedRow,
+  default_url,
+  fingerprint_hash,
+  to_json,
+)
+from tinytune.results_db.models import OUTCOMES, SCHEMA_VERSION, STATUSES, Base, Baseline, Candidate, Device, KernelRecord, Meta, SearchRun, Tuned
+
+__all__ = ["Database", "default_url", "fingerprint_hash", "to_json", "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
+           "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline", "Meta"]

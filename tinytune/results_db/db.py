@@ -1,0 +1,318 @@
+"""Engine and session setup, and the one API the harness uses to read and write results.
+
+Every public method opens its own session and commits before it returns, so a search killed at any point (even by SIGKILL)
+loses at most the candidate it was timing. Rows come back as frozen dataclasses, never ORM objects bound to a closed session.
+
+Concurrency: a `Database` is safe to share between threads. Several processes may write one SQLite file at once: write
+transactions start with BEGIN IMMEDIATE, so they queue on SQLite's write lock (waiting up to `busy_timeout` seconds) instead
+of failing, and get-or-create races (here or on PostgreSQL) are settled by re-reading after an IntegrityError. After a fork
+the child drops the parent's pooled connections and opens its own."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import pathlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from sqlalchemy import create_engine, event, make_url, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.orm import Session
+
+from tinytune.helpers import cache_dir
+from tinytune.results_db.models import (
+  OUTCOMES,
+  SCHEMA_VERSION,
+  STATUSES,
+  Base,
+  Baseline,
+  Candidate,
+  Device,
+  KernelRecord,
+  Meta,
+  SearchRun,
+  Tuned,
+  utcnow,
+)
+
+Row = TypeVar("Row")
+Value = TypeVar("Value")
+
+
+class SchemaError(RuntimeError):
+  """The database was made by another version of tinytune's schema."""
+
+
+def default_url() -> str:
+  """$TINYTUNE_DB, or a SQLite file in tinytune's cache directory."""
+  return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir() / 'tinytune.db'}"
+
+
+def to_json(x: Any) -> str:
+  """Canonical JSON: equal values give equal text, so JSON columns compare as strings."""
+  return json.dumps(x, sort_keys=True, separators=(",", ":"))
+
+
+def fingerprint_hash(fingerprint: dict[str, str]) -> str:
+  """A stable sha256 of the fingerprint's sorted JSON: the device's identity in the tuning cache."""
+  return hashlib.sha256(to_json(fingerprint).encode()).hexdigest()
+
+
+def _time(x: float | None) -> float: return math.inf if x is None else x  # a failed candidate's time is inf, as in search
+def _finite(x: float | None) -> float | None: return x if x is not None and math.isfinite(x) else None
+def _utc(t: datetime) -> datetime: return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t  # SQLite drops the zone
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+  id: int
+  run_id: int
+  kernel_id: int
+  device_id: int
+  opts_json: str
+  source_hash: str
+  compile_s: float
+  status: str
+  min_s: float  # inf where the candidate has no timing
+  median_s: float
+  spread: float
+  error: str
+  created_at: datetime
+
+  @staticmethod
+  def of(c: Candidate) -> CandidateRow:
+    return CandidateRow(c.id, c.run_id, c.kernel_id, c.device_id, c.opts, c.source_hash, c.compile_s, c.status, _time(c.min_s),
+                        _time(c.median_s), c.spread if c.spread is not None else 0.0, c.error, _utc(c.created_at))
+
+
+@dataclass(frozen=True)
+class RunRow:
+  id: int
+  workload: str
+  params: dict[str, Any]
+  device_id: int
+  strategy: str
+  settings: dict[str, Any]
+  budget: dict[str, Any]
+  signature: str
+  started_at: datetime
+  ended_at: datetime | None
+  outcome: str | None
+
+  @staticmethod
+  def of(r: SearchRun) -> RunRow:
+    return RunRow(r.id, r.workload, json.loads(r.params), r.device_id, r.strategy, json.loads(r.settings), json.loads(r.budget), r.signature,
+                  _utc(r.started_at), _utc(r.ended_at) if r.ended_at else None, r.outcome)
+
+
+@dataclass(frozen=True)
+class TunedRow:
+  kernel_key: str
+  device_hash: str
+  opts_json: str
+  best_s: float
+  default_s: float | None
+  run_id: int | None
+  updated_at: datetime
+
+  @staticmethod
+  def of(t: Tuned) -> TunedRow:
+    return TunedRow(t.kernel_key, t.device_hash, t.opts, t.best_s, t.default_s, t.run_id, _utc(t.updated_at))
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+  id: int
+  device_id: int
+  workload: str
+  params: dict[str, Any]
+  library: str
+  library_version: str
+  median_s: float
+  min_s: float
+  created_at: datetime
+
+  @staticmethod
+  def of(b: Baseline) -> BaselineRow:
+    return BaselineRow(b.id, b.device_id, b.workload, json.loads(b.params), b.library, b.library_version, b.median_s, b.min_s,
+                       _utc(b.created_at))
+
+
+def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
+  """pysqlite defers BEGIN past reads, so a read-then-write transaction can fail at once with 'database is locked' when
+  another process wrote in between; we emit BEGIN ourselves, IMMEDIATE for writes so writers queue on the lock instead."""
+  @event.listens_for(engine, "connect")
+  def _connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    if on_disk:
+      cursor.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+      cursor.execute("PRAGMA synchronous = NORMAL")  # in WAL mode a commit still survives the process being killed
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+  @event.listens_for(engine, "begin")
+  def _begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tinytune_write", True) else "BEGIN")
+
+
+class Database:
+  """The results database at `url` (any SQLAlchemy URL; default `default_url()`). Tables are created if missing."""
+
+  def __init__(self, url: str | None = None, busy_timeout: float = 60.0):
+    self.url = make_url(url or default_url())
+    if self.url.get_backend_name() == "sqlite":
+      on_disk = self.url.database not in (None, "", ":memory:") and not self.url.query.get("uri")
+      if on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
+      self.engine = create_engine(self.url, connect_args={"timeout": busy_timeout})
+      _sqlite_setup(self.engine, busy_timeout, on_disk)
+    else: self.engine = create_engine(self.url, pool_pre_ping=True)
+    self._reader = self.engine.execution_options(tinytune_write=False)
+    self._pid = os.getpid()
+    self._create_schema()
+
+  def __repr__(self) -> str: return f"Database({self.url.render_as_string(hide_password=True)!r})"
+  def close(self) -> None: self.engine.dispose()
+
+  @contextlib.contextmanager
+  def session(self, write: bool = True) -> Iterator[Session]:
+    """One transaction: commits when the block ends, rolls back if it raises. `write=False` for reads (no write lock on SQLite)."""
+    if os.getpid() != self._pid:  # forked: the parent's pooled connections are not ours to use
+      self.engine.dispose(close=False)
+      self._pid = os.getpid()
+    with Session(self.engine if write else self._reader, expire_on_commit=False) as session, session.begin():
+      yield session
+
+  def _create_schema(self) -> None:
+    for attempt in range(3):
+      try:
+        Base.metadata.create_all(self.engine)
+        break
+      except (IntegrityError, OperationalError, ProgrammingError):  # another process created the same tables just now (PostgreSQL)
+        if attempt == 2: raise
+    version = self._get_or_create(Meta.find, lambda: Meta(id=1, schema_version=SCHEMA_VERSION), lambda m: m.schema_version)
+    if version != SCHEMA_VERSION:
+      newer = version > SCHEMA_VERSION
+      raise SchemaError(f"{self!r} has results schema version {version}, this tinytune uses {SCHEMA_VERSION}: "
+                        + ("upgrade tinytune" if newer else "it was made by an older tinytune; point TINYTUNE_DB at a new file"))
+
+  def _get_or_create(self, find: Callable[[Session], Row | None], make: Callable[[], Row], value: Callable[[Row], Value]) -> Value:
+    with self.session(write=False) as session:
+      if (row := find(session)) is not None: return value(row)
+    try:
+      with self.session() as session:
+        if (row := find(session)) is not None: return value(row)
+        session.add(row := make())
+        session.flush()
+        return value(row)
+    except IntegrityError:  # created by another process between our read and our insert
+      with self.session(write=False) as session:
+        if (row := find(session)) is None: raise
+        return value(row)
+
+  # ***** devices and kernels *****
+  def device_id(self, fingerprint: dict[str, str]) -> int:
+    """The id of the device with this fingerprint, added if new."""
+    fp_hash = fingerprint_hash(fingerprint)
+    def make() -> Device:
+      cols = {c: str(fingerprint.get(c, "")) for c in ("name", "arch", "compiler", "compiler_version", "flags", "codegen_version")}
+      return Device(fingerprint_hash=fp_hash, kind=str(fingerprint.get("kind", "")), fingerprint=to_json(fingerprint), **cols)
+    return self._get_or_create(lambda s: Device.find(s, fp_hash), make, lambda d: d.id)
+
+  def kernel_id(self, key: str, name: str, ast_text: str, sizes: Sequence[int], dtypes: Sequence[str], flops: int, nbytes: int) -> int:
+    """The id of the kernel with this key, added if new."""
+    def make() -> KernelRecord:
+      return KernelRecord(key=key, name=name, ast_text=ast_text, sizes=to_json(list(sizes)), dtypes=to_json(list(dtypes)), flops=flops, nbytes=nbytes)
+    return self._get_or_create(lambda s: KernelRecord.find(s, key), make, lambda k: k.id)
+
+  # ***** search runs *****
+  def start_run(self, workload: str, params: dict[str, Any], device_id: int, strategy: str, settings: dict[str, Any], budget: dict[str, Any],
+                signature: str) -> int:
+    with self.session() as session:
+      run = SearchRun(workload=workload, params=to_json(params), device_id=device_id, strategy=strategy, settings=to_json(settings),
+                      budget=to_json(budget), signature=signature, started_at=utcnow())
+      session.add(run)
+      session.flush()
+      return run.id
+
+  def resumable_run(self, signature: str) -> int | None:
+    """The latest run with this signature that did not finish as "done" (interrupted, failed, or never marked: killed)."""
+    with self.session(write=False) as session:
+      run = SearchRun.latest_unfinished(session, signature)
+      return run.id if run is not None else None
+
+  def run(self, run_id: int) -> RunRow | None:
+    with self.session(write=False) as session:
+      run = session.get(SearchRun, run_id)
+      return RunRow.of(run) if run is not None else None
+
+  def finish_run(self, run_id: int, outcome: str) -> None:
+    if outcome not in OUTCOMES: raise ValueError(f"unknown run outcome {outcome!r}; known: {', '.join(OUTCOMES)}")
+    with self.session() as session:
+      if (run := session.get(SearchRun, run_id)) is None: raise LookupError(f"no search run with id {run_id}")
+      run.outcome, run.ended_at = outcome, utcnow()
+
+  # ***** candidates *****
+  def record_candidate(self, run_id: int, kernel_id: int, device_id: int, opts_json: str, source_hash: str, compile_s: float, status: str,
+                       min_s: float | None, median_s: float | None, spread: float | None, error: str = "") -> None:
+    """Store one evaluated candidate and commit it now. Non-finite timings (a failure's inf) are stored as NULL."""
+    if status not in STATUSES: raise ValueError(f"unknown candidate status {status!r}; known: {', '.join(STATUSES)}")
+    with self.session() as session:
+      session.add(Candidate(run_id=run_id, kernel_id=kernel_id, device_id=device_id, opts=opts_json, source_hash=source_hash, compile_s=compile_s,
+                            status=status, min_s=_finite(min_s), median_s=_finite(median_s), spread=_finite(spread), error=error or "",
+                            created_at=utcnow()))
+
+  def stored_candidates(self, kernel_id: int, device_id: int) -> dict[str, CandidateRow]:
+    """opts JSON -> the latest result stored for those opts on this kernel and device, from any run."""
+    with self.session(write=False) as session:
+      return {c.opts: CandidateRow.of(c) for c in Candidate.for_kernel(session, kernel_id, device_id)}
+
+  def run_candidates(self, run_id: int) -> list[CandidateRow]:
+    """Every candidate of a run in the order recorded (the same opts may appear twice: finalists are re-timed)."""
+    with self.session(write=False) as session:
+      return [CandidateRow.of(c) for c in Candidate.for_run(session, run_id)]
+
+  # ***** the tuning cache *****
+  def set_tuned(self, kernel_key: str, device_hash: str, opts_json: str, best_s: float, default_s: float | None, run_id: int | None) -> None:
+    """Insert or replace the best opts for (kernel key, device fingerprint hash)."""
+    for attempt in range(2):
+      try:
+        with self.session() as session:
+          if (entry := Tuned.find(session, kernel_key, device_hash)) is None:
+            session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
+          entry.opts, entry.best_s, entry.default_s, entry.run_id, entry.updated_at = opts_json, best_s, default_s, run_id, utcnow()
+        return
+      except IntegrityError:  # another process inserted the same entry first (PostgreSQL): update theirs
+        if attempt == 1: raise
+
+  def tuned(self, kernel_key: str, device_hash: str) -> TunedRow | None:
+    with self.session(write=False) as session:
+      entry = Tuned.find(session, kernel_key, device_hash)
+      return TunedRow.of(entry) if entry is not None else None
+
+  # ***** baselines *****
+  def add_baseline(self, device_id: int, workload: str, params: dict[str, Any], library: str, library_version: str, median_s: float,
+                   min_s: float) -> int:
+    with self.session() as session:
+      baseline = Baseline(device_id=device_id, workload=workload, params=to_json(params), library=library, library_version=library_version,
+                          median_s=median_s, min_s=min_s, created_at=utcnow())
+      session.add(baseline)
+      session.flush()
+      return baseline.id
+
+  def baselines(self, device_id: int | None = None, workload: str | None = None, params: dict[str, Any] | None = None,
+                library: str | None = None) -> list[BaselineRow]:
+    """Baselines matching every filter given, oldest first."""
+    stmt = select(Baseline).order_by(Baseline.id)
+    if device_id is not None: stmt = stmt.where(Baseline.device_id == device_id)
+    if workload is not None: stmt = stmt.where(Baseline.workload == workload)
+    if params is not None: stmt = stmt.where(Baseline.params == to_json(params))
+    if library is not None: stmt = stmt.where(Baseline.library == library)
+    with self.session(write=False) as session:
+      return [BaselineRow.of(b) for b in session.scalars(stmt)]
