@@ -32,6 +32,7 @@ class CStyleRenderer:
            dtypes.float16: "_Float16", dtypes.float32: "float"}
   kernel_prefix = "void"
   restrict = "restrict"
+  in_order_reduce_prefix = ""  # before kernels that add floats into a scalar accumulator, in order
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
   prelude = """#include <math.h>
 static inline long tt_fdiv(long a, long b) { long q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }
@@ -47,7 +48,10 @@ static inline long tt_fmod(long a, long b) { long r = a % b; return r + ((r != 0
 
   def literal(self, v: object, dtype: DType) -> str:
     if dtype == dtypes.bool: return "1" if v else "0"
-    if dtype.is_int: return f"{int(v)}L" if dtype == dtypes.int64 else str(int(v))  # type: ignore[call-overload]
+    if dtype.is_int:  # negative literals in parentheses, so negating one renders (-(-3)), not (--3)
+      i = int(v)  # type: ignore[call-overload]
+      text = (f"{i}L" if i > -2**63 else f"{i + 1}L-1") if dtype == dtypes.int64 else str(i)  # -2**63 has no literal
+      return f"({text})" if i < 0 else text
     f = float(v)  # type: ignore[arg-type]
     if math.isnan(f): return "NAN"
     if math.isinf(f): return "INFINITY" if f > 0 else "(-INFINITY)"
@@ -139,7 +143,8 @@ class _KernelRender:
     return simplify(g)
 
   def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
-    axes = [i for i, a in enumerate(self.k.axes) if a.kind in kinds]
+    """The register parts' values, each dim's outer part first, so an unrolled reduce over one dim adds in memory order."""
+    axes = sorted((i for i, a in enumerate(self.k.axes) if a.kind in kinds), key=lambda i: (self.k.axes[i].dim, -self.k.axes[i].stride))
     ranges = [range(0, self.k.axes[i].size, self.width if i == self.lane_axis else 1) for i in axes]
     return [{i: UOp.const(dtypes.int64, v) + (self.lane if i == self.lane_axis else 0) for i, v in zip(axes, vals)}
             for vals in itertools.product(*ranges)]
@@ -267,6 +272,7 @@ class _KernelRender:
     args = [f"{self.r.types[k.ast.dtype]}* {self.r.restrict} data0"]
     args += [f"const {self.r.types[b.dtype]}* {self.r.restrict} data{i}" for b, i in self.bufs.items()]
     head = self.r.prelude + (self.r.vector_prelude(self.width) if self.width > 1 else "")
+    if any(acc.kind != "v" and red.dtype.is_float and red.arg[0] is Ops.ADD for red, _, acc in self.accs): head += self.r.in_order_reduce_prefix
     return f"{head}{self.r.kernel_prefix} {k.name}({', '.join(args)}) {{\n" + "\n".join(out) + "\n}\n"
 
 
@@ -275,4 +281,8 @@ def _dtype_min(dt: DType) -> int: return int(dtypes.min(dt))
 
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
+  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
+  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
+  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
+  in_order_reduce_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
 

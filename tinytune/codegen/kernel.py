@@ -9,11 +9,11 @@ from functools import cached_property
 from typing import Sequence
 
 from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
-from tinytune.helpers import prod, round_up
+from tinytune.helpers import divisors, prod, round_up
 from tinytune.runtime import Buffer, DeviceCaps
 from tinytune.uop import ALU, Ops, UOp
 
-__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis"]
+__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
 
 
 class AxisKind(Enum):
@@ -61,7 +61,8 @@ class Kernel:
   def upcast_size(self) -> int: return prod(a.size for a in self.axes if a.kind in (AxisKind.UPCAST, AxisKind.UNROLL))
   def copy(self) -> Kernel:
     ret = copy.copy(self)
-    ret.axes, ret.global_order, ret.padded, ret.opts = [copy.copy(a) for a in self.axes], list(self.global_order), dict(self.padded), list(self.opts)
+    ret.axes, ret.sizes, ret.global_order = [copy.copy(a) for a in self.axes], list(self.sizes), list(self.global_order)
+    ret.padded, ret.opts = dict(self.padded), list(self.opts)
     return ret
 
   @property
@@ -101,7 +102,7 @@ class Kernel:
 
   def apply_opt(self, opt: Opt) -> None:
     """Apply one opt in place, or raise KernelOptError (leaving the kernel unchanged) if it is not valid here."""
-    check(isinstance(opt, Opt) and isinstance(opt.axis, int) and isinstance(opt.arg, int), f"not an opt: {opt!r}")
+    check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
     op, arg = opt.op, opt.arg
     check(op is not OptOps.TC, "TC needs a device with tensor cores")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
@@ -144,3 +145,21 @@ class Kernel:
 
   def __repr__(self) -> str:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
+
+
+CANDIDATE_ARGS = (2, 3, 4, 5, 7, 8, 16, 32)
+
+
+def candidate_opts(k: Kernel) -> list[Opt]:
+  """Every opt to try next on this kernel, valid or not (apply_opt on a copy decides): splits by the divisors of each
+  axis's remaining size and a few small amounts, swaps of global axes, pads, and the workgroup and tensor core opts."""
+  ret: list[Opt] = []
+  for d in range(len(k.sizes)):
+    size = k.remaining(d).size
+    args = sorted(set(divisors(size)[1:]) | set(CANDIDATE_ARGS))
+    if d < k.n_global:
+      ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
+      ret += [Opt(OptOps.SWAP, d, o) for o in range(k.n_global) if o != d]
+    else: ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
+    ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
+  return ret + [Opt(OptOps.TC, 0, 0)]

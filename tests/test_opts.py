@@ -1,0 +1,369 @@
+"""Opt correctness: every valid opt, and random valid opt sequences, compute what the kernel with no opts computes.
+
+Each case is scheduled once and its kernels are run in order with no opts; those outputs are the references (and the
+inputs of later kernels, like softmax's). An optimized kernel writes into a fresh buffer filled with a sentinel, so a
+missing store shows up as well as a wrong one. Float results may differ by rounding only where the compiler contracts
+a multiply-add differently or an UNROLL of an outer reduce dim adds in another order. Sources compile in parallel."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import random
+import subprocess
+import sys
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.kernel import candidate_opts
+from tinytune.codegen.opts import opts_from_json, opts_to_json
+from tinytune.realize import compile_kernel
+from tinytune.runtime import Buffer, DeviceCaps
+from tinytune.schedule import ScheduleItem, create_schedule
+
+DEVICE = "CPU"
+CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2)  # the same valid opts on every machine
+SEQUENCES_PER_KERNEL = 16  # 16 sequences x 16 kernels = 256 random sequences
+MAX_SEQUENCE = 5
+
+
+def _rand(*shape: int) -> Tensor: return Tensor.rand(*shape).realize()
+def _randn(*shape: int) -> Tensor: return Tensor.randn(*shape).realize()
+def _wide(*shape: int) -> Tensor:  # values over 2**-12 .. 2**12, so every order of adding them rounds differently
+  rng = np.random.default_rng(sum(shape))
+  return Tensor((rng.standard_normal(shape) * np.exp2(rng.uniform(-12, 12, shape))).astype(np.float32)).realize()
+def _ints(*shape: int, lo: int = -50, hi: int = 50) -> Tensor:
+  return Tensor(np.random.default_rng(sum(shape)).integers(lo, hi, shape).astype(np.int32)).realize()
+
+
+CASES: dict[str, Callable[[], Tensor]] = {
+  "matmul_odd": lambda: _randn(24, 12) @ _randn(12, 20),
+  "matmul_pow2": lambda: _randn(16, 16) @ _randn(16, 16),
+  "batched_matmul": lambda: _randn(3, 8, 6) @ _randn(3, 6, 10),
+  "conv2d": lambda: _randn(2, 3, 9, 9).conv2d(_randn(4, 3, 3, 3), padding=1, stride=2),
+  "row_sum": lambda: _wide(12, 40).sum(-1),
+  "col_sum": lambda: _wide(40, 12).sum(0),
+  "elementwise": lambda: ((_randn(6, 1, 8) * _randn(1, 5, 8) + _randn(8, 5, 6).permute(2, 1, 0)).relu() * 2 - _randn(8)).exp2(),
+  "softmax": lambda: (_randn(6, 20) * 3).softmax(-1),
+  "max": lambda: _randn(10, 30).max(-1),
+  "flip_sum": lambda: _randn(6, 8, 4).flip((1, 2)).sum((1, 2)),  # loads that go backwards inside an unrolled sum
+  "int32": lambda: (_ints(6, 10) * 3 - _ints(10) - (-4)).sum(-1, dtype=dtypes.int32),  # -(-4) once rendered as (--4)
+  "int32_max": lambda: (_ints(7, 12) - 3).max(-1),
+  "int64_max": lambda: (_ints(5, 12).cast(dtypes.int64) * -(2**40)).max(0),  # the identity -2**63 has no C literal
+  "float16": lambda: (_rand(8, 16).cast(dtypes.float16) * _randn(16).cast(dtypes.float16)).sum(-1) + 1,  # sums in float32
+}
+
+# outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
+# for the compiler to contract, where only adding in another order (like unrolling the inner part first) changes a bit
+EXACT = {"row_sum", "col_sum", "softmax0", "max", "int32", "int32_max", "int64_max"}
+
+
+@dataclass
+class KernelCase:
+  name: str  # the id in KERNELS
+  item: ScheduleItem
+  ref: np.ndarray  # the output of the kernel with no opts
+
+  def kernel(self) -> Kernel: return Kernel(self.item.ast, CAPS)
+
+
+@functools.cache
+def kernel_cases() -> dict[str, KernelCase]:
+  """Every kernel of every case, run in order with no opts."""
+  Tensor.manual_seed(0)
+  ret: dict[str, KernelCase] = {}
+  for name, make in CASES.items():
+    items, _ = create_schedule(make().uop, DEVICE)
+    for i, item in enumerate(items):
+      kernel = Kernel(item.ast, CAPS)
+      program, _ = compile_kernel(kernel, DEVICE)
+      _fill_sentinel(item.out)
+      program(item.out, *kernel.bufs)
+      ref = item.out.numpy_view().copy()
+      assert np.isfinite(ref).all() if item.out.dtype.is_float else True, f"{name} has non-finite reference values"
+      kid = name if len(items) == 1 else f"{name}{i}"
+      ret[kid] = KernelCase(kid, item, ref)
+  return ret
+
+
+KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
+           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16"]
+
+
+def test_kernel_list() -> None:
+  assert list(kernel_cases()) == KERNELS
+  names = {k: kc.kernel().name for k, kc in kernel_cases().items()}
+  assert names["matmul_odd"] == "r_24_20_12" and names["softmax2"].startswith("E_") and names["conv2d"] == "r_2_4_5_5_3_3_3"
+  assert kernel_cases()["int32"].item.out.dtype == dtypes.int32 and kernel_cases()["float16"].item.out.dtype == dtypes.float16
+
+
+# ***** helpers *****
+
+def _fill_sentinel(buf: Buffer) -> None:
+  view = buf.numpy_view()
+  view[:] = np.nan if buf.dtype.is_float else True if buf.dtype == dtypes.bool else np.iinfo(view.dtype).max - 7
+
+
+def valid_opts(k: Kernel) -> list[Opt]:
+  ret = []
+  for opt in candidate_opts(k):
+    try: k.copy().apply_opt(opt)
+    except KernelOptError: continue
+    ret.append(opt)
+  return ret
+
+
+def random_sequence(k: Kernel, rng: random.Random) -> list[Opt]:
+  k = k.copy()
+  for _ in range(rng.randint(1, MAX_SEQUENCE)):
+    if not (opts := valid_opts(k)): break
+    k.apply_opt(rng.choice(opts))
+  return k.opts
+
+
+def _compile(src: str) -> bytes | Exception:
+  try: return Device[DEVICE].compile(src)
+  except Exception as e: return e
+
+
+def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
+  """Run the kernel with each opt sequence (applied to a kernel built from scratch); all must match the reference."""
+  kernels = [kc.kernel().apply_opts(opts) for opts in seqs]
+  srcs = [Device[DEVICE].renderer.render(k) for k in kernels]
+  with ThreadPoolExecutor(os.cpu_count() or 1) as pool: libs = list(pool.map(_compile, srcs))  # warms the compile cache
+  out = Buffer(DEVICE, kc.item.out.size, kc.item.out.dtype)
+  tol = 0 if kc.name in EXACT else {dtypes.float32: 1e-5, dtypes.float16: 1e-3}[kc.item.out.dtype]
+  failures = []
+  for k, lib in zip(kernels, libs):
+    if isinstance(lib, Exception):
+      failures.append(f"{k.opts}: {str(lib).splitlines()[0]}")
+      continue
+    program = Device[DEVICE].program(k.name, lib)
+    _fill_sentinel(out)
+    program(out, *k.bufs)
+    try: np.testing.assert_allclose(out.numpy_view(), kc.ref, rtol=tol, atol=tol)
+    except AssertionError as e: failures.append(f"{k.opts}: {str(e).strip().splitlines()[2:4]}")
+  assert not failures, f"{len(failures)} of {len(seqs)} opt lists give wrong results for {kc.kernel().name}:\n" + "\n".join(failures)
+
+
+def test_candidate_opts() -> None:
+  k = kernel_cases()["matmul_odd"].kernel()  # global 24, 20; reduce 12; two threads
+  by_op: dict[tuple[OptOps, int], set[int]] = {}
+  for o in valid_opts(k): by_op.setdefault((o.op, o.axis), set()).add(o.arg)
+  assert by_op == {(OptOps.UPCAST, 0): {2, 3, 4, 6, 8, 12, 24}, (OptOps.UPCAST, 1): {2, 4, 5, 10, 20}, (OptOps.UNROLL, 0): {2, 3, 4, 6, 12},
+                   (OptOps.THREAD, 0): {2, 3, 4, 6, 8}, (OptOps.THREAD, 1): {2, 4, 5}, (OptOps.SWAP, 0): {1},
+                   (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16}}
+  assert {o.op for o in candidate_opts(k)} == set(OptOps)
+  k.apply_opts([Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.THREAD, 1, 2)])
+  upcasts = {o.arg for o in valid_opts(k) if o.op is OptOps.UPCAST and o.axis == 0}
+  assert upcasts == {2, 3, 6} and not any(o.op is OptOps.THREAD or o.op is OptOps.PADTO and o.axis < 2 for o in valid_opts(k))
+
+
+# ***** correctness *****
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_every_single_opt(name: str) -> None:
+  kc = kernel_cases()[name]
+  opts = valid_opts(kc.kernel())
+  ops = {o.op for o in opts}
+  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.TC}
+  if kc.kernel().n_reduce: assert OptOps.UNROLL in ops
+  check_opts(kc, [[o] for o in opts])
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_random_opt_sequences(name: str) -> None:
+  kc = kernel_cases()[name]
+  rng = random.Random(zlib.crc32(name.encode()))
+  seqs = [random_sequence(kc.kernel(), rng) for _ in range(SEQUENCES_PER_KERNEL)]
+  assert max(len(s) for s in seqs) >= 3
+  check_opts(kc, seqs)
+
+
+def test_hand_picked_sequences() -> None:
+  """Opt lists that combine every register and loop rewrite on one kernel, beyond what random picks reach reliably."""
+  t, o = OptOps, Opt
+  check_opts(kernel_cases()["matmul_odd"], [
+    [o(t.UPCAST, 1, 4), o(t.UPCAST, 0, 4), o(t.UNROLL, 0, 4), o(t.THREAD, 0, 2)],
+    [o(t.PADTO, 1, 8), o(t.UPCAST, 1, 8), o(t.UPCAST, 1, 3), o(t.UNROLL, 0, 3)],
+    [o(t.PADTO, 0, 16), o(t.PADTO, 2, 8), o(t.UNROLL, 0, 8), o(t.UPCAST, 0, 4), o(t.SWAP, 0, 1)],
+    [o(t.SWAP, 0, 1), o(t.UPCAST, 1, 20), o(t.UPCAST, 0, 8), o(t.THREAD, 0, 3)],
+  ])
+  check_opts(kernel_cases()["conv2d"], [
+    [o(t.UPCAST, 3, 5), o(t.UNROLL, 2, 3), o(t.UNROLL, 1, 3), o(t.SWAP, 0, 2), o(t.THREAD, 1, 2)],
+    [o(t.PADTO, 3, 8), o(t.UPCAST, 3, 8), o(t.PADTO, 4, 4), o(t.UNROLL, 0, 4)],
+  ])
+  check_opts(kernel_cases()["softmax1"], [[o(t.PADTO, 2, 32), o(t.UNROLL, 0, 16), o(t.UPCAST, 0, 3)]])
+  check_opts(kernel_cases()["row_sum"], [  # bit for bit: two unrolls of one axis must still add in memory order
+    [o(t.UNROLL, 0, 2), o(t.UNROLL, 0, 4)], [o(t.UNROLL, 0, 4), o(t.UNROLL, 0, 5), o(t.UPCAST, 0, 4)],
+    [o(t.PADTO, 1, 16), o(t.UNROLL, 0, 2), o(t.UNROLL, 0, 3), o(t.UNROLL, 0, 8), o(t.UPCAST, 0, 3)],
+  ])
+
+
+@pytest.mark.parametrize("case", ["flip2", "flip_all", "transposed", "flip_transposed"])
+def test_reversed_and_permuted_sums_match_numpy(case: str) -> None:
+  """Sums whose unrolled loads are a permutation of consecutive addresses, with no opts and each UNROLL, against NumPy:
+  gcc 12.2 vectorized such an in-order float sum into one that counts some elements twice, even with no opts."""
+  x = np.random.default_rng(1).standard_normal((6, 16, 4)).astype(np.float32)
+  t, ref = {"flip2": (Tensor(x).flip(2).sum(2), x[:, :, ::-1].sum(2)), "flip_all": (Tensor(x[0]).flip((0, 1)).sum(), x[0].sum()),
+            "transposed": (Tensor(x).permute(0, 2, 1).sum((1, 2)), x.sum((1, 2))),
+            "flip_transposed": (Tensor(x).flip(1).permute(0, 2, 1).sum((1, 2)), x.sum((1, 2)))}[case]
+  (item,), _ = create_schedule(t.uop, DEVICE)
+  base = Kernel(item.ast, CAPS)
+  for opts in [[]] + [[o] for o in valid_opts(base) if o.op is OptOps.UNROLL] + [[Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 0, 2)]]:
+    try: k = Kernel(item.ast, CAPS).apply_opts(opts)
+    except KernelOptError: continue
+    program, _ = compile_kernel(k, DEVICE)
+    program(item.out, *k.bufs)
+    np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-5, atol=1e-5, err_msg=f"{case} {opts}")
+
+
+# ***** invalid opts *****
+
+def _state(k: Kernel) -> tuple:
+  return (list(k.sizes), [(a.size, a.kind, a.dim, a.stride) for a in k.axes], list(k.global_order), dict(k.padded), list(k.opts))
+
+
+def test_candidate_opts_leave_the_kernel_unchanged() -> None:
+  for kc in kernel_cases().values():
+    k = kc.kernel().apply_opts([Opt(OptOps.UPCAST, 0, 2)] if kc.kernel().sizes[0] % 2 == 0 else [])
+    before, src = _state(k), Device[DEVICE].renderer.render(k)
+    assert valid_opts(k) and _state(k) == before and Device[DEVICE].renderer.render(k) == src
+
+
+@pytest.mark.parametrize("op", [OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.TC])
+def test_workgroup_and_tensor_core_opts_need_a_gpu(op: OptOps) -> None:
+  k = kernel_cases()["matmul_pow2"].kernel()
+  for axis in range(3):
+    for arg in (0, 2, 4, 16):
+      with pytest.raises(KernelOptError): k.apply_opt(Opt(op, axis, arg))
+  assert k.opts == [] and k.sizes == [16, 16, 16]
+
+
+def _invalid_cases() -> list[tuple[str, list[Opt], Opt]]:
+  t, o = OptOps, Opt
+  return [  # matmul_odd: global 24, 20; reduce 12
+    ("non-dividing upcast", [], o(t.UPCAST, 0, 7)),
+    ("non-dividing upcast after a split", [o(t.UPCAST, 0, 4)], o(t.UPCAST, 0, 4)),
+    ("non-dividing unroll", [], o(t.UNROLL, 0, 5)),
+    ("upcast by 1", [], o(t.UPCAST, 0, 1)),
+    ("upcast by 0", [], o(t.UPCAST, 0, 0)),
+    ("negative upcast", [], o(t.UPCAST, 0, -2)),
+    ("upcast axis out of range", [], o(t.UPCAST, 2, 2)),
+    ("negative axis", [], o(t.UPCAST, -1, 2)),
+    ("unroll axis out of range", [], o(t.UNROLL, 1, 2)),
+    ("unroll on a global axis number past the reduce axes", [], o(t.UNROLL, 2, 2)),
+    ("padto axis out of range", [], o(t.PADTO, 3, 16)),
+    ("second thread", [o(t.THREAD, 0, 2)], o(t.THREAD, 1, 2)),
+    ("second thread on the same axis", [o(t.THREAD, 0, 2)], o(t.THREAD, 0, 2)),
+    ("thread over 4x the cores", [], o(t.THREAD, 0, 24)),
+    ("padto after split", [o(t.UPCAST, 0, 4)], o(t.PADTO, 0, 8)),
+    ("padto of a reduce axis after unroll", [o(t.UNROLL, 0, 3)], o(t.PADTO, 2, 8)),
+    ("padto twice", [o(t.PADTO, 1, 16)], o(t.PADTO, 1, 8)),
+    ("padto of a multiple", [], o(t.PADTO, 0, 8)),
+    ("padto more than doubling", [], o(t.PADTO, 2, 32)),
+    ("padto by 1", [], o(t.PADTO, 0, 1)),
+    ("swap with itself", [], o(t.SWAP, 0, 0)),
+    ("swap with a reduce axis", [], o(t.SWAP, 0, 2)),
+    ("swap backwards", [], o(t.SWAP, 1, 0)),
+    ("swap twice", [o(t.SWAP, 0, 1)], o(t.SWAP, 0, 1)),
+    ("upcast product over max_upcast", [o(t.UPCAST, 0, 24), o(t.UPCAST, 1, 10)], o(t.UNROLL, 0, 2)),
+    ("bool axis", [], Opt(t.UPCAST, True, 4)),  # type: ignore[arg-type]
+    ("float arg", [], Opt(t.UPCAST, 0, 4.0)),  # type: ignore[arg-type]
+    ("not an opt", [], ("UPCAST", 0, 4)),  # type: ignore[list-item]
+  ]
+
+
+@pytest.mark.parametrize("why,before,opt", _invalid_cases(), ids=[c[0] for c in _invalid_cases()])
+def test_invalid_opt_raises_and_leaves_kernel_unchanged(why: str, before: list[Opt], opt: Opt) -> None:
+  k = kernel_cases()["matmul_odd"].kernel().apply_opts(before)
+  state, src = _state(k), Device[DEVICE].renderer.render(k)
+  with pytest.raises(KernelOptError): k.apply_opt(opt)
+  assert _state(k) == state and Device[DEVICE].renderer.render(k) == src
+  with pytest.raises(KernelOptError): kernel_cases()["matmul_odd"].kernel().apply_opts([*before, opt])
+
+
+def test_thread_needs_threads() -> None:
+  k = Kernel(kernel_cases()["row_sum"].item.ast, DeviceCaps(threads=1))
+  with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.THREAD, 0, 2))
+  assert k.opts == []
+
+
+def test_reduce_opts_on_an_elementwise_kernel() -> None:
+  k = kernel_cases()["elementwise"].kernel()
+  for op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):
+    with pytest.raises(KernelOptError): k.apply_opt(Opt(op, 0, 2))
+  assert k.opts == [] and not any(o.op is OptOps.UNROLL for o in valid_opts(k))
+
+
+# ***** determinism and serialization *****
+
+def _some_sequences() -> list[list[Opt]]:
+  kc = kernel_cases()["matmul_odd"]
+  rng = random.Random(1)
+  return [[]] + [random_sequence(kc.kernel(), rng) for _ in range(20)]
+
+
+def test_same_opts_same_source() -> None:
+  kc = kernel_cases()["matmul_odd"]
+  rebuilt = create_schedule(CASES["matmul_odd"]().uop, DEVICE)[0][0]  # the same AST over new buffers
+  render = Device[DEVICE].renderer.render
+  assert rebuilt.out is not kc.item.out
+  for opts in _some_sequences():
+    a, b = kc.kernel().apply_opts(opts), kc.kernel().apply_opts(opts)
+    c = Kernel(rebuilt.ast, CAPS).apply_opts(opts)
+    assert render(a) == render(a) == render(b) == render(c), opts
+    assert a.key == c.key
+
+
+RENDER_SCRIPT = """
+import dataclasses, hashlib
+from tinytune import Device, Kernel, Tensor
+from tinytune.codegen.opts import opts_from_json
+from tinytune.schedule import create_schedule
+item = create_schedule((Tensor.rand(24, 12).realize() @ Tensor.rand(12, 20).realize()).uop, 'CPU')[0][0]
+for text in {texts!r}:
+  k = Kernel(item.ast, dataclasses.replace(Device['CPU'].caps, threads=2)).apply_opts(opts_from_json(text))
+  print(hashlib.sha256(Device['CPU'].renderer.render(k).encode()).hexdigest())
+"""
+
+
+def test_same_opts_same_source_across_processes() -> None:
+  """Sources are the compile cache's and the tuning database's keys: they must not depend on hash seeds or object ids."""
+  seqs, kc = _some_sequences()[:8], kernel_cases()["matmul_odd"]
+  here = [hashlib.sha256(Device[DEVICE].renderer.render(kc.kernel().apply_opts(opts)).encode()).hexdigest() for opts in seqs]
+  script = RENDER_SCRIPT.format(texts=[opts_to_json(opts) for opts in seqs])
+  for seed in ("1", "2"):
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout.split()
+    assert out == here
+
+
+def test_opts_json_round_trip() -> None:
+  seqs = _some_sequences() + [[Opt(op, 3, 17) for op in OptOps], [Opt(OptOps.PADTO, 0, -1), Opt(OptOps.TC, 0, 0)]]
+  for opts in seqs:
+    text = opts_to_json(opts)
+    assert opts_from_json(text) == opts and opts_to_json(opts_from_json(text)) == text
+    assert all(type(o.axis) is int and type(o.arg) is int and isinstance(o.op, OptOps) for o in opts_from_json(text))
+  kc = kernel_cases()["matmul_odd"]
+  for opts in seqs[:5]:
+    assert Device[DEVICE].renderer.render(kc.kernel().apply_opts(opts_from_json(opts_to_json(opts)))) == \
+      Device[DEVICE].renderer.render(kc.kernel().apply_opts(opts))
+
+
+@pytest.mark.parametrize("text", [
+  '{"op": "UPCAST", "axis": 0, "arg": 4}', '"UPCAST"', "4", "null", "true",  # not a list
+  '[["UPCAST", 0]]', '[["UPCAST", 0, 4, 1]]', '[[]]', '["UPCAST"]', "[null]", '[{"op": "UPCAST"}]',  # not [op, axis, arg]
+  '[["FOO", 0, 4]]', '[["upcast", 0, 4]]', '[[1, 0, 4]]', '[[null, 0, 4]]',  # unknown op
+  '[["UPCAST", "0", 4]]', '[["UPCAST", 0, 4.0]]', '[["UPCAST", 0, true]]', '[["UPCAST", null, 4]]', '[["UPCAST", 0, [4]]]',  # wrong types
+  '[["UPCAST", 0, 4], ["UNROLL", 0]]', "[[\"UPCAST\", 0, 4]", "",  # one bad entry, bad JSON
+])
+def test_malformed_opts_json(text: str) -> None:
+  with pytest.raises(ValueError): opts_from_json(text)
