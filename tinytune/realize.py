@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
+from typing import Any
 
 from tinytune.codegen.heuristic import hand_coded_optimizations
-from tinytune.codegen.kernel import Kernel
-from tinytune.codegen.opts import Opt
+from tinytune.codegen.kernel import Kernel, KernelOptError
+from tinytune.codegen.opts import Opt, opts_from_json
 from tinytune.helpers import DEBUG, NOOPT
 from tinytune.runtime import Device, Program
 from tinytune.schedule import ScheduleItem, realized
@@ -26,6 +29,68 @@ class GlobalCounters:
 def default_opts(kernel: Kernel) -> list[Opt]: return [] if NOOPT else hand_coded_optimizations(kernel)
 
 
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+  if message not in _warned:
+    _warned.add(message)
+    print(f"tinytune: warning: {message}", file=sys.stderr)
+
+
+@functools.lru_cache(maxsize=None)
+def _tuner(device: str, strategy: str) -> Any:
+  from tinytune.search.tune import Tuner
+  return Tuner(_database(os.getenv("TINYTUNE_DB") or ""), device, strategy)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tuned_entry(key: str, device: str) -> str | None:
+  from tinytune.results_db import default_url, fingerprint_hash
+  from tinytune.search.tune import device_fingerprint
+  url = os.getenv("TINYTUNE_DB") or default_url()
+  if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]): return None
+  try: entry = _database(url).tuned(key, fingerprint_hash(device_fingerprint(device)))
+  except Exception as e:  # an unreadable database costs a warning, never the program
+    warn_once(f"the tuning cache {url} is unusable ({str(e).splitlines()[0]}); using default opts")
+    return None
+  return entry.opts_json if entry is not None else None
+
+
+def tuned_opts(kernel: Kernel, device: str) -> tuple[Opt, ...] | None:
+  """The tuning cache's opts for this kernel on this device, validated; None where it has none (or is unreadable)."""
+  if (text := _tuned_entry(kernel.key, device)) is None: return None
+  try:
+    opts = tuple(opts_from_json(text))
+    kernel.copy().apply_opts(opts)
+    return opts
+  except (KernelOptError, ValueError) as e:
+    warn_once(f"ignoring the tuning cache entry for {kernel.name} ({kernel.key[:8]}): {e}")
+  return None
+
+
+@functools.lru_cache(maxsize=8)
+def _database(url: str) -> Any:
+  from tinytune.results_db import Database
+  return Database(url or None)
+
+
+def kernel_opts(kernel: Kernel, device: str) -> list[Opt]:
+  """Opts for running `kernel`: tuned ones from the cache where it has them, else (TINYTUNE_TUNE=beam etc.) tune now, else defaults."""
+  mode = os.getenv("TINYTUNE_TUNE", "1")
+  if NOOPT or mode == "0": return default_opts(kernel)
+  if (opts := tuned_opts(kernel, device)) is not None: return list(opts)
+  if mode not in ("1", ""):
+    tuner = _tuner(device, mode)
+    device_id = tuner.db.device_id(tuner.fingerprint)
+    run_id = tuner.db.start_run(kernel.name, {}, device_id, mode, {}, tuner.budget, f"on first use: {kernel.key}")
+    outcome = tuner.tune_kernel(kernel, run_id, device_id)
+    tuner.db.finish_run(run_id, "done")
+    _tuned_entry.cache_clear()
+    return list(outcome.best)
+  return default_opts(kernel)
+
+
 @functools.lru_cache(maxsize=4096)
 def _program(device: str, src: str, name: str) -> Program:
   dev = Device[device]
@@ -41,7 +106,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   for item in items:
     device = item.out.device
     kernel = Kernel(item.ast, Device[device].caps)
-    kernel.apply_opts(default_opts(kernel))
+    kernel.apply_opts(kernel_opts(kernel, device))
     if DEBUG >= 5: print(kernel.ast_text)
     program, src = compile_kernel(kernel, device)
     if DEBUG >= 4: print(src)

@@ -1,0 +1,154 @@
+"""The tuning harness: strategies on real CPU kernels, failure paths, the results database and the tuning cache."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tinytune import Device, Kernel, Tensor
+from tinytune.codegen.opts import Opt, OptOps
+from tinytune.realize import default_opts
+from tinytune.results_db import Database
+from tinytune.schedule import create_schedule
+from tinytune.search.evaluate import Evaluator
+from tinytune.search.space import actions
+from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
+
+
+def matmul_kernel(n: int = 64) -> Kernel:
+  a, b = Tensor.rand(n, n).realize(), Tensor.rand(n, n).realize()
+  return Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+
+
+def tinytune(*args: str, db: str, timeout: float = 240) -> subprocess.CompletedProcess:
+  env = {**os.environ, "TINYTUNE_DB": db}
+  return subprocess.run([sys.executable, "-m", "tinytune.cli", *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_actions_are_valid_and_bounded() -> None:
+  k = matmul_kernel()
+  acts = actions(k)
+  assert acts and all(o.op not in (OptOps.LOCAL, OptOps.GROUP, OptOps.TC) for o in acts)
+  for o in acts: k.copy().apply_opt(o)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_finds_a_verified_kernel_no_slower_than_default(strategy: str) -> None:
+  k = matmul_kernel()
+  with Evaluator(k, "CPU") as ev:
+    result = run_strategy(strategy, k, ev, Budget(12), default_opts(k))
+  assert result.counts().get("ok", 0) >= 2
+  assert 2 <= sum(v for s, v in result.counts().items() if s != "invalid") <= 12 + 2
+  assert result.best_s <= result.default_s
+  k.copy().apply_opts(result.best)
+
+
+def _inject(marker: Opt, body: str):
+  """A render hook that swaps in a broken kernel body for candidates holding `marker`."""
+  def render(k: Kernel) -> str:
+    src = Device["CPU"].renderer.render(k)
+    if marker not in k.opts: return src
+    head = src[:src.index("{", src.index(f"void {k.name}(")) + 1]
+    return head + body + "}\n"
+  return render
+
+
+@pytest.mark.parametrize("body, status", [
+  ("*(volatile int*)0 = 1;", "crashed"),
+  ("for (volatile int i = 1; i; ) {}", "timeout"),
+  ("data0[0] = 12345.0f;", "wrong"),
+  ("this is not C;", "compile_error"),
+])
+def test_broken_candidates_are_recorded_and_search_goes_on(body: str, status: str) -> None:
+  k = matmul_kernel(32)
+  bad = Opt(OptOps.UPCAST, 0, 2)
+  seen = []
+  with Evaluator(k, "CPU", timeout_s=2.0, render=_inject(bad, body), on_result=seen.append) as ev:
+    results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
+  assert [r.status for r in results] == [status, "ok", "ok"]
+  assert results[0].error and seen[0].status == status
+
+
+def test_duplicates_by_source_are_timed_once() -> None:
+  k = matmul_kernel(32)
+  seen = []
+  with Evaluator(k, "CPU", on_result=seen.append) as ev:
+    a, b = ev.evaluate([(Opt(OptOps.UPCAST, 1, 4),), (Opt(OptOps.UPCAST, 1, 4),)])
+  assert len(seen) == 1 and a.median_s == b.median_s
+
+
+def test_search_command_then_cache_hit(tmp_path) -> None:
+  db = f"sqlite:///{tmp_path}/t.db"
+  first = tinytune("search", "matmul", "-p", "m=64", "-p", "n=64", "-p", "k=64", "--budget", "8", "--json", db=db)
+  assert first.returncode == 0, first.stderr
+  out = json.loads(first.stdout)
+  assert not out["cache_hit"] and out["kernels"][0]["candidates"]["ok"] >= 2
+  st = time.perf_counter()
+  second = tinytune("search", "matmul", "-p", "m=64", "-p", "n=64", "-p", "k=64", "--budget", "8", "--json", db=db)
+  hit = json.loads(second.stdout)
+  assert hit["cache_hit"] and hit["kernels"][0]["best_opts"] == out["kernels"][0]["best_opts"]
+  assert time.perf_counter() - st < 10 and hit["seconds"] < 1.0
+  rows = Database(db).run_candidates(1)
+  assert len(rows) == sum(out["kernels"][0]["candidates"].values())
+
+
+def test_tuned_opts_are_used_in_a_fresh_process(tmp_path) -> None:
+  db = f"sqlite:///{tmp_path}/t.db"
+  assert tinytune("search", "matmul", "-p", "m=48", "-p", "n=48", "-p", "k=48", "--budget", "6", "--quiet", db=db).returncode == 0
+  script = ("from tinytune import Tensor, Context\nimport numpy as np\n"
+            "a, b = Tensor.rand(48, 48), Tensor.rand(48, 48)\nwith Context(DEBUG=3): c = (a @ b).numpy()\n"
+            "assert np.allclose(c, a.numpy() @ b.numpy(), atol=1e-4)\n")
+  stored = json.loads(tinytune("search", "matmul", "-p", "m=48", "-p", "n=48", "-p", "k=48", "--json", db=db).stdout)["kernels"][0]["best_opts"]
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "TINYTUNE_DB": db}, timeout=120)
+  assert run.returncode == 0, run.stderr
+  expected = repr([Opt(OptOps[o[0]], o[1], o[2]) for o in stored])
+  assert f"opts {expected}" in run.stdout
+  off = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TINYTUNE_DB": db, "TINYTUNE_TUNE": "0"})
+  assert off.returncode == 0 and f"opts {expected}" not in off.stdout or stored == []
+
+
+def test_kill_and_resume(tmp_path) -> None:
+  db = f"sqlite:///{tmp_path}/t.db"
+  args = [sys.executable, "-m", "tinytune.cli", "search", "matmul", "-p", "m=96", "-p", "n=96", "-p", "k=96", "--budget", "40", "--quiet", "--json"]
+  proc = subprocess.Popen(args, env={**os.environ, "TINYTUNE_DB": db}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    time.sleep(0.5)
+    if os.path.exists(f"{tmp_path}/t.db") and len(Database(db).run_candidates(1)) >= 5: break
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  before = Database(db).run_candidates(1)
+  assert len(before) >= 5
+  resumed = tinytune("search", "matmul", "-p", "m=96", "-p", "n=96", "-p", "k=96", "--budget", "40", "--quiet", "--json", "--resume", db=db)
+  assert resumed.returncode == 0, resumed.stderr
+  after = Database(db).run_candidates(1)
+  assert after[:len(before)] == before  # the same run goes on
+  opts = [r.opts_json for r in after]
+  assert len(opts) == len(set(opts))  # nothing stored was timed again
+  assert Database(db).run(1).outcome == "done"
+
+
+def test_concurrent_searches_share_one_sqlite_database(tmp_path) -> None:
+  db = f"sqlite:///{tmp_path}/t.db"
+  env = {**os.environ, "TINYTUNE_DB": db}
+  procs = [subprocess.Popen([sys.executable, "-m", "tinytune.cli", "search", "matmul", "-p", f"m={m}", "-p", "n=32", "-p", "k=32", "--budget", "6",
+                             "--quiet", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in (32, 40, 48)]
+  outs = [p.communicate(timeout=240) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+  total = sum(sum(json.loads(o[0])["kernels"][0]["candidates"].values()) for o in outs)
+  database = Database(db)
+  assert sum(len(database.run_candidates(i)) for i in (1, 2, 3)) == total
+
+
+def test_bad_input_is_one_line_and_nonzero(tmp_path) -> None:
+  db = f"sqlite:///{tmp_path}/t.db"
+  for args in (["search", "nope"], ["search", "matmul", "-p", "x=3"], ["search", "matmul", "-p", "m"], ["search", "matmul", "--strategy", "anneal"],
+               ["search", "matmul", "--device", "tpu"], ["search", "matmul", "--dtype", "float128"]):
+    r = tinytune(*args, db=db)
+    assert r.returncode == 2 and r.stderr.startswith("tinytune: error:") and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

@@ -1,0 +1,172 @@
+"""Candidate evaluation: compile in parallel, drop duplicates by source, verify against the kernel with no opts, time.
+
+Candidates run in a worker process that holds the buffers, so a candidate that crashes or hangs costs that worker
+(recorded as `crashed` or `timeout`) and the search goes on with a fresh one."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import select
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from tinytune.codegen.kernel import Kernel, KernelOptError
+from tinytune.codegen.opts import Opt, opts_to_json
+from tinytune.runtime import Device
+
+STATUSES = ("ok", "wrong", "crashed", "timeout", "compile_error", "invalid")
+
+
+@dataclass(frozen=True)
+class Result:
+  opts: tuple[Opt, ...]
+  status: str
+  min_s: float = math.inf
+  median_s: float = math.inf
+  spread: float = 0.0  # (median - min) / median of the timed repeats
+  compile_s: float = 0.0
+  source_hash: str = ""
+  error: str = ""
+  stored: bool = False  # read back from the results database, not measured now
+
+  @property
+  def time(self) -> float: return self.median_s if self.status == "ok" else math.inf
+  @property
+  def opts_json(self) -> str: return opts_to_json(self.opts)
+
+
+@dataclass
+class TimingPolicy:
+  min_repeats: int = 3
+  max_repeats: int = 30
+  max_seconds: float = 1.0  # per candidate, after warm-up
+  settle: float = 0.03  # stop once (median - min) / median is below this
+  warmup_seconds: float = 0.02
+
+
+class _Worker:
+  """A `python -m tinytune.search.worker` process holding the kernel's buffers."""
+
+  def __init__(self, spec: dict, timeout: float):
+    self.proc = subprocess.Popen([sys.executable, "-m", "tinytune.search.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.ready = self.request(spec, timeout)
+
+  def request(self, msg: object, timeout: float) -> list:
+    """One request; its reply, ["crashed", why] if the worker died, or ["timeout", why] if it did not answer in time."""
+    assert self.proc.stdin is not None and self.proc.stdout is not None
+    try:
+      self.proc.stdin.write(json.dumps(msg) + "\n")
+      self.proc.stdin.flush()
+      if not select.select([self.proc.stdout], [], [], timeout)[0]:
+        self.kill()
+        return ["timeout", f"no answer in {timeout:.1f} s"]
+      if line := self.proc.stdout.readline(): return json.loads(line)
+    except (BrokenPipeError, OSError): pass
+    self.kill()
+    return ["crashed", f"the worker died (exit code {self.proc.returncode})"]
+
+  def kill(self) -> None:
+    if self.proc.poll() is None: self.proc.kill()
+    self.proc.wait(5)
+
+
+# ***** the evaluator *****
+
+@dataclass
+class Evaluator:
+  """Evaluate opt lists for one kernel on one device. `known` maps opts JSON to results already stored (resume)."""
+  kernel: Kernel  # with no opts
+  device: str
+  timeout_s: float = 10.0
+  policy: TimingPolicy = field(default_factory=TimingPolicy)
+  jobs: int = 0  # parallel compiles; 0 means one per core
+  seed: int = 0
+  on_result: Callable[[Result], None] | None = None
+  known: dict[str, Result] = field(default_factory=dict)
+  render: Callable[[Kernel], str] | None = None  # the device's renderer unless given (tests inject crashing candidates here)
+
+  def __post_init__(self) -> None:
+    self.dev = Device[self.device]
+    self.render_source: Callable[[Kernel], str] = self.render or self.dev.renderer.render
+    self.by_source: dict[str, Result] = {}
+    self.worker: _Worker | None = None
+    self.evaluated = 0  # candidates measured now (not read back, not duplicates)
+    ref_src = self.dev.renderer.render(self.kernel)  # the reference is always the real kernel with no opts
+    self.ref_lib = self.dev.compile(ref_src).decode()
+    self.pool = ThreadPoolExecutor(self.jobs or self.dev.caps.threads)
+
+  def _request(self, msg: list) -> list:
+    if self.worker is None:
+      spec = {"seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref_lib": self.ref_lib,
+              "ref_name": self.kernel.name, "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name)}
+      self.worker = _Worker(spec, self.timeout_s + 10)
+      if self.worker.ready[0] != "ready": raise RuntimeError(f"the kernel with no opts failed in the worker: {self.worker.ready[1]}")
+    reply = self.worker.request(msg, self.timeout_s)
+    if reply[0] in ("crashed", "timeout"): self.worker = None
+    return reply
+
+  def kernel_for(self, opts: Sequence[Opt]) -> Kernel: return self.kernel.copy().apply_opts(opts)
+
+  def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
+    """Results in the order given; each new measurement is reported to on_result as it finishes."""
+    results: list[Result | None] = [None] * len(candidates)
+    todo: list[tuple[int, tuple[Opt, ...], Kernel, str, str]] = []
+    for i, opts in enumerate(map(tuple, candidates)):
+      if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = stored; continue
+      try: k = self.kernel_for(opts)
+      except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
+      src = self.render_source(k)
+      todo.append((i, opts, k, src, hashlib.sha256(src.encode()).hexdigest()[:16]))
+    fresh = {h: (k, src) for _, _, k, src, h in todo if h not in self.by_source}
+    compiled = dict(zip(fresh, self.pool.map(self._compile, [src for _, src in fresh.values()])))
+    for i, opts, k, src, h in todo:
+      if h not in self.by_source:
+        lib, compile_s, error = compiled[h]
+        if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
+        else: res = self._run(opts, lib, k.name, h, compile_s)
+        self.by_source[h] = res
+        self.evaluated += 1
+        if self.on_result is not None: self.on_result(res)
+      results[i] = replace(self.by_source[h], opts=opts)
+    return results  # type: ignore[return-value]
+
+  def _compile(self, src: str) -> tuple[str | None, float, str]:
+    st = time.perf_counter()
+    try: return self.dev.compile(src).decode(), time.perf_counter() - st, ""
+    except Exception as e: return None, time.perf_counter() - st, str(e).splitlines()[0]
+
+  def _run(self, opts: tuple[Opt, ...], lib: str, name: str, source_hash: str, compile_s: float) -> Result:
+    reply = self._request(["run", lib, name, vars(self.policy), True])
+    if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
+    times = reply[1]
+    med = statistics.median(times)
+    return Result(opts, "ok", min(times), med, (med - min(times)) / med if med else 0.0, compile_s, source_hash)
+
+  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[float]:
+    """Time candidates again, interleaved round by round so drift hits all alike; the median per candidate."""
+    libs = []
+    for opts in candidates:
+      k = self.kernel_for(opts)
+      libs.append((self.dev.compile(self.render_source(k)).decode(), k.name))
+    policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2}
+    samples: list[list[float]] = [[] for _ in candidates]
+    for _ in range(rounds):
+      for j, (lib, name) in enumerate(libs):
+        reply = self._request(["run", lib, name, policy, False])
+        samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
+    return [statistics.median(s) for s in samples]
+
+  def close(self) -> None:
+    if self.worker is not None:
+      self.worker.kill()
+      self.worker = None
+    self.pool.shutdown()
+
+  def __enter__(self) -> Evaluator: return self
+  def __exit__(self, *exc: object) -> None: self.close()

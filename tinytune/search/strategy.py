@@ -1,0 +1,79 @@
+"""What every strategy shares: the budget, the result, and choosing the winner by interleaved re-timing."""
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.opts import Opt
+from tinytune.search.evaluate import Evaluator, Result
+
+
+@dataclass
+class Budget:
+  """Stop after `candidates` candidates and/or `seconds` seconds; None means no limit on that count."""
+  candidates: int | None = 200
+  seconds: float | None = None
+  started: float = field(default_factory=time.monotonic)
+
+  def left(self, tried: int) -> int:
+    """How many more candidates may be tried (0 when out of time)."""
+    if self.seconds is not None and time.monotonic() - self.started > self.seconds: return 0
+    return max(0, self.candidates - tried) if self.candidates is not None else 1 << 30
+
+
+@dataclass
+class SearchResult:
+  best: tuple[Opt, ...]
+  best_s: float
+  default: tuple[Opt, ...]
+  default_s: float
+  history: list[Result]
+
+  @property
+  def speedup(self) -> float: return self.default_s / self.best_s if self.best_s > 0 else math.nan
+  def counts(self) -> dict[str, int]:
+    """Distinct candidates by status (duplicates by source and invalid opts were never run)."""
+    ret: dict[str, int] = {}
+    seen: set[str] = set()
+    for r in self.history:
+      if r.status == "invalid" or r.source_hash in seen: continue
+      seen.add(r.source_hash)
+      ret[r.status] = ret.get(r.status, 0) + 1
+    return ret
+
+
+Strategy = Callable[..., SearchResult]  # (kernel, evaluator, budget, default, **options) -> SearchResult
+
+# name -> module:function, imported on first use so a missing optional dependency fails only when its strategy is chosen
+STRATEGIES = {"beam": "tinytune.search.beam:beam_search", "random": "tinytune.search.random_search:random_search",
+              "optuna": "tinytune.search.optuna_search:optuna_search"}
+
+
+def get_strategy(name: str) -> Strategy:
+  if name not in STRATEGIES: raise ValueError(f"unknown strategy {name!r}; available: {', '.join(STRATEGIES)}")
+  module, fn = STRATEGIES[name].split(":")
+  return getattr(importlib.import_module(module), fn)
+
+
+def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = 3) -> SearchResult:
+  """Time the fastest few again beside the default, interleaved; the default wins unless something beats it."""
+  default = tuple(default)
+  best: dict[str, Result] = {}
+  for r in sorted((r for r in history if r.status == "ok"), key=lambda r: r.time):
+    best.setdefault(r.source_hash, r)
+  top = [r.opts for r in list(best.values())[:finalists] if r.opts != default]
+  times = ev.retime([default, *top])
+  winner = min(range(len(times)), key=lambda i: times[i])
+  if not times[winner] < times[0]: winner = 0
+  return SearchResult(([default, *top])[winner], times[winner], default, times[0], history)
+
+
+def tried(history: list[Result]) -> int: return sum(r.status != "invalid" for r in history)
+
+
+def run_strategy(name: str, kernel: Kernel, ev: Evaluator, budget: Budget, default: Sequence[Opt], **options: Any) -> SearchResult:
+  return get_strategy(name)(kernel, ev, budget, tuple(default), **options)

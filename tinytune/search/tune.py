@@ -1,0 +1,106 @@
+"""Tune the kernels of a program: search each one unless the tuning cache has it, record everything, update the cache."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tinytune.codegen import CODEGEN_VERSION
+from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
+from tinytune.realize import default_opts
+from tinytune.results_db import Database, fingerprint_hash
+from tinytune.runtime import Device
+from tinytune.schedule import create_schedule
+from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.strategy import Budget, run_strategy
+from tinytune.uop import UOp
+
+
+def device_fingerprint(device: str) -> dict[str, str]:
+  """What a measurement depends on: the device, its compiler, version and flags, and the code generator's version."""
+  return {**Device[device].fingerprint(), "codegen_version": CODEGEN_VERSION}
+
+
+@dataclass
+class KernelOutcome:
+  key: str
+  name: str
+  best: tuple[Opt, ...]
+  best_s: float
+  default_s: float | None
+  cache_hit: bool
+  counts: dict[str, int] = field(default_factory=dict)
+
+  @property
+  def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 else None
+
+  def to_json(self) -> dict[str, Any]:
+    return {"key": self.key, "name": self.name, "best_opts": json.loads(opts_to_json(self.best)), "best_s": self.best_s, "default_s": self.default_s,
+            "speedup": self.speedup, "candidates": self.counts, "cache_hit": self.cache_hit}
+
+
+@dataclass
+class Tuner:
+  """Search settings plus the database; `on_result(kernel, result)` sees every fresh measurement (for progress bars)."""
+  db: Database
+  device: str
+  strategy: str = "beam"
+  budget: dict[str, Any] = field(default_factory=lambda: {"candidates": 200, "seconds": None})
+  options: dict[str, Any] = field(default_factory=dict)
+  resume: bool = False
+  force: bool = False
+  on_result: Callable[[Kernel, Result], None] | None = None
+
+  def __post_init__(self) -> None:
+    self.device = Device.canonicalize(self.device)
+    self.fingerprint = device_fingerprint(self.device)
+    self.device_hash = fingerprint_hash(self.fingerprint)
+
+  def cached(self, kernel: Kernel) -> KernelOutcome | None:
+    if self.force or (entry := self.db.tuned(kernel.key, self.device_hash)) is None: return None
+    return KernelOutcome(kernel.key, kernel.name, tuple(opts_from_json(entry.opts_json)), entry.best_s, entry.default_s, True)
+
+  def tune_program(self, out: UOp, workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
+    """Tune every kernel that computes `out` (a lazy graph; nothing is realized)."""
+    kernels = [Kernel(item.ast, Device[self.device].caps) for item in create_schedule(out, self.device)[0]]
+    outcomes: list[KernelOutcome | None] = [self.cached(k) for k in kernels]
+    if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
+    settings = {"strategy": self.strategy, **self.options}
+    signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
+                            "kernels": [k.key for k in kernels]}, sort_keys=True)
+    device_id = self.db.device_id(self.fingerprint)
+    run_id = self.db.resumable_run(signature) if self.resume else None
+    stored = self.db.run_candidates(run_id) if run_id is not None else []
+    if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, self.options, self.budget, signature)
+    try:
+      for i, k in enumerate(kernels):
+        if outcomes[i] is None: outcomes[i] = self.tune_kernel(k, run_id, device_id, stored)
+    except BaseException:
+      self.db.finish_run(run_id, "interrupted")
+      raise
+    self.db.finish_run(run_id, "done")
+    return outcomes  # type: ignore[return-value]
+
+  def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = ()) -> KernelOutcome:  # type: ignore[assignment]
+    dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
+    kernel_id = self.db.kernel_id(kernel.key, kernel.name, kernel.ast_text, kernel.sizes, dtypes, kernel.flops, kernel.mem_bytes)
+    known = {c.opts_json: Result(tuple(opts_from_json(c.opts_json)), c.status, c.min_s, c.median_s, c.spread, c.compile_s, c.source_hash,
+                                 c.error, stored=True) for c in stored if c.kernel_id == kernel_id}
+
+    def record(r: Result) -> None:
+      self.db.record_candidate(run_id, kernel_id, device_id, r.opts_json, r.source_hash, r.compile_s, r.status, r.min_s, r.median_s, r.spread,
+                               r.error)
+      if self.on_result is not None: self.on_result(kernel, r)
+
+    budget = Budget(self.budget.get("candidates"), self.budget.get("seconds"))
+    options = dict(self.options)
+    if self.strategy == "optuna":  # trials live in optuna's own tables in the same database; a resumed run continues its study
+      options.setdefault("storage", self.db.url.render_as_string(hide_password=False))
+      options.setdefault("study_name", f"tinytune-{kernel.key}-{self.device_hash[:12]}-run{run_id}")
+    with Evaluator(kernel, self.device, on_result=record, known=known) as ev:
+      result = run_strategy(self.strategy, kernel, ev, budget, default_opts(kernel), **options)
+    if math.isfinite(result.best_s):
+      self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id)
+    return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, result.counts())
