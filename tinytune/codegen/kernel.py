@@ -117,7 +117,7 @@ class Kernel:
       dim = opt.axis
     rem = self.remaining(dim)
     if op is OptOps.SWAP:
-      check(0 <= arg < self.n_global and arg != dim, f"SWAP needs another global axis, got {arg}")
+      check(dim < arg < self.n_global, f"SWAP {dim} needs a later global axis, got {arg}")  # one spelling per swap: no (1, 0) after (0, 1)
       i, j = self.global_order.index(dim), self.global_order.index(arg)
       check(i < j, "SWAP moves an axis inward past a later one; use the earlier axis first")
       self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
@@ -159,7 +159,7 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     args = sorted(set(divisors(size)[1:]) | set(CANDIDATE_ARGS))
     if d < k.n_global:
       ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
-      ret += [Opt(OptOps.SWAP, d, o) for o in range(k.n_global) if o != d]
+      ret += [Opt(OptOps.SWAP, d, o) for o in range(d + 1, k.n_global)]
     else: ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
   return ret + [Opt(OptOps.TC, 0, 0)]
