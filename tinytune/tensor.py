@@ -34,7 +34,8 @@ class Tensor:
     if isinstance(data, UOp): self.uop = data if dt is None else data.cast(dt)
     elif isinstance(data, Tensor): self.uop = data.cast(dt).uop if dt else data.uop
     elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-      dt = dt or (dtypes.bool if isinstance(data, bool) else dtypes.default_int if isinstance(data, int) else dtypes.default_float)
+      dt = dt or (dtypes.bool if isinstance(data, bool) else dtypes.default_float if isinstance(data, float) else
+                  dtypes.default_int if -2**31 <= data < 2**31 else dtypes.int64)
       self.uop = UOp.const(dt, data)
     else:
       arr = np.asarray(data)
@@ -88,7 +89,7 @@ class Tensor:
 
   @staticmethod
   def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: Any = None, device: str | None = None) -> Tensor:
-    shape = Tensor._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+    shape = Tensor._shape_arg(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,))
     return Tensor(fill_value, dtype=dtype, device=device).reshape((1,) * len(shape)).expand(shape)
 
   @staticmethod
@@ -132,7 +133,8 @@ class Tensor:
   # ***** movement *****
   def _axis(self, axis: int, ndim: int | None = None) -> int:
     ndim = self.ndim if ndim is None else ndim
-    if not isinstance(axis, int) or not -max(ndim, 1) <= axis < max(ndim, 1): raise ValueError(f"axis {axis} is out of range for {ndim} dims")
+    if not isinstance(axis, int): raise TypeError(f"an axis is an int, got {axis!r}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1): raise ValueError(f"axis {axis} is out of range for {ndim} dims")
     return axis % max(ndim, 1)
 
   def _move(self, fn: Callable[[View], Optional[View]], shape: tuple[int, ...]) -> Tensor:
@@ -163,6 +165,7 @@ class Tensor:
 
   def expand(self, *shape: Any) -> Tensor:
     shape = argfix(*shape)
+    if not all(isinstance(s, int) and s >= -1 for s in shape): raise ValueError(f"cannot expand {self.shape} to {shape}: sizes are ints >= -1")
     if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dims {shape}")
     x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
     new = tuple(s if n == -1 else n for s, n in zip(x.shape, shape))
@@ -195,6 +198,7 @@ class Tensor:
 
   def flip(self, *axis: Any) -> Tensor:
     axes = tuple(self._axis(a) for a in argfix(*axis))
+    if len(set(axes)) != len(axes): raise ValueError(f"flip axes {argfix(*axis)} name a dim twice")
     return self._move(lambda v: v.flip(axes), self.shape)
 
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
@@ -213,6 +217,8 @@ class Tensor:
 
   def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
     ts = [self, *others]
+    if not all(isinstance(t, Tensor) for t in ts): raise TypeError(f"cat needs Tensors, got {[type(t).__name__ for t in ts]}")
+    if self.ndim == 0: raise ValueError("cat needs tensors of at least one dim; use stack for 0-d tensors")
     d = self._axis(dim)
     if not all(t.ndim == self.ndim and all(a == b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d) for t in ts):
       raise ValueError(f"cat needs equal shapes except along dim {d}, got {[t.shape for t in ts]}")
@@ -226,19 +232,19 @@ class Tensor:
   @staticmethod
   def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if not tensors: raise ValueError("stack needs at least one tensor")
+    if not all(isinstance(t, Tensor) for t in tensors): raise TypeError(f"stack needs Tensors, got {[type(t).__name__ for t in tensors]}")
     if not all(t.shape == tensors[0].shape for t in tensors): raise ValueError(f"stack needs equal shapes, got {[t.shape for t in tensors]}")
     d = tensors[0]._axis(dim, tensors[0].ndim + 1)
     return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
 
   def __getitem__(self, index: Any) -> Tensor:
     index = index if isinstance(index, tuple) else (index,)
-    if sum(i is Ellipsis for i in index) > 1: raise ValueError("an index has at most one Ellipsis")
+    ellipsis = [at for at, i in enumerate(index) if i is Ellipsis]  # `is`, never ==: Tensor == builds a Tensor
+    if len(ellipsis) > 1: raise ValueError("an index has at most one Ellipsis")
     real = [i for i in index if i is not None and i is not Ellipsis]
     if len(real) > self.ndim: raise ValueError(f"too many indices ({len(real)}) for a tensor of {self.ndim} dims")
-    if Ellipsis in index:
-      at = index.index(Ellipsis)
-      index = index[:at] + (slice(None),) * (self.ndim - len(real)) + index[at + 1:]
-    index = index + (slice(None),) * (self.ndim - len(real))
+    at = ellipsis[0] if ellipsis else len(index)
+    index = index[:at] + (slice(None),) * (self.ndim - len(real)) + index[at + 1:]
     x, dim, out_shape = self, 0, []
     for i in index:
       if i is None: out_shape.append(1); continue
@@ -268,6 +274,7 @@ class Tensor:
   def _broadcasted(self, y: TensorLike, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x: Tensor = self
     if not isinstance(y, Tensor):
+      if isinstance(y, (np.bool_, np.integer, np.floating)): y = y.item()  # numpy scalars combine like python numbers
       if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
       dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
       if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
@@ -296,6 +303,7 @@ class Tensor:
   def mul(self, y: TensorLike, reverse: bool = False) -> Tensor: return self._binop(Ops.MUL, y, reverse)
   def sub(self, y: TensorLike, reverse: bool = False) -> Tensor:
     a, b = self._broadcasted(y, reverse)
+    if a.dtype == dtypes.bool: raise TypeError("subtracting bool tensors is not supported; use ^ or logical_not")
     return a + (-b)
   def div(self, y: TensorLike, reverse: bool = False) -> Tensor:
     a, b = self._broadcasted(y, reverse)
@@ -317,18 +325,28 @@ class Tensor:
   def __pow__(self, y: TensorLike) -> Tensor: return self.pow(y)
   def __rpow__(self, y: TensorLike) -> Tensor: return self.pow(y, True)
   def __matmul__(self, y: Tensor) -> Tensor: return self.matmul(y)
-  def __and__(self, y: TensorLike) -> Tensor: return self._binop(Ops.AND, y)
-  def __or__(self, y: TensorLike) -> Tensor: return self._binop(Ops.OR, y)
-  def __xor__(self, y: TensorLike) -> Tensor: return self._binop(Ops.XOR, y)
-  def __invert__(self) -> Tensor: return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
+  def _bitwise(self, op: Ops, y: TensorLike) -> Tensor:
+    a, b = self._broadcasted(y)
+    if a.dtype.is_float: raise TypeError(f"bitwise {op.name.lower()} needs bool or int tensors, got {a.dtype.name}")
+    return a._alu(op, b)
+  def __and__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.AND, y)
+  def __or__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.OR, y)
+  def __xor__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.XOR, y)
+  def __invert__(self) -> Tensor:
+    if self.dtype.is_float: raise TypeError(f"bitwise not needs a bool or int tensor, got {self.dtype.name}")
+    return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
 
   def __lt__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPLT, y)
   def __gt__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPLT, y, True)
-  def __le__(self, y: TensorLike) -> Tensor: return (self > y).logical_not()
-  def __ge__(self, y: TensorLike) -> Tensor: return (self < y).logical_not()
+  def __le__(self, y: TensorLike) -> Tensor: return self._le(y)
+  def __ge__(self, y: TensorLike) -> Tensor: return self._le(y, True)
+  def _le(self, y: TensorLike, reverse: bool = False) -> Tensor:
+    a, b = self._broadcasted(y, reverse)
+    return (b < a).logical_not() if not a.dtype.is_float else (a < b) | (a == b)  # not (b < a) is wrong for NaN
   def __ne__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPNE, y)  # type: ignore[override]
   def __eq__(self, y: TensorLike) -> Tensor: return (self != y).logical_not()  # type: ignore[override]
   __hash__ = object.__hash__
+  __array_ufunc__ = None  # numpy defers to our reflected ops: np.float32(2) * t is a Tensor, not an object array of 0-d Tensors
   def __bool__(self) -> bool: raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")
   def lt(self, y: TensorLike) -> Tensor: return self < y
   def eq(self, y: TensorLike) -> Tensor: return self == y
@@ -346,53 +364,59 @@ class Tensor:
   def maximum(self, y: TensorLike) -> Tensor: return self._binop(Ops.MAX, y)
   def minimum(self, y: TensorLike) -> Tensor:
     a, b = self._broadcasted(y)
-    return (b < a).where(b, a)
+    take_b = b < a if not a.dtype.is_float else (b < a) | (b != b)  # a NaN in either wins, like numpy
+    return take_b.where(b, a)
   def abs(self) -> Tensor: return (self < 0).where(-self, self) if self.dtype not in (dtypes.bool, dtypes.uint8) else self
   def _float(self) -> Tensor: return self if self.dtype.is_float else self.cast(dtypes.default_float)
   def exp2(self) -> Tensor: return self._float()._alu(Ops.EXP2)
   def log2(self) -> Tensor: return self._float()._alu(Ops.LOG2)
-  def exp(self) -> Tensor: return (self._float() * (1 / math.log(2))).exp2()
-  def log(self) -> Tensor: return self.log2() * math.log(2)
+  def _in_f32(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """fn of self as a float, computed in float32 and cast back: in float16 every step of a composite would round."""
+    x = self._float()
+    return fn(x) if x.dtype == dtypes.float32 else fn(x.cast(dtypes.float32)).cast(x.dtype)
+  def exp(self) -> Tensor: return self._in_f32(lambda x: (x * (1 / math.log(2))).exp2())
+  def log(self) -> Tensor: return self._in_f32(lambda x: x.log2() * math.log(2))
   def sqrt(self) -> Tensor: return self._float()._alu(Ops.SQRT)
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
   def sin(self) -> Tensor: return self._float()._alu(Ops.SIN)
-  def cos(self) -> Tensor: return (math.pi / 2 - self._float()).sin()
+  def cos(self) -> Tensor: return self._in_f32(lambda x: (math.pi / 2 - x).sin())
   def reciprocal(self) -> Tensor: return self._float()._alu(Ops.RECIP)
   def relu(self) -> Tensor: return self.maximum(0)
-  def sigmoid(self) -> Tensor: return (1 + (-self._float()).exp()).reciprocal()
-  def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float()).sigmoid() - 1.0
+  def sigmoid(self) -> Tensor: return self._in_f32(lambda x: (1 + (-x).exp()).reciprocal())
+  def tanh(self) -> Tensor: return self._in_f32(lambda x: 2.0 * (2.0 * x).sigmoid() - 1.0)
   def silu(self) -> Tensor: return self * self.sigmoid()
   def square(self) -> Tensor: return self * self
-  def sign(self) -> Tensor: return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+  def sign(self) -> Tensor: return self if self.dtype == dtypes.bool else (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
   def clip(self, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
     if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
     ret = self if min_ is None else self.maximum(min_)
     return ret if max_ is None else ret.minimum(max_)
 
-  def erf(self) -> Tensor:
-    # Abramowitz & Stegun 7.1.26, absolute error under 1.5e-7
-    x = self._float()
-    t = 1.0 / (1.0 + 0.3275911 * x.abs())
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return x.sign() * (1.0 - poly * (-x * x).exp())
+  def erf(self) -> Tensor: return self._in_f32(_erf)
 
   def gelu(self, approximate: str = "none") -> Tensor:
-    if approximate == "tanh": return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+    if approximate == "tanh": return self._in_f32(lambda x: 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh()))
     if approximate != "none": raise ValueError(f"gelu approximate is 'none' or 'tanh', got {approximate!r}")
-    return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+    return self._in_f32(lambda x: 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf()))
 
   def pow(self, y: TensorLike, reverse: bool = False) -> Tensor:
-    if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool) and y == int(y) and abs(y) <= 4:
-      ret = self.ones_like() if y == 0 else self
-      for _ in range(int(abs(y)) - 1): ret = ret * self
+    if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool) and math.isfinite(y) and y == int(y):
+      base = self if isinstance(y, int) else self._float()  # an int tensor to an int power stays int, like torch
+      ret, sq, n = None, base, abs(int(y))
+      while n:  # square and multiply: exact for ints, one rounding per multiply for floats
+        if n & 1: ret = sq if ret is None else ret * sq
+        if n := n >> 1: sq = sq * sq
+      ret = base.ones_like() if ret is None else ret
       return ret.reciprocal() if y < 0 else ret
     base, exp = self._broadcasted(y, reverse)
-    base, exp = base._float(), exp._float()
+    dt, base, exp = base.dtype, base._float(), exp._float()
     mag = (exp * base.abs().log2()).exp2()
     is_int = exp == exp.cast(dtypes.int64).cast(exp.dtype)
     odd = (exp * 0.5) != (exp * 0.5).cast(dtypes.int64).cast(exp.dtype)
     neg = (base < 0).where(is_int.where(odd.where(-mag, mag), math.nan), mag)
-    return (exp == 0).where(1.0, neg)
+    ret = (exp == 0).where(1.0, neg)
+    # int ** int is int, like torch: the float result is within 1/4 of the answer, or under 1/2 in size where it truncates to 0
+    return ret if dt.is_float else (ret + ret.sign() * 0.25).cast(dt)
 
   # ***** reductions *****
   def _reduce_axes(self, axis: Any) -> tuple[int, ...]:
@@ -407,6 +431,7 @@ class Tensor:
 
   def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
     dt = dtypes.from_any(dtype) if dtype else dtypes.int64 if self.dtype in (dtypes.bool, dtypes.uint8, dtypes.int32) else self.dtype
+    if dt == dtypes.float16: return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dt)  # a float16 sum stalls at 2048 + 1
     return self.cast(dt)._reduce(Ops.ADD, axis, keepdim)
 
   def _flip_order(self) -> Tensor:
@@ -427,9 +452,11 @@ class Tensor:
 
   def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
     if axis is None: return self.flatten().argmax(0) if self.ndim else Tensor(0, dtypes.int64, self.device)
+    if not self.ndim: return self.reshape(1).argmax(self._axis(axis))
     d = self._axis(axis)
     n = self.shape[d]
     is_max = self == self.max(d, keepdim=True)
+    if self.dtype.is_float: is_max = is_max | (self != self)  # a NaN is the max wherever it is, like numpy
     rev = Tensor.arange(n, 0, -1, dtype=dtypes.int64, device=self.device).reshape((n,) + (1,) * (self.ndim - d - 1))
     return n - (is_max.where(rev, 0)).max(d, keepdim)
   def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor: return self._flip_order().argmax(axis, keepdim)
@@ -449,6 +476,9 @@ class Tensor:
     if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors of at least one dim")
     x, y = (self.unsqueeze(0) if self.ndim == 1 else self), (w.unsqueeze(-1) if w.ndim == 1 else w)
     if x.shape[-1] != y.shape[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {x.shape[-1]} != {y.shape[-2]})")
+    bx, by = x.shape[:-2], y.shape[:-2]
+    if any(a != b and 1 not in (a, b) for a, b in zip(bx[::-1], by[::-1])):
+      raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {bx} and {by} do not broadcast")
     ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
     if self.ndim == 1: ret = ret.squeeze(-2)
     return ret.squeeze(-1) if w.ndim == 1 else ret
@@ -468,9 +498,11 @@ class Tensor:
     if self.ndim != 4 or weight.ndim != 4:
       raise ValueError(f"conv2d needs a (N, C, H, W) input and (O, C/groups, KH, KW) weight, got {self.shape} and {weight.shape}")
     (n, cin, _, _), (cout, cg, kh, kw) = self.shape, weight.shape
+    if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv2d groups is a positive int, got {groups!r}")
     if cin % groups or cout % groups or cin // groups != cg:
       raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
-    st, pd, dl = (_pair(stride), _pair(padding), _pair(dilation))
+    if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
+    st, pd, dl = (_pair(stride, 1), _pair(padding), _pair(dilation, 1))
     x = self.pad(((0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1])))._windows((kh, kw), st, dl)  # (N, C, OH, OW, KH, KW)
     oh, ow = x.shape[2:4]
     x = x.reshape(n, groups, 1, cg, oh, ow, kh, kw)
@@ -479,15 +511,17 @@ class Tensor:
     return ret if bias is None else ret + bias.reshape(1, cout, 1, 1)
 
   def max_pool2d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
-    k, pd = _pair(kernel_size), _pair(padding)
+    if self.ndim < 2: raise ValueError(f"max_pool2d needs a tensor of at least 2 dims (..., H, W), got {self.shape}")
+    k, pd = _pair(kernel_size, 1), _pair(padding)
     fill = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
     x = self.pad(((0, 0),) * (self.ndim - 2) + ((pd[0], pd[0]), (pd[1], pd[1])), value=fill)
-    return x._windows(k, _pair(stride) if stride is not None else k, _pair(dilation)).max((-2, -1))
+    return x._windows(k, _pair(stride, 1) if stride is not None else k, _pair(dilation, 1)).max((-2, -1))
 
   def avg_pool2d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0) -> Tensor:
-    k, pd = _pair(kernel_size), _pair(padding)
+    if self.ndim < 2: raise ValueError(f"avg_pool2d needs a tensor of at least 2 dims (..., H, W), got {self.shape}")
+    k, pd = _pair(kernel_size, 1), _pair(padding)
     x = self.pad(((0, 0),) * (self.ndim - 2) + ((pd[0], pd[0]), (pd[1], pd[1])))
-    return x._windows(k, _pair(stride) if stride is not None else k, (1, 1)).mean((-2, -1))
+    return x._windows(k, _pair(stride, 1) if stride is not None else k, (1, 1)).mean((-2, -1))
 
   def layernorm(self, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
     x = self._float()
@@ -496,7 +530,14 @@ class Tensor:
     return y if bias is None else y + bias
 
 
-def _pair(x: Any) -> tuple[int, int]:
+def _erf(x: Tensor) -> Tensor:
+  # Abramowitz & Stegun 7.1.26, absolute error under 1.5e-7
+  t = 1.0 / (1.0 + 0.3275911 * x.abs())
+  poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+  return x.sign() * (1.0 - poly * (-x * x).exp())
+
+
+def _pair(x: Any, lo: int = 0) -> tuple[int, int]:
   ret = tuple(x) if isinstance(x, (tuple, list)) else (x, x)
-  if len(ret) != 2 or not all(isinstance(v, int) and v >= 0 for v in ret): raise ValueError(f"expected an int or a pair of ints, got {x!r}")
+  if len(ret) != 2 or not all(isinstance(v, int) and v >= lo for v in ret): raise ValueError(f"expected an int >= {lo} or a pair of them, got {x!r}")
   return ret  # type: ignore[return-value]
