@@ -110,7 +110,8 @@ def test_tuned_opts_are_used_in_a_fresh_process(tmp_path) -> None:
   assert f"opts {expected}" in run.stdout
   off = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "TINYTUNE_DB": db, "TINYTUNE_TUNE": "0"})
-  assert off.returncode == 0 and f"opts {expected}" not in off.stdout or stored == []
+  assert off.returncode == 0, off.stderr
+  assert f"opts {list(default_opts(matmul_kernel(48)))}" in off.stdout  # TINYTUNE_TUNE=0: the heuristic defaults, whatever is stored
 
 
 def test_kill_and_resume(tmp_path) -> None:
