@@ -62,7 +62,6 @@ def oob_guard(monkeypatch: pytest.MonkeyPatch) -> Any:
 # Known bugs outside tensor.py, each pinned down by a strict xfail test below. A fuzz example that trips one is rejected
 # (not failed) so the fuzzers keep looking for new bugs; delete the entry when its xfail test starts passing.
 KNOWN_BUGS: dict[tuple[type, str], str] = {  # (exception type, a function in its traceback) -> the xfail test
-  (IndexError, "_broadcasts_along"): "test_bug_heuristic_reduce_output_with_more_dims",
 }
 
 
@@ -1336,9 +1335,7 @@ def test_large_kernels() -> None:
 
 # ***** known bugs outside tensor.py: strict xfails, each starts passing (and must be unmarked) when its bug is fixed *****
 
-@pytest.mark.xfail(raises=IndexError, strict=True, reason="codegen/heuristic.py _broadcasts_along indexes the reduce input's strides with "
-                   "output dims: IndexError when a kernel's output has more dims than its reduce's input")
-def test_bug_heuristic_reduce_output_with_more_dims() -> None:
+def test_heuristic_reduce_output_with_more_dims() -> None:
   check(Tensor([1.0, 2.0]).sum().reshape(1, 1), [[3.0]])
 
 

@@ -39,5 +39,6 @@ def _broadcasts_along(k: Kernel, lane: int, row: int) -> bool:
   """True if the reduce reads one input that is constant along the lane dim but not the row dim (A in A@B), and one the other way."""
   assert k.reduceop is not None
   src = k.reduceop.src[0]
+  if max(lane, row) >= len(src.shape): return False  # the output was reshaped to more dims than the reduce has: no tile
   strides = [u.arg.strides for u in src.toposort if u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and len(u.arg.shape) == len(src.shape)]
   return any(st[lane] == 0 and st[row] != 0 for st in strides) and any(st[row] == 0 and st[lane] != 0 for st in strides)
