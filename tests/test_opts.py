@@ -25,11 +25,16 @@ from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
 from tinytune.realize import compile_kernel
-from tinytune.runtime import Buffer, DeviceCaps
+from tinytune.runtime import Buffer, DeviceCaps, device_status
 from tinytune.schedule import ScheduleItem, create_schedule
 
 DEVICE = "CPU"
 CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2)  # the same valid opts on every machine
+WORKGROUP_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=1, max_local=256, shared_bytes=16384)
+DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is None]  # OPENCL runs in CI through pocl
+
+
+def caps_for(device: str) -> DeviceCaps: return CAPS if device == "CPU" else WORKGROUP_CAPS
 SEQUENCES_PER_KERNEL = 16  # 16 sequences x 16 kernels = 256 random sequences
 MAX_SEQUENCE = 5
 
@@ -61,7 +66,8 @@ CASES: dict[str, Callable[[], Tensor]] = {
 }
 
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
-# for the compiler to contract, where only adding in another order (like unrolling the inner part first) changes a bit
+# for the compiler to contract, where only adding in another order (like unrolling the inner part first) changes a bit;
+# GROUP adds partial sums across threads, so float sums are exact up to rounding there
 EXACT = {"row_sum", "col_sum", "softmax0", "max", "int32", "int32_max", "int64_max"}
 
 
@@ -70,26 +76,30 @@ class KernelCase:
   name: str  # the id in KERNELS
   item: ScheduleItem
   ref: np.ndarray  # the output of the kernel with no opts
+  device: str = DEVICE
 
-  def kernel(self) -> Kernel: return Kernel(self.item.ast, CAPS)
+  def kernel(self) -> Kernel: return Kernel(self.item.ast, caps_for(self.device))
 
 
 @functools.cache
-def kernel_cases() -> dict[str, KernelCase]:
+def kernel_cases(device: str = DEVICE) -> dict[str, KernelCase]:
   """Every kernel of every case, run in order with no opts."""
   Tensor.manual_seed(0)
   ret: dict[str, KernelCase] = {}
-  for name, make in CASES.items():
-    items, _ = create_schedule(make().uop, DEVICE)
+  default, Device.DEFAULT = Device.DEFAULT, device  # the cases' inputs are made on the device
+  try: outs = {name: make() for name, make in CASES.items()}
+  finally: Device.DEFAULT = default
+  for name, out in outs.items():
+    items, _ = create_schedule(out.uop, device)
     for i, item in enumerate(items):
-      kernel = Kernel(item.ast, CAPS)
-      program, _ = compile_kernel(kernel, DEVICE)
+      kernel = Kernel(item.ast, caps_for(device))
+      program, _ = compile_kernel(kernel, device)
       _fill_sentinel(item.out)
       program(item.out, *kernel.bufs)
       ref = item.out.numpy_view().copy()
       assert np.isfinite(ref).all() if item.out.dtype.is_float else True, f"{name} has non-finite reference values"
       kid = name if len(items) == 1 else f"{name}{i}"
-      ret[kid] = KernelCase(kid, item, ref)
+      ret[kid] = KernelCase(kid, item, ref, device)
   return ret
 
 
@@ -107,8 +117,8 @@ def test_kernel_list() -> None:
 # ***** helpers *****
 
 def _fill_sentinel(buf: Buffer) -> None:
-  view = buf.numpy_view()
-  view[:] = np.nan if buf.dtype.is_float else True if buf.dtype == dtypes.bool else np.iinfo(view.dtype).max - 7
+  dt = buf.dtype.np
+  buf.copyin(np.full(buf.size, np.nan if buf.dtype.is_float else True if buf.dtype == dtypes.bool else np.iinfo(dt).max - 7, dtype=dt))
 
 
 def valid_opts(k: Kernel) -> list[Opt]:
@@ -128,27 +138,32 @@ def random_sequence(k: Kernel, rng: random.Random) -> list[Opt]:
   return k.opts
 
 
-def _compile(src: str) -> bytes | Exception:
-  try: return Device[DEVICE].compile(src)
+def _compile(device: str, src: str) -> bytes | Exception:
+  try: return Device[device].compile(src)
   except Exception as e: return e
 
 
 def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
   """Run the kernel with each opt sequence (applied to a kernel built from scratch); all must match the reference."""
+  dev = Device[kc.device]
   kernels = [kc.kernel().apply_opts(opts) for opts in seqs]
-  srcs = [Device[DEVICE].renderer.render(k) for k in kernels]
-  with ThreadPoolExecutor(os.cpu_count() or 1) as pool: libs = list(pool.map(_compile, srcs))  # warms the compile cache
-  out = Buffer(DEVICE, kc.item.out.size, kc.item.out.dtype)
-  tol = 0 if kc.name in EXACT else {dtypes.float32: 1e-5, dtypes.float16: 1e-3}[kc.item.out.dtype]
+  srcs = [dev.renderer.render(k) for k in kernels]
+  with ThreadPoolExecutor(os.cpu_count() or 1) as pool: libs = list(pool.map(functools.partial(_compile, kc.device), srcs))  # warms the cache
+  out = Buffer(kc.device, kc.item.out.size, kc.item.out.dtype)
+  float_tol = {dtypes.float32: 1e-5, dtypes.float16: 1e-3}.get(kc.item.out.dtype, 0)
   failures = []
   for k, lib in zip(kernels, libs):
     if isinstance(lib, Exception):
       failures.append(f"{k.opts}: {str(lib).splitlines()[0]}")
       continue
-    program = Device[DEVICE].program(k.name, lib)
+    program = dev.program(k.name, lib, k.launch_dims)
     _fill_sentinel(out)
     program(out, *k.bufs)
-    try: np.testing.assert_allclose(out.numpy_view(), kc.ref, rtol=tol, atol=tol)
+    # a workgroup adds its partial sums in another order: exact cases are then exact only up to rounding of the sum
+    grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in k.opts)
+    tol = 0 if kc.name in EXACT and not (grouped and kc.item.out.dtype.is_float) else float_tol
+    atol = tol * float(np.abs(kc.ref).max(initial=1)) if grouped else tol
+    try: np.testing.assert_allclose(out.numpy_view(), kc.ref, rtol=tol, atol=atol)
     except AssertionError as e: failures.append(f"{k.opts}: {str(e).strip().splitlines()[2:4]}")
   assert not failures, f"{len(failures)} of {len(seqs)} opt lists give wrong results for {kc.kernel().name}:\n" + "\n".join(failures)
 
@@ -168,19 +183,23 @@ def test_candidate_opts() -> None:
 
 # ***** correctness *****
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", KERNELS)
-def test_every_single_opt(name: str) -> None:
-  kc = kernel_cases()[name]
+def test_every_single_opt(name: str, device: str) -> None:
+  kc = kernel_cases(device)[name]
   opts = valid_opts(kc.kernel())
   ops = {o.op for o in opts}
-  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.TC}
-  if kc.kernel().n_reduce: assert OptOps.UNROLL in ops
+  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and OptOps.TC not in ops
+  if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and OptOps.THREAD not in ops
+  else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP}
+  if kc.kernel().n_reduce: assert OptOps.UNROLL in ops and (OptOps.GROUP in ops) == kc.kernel().caps.has_local
   check_opts(kc, [[o] for o in opts])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", KERNELS)
-def test_random_opt_sequences(name: str) -> None:
-  kc = kernel_cases()[name]
+def test_random_opt_sequences(name: str, device: str) -> None:
+  kc = kernel_cases(device)[name]
   rng = random.Random(zlib.crc32(name.encode()))
   seqs = [random_sequence(kc.kernel(), rng) for _ in range(SEQUENCES_PER_KERNEL)]
   assert max(len(s) for s in seqs) >= 3

@@ -92,14 +92,14 @@ def kernel_opts(kernel: Kernel, device: str) -> list[Opt]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _program(device: str, src: str, name: str) -> Program:
+def _program(device: str, src: str, name: str, launch: tuple[int, int]) -> Program:
   dev = Device[device]
-  return dev.program(name, dev.compile(src))
+  return dev.program(name, dev.compile(src), launch)
 
 
 def compile_kernel(kernel: Kernel, device: str) -> tuple[Program, str]:
   src = Device[device].renderer.render(kernel)
-  return _program(device, src, kernel.name), src
+  return _program(device, src, kernel.name, kernel.launch_dims), src
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:

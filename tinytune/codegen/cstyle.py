@@ -30,14 +30,28 @@ class Val:
 class CStyleRenderer:
   types = {dtypes.bool: "_Bool", dtypes.uint8: "unsigned char", dtypes.int32: "int", dtypes.int64: "long",
            dtypes.float16: "_Float16", dtypes.float32: "float"}
-  kernel_prefix = "void"
+  buffer_types: dict[DType, str] = {}  # where a buffer's element type differs from its value type
+  index_type = "long"  # loop variables and index math
   restrict = "restrict"
+  buffer_prefix = ""  # an address space for buffers
+  func_prefix = "static inline"  # helper functions
   in_order_reduce_prefix = ""  # before kernels that add floats into a scalar accumulator, in order
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
-  prelude = """#include <math.h>
-static inline long tt_fdiv(long a, long b) { long q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }
-static inline long tt_fmod(long a, long b) { long r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }
-"""
+  includes = "#include <math.h>\n"
+  inf, nan = "INFINITY", "NAN"
+  math, math_suffix = "", "f"  # float32 math functions: exp2f, ...
+  # devices with workgroups: the global loops become workgroups, LOCAL and GROUP parts the threads of one
+  has_local = False
+  group_id, local_id, barrier, shared_prefix = "", "", "", ""
+
+  def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
+  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{ptr}[{idx}]"
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str: return f"{ptr}[{idx}] = {val};"
+
+  def prelude(self, k: Kernel) -> str:
+    it, fp = self.index_type, self.func_prefix
+    return self.includes + (f"{fp} {it} tt_fdiv({it} a, {it} b) {{ {it} q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }}\n"
+                            f"{fp} {it} tt_fmod({it} a, {it} b) {{ {it} r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }}\n")
 
   def vtype(self, width: int) -> str: return f"tt_f{width}"
   def vector_prelude(self, width: int) -> str:
@@ -53,8 +67,8 @@ static inline long tt_fmod(long a, long b) { long r = a % b; return r + ((r != 0
       text = (f"{i}L" if i > -2**63 else f"{i + 1}L-1") if dtype == dtypes.int64 else str(i)  # -2**63 has no literal
       return f"({text})" if i < 0 else text
     f = float(v)  # type: ignore[arg-type]
-    if math.isnan(f): return "NAN"
-    if math.isinf(f): return "INFINITY" if f > 0 else "(-INFINITY)"
+    if math.isnan(f): return self.nan
+    if math.isinf(f): return self.inf if f > 0 else f"(-{self.inf})"
     text = f"{f!r}f"
     return f"(({self.types[dtype]}){text})" if dtype != dtypes.float32 else f"({text})" if f < 0 else text
 
@@ -63,7 +77,8 @@ static inline long tt_fmod(long a, long b) { long r = a % b; return r + ((r != 0
     b = args[1] if len(args) > 1 else ""
     if op is Ops.CAST: return f"(({self.types[dtype]})({a}))"
     return {
-      Ops.NEG: f"(-{a})", Ops.EXP2: f"exp2f({a})", Ops.LOG2: f"log2f({a})", Ops.SIN: f"sinf({a})", Ops.SQRT: f"sqrtf({a})",
+      Ops.NEG: f"(-{a})", Ops.EXP2: f"{self.math}exp2{self.math_suffix}({a})", Ops.LOG2: f"{self.math}log2{self.math_suffix}({a})",
+      Ops.SIN: f"{self.math}sin{self.math_suffix}({a})", Ops.SQRT: f"{self.math}sqrt{self.math_suffix}({a})",
       Ops.RECIP: f"(1.0f/{a})", Ops.ADD: f"({a}+{b})", Ops.MUL: f"({a}*{b})", Ops.IDIV: f"({a}/{b})", Ops.MOD: f"({a}%{b})",
       Ops.MAX: f"({a}>{b}?{a}:{b})", Ops.CMPLT: f"({a}<{b})", Ops.CMPNE: f"({a}!={b})", Ops.AND: f"({a}&{b})",
       Ops.OR: f"({a}|{b})", Ops.XOR: f"({a}^{b})", Ops.WHERE: f"({a}?{b}:{args[2] if len(args) > 2 else ''})",
@@ -97,7 +112,7 @@ class _KernelRender:
         self.lane_axis = i if self.width > 1 else -1
     self.lane = UOp.var("lane", 0, self.width - 1)
     self.vt = r.vtype(self.width)
-    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t"}
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q"}
     self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, a.size - 1) if a.size > 1 else UOp.const(dtypes.int64, 0)
                      for i, a in enumerate(k.axes) if a.kind in names}
 
@@ -180,7 +195,8 @@ class _KernelRender:
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
     ptr, ctype, zero = f"data{self.bufs[buf.arg]}", self.r.types[buf.dtype], self.r.literal(0, buf.dtype)
     def scalar(o: UOp, v: UOp) -> str:
-      return f"{ptr}[{self.r.index(o)}]" if v is TRUE else f"({self.r.index(v)}?{ptr}[{self.r.index(o)}]:{zero})"
+      load = self.r.load(ptr, self.r.index(o), buf.dtype)
+      return load if v is TRUE else f"({self.r.index(v)}?{load}:{zero})"
     if not self.lane_dep(off, valid): return Val("s", (self.emit(ctype, scalar(off, valid)),))
     base = self.subst_lane(off, 0)
     if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and simplify(off - base) is self.lane:
@@ -223,10 +239,10 @@ class _KernelRender:
         self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
         return
       for i in range(self.width):
-        g, line = self.subst_lane(guard, i), f"{ptr}[{self.r.index(self.subst_lane(off, i))}] = {val.lane(i)};"
+        g, line = self.subst_lane(guard, i), self.r.store(ptr, self.r.index(self.subst_lane(off, i)), val.lane(i), self.k.ast.dtype)
         self.lines.append(line if g is TRUE else f"if ({self.r.index(g)}) {line}")
       return
-    line = f"{ptr}[{self.r.index(off)}] = {val.names[0] if val.kind == 's' else val.lane(0)};"
+    line = self.r.store(ptr, self.r.index(off), val.names[0] if val.kind == 's' else val.lane(0), self.k.ast.dtype)
     self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
 
   # ***** the kernel *****
@@ -242,7 +258,7 @@ class _KernelRender:
     for inst in self.instances((AxisKind.UNROLL,)):
       for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, self.dims(inst))
     body = self.lines
-    return self.assemble(body, post)
+    return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
 
   def assemble(self, body: list[str], post: list[str]) -> str:
     k, out, depth = self.k, [], 1
@@ -250,7 +266,7 @@ class _KernelRender:
       nonlocal depth
       if k.axes[i].size > 1:
         var = self.loopvars[i].arg[0]
-        out.append("  " * depth + f"for (long {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
+        out.append("  " * depth + f"for ({self.r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
         depth += 1
     def close(n: int) -> None:
       nonlocal depth
@@ -269,11 +285,52 @@ class _KernelRender:
     close(sum(k.axes[i].size > 1 for i in red_loops))
     out += ["  " * depth + line for line in post]
     close(opened)
-    args = [f"{self.r.types[k.ast.dtype]}* {self.r.restrict} data0"]
-    args += [f"const {self.r.types[b.dtype]}* {self.r.restrict} data{i}" for b, i in self.bufs.items()]
-    head = self.r.prelude + (self.r.vector_prelude(self.width) if self.width > 1 else "")
-    if any(acc.kind != "v" and red.dtype.is_float and red.arg[0] is Ops.ADD for red, _, acc in self.accs): head += self.r.in_order_reduce_prefix
-    return f"{head}{self.r.kernel_prefix} {k.name}({', '.join(args)}) {{\n" + "\n".join(out) + "\n}\n"
+    return self.wrap(out)
+
+  def assemble_workgroups(self, body: list[str], post: list[str]) -> str:
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
+    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
+    memory and stores."""
+    k, r = self.k, self.r
+    out: list[str] = []
+    def unflatten(axes: list[int], linear: str) -> None:
+      mult = 1
+      for n, i in enumerate(reversed(axes)):
+        size = k.axes[i].size
+        if size > 1:
+          e = linear if mult == 1 else f"({linear}/{mult})"
+          out.append(f"  {r.index_type} {self.loopvars[i].arg[0]} = {e if n == len(axes) - 1 else f'{e}%{size}'};")
+        mult *= size
+    unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], r.group_id)
+    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
+    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
+    if local or group: out.append(f"  {r.index_type} lid = {r.local_id};")
+    unflatten(local + group, "lid")
+    out += ["  " + line for line in self.decls]
+    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size > 1]
+    for depth, i in enumerate(red_loops):
+      var = self.loopvars[i].arg[0]
+      out.append("  " * (depth + 1) + f"for ({r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
+    out += ["  " * (len(red_loops) + 1) + line for line in body]
+    out += ["  " * depth + "}" for depth in range(len(red_loops), 0, -1)]
+    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
+      threads = k.launch_dims[1]
+      partials = [(red, name) for red, _, acc in self.accs for name in acc.names]
+      out.append(f"  {r.shared_prefix}{r.types[partials[0][0].dtype]} partials[{len(partials) * threads}];")
+      out += [f"  partials[{j * threads}+lid] = {name};" for j, (_, name) in enumerate(partials)]
+      out += [f"  {r.barrier}", f"  if (lid%{groups} != 0) return;", f"  for ({r.index_type} q = 1; q < {groups}; q++) {{"]
+      out += [f"    {name} = {r.code(red.arg[0], [name, f'partials[{j * threads}+lid+q]'], red.dtype)};" for j, (red, name) in enumerate(partials)]
+      out.append("  }")
+    out += ["  " + line for line in post]
+    return self.wrap(out)
+
+  def wrap(self, out: list[str]) -> str:
+    r, k = self.r, self.k
+    def ptr(dt: DType) -> str: return f"{r.buffer_prefix}{r.buffer_types.get(dt, r.types[dt])}* {r.restrict}"
+    args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in self.bufs.items()]
+    head = r.prelude(k) + (r.vector_prelude(self.width) if self.width > 1 else "")
+    if any(acc.kind != "v" and red.dtype.is_float and red.arg[0] is Ops.ADD for red, _, acc in self.accs): head += r.in_order_reduce_prefix
+    return f"{head}{r.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
 
 def _dtype_min(dt: DType) -> int: return int(dtypes.min(dt))
@@ -286,3 +343,66 @@ class CRenderer(CStyleRenderer):
   # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
   in_order_reduce_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
 
+
+
+class _GPURenderer(CStyleRenderer):
+  """A dialect with workgroups: index math in 32 bits, no SIMD lanes (threads are the lanes)."""
+  has_local = True
+  index_type = "int"
+  includes = ""
+
+
+class CUDARenderer(_GPURenderer):
+  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "half"}
+  restrict, func_prefix = "__restrict__", "static __device__ inline"
+  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
+  inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
+
+  def kernel_head(self, name: str, args: list[str], threads: int) -> str:
+    return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(args)})'
+
+  def prelude(self, k: Kernel) -> str:
+    half = any(dt == dtypes.float16 for dt in _dtypes(k))
+    return ("#include <cuda_fp16.h>\n" if half else "") + super().prelude(k)
+
+
+class HIPRenderer(_GPURenderer):
+  """HIP for AMD GPUs, free of HIP's headers, so device code compiles with a plain clang (-nogpuinc) as well as hiprtc."""
+  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "_Float16"}
+  restrict, func_prefix = "__restrict__", "static __attribute__((device)) inline"
+  group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared)) "
+  barrier = ('__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); '
+             '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");')
+  inf, nan = "__builtin_inff()", '__builtin_nanf("")'
+  math = "__builtin_"
+
+  def kernel_head(self, name: str, args: list[str], threads: int) -> str:
+    return f'extern "C" __attribute__((global)) void __attribute__((amdgpu_flat_work_group_size(1, {threads}))) {name}({", ".join(args)})'
+
+
+class OpenCLRenderer(_GPURenderer):
+  """OpenCL C. Without the cl_khr_fp16 extension, float16 is a storage type: loaded and stored with vload_half and
+  vstore_half, computed in float32."""
+  buffer_types = {dtypes.bool: "uchar"}  # bool has no defined size in OpenCL, so it is not allowed in buffers
+
+  def __init__(self, fp16: bool = True):
+    self.fp16 = fp16
+    self.types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.uint8: "uchar", dtypes.float16: "half" if fp16 else "float"}
+    self.buffer_types = {**self.buffer_types, dtypes.float16: "half"}
+
+  def load(self, ptr: str, idx: str, dtype: DType) -> str:
+    return f"vload_half({idx}, {ptr})" if dtype == dtypes.float16 and not self.fp16 else super().load(ptr, idx, dtype)
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"vstore_half({val}, {idx}, {ptr});" if dtype == dtypes.float16 and not self.fp16 else super().store(ptr, idx, val, dtype)
+  buffer_prefix, func_prefix, math_suffix = "__global ", "static inline", ""
+  group_id, local_id, barrier, shared_prefix = "get_group_id(0)", "get_local_id(0)", "barrier(CLK_LOCAL_MEM_FENCE);", "__local "
+
+  def kernel_head(self, name: str, args: list[str], threads: int) -> str:
+    return f"__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void {name}({', '.join(args)})"
+
+  def prelude(self, k: Kernel) -> str:
+    half = self.fp16 and any(dt == dtypes.float16 for dt in _dtypes(k))
+    return ("#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" if half else "") + super().prelude(k)
+
+
+def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}

@@ -10,13 +10,17 @@ from tinytune.uop import Ops
 THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
 
 
+def _first_valid(k: Kernel, *opts: Opt) -> None:
+  """Apply the first of these opts that is valid here."""
+  for opt in opts:
+    try: return k.apply_opt(opt)
+    except KernelOptError: pass
+
+
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
+  if kernel.caps.has_local: return workgroup_optimizations(kernel)
   k = kernel.copy()
-  def first_valid(*opts: Opt) -> None:
-    """Apply the first of these opts that is valid here."""
-    for opt in opts:
-      try: return k.apply_opt(opt)
-      except KernelOptError: pass
+  def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
 
   n, simd = k.n_global, k.caps.simd_width
   lane = n - 1  # the contiguous output dim carries the SIMD lanes
@@ -42,3 +46,25 @@ def _broadcasts_along(k: Kernel, lane: int, row: int) -> bool:
   if max(lane, row) >= len(src.shape): return False  # the output was reshaped to more dims than the reduce has: no tile
   strides = [u.arg.strides for u in src.toposort if u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and len(u.arg.shape) == len(src.shape)]
   return any(st[lane] == 0 and st[row] != 0 for st in strides) and any(st[row] == 0 and st[lane] != 0 for st in strides)
+
+
+BIG_TILE_OUTPUTS = 1 << 22  # from 2048x2048 outputs there are enough 256x64 tiles to fill a big GPU
+GROUP_MAX_OUTPUTS = 1 << 15  # with fewer outputs than this, a GPU has idle threads unless a reduce is shared by a workgroup
+
+
+def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
+  """Devices with workgroups: a 4x4 register tile in a 16x16 workgroup for matmul-like kernels; otherwise a reduce shared
+  by the threads of a workgroup when there are few outputs, and workgroups along the contiguous output dim."""
+  k = kernel.copy()
+  n, lane = k.n_global, k.n_global - 1
+  tile_row = next((d for d in reversed(range(n - 1)) if _broadcasts_along(k, lane, d)), None) if k.reduceop is not None else None
+  if tile_row is not None:
+    for d in (lane, tile_row): _first_valid(k, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2)))
+    for d in (lane, tile_row): _first_valid(k, *(Opt(OptOps.LOCAL, d, amt) for amt in (16, 8, 4, 2)))
+    _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, 4))
+    if prod(k.out_shape) >= BIG_TILE_OUTPUTS: _first_valid(k, Opt(OptOps.UPCAST, tile_row, 4))  # 16x4 per thread: found by BEAM on an H100
+    return k.opts
+  if k.reduceop is not None and k.n_reduce and prod(k.out_shape) < GROUP_MAX_OUTPUTS:
+    _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4)))
+  if n: _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
+  return k.opts

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Sequence
 
 from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
+from tinytune.dtype import dtypes
 from tinytune.helpers import divisors, prod, round_up
 from tinytune.runtime import Buffer, DeviceCaps
 from tinytune.uop import ALU, Ops, UOp
@@ -17,10 +18,57 @@ __all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
 
 
 class AxisKind(Enum):
-  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; GROUP = "gr"  # noqa: E702
+  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; GROUP = "gr"; TC = "tc"  # noqa: E702
 
 
 LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
+
+
+@dataclass(frozen=True)
+class TensorCore:
+  """A matmul on the matrix units: each warp computes 16x16 output tiles of C = A @ B from 16x16 tiles of A and B (float16),
+  adding in float32. `a` and `b` are the views of A and B; a layout is "row_major" where the tile's rows are contiguous."""
+  row: int  # the output dim of A's rows (M)
+  col: int  # the output dim of B's columns (N)
+  a: UOp
+  b: UOp
+  a_layout: str
+  b_layout: str
+  a_ld: int  # elements between the tile's rows (row major) or columns (column major)
+  b_ld: int
+
+
+TC_SIZE = 16  # wmma's m16n16k16 float16 shape
+
+
+def find_tensor_core(k: Kernel) -> TensorCore:
+  """The tensor core mapping of a fresh kernel that is a float16 matmul (a sum over one axis of A * B, each read straight from
+  memory), or KernelOptError saying why not."""
+  check(not k.opts, "TC comes first, before any other opt")
+  check("float16" in k.caps.tensor_cores, "TC needs a device with float16 tensor cores")
+  red = k.reduceop
+  check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1, "TC needs a kernel that sums over one axis")
+  assert red is not None
+  src = red.src[0]
+  check(src.shape[:k.n_global] == tuple(k.out_shape) and red.arg[1] == (k.n_global,), "TC needs the sum's axis last, after the output's")
+  views = [u for u in src.toposort if u.op is Ops.VIEW]
+  check(all(u.op in (Ops.VIEW, Ops.BUFFER, Ops.MUL, Ops.CAST) for u in src.toposort) and len(views) == 2, "TC needs a product of two inputs")
+  check(all(v.src[0].op is Ops.BUFFER and v.dtype == dtypes.float16 and v.arg.mask is None for v in views), "TC needs float16 inputs")
+  check(any(u.op is Ops.MUL for u in src.toposort) and src.dtype == dtypes.float32, "TC needs a product summed in float32")
+  kd, n = k.n_global, k.n_global
+  for col in range(n - 1, -1, -1):
+    for row in range(n):
+      if row == col: continue
+      a = next((v for v in views if v.arg.strides[col] == 0 and v.arg.strides[row] != 0), None)
+      b = next((v for v in views if v.arg.strides[row] == 0 and v.arg.strides[col] != 0), None)
+      if a is None or b is None or a is b: continue
+      (sam, sak), (sbk, sbn) = (a.arg.strides[row], a.arg.strides[kd]), (b.arg.strides[kd], b.arg.strides[col])
+      if not (sak == 1 or sam == 1) or not (sbn == 1 or sbk == 1): continue
+      (al, ald), (bl, bld) = ("row_major", sam) if sak == 1 else ("col_major", sak), ("row_major", sbk) if sbn == 1 else ("col_major", sbn)
+      check(all(k.sizes[d] % TC_SIZE == 0 for d in (row, col, kd)), f"TC needs the matmul's sizes to be multiples of {TC_SIZE}")
+      check(ald % 8 == 0 and bld % 8 == 0 and a.arg.offset % 8 == 0 and b.arg.offset % 8 == 0, "TC needs rows aligned to 16 bytes")
+      return TensorCore(row, col, a, b, al, bl, ald, bld)
+  raise KernelOptError("TC needs inputs contiguous along a matrix dim")
 
 
 @dataclass
@@ -52,6 +100,7 @@ class Kernel:
     self.global_order = list(range(self.n_global))
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
     self.opts: list[Opt] = []
+    self.tc: TensorCore | None = None
     self.bufs: list[Buffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
 
   @property
@@ -59,6 +108,11 @@ class Kernel:
   def real_size(self, dim: int) -> int: return self.padded.get(dim, self.sizes[dim])
   def remaining(self, dim: int) -> Axis: return next(a for a in self.axes if a.dim == dim and a.kind in LOOPS)
   def upcast_size(self) -> int: return prod(a.size for a in self.axes if a.kind in (AxisKind.UPCAST, AxisKind.UNROLL))
+  def sizes_of(self, *kinds: AxisKind) -> int: return prod(a.size for a in self.axes if a.kind in kinds)
+  @property
+  def launch_dims(self) -> tuple[int, int]:
+    """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
+    return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None else 1)
   def copy(self) -> Kernel:
     ret = copy.copy(self)
     ret.axes, ret.sizes, ret.global_order = [copy.copy(a) for a in self.axes], list(self.sizes), list(self.global_order)
@@ -104,7 +158,17 @@ class Kernel:
     """Apply one opt in place, or raise KernelOptError (leaving the kernel unchanged) if it is not valid here."""
     check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
     op, arg = opt.op, opt.arg
-    check(op is not OptOps.TC, "TC needs a device with tensor cores")
+    if op is OptOps.TC:
+      check(opt.axis == 0 and arg == 0, "TC takes axis 0 and arg 0: the kernel's matmul picks its axes")
+      tc = find_tensor_core(self)
+      for dim in (tc.row, tc.col, self.n_global):
+        rem = self.remaining(dim)
+        self.axes.append(Axis(TC_SIZE, AxisKind.TC, dim, rem.stride))
+        rem.stride, rem.size = rem.stride * TC_SIZE, rem.size // TC_SIZE
+      self.tc = tc
+      self.opts.append(opt)
+      return
+    if self.tc is not None: check(op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP), f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
@@ -130,6 +194,12 @@ class Kernel:
       check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
       if op in (OptOps.UPCAST, OptOps.UNROLL):
         check(self.upcast_size() * arg <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
+      if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+        check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
+      if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
+        if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
+          shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
+          check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")
       if op is OptOps.THREAD:
         check(self.caps.threads > 1 and arg <= 4 * self.caps.threads, f"THREAD {arg} over this device's {self.caps.threads} threads")
         check(all(a.kind is not AxisKind.THREAD for a in self.axes), "one THREAD opt per kernel")

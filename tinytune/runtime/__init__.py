@@ -1,15 +1,18 @@
 """Devices and their memory. A device is an allocator, a compiler and a program runner."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import itertools
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from tinytune.dtype import DType
+from tinytune.helpers import cache_dir
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,9 @@ class DeviceCaps:
   max_upcast: int = 256  # elements computed per thread in registers
   simd_width: int = 8  # float32 lanes of one vector register
   vector_registers: int = 16
+  max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
+  shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
+  tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
 
 
 class Program:
@@ -33,9 +39,33 @@ class Compiled:
   renderer: Any  # a CStyleRenderer subclass
 
   def alloc(self, size: int, dtype: DType) -> Any: raise NotImplementedError
+  def copyin(self, mem: Any, data: np.ndarray) -> None: raise NotImplementedError
+  def copyout(self, mem: Any, size: int, dtype: DType) -> np.ndarray: raise NotImplementedError
   def compile(self, src: str) -> bytes: raise NotImplementedError
-  def program(self, name: str, lib: bytes) -> Program: raise NotImplementedError
+  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program:
+    """`launch` is (workgroups, threads per workgroup) on devices with workgroups."""
+    raise NotImplementedError
   def fingerprint(self) -> dict[str, str]: raise NotImplementedError
+
+
+class CompileError(RuntimeError):
+  """A kernel's source that the device's compiler rejected."""
+
+
+def disk_cached(kind: str, key_parts: list[str], build: Callable[[], bytes]) -> bytes:
+  """A compiled program from the on-disk cache, or built and stored there (atomically, so concurrent builds are safe)."""
+  path = cache_dir() / kind / hashlib.sha256("\n".join(key_parts).encode()).hexdigest()[:32]
+  if path.exists(): return path.read_bytes()
+  lib = build()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+  tmp.write_bytes(lib)
+  os.replace(tmp, path)
+  return lib
+
+
+class DeviceMissing(RuntimeError):
+  """A device that is not present here; the message says what is missing and how to get it."""
 
 
 class Buffer:
@@ -55,16 +85,18 @@ class Buffer:
     return self._mem
 
   def copyin(self, data: np.ndarray) -> Buffer:
-    np.copyto(self.numpy_view(), np.ascontiguousarray(data, dtype=self.dtype.np).reshape(-1))
+    Device[self.device].copyin(self.mem, np.ascontiguousarray(data, dtype=self.dtype.np).reshape(-1))
     return self
 
   def numpy_view(self) -> np.ndarray:
-    """The host-visible array behind this buffer (CPU memory is a numpy array)."""
-    return self.mem
+    """The buffer's contents as a flat array: the memory itself on the CPU, a copy from other devices."""
+    return Device[self.device].copyout(self.mem, self.size, self.dtype)
 
 
 # name -> module:class, imported on first use so a missing optional backend only fails when it is chosen
-_BACKENDS: dict[str, str] = {"CPU": "tinytune.runtime.cpu:CPUDevice"}
+_BACKENDS: dict[str, str] = {"CPU": "tinytune.runtime.cpu:CPUDevice", "OPENCL": "tinytune.runtime.opencl:OpenCLDevice",
+                             "CUDA": "tinytune.runtime.cuda:CUDADevice", "AMD": "tinytune.runtime.amd:AMDDevice"}
+_ALIASES = {"HIP": "AMD"}
 
 
 class _DeviceRegistry:
@@ -75,6 +107,7 @@ class _DeviceRegistry:
   def canonicalize(self, name: str | None) -> str:
     if name is None: return self.DEFAULT
     upper = name.upper().split(":")[0]
+    upper = _ALIASES.get(upper, upper)
     if upper not in _BACKENDS: raise ValueError(f"unknown device {name!r}; available: {', '.join(_BACKENDS)}")
     return upper
 
@@ -95,4 +128,12 @@ class _DeviceRegistry:
 
 
 Device = _DeviceRegistry()
+
+
+def device_status(name: str) -> str | None:
+  """None where the device opens here, else one line on why not."""
+  try: Device[name]
+  except DeviceMissing as e: return str(e)
+  except Exception as e: return f"{name} failed to open: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+  return None
 Runner = Callable[..., float]

@@ -16,7 +16,7 @@ import numpy as np
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import cache_dir
-from tinytune.runtime import Buffer, Compiled, DeviceCaps, Program
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, Program
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno")
 
@@ -24,16 +24,15 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno
 compile_stats = {"hits": 0, "misses": 0}  # on-disk compile cache
 
 
-class CompileError(RuntimeError):
-  pass
-
-
 @functools.cache
 def find_compiler() -> str:
-  cc = os.getenv("TINYTUNE_CC") or shutil.which("clang") or shutil.which("cc") or shutil.which("gcc")
-  if cc is None or shutil.which(cc) is None:
-    raise RuntimeError(f"no C compiler found{f' ({cc!r})' if cc else ''}: install one (apt-get install gcc) or set TINYTUNE_CC")
-  return cc
+  """TINYTUNE_CC, else the first of clang, cc, gcc that builds with OpenMP, else the first present."""
+  if cc := os.getenv("TINYTUNE_CC"):
+    if shutil.which(cc) is None: raise RuntimeError(f"TINYTUNE_CC={cc!r} is not a command: install it or unset TINYTUNE_CC")
+    return cc
+  found = [cc for cc in ("clang", "cc", "gcc") if shutil.which(cc)]
+  if not found: raise RuntimeError("no C compiler found: install one (apt-get install gcc) or set TINYTUNE_CC")
+  return next((cc for cc in found if openmp_works(cc)), found[0])
 
 
 @functools.cache
@@ -85,12 +84,16 @@ class CPUDevice(Compiled):
     self.cc = find_compiler()
     self.renderer = CRenderer()
     openmp = openmp_works(self.cc)
-    self.flags = FLAGS + (("-fopenmp",) if openmp else ())
+    # gcc 12's if-conversion with AVX-512 masks miscompiles some selects (a masked subtract with the wrong mask)
+    gcc = "clang" not in compiler_version(self.cc)
+    self.flags = FLAGS + (("-fopenmp",) if openmp else ()) + (("-fno-tree-loop-if-convert",) if gcc else ())
     width, registers = simd()
     threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
     self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers)
 
   def alloc(self, size: int, dtype: DType) -> np.ndarray: return np.empty(size, dtype=dtype.np)
+  def copyin(self, mem: np.ndarray, data: np.ndarray) -> None: np.copyto(mem, data)
+  def copyout(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem
 
   def compile(self, src: str) -> bytes:
     """Source -> path of a shared object (as bytes), cached on disk by source, compiler, its version and flags."""
@@ -107,7 +110,7 @@ class CPUDevice(Compiled):
         os.replace(sofile, path)  # atomic, so concurrent compiles of the same kernel are safe
     return str(path).encode()
 
-  def program(self, name: str, lib: bytes) -> Program: return CPUProgram(name, lib.decode())
+  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CPUProgram(name, lib.decode())
 
   def fingerprint(self) -> dict[str, str]:
     info = cpuinfo()

@@ -4,6 +4,7 @@ Candidates run in a worker process that holds the buffers, so a candidate that c
 (recorded as `crashed` or `timeout`) and the search goes on with a fresh one."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -76,6 +77,9 @@ class _Worker:
     self.proc.wait(5)
 
 
+def _b64(lib: bytes) -> str: return base64.b64encode(lib).decode()
+
+
 # ***** the evaluator *****
 
 @dataclass
@@ -98,13 +102,13 @@ class Evaluator:
     self.worker: _Worker | None = None
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
     ref_src = self.dev.renderer.render(self.kernel)  # the reference is always the real kernel with no opts
-    self.ref_lib = self.dev.compile(ref_src).decode()
+    self.ref = (_b64(self.dev.compile(ref_src)), self.kernel.name, self.kernel.launch_dims)
     self.pool = ThreadPoolExecutor(self.jobs or self.dev.caps.threads)
 
   def _request(self, msg: list) -> list:
     if self.worker is None:
-      spec = {"seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref_lib": self.ref_lib,
-              "ref_name": self.kernel.name, "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name)}
+      spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
+              "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name)}
       self.worker = _Worker(spec, self.timeout_s + 10)
       if self.worker.ready[0] != "ready": raise RuntimeError(f"the kernel with no opts failed in the worker: {self.worker.ready[1]}")
     reply = self.worker.request(msg, self.timeout_s)
@@ -129,7 +133,7 @@ class Evaluator:
       if h not in self.by_source:
         lib, compile_s, error = compiled[h]
         if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
-        else: res = self._run(opts, lib, k.name, h, compile_s)
+        else: res = self._run(opts, lib, k, h, compile_s)
         self.by_source[h] = res
         self.evaluated += 1
         if self.on_result is not None: self.on_result(res)
@@ -138,11 +142,11 @@ class Evaluator:
 
   def _compile(self, src: str) -> tuple[str | None, float, str]:
     st = time.perf_counter()
-    try: return self.dev.compile(src).decode(), time.perf_counter() - st, ""
+    try: return _b64(self.dev.compile(src)), time.perf_counter() - st, ""
     except Exception as e: return None, time.perf_counter() - st, str(e).splitlines()[0]
 
-  def _run(self, opts: tuple[Opt, ...], lib: str, name: str, source_hash: str, compile_s: float) -> Result:
-    reply = self._request(["run", lib, name, vars(self.policy), True])
+  def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
+    reply = self._request(["run", lib, k.name, k.launch_dims, vars(self.policy), True])
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
     times = reply[1]
     med = statistics.median(times)
@@ -153,12 +157,12 @@ class Evaluator:
     libs = []
     for opts in candidates:
       k = self.kernel_for(opts)
-      libs.append((self.dev.compile(self.render_source(k)).decode(), k.name))
+      libs.append((_b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
     policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2}
     samples: list[list[float]] = [[] for _ in candidates]
     for _ in range(rounds):
-      for j, (lib, name) in enumerate(libs):
-        reply = self._request(["run", lib, name, policy, False])
+      for j, (lib, name, launch) in enumerate(libs):
+        reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
     return [statistics.median(s) for s in samples]
 

@@ -1,15 +1,15 @@
-"""The candidate runner: a separate process that holds a kernel's buffers and runs compiled candidates on them.
+"""The candidate runner: a separate process that holds a kernel's buffers on its device and runs compiled candidates.
 
-Started as `python -m tinytune.search.worker`; speaks JSON lines on stdin/stdout. A candidate that crashes kills only
-this process. Uses numpy and ctypes alone so it starts fast."""
+Started as `python -m tinytune.search.worker`; speaks JSON lines on stdin/stdout (compiled programs travel as base64).
+A candidate that crashes kills only this process."""
 from __future__ import annotations
 
-import ctypes
+import base64
 import json
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,21 +20,14 @@ def fill(arr: np.ndarray, rng: np.random.Generator) -> None:
   else: arr[:] = rng.uniform(-1, 1, arr.size)
 
 
-def call(fxn: Any, arrays: list[np.ndarray]) -> float:
-  ptrs = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+def timed(run: Callable[[], float], policy: dict) -> list[float]:
+  """Warm up, then repeat until (median - min) / median settles or the time cap is hit; `run` returns device seconds."""
   st = time.perf_counter()
-  fxn(*ptrs)
-  return time.perf_counter() - st
-
-
-def timed(fxn: Any, arrays: list[np.ndarray], policy: dict) -> list[float]:
-  """Warm up, then repeat until (median - min) / median settles or the time cap is hit."""
-  st = time.perf_counter()
-  while time.perf_counter() - st < policy["warmup_seconds"]: call(fxn, arrays)
+  while time.perf_counter() - st < policy["warmup_seconds"]: run()
   times: list[float] = []
   st = time.perf_counter()
   while len(times) < policy["max_repeats"]:
-    times.append(call(fxn, arrays))
+    times.append(run())
     med = statistics.median(times)
     settled = (med - min(times)) / med < policy["settle"] or time.perf_counter() - st > policy["max_seconds"]
     if len(times) >= policy["min_repeats"] and settled: break
@@ -42,27 +35,36 @@ def timed(fxn: Any, arrays: list[np.ndarray], policy: dict) -> list[float]:
 
 
 def serve(spec: dict, requests: Any, reply: Any) -> None:
+  from tinytune.dtype import dtypes
+  from tinytune.runtime import Buffer, Device
+  device = spec["device"]
+  dev = Device[device]
   rng = np.random.default_rng(spec["seed"])
-  inputs = [np.empty(n, dtype=dt) for n, dt in spec["inputs"]]
-  for a in inputs: fill(a, rng)
-  out = np.empty(spec["out"][0], dtype=spec["out"][1])
-  ref = np.empty_like(out)
-  call(getattr(ctypes.CDLL(spec["ref_lib"]), spec["ref_name"]), [ref, *inputs])
-  tol = {"float16": 1e-2, "float32": 1e-4}.get(out.dtype.name, 0)
+  inputs = []
+  for n, dt in spec["inputs"]:
+    arr = np.empty(n, dtype=dt)
+    fill(arr, rng)
+    inputs.append(Buffer(device, n, dtypes.from_any(dt)).copyin(arr))
+  out = Buffer(device, spec["out"][0], dtypes.from_any(spec["out"][1]))
+  def program(lib: str, name: str, launch: list[int]) -> Any: return dev.program(name, base64.b64decode(lib), (launch[0], launch[1]))
+  program(*spec["ref"])(out, *inputs)
+  ref = out.numpy_view().copy()
+  tol = {"float16": 1e-2, "float32": 1e-4}.get(ref.dtype.name, 0)
+  sentinel = np.full(ref.size, np.nan if ref.dtype.kind == "f" else 0x5A if ref.dtype.kind in "iu" else True, dtype=ref.dtype)
   reply(["ready"])
   for line in requests:
     msg = json.loads(line)
     if msg[0] != "run": break
-    _, lib, name, policy, verify = msg
-    fxn = getattr(ctypes.CDLL(lib), name)
+    _, lib, name, launch, policy, verify = msg
+    prg = program(lib, name, launch)
     if verify:
-      out[:] = np.nan if out.dtype.kind == "f" else 0x5A if out.dtype.kind in "iu" else True  # outputs a candidate skips show up as wrong
-      call(fxn, [out, *inputs])
-      bad = ~np.isclose(out, ref, rtol=tol, atol=tol, equal_nan=True)
+      out.copyin(sentinel)  # outputs a candidate skips show up as wrong
+      prg(out, *inputs)
+      bad = ~np.isclose(out.numpy_view(), ref, rtol=tol, atol=tol, equal_nan=True)
       if bad.any():
-        reply(["wrong", f"{int(bad.sum())} of {out.size} outputs differ from the kernel with no opts, first at {int(np.argmax(bad))}"])
+        reply(["wrong", f"{int(bad.sum())} of {ref.size} outputs differ from the kernel with no opts, first at {int(np.argmax(bad))}"])
         continue
-    reply(["ok", timed(fxn, [out, *inputs], policy)])
+    reply(["ok", timed(lambda: prg(out, *inputs), policy)])
 
 
 def main() -> None:

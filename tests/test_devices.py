@@ -1,0 +1,118 @@
+"""GPU-style devices without their hardware: the CUDA and HIP renderers' output compiled (not run) by nvcc and clang,
+workgroup limits, and the one-line errors of devices that are absent. OpenCL runs for real in test_opts (pocl in CI)."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor
+from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
+from tinytune.codegen.heuristic import hand_coded_optimizations
+from tinytune.codegen.kernel import candidate_opts
+from tinytune.kernels import WORKLOADS
+from tinytune.runtime import Device, DeviceCaps, device_status
+from tinytune.schedule import create_schedule
+
+H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=1, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+
+
+def catalog_kernels() -> list[Kernel]:
+  """Every kernel of every catalog workload at its default size, with no opts, the default opts and two random opt lists."""
+  rng, ret = random.Random(0), []
+  for w in WORKLOADS.values():
+    out, _ = w.instantiate(w.defaults, device="CPU")
+    for item in create_schedule(out.uop, "CPU")[0]:
+      base = Kernel(item.ast, H100)
+      ret += [base, base.copy().apply_opts(hand_coded_optimizations(base))]
+      for _ in range(2):
+        k = base.copy()
+        for _ in range(4):
+          opts = [o for o in candidate_opts(k) if _valid(k, o)]
+          if opts: k.apply_opt(rng.choice(opts))
+        ret.append(k)
+  return ret
+
+
+def _valid(k: Kernel, opt: Opt) -> bool:
+  try: k.copy().apply_opt(opt)
+  except KernelOptError: return False
+  return True
+
+
+def _compile_all(cmd: list[str], suffix: str, srcs: list[str]) -> list[str]:
+  """Compile each source with `cmd` (the file name appended); the errors, if any."""
+  def one(src: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, f"k{suffix}")
+      with open(path, "w") as f: f.write(src)
+      res = subprocess.run([*cmd, path, "-o", os.path.join(tmp, "k.out")], capture_output=True, text=True, cwd=tmp)
+      return "" if res.returncode == 0 else f"{res.stderr[:2000]}\n{src}"
+  with ThreadPoolExecutor(os.cpu_count() or 1) as pool: return [e for e in pool.map(one, dict.fromkeys(srcs)) if e]
+
+
+def test_catalog_kernels_cover_workgroup_opts() -> None:
+  ops = {o.op for k in catalog_kernels() for o in k.opts}
+  assert {OptOps.LOCAL, OptOps.GROUP, OptOps.UPCAST} <= ops
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
+def test_cuda_source_compiles_with_nvcc() -> None:
+  srcs = [CUDARenderer().render(k) for k in catalog_kernels()]
+  assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
+
+
+def _hip_clang() -> str | None:
+  """A clang that compiles HIP device code with no ROCm installed (Debian's does), or None."""
+  if (clang := shutil.which("clang")) is None: return None
+  with tempfile.TemporaryDirectory() as tmp:
+    with open(os.path.join(tmp, "t.hip"), "w") as f: f.write('extern "C" __attribute__((global)) void k(float* a) { a[0] = 1; }\n')
+    res = subprocess.run([clang, *HIP_FLAGS, "t.hip", "-o", "t.s"], capture_output=True, cwd=tmp)
+  return clang if res.returncode == 0 else None
+
+
+HIP_FLAGS = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]
+
+
+@pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
+def test_hip_source_compiles_with_clang() -> None:
+  srcs = [HIPRenderer().render(k) for k in catalog_kernels()]
+  assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
+
+
+def test_group_reduce_renders_shared_memory_and_a_barrier() -> None:
+  a, b = Tensor.rand(64, 32), Tensor.rand(32, 48)
+  k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, H100).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 4)])
+  assert k.launch_dims == (64 * 3, 64)
+  cuda, cl = CUDARenderer().render(k), OpenCLRenderer().render(k)
+  assert "__shared__ float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
+  assert "__local float partials[64]" in cl and "barrier(CLK_LOCAL_MEM_FENCE);" in cl and "reqd_work_group_size(64, 1, 1)" in cl
+
+
+def test_workgroup_limits() -> None:
+  a, b = Tensor.rand(64, 64), Tensor.rand(64, 64)
+  ast = create_schedule((a @ b).uop, "CPU")[0][0].ast
+  small = DeviceCaps(has_local=True, threads=1, simd_width=1, max_local=64, shared_bytes=1024)
+  k = Kernel(ast, small).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.LOCAL, 0, 4)])
+  with pytest.raises(KernelOptError, match="workgroup of over 64"): k.apply_opt(Opt(OptOps.LOCAL, 0, 2))
+  k = Kernel(ast, small).apply_opts([Opt(OptOps.GROUP, 0, 16), Opt(OptOps.UPCAST, 0, 4)])  # 16 threads x 4 partials x 4 bytes
+  with pytest.raises(KernelOptError, match="shared memory"): k.apply_opt(Opt(OptOps.UPCAST, 1, 8))
+  with pytest.raises(KernelOptError, match="workgroups"): Kernel(ast, DeviceCaps()).apply_opt(Opt(OptOps.LOCAL, 0, 2))
+  with pytest.raises(KernelOptError, match="threads"): Kernel(ast, small).apply_opt(Opt(OptOps.THREAD, 0, 2))
+
+
+@pytest.mark.parametrize("name", ["CUDA", "AMD", "HIP"])
+def test_absent_device_says_what_is_missing(name: str) -> None:
+  if (why := device_status(name)) is None: pytest.skip(f"{name} is present here")
+  assert "\n" not in why and any(w in why for w in ("needs", "found no", "could not"))
+  with pytest.raises(Exception, match=re.escape(why[:20])): Device[name]
+
+
+def test_unknown_device() -> None:
+  with pytest.raises(ValueError, match="unknown device 'TPU'; available: CPU, OPENCL, CUDA, AMD"): Device.canonicalize("TPU")

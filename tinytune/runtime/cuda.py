@@ -1,0 +1,118 @@
+"""The CUDA device: kernels compiled by NVRTC to cubin for this GPU, loaded and launched through the driver API
+(NVIDIA's cuda-bindings), timed with CUDA events."""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import numpy as np
+
+from tinytune.codegen.cstyle import CUDARenderer
+from tinytune.dtype import DType
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
+
+try:
+  from cuda.bindings import driver as cu
+  from cuda.bindings import nvrtc
+except ImportError: cu = nvrtc = None
+
+
+def _check(result: Any, what: str) -> Any:
+  """cuda-bindings calls return (error, *values): raise on an error, else return the values."""
+  err, *values = result if isinstance(result, tuple) else (result,)
+  if int(err) != 0:
+    name = cu.cuGetErrorName(err)[1] if isinstance(err, cu.CUresult) else err
+    raise RuntimeError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+  return values[0] if len(values) == 1 else values
+
+
+class CUDAProgram(Program):
+  def __init__(self, dev: CUDADevice, name: str, cubin: bytes, launch: tuple[int, int]):
+    self.dev, self.launch = dev, launch
+    self.module = _check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+    self.function = _check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+
+  def __call__(self, *bufs: Buffer) -> float:
+    groups, threads = self.launch
+    values = [ctypes.c_void_p(int(b.mem)) for b in bufs]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    _check(cu.cuEventRecord(self.dev.start, 0), "cuEventRecord")
+    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, 0, ctypes.addressof(params), 0), "cuLaunchKernel")
+    _check(cu.cuEventRecord(self.dev.end, 0), "cuEventRecord")
+    _check(cu.cuEventSynchronize(self.dev.end), "the kernel")
+    return _check(cu.cuEventElapsedTime(self.dev.start, self.dev.end), "cuEventElapsedTime") * 1e-3
+
+
+class CUDADevice(Compiled):
+  name = "CUDA"
+
+  def __init__(self) -> None:
+    if cu is None: raise DeviceMissing('CUDA needs NVIDIA\'s Python bindings: pip install "tinytune[cuda]" (and an NVIDIA GPU with its driver)')
+    try:
+      _check(cu.cuInit(0), "cuInit")
+      self.device = _check(cu.cuDeviceGet(int(os.getenv("TINYTUNE_CUDA_DEVICE", "0"))), "cuDeviceGet")
+    except Exception as e: raise DeviceMissing(f"CUDA found no GPU ({str(e).splitlines()[0]}): it needs an NVIDIA GPU and its driver") from None
+    self.ctx = _check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+    _check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+    attr = cu.CUdevice_attribute
+    def get(a: Any) -> int: return int(_check(cu.cuDeviceGetAttribute(a, self.device), "cuDeviceGetAttribute"))
+    self.cc = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    self.arch = f"sm_{self.cc[0]}{self.cc[1]}"
+    self.gpu_name = _check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
+    self.driver = str(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
+    self.nvrtc_version = ".".join(map(str, _check(nvrtc.nvrtcVersion(), "nvrtcVersion")))
+    self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+    self.renderer = CUDARenderer()
+    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=1, vector_registers=255,
+                           max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
+                           tensor_cores=("float16",) if self.cc >= (8, 0) else ())
+
+  def alloc(self, size: int, dtype: DType) -> Any: return _check(cu.cuMemAlloc(max(1, size * dtype.itemsize)), "cuMemAlloc")
+  def copyin(self, mem: Any, data: np.ndarray) -> None:
+    if data.size: _check(cu.cuMemcpyHtoD(mem, data.ctypes.data, data.nbytes), "cuMemcpyHtoD")
+  def copyout(self, mem: Any, size: int, dtype: DType) -> np.ndarray:
+    out = np.empty(size, dtype=dtype.np)
+    if size: _check(cu.cuMemcpyDtoH(out.ctypes.data, mem, out.nbytes), "cuMemcpyDtoH")
+    return out
+
+  def compile(self, src: str) -> bytes:
+    """Source -> cubin for this GPU's architecture, cached on disk by source, architecture and NVRTC version."""
+    return compile_cuda(src, self.arch, self.nvrtc_version)
+
+  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CUDAProgram(self, name, lib, launch)
+
+  def fingerprint(self) -> dict[str, str]:
+    return {"kind": "CUDA", "name": self.gpu_name, "arch": self.arch, "compiler": "nvrtc",
+            "compiler_version": f"{self.nvrtc_version} driver {self.driver}", "flags": " ".join(NVRTC_FLAGS)}
+
+
+NVRTC_FLAGS = ("-default-device", "--std=c++17")
+
+
+def compile_cuda(src: str, arch: str, version: str) -> bytes:
+  return disk_cached("cuda", [src, arch, version, *NVRTC_FLAGS], lambda: _nvrtc(src, arch))
+
+
+def _nvrtc(src: str, arch: str) -> bytes:
+  prog = _check(nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
+  try:
+    opts = [f"--gpu-architecture={arch}".encode(), *(f.encode() for f in NVRTC_FLAGS), *(f"-I{d}".encode() for d in _include_dirs())]
+    if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
+      log = bytearray(_check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize"))
+      nvrtc.nvrtcGetProgramLog(prog, log)
+      raise CompileError(f"NVRTC failed: {bytes(log).decode(errors='replace').strip()}\n{src}")
+    cubin = bytes(_check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize"))
+    _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+  finally: nvrtc.nvrtcDestroyProgram(prog)
+  return cubin
+
+
+def _include_dirs() -> list[str]:
+  """CUDA's headers (cuda_fp16.h), where a toolkit or the nvidia-cuda-runtime wheel has them."""
+  dirs = [os.path.join(os.getenv("CUDA_HOME", "/usr/local/cuda"), "include")]
+  try:
+    import nvidia.cuda_runtime  # type: ignore[import-not-found]
+    dirs += [os.path.join(p, "include") for p in nvidia.cuda_runtime.__path__]
+  except ImportError: pass
+  return [d for d in dirs if os.path.exists(os.path.join(d, "cuda_fp16.h"))]
