@@ -2,6 +2,7 @@
 workgroup limits, and the one-line errors of devices that are absent. OpenCL runs for real in test_opts (pocl in CI)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
@@ -116,3 +117,49 @@ def test_absent_device_says_what_is_missing(name: str) -> None:
 
 def test_unknown_device() -> None:
   with pytest.raises(ValueError, match="unknown device 'TPU'; available: CPU, OPENCL, CUDA, AMD"): Device.canonicalize("TPU")
+
+
+H100_TC = dataclasses.replace(H100, tensor_cores=("float16",))
+
+
+def _f16_matmul(*shapes: tuple[int, ...], transpose_b: bool = False) -> Kernel:
+  a, b = (Tensor.rand(*s).cast(dtypes.float16).realize() for s in shapes)
+  return Kernel(create_schedule((a @ (b.T if transpose_b else b)).uop, "CPU")[0][0].ast, H100_TC)
+
+
+def tc_kernels() -> list[Kernel]:
+  t, o = OptOps, Opt
+  ret = [_f16_matmul((64, 32), (32, 48)).apply_opts(hand_coded_optimizations(_f16_matmul((64, 32), (32, 48))))]
+  ret += [_f16_matmul((64, 32), (32, 48)).apply_opts(opts) for opts in [
+    [o(t.TC, 0, 0)], [o(t.TC, 0, 0), o(t.UPCAST, 0, 2), o(t.LOCAL, 1, 3), o(t.UNROLL, 0, 2)], [o(t.TC, 0, 0), o(t.SWAP, 0, 1), o(t.UPCAST, 1, 3)]]]
+  ret.append(_f16_matmul((48, 32), (64, 32), transpose_b=True).apply_opts([o(t.TC, 0, 0), o(t.UPCAST, 1, 2)]))  # B column major
+  ret.append(_f16_matmul((2, 32, 16), (2, 16, 32)).apply_opts([o(t.TC, 0, 0), o(t.LOCAL, 0, 2)]))  # batched
+  return ret
+
+
+def test_tensor_core_opt() -> None:
+  ks = tc_kernels()
+  assert all(k.tc is not None for k in ks) and ks[0].opts[0] == Opt(OptOps.TC, 0, 0) and len(ks[0].opts) >= 3
+  assert ks[4].tc is not None and (ks[4].tc.a_layout, ks[4].tc.b_layout) == ("row_major", "col_major")
+  assert ks[1].launch_dims == (4 * 3, 32)
+  with pytest.raises(KernelOptError, match="tensor cores"): Kernel(_f16_matmul((64, 32), (32, 48)).ast, H100).apply_opt(Opt(OptOps.TC, 0, 0))
+  with pytest.raises(KernelOptError, match="multiples of 16"): _f16_matmul((24, 32), (32, 48)).apply_opt(Opt(OptOps.TC, 0, 0))
+  with pytest.raises(KernelOptError, match="first"): _f16_matmul((64, 32), (32, 48)).apply_opts([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.TC, 0, 0)])
+  with pytest.raises(KernelOptError, match="combine"): _f16_matmul((64, 32), (32, 48)).apply_opts([Opt(OptOps.TC, 0, 0), Opt(OptOps.GROUP, 0, 2)])
+  f32 = Kernel(create_schedule((Tensor.rand(32, 32) @ Tensor.rand(32, 32)).uop, "CPU")[0][0].ast, H100_TC)
+  with pytest.raises(KernelOptError, match="float16"): f32.apply_opt(Opt(OptOps.TC, 0, 0))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
+def test_tensor_core_source_compiles_with_nvcc() -> None:
+  srcs = [CUDARenderer().render(k) for k in tc_kernels()]
+  assert all("wmma::mma_sync" in s for s in srcs)
+  assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
+
+
+def test_search_on_an_absent_device_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+  from tinytune.cli import main
+  if device_status("AMD") is None: pytest.skip("AMD is present here")
+  assert main(["search", "matmul", "--device", "amd", "--budget", "1"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("tinytune: error: AMD needs") and err.count("\n") == 1

@@ -34,7 +34,8 @@ WORKGROUP_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width
 DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is None]  # OPENCL runs in CI through pocl
 
 
-def caps_for(device: str) -> DeviceCaps: return CAPS if device == "CPU" else WORKGROUP_CAPS
+def caps_for(device: str) -> DeviceCaps:
+  return CAPS if device == "CPU" else dataclasses.replace(WORKGROUP_CAPS, tensor_cores=Device[device].caps.tensor_cores)
 SEQUENCES_PER_KERNEL = 16  # 16 sequences x 16 kernels = 256 random sequences
 MAX_SEQUENCE = 5
 
@@ -63,6 +64,7 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "int32_max": lambda: (_ints(7, 12) - 3).max(-1),
   "int64_max": lambda: (_ints(5, 12).cast(dtypes.int64) * -(2**40)).max(0),  # the identity -2**63 has no C literal
   "float16": lambda: (_rand(8, 16).cast(dtypes.float16) * _randn(16).cast(dtypes.float16)).sum(-1) + 1,  # sums in float32
+  "matmul_f16": lambda: _randn(32, 16).cast(dtypes.float16).realize() @ _randn(16, 48).cast(dtypes.float16).realize(),  # TC on CUDA
 }
 
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
@@ -104,7 +106,7 @@ def kernel_cases(device: str = DEVICE) -> dict[str, KernelCase]:
 
 
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
-           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16"]
+           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16", "matmul_f16"]
 
 
 def test_kernel_list() -> None:
@@ -162,6 +164,7 @@ def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
     # a workgroup adds its partial sums in another order: exact cases are then exact only up to rounding of the sum
     grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in k.opts)
     tol = 0 if kc.name in EXACT and not (grouped and kc.item.out.dtype.is_float) else float_tol
+    if k.tc is not None: tol = 1e-2  # tensor cores multiply exactly, where the kernel with no opts rounds products to float16
     atol = tol * float(np.abs(kc.ref).max(initial=1)) if grouped else tol
     try: np.testing.assert_allclose(out.numpy_view(), kc.ref, rtol=tol, atol=atol)
     except AssertionError as e: failures.append(f"{k.opts}: {str(e).strip().splitlines()[2:4]}")
@@ -189,7 +192,7 @@ def test_every_single_opt(name: str, device: str) -> None:
   kc = kernel_cases(device)[name]
   opts = valid_opts(kc.kernel())
   ops = {o.op for o in opts}
-  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and OptOps.TC not in ops
+  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and (OptOps.TC in ops) == (name == "matmul_f16" and bool(kc.kernel().caps.tensor_cores))
   if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and OptOps.THREAD not in ops
   else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP}
   if kc.kernel().n_reduce: assert OptOps.UNROLL in ops and (OptOps.GROUP in ops) == kc.kernel().caps.has_local

@@ -187,10 +187,13 @@ class _KernelRender:
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     ctype = self.r.types[dtype]
-    if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, self.r.code(op, [s.names[0] for s in srcs], dtype)),))
+    def code(args: list[str]) -> str:  # float16 computed in float32 rounds each result to float16
+      expr = self.r.code(op, args, dtype)
+      return self.r.code(Ops.CAST, [expr], dtype) if dtype == dtypes.float16 and ctype == "float" and op is not Ops.CAST else expr
+    if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, code([s.names[0] for s in srcs])),))
     if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in src_dtypes or [dtype]):
       return Val("v", (self.emit(self.vt, self.r.code(op, [self.vec(s) for s in srcs], dtype)),))
-    return Val("l", tuple(self.emit(ctype, self.r.code(op, [s.lane(i) for s in srcs], dtype)) for i in range(self.width)))
+    return Val("l", tuple(self.emit(ctype, code([s.lane(i) for s in srcs])) for i in range(self.width)))
 
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
     ptr, ctype, zero = f"data{self.bufs[buf.arg]}", self.r.types[buf.dtype], self.r.literal(0, buf.dtype)
@@ -287,25 +290,27 @@ class _KernelRender:
     close(opened)
     return self.wrap(out)
 
+  def unflatten(self, axes: list[int], linear: str) -> list[str]:
+    """Declare the index of each axis from one linear id, the last axis fastest."""
+    out, mult = [], 1
+    for n, i in enumerate(reversed(axes)):
+      size = self.k.axes[i].size
+      if size > 1:
+        e = linear if mult == 1 else f"({linear}/{mult})"
+        out.append(f"  {self.r.index_type} {self.loopvars[i].arg[0]} = {e if n == len(axes) - 1 else f'{e}%{size}'};")
+      mult *= size
+    return out
+
   def assemble_workgroups(self, body: list[str], post: list[str]) -> str:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
     taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
     memory and stores."""
     k, r = self.k, self.r
-    out: list[str] = []
-    def unflatten(axes: list[int], linear: str) -> None:
-      mult = 1
-      for n, i in enumerate(reversed(axes)):
-        size = k.axes[i].size
-        if size > 1:
-          e = linear if mult == 1 else f"({linear}/{mult})"
-          out.append(f"  {r.index_type} {self.loopvars[i].arg[0]} = {e if n == len(axes) - 1 else f'{e}%{size}'};")
-        mult *= size
-    unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], r.group_id)
+    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], r.group_id)
     local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
     group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
     if local or group: out.append(f"  {r.index_type} lid = {r.local_id};")
-    unflatten(local + group, "lid")
+    out += self.unflatten(local + group, "lid")
     out += ["  " + line for line in self.decls]
     red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size > 1]
     for depth, i in enumerate(red_loops):
@@ -353,7 +358,10 @@ class _GPURenderer(CStyleRenderer):
 
 
 class CUDARenderer(_GPURenderer):
-  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "half"}
+  """CUDA C++. float16 is stored as half and computed in float32 (half's operators mix badly with float), rounded to half
+  where the program casts to float16."""
+  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "float"}
+  buffer_types = {dtypes.float16: "half"}
   restrict, func_prefix = "__restrict__", "static __device__ inline"
   group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
@@ -361,9 +369,15 @@ class CUDARenderer(_GPURenderer):
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(args)})'
 
+  def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
+
+  def render(self, k: Kernel) -> str: return _TensorCoreRender(self, k).source() if k.tc is not None else super().render(k)
+
   def prelude(self, k: Kernel) -> str:
     half = any(dt == dtypes.float16 for dt in _dtypes(k))
-    return ("#include <cuda_fp16.h>\n" if half else "") + super().prelude(k)
+    mma = "#include <mma.h>\nusing namespace nvcuda;\n" if k.tc is not None else ""
+    return ("#include <cuda_fp16.h>\n" if half else "") + mma + super().prelude(k)
 
 
 class HIPRenderer(_GPURenderer):
@@ -406,3 +420,55 @@ class OpenCLRenderer(_GPURenderer):
 
 
 def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}
+
+
+class _TensorCoreRender(_KernelRender):
+  """A TC kernel in CUDA's wmma: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A
+  and B straight from memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
+
+  def source(self) -> str:
+    k, r = self.k, self.r
+    tc, it = k.tc, r.index_type
+    assert tc is not None
+    out = self.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], r.group_id)
+    out.append(f"  {it} lid = {r.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;")
+    out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
+    tiles = self.instances((AxisKind.UPCAST,))
+    out += [f"  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{j}; wmma::fill_fragment(acc{j}, 0.0f);" for j in range(len(tiles))]
+    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size > 1]
+    for depth, i in enumerate(red_loops):
+      var = self.loopvars[i].arg[0]
+      out.append("  " * (depth + 1) + f"for ({it} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
+    frags: dict[tuple[str, str], str] = {}
+    body: list[str] = []
+    def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
+      ptr = f"data{self.bufs[view.src[0].arg]}+{r.index(simplify(view.arg.index(tuple(dims))[0]))}"
+      if (which, ptr) not in frags:
+        frags[(which, ptr)] = name = f"{which}{len(frags)}"
+        body.append(f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, half, wmma::{layout}> {name};")
+        body.append(f"wmma::load_matrix_sync({name}, {ptr}, {ld});")
+      return frags[(which, ptr)]
+    for unroll in self.instances((AxisKind.UNROLL,)):
+      for j, tile in enumerate(tiles):
+        dims = self.dims({**tile, **unroll})
+        a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
+        body.append(f"wmma::mma_sync(acc{j}, {a}, {b}, acc{j});")
+    out += ["  " * (len(red_loops) + 1) + line for line in body]
+    out += ["  " * depth + "}" for depth in range(len(red_loops), 0, -1)]
+    out.append(f"  __shared__ float tiles[{k.sizes_of(AxisKind.LOCAL) * 256}];")
+    row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
+    tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+    out_strides = strides_for(k.out_shape)
+    self.lines = []
+    for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
+      self.lines += [f"wmma::store_matrix_sync(tiles+warp*256, acc{j}, 16, wmma::mem_row_major);", "__syncwarp();"]
+      for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
+        self.cell = f"tiles[warp*256+lane+{32 * t}]"
+        dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
+        val = self.node(k.ast, tuple(dims[:k.n_global]))
+        self.store(val, simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0))), TRUE)
+      self.lines.append("__syncwarp();")
+    out += ["  " + line for line in self.lines]
+    return self.wrap(out)
+
+  def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val: return Val("s", (self.cell,))

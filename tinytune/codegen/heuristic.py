@@ -1,7 +1,7 @@
 """Hand-written default opts: good kernels with no search."""
 from __future__ import annotations
 
-from tinytune.codegen.kernel import Kernel, KernelOptError
+from tinytune.codegen.kernel import Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod
@@ -57,6 +57,14 @@ def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
   by the threads of a workgroup when there are few outputs, and workgroups along the contiguous output dim."""
   k = kernel.copy()
   n, lane = k.n_global, k.n_global - 1
+  if k.caps.tensor_cores:
+    try: tc = find_tensor_core(k)
+    except KernelOptError: pass
+    else:  # each warp a 64x64 tile of 16x16 tensor core tiles, 2x2 warps a workgroup
+      k.apply_opt(Opt(OptOps.TC, 0, 0))
+      for opt in (Opt(OptOps.UPCAST, tc.row, 4), Opt(OptOps.UPCAST, tc.col, 4), Opt(OptOps.LOCAL, tc.row, 2), Opt(OptOps.LOCAL, tc.col, 2),
+                  Opt(OptOps.UNROLL, 0, 2)): _first_valid(k, opt)
+      return k.opts
   tile_row = next((d for d in reversed(range(n - 1)) if _broadcasts_along(k, lane, d)), None) if k.reduceop is not None else None
   if tile_row is not None:
     for d in (lane, tile_row): _first_valid(k, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2)))

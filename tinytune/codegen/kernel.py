@@ -197,6 +197,9 @@ class Kernel:
       if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
       if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
+        if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
+          warps = self.sizes_of(AxisKind.LOCAL) * arg
+          check(warps * 1024 <= self.caps.shared_bytes, f"TC needs {warps * 1024} bytes of shared memory, over {self.caps.shared_bytes}")
         if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
           shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
           check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")

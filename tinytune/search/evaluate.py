@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import math
+import os
 import select
 import statistics
 import subprocess
@@ -103,7 +104,7 @@ class Evaluator:
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
     ref_src = self.dev.renderer.render(self.kernel)  # the reference is always the real kernel with no opts
     self.ref = (_b64(self.dev.compile(ref_src)), self.kernel.name, self.kernel.launch_dims)
-    self.pool = ThreadPoolExecutor(self.jobs or self.dev.caps.threads)
+    self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
 
   def _request(self, msg: list) -> list:
     if self.worker is None:
