@@ -106,6 +106,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
   return 0 if ok else 1
 
 
+def cmd_db(args: argparse.Namespace) -> int:
+  from tinytune.results_db import HEAD, Database
+  from tinytune.results_db.migrate import revision
+  db = Database(args.db, check_schema=False)
+  if args.action == "upgrade":
+    before, after = db.upgrade()
+    print(f"{db!r}: " + (f"schema revision {before} -> {after}" if before != after else f"already at schema revision {after}"))
+  else:
+    with db.engine.connect() as conn: rev = revision(conn)
+    print(f"{db!r}: schema revision {rev or 'none (empty)'}; this tinytune uses {HEAD}")
+  return 0
+
+
+def add_db_parser(sub: Any) -> None:
+  db = sub.add_parser("db", help="the results database's schema: `tinytune db upgrade` migrates a database made by an older tinytune")
+  db.add_argument("action", choices=["upgrade", "version"], help="upgrade: migrate to this tinytune's schema; version: print the schema revision")
+  db.add_argument("--db", default=None, help="SQLAlchemy URL (default: $TINYTUNE_DB or the SQLite file in the user cache)")
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(prog="tinytune", description="A kernel generator and autotuner.")
   sub = ap.add_subparsers(dest="command", required=True)
@@ -130,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
   bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024")
   bench.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
   bench.add_argument("--repeats", type=int, default=10)
+  add_db_parser(sub)
+  add_cache_parser(sub)
   args = ap.parse_args(argv)
-  try: return {"search": cmd_search, "bench": cmd_bench}[args.command](args)
+  try: return {"search": cmd_search, "bench": cmd_bench, "db": cmd_db, "cache": cmd_cache}[args.command](args)
   except (ValueError, TypeError, RuntimeError, LookupError) as e:
     print(f"tinytune: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
     return 2
