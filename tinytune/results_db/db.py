@@ -177,7 +177,8 @@ class Database:
     if self.url.get_backend_name() == "sqlite":
       on_disk = self.url.database not in (None, "", ":memory:") and not self.url.query.get("uri")
       engine_url = self.url
-      if on_disk and read_only: engine_url = self.url.set(database=f"file:{pathlib.Path(str(self.url.database)).expanduser()}?mode=ro&uri=true")
+      if on_disk and read_only:
+        engine_url = self.url.set(database=f"file:{pathlib.Path(str(self.url.database)).expanduser()}", query={"mode": "ro", "uri": "true"})
       elif on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
       self.engine = create_engine(engine_url, connect_args={"timeout": busy_timeout})
       _sqlite_setup(self.engine, busy_timeout, on_disk and not read_only)
@@ -305,11 +306,11 @@ class Database:
     for attempt in range(2):
       try:
         with self.session() as session:
-          if (entry := Tuned.find(session, kernel_key, device_hash, for_update=True)) is None:
-            session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
-          elif not force and entry.best_s <= best_s: return False
+          entry = Tuned.find(session, kernel_key, device_hash, for_update=True)
+          if entry is not None and not force and entry.best_s <= best_s: return False
           if not kernel_name and (kernel := KernelRecord.find(session, kernel_key)) is not None: kernel_name = kernel.name
           if not workload and run_id is not None and (run := session.get(SearchRun, run_id)) is not None: workload, params = run.workload, run.params
+          if entry is None: session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
           entry.opts, entry.best_s, entry.default_s, entry.run_id, entry.updated_at = opts_json, best_s, default_s, run_id, utcnow()
           entry.kernel_name, entry.workload, entry.params = kernel_name, workload, params or "{}"
         return True
