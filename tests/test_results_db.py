@@ -37,6 +37,7 @@ from tinytune.results_db import (
   default_url,
   fingerprint_hash,
 )
+from tinytune.results_db.migrate import version_table
 
 FP = {"kind": "CPU", "name": "Test CPU", "arch": "x86_64-abc", "compiler": "clang", "compiler_version": "18.1", "flags": "-O3"}
 KERNEL: dict[str, Any] = dict(key="k" * 24, name="r_64_64_64", ast_text="0 BUFFER float [] buf0:4096", sizes=[64, 64, 64], dtypes=["float", "float"],
@@ -105,7 +106,9 @@ def test_reopen_keeps_rows_and_schema_version(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", [SCHEMA_VERSION - 1, SCHEMA_VERSION + 1])
 def test_other_schema_version_is_refused(tmp_path: Path, version: int) -> None:
   url = sqlite_url(tmp_path / "v.db")
-  with Database(url).session() as session: session.execute(update(Meta).values(schema_version=version))
+  with Database(url).session() as session:
+    session.execute(update(Meta).values(schema_version=version))
+    session.execute(update(version_table).values(version_num=f"{version:04d}"))
   with pytest.raises(SchemaError, match=f"schema version {version}"): Database(url)
 
 
