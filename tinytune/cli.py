@@ -41,11 +41,13 @@ def cmd_search(args: argparse.Namespace) -> int:
   get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
   if args.budget is not None and args.budget < 1: raise ValueError("--budget needs at least 1 candidate")
   options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
-  if args.strategy == "optuna" and args.study: options["study_name"] = args.study
+  if args.worker is not None and args.strategy in ("optuna", "random"): options["seed"] = args.worker  # workers of one study explore apart
+  if args.workers < 1: raise ValueError("--workers needs at least 1")
   console = Console(stderr=True, quiet=args.quiet or args.json)
   out, _ = workload.instantiate(params, dtype, device)
   db = Database(args.db)
   started = time.perf_counter()
+  measured = _search_workers(args, console) if args.workers > 1 else None
   with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
     task = progress.add_task("starting", total=None)
     state: dict[str, Any] = {}
@@ -59,8 +61,11 @@ def cmd_search(args: argparse.Namespace) -> int:
       speedup = f"{s['default'] / s['best']:.2f}x" if s["default"] and math.isfinite(s["best"]) else "-"
       progress.update(task, description=f"[bold]{kernel.name}[/] tried {s['tried']} failed {s['failed']} best {_ms(s['best'])} ms speedup {speedup}")
 
-    tuner = Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": args.seconds}, options, args.resume, args.force, on_result)
+    tuner = Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": args.seconds}, options, args.resume, args.force and not measured,
+                  on_result, args.study, str(args.worker or 0))
     outcomes = tuner.tune_program(out.uop, workload.name, params)
+  if measured is not None:  # the workers searched; what they left in the tuning cache is the result
+    for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
   elapsed = time.perf_counter() - started
   cache_hit = all(o.cache_hit for o in outcomes)
   if args.json:
@@ -75,6 +80,28 @@ def cmd_search(args: argparse.Namespace) -> int:
     table.add_row(o.name, _ms(o.default_s), _ms(o.best_s), f"{o.speedup:.2f}x" if o.speedup else "-", counts, " ".join(map(repr, o.best)) or "none")
   Console(width=max(Console().width, 160)).print(table)
   return 0
+
+
+def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[str, int]]:
+  """`search --workers N`: N processes of this search share one study (and the database), each with its share of the budget.
+  Returns the candidates they measured per kernel key."""
+  import subprocess
+  import uuid
+  if args.study is None: args.study = f"workers-{uuid.uuid4().hex[:12]}"
+  command = [sys.executable, "-m", "tinytune.cli", "search", args.workload, *[x for p in args.param for x in ("-p", p)], "--dtype", args.dtype,
+             "--strategy", args.strategy, "--beam-width", str(args.beam_width), "--sampler", args.sampler, "--study", args.study,
+             "--budget", str(-(-args.budget // args.workers)), "--json", "--quiet"]
+  command += (["--device", args.device] if args.device else []) + (["--seconds", str(args.seconds)] if args.seconds else [])
+  command += (["--db", args.db] if args.db else []) + (["--resume"] if args.resume else []) + (["--force"] if args.force else [])
+  console.print(f"{args.workers} workers searching {args.workload} together (study {args.study})")
+  procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(args.workers)]
+  counts: dict[str, dict[str, int]] = {}
+  for i, proc in enumerate(procs):
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0: raise RuntimeError(f"worker {i} failed: {(stderr.strip().splitlines() or ['exit code ' + str(proc.returncode)])[-1]}")
+    for k in json.loads(stdout)["kernels"]:
+      for status, n in k["candidates"].items(): counts.setdefault(k["key"], {})[status] = counts.get(k["key"], {}).get(status, 0) + n
+  return counts
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -111,7 +138,7 @@ def _database_errors(command: Any) -> Any:
   def run(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
     try: return command(args)
-    except SQLAlchemyError as e: raise RuntimeError(f"database error: {str(e.orig if getattr(e, 'orig', None) else e).splitlines()[0]}") from e
+    except SQLAlchemyError as e: raise RuntimeError(f"database error: {str(getattr(e, 'orig', None) or e).splitlines()[0]}") from e
   return run
 
 
@@ -249,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
   search.add_argument("--beam-width", type=int, default=4)
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
-  search.add_argument("--study", default=None, help="optuna study name: workers with the same name and --db share one study")
+  search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, each candidate measured once")
+  search.add_argument("--workers", type=int, default=1, help="start N local worker processes sharing one study (the budget is split among them)")
+  search.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # which worker of --workers this process is
   search.add_argument("--budget", type=int, default=200, help="candidates per kernel (default 200)")
   search.add_argument("--seconds", type=float, default=None, help="time limit per kernel")
   search.add_argument("--db", default=None, help="SQLAlchemy URL of the results database (default: $TINYTUNE_DB or a SQLite file in the user cache)")

@@ -345,22 +345,23 @@ class Database:
       return len(drop)
 
   # ***** claims: workers of one study measure each candidate once *****
-  def claim(self, study: str, kernel_id: int, device_id: int, opts_json: str, run_id: int) -> int:
-    """Claim opts for `run_id` to measure; the run that holds the claim (ours, or the one that claimed them first)."""
-    def make() -> Claim: return Claim(study=study, kernel_id=kernel_id, device_id=device_id, opts=opts_json, run_id=run_id, claimed_at=utcnow())
-    return self._get_or_create(lambda s: Claim.find(s, study, kernel_id, device_id, opts_json), make, lambda c: c.run_id)
+  def claim(self, study: str, kernel_id: int, device_id: int, source_hash: str, run_id: int) -> int:
+    """Claim a candidate (by source hash) for `run_id` to measure; the run that holds the claim (ours, or the one that was first)."""
+    def make() -> Claim:
+      return Claim(study=study, kernel_id=kernel_id, device_id=device_id, source_hash=source_hash, run_id=run_id, claimed_at=utcnow())
+    return self._get_or_create(lambda s: Claim.find(s, study, kernel_id, device_id, source_hash), make, lambda c: c.run_id)
 
-  def take_claim(self, study: str, kernel_id: int, device_id: int, opts_json: str, from_run: int, run_id: int) -> bool:
+  def take_claim(self, study: str, kernel_id: int, device_id: int, source_hash: str, from_run: int, run_id: int) -> bool:
     """Move a claim whose run gave up (killed) to `run_id`; False if another run took it first."""
     with self.session() as session:
-      if (c := Claim.find(session, study, kernel_id, device_id, opts_json)) is None or c.run_id != from_run: return False
+      if (c := Claim.find(session, study, kernel_id, device_id, source_hash)) is None or c.run_id != from_run: return False
       c.run_id, c.claimed_at = run_id, utcnow()
       return True
 
-  def claimed_result(self, run_id: int, kernel_id: int, device_id: int, opts_json: str) -> CandidateRow | None:
-    """What `run_id` recorded for these opts, once it has."""
+  def claimed_result(self, run_id: int, kernel_id: int, device_id: int, source_hash: str) -> CandidateRow | None:
+    """What `run_id` recorded for this source, once it has."""
     stmt = select(Candidate).where(Candidate.run_id == run_id, Candidate.kernel_id == kernel_id, Candidate.device_id == device_id,
-                                   Candidate.opts == opts_json).order_by(Candidate.id.desc()).limit(1)
+                                   Candidate.source_hash == source_hash).order_by(Candidate.id.desc()).limit(1)
     with self.session(write=False) as session:
       c = session.scalars(stmt).first()
       return CandidateRow.of(c) if c is not None else None

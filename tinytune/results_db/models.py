@@ -141,20 +141,21 @@ class Tuned(Base):
 
 
 class Claim(Base):
-  """Workers sharing a study claim opts before measuring them, so each candidate is measured and recorded once."""
+  """Workers sharing a study claim a candidate (by the hash of its source, as the evaluator dedupes) before measuring it, so each is
+  measured and recorded once."""
   __tablename__ = "claims"
-  __table_args__ = (UniqueConstraint("study", "kernel_id", "device_id", "opts", name="uq_claims_study_kernel_device_opts"),)
+  __table_args__ = (UniqueConstraint("study", "kernel_id", "device_id", "source_hash", name="uq_claims_study_kernel_device_source"),)
   id: Mapped[int] = mapped_column(Integer, primary_key=True)
   study: Mapped[str] = mapped_column(String(256))
   kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
   device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
-  opts: Mapped[str] = mapped_column(Text)
-  run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))  # the run that measures (and records) them
+  source_hash: Mapped[str] = mapped_column(String(64))
+  run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))  # the run that measures (and records) it
   claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
   @classmethod
-  def find(cls, session: Session, study: str, kernel_id: int, device_id: int, opts: str) -> Claim | None:
-    stmt = select(cls).where(cls.study == study, cls.kernel_id == kernel_id, cls.device_id == device_id, cls.opts == opts)
+  def find(cls, session: Session, study: str, kernel_id: int, device_id: int, source_hash: str) -> Claim | None:
+    stmt = select(cls).where(cls.study == study, cls.kernel_id == kernel_id, cls.device_id == device_id, cls.source_hash == source_hash)
     return session.scalars(stmt).one_or_none()
 
 

@@ -1,5 +1,5 @@
 """Schema 2: tuned entries carry the kernel name, workload and params that made them (so a cache file can be re-run elsewhere);
-runs record their worker (host:pid); workers sharing a study claim opts in `claims` before measuring them.
+runs record their worker (host:pid); workers sharing a study claim candidates in `claims` before measuring them.
 
 Revision ID: 0002
 Revises: 0001
@@ -24,10 +24,11 @@ def upgrade() -> None:
     batch.add_column(sa.Column("worker", sa.String(256), nullable=False, server_default=""))
   op.create_table("claims", sa.Column("id", sa.Integer, primary_key=True), sa.Column("study", sa.String(256), nullable=False),
                   sa.Column("kernel_id", sa.Integer, sa.ForeignKey("kernels.id"), nullable=False),
-                  sa.Column("device_id", sa.Integer, sa.ForeignKey("devices.id"), nullable=False), sa.Column("opts", sa.Text, nullable=False),
+                  sa.Column("device_id", sa.Integer, sa.ForeignKey("devices.id"), nullable=False),
+                  sa.Column("source_hash", sa.String(64), nullable=False),
                   sa.Column("run_id", sa.Integer, sa.ForeignKey("runs.id"), nullable=False),
                   sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=False),
-                  sa.UniqueConstraint("study", "kernel_id", "device_id", "opts", name="uq_claims_study_kernel_device_opts"))
+                  sa.UniqueConstraint("study", "kernel_id", "device_id", "source_hash", name="uq_claims_study_kernel_device_source"))
   # fill in what the old entries' runs and kernels know
   op.execute("UPDATE tuned SET workload = (SELECT runs.workload FROM runs WHERE runs.id = tuned.run_id), "
              "params = (SELECT runs.params FROM runs WHERE runs.id = tuned.run_id) WHERE run_id IN (SELECT id FROM runs)")
