@@ -110,8 +110,8 @@ class Tuner:
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id, force=self.force)
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
-      counts = {}
-      for c in {c.source_hash: c for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}.values(): counts[c.status] = counts.get(c.status, 0) + 1
+      mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
+      counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
     return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, counts)
 
 
