@@ -2,6 +2,7 @@
 one is refused; migrations from nothing build the same tables as the models; optuna's tables live beside ours."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from conftest import reset_postgres
 from sqlalchemy import inspect
 
 from tinytune.cli import main
@@ -106,3 +108,14 @@ def test_set_tuned_keeps_the_faster_entry_unless_forced(tmp_path: Path) -> None:
   assert db.set_tuned("key", "dev", '["c"]', 1.5, 3.0, None)
   assert db.set_tuned("key", "dev", '["d"]', 9.0, 3.0, None, force=True)
   assert db.tuned("key", "dev").opts_json == '["d"]'  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not os.getenv("TINYTUNE_TEST_POSTGRES"), reason="set TINYTUNE_TEST_POSTGRES to a PostgreSQL URL")
+def test_upgrade_on_postgresql() -> None:
+  url = os.environ["TINYTUNE_TEST_POSTGRES"]
+  reset_postgres(url)
+  db = Database(url, check_schema=False)
+  assert migrate.upgrade(db.engine, "pg", "0001") == (None, "0001")
+  with pytest.raises(SchemaError, match="schema version 1.*tinytune db upgrade"): Database(url)
+  assert db.upgrade() == ("0001", HEAD) and schema_diff(db) == []
+  assert Database(url).device_id(FP) == 1

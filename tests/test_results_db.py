@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from conftest import reset_postgres
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from tinytune.results_db import (
   SCHEMA_VERSION,
-  Base,
   Candidate,
   Database,
   Device,
@@ -53,7 +53,7 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
   if request.param == "sqlite": url = sqlite_url(tmp_path / "results.db")
   else:
     url = os.environ["TINYTUNE_TEST_POSTGRES"]
-    Base.metadata.drop_all(Database(url).engine)
+    reset_postgres(url)
   database = Database(url)
   yield database
   database.close()

@@ -43,8 +43,8 @@ def stamp_head(conn: Connection) -> None:
   if conn.execute(select(version_table.c.version_num)).first() is None: conn.execute(version_table.insert().values(version_num=HEAD))
 
 
-def upgrade(engine: Engine, where: str) -> tuple[str | None, str]:
-  """Migrate the database to the newest schema (creating it if empty); (revision before, revision after)."""
+def upgrade(engine: Engine, where: str, target: str = HEAD) -> tuple[str | None, str]:
+  """Migrate the database to the newest schema, or `target` (creating it if empty); (revision before, revision after)."""
   from alembic import command
   from alembic.config import Config
   with engine.begin() as conn:
@@ -55,5 +55,5 @@ def upgrade(engine: Engine, where: str) -> tuple[str | None, str]:
     config.attributes["connection"] = conn
     stamped = VERSION_TABLE in inspect(conn).get_table_names() and conn.execute(select(version_table.c.version_num)).first() is not None
     if before is not None and not stamped: command.stamp(config, before)  # from before migrations: record what its meta row says
-    command.upgrade(config, "head")
-  return before, HEAD
+    command.upgrade(config, target)
+  return before, target
