@@ -23,6 +23,16 @@ def parse_params(pairs: list[str]) -> dict[str, int]:
 def _ms(s: float | None) -> str: return f"{s * 1e3:.3f}" if s is not None and math.isfinite(s) else "-"
 
 
+def _database_errors(command: Any) -> Any:
+  """Database errors (unreachable server, locked or unreadable file) as one line, like every other error."""
+  def run(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+    try: return command(args)
+    except SQLAlchemyError as e: raise RuntimeError(f"database error: {str(getattr(e, 'orig', None) or e).splitlines()[0]}") from e
+  return run
+
+
+@_database_errors
 def cmd_search(args: argparse.Namespace) -> int:
   from rich.console import Console
   from rich.progress import Progress, TextColumn
@@ -98,7 +108,10 @@ def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[st
   counts: dict[str, dict[str, int]] = {}
   for i, proc in enumerate(procs):
     stdout, stderr = proc.communicate()
-    if proc.returncode != 0: raise RuntimeError(f"worker {i} failed: {(stderr.strip().splitlines() or ['exit code ' + str(proc.returncode)])[-1]}")
+    if proc.returncode != 0:
+      lines = stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
+      why = next((x for x in lines if x.startswith("tinytune: error: ")), lines[-1]).removeprefix("tinytune: error: ")
+      raise RuntimeError(f"worker {i} failed: {why}")
     for k in json.loads(stdout)["kernels"]:
       for status, n in k["candidates"].items(): counts.setdefault(k["key"], {})[status] = counts.get(k["key"], {}).get(status, 0) + n
   return counts
@@ -131,15 +144,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
   gflops = workload.flops(params) / total / 1e9
   print(f"{workload.name} {params}: {total * 1e3:.3f} ms, {gflops:.1f} GFLOPS, {'verified' if ok else 'WRONG'} against numpy")
   return 0 if ok else 1
-
-
-def _database_errors(command: Any) -> Any:
-  """Database errors (unreachable server, locked or unreadable file) as one line, like every other error."""
-  def run(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
-    try: return command(args)
-    except SQLAlchemyError as e: raise RuntimeError(f"database error: {str(getattr(e, 'orig', None) or e).splitlines()[0]}") from e
-  return run
 
 
 @_database_errors

@@ -47,13 +47,19 @@ def upgrade(engine: Engine, where: str, target: str = HEAD) -> tuple[str | None,
   """Migrate the database to the newest schema, or `target` (creating it if empty); (revision before, revision after)."""
   from alembic import command
   from alembic.config import Config
-  with engine.begin() as conn:
-    before = revision(conn)
-    if before is not None and before not in REVISIONS: check(before, where)  # newer than this tinytune: refuse
-    config = Config()
-    config.set_main_option("script_location", str(pathlib.Path(__file__).with_name("migrations")))
-    config.attributes["connection"] = conn
-    stamped = VERSION_TABLE in inspect(conn).get_table_names() and conn.execute(select(version_table.c.version_num)).first() is not None
-    if before is not None and not stamped: command.stamp(config, before)  # from before migrations: record what its meta row says
-    command.upgrade(config, target)
+  with engine.connect() as conn:
+    sqlite = conn.dialect.name == "sqlite"
+    if sqlite: conn.connection.driver_connection.execute("PRAGMA foreign_keys = OFF")  # type: ignore[union-attr]  # batch mode copies tables
+    try:
+      with conn.begin():
+        before = revision(conn)
+        if before is not None and before not in REVISIONS: check(before, where)  # newer than this tinytune: refuse
+        config = Config()
+        config.set_main_option("script_location", str(pathlib.Path(__file__).with_name("migrations")))
+        config.attributes["connection"] = conn
+        stamped = VERSION_TABLE in inspect(conn).get_table_names() and conn.execute(select(version_table.c.version_num)).first() is not None
+        if before is not None and not stamped: command.stamp(config, before)  # from before migrations: record what its meta row says
+        command.upgrade(config, target)
+    finally:
+      if sqlite: conn.connection.driver_connection.execute("PRAGMA foreign_keys = ON")  # type: ignore[union-attr]
   return before, target

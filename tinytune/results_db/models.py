@@ -77,7 +77,7 @@ class SearchRun(Base):
   strategy: Mapped[str] = mapped_column(String(64))
   settings: Mapped[str] = mapped_column(Text)
   budget: Mapped[str] = mapped_column(Text)
-  signature: Mapped[str] = mapped_column(String(256), index=True)  # what a `--resume` matches on
+  signature: Mapped[str] = mapped_column(Text, index=True)  # what a `--resume` matches on (JSON, often longer than 256 characters)
   started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
   ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
   outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)

@@ -132,9 +132,11 @@ class Claims:
   def claim(self, source_hash: str) -> int: return self.db.claim(self.study, self.kernel_id, self.device_id, source_hash, self.run_id)
 
   def wait(self, source_hash: str, owner: int) -> Result | None:
-    """The result the owning run records for this source; None (and the claim is ours) if that run ended or took too long."""
+    """The result the owning run records (or, if it is ours, recorded before it was killed) for this source; None (and the claim
+    is ours to measure) if ours has none, or the owner ended or took too long."""
     deadline = time.monotonic() + self.patience_s
     while (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is None:
+      if owner == self.run_id: return None
       if time.monotonic() > deadline or (run := self.db.run(owner)) is None or run.outcome is not None:
         if self.db.take_claim(self.study, self.kernel_id, self.device_id, source_hash, owner, self.run_id): return None
         if (owner := self.claim(source_hash)) == self.run_id: return None  # another waiter took it and gave it up again
@@ -159,7 +161,7 @@ class SharedEvaluator(Evaluator):
         source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]  # the evaluator's identity of a candidate
         if source_hash in self.by_source: continue
         if source_hash in theirs: theirs[source_hash][1].append(opts)
-        elif (owner := self.claims.claim(source_hash)) != self.claims.run_id: theirs[source_hash] = (owner, [opts])
+        else: theirs[source_hash] = (self.claims.claim(source_hash), [opts])  # ours too: a resumed run may have measured it before
       for source_hash, (owner, same) in theirs.items():
         if (result := self.claims.wait(source_hash, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
     return super().evaluate(candidates)

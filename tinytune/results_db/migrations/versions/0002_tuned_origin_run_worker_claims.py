@@ -1,5 +1,6 @@
 """Schema 2: tuned entries carry the kernel name, workload and params that made them (so a cache file can be re-run elsewhere);
-runs record their worker (host:pid); workers sharing a study claim candidates in `claims` before measuring them.
+runs record their worker (host:pid) and their signature becomes TEXT (signatures outgrew 256 characters, which PostgreSQL
+enforces); workers sharing a study claim candidates in `claims` before measuring them.
 
 Revision ID: 0002
 Revises: 0001
@@ -22,6 +23,7 @@ def upgrade() -> None:
     batch.add_column(sa.Column("params", sa.Text, nullable=False, server_default="{}"))
   with op.batch_alter_table("runs") as batch:
     batch.add_column(sa.Column("worker", sa.String(256), nullable=False, server_default=""))
+    batch.alter_column("signature", type_=sa.Text, existing_type=sa.String(256), existing_nullable=False)
   op.create_table("claims", sa.Column("id", sa.Integer, primary_key=True), sa.Column("study", sa.String(256), nullable=False),
                   sa.Column("kernel_id", sa.Integer, sa.ForeignKey("kernels.id"), nullable=False),
                   sa.Column("device_id", sa.Integer, sa.ForeignKey("devices.id"), nullable=False),
@@ -39,7 +41,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
   op.drop_table("claims")
-  with op.batch_alter_table("runs") as batch: batch.drop_column("worker")
+  with op.batch_alter_table("runs") as batch:
+    batch.drop_column("worker")
+    batch.alter_column("signature", type_=sa.String(256), existing_type=sa.Text, existing_nullable=False)
   with op.batch_alter_table("tuned") as batch:
     for column in ("params", "workload", "kernel_name"): batch.drop_column(column)
   op.execute("UPDATE meta SET schema_version = 1")
