@@ -250,6 +250,22 @@ def test_candidate_status_is_checked(db: Database, ids: tuple[int, int, int]) ->
   assert [r.status for r in db.run_candidates(run)] == ["ok", "wrong", "crashed", "timeout", "compile_error", "invalid"]
 
 
+def test_claims_have_one_owner(db: Database, ids: tuple[int, int, int]) -> None:
+  device, kernel, run = ids
+  runs = [run] + [db.start_run("matmul", {}, device, "optuna", {}, {}, f"w{i}") for i in range(5)]
+  owners: list[int] = []
+  threads = [threading.Thread(target=lambda r=r: owners.append(db.claim("study", kernel, device, "src", r))) for r in runs]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  assert len(owners) == 6 and len(set(owners)) == 1 and db.claim("other study", kernel, device, "src", runs[1]) == runs[1]
+  owner, other = owners[0], next(r for r in runs if r != owners[0])
+  assert db.claimed_result(owner, kernel, device, "src") is None
+  db.record_candidate(owner, kernel, device, "[]", "src", 0.1, "ok", 1.0, 1.0, 0.0)
+  assert db.claimed_result(owner, kernel, device, "src").opts_json == "[]"  # type: ignore[union-attr]
+  assert db.take_claim("study", kernel, device, "src", owner, other) and not db.take_claim("study", kernel, device, "src", owner, other)
+  assert db.claim("study", kernel, device, "src", run) == other
+
+
 # ***** tuning cache and baselines *****
 def test_tuned_upsert(db: Database) -> None:
   h = fingerprint_hash(FP)
@@ -304,8 +320,12 @@ def writer(url: str, worker: int, n: int, start_at: float, kill_self: bool = Fal
   return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_concurrent_writer_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concurrent_writer_processes(tmp_path: Path, backend: str) -> None:
   url, workers, n = sqlite_url(tmp_path / "shared.db"), 4, 100
+  if backend == "postgresql":
+    url = os.environ["TINYTUNE_TEST_POSTGRES"]
+    reset_postgres(url)
   procs = [writer(url, w, n, time.time() + 1.5) for w in range(workers)]
   for p in procs:
     out, err = p.communicate(timeout=60)
