@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
   search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, each candidate measured once")
   search.add_argument("--workers", type=int, default=1, help="start N local worker processes sharing one study (the budget is split among them)")
-  search.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)  # which worker of --workers this process is
+  search.add_argument("--worker", type=int, default=None, help="with --study: this process's number (its seed, and the run --resume continues)")
   search.add_argument("--budget", type=int, default=200, help="candidates per kernel (default 200)")
   search.add_argument("--seconds", type=float, default=None, help="time limit per kernel")
   search.add_argument("--db", default=None, help="SQLAlchemy URL of the results database (default: $TINYTUNE_DB or a SQLite file in the user cache)")
