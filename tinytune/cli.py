@@ -57,6 +57,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   out, _ = workload.instantiate(params, dtype, device)
   db = Database(args.db)
   started = time.perf_counter()
+  if args.workers > 1 and args.force: Tuner(db, device).forget(out.uop)
   measured = _search_workers(args, console) if args.workers > 1 else None
   with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
     task = progress.add_task("starting", total=None)

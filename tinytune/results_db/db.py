@@ -323,6 +323,10 @@ class Database:
       entry = Tuned.find(session, kernel_key, device_hash)
       return TunedRow.of(entry) if entry is not None else None
 
+  def delete_tuned(self, kernel_key: str, device_hash: str) -> None:
+    with self.session() as session:
+      if (entry := Tuned.find(session, kernel_key, device_hash)) is not None: session.delete(entry)
+
   def tuned_entries(self, device_hash: str | None = None, workload: str | None = None) -> list[TunedRow]:
     """Every tuning cache entry (for one device, for one workload), in key order."""
     stmt = select(Tuned).order_by(Tuned.kernel_key, Tuned.device_hash)

@@ -66,6 +66,10 @@ class Tuner:
     if self.force or (entry := self.db.tuned(kernel.key, self.device_hash)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, tuple(opts_from_json(entry.opts_json)), entry.best_s, entry.default_s, True)
 
+  def forget(self, out: UOp) -> None:
+    """Drop the tuning cache entries of the kernels that compute `out` on this device (`search --force --workers N` starts so)."""
+    for item in create_schedule(out, self.device)[0]: self.db.delete_tuned(Kernel(item.ast, Device[self.device].caps).key, self.device_hash)
+
   def tune_program(self, out: UOp, workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
     """Tune every kernel that computes `out` (a lazy graph; nothing is realized)."""
     kernels = [Kernel(item.ast, Device[self.device].caps) for item in create_schedule(out, self.device)[0]]
@@ -107,7 +111,9 @@ class Tuner:
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       result = run_strategy(self.strategy, kernel, ev, budget, default_opts(kernel), **options)
     if math.isfinite(result.best_s):
-      self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id, force=self.force)
+      # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
+      self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
+                        force=self.force and not self.study)
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
