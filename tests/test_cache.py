@@ -189,3 +189,27 @@ def test_corrupt_and_foreign_files_cost_one_warning_each(tmp_path: Path) -> None
   assert run.returncode == 0, run.stderr
   lines = run.stderr.strip().splitlines()
   assert len(lines) == 2 and "corrupt.ttc" in lines[0] and "foreign.ttc" in lines[1] and "no entries for this device" in lines[1], run.stderr
+
+
+def test_cache_commands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+  from tinytune.cli import main
+  from tinytune.kernels import get_workload
+  from tinytune.search.tune import Tuner
+  url, path = f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path / "c.ttc")
+  workload = get_workload("matmul")
+  params = workload.params({"m": 32, "n": 32, "k": 32})
+  Tuner(Database(url), "CPU", "beam", {"candidates": 4, "seconds": None}).tune_program(workload.instantiate(params)[0].uop, "matmul", params)
+  assert main(["cache", "export", "--db", url, "--out", path]) == 0 and "1 entries for 1 device" in capsys.readouterr().out
+  main(["cache", "verify", path, "--run"])
+  out = capsys.readouterr().out
+  assert "checksum ok" in out and "1 for this device" in out and "r_32_32_32 matmul" in out and "the default" in out and "FAILED" not in out
+  assert main(["cache", "list", path]) == 0 and "r_32_32_32" in capsys.readouterr().out
+  assert main(["cache", "merge", path, path, "--out", str(tmp_path / "m.ttc")]) == 0
+  assert main(["cache", "import", str(tmp_path / "m.ttc"), "--db", f"sqlite:///{tmp_path / 'other.db'}"]) == 0
+  assert "imported 1 entries" in capsys.readouterr().out
+  assert main(["cache", "list", "--db", f"sqlite:///{tmp_path / 'other.db'}"]) == 0 and "r_32_32_32" in capsys.readouterr().out
+  assert main(["cache", "prune", path, "--before", "2000-01-01"]) == 0 and "dropped 0 entries, kept 1" in capsys.readouterr().out
+  Path(path).write_bytes(b"garbage")
+  assert main(["cache", "verify", path]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("tinytune: error:") and len(err.strip().splitlines()) == 1
