@@ -94,14 +94,14 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[str, int]]:
-  """`search --workers N`: N processes of this search share one study (and the database), each with its share of the budget.
+  """`search --workers N`: N processes of this search share one study (and the database) and its budget.
   Returns the candidates they measured per kernel key."""
   import subprocess
   import uuid
   if args.study is None: args.study = f"workers-{uuid.uuid4().hex[:12]}"
   command = [sys.executable, "-m", "tinytune.cli", "search", args.workload, *[x for p in args.param for x in ("-p", p)], "--dtype", args.dtype,
              "--strategy", args.strategy, "--beam-width", str(args.beam_width), "--sampler", args.sampler, "--study", args.study,
-             "--budget", str(-(-args.budget // args.workers)), "--json", "--quiet"]
+             "--budget", str(args.budget), "--json", "--quiet"]
   command += (["--device", args.device] if args.device else []) + (["--seconds", str(args.seconds)] if args.seconds else [])
   command += (["--db", args.db] if args.db else []) + (["--resume"] if args.resume else []) + (["--force"] if args.force else [])
   console.print(f"{args.workers} workers searching {args.workload} together (study {args.study})")
@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
   search.add_argument("--beam-width", type=int, default=4)
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
-  search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, each candidate measured once")
-  search.add_argument("--workers", type=int, default=1, help="start N local worker processes sharing one study (the budget is split among them)")
+  search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, on one budget")
+  search.add_argument("--workers", type=int, default=1, help="start N local worker processes sharing one study and its budget")
   search.add_argument("--worker", type=int, default=None, help="with --study: this process's number (its seed, and the run --resume continues)")
   search.add_argument("--budget", type=int, default=200, help="candidates per kernel (default 200)")
   search.add_argument("--seconds", type=float, default=None, help="time limit per kernel")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import create_engine, event, make_url, select
+from sqlalchemy import create_engine, event, func, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
@@ -354,6 +354,10 @@ class Database:
     def make() -> Claim:
       return Claim(study=study, kernel_id=kernel_id, device_id=device_id, source_hash=source_hash, run_id=run_id, claimed_at=utcnow())
     return self._get_or_create(lambda s: Claim.find(s, study, kernel_id, device_id, source_hash), make, lambda c: c.run_id)
+
+  def claim_count(self, study: str, kernel_id: int, device_id: int) -> int:
+    stmt = select(func.count()).select_from(Claim).where(Claim.study == study, Claim.kernel_id == kernel_id, Claim.device_id == device_id)
+    with self.session(write=False) as session: return session.scalar(stmt) or 0
 
   def take_claim(self, study: str, kernel_id: int, device_id: int, source_hash: str, from_run: int, run_id: int) -> bool:
     """Move a claim whose run gave up (killed) to `run_id`; False if another run took it first."""

@@ -101,13 +101,13 @@ class Tuner:
                                r.error)
       if self.on_result is not None: self.on_result(kernel, r)
 
-    budget = Budget(self.budget.get("candidates"), self.budget.get("seconds"))
+    claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
+    budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds"), claims=claims)
     options = dict(self.options)
     if self.strategy == "optuna":  # trials live in optuna's own tables in the same database; a resumed run continues its study
       options.setdefault("storage", self.db.url.render_as_string(hide_password=False))
       options.setdefault("study_name", f"{self.study}-{kernel.key}-{self.device_hash[:12]}" if self.study else
                          f"tinytune-{kernel.key}-{self.device_hash[:12]}-run{run_id}")
-    claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       result = run_strategy(self.strategy, kernel, ev, budget, default_opts(kernel), **options)
     if math.isfinite(result.best_s):
@@ -149,6 +149,16 @@ class Claims:
         deadline = time.monotonic() + self.patience_s
       time.sleep(0.05)
     return stored_result(row)
+
+
+@dataclass
+class StudyBudget(Budget):
+  """With `claims`, the candidate budget is the whole study's: what every worker measured (or is measuring) counts."""
+  claims: Claims | None = None
+
+  def left(self, tried: int) -> int:
+    if self.claims is None: return super().left(tried)
+    return super().left(max(tried, self.claims.db.claim_count(self.claims.study, self.claims.kernel_id, self.claims.device_id)))
 
 
 @dataclass
