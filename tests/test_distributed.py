@@ -62,7 +62,7 @@ def test_workers_tune_one_kernel_together(url: str) -> None:
 
 def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:
   url = f"sqlite:///{tmp_path / 'killed.db'}"
-  args = ("--budget", "14", "--study", "s", "--worker", "0")
+  args = ("--budget", "10", "--study", "s", "--worker", "0")
   first = search(*args, url=url)
   deadline = time.time() + 120
   while time.time() < deadline:
@@ -72,7 +72,7 @@ def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:
   first.wait()
   before = Database(url).run_candidates(1)
   assert len(before) >= 3 and Database(url).run(1).outcome is None  # type: ignore[union-attr]
-  resumed, other = search(*args, "--resume", url=url), search("--budget", "14", "--study", "s", "--worker", "1", url=url)
+  resumed, other = search(*args, "--resume", url=url), search("--budget", "10", "--study", "s", "--worker", "1", url=url)
   finish(resumed), finish(other)
   db = Database(url)
   runs, candidates, _ = study_rows(db)
