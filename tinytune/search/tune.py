@@ -136,6 +136,7 @@ class Claims:
   patience_s: float = 60.0  # how long we wait for another run to record a candidate before measuring it ourselves
 
   def claim(self, source_hash: str) -> int: return self.db.claim(self.study, self.kernel_id, self.device_id, source_hash, self.run_id)
+  def count(self) -> int: return self.db.claim_count(self.study, self.kernel_id, self.device_id)
 
   def wait(self, source_hash: str, owner: int) -> Result | None:
     """The result the owning run records (or, if it is ours, recorded before it was killed) for this source; None (and the claim
@@ -157,8 +158,7 @@ class StudyBudget(Budget):
   claims: Claims | None = None
 
   def left(self, tried: int) -> int:
-    if self.claims is None: return super().left(tried)
-    return super().left(max(tried, self.claims.db.claim_count(self.claims.study, self.claims.kernel_id, self.claims.device_id)))
+    return super().left(tried if self.claims is None else max(tried, self.claims.count()))
 
 
 @dataclass
@@ -169,15 +169,15 @@ class SharedEvaluator(Evaluator):
 
   def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
     if self.claims is not None:
-      theirs: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}
+      claimed: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
       for opts in map(tuple, candidates):
         if opts_to_json(opts) in self.known: continue
         try: source = self.render_source(self.kernel_for(opts))
         except KernelOptError: continue  # never measured: nothing to claim
         source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]  # the evaluator's identity of a candidate
         if source_hash in self.by_source: continue
-        if source_hash in theirs: theirs[source_hash][1].append(opts)
-        else: theirs[source_hash] = (self.claims.claim(source_hash), [opts])  # ours too: a resumed run may have measured it before
-      for source_hash, (owner, same) in theirs.items():
+        if source_hash in claimed: claimed[source_hash][1].append(opts)
+        else: claimed[source_hash] = (self.claims.claim(source_hash), [opts])
+      for source_hash, (owner, same) in claimed.items():  # ours too: a resumed run may have measured it before it was killed
         if (result := self.claims.wait(source_hash, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
     return super().evaluate(candidates)
