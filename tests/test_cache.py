@@ -213,3 +213,19 @@ def test_cache_commands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
   assert main(["cache", "verify", path]) == 2
   err = capsys.readouterr().err
   assert err.startswith("tinytune: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_own_database_comes_first_and_an_old_one_costs_one_warning(tmp_path: Path) -> None:
+  import shutil
+  kernel, device_hash = matmul32(), fingerprint_hash(device_fingerprint("CPU"))
+  path = cache_file(tmp_path / "tuned.ttc", '[["UPCAST",1,4],["UPCAST",0,2]]')
+  own = Database(f"sqlite:///{tmp_path / 'own.db'}")
+  own.set_tuned(kernel.key, device_hash, '[["UPCAST",1,2]]', 1e-3, 2e-3, None)
+  env = {**os.environ, "TINYTUNE_DB": f"sqlite:///{tmp_path / 'own.db'}", "TINYTUNE_CACHE": path}
+  run = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=120)
+  assert run.returncode == 0 and run.stderr == "" and "opts [Opt(UPCAST, 1, 2)]" in run.stdout, run.stderr
+  shutil.copy(Path(__file__).parent / "data" / "schema1.db", tmp_path / "old.db")  # an old schema: refused, and the file is used
+  env["TINYTUNE_DB"] = f"sqlite:///{tmp_path / 'old.db'}"
+  run = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=120)
+  assert run.returncode == 0 and "opts [Opt(UPCAST, 1, 4), Opt(UPCAST, 0, 2)]" in run.stdout, run.stderr
+  assert len(run.stderr.strip().splitlines()) == 1 and "tinytune db upgrade" in run.stderr
