@@ -119,14 +119,18 @@ def write(path: str | os.PathLike, entries: Iterable[Entry], devices: dict[str, 
               "created_at": datetime.now(timezone.utc).isoformat(), "entries": str(len(rows)),
               "devices": to_json([h for h, _ in device_rows]), "checksum": checksum(device_rows, rows)}
   tmp = pathlib.Path(f"{path}.tmp{os.getpid()}")
-  tmp.unlink(missing_ok=True)
-  with sqlite3.connect(tmp) as conn:
-    conn.executescript(SCHEMA)
-    conn.executemany("INSERT INTO manifest VALUES (?, ?)", manifest.items())
-    conn.executemany("INSERT INTO devices VALUES (?, ?)", device_rows)
-    conn.executemany(f"INSERT INTO entries VALUES ({', '.join('?' * len(fields(Entry)))})", rows)
-  conn.close()
-  os.replace(tmp, path)
+  try:
+    tmp.unlink(missing_ok=True)
+    with sqlite3.connect(tmp) as conn:
+      conn.executescript(SCHEMA)
+      conn.executemany("INSERT INTO manifest VALUES (?, ?)", manifest.items())
+      conn.executemany("INSERT INTO devices VALUES (?, ?)", device_rows)
+      conn.executemany(f"INSERT INTO entries VALUES ({', '.join('?' * len(fields(Entry)))})", rows)
+    conn.close()
+    os.replace(tmp, path)
+  except (OSError, sqlite3.Error) as e:
+    tmp.unlink(missing_ok=True)
+    raise CacheFileError(f"cannot write {path}: {e}") from None
   return CacheFile.open(path)
 
 
