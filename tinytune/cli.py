@@ -114,7 +114,8 @@ def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[st
       why = next((x for x in lines if x.startswith("tinytune: error: ")), lines[-1]).removeprefix("tinytune: error: ")
       raise RuntimeError(f"worker {i} failed: {why}")
     for k in json.loads(stdout)["kernels"]:
-      for status, n in k["candidates"].items(): counts.setdefault(k["key"], {})[status] = counts.get(k["key"], {}).get(status, 0) + n
+      kernel_counts = counts.setdefault(k["key"], {})
+      for status, n in k["candidates"].items(): kernel_counts[status] = kernel_counts.get(status, 0) + n
   return counts
 
 
