@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from conftest import reset_postgres
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from tinytune.results_db import (
   SCHEMA_VERSION,
-  Base,
   Candidate,
   Database,
   Device,
@@ -37,6 +37,7 @@ from tinytune.results_db import (
   default_url,
   fingerprint_hash,
 )
+from tinytune.results_db.migrate import version_table
 
 FP = {"kind": "CPU", "name": "Test CPU", "arch": "x86_64-abc", "compiler": "clang", "compiler_version": "18.1", "flags": "-O3"}
 KERNEL: dict[str, Any] = dict(key="k" * 24, name="r_64_64_64", ast_text="0 BUFFER float [] buf0:4096", sizes=[64, 64, 64], dtypes=["float", "float"],
@@ -52,7 +53,7 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
   if request.param == "sqlite": url = sqlite_url(tmp_path / "results.db")
   else:
     url = os.environ["TINYTUNE_TEST_POSTGRES"]
-    Base.metadata.drop_all(Database(url).engine)
+    reset_postgres(url)
   database = Database(url)
   yield database
   database.close()
@@ -105,7 +106,9 @@ def test_reopen_keeps_rows_and_schema_version(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", [SCHEMA_VERSION - 1, SCHEMA_VERSION + 1])
 def test_other_schema_version_is_refused(tmp_path: Path, version: int) -> None:
   url = sqlite_url(tmp_path / "v.db")
-  with Database(url).session() as session: session.execute(update(Meta).values(schema_version=version))
+  with Database(url).session() as session:
+    session.execute(update(Meta).values(schema_version=version))
+    session.execute(update(version_table).values(version_num=f"{version:04d}"))
   with pytest.raises(SchemaError, match=f"schema version {version}"): Database(url)
 
 
@@ -247,6 +250,22 @@ def test_candidate_status_is_checked(db: Database, ids: tuple[int, int, int]) ->
   assert [r.status for r in db.run_candidates(run)] == ["ok", "wrong", "crashed", "timeout", "compile_error", "invalid"]
 
 
+def test_claims_have_one_owner(db: Database, ids: tuple[int, int, int]) -> None:
+  device, kernel, run = ids
+  runs = [run] + [db.start_run("matmul", {}, device, "optuna", {}, {}, f"w{i}") for i in range(5)]
+  owners: list[int] = []
+  threads = [threading.Thread(target=lambda r=r: owners.append(db.claim("study", kernel, device, "src", r))) for r in runs]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  assert len(owners) == 6 and len(set(owners)) == 1 and db.claim("other study", kernel, device, "src", runs[1]) == runs[1]
+  owner, other = owners[0], next(r for r in runs if r != owners[0])
+  assert db.claimed_result(owner, kernel, device, "src") is None
+  db.record_candidate(owner, kernel, device, "[]", "src", 0.1, "ok", 1.0, 1.0, 0.0)
+  assert db.claimed_result(owner, kernel, device, "src").opts_json == "[]"  # type: ignore[union-attr]
+  assert db.take_claim("study", kernel, device, "src", owner, other) and not db.take_claim("study", kernel, device, "src", owner, other)
+  assert db.claim("study", kernel, device, "src", run) == other
+
+
 # ***** tuning cache and baselines *****
 def test_tuned_upsert(db: Database) -> None:
   h = fingerprint_hash(FP)
@@ -301,8 +320,12 @@ def writer(url: str, worker: int, n: int, start_at: float, kill_self: bool = Fal
   return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_concurrent_writer_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concurrent_writer_processes(tmp_path: Path, backend: str) -> None:
   url, workers, n = sqlite_url(tmp_path / "shared.db"), 4, 100
+  if backend == "postgresql":
+    url = os.environ["TINYTUNE_TEST_POSTGRES"]
+    reset_postgres(url)
   procs = [writer(url, w, n, time.time() + 1.5) for w in range(workers)]
   for p in procs:
     out, err = p.communicate(timeout=60)

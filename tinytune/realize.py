@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from tinytune.codegen.heuristic import hand_coded_optimizations
-from tinytune.codegen.kernel import Kernel, KernelOptError
+from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt, opts_from_json
 from tinytune.helpers import DEBUG, NOOPT
 from tinytune.runtime import Device, Program
@@ -45,28 +45,40 @@ def _tuner(device: str, strategy: str) -> Any:
 
 
 @functools.lru_cache(maxsize=4096)
-def _tuned_entry(key: str, device: str) -> str | None:
+def _tuned_entries(key: str, device: str) -> tuple[tuple[str, str], ...]:
+  """(where, opts JSON) for this kernel on this device, in order of preference: the user's own database (read only), then the
+  entry measured fastest on this device's fingerprint among the cache files in $TINYTUNE_CACHE."""
   from tinytune.results_db import default_url, fingerprint_hash
+  from tinytune.results_db.cache import deployed
   from tinytune.search.tune import device_fingerprint
+  device_hash, found = fingerprint_hash(device_fingerprint(device)), []
   url = os.getenv("TINYTUNE_DB") or default_url()
-  if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]): return None
-  try: entry = _database(url).tuned(key, fingerprint_hash(device_fingerprint(device)))
-  except Exception as e:  # an unreadable database costs a warning, never the program
-    warn_once(f"the tuning cache {url} is unusable ({str(e).splitlines()[0]}); using default opts")
-    return None
-  return entry.opts_json if entry is not None else None
+  if not (url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):])):
+    try:
+      if (entry := _reader(url).tuned(key, device_hash)) is not None: found.append((url, entry.opts_json))
+    except Exception as e:  # an unreadable database costs a warning, never the program
+      warn_once(f"the tuning cache {url} is unusable ({str(e).splitlines()[0]}); not using it")
+  if (cached := deployed(os.getenv("TINYTUNE_CACHE", ""), device_hash, warn_once).get(key)) is not None: found.append((cached[0], cached[1].opts))
+  return tuple(found)
 
 
 def tuned_opts(kernel: Kernel, device: str) -> tuple[Opt, ...] | None:
-  """The tuning cache's opts for this kernel on this device, validated; None where it has none (or is unreadable)."""
-  if (text := _tuned_entry(kernel.key, device)) is None: return None
-  try:
-    opts = tuple(opts_from_json(text))
-    kernel.copy().apply_opts(opts)
-    return opts
-  except (KernelOptError, ValueError) as e:
-    warn_once(f"ignoring the tuning cache entry for {kernel.name} ({kernel.key[:8]}): {e}")
+  """The tuning cache's opts for this kernel on this device, validated; None where it has none (or none valid)."""
+  for where, text in _tuned_entries(kernel.key, device):
+    try:
+      opts = tuple(opts_from_json(text))
+      kernel.copy().apply_opts(opts)
+      return opts
+    except Exception as e:  # KernelOptError or ValueError for a bad entry; anything else from a hostile one is no better
+      why = str(e).splitlines()[0] if str(e) else type(e).__name__
+      warn_once(f"ignoring the tuning cache entry for {kernel.name} ({kernel.key[:8]}) in {where}: {why}")
   return None
+
+
+@functools.lru_cache(maxsize=8)
+def _reader(url: str) -> Any:
+  from tinytune.results_db import Database
+  return Database(url, read_only=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -86,7 +98,7 @@ def kernel_opts(kernel: Kernel, device: str) -> list[Opt]:
     run_id = tuner.db.start_run(kernel.name, {}, device_id, mode, {}, tuner.budget, f"on first use: {kernel.key}")
     outcome = tuner.tune_kernel(kernel, run_id, device_id)
     tuner.db.finish_run(run_id, "done")
-    _tuned_entry.cache_clear()
+    _tuned_entries.cache_clear()
     return list(outcome.best)
   return default_opts(kernel)
 

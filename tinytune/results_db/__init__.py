@@ -12,7 +12,22 @@ from tinytune.results_db.db import (
   fingerprint_hash,
   to_json,
 )
-from tinytune.results_db.models import OUTCOMES, SCHEMA_VERSION, STATUSES, Base, Baseline, Candidate, Device, KernelRecord, Meta, SearchRun, Tuned
+from tinytune.results_db.migrate import HEAD, VERSION_TABLE
+from tinytune.results_db.models import (
+  OUTCOMES,
+  SCHEMA_VERSION,
+  STATUSES,
+  Base,
+  Baseline,
+  Candidate,
+  Claim,
+  Device,
+  KernelRecord,
+  Meta,
+  SearchRun,
+  Tuned,
+)
 
 __all__ = ["Database", "default_url", "fingerprint_hash", "to_json", "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
-           "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline", "Meta"]
+           "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline", "Meta",
+           "Claim", "HEAD", "VERSION_TABLE"]

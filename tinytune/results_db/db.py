@@ -15,16 +15,19 @@ import json
 import math
 import os
 import pathlib
+import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import create_engine, event, make_url, select
+from sqlalchemy import create_engine, event, func, make_url, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 from tinytune.helpers import cache_dir
+from tinytune.results_db import migrate
+from tinytune.results_db.migrate import SchemaError
 from tinytune.results_db.models import (
   OUTCOMES,
   SCHEMA_VERSION,
@@ -32,6 +35,7 @@ from tinytune.results_db.models import (
   Base,
   Baseline,
   Candidate,
+  Claim,
   Device,
   KernelRecord,
   Meta,
@@ -42,10 +46,6 @@ from tinytune.results_db.models import (
 
 Row = TypeVar("Row")
 Value = TypeVar("Value")
-
-
-class SchemaError(RuntimeError):
-  """The database was made by another version of tinytune's schema."""
 
 
 def default_url() -> str:
@@ -119,10 +119,13 @@ class TunedRow:
   default_s: float | None
   run_id: int | None
   updated_at: datetime
+  kernel_name: str = ""
+  workload: str = ""
+  params: str = "{}"  # JSON
 
   @staticmethod
   def of(t: Tuned) -> TunedRow:
-    return TunedRow(t.kernel_key, t.device_hash, t.opts, t.best_s, t.default_s, t.run_id, _utc(t.updated_at))
+    return TunedRow(t.kernel_key, t.device_hash, t.opts, t.best_s, t.default_s, t.run_id, _utc(t.updated_at), t.kernel_name, t.workload, t.params)
 
 
 @dataclass(frozen=True)
@@ -163,19 +166,26 @@ def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
 
 
 class Database:
-  """The results database at `url` (any SQLAlchemy URL; default `default_url()`). Tables are created if missing."""
+  """The results database at `url` (any SQLAlchemy URL; default `default_url()`). Tables are created if missing.
 
-  def __init__(self, url: str | None = None, busy_timeout: float = 60.0):
-    self.url = make_url(url or default_url())
+  `read_only=True` opens it for lookups only (SQLite in `mode=ro`, nothing created), as a deployed program does. A database of
+  another schema version raises SchemaError, naming `tinytune db upgrade` where that helps; `check_schema=False` skips this
+  (for the upgrade itself)."""
+
+  def __init__(self, url: str | None = None, busy_timeout: float = 60.0, read_only: bool = False, check_schema: bool = True):
+    self.url, self.read_only = make_url(url or default_url()), read_only
     if self.url.get_backend_name() == "sqlite":
       on_disk = self.url.database not in (None, "", ":memory:") and not self.url.query.get("uri")
-      if on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
-      self.engine = create_engine(self.url, connect_args={"timeout": busy_timeout})
-      _sqlite_setup(self.engine, busy_timeout, on_disk)
+      engine_url = self.url
+      if on_disk and read_only:
+        engine_url = self.url.set(database=f"file:{pathlib.Path(str(self.url.database)).expanduser()}", query={"mode": "ro", "uri": "true"})
+      elif on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
+      self.engine = create_engine(engine_url, connect_args={"timeout": busy_timeout})
+      _sqlite_setup(self.engine, busy_timeout, on_disk and not read_only)
     else: self.engine = create_engine(self.url, pool_pre_ping=True)
     self._reader = self.engine.execution_options(tinytune_write=False)
     self._pid = os.getpid()
-    self._create_schema()
+    if check_schema: self._open_schema()
 
   def __repr__(self) -> str: return f"Database({self.url.render_as_string(hide_password=True)!r})"
   def close(self) -> None: self.engine.dispose()
@@ -186,21 +196,28 @@ class Database:
     if os.getpid() != self._pid:  # forked: the parent's pooled connections are not ours to use
       self.engine.dispose(close=False)
       self._pid = os.getpid()
-    with Session(self.engine if write else self._reader, expire_on_commit=False) as session, session.begin():
+    with Session(self._reader if self.read_only or not write else self.engine, expire_on_commit=False) as session, session.begin():
       yield session
 
-  def _create_schema(self) -> None:
-    for attempt in range(3):
-      try:
-        Base.metadata.create_all(self.engine)
-        break
-      except (IntegrityError, OperationalError, ProgrammingError):  # another process created the same tables just now (PostgreSQL)
-        if attempt == 2: raise
-    version = self._get_or_create(Meta.find, lambda: Meta(id=1, schema_version=SCHEMA_VERSION), lambda m: m.schema_version)
-    if version != SCHEMA_VERSION:
-      newer = version > SCHEMA_VERSION
-      raise SchemaError(f"{self!r} has results schema version {version}, this tinytune uses {SCHEMA_VERSION}: "
-                        + ("upgrade tinytune" if newer else "it was made by an older tinytune; point TINYTUNE_DB at a new file"))
+  def _open_schema(self) -> None:
+    with self._reader.connect() as conn: rev = migrate.revision(conn)
+    if rev is None and self.read_only: raise SchemaError(f"{self!r} holds no tinytune tables")
+    if rev is None:
+      for attempt in range(3):
+        try:
+          with self.engine.begin() as conn:
+            Base.metadata.create_all(conn)
+            migrate.stamp_head(conn)
+          break
+        except (IntegrityError, OperationalError, ProgrammingError):  # another process created the same tables just now (PostgreSQL)
+          if attempt == 2: raise
+      self._get_or_create(Meta.find, lambda: Meta(id=1, schema_version=SCHEMA_VERSION), lambda m: m.schema_version)
+      with self._reader.connect() as conn: rev = migrate.revision(conn)
+    migrate.check(rev or "", repr(self))
+
+  def upgrade(self) -> tuple[str | None, str]:
+    """Migrate to this tinytune's schema (`tinytune db upgrade`); (revision before or None for an empty database, revision after)."""
+    return migrate.upgrade(self.engine, repr(self))
 
   def _get_or_create(self, find: Callable[[Session], Row | None], make: Callable[[], Row], value: Callable[[Row], Value]) -> Value:
     with self.session(write=False) as session:
@@ -236,7 +253,7 @@ class Database:
                 signature: str) -> int:
     with self.session() as session:
       run = SearchRun(workload=workload, params=to_json(params), device_id=device_id, strategy=strategy, settings=to_json(settings),
-                      budget=to_json(budget), signature=signature, started_at=utcnow())
+                      budget=to_json(budget), signature=signature, started_at=utcnow(), worker=f"{socket.gethostname()}:{os.getpid()}")
       session.add(run)
       session.flush()
       return run.id
@@ -279,22 +296,83 @@ class Database:
       return [CandidateRow.of(c) for c in Candidate.for_run(session, run_id)]
 
   # ***** the tuning cache *****
-  def set_tuned(self, kernel_key: str, device_hash: str, opts_json: str, best_s: float, default_s: float | None, run_id: int | None) -> None:
-    """Insert or replace the best opts for (kernel key, device fingerprint hash)."""
+  def set_tuned(self, kernel_key: str, device_hash: str, opts_json: str, best_s: float, default_s: float | None, run_id: int | None,
+                force: bool = False, kernel_name: str = "", workload: str = "", params: str = "") -> bool:
+    """Store the best opts for (kernel key, device fingerprint hash) unless the entry there is faster; `force` replaces it anyway.
+    True if stored. Both times were measured on the same fingerprint (hardware, compiler, flags, codegen version), so they
+    compare: a slower result, from a smaller search or a noisier moment, never replaces a faster verified one, and workers
+    that finish in any order leave the same best. `tinytune search --force` re-tunes and replaces. The kernel's name and
+    the run's workload and params are filled in from this database where not given."""
     for attempt in range(2):
       try:
         with self.session() as session:
-          if (entry := Tuned.find(session, kernel_key, device_hash)) is None:
-            session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
+          entry = Tuned.find(session, kernel_key, device_hash, for_update=True)
+          if entry is not None and not force and entry.best_s <= best_s: return False
+          if not kernel_name and (kernel := KernelRecord.find(session, kernel_key)) is not None: kernel_name = kernel.name
+          if not workload and run_id is not None and (run := session.get(SearchRun, run_id)) is not None: workload, params = run.workload, run.params
+          if entry is None: session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
           entry.opts, entry.best_s, entry.default_s, entry.run_id, entry.updated_at = opts_json, best_s, default_s, run_id, utcnow()
-        return
-      except IntegrityError:  # another process inserted the same entry first (PostgreSQL): update theirs
+          entry.kernel_name, entry.workload, entry.params = kernel_name, workload, params or "{}"
+        return True
+      except IntegrityError:  # another process inserted the same entry first (PostgreSQL): compare with theirs
         if attempt == 1: raise
+    return False
 
   def tuned(self, kernel_key: str, device_hash: str) -> TunedRow | None:
     with self.session(write=False) as session:
       entry = Tuned.find(session, kernel_key, device_hash)
       return TunedRow.of(entry) if entry is not None else None
+
+  def delete_tuned(self, kernel_key: str, device_hash: str) -> None:
+    with self.session() as session:
+      if (entry := Tuned.find(session, kernel_key, device_hash)) is not None: session.delete(entry)
+
+  def tuned_entries(self, device_hash: str | None = None, workload: str | None = None) -> list[TunedRow]:
+    """Every tuning cache entry (for one device, for one workload), in key order."""
+    stmt = select(Tuned).order_by(Tuned.kernel_key, Tuned.device_hash)
+    if device_hash is not None: stmt = stmt.where(Tuned.device_hash == device_hash)
+    if workload is not None: stmt = stmt.where(Tuned.workload == workload)
+    with self.session(write=False) as session: return [TunedRow.of(t) for t in session.scalars(stmt)]
+
+  def fingerprints(self) -> dict[str, dict[str, str]]:
+    """Device fingerprint hash -> fingerprint, for every device this database knows."""
+    with self.session(write=False) as session: return {d.fingerprint_hash: json.loads(d.fingerprint) for d in session.scalars(select(Device))}
+
+  def prune_tuned(self, keep_codegen: str | None = None, before: datetime | None = None) -> int:
+    """Drop tuning cache entries of devices with another codegen version (or unknown devices), or updated before `before`; how many."""
+    with self.session() as session:
+      entries = list(session.scalars(select(Tuned)))
+      codegen = {d.fingerprint_hash: d.codegen_version for d in session.scalars(select(Device))}
+      drop = [t for t in entries if (keep_codegen is not None and codegen.get(t.device_hash) != keep_codegen)
+              or (before is not None and _utc(t.updated_at) < before)]
+      for t in drop: session.delete(t)
+      return len(drop)
+
+  # ***** claims: workers of one study measure each candidate once *****
+  def claim(self, study: str, kernel_id: int, device_id: int, source_hash: str, run_id: int) -> int:
+    """Claim a candidate (by source hash) for `run_id` to measure; the run that holds the claim (ours, or the one that was first)."""
+    def make() -> Claim:
+      return Claim(study=study, kernel_id=kernel_id, device_id=device_id, source_hash=source_hash, run_id=run_id, claimed_at=utcnow())
+    return self._get_or_create(lambda s: Claim.find(s, study, kernel_id, device_id, source_hash), make, lambda c: c.run_id)
+
+  def claim_count(self, study: str, kernel_id: int, device_id: int) -> int:
+    stmt = select(func.count()).select_from(Claim).where(Claim.study == study, Claim.kernel_id == kernel_id, Claim.device_id == device_id)
+    with self.session(write=False) as session: return session.scalar(stmt) or 0
+
+  def take_claim(self, study: str, kernel_id: int, device_id: int, source_hash: str, from_run: int, run_id: int) -> bool:
+    """Move a claim whose run gave up (killed) to `run_id`; False if another run took it first."""
+    with self.session() as session:
+      if (c := Claim.find(session, study, kernel_id, device_id, source_hash)) is None or c.run_id != from_run: return False
+      c.run_id, c.claimed_at = run_id, utcnow()
+      return True
+
+  def claimed_result(self, run_id: int, kernel_id: int, device_id: int, source_hash: str) -> CandidateRow | None:
+    """What `run_id` recorded for this source, once it has."""
+    stmt = select(Candidate).where(Candidate.run_id == run_id, Candidate.kernel_id == kernel_id, Candidate.device_id == device_id,
+                                   Candidate.source_hash == source_hash).order_by(Candidate.id.desc()).limit(1)
+    with self.session(write=False) as session:
+      c = session.scalars(stmt).first()
+      return CandidateRow.of(c) if c is not None else None
 
   # ***** baselines *****
   def add_baseline(self, device_id: int, workload: str, params: dict[str, Any], library: str, library_version: str, median_s: float,

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, or_, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # bump together with a new migration in migrations/versions (see migrate.py)
 STATUSES = ("ok", "wrong", "crashed", "timeout", "compile_error", "invalid")
 OUTCOMES = ("done", "interrupted", "failed")
 
@@ -77,10 +77,11 @@ class SearchRun(Base):
   strategy: Mapped[str] = mapped_column(String(64))
   settings: Mapped[str] = mapped_column(Text)
   budget: Mapped[str] = mapped_column(Text)
-  signature: Mapped[str] = mapped_column(String(256), index=True)  # what a `--resume` matches on
+  signature: Mapped[str] = mapped_column(Text, index=True)  # what a `--resume` matches on (JSON, often longer than 256 characters)
   started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
   ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
   outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
+  worker: Mapped[str] = mapped_column(String(256), default="", server_default="")  # host:pid of the process that ran it
 
   @classmethod
   def latest_unfinished(cls, session: Session, signature: str) -> SearchRun | None:
@@ -128,10 +129,34 @@ class Tuned(Base):
   default_s: Mapped[float | None] = mapped_column(Float, nullable=True)
   run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # no foreign key: an imported entry's run lives in another database
   updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+  # what made the kernel, so an exported entry can be rebuilt and re-run elsewhere (`tinytune cache verify --run`)
+  kernel_name: Mapped[str] = mapped_column(String(256), default="", server_default="")
+  workload: Mapped[str] = mapped_column(String(128), default="", server_default="")
+  params: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
   @classmethod
-  def find(cls, session: Session, kernel_key: str, device_hash: str) -> Tuned | None:
-    return session.scalars(select(cls).where(cls.kernel_key == kernel_key, cls.device_hash == device_hash)).one_or_none()
+  def find(cls, session: Session, kernel_key: str, device_hash: str, for_update: bool = False) -> Tuned | None:
+    stmt = select(cls).where(cls.kernel_key == kernel_key, cls.device_hash == device_hash)
+    return session.scalars(stmt.with_for_update() if for_update else stmt).one_or_none()
+
+
+class Claim(Base):
+  """Workers sharing a study claim a candidate (by the hash of its source, as the evaluator dedupes) before measuring it, so each is
+  measured and recorded once."""
+  __tablename__ = "claims"
+  __table_args__ = (UniqueConstraint("study", "kernel_id", "device_id", "source_hash", name="uq_claims_study_kernel_device_source"),)
+  id: Mapped[int] = mapped_column(Integer, primary_key=True)
+  study: Mapped[str] = mapped_column(String(256))
+  kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+  device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+  source_hash: Mapped[str] = mapped_column(String(64))
+  run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))  # the run that measures (and records) it
+  claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+  @classmethod
+  def find(cls, session: Session, study: str, kernel_id: int, device_id: int, source_hash: str) -> Claim | None:
+    stmt = select(cls).where(cls.study == study, cls.kernel_id == kernel_id, cls.device_id == device_id, cls.source_hash == source_hash)
+    return session.scalars(stmt).one_or_none()
 
 
 class Baseline(Base):

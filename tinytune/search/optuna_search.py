@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from typing import Any
 
 from tinytune.codegen.kernel import Kernel, KernelOptError
@@ -23,13 +24,24 @@ def _optuna() -> Any:
   return optuna
 
 
-def _sampler(optuna: Any, name: str, seed: int) -> Any:
-  if name == "tpe": return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+def _sampler(optuna: Any, name: str, seed: int, shared: bool) -> Any:
+  # constant_liar: trials other workers are running count as bad guesses, so workers sharing a study spread out
+  if name == "tpe": return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=shared)
   if name == "cmaes": return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
   if name == "gp":
     try: return optuna.samplers.GPSampler(seed=seed)
     except ImportError as e: raise RuntimeError(f"the GP sampler needs its extra dependencies ({e}): pip install torch scipy") from e
   raise ValueError(f"unknown optuna sampler {name!r}; use tpe, cmaes or gp")
+
+
+def _storage(optuna: Any, url: str) -> Any:
+  """optuna's RDB storage at `url`; on SQLite it waits for the write lock, as our own database does."""
+  kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+  for attempt in range(3):
+    try: return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception:  # several workers creating optuna's tables at the same moment (PostgreSQL): the next try finds them
+      if attempt == 2: raise
+      time.sleep(0.5 * (attempt + 1))
 
 
 def opts_from_params(kernel: Kernel, params: dict[str, int]) -> tuple[Opt, ...]:
@@ -54,8 +66,8 @@ def _suggest(trial: Any, kernel: Kernel) -> dict[str, int]:
 def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], sampler: str = "tpe", seed: int = 0,
                   storage: str | None = None, study_name: str | None = None, batch: int = 4) -> SearchResult:
   optuna = _optuna()
-  study = optuna.create_study(storage=storage, study_name=study_name, sampler=_sampler(optuna, sampler, seed), direction="minimize",
-                              load_if_exists=study_name is not None)
+  study = optuna.create_study(storage=_storage(optuna, storage) if storage else None, study_name=study_name, direction="minimize",
+                              sampler=_sampler(optuna, sampler, seed, storage is not None), load_if_exists=study_name is not None)
   history: list[Result] = ev.evaluate([(), default])
   failed_in_a_row = 0
   while (left := budget.left(tried(history))) and failed_in_a_row < 200:

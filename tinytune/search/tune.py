@@ -1,16 +1,18 @@
 """Tune the kernels of a program: search each one unless the tuning cache has it, record everything, update the cache."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 from tinytune.codegen import CODEGEN_VERSION
-from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
 from tinytune.realize import default_opts
-from tinytune.results_db import Database, fingerprint_hash
+from tinytune.results_db import CandidateRow, Database, fingerprint_hash
 from tinytune.runtime import Device
 from tinytune.schedule import create_schedule
 from tinytune.search.evaluate import Evaluator, Result
@@ -52,6 +54,8 @@ class Tuner:
   resume: bool = False
   force: bool = False
   on_result: Callable[[Kernel, Result], None] | None = None
+  study: str | None = None  # workers with the same study name and database tune together (see SharedEvaluator)
+  worker: str = ""  # which worker of the study this is: part of what `resume` matches on
 
   def __post_init__(self) -> None:
     self.device = Device.canonicalize(self.device)
@@ -62,18 +66,22 @@ class Tuner:
     if self.force or (entry := self.db.tuned(kernel.key, self.device_hash)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, tuple(opts_from_json(entry.opts_json)), entry.best_s, entry.default_s, True)
 
+  def forget(self, out: UOp) -> None:
+    """Drop the tuning cache entries of the kernels that compute `out` on this device (`search --force --workers N` starts so)."""
+    for item in create_schedule(out, self.device)[0]: self.db.delete_tuned(Kernel(item.ast, Device[self.device].caps).key, self.device_hash)
+
   def tune_program(self, out: UOp, workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
     """Tune every kernel that computes `out` (a lazy graph; nothing is realized)."""
     kernels = [Kernel(item.ast, Device[self.device].caps) for item in create_schedule(out, self.device)[0]]
     outcomes: list[KernelOutcome | None] = [self.cached(k) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
-    settings = {"strategy": self.strategy, **self.options}
+    settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
     device_id = self.db.device_id(self.fingerprint)
     run_id = self.db.resumable_run(signature) if self.resume else None
     stored = self.db.run_candidates(run_id) if run_id is not None else []
-    if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, self.options, self.budget, signature)
+    if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, settings, self.budget, signature)
     try:
       for i, k in enumerate(kernels):
         if outcomes[i] is None: outcomes[i] = self.tune_kernel(k, run_id, device_id, stored)
@@ -86,21 +94,90 @@ class Tuner:
   def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = ()) -> KernelOutcome:  # type: ignore[assignment]
     dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
     kernel_id = self.db.kernel_id(kernel.key, kernel.name, kernel.ast_text, kernel.sizes, dtypes, kernel.flops, kernel.mem_bytes)
-    known = {c.opts_json: Result(tuple(opts_from_json(c.opts_json)), c.status, c.min_s, c.median_s, c.spread, c.compile_s, c.source_hash,
-                                 c.error, stored=True) for c in stored if c.kernel_id == kernel_id}
+    known = {c.opts_json: stored_result(c) for c in stored if c.kernel_id == kernel_id}
 
     def record(r: Result) -> None:
       self.db.record_candidate(run_id, kernel_id, device_id, r.opts_json, r.source_hash, r.compile_s, r.status, r.min_s, r.median_s, r.spread,
                                r.error)
       if self.on_result is not None: self.on_result(kernel, r)
 
-    budget = Budget(self.budget.get("candidates"), self.budget.get("seconds"))
+    claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
+    budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds"), claims=claims)
     options = dict(self.options)
     if self.strategy == "optuna":  # trials live in optuna's own tables in the same database; a resumed run continues its study
       options.setdefault("storage", self.db.url.render_as_string(hide_password=False))
-      options.setdefault("study_name", f"tinytune-{kernel.key}-{self.device_hash[:12]}-run{run_id}")
-    with Evaluator(kernel, self.device, on_result=record, known=known) as ev:
+      options.setdefault("study_name", f"{self.study}-{kernel.key}-{self.device_hash[:12]}" if self.study else
+                         f"tinytune-{kernel.key}-{self.device_hash[:12]}-run{run_id}")
+    with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       result = run_strategy(self.strategy, kernel, ev, budget, default_opts(kernel), **options)
     if math.isfinite(result.best_s):
-      self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id)
-    return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, result.counts())
+      # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
+      self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
+                        force=self.force and not self.study)
+    counts = result.counts()
+    if self.study:  # what this run measured itself, not what it read back from the other workers
+      mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
+      counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
+    return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, counts)
+
+
+def stored_result(c: CandidateRow) -> Result:
+  return Result(tuple(opts_from_json(c.opts_json)), c.status, c.min_s, c.median_s, c.spread, c.compile_s, c.source_hash, c.error, stored=True)
+
+
+@dataclass
+class Claims:
+  """One run's view of a study's claims on one kernel and device: each candidate is measured by the run that claimed it first."""
+  db: Database
+  study: str
+  kernel_id: int
+  device_id: int
+  run_id: int
+  patience_s: float = 60.0  # how long we wait for another run to record a candidate before measuring it ourselves
+
+  def claim(self, source_hash: str) -> int: return self.db.claim(self.study, self.kernel_id, self.device_id, source_hash, self.run_id)
+  def count(self) -> int: return self.db.claim_count(self.study, self.kernel_id, self.device_id)
+
+  def wait(self, source_hash: str, owner: int) -> Result | None:
+    """The result the owning run records (or, if it is ours, recorded before it was killed) for this source; None (and the claim
+    is ours to measure) if ours has none, or the owner ended or took too long."""
+    deadline = time.monotonic() + self.patience_s
+    while (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is None:
+      if owner == self.run_id: return None
+      if time.monotonic() > deadline or (run := self.db.run(owner)) is None or run.outcome is not None:
+        if self.db.take_claim(self.study, self.kernel_id, self.device_id, source_hash, owner, self.run_id): return None
+        if (owner := self.claim(source_hash)) == self.run_id: return None  # another waiter took it and gave it up again
+        deadline = time.monotonic() + self.patience_s
+      time.sleep(0.05)
+    return stored_result(row)
+
+
+@dataclass
+class StudyBudget(Budget):
+  """With `claims`, the candidate budget is the whole study's: what every worker measured (or is measuring) counts."""
+  claims: Claims | None = None
+
+  def left(self, tried: int) -> int:
+    return super().left(tried if self.claims is None else max(tried, self.claims.count()))
+
+
+@dataclass
+class SharedEvaluator(Evaluator):
+  """An Evaluator for workers sharing a study: a candidate whose source another worker claimed is read back once that worker
+  records it, never measured twice, so every candidate of the study is recorded once. Without `claims`, a plain Evaluator."""
+  claims: Claims | None = None
+
+  def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
+    if self.claims is not None:
+      claimed: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
+      for opts in map(tuple, candidates):
+        if opts_to_json(opts) in self.known: continue
+        try: source = self.render_source(self.kernel_for(opts))
+        except KernelOptError: continue  # never measured: nothing to claim
+        source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]  # the evaluator's identity of a candidate
+        if source_hash in self.by_source: continue
+        if source_hash in claimed: claimed[source_hash][1].append(opts)
+        else: claimed[source_hash] = (self.claims.claim(source_hash), [opts])
+      for source_hash, (owner, same) in claimed.items():  # ours too: a resumed run may have measured it before it was killed
+        if (result := self.claims.wait(source_hash, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
+    return super().evaluate(candidates)

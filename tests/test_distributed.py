@@ -1,0 +1,82 @@
+"""Distributed tuning: worker processes sharing one study and one results database, on SQLite and (with TINYTUNE_TEST_POSTGRES)
+PostgreSQL. Every candidate is measured and recorded once, the tuning cache holds one best that every process reads back, and a
+worker killed with SIGKILL resumes its own run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import reset_postgres
+from sqlalchemy import select
+
+from tinytune.results_db import Candidate, Claim, Database, SearchRun
+
+BACKENDS = ["sqlite"] + (["postgresql"] if os.getenv("TINYTUNE_TEST_POSTGRES") else [])
+MATMUL = ["matmul", "-p", "m=32", "-p", "n=32", "-p", "k=32"]
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+  if request.param == "sqlite": return f"sqlite:///{tmp_path / 'shared.db'}"
+  reset_postgres(os.environ["TINYTUNE_TEST_POSTGRES"])
+  return os.environ["TINYTUNE_TEST_POSTGRES"]
+
+
+def search(*args: str, url: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", "tinytune.cli", "search", *MATMUL, "--strategy", "optuna", "--db", url, "--json", "--quiet", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> dict:
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err
+  return json.loads(out)
+
+
+def study_rows(db: Database) -> tuple[list[SearchRun], list[Candidate], list[Claim]]:
+  with db.session(write=False) as session:
+    return list(session.scalars(select(SearchRun))), list(session.scalars(select(Candidate))), list(session.scalars(select(Claim)))
+
+
+def test_workers_tune_one_kernel_together(url: str) -> None:
+  out = finish(search("--budget", "10", "--workers", "2", url=url))
+  db = Database(url)
+  runs, candidates, claims = study_rows(db)
+  assert len(runs) == 2 and all(r.outcome == "done" for r in runs) and len({r.worker for r in runs}) == 2
+  assert len({json.loads(r.settings)["study"] for r in runs}) == 1
+  sources = [c.source_hash for c in candidates]
+  assert len(sources) == len(set(sources)) >= 4  # every candidate measured and recorded once, across both workers
+  assert {c.source_hash for c in claims} == set(sources) and len({c.run_id for c in candidates}) == 2  # both workers measured
+  assert sum(out["kernels"][0]["candidates"].values()) == len(candidates)
+  best = db.tuned(out["kernels"][0]["key"], out["fingerprint"])
+  assert best is not None and json.loads(best.opts_json) == out["kernels"][0]["best_opts"]
+  again = finish(search("--budget", "10", url=url))  # whoever asks later gets the same best, from the cache
+  assert again["cache_hit"] and again["kernels"][0]["best_opts"] == out["kernels"][0]["best_opts"]
+
+
+def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:
+  url = f"sqlite:///{tmp_path / 'killed.db'}"
+  args = ("--budget", "10", "--study", "s", "--worker", "0")
+  first = search(*args, url=url)
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    time.sleep(0.3)
+    if Path(tmp_path / "killed.db").exists() and len(Database(url).run_candidates(1)) >= 3: break
+  first.send_signal(signal.SIGKILL)
+  first.wait()
+  before = Database(url).run_candidates(1)
+  assert len(before) >= 3 and Database(url).run(1).outcome is None  # type: ignore[union-attr]
+  resumed, other = search(*args, "--resume", url=url), search("--budget", "10", "--study", "s", "--worker", "1", url=url)
+  finish(resumed), finish(other)
+  db = Database(url)
+  runs, candidates, _ = study_rows(db)
+  assert sorted(r.id for r in runs) == [1, 2] and all(r.outcome == "done" for r in runs)  # the killed run went on; one other run
+  assert db.run_candidates(1)[:len(before)] == before
+  sources = [c.source_hash for c in candidates]
+  assert len(sources) == len(set(sources))
