@@ -27,7 +27,8 @@ from tinytune.dtype import DType, least_upper
 def examples(n: int) -> int: return n * int(os.getenv("TT_FUZZ_SCALE", "1"))
 
 
-FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                                                  HealthCheck.function_scoped_fixture])
 
 CANARY, PAD = 0x7F, 64  # 0x7F7F7F7F is 3.4e38 as a float32: reading a canary shows too
 
@@ -440,6 +441,7 @@ def float_exprs(draw: Any) -> tuple[Expr, list[np.ndarray]]:
   return FloatExprs(draw, inputs).expr(draw(st.integers(1, 4))), inputs
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @settings(max_examples=examples(90), **FUZZ)
 @given(float_exprs())
 def test_random_float_expressions(case: tuple[Expr, list[np.ndarray]]) -> None:
@@ -568,6 +570,7 @@ def int_exprs(draw: Any) -> tuple[Expr, list[np.ndarray], list[DType]]:
   return IntExprs(draw, inputs, dts).expr(draw(st.integers(1, 4)), draw(st.sampled_from(["int", "int", "bool"]))), inputs, dts
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @settings(max_examples=examples(60), **FUZZ)
 @given(int_exprs())
 def test_random_int_and_bool_expressions(case: tuple[Expr, list[np.ndarray], list[DType]]) -> None:
@@ -630,6 +633,7 @@ UNARY_OPS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np
 }
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", sorted(UNARY_OPS))
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
 def test_unary(name: str, dtype: DType) -> None:
@@ -675,6 +679,7 @@ BINARY_OPS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", sorted(BINARY_OPS))
 @pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 1, 4), (5, 4)), ((1,), (2, 3)), ((), (4, 1)), ((2, 1, 3), (1, 4, 1))])
 def test_binary_broadcasting(name: str, shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
@@ -786,6 +791,7 @@ def test_pow_int_keeps_int() -> None:
 CMP_OPS = {"<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("op", sorted(CMP_OPS))
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool])
 def test_comparisons(op: str, dtype: DType) -> None:
@@ -811,6 +817,7 @@ def test_comparison_methods_and_mixed_types() -> None:
   check(Tensor([True, False]) == 1, [True, False])
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 def test_where() -> None:
   c, a, b = rand(3, 4) > 0, rand(3, 4, seed=1), rand(4, seed=2)
   check(Tensor(c).where(Tensor(a), Tensor(b)), np.where(c, a, b), dtypes.float32)
@@ -845,6 +852,7 @@ CAST_VALUES = {dtypes.bool: [True, False, True], dtypes.uint8: [0, 7, 200], dtyp
                dtypes.float16: [-2.5, 0.0, 1000.0], dtypes.float32: [-2.75, 0.0, 1e6]}
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("src,dst", [(s, d) for s in dtypes.all for d in dtypes.all])
 def test_cast(src: DType, dst: DType) -> None:
   a = np.array(CAST_VALUES[src], src.np)
@@ -871,6 +879,7 @@ def _np_red(name: str, a: np.ndarray, axis: Any, keepdim: bool) -> np.ndarray:
   return fn(a.astype(np.float64) if a.dtype.kind == "f" or name == "mean" else a, axis=axis, keepdims=keepdim)
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", ["sum", "max", "min", "mean"])
 @pytest.mark.parametrize("axis", AXES)
 @pytest.mark.parametrize("keepdim", [False, True])
@@ -879,6 +888,7 @@ def test_reduce_float(name: str, axis: Any, keepdim: bool) -> None:
   check(getattr(Tensor(a), name)(axis, keepdim=keepdim), _np_red(name, a, axis, keepdim), dtypes.float32)
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", ["sum", "max", "min", "mean"])
 @pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool, dtypes.float16])
 @pytest.mark.parametrize("axis", [None, 0, -1, (0, 2)])
@@ -928,6 +938,7 @@ def test_var_of_ints_and_too_few_elements() -> None:
   assert math.isnan(Tensor([1.0]).var().item())
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", ["argmax", "argmin"])
 @pytest.mark.parametrize("axis", [None, 0, 1, -1, 2])
 @pytest.mark.parametrize("keepdim", [False, True])
@@ -969,6 +980,7 @@ def _np_log_softmax(a: np.ndarray, axis: Any) -> np.ndarray:
   return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("axis", [0, 1, -1, (0, 2), (1, 2)])
 def test_softmax_log_softmax(axis: Any) -> None:
   a = rand(3, 4, 5) * 10
@@ -1024,6 +1036,7 @@ def test_expand() -> None:
   check(Tensor(a).expand(3, 4) * Tensor(rand(3, 4)), a * rand(3, 4))
 
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 def test_pad() -> None:
   a = rand(2, 3)
   check(Tensor(a).pad(((1, 0), (0, 2))), np.pad(a, ((1, 0), (0, 2))))
@@ -1104,6 +1117,7 @@ def test_getitem_random(data: Any) -> None:
 
 # ***** composites: matmul, conv2d, pools, layernorm *****
 
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("shapes", [((4,), (4,)), ((4,), (4, 3)), ((2, 4), (4,)), ((2, 4), (4, 3)), ((5, 2, 4), (4, 3)), ((2, 4), (5, 4, 3)),
                                     ((2, 1, 3, 4), (5, 4, 2)), ((1, 4), (4, 1)), ((3, 1, 4), (1, 4, 2)), ((4,), (2, 4, 3))])
 def test_matmul(shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
@@ -1301,15 +1315,14 @@ def test_large_kernels() -> None:
   check(Tensor(a.astype(np.float16)).sum(0), a.astype(np.float16).astype(np.float64).sum(0), rtol=2e-3, atol=2e-2)
 
 
-# ***** known bugs outside tensor.py: strict xfails, each starts passing (and must be unmarked) when its bug is fixed *****
+# ***** bugs outside tensor.py, fixed: regression tests (new known bugs go here as strict xfails) *****
 
 def test_heuristic_reduce_output_with_more_dims() -> None:
   check(Tensor([1.0, 2.0]).sum().reshape(1, 1), [[3.0]])
 
 
-@pytest.mark.xfail(strict=True, reason="codegen renders MAX as (a>b?a:b), which drops a NaN in one operand order (numpy and torch "
-                   "propagate NaN): maximum, relu, clip and the max/min reductions lose NaNs")
-def test_bug_max_drops_nan() -> None:
+def test_max_propagates_nan() -> None:
+  """MAX was rendered as (a>b?a:b), which dropped a NaN in one operand order: maximum, relu, clip and max/min reductions lost it."""
   check(Tensor([np.nan, 1.0]).maximum(0.0), [np.nan, 1.0])
   check(Tensor([np.nan, 1.0]).max(), np.nan)
 
@@ -1322,14 +1335,12 @@ def test_select_of_lanes_under_a_scalar_bool() -> None:
   check((Tensor(x1).abs() != 0.5).where(Tensor(x0).cos(), Tensor(x1).abs()), np.cos(x0.astype(np.float64)))
 
 
-@pytest.mark.xfail(strict=Device.DEFAULT == "CPU", reason="a size-0 reduce axis is rendered as one iteration (cstyle opens loops only for "
-                   "size > 1): the sum reads "
-                   "past its empty input instead of returning 0")
-def test_bug_sum_over_empty_axis() -> None:
+def test_sum_over_empty_axis() -> None:
+  """Was rendered as one iteration (loops opened only for size > 1), reading past the empty input instead of returning 0."""
   check(Tensor(np.zeros((0, 3), np.float32)).sum(0), [0.0, 0.0, 0.0])
 
 
-@pytest.mark.xfail(strict=True, reason="kernels are scheduled for zero-size outputs and size-0 loops run once: they write past the empty output")
-def test_bug_zero_size_output_writes_out_of_bounds() -> None:
+def test_zero_size_output() -> None:
+  """Kernels for empty outputs ran with size-0 loops run once, writing past the empty output; they are skipped now."""
   check(Tensor(np.zeros((0, 3), np.float32)) + 1, np.zeros((0, 3)))  # check() fails on the guard's canaries
   check(Tensor(rand(3, 4))[:, 3:1] * 2, np.zeros((3, 0)))

@@ -76,6 +76,7 @@ class CStyleRenderer:
     a = args[0]
     b = args[1] if len(args) > 1 else ""
     if op is Ops.CAST: return f"(({self.types[dtype]})({a}))"
+    if op is Ops.MAX and dtype.is_float: return f"(({a}>{b}||{a}!={a})?{a}:{b})"  # a NaN in either operand wins, as in numpy
     return {
       Ops.NEG: f"(-{a})", Ops.EXP2: f"{self.math}exp2{self.math_suffix}({a})", Ops.LOG2: f"{self.math}log2{self.math_suffix}({a})",
       Ops.SIN: f"{self.math}sin{self.math_suffix}({a})", Ops.SQRT: f"{self.math}sqrt{self.math_suffix}({a})",
@@ -113,7 +114,7 @@ class _KernelRender:
     self.lane = UOp.var("lane", 0, self.width - 1)
     self.vt = r.vtype(self.width)
     names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q"}
-    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, a.size - 1) if a.size > 1 else UOp.const(dtypes.int64, 0)
+    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                      for i, a in enumerate(k.axes) if a.kind in names}
 
   # ***** emitting *****
@@ -267,7 +268,7 @@ class _KernelRender:
     k, out, depth = self.k, [], 1
     def loop(i: int) -> None:
       nonlocal depth
-      if k.axes[i].size > 1:
+      if k.axes[i].size != 1:  # a size-0 loop runs no times
         var = self.loopvars[i].arg[0]
         out.append("  " * depth + f"for ({self.r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
         depth += 1
@@ -276,16 +277,16 @@ class _KernelRender:
       for _ in range(n):
         depth -= 1
         out.append("  " * depth + "}")
-    loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size > 1]
+    loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
     if loops: out.append("  #pragma omp parallel for schedule(static)")
     loops += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
     for i in loops: loop(i)
-    opened = sum(k.axes[i].size > 1 for i in loops)
+    opened = sum(k.axes[i].size != 1 for i in loops)
     out += ["  " * depth + line for line in self.decls]
     red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
     for i in red_loops: loop(i)
     out += ["  " * depth + line for line in body]
-    close(sum(k.axes[i].size > 1 for i in red_loops))
+    close(sum(k.axes[i].size != 1 for i in red_loops))
     out += ["  " * depth + line for line in post]
     close(opened)
     return self.wrap(out)
@@ -312,7 +313,7 @@ class _KernelRender:
     if local or group: out.append(f"  {r.index_type} lid = {r.local_id};")
     out += self.unflatten(local + group, "lid")
     out += ["  " + line for line in self.decls]
-    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size > 1]
+    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size != 1]
     for depth, i in enumerate(red_loops):
       var = self.loopvars[i].arg[0]
       out.append("  " * (depth + 1) + f"for ({r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
@@ -435,7 +436,7 @@ class _TensorCoreRender(_KernelRender):
     out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
     tiles = self.instances((AxisKind.UPCAST,))
     out += [f"  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{j}; wmma::fill_fragment(acc{j}, 0.0f);" for j in range(len(tiles))]
-    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size > 1]
+    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size != 1]
     for depth, i in enumerate(red_loops):
       var = self.loopvars[i].arg[0]
       out.append("  " * (depth + 1) + f"for ({it} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")

@@ -191,7 +191,7 @@ class Kernel:
       check(arg > 1 and new != rem.size and new <= 2 * rem.size, f"PADTO {arg} does not fit axis of size {rem.size}")
       self.padded[dim], rem.size, self.sizes[dim] = rem.size, new, new
     else:
-      check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
+      check(arg > 1 and rem.size % arg == 0 and rem.size > 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
       if op in (OptOps.UPCAST, OptOps.UNROLL):
         check(self.upcast_size() * arg <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
       if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):

@@ -50,6 +50,7 @@ class TimingPolicy:
   max_seconds: float = 1.0  # per candidate, after warm-up
   settle: float = 0.03  # stop once (median - min) / median is below this
   warmup_seconds: float = 0.02
+  cutoff_ratio: float = 3.0  # a candidate whose first run is this many times slower than the best so far is timed no further
 
 
 class _Worker:
@@ -147,7 +148,9 @@ class Evaluator:
     except Exception as e: return None, time.perf_counter() - st, str(e).splitlines()[0]
 
   def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
-    reply = self._request(["run", lib, k.name, k.launch_dims, vars(self.policy), True])
+    best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
+    policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
+    reply = self._request(["run", lib, k.name, k.launch_dims, policy, True])
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
     times = reply[1]
     med = statistics.median(times)
@@ -159,7 +162,7 @@ class Evaluator:
     for opts in candidates:
       k = self.kernel_for(opts)
       libs.append((_b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
-    policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2}
+    policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2, "cutoff": 0}
     samples: list[list[float]] = [[] for _ in candidates]
     for _ in range(rounds):
       for j, (lib, name, launch) in enumerate(libs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import statistics
 import sys
 import time
@@ -21,8 +22,10 @@ def fill(arr: np.ndarray, rng: np.random.Generator) -> None:
 
 
 def timed(run: Callable[[], float], policy: dict) -> list[float]:
-  """Warm up, then repeat until (median - min) / median settles or the time cap is hit; `run` returns device seconds."""
+  """Warm up, then repeat until (median - min) / median settles or the time cap is hit; `run` returns device seconds.
+  A first run slower than `cutoff` seconds (when set) is the only sample: the search needs no more to drop the candidate."""
   st = time.perf_counter()
+  if (first := run()) > (policy.get("cutoff") or math.inf): return [first]
   while time.perf_counter() - st < policy["warmup_seconds"]: run()
   times: list[float] = []
   st = time.perf_counter()
