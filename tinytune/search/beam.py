@@ -9,7 +9,9 @@ from tinytune.search.strategy import Budget, SearchResult, finalize, tried
 
 
 def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], width: int = 4, min_gain: float = 0.01) -> SearchResult:
-  history: list[Result] = ev.evaluate([(), default])
+  # start from the default and each of its prefixes, which often has more room to grow than the default itself; the
+  # default goes first so slower starts are cut off early (the kernel with no opts is last: at large sizes it is very slow)
+  history: list[Result] = ev.evaluate(list(dict.fromkeys([default, *(default[:i] for i in range(len(default) - 1, -1, -1))])))
   beam = sorted((r for r in history if r.status == "ok"), key=lambda r: r.time)[:width]
   best = beam[0].time if beam else float("inf")
   while beam and (left := budget.left(tried(history))):
