@@ -80,6 +80,9 @@ class _Worker:
 
 
 def _b64(lib: bytes) -> str: return base64.b64encode(lib).decode()
+def source_hash(src: str) -> str:
+  """A candidate's identity: the hash of its source (two opt lists that render the same kernel are one candidate)."""
+  return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
 # ***** the evaluator *****
@@ -128,7 +131,7 @@ class Evaluator:
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
       src = self.render_source(k)
-      todo.append((i, opts, k, src, hashlib.sha256(src.encode()).hexdigest()[:16]))
+      todo.append((i, opts, k, src, source_hash(src)))
     fresh = {h: (k, src) for _, _, k, src, h in todo if h not in self.by_source}
     compiled = dict(zip(fresh, self.pool.map(self._compile, [src for _, src in fresh.values()])))
     for i, opts, k, src, h in todo:

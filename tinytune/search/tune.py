@@ -1,7 +1,6 @@
 """Tune the kernels of a program: search each one unless the tuning cache has it, record everything, update the cache."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -15,7 +14,7 @@ from tinytune.realize import default_opts
 from tinytune.results_db import CandidateRow, Database, fingerprint_hash
 from tinytune.runtime import Device
 from tinytune.schedule import create_schedule
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.evaluate import Evaluator, Result, source_hash
 from tinytune.search.strategy import Budget, run_strategy
 from tinytune.uop import UOp
 
@@ -174,10 +173,10 @@ class SharedEvaluator(Evaluator):
         if opts_to_json(opts) in self.known: continue
         try: source = self.render_source(self.kernel_for(opts))
         except KernelOptError: continue  # never measured: nothing to claim
-        source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]  # the evaluator's identity of a candidate
-        if source_hash in self.by_source: continue
-        if source_hash in claimed: claimed[source_hash][1].append(opts)
-        else: claimed[source_hash] = (self.claims.claim(source_hash), [opts])
-      for source_hash, (owner, same) in claimed.items():  # ours too: a resumed run may have measured it before it was killed
-        if (result := self.claims.wait(source_hash, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
+        digest = source_hash(source)
+        if digest in self.by_source: continue
+        if digest in claimed: claimed[digest][1].append(opts)
+        else: claimed[digest] = (self.claims.claim(digest), [opts])
+      for digest, (owner, same) in claimed.items():  # ours too: a resumed run may have measured it before it was killed
+        if (result := self.claims.wait(digest, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
     return super().evaluate(candidates)
