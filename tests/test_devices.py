@@ -21,7 +21,7 @@ from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
 from tinytune.schedule import create_schedule
 
-H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=1, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
 
 
 def catalog_kernels() -> list[Kernel]:

@@ -30,7 +30,7 @@ from tinytune.schedule import ScheduleItem, create_schedule
 
 DEVICE = "CPU"
 CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2)  # the same valid opts on every machine
-WORKGROUP_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=1, max_local=256, shared_bytes=16384)
+WORKGROUP_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, max_local=256, shared_bytes=16384)
 DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is None]  # OPENCL runs in CI through pocl
 
 

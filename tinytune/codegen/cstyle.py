@@ -23,8 +23,10 @@ class Val:
   """A rendered value: kind "s" (one scalar for every lane), "v" (a native vector), "l" (a scalar per lane)."""
   kind: str
   names: tuple[str, ...]
+  lane_fmt: str = "{}[{}]"  # a native vector's lane i
 
-  def lane(self, i: int) -> str: return self.names[0] if self.kind == "s" else f"{self.names[0]}[{i}]" if self.kind == "v" else self.names[i]
+  def lane(self, i: int) -> str:
+    return self.names[0] if self.kind == "s" else self.lane_fmt.format(self.names[0], i) if self.kind == "v" else self.names[i]
 
 
 class CStyleRenderer:
@@ -53,12 +55,16 @@ class CStyleRenderer:
     return self.includes + (f"{fp} {it} tt_fdiv({it} a, {it} b) {{ {it} q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }}\n"
                             f"{fp} {it} tt_fmod({it} a, {it} b) {{ {it} r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }}\n")
 
+  lane_fmt = "{}[{}]"
+  aligned_vectors = False  # vector loads and stores need addresses aligned to the vector
+
   def vtype(self, width: int) -> str: return f"tt_f{width}"
+  def vector(self, vt: str, items: list[str]) -> str: return f"({vt}){{{', '.join(items)}}}"
   def vector_prelude(self, width: int) -> str:
     vt = self.vtype(width)
     return (f"typedef float {vt} __attribute__((vector_size({4 * width})));\n"
-            f"static inline {vt} {vt}_load(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}\n"
-            f"static inline void {vt}_store(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}\n")
+            f"{self.func_prefix} {vt} {vt}_load(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}\n"
+            f"{self.func_prefix} void {vt}_store(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}\n")
 
   def literal(self, v: object, dtype: DType) -> str:
     if dtype == dtypes.bool: return "1" if v else "0"
@@ -126,7 +132,11 @@ class _KernelRender:
   def vec(self, v: Val) -> str:
     if v.kind == "v": return v.names[0]
     if v.kind == "s": return v.names[0]  # scalars mix with vectors in C vector extensions
-    return self.emit(self.vt, f"({self.vt}){{{', '.join(v.names)}}}")
+    return self.emit(self.vt, self.r.vector(self.vt, list(v.names)))
+
+  def vectorizable(self, base: UOp) -> bool:
+    """Whether a vector access may start at index `base` (aligned where the dialect needs it)."""
+    return not self.r.aligned_vectors or simplify(base % self.width) is UOp.const(base.dtype, 0)
 
   def subst_lane(self, u: UOp, i: int) -> UOp: return simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
   def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
@@ -193,7 +203,7 @@ class _KernelRender:
       return self.r.code(Ops.CAST, [expr], dtype) if dtype == dtypes.float16 and ctype == "float" and op is not Ops.CAST else expr
     if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, code([s.names[0] for s in srcs])),))
     if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in src_dtypes or [dtype]):
-      return Val("v", (self.emit(self.vt, self.r.code(op, [self.vec(s) for s in srcs], dtype)),))
+      return Val("v", (self.emit(self.vt, self.r.code(op, [self.vec(s) for s in srcs], dtype)),), self.r.lane_fmt)
     return Val("l", tuple(self.emit(ctype, code([s.lane(i) for s in srcs])) for i in range(self.width)))
 
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
@@ -203,9 +213,9 @@ class _KernelRender:
       return load if v is TRUE else f"({self.r.index(v)}?{load}:{zero})"
     if not self.lane_dep(off, valid): return Val("s", (self.emit(ctype, scalar(off, valid)),))
     base = self.subst_lane(off, 0)
-    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and simplify(off - base) is self.lane:
-      load = f"{self.vt}_load({ptr}+{self.r.index(base)})"
-      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.r.index(valid)}?{load}:({self.vt}){{0}})"),))
+    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and simplify(off - base) is self.lane and self.vectorizable(base):
+      load, zero = f"{self.vt}_load({ptr}+{self.r.index(base)})", self.r.vector(self.vt, ["0.0f"] * self.width)
+      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.r.index(valid)}?{load}:{zero})"),), self.r.lane_fmt)
     return Val("l", tuple(self.emit(ctype, scalar(self.subst_lane(off, i), self.subst_lane(valid, i))) for i in range(self.width)))
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
@@ -214,7 +224,7 @@ class _KernelRender:
     self.count += 1
     if not self.lane_dep(*idx): ret, decl = Val("s", (f"acc{self.count}",)), [f"{ctype} acc{self.count} = {ident};"]
     elif red.dtype == dtypes.float32 and op is Ops.ADD:
-      ret, decl = Val("v", (f"acc{self.count}",)), [f"{self.vt} acc{self.count} = ({self.vt}){{{', '.join([ident] * self.width)}}};"]
+      ret, decl = Val("v", (f"acc{self.count}",), self.r.lane_fmt), [f"{self.vt} acc{self.count} = {self.r.vector(self.vt, [ident] * self.width)};"]
     else:
       ret = Val("l", tuple(f"acc{self.count}_{i}" for i in range(self.width)))
       decl = [f"{ctype} {n} = {ident};" for n in ret.names]
@@ -238,7 +248,7 @@ class _KernelRender:
     ptr = "data0"
     if self.lane_dep(off) and val.kind != "s" or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
-      if val.kind == "v" and not self.lane_dep(guard) and simplify(off - base) is self.lane:
+      if val.kind == "v" and not self.lane_dep(guard) and simplify(off - base) is self.lane and self.vectorizable(base):
         line = f"{self.vt}_store({ptr}+{self.r.index(base)}, {val.names[0]});"
         self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
         return
@@ -321,7 +331,8 @@ class _KernelRender:
     out += ["  " * depth + "}" for depth in range(len(red_loops), 0, -1)]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
       threads = k.launch_dims[1]
-      partials = [(red, name) for red, _, acc in self.accs for name in acc.names]
+      partials = [(red, acc.lane(i) if acc.kind == "v" else name) for red, _, acc in self.accs
+                  for i, name in enumerate(acc.names * self.width if acc.kind == "v" else acc.names)]
       out.append(f"  {r.shared_prefix}{r.types[partials[0][0].dtype]} partials[{len(partials) * threads}];")
       out += [f"  partials[{j * threads}+lid] = {name};" for j, (_, name) in enumerate(partials)]
       out += [f"  {r.barrier}", f"  if (lid%{groups} != 0) return;", f"  for ({r.index_type} q = 1; q < {groups}; q++) {{"]
@@ -352,7 +363,7 @@ class CRenderer(CStyleRenderer):
 
 
 class _GPURenderer(CStyleRenderer):
-  """A dialect with workgroups: index math in 32 bits, no SIMD lanes (threads are the lanes)."""
+  """A dialect with workgroups: index math in 32 bits; UPCAST along contiguous memory uses 4-wide vectors (16-byte accesses)."""
   has_local = True
   index_type = "int"
   includes = ""
@@ -374,6 +385,20 @@ class CUDARenderer(_GPURenderer):
     return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
 
   def render(self, k: Kernel) -> str: return _TensorCoreRender(self, k).source() if k.tc is not None else super().render(k)
+
+  # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
+  aligned_vectors = True
+  def vector(self, vt: str, items: list[str]) -> str: return f"{vt}{{{{{', '.join(items)}}}}}"
+  def vector_prelude(self, width: int) -> str:
+    vt, f = self.vtype(width), "__device__ inline"
+    def each(expr: str) -> str: return f"{{ {vt} r; for (int i = 0; i < {width}; i++) r.v[i] = {expr}; return r; }}\n"
+    return (f"struct {vt} {{ float v[{width}]; {f} float& operator[](int i) {{ return v[i]; }} "
+            f"{f} float operator[](int i) const {{ return v[i]; }} }};\n"
+            + "".join(f"{f} {vt} operator{o}({vt} a, {vt} b) " + each(f"a.v[i]{o}b.v[i]") + f"{f} {vt} operator{o}({vt} a, float b) "
+                      + each(f"a.v[i]{o}b") + f"{f} {vt} operator{o}(float a, {vt} b) " + each(f"a{o}b.v[i]") for o in "+*/")
+            + f"{f} {vt} operator-({vt} a) " + each("-a.v[i]")
+            + f"{f} {vt} {vt}_load(const float* p) {{ float4 x = *(const float4*)p; return {vt}{{{{x.x, x.y, x.z, x.w}}}}; }}\n"
+            f"{f} void {vt}_store(float* p, {vt} v) {{ *(float4*)p = make_float4(v.v[0], v.v[1], v.v[2], v.v[3]); }}\n")
 
   def prelude(self, k: Kernel) -> str:
     half = any(dt == dtypes.float16 for dt in _dtypes(k))
@@ -414,6 +439,15 @@ class OpenCLRenderer(_GPURenderer):
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f"__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void {name}({', '.join(args)})"
+
+  # OpenCL's own vector types; vload/vstore need only float alignment
+  lane_fmt = "{}.s{:x}"
+  def vtype(self, width: int) -> str: return f"float{width}"
+  def vector(self, vt: str, items: list[str]) -> str: return f"(({vt})({', '.join(items)}))"
+  def vector_prelude(self, width: int) -> str:
+    vt = self.vtype(width)
+    return (f"static inline {vt} {vt}_load(const __global float* p) {{ return vload{width}(0, p); }}\n"
+            f"static inline void {vt}_store(__global float* p, {vt} v) {{ vstore{width}(v, 0, p); }}\n")
 
   def prelude(self, k: Kernel) -> str:
     half = self.fp16 and any(dt == dtypes.float16 for dt in _dtypes(k))

@@ -81,7 +81,7 @@ class AMDDevice(Compiled):
     self.start, self.end = ctypes.c_void_p(), ctypes.c_void_p()
     for e in (self.start, self.end): self.check(self.hip.hipEventCreate(ctypes.byref(e)), "hipEventCreate")
     self.renderer = HIPRenderer()
-    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=1, vector_registers=255,
+    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
                            max_local=self._attr(HIP_ATTR_MAX_THREADS_PER_BLOCK) or 1024,
                            shared_bytes=self._attr(HIP_ATTR_MAX_SHARED_PER_BLOCK) or 65536)
 

@@ -64,7 +64,7 @@ class CUDADevice(Compiled):
     self.nvrtc_version = ".".join(map(str, _check(nvrtc.nvrtcVersion(), "nvrtcVersion")))
     self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
     self.renderer = CUDARenderer()
-    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=1, vector_registers=255,
+    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
                            max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
                            tensor_cores=("float16",) if self.cc >= (8, 0) else ())
 

@@ -40,7 +40,7 @@ class OpenCLDevice(Compiled):
     self.ctx = cl.Context([self.device])
     self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions)
-    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=1, vector_registers=64,
+    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, vector_registers=64,
                            max_local=min(self.device.max_work_group_size, 1024), shared_bytes=self.device.local_mem_size)
 
   def alloc(self, size: int, dtype: DType) -> Any: return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, size) * dtype.itemsize)
