@@ -74,5 +74,6 @@ def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
     return k.opts
   if k.reduceop is not None and k.n_reduce and prod(k.out_shape) < GROUP_MAX_OUTPUTS:
     _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4)))
+  elif k.reduceop is None and n and k.ast.dtype == dtypes.float32: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))  # 16-byte accesses
   if n: _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
   return k.opts
