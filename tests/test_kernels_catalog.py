@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinytune.kernels import WORKLOADS, get_workload
+from tinytune.kernels.baselines import numpy_baseline, time_callable, torch_baseline
+from tinytune.search.evaluate import TimingPolicy
+
+# two small sizes per workload, so every builder is checked against its NumPy reference quickly
+SMALL = {
+  "matmul": [{"m": 16, "n": 8, "k": 12}, {"m": 33, "n": 17, "k": 5}],
+  "bmm": [{"batch": 2, "m": 8, "n": 8, "k": 8}, {"batch": 3, "m": 5, "n": 7, "k": 9}],
+  "conv2d": [{"batch": 1, "cin": 2, "cout": 3, "size": 8, "kernel": 3, "stride": 1, "padding": 1},
+             {"batch": 2, "cin": 3, "cout": 2, "size": 9, "kernel": 3, "stride": 2, "padding": 0}],
+  "softmax": [{"rows": 4, "cols": 16}, {"rows": 7, "cols": 33}],
+  "layernorm": [{"rows": 4, "cols": 16}, {"rows": 7, "cols": 33}],
+  "reduce": [{"rows": 8, "cols": 16, "axis": 1}, {"rows": 9, "cols": 5, "axis": 0}],
+  "elementwise": [{"n": 64}, {"n": 1001}],
+  "attention": [{"batch": 1, "heads": 2, "seq": 8, "dim": 4, "causal": 0}, {"batch": 2, "heads": 1, "seq": 9, "dim": 8, "causal": 1}],
+  "mlp": [{"batch": 4, "din": 8, "hidden": 16, "dout": 8}, {"batch": 3, "din": 5, "hidden": 7, "dout": 2}],
+}
+FAST = TimingPolicy(min_repeats=2, max_repeats=3, max_seconds=0.05, warmup_seconds=0.0)
+
+
+def test_every_workload_has_small_sizes() -> None:
+  assert set(SMALL) == set(WORKLOADS)
+
+
+@pytest.mark.parametrize("name,index", [(n, i) for n in SMALL for i in range(2)])
+def test_builder_matches_reference(name: str, index: int) -> None:
+  w = get_workload(name)
+  params = w.params(SMALL[name][index])
+  out, arrays = w.instantiate(params)
+  ref = w.reference(params, *arrays)
+  assert out.shape == ref.shape == w.output(params)  # type: ignore[misc]
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+  assert w.flops(params) > 0 and w.nbytes(params) >= 4 * ref.size
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_torch_baseline_matches_reference(name: str) -> None:
+  pytest.importorskip("torch")
+  w = get_workload(name)
+  params = w.params(SMALL[name][1])
+  timing = torch_baseline(w, params, "CPU", FAST)
+  np.testing.assert_allclose(timing.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-4)
+  assert 0 < timing.min_s <= timing.median_s and timing.library == "torch" and timing.version
+
+
+def test_numpy_baseline_and_timing() -> None:
+  w = get_workload("matmul")
+  timing = numpy_baseline(w, w.params(SMALL["matmul"][0]), FAST)
+  assert timing.library == "numpy" and timing.version == np.__version__ and 0 < timing.min_s <= timing.median_s
+  times = time_callable(lambda: None, FAST)
+  assert 2 <= len(times) <= 3
+
+
+def test_bad_parameters() -> None:
+  with pytest.raises(ValueError, match="has no parameter"): get_workload("matmul").params({"q": 1})
+  with pytest.raises(ValueError, match="unknown workload"): get_workload("nope")

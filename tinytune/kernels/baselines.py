@@ -1,0 +1,124 @@
+"""Time a workload the way the search times a candidate: tinytune's kernels (default or tuned opts), PyTorch, NumPy.
+
+Every timing goes through the worker's loop (`tinytune.search.worker.timed`: warm-up, then repeats until the spread
+settles or the time cap is hit) with the same `TimingPolicy`, so the numbers compare like with like."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from tinytune.kernels.workload import Params, Workload
+from tinytune.search.evaluate import TimingPolicy
+from tinytune.search.worker import timed
+
+TORCH_MISSING = 'PyTorch is not installed: pip install "tinytune[torch]"'
+LIBRARIES = ("tinytune-default", "tinytune-tuned", "torch", "numpy")
+
+
+@dataclass(frozen=True)
+class Timing:
+  """One implementation of a workload, timed: `times` are the repeats in seconds."""
+  library: str
+  version: str
+  times: list[float]
+  output: np.ndarray | None = None
+  note: str = ""
+
+  @property
+  def min_s(self) -> float: return min(self.times)
+  @property
+  def median_s(self) -> float: return statistics.median(self.times)
+
+
+def time_callable(fn: Callable[[], Any], policy: TimingPolicy | None = None) -> list[float]:
+  """Seconds per call of `fn`, by the worker's timing loop (which passes no arguments when given no arrays)."""
+  return timed(fn, [], vars(policy or TimingPolicy()))
+
+
+def torch_module() -> Any:
+  try: import torch
+  except ImportError: raise RuntimeError(TORCH_MISSING) from None
+  return torch
+
+
+def torch_device(device: str) -> str:
+  """PyTorch's name for a tinytune device: CUDA and AMD (HIP builds of PyTorch call it "cuda") when PyTorch can see a GPU."""
+  torch = torch_module()
+  if device == "CPU": return "cpu"
+  if device in ("CUDA", "AMD", "HIP") and torch.cuda.is_available(): return "cuda"
+  raise RuntimeError(f"this PyTorch ({torch.__version__}) cannot run on {device}")
+
+
+def torch_baseline(workload: Workload, params: Params, device: str, policy: TimingPolicy | None = None) -> Timing:
+  """PyTorch on the same device, with as many CPU threads as tinytune's kernels use."""
+  from tinytune.runtime import Device
+  torch = torch_module()
+  if workload.torch is None: raise RuntimeError(f"{workload.name} has no PyTorch baseline")
+  dev, threads = torch_device(device), Device[device].caps.threads
+  torch.set_num_threads(threads)
+  tensors = [torch.from_numpy(a).to(dev) for a in workload.arrays(params)]
+  sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+  fn = workload.torch
+
+  def run() -> Any:
+    out = fn(params, *tensors)
+    sync()
+    return out
+
+  with torch.inference_mode():
+    output = run().cpu().numpy()
+    times = time_callable(run, policy)
+  return Timing("torch", f"{torch.__version__} {threads} threads" if dev == "cpu" else f"{torch.__version__} {dev}", times, output)
+
+
+def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | None = None) -> Timing:
+  """The NumPy reference, timed (always on the CPU)."""
+  arrays = workload.arrays(params)
+  return Timing("numpy", np.__version__, time_callable(lambda: workload.reference(params, *arrays), policy), workload.reference(params, *arrays))
+
+
+def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None) -> Timing:
+  """tinytune's kernels for the workload, all of them per call, with the tuning cache's opts (`tuned`) or the heuristic defaults.
+  A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those."""
+  import tinytune
+  from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.realize import compile_kernel, default_opts, tuned_opts
+  from tinytune.runtime import Device
+  from tinytune.schedule import create_schedule
+
+  out, _ = workload.instantiate(params, device=device)
+  items = create_schedule(out.uop, device)[0]
+  calls, missing = [], 0
+  for item in items:
+    kernel = Kernel(item.ast, Device[device].caps)
+    cached = tuned_opts(kernel, device) if tuned else None
+    missing += tuned and cached is None
+    kernel.apply_opts(cached if cached is not None else default_opts(kernel))
+    program, _ = compile_kernel(kernel, device)
+    calls.append((program, (item.out, *kernel.bufs)))
+
+  def run() -> None:
+    for program, bufs in calls: program(*bufs)
+
+  run()
+  shape = out.shape
+  output = items[-1].out.numpy_view()[:int(np.prod(shape))].reshape(shape).copy() if items else None
+  note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
+  return Timing("tinytune-tuned" if tuned else "tinytune-default", f"{tinytune.__version__} codegen {CODEGEN_VERSION}", time_callable(run, policy),
+                output, note)
+
+
+def measure(workload: Workload, params: Params, device: str, libraries: list[str], policy: TimingPolicy | None = None) -> dict[str, Timing]:
+  """Timings for each library asked for, by name (see LIBRARIES)."""
+  runners: dict[str, Callable[[], Timing]] = {
+    "tinytune-default": lambda: tinytune_timing(workload, params, device, False, policy),
+    "tinytune-tuned": lambda: tinytune_timing(workload, params, device, True, policy),
+    "torch": lambda: torch_baseline(workload, params, device, policy),
+    "numpy": lambda: numpy_baseline(workload, params, policy),
+  }
+  if unknown := [lib for lib in libraries if lib not in runners]: raise ValueError(f"unknown baseline {', '.join(unknown)}; known: torch, numpy")
+  return {lib: runners[lib]() for lib in libraries}
