@@ -39,8 +39,10 @@ def time_callable(fn: Callable[[], Any], policy: TimingPolicy | None = None) -> 
 
 
 def torch_module() -> Any:
-  try: import torch
-  except ImportError: raise RuntimeError(TORCH_MISSING) from None
+  try:
+    import torch
+  except ImportError:
+    raise RuntimeError(TORCH_MISSING) from None
   return torch
 
 

@@ -5,6 +5,7 @@ from tinytune.results_db.db import (
   BaselineRow,
   CandidateRow,
   Database,
+  PeakRow,
   RunRow,
   SchemaError,
   TunedRow,
@@ -12,7 +13,20 @@ from tinytune.results_db.db import (
   fingerprint_hash,
   to_json,
 )
-from tinytune.results_db.models import OUTCOMES, SCHEMA_VERSION, STATUSES, Base, Baseline, Candidate, Device, KernelRecord, Meta, SearchRun, Tuned
+from tinytune.results_db.models import (
+  OUTCOMES,
+  SCHEMA_VERSION,
+  STATUSES,
+  Base,
+  Baseline,
+  Candidate,
+  Device,
+  KernelRecord,
+  Meta,
+  Peak,
+  SearchRun,
+  Tuned,
+)
 
-__all__ = ["Database", "default_url", "fingerprint_hash", "to_json", "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
-           "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline", "Meta"]
+__all__ = ["Database", "default_url", "fingerprint_hash", "to_json", "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow", "PeakRow",
+           "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline", "Peak", "Meta"]

@@ -1,4 +1,4 @@
-"""The results database schema: devices, kernels, search runs, candidates, the tuning cache, baselines, and the schema version.
+"""The results database schema: devices, kernels, search runs, candidates, the tuning cache, baselines, device peaks, and the schema version.
 
 JSON-valued columns hold text (canonical `json.dumps`), so every SQLAlchemy backend stores them the same way and the opts text
 that identifies a candidate compares byte for byte."""
@@ -147,3 +147,18 @@ class Baseline(Base):
   median_s: Mapped[float] = mapped_column(Float)
   min_s: Mapped[float] = mapped_column(Float)
   created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Peak(Base):
+  """A device's peak throughput as tinytune's probe measured it (`tinytune.kernels.peaks`): the roof of the roofline plot."""
+  __tablename__ = "peaks"
+  id: Mapped[int] = mapped_column(Integer, primary_key=True)
+  device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), unique=True)
+  gflops: Mapped[float] = mapped_column(Float)
+  gbs: Mapped[float] = mapped_column(Float)
+  probe: Mapped[str] = mapped_column(Text, default="")  # how it was measured
+  created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+  @classmethod
+  def find(cls, session: Session, device_id: int) -> Peak | None:
+    return session.scalars(select(cls).where(cls.device_id == device_id)).one_or_none()
