@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ def reference(p: Params, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndar
   return (e / e.sum(-1, keepdims=True)) @ v
 
 
-def _torch(p: Params, q: object, k: object, v: object) -> object:
+def _torch(p: Params, q: Any, k: Any, v: Any) -> Any:
   import torch.nn.functional as F
   return F.scaled_dot_product_attention(q, k, v, is_causal=bool(p["causal"]))
 

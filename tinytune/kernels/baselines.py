@@ -5,7 +5,7 @@ settles or the time cap is hit) with the same `TimingPolicy`, so the numbers com
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +26,7 @@ class Timing:
   times: list[float]
   output: np.ndarray | None = None
   note: str = ""
+  untuned: bool = False  # a tuned timing with no kernel in the tuning cache: the defaults, not worth storing as tuned
 
   @property
   def min_s(self) -> float: return min(self.times)
@@ -82,13 +83,31 @@ def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | No
   return Timing("numpy", np.__version__, time_callable(lambda: workload.reference(params, *arrays), policy), workload.reference(params, *arrays))
 
 
-def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None) -> Timing:
+def cached_opts(db: Any, kernel: Any, device: str) -> tuple | None:
+  """The tuning cache's opts for `kernel` in `db` (a Database; None: the default cache that programs use), validated."""
+  from tinytune.codegen.kernel import KernelOptError
+  from tinytune.codegen.opts import opts_from_json
+  from tinytune.realize import tuned_opts
+  from tinytune.results_db import fingerprint_hash
+  from tinytune.search.tune import device_fingerprint
+  if db is None: return tuned_opts(kernel, device)
+  if (entry := db.tuned(kernel.key, fingerprint_hash(device_fingerprint(device)))) is None: return None
+  try:
+    opts = tuple(opts_from_json(entry.opts_json))
+    kernel.copy().apply_opts(opts)
+    return opts
+  except (KernelOptError, ValueError): return None
+
+
+def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None, db: Any = None,
+                    default: Timing | None = None) -> Timing:
   """tinytune's kernels for the workload, all of them per call, with the tuning cache's opts (`tuned`) or the heuristic defaults.
-  A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those."""
+  A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where it has none
+  of them the `default` timing, if given, stands for it (the same programs: timing them again would only show noise)."""
   import tinytune
   from tinytune.codegen import CODEGEN_VERSION
   from tinytune.codegen.kernel import Kernel
-  from tinytune.realize import compile_kernel, default_opts, tuned_opts
+  from tinytune.realize import compile_kernel, default_opts
   from tinytune.runtime import Device
   from tinytune.schedule import create_schedule
 
@@ -97,11 +116,14 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   calls, missing = [], 0
   for item in items:
     kernel = Kernel(item.ast, Device[device].caps)
-    cached = tuned_opts(kernel, device) if tuned else None
+    cached = cached_opts(db, kernel, device) if tuned else None
     missing += tuned and cached is None
     kernel.apply_opts(cached if cached is not None else default_opts(kernel))
     program, _ = compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
+
+  note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
+  if default is not None and missing == len(items): return replace(default, library="tinytune-tuned", note=note + ": the defaults", untuned=True)
 
   def run() -> None:
     for program, bufs in calls: program(*bufs)
@@ -109,18 +131,28 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   run()
   shape = out.shape
   output = items[-1].out.numpy_view()[:int(np.prod(shape))].reshape(shape).copy() if items else None
-  note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
   return Timing("tinytune-tuned" if tuned else "tinytune-default", f"{tinytune.__version__} codegen {CODEGEN_VERSION}", time_callable(run, policy),
                 output, note)
 
 
-def measure(workload: Workload, params: Params, device: str, libraries: list[str], policy: TimingPolicy | None = None) -> dict[str, Timing]:
-  """Timings for each library asked for, by name (see LIBRARIES)."""
+def measure(workload: Workload, params: Params, device: str, libraries: list[str], policy: TimingPolicy | None = None,
+            db: Any = None) -> dict[str, Timing]:
+  """Timings for each library asked for, by name (see LIBRARIES); tuned opts come from `db`'s tuning cache (None: the default one)."""
+  done: dict[str, Timing] = {}
   runners: dict[str, Callable[[], Timing]] = {
-    "tinytune-default": lambda: tinytune_timing(workload, params, device, False, policy),
-    "tinytune-tuned": lambda: tinytune_timing(workload, params, device, True, policy),
+    "tinytune-default": lambda: tinytune_timing(workload, params, device, False, policy, db),
+    "tinytune-tuned": lambda: tinytune_timing(workload, params, device, True, policy, db, done.get("tinytune-default")),
     "torch": lambda: torch_baseline(workload, params, device, policy),
     "numpy": lambda: numpy_baseline(workload, params, policy),
   }
   if unknown := [lib for lib in libraries if lib not in runners]: raise ValueError(f"unknown baseline {', '.join(unknown)}; known: torch, numpy")
-  return {lib: runners[lib]() for lib in libraries}
+  for lib in libraries: done[lib] = runners[lib]()
+  return done
+
+
+def store(db: Any, workload: Workload, params: Params, device: str, timing: Timing) -> int | None:
+  """Add a timing to the results database's baselines, under the device it ran on (NumPy: the CPU); an untuned "tuned" timing is skipped."""
+  from tinytune.search.tune import device_fingerprint
+  if timing.untuned: return None
+  device_id = db.device_id(device_fingerprint("CPU" if timing.library == "numpy" else device))
+  return db.add_baseline(device_id, workload.name, params, timing.library, timing.version, timing.median_s, timing.min_s)

@@ -1,6 +1,8 @@
 """2-d convolution, NCHW."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tinytune.kernels.workload import Params, Workload, register
@@ -16,7 +18,7 @@ def reference(p: Params, x: np.ndarray, w: np.ndarray) -> np.ndarray:
   return np.einsum("nchwij,ocij->nohw", win, w, optimize=True)
 
 
-def _torch(p: Params, x: object, w: object) -> object:
+def _torch(p: Params, x: Any, w: Any) -> Any:
   import torch.nn.functional as F
   return F.conv2d(x, w, stride=p["stride"], padding=p["padding"])
 

@@ -1,6 +1,8 @@
 """Layer normalization over the last axis, with weight and bias."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tinytune.kernels.workload import Params, Workload, register
@@ -12,7 +14,7 @@ def reference(p: Params, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndar
   return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + EPS) * w + b
 
 
-def _torch(p: Params, x: object, w: object, b: object) -> object:
+def _torch(p: Params, x: Any, w: Any, b: Any) -> Any:
   import torch.nn.functional as F
   return F.layer_norm(x, (p["cols"],), w, b, EPS)
 

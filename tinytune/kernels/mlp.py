@@ -1,14 +1,16 @@
 """Two linear layers with a ReLU between them: a workload of several kernels."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tinytune.kernels.workload import Params, Workload, register
 
 
-def _torch(p: Params, x: object, w1: object, b1: object, w2: object, b2: object) -> object:
+def _torch(p: Params, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
   import torch
-  return torch.relu(x @ w1 + b1) @ w2 + b2  # type: ignore[operator]
+  return torch.relu(x @ w1 + b1) @ w2 + b2
 
 
 mlp = register(Workload(
