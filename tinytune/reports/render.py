@@ -77,16 +77,15 @@ img{max-width:100%}.note{color:#a60}"""
 def to_html(frames: dict[str, pd.DataFrame], title: str = "tinytune report") -> str:
   """One page, no network: CSS inline, plots as base64 PNG (or a note saying they need matplotlib)."""
   body = [f"<h1>{html.escape(title)}</h1>"]
-  if not have_matplotlib(): body.append(f"<p class='note'>{html.escape(PLOT_MISSING)}</p>")
-  else:
-    empty = pd.DataFrame(columns=["gflops", "best_ms", "peak_gflops", "peak_gbs"])
-    get = lambda name: frames.get(name, empty)
-    plots: list[tuple[str, Callable[[], bytes | None]]] = [
-      ("throughput against size, per implementation", lambda: throughput_plot(get("baselines"))),
-      ("search convergence: best time against candidates tried", lambda: convergence_plot(get("history"))),
-      ("roofline of tuned kernels (roofs measured by the built-in probe)", lambda: roofline_plot(get("best"), get("devices"))),
-    ]
-    body += [_img(make(), alt) for alt, make in plots]
+  plots: list[tuple[str, bool, Callable[[], bytes | None]]] = [
+    ("throughput against size, per implementation", "baselines" in frames, lambda: throughput_plot(frames["baselines"])),
+    ("search convergence: best time against candidates tried", "history" in frames, lambda: convergence_plot(frames["history"])),
+    ("roofline of tuned kernels (roofs measured by the built-in probe)", "best" in frames and "devices" in frames,
+     lambda: roofline_plot(frames["best"], frames["devices"])),
+  ]
+  if any(wanted for _, wanted, _ in plots):
+    if not have_matplotlib(): body.append(f"<p class='note'>{html.escape(PLOT_MISSING)}</p>")
+    else: body += [_img(make(), alt) for alt, wanted, make in plots if wanted]
   for name, df in frames.items():
     df = _shown(name, df)
     table = df.to_html(index=False, na_rep="-", float_format=_cell, border=0, escape=True) if len(df) else "<p>(none)</p>"
