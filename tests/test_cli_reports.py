@@ -31,7 +31,8 @@ def only_table(text: str) -> list[dict[str, Any]]:
 def test_kernels_every_format(capsys: pytest.CaptureFixture[str]) -> None:
   code, out, _ = run(capsys, "kernels", "--format", "json")
   rows = only_table(out)
-  assert code == 0 and [r["workload"] for r in rows] == list(WORKLOADS) and "m=512" in rows[[r["workload"] for r in rows].index("matmul")]["parameters (defaults)"]
+  by_name = {r["workload"]: r for r in rows}
+  assert code == 0 and list(by_name) == list(WORKLOADS) and "m=512" in by_name["matmul"]["parameters (defaults)"]
   assert set(pd.read_csv(io.StringIO(run(capsys, "kernels", "--format", "csv")[1]))["workload"]) == set(WORKLOADS)
   assert "| conv2d |" in run(capsys, "kernels", "--format", "md")[1]
   assert "attention" in run(capsys, "kernels")[1] and "<table" in run(capsys, "kernels", "--format", "html")[1]
@@ -85,7 +86,8 @@ def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, 
 
 def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
   db = f"sqlite:///{tmp_path / 'bench.db'}"
-  code, out, _ = run(capsys, "bench", "matmul", "-p", "m=16", "-p", "n=16", "-p", "k=16", "--db", db, "--no-peak", "--repeats", "3", "--format", "json")
+  argv = ["bench", "matmul", "-p", "m=16", "-p", "n=16", "-p", "k=16", "--db", db, "--no-peak", "--repeats", "3", "--format", "json"]
+  code, out, _ = run(capsys, *argv)
   rows = {r["implementation"]: r for r in only_table(out)}
   expected = {"tinytune-default", "tinytune-tuned", "numpy"} | ({"torch"} if importlib.util.find_spec("torch") else set())
   assert code == 0 and set(rows) == expected and all(r["GFLOPS"] > 0 and r["ms"] > 0 for r in rows.values())
