@@ -102,8 +102,8 @@ def cached_opts(db: Any, kernel: Any, device: str) -> tuple | None:
 def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None, db: Any = None,
                     default: Timing | None = None) -> Timing:
   """tinytune's kernels for the workload, all of them per call, with the tuning cache's opts (`tuned`) or the heuristic defaults.
-  A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where it has none
-  of them the `default` timing, if given, stands for it (the same programs: timing them again would only show noise)."""
+  A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where every kernel
+  runs its default opts the `default` timing, if given, stands for it (the same programs: timing them again would only add noise)."""
   import tinytune
   from tinytune.codegen import CODEGEN_VERSION
   from tinytune.codegen.kernel import Kernel
@@ -113,17 +113,20 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
 
   out, _ = workload.instantiate(params, device=device)
   items = create_schedule(out.uop, device)[0]
-  calls, missing = [], 0
+  calls, missing, same = [], 0, 0
   for item in items:
     kernel = Kernel(item.ast, Device[device].caps)
     cached = cached_opts(db, kernel, device) if tuned else None
     missing += tuned and cached is None
-    kernel.apply_opts(cached if cached is not None else default_opts(kernel))
+    defaults = default_opts(kernel)
+    same += cached is None or list(cached) == list(defaults)
+    kernel.apply_opts(cached if cached is not None else defaults)
     program, _ = compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
 
   note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
-  if default is not None and missing == len(items): return replace(default, library="tinytune-tuned", note=note + ": the defaults", untuned=True)
+  if tuned and default is not None and same == len(items):
+    return replace(default, library="tinytune-tuned", note=(note + ": " if note else "") + "the defaults", untuned=missing == len(items))
 
   def run() -> None:
     for program, bufs in calls: program(*bufs)

@@ -65,7 +65,7 @@ def convergence_plot(history: pd.DataFrame, max_kernels: int = 6) -> bytes | Non
   for ax, ((kernel, device), g) in zip(axes, groups):
     for (run_id, strategy), rg in g.groupby(["run_id", "strategy"]):
       ax.step(rg["tried"], rg["best_ms"], where="post", label=f"{strategy} (run {run_id})")
-    ax.set(title=f"{kernel} on {device}", xlabel="candidates tried", ylabel="best ms")
+    ax.set(title=f"{kernel} on {device}", xlabel="candidates tried", ylabel="best ms", yscale="log")
     ax.legend(fontsize=7)
   return _png(fig)
 

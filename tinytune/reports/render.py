@@ -63,8 +63,8 @@ def to_rich(frames: dict[str, pd.DataFrame], console: Any = None) -> str:
   return console.file.getvalue() if isinstance(console.file, io.StringIO) else ""
 
 
-def _img(png: bytes | None, alt: str) -> str:
-  if png is None: return f"<p class='note'>{html.escape(alt)}: nothing to plot yet.</p>"
+def _img(png: bytes | None, alt: str, empty: str) -> str:
+  if png is None: return f"<p class='note'>{html.escape(alt)}: {html.escape(empty)}.</p>"
   src = f"data:image/png;base64,{base64.b64encode(png).decode()}"
   return f"<figure><img alt='{html.escape(alt)}' src='{src}'><figcaption>{html.escape(alt)}</figcaption></figure>"
 
@@ -77,15 +77,17 @@ img{max-width:100%}.note{color:#a60}"""
 def to_html(frames: dict[str, pd.DataFrame], title: str = "tinytune report") -> str:
   """One page, no network: CSS inline, plots as base64 PNG (or a note saying they need matplotlib)."""
   body = [f"<h1>{html.escape(title)}</h1>"]
-  plots: list[tuple[str, bool, Callable[[], bytes | None]]] = [
-    ("throughput against size, per implementation", "baselines" in frames, lambda: throughput_plot(frames["baselines"])),
-    ("search convergence: best time against candidates tried", "history" in frames, lambda: convergence_plot(frames["history"])),
+  plots: list[tuple[str, bool, Callable[[], bytes | None], str]] = [
+    ("throughput against size, per implementation", "baselines" in frames, lambda: throughput_plot(frames["baselines"]),
+     "no timings yet (tinytune bench or tinytune compare records them)"),
+    ("search convergence: best time against candidates tried", "history" in frames, lambda: convergence_plot(frames["history"]),
+     "no searches yet (tinytune search)"),
     ("roofline of tuned kernels (roofs measured by the built-in probe)", "best" in frames and "devices" in frames,
-     lambda: roofline_plot(frames["best"], frames["devices"])),
+     lambda: roofline_plot(frames["best"], frames["devices"]), "needs tuned kernels and the device's peaks (tinytune devices --probe)"),
   ]
-  if any(wanted for _, wanted, _ in plots):
+  if any(wanted for _, wanted, _, _ in plots):
     if not have_matplotlib(): body.append(f"<p class='note'>{html.escape(PLOT_MISSING)}</p>")
-    else: body += [_img(make(), alt) for alt, wanted, make in plots if wanted]
+    else: body += [_img(make(), alt, empty) for alt, wanted, make, empty in plots if wanted]
   for name, df in frames.items():
     df = _shown(name, df)
     table = df.to_html(index=False, na_rep="-", float_format=_cell, border=0, escape=True) if len(df) else "<p>(none)</p>"
