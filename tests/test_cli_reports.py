@@ -116,3 +116,15 @@ def test_missing_torch_is_one_line(capsys: pytest.CaptureFixture[str], monkeypat
   monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
   from tinytune.kernels.baselines import torch_module
   with pytest.raises(RuntimeError, match=r'pip install "tinytune\[torch\]"'): torch_module()
+
+
+def test_compare_tunes_then_reports(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db = f"sqlite:///{tmp_path / 'tune.db'}"
+  code, out, _ = run(capsys, "compare", "reduce", "--sweep", "rows=32", "-p", "cols=64", "--tune", "--budget", "3", "--against", "numpy", "--db", db,
+                     "--repeats", "3", "--format", "json")
+  (row,) = only_table(out)
+  assert code == 0 and row["params"] == "rows=32 cols=64 axis=1" and "not in the tuning cache" not in row["note"]
+  code, out, _ = run(capsys, "report", "--db", db, "--format", "json")
+  data = json.loads(out)
+  assert code == 0 and len(data["best"]) == 1 and data["best"][0]["strategy"] == "beam" and 1 <= len(data["history"]) <= 4
+  assert {b["library"] for b in data["baselines"]} >= {"tinytune-default", "tinytune-tuned", "numpy"}

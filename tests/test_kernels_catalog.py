@@ -59,3 +59,44 @@ def test_numpy_baseline_and_timing() -> None:
 def test_bad_parameters() -> None:
   with pytest.raises(ValueError, match="has no parameter"): get_workload("matmul").params({"q": 1})
   with pytest.raises(ValueError, match="unknown workload"): get_workload("nope")
+
+
+def test_peaks_measured_once_and_stored(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.kernels import peaks
+  from tinytune.results_db import Database
+  gflops, gbs, how = peaks.measure_peaks("CPU", n=64, copy_mb=1)
+  assert gflops > 0 and gbs > 0 and "numpy" in how
+  calls = []
+  monkeypatch.setattr(peaks, "measure_peaks", lambda device: calls.append(device) or (50.0, 10.0, "fake"))
+  db = Database(f"sqlite:///{tmp_path / 'p.db'}")
+  fp = {"kind": "CPU", "name": "test"}
+  assert peaks.device_peaks(db, "CPU", fp, measure=False) is None
+  assert peaks.device_peaks(db, "CPU", fp) == (50.0, 10.0) == peaks.device_peaks(db, "CPU", fp) and calls == ["CPU"]
+  stored = db.peak(db.device_id(fp))
+  assert stored is not None and stored.probe == "fake"
+  db.set_peak(db.device_id(fp), 60.0, 12.0, "again")
+  assert peaks.device_peaks(db, "CPU", fp) == (60.0, 12.0)
+
+
+def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+  from tinytune.kernels.baselines import tinytune_timing
+  from tinytune.results_db import Database, fingerprint_hash
+  from tinytune.runtime import Device
+  from tinytune.schedule import create_schedule
+  from tinytune.search.tune import device_fingerprint
+  w = get_workload("elementwise")
+  params = w.params({"n": 256})
+  db = Database(f"sqlite:///{tmp_path / 'c.db'}")
+  default = tinytune_timing(w, params, "CPU", False, FAST, db)
+  untuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)
+  assert untuned.untuned and untuned.times == default.times and untuned.kernels[0]["opts from"] == "defaults"
+  out, _ = w.instantiate(params)
+  (item,), _ = create_schedule(out.uop, "CPU")
+  kernel = Kernel(item.ast, Device["CPU"].caps)
+  opts = [Opt(OptOps.UPCAST, 0, 4)]
+  db.set_tuned(kernel.key, fingerprint_hash(device_fingerprint("CPU")), opts_to_json(opts), 1e-6, 2e-6, None)
+  tuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)
+  assert not tuned.untuned and tuned.note == "" and tuned.kernels[0]["opts from"] == "tuning cache" and "UPCAST" in tuned.kernels[0]["opts"]
+  np.testing.assert_allclose(tuned.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-6)

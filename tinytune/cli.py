@@ -141,7 +141,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                  "% of roof": _roof(gflops, gbs, peaks), "tuned is faster by": t.median_s / tuned_s, "note": t.note})
   roof = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
   title = f"{workload.name} {params_label(params, workload.name)} on {device}{roof}"
-  _write(render({title: pd.DataFrame(rows)}, args.format), None)
+  kernels = f"the kernels of {workload.name} as tuned (each run in turn per call)"
+  _write(render({title: pd.DataFrame(rows), kernels: pd.DataFrame(timings["tinytune-tuned"].kernels)}, args.format), None)
   if not ok: print(f"tinytune: error: {workload.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
 

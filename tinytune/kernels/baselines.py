@@ -27,6 +27,7 @@ class Timing:
   output: np.ndarray | None = None
   note: str = ""
   untuned: bool = False  # a tuned timing with no kernel in the tuning cache: the defaults, not worth storing as tuned
+  kernels: tuple[dict[str, Any], ...] = ()  # tinytune's: each kernel's name, FLOPs, bytes, opts and where they came from
 
   @property
   def min_s(self) -> float: return min(self.times)
@@ -113,7 +114,7 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
 
   out, _ = workload.instantiate(params, device=device)
   items = create_schedule(out.uop, device)[0]
-  calls, missing, same = [], 0, 0
+  calls, missing, same, kernels = [], 0, 0, []
   for item in items:
     kernel = Kernel(item.ast, Device[device].caps)
     cached = cached_opts(db, kernel, device) if tuned else None
@@ -121,12 +122,15 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
     defaults = default_opts(kernel)
     same += cached is None or list(cached) == list(defaults)
     kernel.apply_opts(cached if cached is not None else defaults)
+    kernels.append({"kernel": kernel.name, "flops": kernel.flops, "bytes": kernel.mem_bytes, "opts": " ".join(map(repr, kernel.opts)) or "none",
+                    "opts from": "tuning cache" if cached is not None else "defaults"})
     program, _ = compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
 
   note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
   if tuned and default is not None and same == len(items):
-    return replace(default, library="tinytune-tuned", note=(note + ": " if note else "") + "the defaults", untuned=missing == len(items))
+    return replace(default, library="tinytune-tuned", note=(note + ": " if note else "") + "the defaults", untuned=missing == len(items),
+                   kernels=tuple(kernels))
 
   def run() -> None:
     for program, bufs in calls: program(*bufs)
@@ -135,7 +139,7 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   shape = out.shape
   output = items[-1].out.numpy_view()[:int(np.prod(shape))].reshape(shape).copy() if items else None
   return Timing("tinytune-tuned" if tuned else "tinytune-default", f"{tinytune.__version__} codegen {CODEGEN_VERSION}", time_callable(run, policy),
-                output, note)
+                output, note, kernels=tuple(kernels))
 
 
 def measure(workload: Workload, params: Params, device: str, libraries: list[str], policy: TimingPolicy | None = None,
