@@ -88,7 +88,9 @@ def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any)
   db = f"sqlite:///{tmp_path / 'bench.db'}"
   argv = ["bench", "matmul", "-p", "m=16", "-p", "n=16", "-p", "k=16", "--db", db, "--no-peak", "--repeats", "3", "--format", "json"]
   code, out, _ = run(capsys, *argv)
-  rows = {r["implementation"]: r for r in only_table(out)}
+  timings, kernels = json.loads(out).values()
+  rows = {r["implementation"]: r for r in timings}
+  assert [k["opts from"] for k in kernels] == ["defaults"] and kernels[0]["flops"] == 2 * 16 ** 3
   expected = {"tinytune-default", "tinytune-tuned", "numpy"} | ({"torch"} if importlib.util.find_spec("torch") else set())
   assert code == 0 and set(rows) == expected and all(r["GFLOPS"] > 0 and r["ms"] > 0 for r in rows.values())
   assert rows["tinytune-tuned"]["note"].endswith("the defaults")  # an empty tuning cache: the tuned timing is the default one, not stored
