@@ -1,10 +1,11 @@
 """Time a workload the way the search times a candidate: tinytune's kernels (default or tuned opts), PyTorch, NumPy.
 
-Every timing goes through the worker's loop (`tinytune.search.worker.timed`: warm-up, then repeats until the spread
-settles or the time cap is hit) with the same `TimingPolicy`, so the numbers compare like with like."""
+Every timing goes through the same loop as the search's worker (warm-up, then repeats until the spread settles or the time
+cap is hit) with the same `TimingPolicy`, so the numbers compare like with like."""
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -12,7 +13,6 @@ import numpy as np
 
 from tinytune.kernels.workload import Params, Workload
 from tinytune.search.evaluate import TimingPolicy
-from tinytune.search.worker import timed
 
 TORCH_MISSING = 'PyTorch is not installed: pip install "tinytune[torch]"'
 LIBRARIES = ("tinytune-default", "tinytune-tuned", "torch", "numpy")
@@ -35,9 +35,29 @@ class Timing:
   def median_s(self) -> float: return statistics.median(self.times)
 
 
-def time_callable(fn: Callable[[], Any], policy: TimingPolicy | None = None) -> list[float]:
-  """Seconds per call of `fn`, by the worker's timing loop (which passes no arguments when given no arrays)."""
-  return timed(fn, [], vars(policy or TimingPolicy()))
+def time_callable(run: Callable[[], float], policy: TimingPolicy | None = None) -> list[float]:
+  """Seconds of each timed call of `run` (which does one call and returns its seconds: device time for tinytune's programs).
+  The loop of `tinytune.search.worker.timed`, written out because the worker's version here times ctypes functions only."""
+  p = policy or TimingPolicy()
+  st = time.perf_counter()
+  while time.perf_counter() - st < p.warmup_seconds: run()
+  times: list[float] = []
+  st = time.perf_counter()
+  while len(times) < p.max_repeats:
+    times.append(run())
+    med = statistics.median(times)
+    settled = (med - min(times)) / med < p.settle if med > 0 else True
+    if len(times) >= p.min_repeats and (settled or time.perf_counter() - st > p.max_seconds): break
+  return times
+
+
+def wall(fn: Callable[[], Any]) -> Callable[[], float]:
+  """`fn` as a run for time_callable: its wall-clock seconds (synchronize inside `fn` where the work is asynchronous)."""
+  def run() -> float:
+    st = time.perf_counter()
+    fn()
+    return time.perf_counter() - st
+  return run
 
 
 def torch_module() -> Any:
@@ -67,21 +87,22 @@ def torch_baseline(workload: Workload, params: Params, device: str, policy: Timi
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
   fn = workload.torch
 
-  def run() -> Any:
+  def call() -> Any:
     out = fn(params, *tensors)
     sync()
     return out
 
   with torch.inference_mode():
-    output = run().cpu().numpy()
-    times = time_callable(run, policy)
+    output = call().cpu().numpy()
+    times = time_callable(wall(call), policy)
   return Timing("torch", f"{torch.__version__} {threads} threads" if dev == "cpu" else f"{torch.__version__} {dev}", times, output)
 
 
 def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | None = None) -> Timing:
   """The NumPy reference, timed (always on the CPU)."""
   arrays = workload.arrays(params)
-  return Timing("numpy", np.__version__, time_callable(lambda: workload.reference(params, *arrays), policy), workload.reference(params, *arrays))
+  times = time_callable(wall(lambda: workload.reference(params, *arrays)), policy)
+  return Timing("numpy", np.__version__, times, workload.reference(params, *arrays))
 
 
 def cached_opts(db: Any, kernel: Any, device: str) -> tuple | None:
@@ -132,8 +153,7 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
     return replace(default, library="tinytune-tuned", note=(note + ": " if note else "") + "the defaults", untuned=missing == len(items),
                    kernels=tuple(kernels))
 
-  def run() -> None:
-    for program, bufs in calls: program(*bufs)
+  def run() -> float: return sum(program(*bufs) for program, bufs in calls)  # device seconds, as the search counts them
 
   run()
   shape = out.shape

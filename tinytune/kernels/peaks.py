@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tinytune.kernels.baselines import time_callable, torch_device, torch_module
+from tinytune.kernels.baselines import time_callable, torch_device, torch_module, wall
 from tinytune.search.evaluate import TimingPolicy
 
 POLICY = TimingPolicy(min_repeats=3, max_repeats=10, max_seconds=0.5)
@@ -29,8 +29,8 @@ def measure_peaks(device: str, n: int = 1024, copy_mb: int = 64) -> tuple[float,
     src, dst = torch.ones(copy_mb << 18, device=dev), torch.empty(copy_mb << 18, device=dev)
     matmul, copy = lambda: a @ b, lambda: dst.copy_(src)
     how, sync = f"torch {torch.__version__} on {dev}: {n}x{n} float32 matmul, {copy_mb} MB copy", torch.cuda.synchronize
-  gflops = 2 * n ** 3 / min(time_callable(lambda: (matmul(), sync()), POLICY)) / 1e9
-  gbs = 2 * (copy_mb << 20) / min(time_callable(lambda: (copy(), sync()), POLICY)) / 1e9  # read and write
+  gflops = 2 * n ** 3 / min(time_callable(wall(lambda: (matmul(), sync())), POLICY)) / 1e9
+  gbs = 2 * (copy_mb << 20) / min(time_callable(wall(lambda: (copy(), sync())), POLICY)) / 1e9  # read and write
   return gflops, gbs, how
 
 
