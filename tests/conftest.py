@@ -32,3 +32,31 @@ def reset_postgres(url: str) -> None:
   metadata.reflect(engine)
   metadata.drop_all(engine)
   engine.dispose()
+
+
+FAKE_CPU = {"kind": "CPU", "name": "Fake CPU", "arch": "x86_64-test", "compiler": "cc", "compiler_version": "cc 1.0", "flags": "-O3",
+            "codegen_version": "1"}
+
+
+@pytest.fixture
+def report_db(tmp_path):  # type: ignore[no-untyped-def]
+  """A recorded results database with fake timings: two matmul sizes, beam and random searches, the tuning cache, baselines, peaks."""
+  from tinytune.results_db import Database, fingerprint_hash
+  db = Database(f"sqlite:///{tmp_path / 'results.db'}")
+  dev = db.device_id(FAKE_CPU)
+  db.set_peak(dev, 100.0, 20.0, "fake probe")
+  for n in (64, 128):
+    params = {"m": n, "n": n, "k": n}
+    kernel = db.kernel_id(f"key{n}", f"r_{n}_{n}_{n}", "ast", [n, n, n], ["float32"], 2 * n ** 3, 12 * n * n)
+    for strategy, times in (("beam", [4.0, 3.0, 3.5, 2.0, None]), ("random", [4.0, 3.8, None, 2.5, 2.6])):
+      run = db.start_run("matmul", params, dev, strategy, {}, {"candidates": 5}, f"sig {n} {strategy}")
+      for i, t in enumerate(times):
+        s = t * n / 64e3 if t else None
+        db.record_candidate(run, kernel, dev, f'[["UPCAST",0,{i}]]', f"h{i}", 0.1, "ok" if t else "crashed", s, s, 0.01 if t else None,
+                            "" if t else "the worker died")
+      db.finish_run(run, "done")
+    db.set_tuned(f"key{n}", fingerprint_hash(FAKE_CPU), '[["UPCAST",0,3]]', 2.0 * n / 64e3, 4.0 * n / 64e3, run)
+    for library, ms in (("tinytune-default", 4.0), ("tinytune-tuned", 2.0), ("torch", 1.0), ("numpy", 1.5)):
+      db.add_baseline(dev, "matmul", params, library, "1.0", ms * n / 64e3, ms * n / 70e3)
+  db.close()
+  return f"sqlite:///{tmp_path / 'results.db'}"

@@ -5,6 +5,7 @@ from tinytune.results_db.db import (
   BaselineRow,
   CandidateRow,
   Database,
+  PeakRow,
   RunRow,
   SchemaError,
   TunedRow,
@@ -24,10 +25,11 @@ from tinytune.results_db.models import (
   Device,
   KernelRecord,
   Meta,
+  Peak,
   SearchRun,
   Tuned,
 )
 
 __all__ = ["Database", "default_url", "fingerprint_hash", "to_json", "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
-           "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline", "Meta",
-           "Claim", "HEAD", "VERSION_TABLE"]
+           "PeakRow", "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline",
+           "Peak", "Meta", "Claim", "HEAD", "VERSION_TABLE"]

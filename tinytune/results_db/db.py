@@ -39,6 +39,7 @@ from tinytune.results_db.models import (
   Device,
   KernelRecord,
   Meta,
+  Peak,
   SearchRun,
   Tuned,
   utcnow,
@@ -144,6 +145,15 @@ class BaselineRow:
   def of(b: Baseline) -> BaselineRow:
     return BaselineRow(b.id, b.device_id, b.workload, json.loads(b.params), b.library, b.library_version, b.median_s, b.min_s,
                        _utc(b.created_at))
+
+
+@dataclass(frozen=True)
+class PeakRow:
+  device_id: int
+  gflops: float
+  gbs: float
+  probe: str
+  created_at: datetime
 
 
 def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
@@ -394,3 +404,15 @@ class Database:
     if library is not None: stmt = stmt.where(Baseline.library == library)
     with self.session(write=False) as session:
       return [BaselineRow.of(b) for b in session.scalars(stmt)]
+
+  # ***** device peaks *****
+  def set_peak(self, device_id: int, gflops: float, gbs: float, probe: str) -> None:
+    """Store (or replace) the measured peak GFLOPS and GB/s of a device."""
+    with self.session() as session:
+      if (peak := Peak.find(session, device_id)) is None: session.add(peak := Peak(device_id=device_id))
+      peak.gflops, peak.gbs, peak.probe, peak.created_at = gflops, gbs, probe, utcnow()
+
+  def peak(self, device_id: int) -> PeakRow | None:
+    with self.session(write=False) as session:
+      peak = Peak.find(session, device_id)
+      return PeakRow(peak.device_id, peak.gflops, peak.gbs, peak.probe, _utc(peak.created_at)) if peak is not None else None

@@ -1,4 +1,4 @@
-"""The results database schema: devices, kernels, search runs, candidates, the tuning cache, baselines, and the schema version.
+"""The results database schema: devices, kernels, search runs, candidates, the tuning cache, baselines, device peaks, and the schema version.
 
 JSON-valued columns hold text (canonical `json.dumps`), so every SQLAlchemy backend stores them the same way and the opts text
 that identifies a candidate compares byte for byte."""
@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, or_, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-SCHEMA_VERSION = 2  # bump together with a new migration in migrations/versions (see migrate.py)
+SCHEMA_VERSION = 3  # bump together with a new migration in migrations/versions (see migrate.py)
 STATUSES = ("ok", "wrong", "crashed", "timeout", "compile_error", "invalid")
 OUTCOMES = ("done", "interrupted", "failed")
 
@@ -172,3 +172,18 @@ class Baseline(Base):
   median_s: Mapped[float] = mapped_column(Float)
   min_s: Mapped[float] = mapped_column(Float)
   created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Peak(Base):
+  """A device's peak throughput as tinytune's probe measured it (`tinytune.kernels.peaks`): the roof of the roofline plot."""
+  __tablename__ = "peaks"
+  id: Mapped[int] = mapped_column(Integer, primary_key=True)
+  device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), unique=True)
+  gflops: Mapped[float] = mapped_column(Float)
+  gbs: Mapped[float] = mapped_column(Float)
+  probe: Mapped[str] = mapped_column(Text, default="")  # how it was measured
+  created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+  @classmethod
+  def find(cls, session: Session, device_id: int) -> Peak | None:
+    return session.scalars(select(cls).where(cls.device_id == device_id)).one_or_none()

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import re
+import sys
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tinytune import runtime
+from tinytune.cli import main
+from tinytune.kernels import WORKLOADS
+from tinytune.results_db import Database
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+  code = main(list(argv))
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def only_table(text: str) -> list[dict[str, Any]]:
+  data = json.loads(text)
+  assert len(data) == 1
+  return next(iter(data.values()))
+
+
+def test_kernels_every_format(capsys: pytest.CaptureFixture[str]) -> None:
+  code, out, _ = run(capsys, "kernels", "--format", "json")
+  rows = only_table(out)
+  by_name = {r["workload"]: r for r in rows}
+  assert code == 0 and list(by_name) == list(WORKLOADS) and "m=512" in by_name["matmul"]["parameters (defaults)"]
+  assert set(pd.read_csv(io.StringIO(run(capsys, "kernels", "--format", "csv")[1]))["workload"]) == set(WORKLOADS)
+  assert "| conv2d |" in run(capsys, "kernels", "--format", "md")[1]
+  assert "attention" in run(capsys, "kernels")[1] and "<table" in run(capsys, "kernels", "--format", "html")[1]
+
+
+def test_devices_lists_present_and_missing(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setitem(runtime._BACKENDS, "NOPE", "tinytune.runtime.nope:NopeDevice")
+  code, out, _ = run(capsys, "devices", "--format", "json")
+  rows = {r["device"]: r for r in only_table(out)}
+  assert code == 0 and rows["CPU"]["present"] == "yes" and len(rows["CPU"]["fingerprint"]) == 16
+  assert rows["NOPE"]["present"] == "no" and "nope" in rows["NOPE"]["missing"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "md", "json", "html"])
+def test_report_every_format(capsys: pytest.CaptureFixture[str], report_db: str, tmp_path: Any, fmt: str) -> None:
+  out_file = tmp_path / f"report.{fmt}"
+  code, out, err = run(capsys, "report", "--db", report_db, "--format", fmt, "--out", str(out_file))
+  text = out_file.read_text()
+  assert code == 0 and out == "" and "wrote" in err and "r_64_64_64" in text
+  if fmt == "json": assert len(json.loads(text)["best"]) == 2
+  if fmt == "csv": assert "# history" in text and len(pd.read_csv(io.StringIO(text.split("# best\n")[1].split("\n\n")[0]))) == 2
+  if fmt == "html":
+    assert text.count("<table") == 4 and not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
+    if importlib.util.find_spec("matplotlib"): assert text.count("data:image/png;base64,") == 3
+
+
+def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db: str) -> None:
+  code, out, _ = run(capsys, "report", "--db", report_db, "--workload", "matmul", "--device", "cpu", "--table", "best", "--format", "csv")
+  assert code == 0 and len(pd.read_csv(io.StringIO(out))) == 2
+  assert pd.read_csv(io.StringIO(run(capsys, "report", "--db", report_db, "--workload", "softmax", "--table", "best", "--format", "csv")[1])).empty
+
+
+@pytest.mark.parametrize("argv,message", [
+  (["report", "--workload", "nope"], "unknown workload"),
+  (["report", "--format", "xml"], "unknown format"),
+  (["report", "--table", "nope"], "unknown table"),
+  (["report", "--out", "/nonexistent-dir/r.html", "--format", "html"], "cannot write /nonexistent-dir/r.html"),
+  (["compare", "matmul", "--sweep", "n=64,x"], "bad --sweep"),
+  (["compare", "matmul", "--sweep", "q=64"], "has no parameter q"),
+  (["compare", "matmul"], "compare needs --sweep"),
+  (["compare", "nope", "--sweep", "n=8"], "unknown workload"),
+  (["compare", "matmul", "--sweep", "n=8", "--against", "jax"], "unknown baseline jax"),
+  (["bench", "matmul", "--format", "pdf"], "unknown format"),
+  (["bench", "matmul", "-p", "m=x"], "bad parameter"),
+  (["kernels", "--format", "yaml"], "unknown format"),
+])
+def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, argv: list[str], message: str) -> None:
+  code, out, err = run(capsys, *argv, *(["--db", report_db] if argv[0] != "kernels" else []))
+  assert code == 2 and err.count("\n") == 1 and err.startswith("tinytune: error: ") and message in err and "Traceback" not in err
+
+
+def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db = f"sqlite:///{tmp_path / 'bench.db'}"
+  argv = ["bench", "matmul", "-p", "m=16", "-p", "n=16", "-p", "k=16", "--db", db, "--no-peak", "--repeats", "3", "--format", "json"]
+  code, out, _ = run(capsys, *argv)
+  timings, kernels = json.loads(out).values()
+  rows = {r["implementation"]: r for r in timings}
+  assert [k["opts from"] for k in kernels] == ["defaults"] and kernels[0]["flops"] == 2 * 16 ** 3
+  expected = {"tinytune-default", "tinytune-tuned", "numpy"} | ({"torch"} if importlib.util.find_spec("torch") else set())
+  assert code == 0 and set(rows) == expected and all(r["GFLOPS"] > 0 and r["ms"] > 0 for r in rows.values())
+  assert rows["tinytune-tuned"]["note"].endswith("the defaults")  # an empty tuning cache: the tuned timing is the default one, not stored
+  assert {b.library for b in Database(db).baselines(workload="matmul")} == expected - {"tinytune-tuned"}
+
+
+def test_compare_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db = f"sqlite:///{tmp_path / 'compare.db'}"
+  code, out, _ = run(capsys, "compare", "softmax", "--sweep", "rows=4,8", "-p", "cols=16", "--against", "numpy", "--db", db, "--repeats", "3",
+                     "--format", "json")
+  rows = only_table(out)
+  assert code == 0 and [r["params"] for r in rows] == ["rows=4 cols=16", "rows=8 cols=16"]
+  assert all(r["numpy / tuned"] > 0 and r["tuned vs default"] == 1 and "torch ms" not in r for r in rows)
+  code, out, _ = run(capsys, "compare", "reduce", "--sweep", "rows=4,8", "--sweep", "axis=0,1", "-p", "cols=8", "--against", "numpy", "--db", db,
+                     "--repeats", "3", "--format", "csv", "--no-store")
+  assert code == 0 and len(pd.read_csv(io.StringIO(out))) == 4
+
+
+def test_missing_torch_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
+  code, out, err = run(capsys, "compare", "elementwise", "--sweep", "n=64", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--repeats", "3",
+                       "--format", "json")
+  assert code == 0 and 'pip install "tinytune[torch]"' in err and err.count("\n") == 1 and "torch ms" not in only_table(out)[0]
+  monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+  from tinytune.kernels.baselines import torch_module
+  with pytest.raises(RuntimeError, match=r'pip install "tinytune\[torch\]"'): torch_module()
+
+
+def test_compare_tunes_then_reports(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db = f"sqlite:///{tmp_path / 'tune.db'}"
+  code, out, _ = run(capsys, "compare", "reduce", "--sweep", "rows=32", "-p", "cols=64", "--tune", "--budget", "3", "--against", "numpy", "--db", db,
+                     "--repeats", "3", "--format", "json")
+  (row,) = only_table(out)
+  assert code == 0 and row["params"] == "rows=32 cols=64 axis=1" and "not in the tuning cache" not in row["note"]
+  code, out, _ = run(capsys, "report", "--db", db, "--format", "json")
+  data = json.loads(out)
+  assert code == 0 and len(data["best"]) == 1 and data["best"][0]["strategy"] == "beam" and 1 <= len(data["history"]) <= 4
+  assert {b["library"] for b in data["baselines"]} >= {"tinytune-default", "tinytune-tuned", "numpy"}

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinytune.kernels import WORKLOADS, get_workload
+from tinytune.kernels.baselines import numpy_baseline, time_callable, torch_baseline
+from tinytune.search.evaluate import TimingPolicy
+
+# two small sizes per workload, so every builder is checked against its NumPy reference quickly
+SMALL = {
+  "matmul": [{"m": 16, "n": 8, "k": 12}, {"m": 33, "n": 17, "k": 5}],
+  "bmm": [{"batch": 2, "m": 8, "n": 8, "k": 8}, {"batch": 3, "m": 5, "n": 7, "k": 9}],
+  "conv2d": [{"batch": 1, "cin": 2, "cout": 3, "size": 8, "kernel": 3, "stride": 1, "padding": 1},
+             {"batch": 2, "cin": 3, "cout": 2, "size": 9, "kernel": 3, "stride": 2, "padding": 0}],
+  "softmax": [{"rows": 4, "cols": 16}, {"rows": 7, "cols": 33}],
+  "layernorm": [{"rows": 4, "cols": 16}, {"rows": 7, "cols": 33}],
+  "reduce": [{"rows": 8, "cols": 16, "axis": 1}, {"rows": 9, "cols": 5, "axis": 0}],
+  "elementwise": [{"n": 64}, {"n": 1001}],
+  "attention": [{"batch": 1, "heads": 2, "seq": 8, "dim": 4, "causal": 0}, {"batch": 2, "heads": 1, "seq": 9, "dim": 8, "causal": 1}],
+  "mlp": [{"batch": 4, "din": 8, "hidden": 16, "dout": 8}, {"batch": 3, "din": 5, "hidden": 7, "dout": 2}],
+}
+FAST = TimingPolicy(min_repeats=2, max_repeats=3, max_seconds=0.05, warmup_seconds=0.0)
+
+
+def test_every_workload_has_small_sizes() -> None:
+  assert set(SMALL) == set(WORKLOADS)
+
+
+@pytest.mark.parametrize("name,index", [(n, i) for n in SMALL for i in range(2)])
+def test_builder_matches_reference(name: str, index: int) -> None:
+  w = get_workload(name)
+  params = w.params(SMALL[name][index])
+  out, arrays = w.instantiate(params)
+  ref = w.reference(params, *arrays)
+  assert out.shape == ref.shape == w.output(params)  # type: ignore[misc]
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+  assert w.flops(params) > 0 and w.nbytes(params) >= 4 * ref.size
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_torch_baseline_matches_reference(name: str) -> None:
+  pytest.importorskip("torch")
+  w = get_workload(name)
+  params = w.params(SMALL[name][1])
+  timing = torch_baseline(w, params, "CPU", FAST)
+  np.testing.assert_allclose(timing.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-4)
+  assert 0 < timing.min_s <= timing.median_s and timing.library == "torch" and timing.version
+
+
+def test_numpy_baseline_and_timing() -> None:
+  w = get_workload("matmul")
+  timing = numpy_baseline(w, w.params(SMALL["matmul"][0]), FAST)
+  assert timing.library == "numpy" and timing.version == np.__version__ and 0 < timing.min_s <= timing.median_s
+  times = time_callable(lambda: 1e-3, FAST)
+  assert 2 <= len(times) <= 3 and times[0] == 1e-3
+
+
+def test_bad_parameters() -> None:
+  with pytest.raises(ValueError, match="has no parameter"): get_workload("matmul").params({"q": 1})
+  with pytest.raises(ValueError, match="unknown workload"): get_workload("nope")
+
+
+def test_peaks_measured_once_and_stored(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.kernels import peaks
+  from tinytune.results_db import Database
+  gflops, gbs, how = peaks.measure_peaks("CPU", n=64, copy_mb=1)
+  assert gflops > 0 and gbs > 0 and "numpy" in how
+  calls = []
+  monkeypatch.setattr(peaks, "measure_peaks", lambda device: calls.append(device) or (50.0, 10.0, "fake"))
+  db = Database(f"sqlite:///{tmp_path / 'p.db'}")
+  fp = {"kind": "CPU", "name": "test"}
+  assert peaks.device_peaks(db, "CPU", fp, measure=False) is None
+  assert peaks.device_peaks(db, "CPU", fp) == (50.0, 10.0) == peaks.device_peaks(db, "CPU", fp) and calls == ["CPU"]
+  stored = db.peak(db.device_id(fp))
+  assert stored is not None and stored.probe == "fake"
+  db.set_peak(db.device_id(fp), 60.0, 12.0, "again")
+  assert peaks.device_peaks(db, "CPU", fp) == (60.0, 12.0)
+
+
+def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+  from tinytune.kernels.baselines import tinytune_timing
+  from tinytune.results_db import Database, fingerprint_hash
+  from tinytune.runtime import Device
+  from tinytune.schedule import create_schedule
+  from tinytune.search.tune import device_fingerprint
+  w = get_workload("elementwise")
+  params = w.params({"n": 256})
+  db = Database(f"sqlite:///{tmp_path / 'c.db'}")
+  default = tinytune_timing(w, params, "CPU", False, FAST, db)
+  untuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)
+  assert untuned.untuned and untuned.times == default.times and untuned.kernels[0]["opts from"] == "defaults"
+  out, _ = w.instantiate(params)
+  (item,), _ = create_schedule(out.uop, "CPU")
+  kernel = Kernel(item.ast, Device["CPU"].caps)
+  opts = [Opt(OptOps.UPCAST, 0, 4)]
+  db.set_tuned(kernel.key, fingerprint_hash(device_fingerprint("CPU")), opts_to_json(opts), 1e-6, 2e-6, None)
+  tuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)
+  assert not tuned.untuned and tuned.note == "" and tuned.kernels[0]["opts from"] == "tuning cache" and "UPCAST" in tuned.kernels[0]["opts"]
+  np.testing.assert_allclose(tuned.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-6)

@@ -1,0 +1,185 @@
+"""Time a workload the way the search times a candidate: tinytune's kernels (default or tuned opts), PyTorch, NumPy.
+
+Every timing goes through the same loop as the search's worker (warm-up, then repeats until the spread settles or the time
+cap is hit) with the same `TimingPolicy`, so the numbers compare like with like."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from tinytune.kernels.workload import Params, Workload
+from tinytune.search.evaluate import TimingPolicy
+
+TORCH_MISSING = 'PyTorch is not installed: pip install "tinytune[torch]"'
+LIBRARIES = ("tinytune-default", "tinytune-tuned", "torch", "numpy")
+
+
+@dataclass(frozen=True)
+class Timing:
+  """One implementation of a workload, timed: `times` are the repeats in seconds."""
+  library: str
+  version: str
+  times: list[float]
+  output: np.ndarray | None = None
+  note: str = ""
+  untuned: bool = False  # a tuned timing with no kernel in the tuning cache: the defaults, not worth storing as tuned
+  kernels: tuple[dict[str, Any], ...] = ()  # tinytune's: each kernel's name, FLOPs, bytes, opts and where they came from
+
+  @property
+  def min_s(self) -> float: return min(self.times)
+  @property
+  def median_s(self) -> float: return statistics.median(self.times)
+
+
+def time_callable(run: Callable[[], float], policy: TimingPolicy | None = None) -> list[float]:
+  """Seconds of each timed call of `run` (which does one call and returns its seconds: device time for tinytune's programs).
+  The loop of `tinytune.search.worker.timed`, written out because the worker's version here times ctypes functions only."""
+  p = policy or TimingPolicy()
+  st = time.perf_counter()
+  while time.perf_counter() - st < p.warmup_seconds: run()
+  times: list[float] = []
+  st = time.perf_counter()
+  while len(times) < p.max_repeats:
+    times.append(run())
+    med = statistics.median(times)
+    settled = (med - min(times)) / med < p.settle if med > 0 else True
+    if len(times) >= p.min_repeats and (settled or time.perf_counter() - st > p.max_seconds): break
+  return times
+
+
+def wall(fn: Callable[[], Any]) -> Callable[[], float]:
+  """`fn` as a run for time_callable: its wall-clock seconds (synchronize inside `fn` where the work is asynchronous)."""
+  def run() -> float:
+    st = time.perf_counter()
+    fn()
+    return time.perf_counter() - st
+  return run
+
+
+def torch_module() -> Any:
+  try:
+    import torch
+  except ImportError:
+    raise RuntimeError(TORCH_MISSING) from None
+  return torch
+
+
+def torch_device(device: str) -> str:
+  """PyTorch's name for a tinytune device: CUDA and AMD (HIP builds of PyTorch call it "cuda") when PyTorch can see a GPU."""
+  torch = torch_module()
+  if device == "CPU": return "cpu"
+  if device in ("CUDA", "AMD", "HIP") and torch.cuda.is_available(): return "cuda"
+  raise RuntimeError(f"this PyTorch ({torch.__version__}) cannot run on {device}")
+
+
+def torch_baseline(workload: Workload, params: Params, device: str, policy: TimingPolicy | None = None) -> Timing:
+  """PyTorch on the same device, with as many CPU threads as tinytune's kernels use."""
+  from tinytune.runtime import Device
+  torch = torch_module()
+  if workload.torch is None: raise RuntimeError(f"{workload.name} has no PyTorch baseline")
+  dev, threads = torch_device(device), Device[device].caps.threads
+  torch.set_num_threads(threads)
+  tensors = [torch.from_numpy(a).to(dev) for a in workload.arrays(params)]
+  sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+  fn = workload.torch
+
+  def call() -> Any:
+    out = fn(params, *tensors)
+    sync()
+    return out
+
+  with torch.inference_mode():
+    output = call().cpu().numpy()
+    times = time_callable(wall(call), policy)
+  return Timing("torch", f"{torch.__version__} {threads} threads" if dev == "cpu" else f"{torch.__version__} {dev}", times, output)
+
+
+def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | None = None) -> Timing:
+  """The NumPy reference, timed (always on the CPU)."""
+  arrays = workload.arrays(params)
+  times = time_callable(wall(lambda: workload.reference(params, *arrays)), policy)
+  return Timing("numpy", np.__version__, times, workload.reference(params, *arrays))
+
+
+def cached_opts(db: Any, kernel: Any, device: str) -> tuple | None:
+  """The tuning cache's opts for `kernel` in `db` (a Database; None: the default cache that programs use), validated."""
+  from tinytune.codegen.kernel import KernelOptError
+  from tinytune.codegen.opts import opts_from_json
+  from tinytune.realize import tuned_opts
+  from tinytune.results_db import fingerprint_hash
+  from tinytune.search.tune import device_fingerprint
+  if db is None: return tuned_opts(kernel, device)
+  if (entry := db.tuned(kernel.key, fingerprint_hash(device_fingerprint(device)))) is None: return None
+  try:
+    opts = tuple(opts_from_json(entry.opts_json))
+    kernel.copy().apply_opts(opts)
+    return opts
+  except (KernelOptError, ValueError): return None
+
+
+def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None, db: Any = None,
+                    default: Timing | None = None) -> Timing:
+  """tinytune's kernels for the workload, all of them per call, with the tuning cache's opts (`tuned`) or the heuristic defaults.
+  A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where every kernel
+  runs its default opts the `default` timing, if given, stands for it (the same programs: timing them again would only add noise)."""
+  import tinytune
+  from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.realize import compile_kernel, default_opts
+  from tinytune.runtime import Device
+  from tinytune.schedule import create_schedule
+
+  out, _ = workload.instantiate(params, device=device)
+  items = create_schedule(out.uop, device)[0]
+  calls, missing, same, kernels = [], 0, 0, []
+  for item in items:
+    kernel = Kernel(item.ast, Device[device].caps)
+    cached = cached_opts(db, kernel, device) if tuned else None
+    missing += tuned and cached is None
+    defaults = default_opts(kernel)
+    same += cached is None or list(cached) == list(defaults)
+    kernel.apply_opts(cached if cached is not None else defaults)
+    kernels.append({"kernel": kernel.name, "flops": kernel.flops, "bytes": kernel.mem_bytes, "opts": " ".join(map(repr, kernel.opts)) or "none",
+                    "opts from": "tuning cache" if cached is not None else "defaults"})
+    program, _ = compile_kernel(kernel, device)
+    calls.append((program, (item.out, *kernel.bufs)))
+
+  note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
+  if tuned and default is not None and same == len(items):
+    return replace(default, library="tinytune-tuned", note=(note + ": " if note else "") + "the defaults", untuned=missing == len(items),
+                   kernels=tuple(kernels))
+
+  def run() -> float: return sum(program(*bufs) for program, bufs in calls)  # device seconds, as the search counts them
+
+  run()
+  shape = out.shape
+  output = items[-1].out.numpy_view()[:int(np.prod(shape))].reshape(shape).copy() if items else None
+  return Timing("tinytune-tuned" if tuned else "tinytune-default", f"{tinytune.__version__} codegen {CODEGEN_VERSION}", time_callable(run, policy),
+                output, note, kernels=tuple(kernels))
+
+
+def measure(workload: Workload, params: Params, device: str, libraries: list[str], policy: TimingPolicy | None = None,
+            db: Any = None) -> dict[str, Timing]:
+  """Timings for each library asked for, by name (see LIBRARIES); tuned opts come from `db`'s tuning cache (None: the default one)."""
+  done: dict[str, Timing] = {}
+  runners: dict[str, Callable[[], Timing]] = {
+    "tinytune-default": lambda: tinytune_timing(workload, params, device, False, policy, db),
+    "tinytune-tuned": lambda: tinytune_timing(workload, params, device, True, policy, db, done.get("tinytune-default")),
+    "torch": lambda: torch_baseline(workload, params, device, policy),
+    "numpy": lambda: numpy_baseline(workload, params, policy),
+  }
+  if unknown := [lib for lib in libraries if lib not in runners]: raise ValueError(f"unknown baseline {', '.join(unknown)}; known: torch, numpy")
+  for lib in libraries: done[lib] = runners[lib]()
+  return done
+
+
+def store(db: Any, workload: Workload, params: Params, device: str, timing: Timing) -> int | None:
+  """Add a timing to the results database's baselines, under the device it ran on (NumPy: the CPU); an untuned "tuned" timing is skipped."""
+  from tinytune.search.tune import device_fingerprint
+  if timing.untuned: return None
+  device_id = db.device_id(device_fingerprint("CPU" if timing.library == "numpy" else device))
+  return db.add_baseline(device_id, workload.name, params, timing.library, timing.version, timing.median_s, timing.min_s)

@@ -1,0 +1,63 @@
+"""A workload: a named tensor program with parameters, FLOP and byte counts, a NumPy reference and a PyTorch baseline."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from tinytune.dtype import DType, dtypes
+from tinytune.helpers import prod
+from tinytune.tensor import Tensor
+
+Params = dict[str, int]
+
+
+@dataclass(frozen=True)
+class Workload:
+  name: str
+  doc: str
+  defaults: Params
+  inputs: Callable[[Params], list[tuple[int, ...]]]  # input shapes
+  build: Callable[..., Tensor]  # (params, *input tensors) -> output tensor, lazily
+  reference: Callable[..., np.ndarray]  # (params, *input arrays) -> output array; also the NumPy baseline
+  flops: Callable[[Params], int]
+  output: Callable[[Params], tuple[int, ...]] | None = None  # output shape, for the byte count
+  torch: Callable[..., Any] | None = None  # (params, *torch tensors) -> torch tensor: the PyTorch baseline
+  help: dict[str, str] = field(default_factory=dict)  # what each parameter means, where its name does not say
+
+  def params(self, overrides: dict[str, int]) -> Params:
+    if unknown := sorted(set(overrides) - set(self.defaults)):
+      known = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
+      raise ValueError(f"{self.name} has no parameter {', '.join(unknown)}; its parameters (with defaults): {known}")
+    if bad := [k for k, v in overrides.items() if v < 0]: raise ValueError(f"{self.name} parameters are non-negative integers: {', '.join(bad)}")
+    return {**self.defaults, **overrides}
+
+  def nbytes(self, params: Params, itemsize: int = 4) -> int:
+    """The least memory traffic: every input read once and the output written once."""
+    shapes = self.inputs(params) + ([self.output(params)] if self.output is not None else [])
+    return itemsize * sum(prod(s) for s in shapes)
+
+  def arrays(self, params: Params, dtype: DType = dtypes.float32, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(dtype.np) for shape in self.inputs(params)]
+
+  def instantiate(self, params: Params, dtype: DType = dtypes.float32, device: str | None = None,
+                  seed: int = 0) -> tuple[Tensor, list[np.ndarray]]:
+    """Random inputs (realized) and the lazy output tensor."""
+    arrays = self.arrays(params, dtype, seed)
+    return self.build(params, *[Tensor(a, dtype=dtype, device=device) for a in arrays]), arrays
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+  """Add a workload to the catalog (a module in tinytune/kernels/ calls this at import)."""
+  WORKLOADS[workload.name] = workload
+  return workload
+
+
+def get_workload(name: str) -> Workload:
+  if name not in WORKLOADS: raise ValueError(f"unknown workload {name!r}; available: {', '.join(WORKLOADS)}")
+  return WORKLOADS[name]
