@@ -320,6 +320,21 @@ def writer(url: str, worker: int, n: int, start_at: float, kill_self: bool = Fal
   return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def test_fresh_file_opened_while_another_process_writes(tmp_path: Path) -> None:
+  # SQLite fails a switch to WAL at once, ignoring busy_timeout, while another connection holds the write lock: four processes
+  # opening a fresh file together hit this in CI
+  path = tmp_path / "fresh.db"
+  other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+  other.execute("CREATE TABLE t (x)")
+  other.execute("BEGIN IMMEDIATE")
+  release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+  release.start()
+  db = Database(sqlite_url(path))
+  release.join()
+  assert db.device_id(FP) == 1
+  assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_concurrent_writer_processes(tmp_path: Path, backend: str) -> None:
   url, workers, n = sqlite_url(tmp_path / "shared.db"), 4, 100

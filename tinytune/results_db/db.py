@@ -16,6 +16,8 @@ import math
 import os
 import pathlib
 import socket
+import sqlite3
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -156,6 +158,18 @@ class PeakRow:
   created_at: datetime
 
 
+def _wal_mode(cursor: Any, busy_timeout: float) -> None:
+  """Switch the file to WAL (a setting stored in the file, so usually already done). SQLite fails the switch at once, without
+  waiting on busy_timeout, while another connection holds the write lock, as when several processes open a fresh database together:
+  retry until the first of them has switched it."""
+  deadline = time.monotonic() + busy_timeout
+  while cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+    try: cursor.execute("PRAGMA journal_mode = WAL")
+    except sqlite3.OperationalError as e:
+      if "locked" not in str(e) or time.monotonic() > deadline: raise
+      time.sleep(0.01)
+
+
 def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
   """pysqlite defers BEGIN past reads, so a read-then-write transaction can fail at once with 'database is locked' when
   another process wrote in between; we emit BEGIN ourselves, IMMEDIATE for writes so writers queue on the lock instead."""
@@ -165,7 +179,7 @@ def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     if on_disk:
-      cursor.execute("PRAGMA journal_mode = WAL")  # readers never block the writer, nor it them
+      _wal_mode(cursor, busy_timeout)  # readers never block the writer, nor it them
       cursor.execute("PRAGMA synchronous = NORMAL")  # in WAL mode a commit still survives the process being killed
     cursor.execute("PRAGMA foreign_keys = ON")
     cursor.close()
