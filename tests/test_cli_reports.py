@@ -84,6 +84,25 @@ def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, 
   assert code == 2 and err.count("\n") == 1 and err.startswith("tinytune: error: ") and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["report"], ["bench", "matmul", "-p", "m=8", "--no-peak"], ["compare", "matmul", "--sweep", "n=8"],
+                                  ["devices", "--probe"], ["search", "matmul", "-p", "m=8"], ["cache", "list"], ["db", "version"]])
+@pytest.mark.parametrize("db,message", [("garbage://x", "Can't load plugin"), ("not a database", "file is not a database"),
+                                        ("postgresql+psycopg://u:p@127.0.0.1:1/x", "Connection refused")])
+def test_unusable_database_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any, argv: list[str], db: str, message: str) -> None:
+  if db.startswith("postgresql") and importlib.util.find_spec("psycopg") is None: pytest.skip("psycopg is missing")
+  if db == "not a database":
+    (tmp_path / "junk.db").write_text("not a database")
+    db = str(tmp_path / "junk.db")
+  code, out, err = run(capsys, *argv, "--db", db)
+  assert code == 2 and err.count("\n") == 1 and err.startswith("tinytune: error: database error: ") and message in err, err
+
+
+def test_db_is_a_plain_path(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.chdir(tmp_path)
+  code, out, err = run(capsys, "report", "--db", "results.db", "--format", "json")
+  assert code == 0 and Database(str(tmp_path / "results.db"), read_only=True).tuned_entries() == []
+
+
 def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
   db = f"sqlite:///{tmp_path / 'bench.db'}"
   argv = ["bench", "matmul", "-p", "m=16", "-p", "n=16", "-p", "k=16", "--db", db, "--no-peak", "--repeats", "3", "--format", "json"]

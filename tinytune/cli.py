@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+DB_HELP = "results database: a SQLAlchemy URL or a SQLite file path (default: $TINYTUNE_DB or tinytune.db in the user cache)"
+
 
 def parse_params(pairs: list[str]) -> dict[str, int]:
   params = {}
@@ -23,16 +25,6 @@ def parse_params(pairs: list[str]) -> dict[str, int]:
 def _ms(s: float | None) -> str: return f"{s * 1e3:.3f}" if s is not None and math.isfinite(s) else "-"
 
 
-def _database_errors(command: Any) -> Any:
-  """Database errors (unreachable server, locked or unreadable file) as one line, like every other error."""
-  def run(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
-    try: return command(args)
-    except SQLAlchemyError as e: raise RuntimeError(f"database error: {str(getattr(e, 'orig', None) or e).splitlines()[0]}") from e
-  return run
-
-
-@_database_errors
 def cmd_search(args: argparse.Namespace) -> int:
   from rich.console import Console
   from rich.progress import Progress, TextColumn
@@ -189,7 +181,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
   return 0 if ok else 1
 
 
-@_database_errors
 def cmd_db(args: argparse.Namespace) -> int:
   from tinytune.results_db import HEAD, Database
   from tinytune.results_db.migrate import revision
@@ -206,7 +197,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 def add_db_parser(sub: Any) -> None:
   db = sub.add_parser("db", help="the results database's schema: `tinytune db upgrade` migrates a database made by an older tinytune")
   db.add_argument("action", choices=["upgrade", "version"], help="upgrade: migrate to this tinytune's schema; version: print the schema revision")
-  db.add_argument("--db", default=None, help="SQLAlchemy URL (default: $TINYTUNE_DB or the SQLite file in the user cache)")
+  db.add_argument("--db", default=None, help=DB_HELP)
 
 
 def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
@@ -230,7 +221,6 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   return ("ok" if tuned_s <= default_s * 1.05 else "SLOWER than the default"), default_s / tuned_s
 
 
-@_database_errors
 def cmd_cache(args: argparse.Namespace) -> int:
   from datetime import datetime, timezone
 
@@ -309,7 +299,7 @@ def add_cache_parser(sub: Any) -> None:
   cache.add_argument("--force", action="store_true", help="import: replace existing entries even where they are faster")
   cache.add_argument("--before", default=None,
                       help="prune: also drop entries updated before this date (YYYY-MM-DD); those of other codegen versions always go")
-  cache.add_argument("--db", default=None, help="SQLAlchemy URL of the results database (default: $TINYTUNE_DB or the SQLite file in the user cache)")
+  cache.add_argument("--db", default=None, help=DB_HELP)
 
 
 def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
@@ -440,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--worker", type=int, default=None, help="with --study: this process's number (its seed, and the run --resume continues)")
   search.add_argument("--budget", type=int, default=200, help="candidates per kernel (default 200)")
   search.add_argument("--seconds", type=float, default=None, help="time limit per kernel")
-  search.add_argument("--db", default=None, help="SQLAlchemy URL of the results database (default: $TINYTUNE_DB or a SQLite file in the user cache)")
+  search.add_argument("--db", default=None, help=DB_HELP)
   search.add_argument("--resume", action="store_true", help="continue the last unfinished run with the same arguments")
   search.add_argument("--force", action="store_true", help="search even where the tuning cache has an entry")
   search.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -460,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
     p.add_argument("--repeats", type=int, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
     p.add_argument("--format", default="table", help="table (default), csv, md, json, html")
-    p.add_argument("--db", default=None, help="SQLAlchemy URL of the results database (default: $TINYTUNE_DB or a SQLite file in the user cache)")
+    p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
   bench.add_argument("--no-peak", action="store_true", help="do not measure the device's peak throughput if it is not stored yet")
   report = sub.add_parser("report", help="the results database as tables and plots: best results, baselines, search history")
@@ -469,20 +459,23 @@ def main(argv: list[str] | None = None) -> int:
   report.add_argument("--format", default="table", help="table (default), csv, md, json, html (one self-contained page with plots)")
   report.add_argument("--table", action="append", default=[], help="only this table: devices, best, baselines, history (repeatable)")
   report.add_argument("--out", default=None, help="write to this file instead of stdout")
-  report.add_argument("--db", default=None, help="SQLAlchemy URL of the results database (default: $TINYTUNE_DB or a SQLite file in the user cache)")
+  report.add_argument("--db", default=None, help=DB_HELP)
   devices = sub.add_parser("devices", help="the devices tinytune knows: fingerprints of those present, what is missing for the others")
   kernels = sub.add_parser("kernels", help="the workload catalog with its parameters and defaults")
   for p in (devices, kernels): p.add_argument("--format", default="table", help="table (default), csv, md, json, html")
   devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again and store them (roofline)")
-  devices.add_argument("--db", default=None, help="SQLAlchemy URL of the results database for --probe")
+  devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
   add_db_parser(sub)
   add_cache_parser(sub)
   args = ap.parse_args(argv)
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
+  from sqlalchemy.exc import SQLAlchemyError
   try: return commands[args.command](args)
-  except (ValueError, TypeError, RuntimeError, LookupError) as e:
-    print(f"tinytune: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+  except (ValueError, TypeError, RuntimeError, LookupError, SQLAlchemyError) as e:
+    # database errors (unreachable server, locked or unreadable file) are one line too, in every command
+    why = f"database error: {getattr(e, 'orig', None) or e}" if isinstance(e, SQLAlchemyError) else str(e) or type(e).__name__
+    print(f"tinytune: error: {why.splitlines()[0]}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     print("tinytune: interrupted; what was measured is stored (continue with --resume)", file=sys.stderr)

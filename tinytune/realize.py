@@ -48,16 +48,17 @@ def _tuner(device: str, strategy: str) -> Any:
 def _tuned_entries(key: str, device: str) -> tuple[tuple[str, str], ...]:
   """(where, opts JSON) for this kernel on this device, in order of preference: the user's own database (read only), then the
   entry measured fastest on this device's fingerprint among the cache files in $TINYTUNE_CACHE."""
-  from tinytune.results_db import default_url, fingerprint_hash
+  from tinytune.results_db import database_url, fingerprint_hash
   from tinytune.results_db.cache import deployed
   from tinytune.search.tune import device_fingerprint
   device_hash, found = fingerprint_hash(device_fingerprint(device)), []
-  url = os.getenv("TINYTUNE_DB") or default_url()
-  if not (url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):])):
+  parsed = database_url(os.getenv("TINYTUNE_DB"))
+  url, shown = parsed.render_as_string(hide_password=False), parsed.render_as_string()
+  if not (parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database)):
     try:
-      if (entry := _reader(url).tuned(key, device_hash)) is not None: found.append((url, entry.opts_json))
+      if (entry := _reader(url).tuned(key, device_hash)) is not None: found.append((shown, entry.opts_json))
     except Exception as e:  # an unreadable database costs a warning, never the program
-      warn_once(f"the tuning cache {url} is unusable ({str(e).splitlines()[0]}); not using it")
+      warn_once(f"the tuning cache {shown} is unusable ({str(e).splitlines()[0]}); not using it")
   if (cached := deployed(os.getenv("TINYTUNE_CACHE", ""), device_hash, warn_once).get(key)) is not None: found.append((cached[0], cached[1].opts))
   return tuple(found)
 

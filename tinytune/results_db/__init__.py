@@ -9,6 +9,7 @@ from tinytune.results_db.db import (
   RunRow,
   SchemaError,
   TunedRow,
+  database_url,
   default_url,
   fingerprint_hash,
   to_json,
@@ -30,6 +31,7 @@ from tinytune.results_db.models import (
   Tuned,
 )
 
-__all__ = ["Database", "default_url", "fingerprint_hash", "to_json", "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
+__all__ = ["Database", "database_url", "default_url", "fingerprint_hash", "to_json",
+           "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
            "PeakRow", "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline",
            "Peak", "Meta", "Claim", "HEAD", "VERSION_TABLE"]

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from sqlalchemy import create_engine, event, func, make_url, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
@@ -54,6 +54,12 @@ Value = TypeVar("Value")
 def default_url() -> str:
   """$TINYTUNE_DB, or a SQLite file in tinytune's cache directory."""
   return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir() / 'tinytune.db'}"
+
+
+def database_url(url: str | None) -> URL:
+  """A SQLAlchemy URL, or a plain file path for a SQLite database (`--db results.db`)."""
+  url = url or default_url()
+  return make_url(url if "://" in url else f"sqlite:///{pathlib.Path(url).expanduser().absolute()}")
 
 
 def to_json(x: Any) -> str:
@@ -197,7 +203,7 @@ class Database:
   (for the upgrade itself)."""
 
   def __init__(self, url: str | None = None, busy_timeout: float = 60.0, read_only: bool = False, check_schema: bool = True):
-    self.url, self.read_only = make_url(url or default_url()), read_only
+    self.url, self.read_only = database_url(url), read_only
     if self.url.get_backend_name() == "sqlite":
       on_disk = self.url.database not in (None, "", ":memory:") and not self.url.query.get("uri")
       engine_url = self.url
