@@ -78,6 +78,14 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["bench", "matmul", "--format", "pdf"], "unknown format"),
   (["bench", "matmul", "-p", "m=x"], "bad parameter"),
   (["kernels", "--format", "yaml"], "unknown format"),
+  (["bench", "matmul", "-p", "m=0"], "bad matmul parameter m=0: sizes are at least 1"),
+  (["bench", "conv2d", "-p", "padding=-1"], "padding at least 0"),
+  (["search", "matmul", "-p", "m=1000000000000", "-p", "n=1000000000000"], "out of memory"),
+  (["cache", "export"], "cache export needs --out FILE"),
+  (["cache", "merge", "a.db", "--out", "c.db"], "cache merge takes two or more files"),
+  (["cache", "import"], "cache import takes one cache file"),
+  (["cache", "verify", "a.db", "b.db"], "cache verify takes one cache file"),
+  (["cache", "prune", "--before", "2020-13-45"], "bad --before '2020-13-45': write a date"),
 ])
 def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, argv: list[str], message: str) -> None:
   code, out, err = run(capsys, *argv, *(["--db", report_db] if argv[0] != "kernels" else []))

@@ -239,7 +239,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     except ValueError: named = None
   device = Device.canonicalize(named)
   here = fingerprint_hash(device_fingerprint(device))
-  before = datetime.fromisoformat(args.before).replace(tzinfo=timezone.utc) if getattr(args, "before", None) else None
+  if args.action in ("export", "merge") and args.out is None: raise ValueError(f"cache {args.action} needs --out FILE")
+  if args.action in ("import", "verify") and len(args.files) != 1: raise ValueError(f"cache {args.action} takes one cache file")
+  try: before = datetime.fromisoformat(args.before).replace(tzinfo=timezone.utc) if args.before else None
+  except ValueError: raise ValueError(f"bad --before {args.before!r}: write a date, YYYY-MM-DD") from None
   if args.action == "export":
     db = Database(args.db)
     if args.all: device_hash = None
@@ -252,7 +255,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     stored, kept = files.import_file(Database(args.db), args.files[0], args.force)
     print(f"imported {stored} entries into the tuning cache; kept {kept} existing entries that were as fast or faster")
   elif args.action == "merge":
-    if len(args.files) < 2 or args.out is None: raise ValueError("merge takes two or more files and --out FILE")
+    if len(args.files) < 2: raise ValueError("cache merge takes two or more files")
     out = files.merge(args.files, args.out)
     print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
   elif args.action == "prune":
@@ -261,7 +264,6 @@ def cmd_cache(args: argparse.Namespace) -> int:
       print(f"{out.path}: dropped {dropped} entries, kept {len(out.entries)}")
     else: print(f"dropped {Database(args.db).prune_tuned(CODEGEN_VERSION, before)} entries from the tuning cache")
   elif args.action == "verify":
-    if not args.files: raise ValueError("verify takes a cache file")
     cache = files.CacheFile.open(args.files[0])
     m = cache.manifest
     print(f"{cache.path}: format {m['format_version']}, made by tinytune {m.get('tinytune_version')} at {m.get('created_at')}, checksum ok;\n"
@@ -476,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     # database errors (unreachable server, locked or unreadable file) are one line too, in every command
     why = f"database error: {getattr(e, 'orig', None) or e}" if isinstance(e, SQLAlchemyError) else str(e) or type(e).__name__
     print(f"tinytune: error: {why.splitlines()[0]}", file=sys.stderr)
+    return 2
+  except MemoryError:
+    print("tinytune: error: out of memory; try smaller sizes (-p)", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     print("tinytune: interrupted; what was measured is stored (continue with --resume)", file=sys.stderr)

@@ -44,4 +44,5 @@ attention = register(Workload(
   output=lambda p: (p["batch"], p["heads"], p["seq"], p["dim"]),
   torch=_torch,
   help={"causal": "1 masks out later positions"},
+  may_be_zero=("causal",),
 ))

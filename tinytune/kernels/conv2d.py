@@ -33,4 +33,5 @@ conv2d = register(Workload(
   output=lambda p: (p["batch"], p["cout"], out_size(p), out_size(p)),
   torch=_torch,
   help={"cin": "input channels", "cout": "output channels", "size": "input height and width", "kernel": "kernel height and width"},
+  may_be_zero=("padding",),
 ))

@@ -12,4 +12,5 @@ reduce = register(Workload(
   output=lambda p: (p["cols"] if p["axis"] == 0 else p["rows"],),
   torch=lambda p, x: x.sum(p["axis"]),
   help={"axis": "0 sums the rows, 1 the columns"},
+  may_be_zero=("axis",),
 ))

@@ -25,12 +25,15 @@ class Workload:
   output: Callable[[Params], tuple[int, ...]] | None = None  # output shape, for the byte count
   torch: Callable[..., Any] | None = None  # (params, *torch tensors) -> torch tensor: the PyTorch baseline
   help: dict[str, str] = field(default_factory=dict)  # what each parameter means, where its name does not say
+  may_be_zero: tuple[str, ...] = ()  # flags and offsets; every other parameter is a size, at least 1
 
   def params(self, overrides: dict[str, int]) -> Params:
     if unknown := sorted(set(overrides) - set(self.defaults)):
       known = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
       raise ValueError(f"{self.name} has no parameter {', '.join(unknown)}; its parameters (with defaults): {known}")
-    if bad := [k for k, v in overrides.items() if v < 0]: raise ValueError(f"{self.name} parameters are non-negative integers: {', '.join(bad)}")
+    if bad := [f"{k}={v}" for k, v in overrides.items() if v < (0 if k in self.may_be_zero else 1)]:
+      zero = f", {', '.join(self.may_be_zero)} at least 0" if self.may_be_zero else ""
+      raise ValueError(f"bad {self.name} parameter {', '.join(bad)}: sizes are at least 1{zero}")
     return {**self.defaults, **overrides}
 
   def nbytes(self, params: Params, itemsize: int = 4) -> int:
