@@ -157,6 +157,27 @@ def test_tensor_core_source_compiles_with_nvcc() -> None:
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
+def _nvrtc_missing() -> str | None:
+  try:
+    from cuda.bindings import nvrtc
+    nvrtc.nvrtcVersion()
+  except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
+  return None
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=str(_nvrtc_missing()))
+def test_cuda_source_compiles_with_nvrtc() -> None:
+  """The CUDA device's own compile path, NVRTC through cuda-bindings with the headers it finds, needs no GPU: every catalog and TC kernel."""
+  from tinytune.runtime import CompileError
+  from tinytune.runtime.cuda import _nvrtc
+  def one(src: str) -> str:
+    try: _nvrtc(src, "sm_90")
+    except CompileError as e: return str(e)[:3000]
+    return ""
+  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + tc_kernels())
+  with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
+
+
 def test_search_on_an_absent_device_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
   from tinytune.cli import main
   if device_status("AMD") is None: pytest.skip("AMD is present here")
