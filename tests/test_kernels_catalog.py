@@ -76,6 +76,8 @@ def test_peaks_measured_once_and_stored(tmp_path, monkeypatch: pytest.MonkeyPatc
   assert stored is not None and stored.probe == "fake"
   db.set_peak(db.device_id(fp), 60.0, 12.0, "again")
   assert peaks.device_peaks(db, "CPU", fp) == (60.0, 12.0)
+  db.set_peak(db.device_id(fp), 40.0, 15.0, "under load")  # a probe beside other work measures low: each peak only rises
+  assert peaks.device_peaks(db, "CPU", fp) == (60.0, 15.0)
 
 
 def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]

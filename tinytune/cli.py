@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
   devices = sub.add_parser("devices", help="the devices tinytune knows: fingerprints of those present, what is missing for the others")
   kernels = sub.add_parser("kernels", help="the workload catalog with its parameters and defaults")
   for p in (devices, kernels): p.add_argument("--format", default="table", help="table (default), csv, md, json, html")
-  devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again and store them (roofline)")
+  devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again; each stored peak only rises")
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
   add_db_parser(sub)
   add_cache_parser(sub)
