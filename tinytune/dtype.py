@@ -29,7 +29,7 @@ class dtypes:
   int32 = DType(3, 4, "int32", np.int32, "i")
   int64 = DType(4, 8, "int64", np.int64, "i")
   float16 = DType(5, 2, "float16", np.float16, "f")
-  bfloat16 = DType(6, 2, "bfloat16", ml_dtypes.bfloat16, "f")  # float32's exponent, 8 bits of mantissa: a storage type
+  bfloat16 = DType(6, 2, "bfloat16", ml_dtypes.bfloat16, "f")  # float32's exponent, 8 significant bits: stored as 16 bits, computed in float32
   float32 = DType(7, 4, "float32", np.float32, "f")
   default_float = float32
   default_int = int32

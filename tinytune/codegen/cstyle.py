@@ -393,7 +393,7 @@ class _GPURenderer(CStyleRenderer):
 
 class CUDARenderer(_GPURenderer):
   """CUDA C++. float16 is stored as half and computed in float32 (half's operators mix badly with float), rounded to half
-  where the program casts to float16."""
+  where the program casts to float16; bfloat16 likewise as __nv_bfloat16."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "float"}
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
   restrict, func_prefix = "__restrict__", "static __device__ inline"
