@@ -1,6 +1,6 @@
 """Square matmul on a GPU device: the default kernel and a tuned one against torch.matmul, in one process.
 
-  python bench/gpu.py [--device CUDA] [--n 4096] [--dtypes float32,float16] [--budget 60] [--seconds 120]
+  python bench/gpu.py [--device CUDA] [--n 4096] [--dtypes float32,float16,bfloat16] [--budget 60] [--seconds 120]
 
 Kernel times are device times from events, medians of interleaved re-timings; PyTorch's the median of CUDA-event
 timings after a warm-up. TF32 is off for PyTorch's float32, so both sides compute in full float32."""
@@ -37,7 +37,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--device", default="CUDA")
   ap.add_argument("--n", type=int, default=4096)
-  ap.add_argument("--dtypes", default="float32,float16")
+  ap.add_argument("--dtypes", default="float32,float16,bfloat16")
   ap.add_argument("--strategy", default="beam")
   ap.add_argument("--budget", type=int, default=60)
   ap.add_argument("--seconds", type=float, default=120)

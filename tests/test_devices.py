@@ -17,6 +17,7 @@ from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
+from tinytune.dtype import DType
 from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
 from tinytune.schedule import create_schedule
@@ -38,6 +39,21 @@ def catalog_kernels() -> list[Kernel]:
           opts = [o for o in candidate_opts(k) if _valid(k, o)]
           if opts: k.apply_opt(rng.choice(opts))
         ret.append(k)
+  return ret
+
+
+def bf16_kernels() -> list[Kernel]:
+  """bfloat16 catalog kernels (matmul, layernorm, softmax) with no opts, the default opts and one random opt list."""
+  rng, ret = random.Random(1), []
+  for name in ("matmul", "layernorm", "softmax"):
+    w = WORKLOADS[name]
+    out, _ = w.instantiate(w.params({k: min(v, 64) for k, v in w.defaults.items()}), dtypes.bfloat16, device="CPU")
+    for item in create_schedule(out.uop, "CPU")[0]:
+      base = Kernel(item.ast, H100)
+      k = base.copy()
+      for _ in range(4):
+        if opts := [o for o in candidate_opts(k) if _valid(k, o)]: k.apply_opt(rng.choice(opts))
+      ret += [base, base.copy().apply_opts(hand_coded_optimizations(base)), k]
   return ret
 
 
@@ -65,7 +81,7 @@ def test_catalog_kernels_cover_workgroup_opts() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_cuda_source_compiles_with_nvcc() -> None:
-  srcs = [CUDARenderer().render(k) for k in catalog_kernels()]
+  srcs = [CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels()]
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
@@ -83,7 +99,7 @@ HIP_FLAGS = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--
 
 @pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
 def test_hip_source_compiles_with_clang() -> None:
-  srcs = [HIPRenderer().render(k) for k in catalog_kernels()]
+  srcs = [HIPRenderer().render(k) for k in catalog_kernels() + bf16_kernels()]
   assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
 
 
@@ -119,21 +135,24 @@ def test_unknown_device() -> None:
   with pytest.raises(ValueError, match="unknown device 'TPU'; available: CPU, OPENCL, CUDA, AMD"): Device.canonicalize("TPU")
 
 
-H100_TC = dataclasses.replace(H100, tensor_cores=("float16",))
+H100_TC = dataclasses.replace(H100, tensor_cores=("float16", "bfloat16"))
 
 
-def _f16_matmul(*shapes: tuple[int, ...], transpose_b: bool = False) -> Kernel:
-  a, b = (Tensor.rand(*s).cast(dtypes.float16).realize() for s in shapes)
+def _matmul16(*shapes: tuple[int, ...], transpose_b: bool = False, dtype: DType = dtypes.float16) -> Kernel:
+  a, b = (Tensor.rand(*s).cast(dtype).realize() for s in shapes)
   return Kernel(create_schedule((a @ (b.T if transpose_b else b)).uop, "CPU")[0][0].ast, H100_TC)
 
 
 def tc_kernels() -> list[Kernel]:
   t, o = OptOps, Opt
-  ret = [_f16_matmul((64, 32), (32, 48)).apply_opts(hand_coded_optimizations(_f16_matmul((64, 32), (32, 48))))]
-  ret += [_f16_matmul((64, 32), (32, 48)).apply_opts(opts) for opts in [
+  ret = [_matmul16((64, 32), (32, 48)).apply_opts(hand_coded_optimizations(_matmul16((64, 32), (32, 48))))]
+  ret += [_matmul16((64, 32), (32, 48)).apply_opts(opts) for opts in [
     [o(t.TC, 0, 0)], [o(t.TC, 0, 0), o(t.UPCAST, 0, 2), o(t.LOCAL, 1, 3), o(t.UNROLL, 0, 2)], [o(t.TC, 0, 0), o(t.SWAP, 0, 1), o(t.UPCAST, 1, 3)]]]
-  ret.append(_f16_matmul((48, 32), (64, 32), transpose_b=True).apply_opts([o(t.TC, 0, 0), o(t.UPCAST, 1, 2)]))  # B column major
-  ret.append(_f16_matmul((2, 32, 16), (2, 16, 32)).apply_opts([o(t.TC, 0, 0), o(t.LOCAL, 0, 2)]))  # batched
+  ret.append(_matmul16((48, 32), (64, 32), transpose_b=True).apply_opts([o(t.TC, 0, 0), o(t.UPCAST, 1, 2)]))  # B column major
+  ret.append(_matmul16((2, 32, 16), (2, 16, 32)).apply_opts([o(t.TC, 0, 0), o(t.LOCAL, 0, 2)]))  # batched
+  bf16 = _matmul16((64, 32), (32, 48), dtype=dtypes.bfloat16)
+  ret += [bf16.copy().apply_opts(hand_coded_optimizations(bf16)), bf16.copy().apply_opts([o(t.TC, 0, 0), o(t.UPCAST, 0, 2), o(t.UNROLL, 0, 2)])]
+  ret.append(_matmul16((48, 32), (64, 32), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 0), o(t.LOCAL, 1, 2)]))
   return ret
 
 
@@ -141,11 +160,13 @@ def test_tensor_core_opt() -> None:
   ks = tc_kernels()
   assert all(k.tc is not None for k in ks) and ks[0].opts[0] == Opt(OptOps.TC, 0, 0) and len(ks[0].opts) >= 3
   assert ks[4].tc is not None and (ks[4].tc.a_layout, ks[4].tc.b_layout) == ("row_major", "col_major")
-  assert ks[1].launch_dims == (4 * 3, 32)
-  with pytest.raises(KernelOptError, match="tensor cores"): Kernel(_f16_matmul((64, 32), (32, 48)).ast, H100).apply_opt(Opt(OptOps.TC, 0, 0))
-  with pytest.raises(KernelOptError, match="multiples of 16"): _f16_matmul((24, 32), (32, 48)).apply_opt(Opt(OptOps.TC, 0, 0))
-  with pytest.raises(KernelOptError, match="first"): _f16_matmul((64, 32), (32, 48)).apply_opts([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.TC, 0, 0)])
-  with pytest.raises(KernelOptError, match="combine"): _f16_matmul((64, 32), (32, 48)).apply_opts([Opt(OptOps.TC, 0, 0), Opt(OptOps.GROUP, 0, 2)])
+  assert ks[1].launch_dims == (4 * 3, 32) and all(k.tc is not None and k.tc.a.dtype == dtypes.bfloat16 for k in ks[6:])
+  bf16_on_f16_only = Kernel(_matmul16((64, 32), (32, 48), dtype=dtypes.bfloat16).ast, dataclasses.replace(H100, tensor_cores=("float16",)))
+  with pytest.raises(KernelOptError, match="float16 inputs"): bf16_on_f16_only.apply_opt(Opt(OptOps.TC, 0, 0))
+  with pytest.raises(KernelOptError, match="tensor cores"): Kernel(_matmul16((64, 32), (32, 48)).ast, H100).apply_opt(Opt(OptOps.TC, 0, 0))
+  with pytest.raises(KernelOptError, match="multiples of 16"): _matmul16((24, 32), (32, 48)).apply_opt(Opt(OptOps.TC, 0, 0))
+  with pytest.raises(KernelOptError, match="first"): _matmul16((64, 32), (32, 48)).apply_opts([Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.TC, 0, 0)])
+  with pytest.raises(KernelOptError, match="combine"): _matmul16((64, 32), (32, 48)).apply_opts([Opt(OptOps.TC, 0, 0), Opt(OptOps.GROUP, 0, 2)])
   f32 = Kernel(create_schedule((Tensor.rand(32, 32) @ Tensor.rand(32, 32)).uop, "CPU")[0][0].ast, H100_TC)
   with pytest.raises(KernelOptError, match="float16"): f32.apply_opt(Opt(OptOps.TC, 0, 0))
 
@@ -153,7 +174,7 @@ def test_tensor_core_opt() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_tensor_core_source_compiles_with_nvcc() -> None:
   srcs = [CUDARenderer().render(k) for k in tc_kernels()]
-  assert all("wmma::mma_sync" in s for s in srcs)
+  assert all("wmma::mma_sync" in s for s in srcs) and sum("16, __nv_bfloat16, wmma::" in s for s in srcs) == 3
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
@@ -174,7 +195,7 @@ def test_cuda_source_compiles_with_nvrtc() -> None:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + tc_kernels())
+  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + tc_kernels())
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tinytune.dtype import dtypes
 from tinytune.kernels import WORKLOADS, get_workload
 from tinytune.kernels.baselines import numpy_baseline, time_callable, torch_baseline
 from tinytune.search.evaluate import TimingPolicy
@@ -36,6 +37,16 @@ def test_builder_matches_reference(name: str, index: int) -> None:
   assert out.shape == ref.shape == w.output(params)  # type: ignore[misc]
   np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
   assert w.flops(params) > 0 and w.nbytes(params) >= 4 * ref.size
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_builder_in_bfloat16(name: str) -> None:
+  """bfloat16 inputs (each step rounds to 8 significant bits) against the reference on the same inputs in float32."""
+  w = get_workload(name)
+  params = w.params(SMALL[name][1])
+  out, arrays = w.instantiate(params, dtypes.bfloat16)
+  assert out.dtype == dtypes.bfloat16 and all(a.dtype == dtypes.bfloat16.np for a in arrays)
+  np.testing.assert_allclose(out.numpy().astype(np.float32), w.reference(params, *[a.astype(np.float32) for a in arrays]), rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.parametrize("name", list(SMALL))

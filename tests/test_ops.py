@@ -144,6 +144,11 @@ def r_cast_half(x: Ref) -> Ref:
   return _ref(x.v, x.e + 2.0 ** -11 * (np.abs(x.v) + x.e) + 2.0 ** -25)
 
 
+def r_cast_bf16(x: Ref) -> Ref:  # 8 significant bits; below 2**-126 a bfloat16 is subnormal, spaced 2**-133
+  if np.any(np.abs(x.v) + x.e > 3e38): raise Ambiguous("bfloat16 overflow")
+  return _ref(x.v, x.e + 2.0 ** -8 * (np.abs(x.v) + x.e) + 2.0 ** -134)
+
+
 def r_nonzero(x: Ref) -> Ref:
   if np.any((np.abs(x.v) <= x.e) & (x.e > 0)): raise Ambiguous("cast to bool")
   return _ref(x.v != 0, np.zeros_like(x.e))
@@ -337,6 +342,7 @@ UNARY: dict[str, tuple[str, Callable[[Tensor], Tensor], Callable[[Ref], Ref]]] =
   "tanh": ("{}.tanh()", lambda t: t.tanh(), r_tanh),
   "square": ("{} ** 2", lambda t: t ** 2, lambda r: r_mul(r, r)),
   "half": ("{}.cast(dtypes.float16).cast(dtypes.float32)", lambda t: t.cast(dtypes.float16).cast(dtypes.float32), r_cast_half),
+  "bf16": ("{}.cast(dtypes.bfloat16).cast(dtypes.float32)", lambda t: t.cast(dtypes.bfloat16).cast(dtypes.float32), r_cast_bf16),
   "int": ("{}.cast(dtypes.int32).cast(dtypes.float32)", lambda t: t.cast(dtypes.int32).cast(dtypes.float32), r_cast_int),
   "nonzero": ("{}.cast(dtypes.bool).cast(dtypes.float32)", lambda t: t.cast(dtypes.bool).cast(dtypes.float32), r_nonzero),
   "clip": ("{}.clip(-1.5, 2)", lambda t: t.clip(-1.5, 2), lambda r: _ref(np.clip(r.v, -1.5, 2), r.e)),
@@ -604,6 +610,8 @@ def check(t: Tensor, expected: Any, dtype: DType | None = None, rtol: float = 1e
 
 
 F16 = dict(rtol=2e-3, atol=2e-3)
+BF16 = dict(rtol=2e-2, atol=2e-2)  # 8 significant bits to float16's 11
+TOL16 = {dtypes.float16: F16, dtypes.bfloat16: BF16}
 
 # name -> (tinytune, numpy, (lo, hi) of the inputs)
 UNARY_OPS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.ndarray], tuple[float, float]]] = {
@@ -635,12 +643,12 @@ UNARY_OPS: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np
 
 @pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", sorted(UNARY_OPS))
-@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16])
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16])
 def test_unary(name: str, dtype: DType) -> None:
   fn, ref, (lo, hi) = UNARY_OPS[name]
   a = rand(3, 17, lo=lo, hi=hi).astype(dtype.np)
   a[0, :3] = [lo, hi, (lo + hi) / 2]
-  tol = F16 if dtype == dtypes.float16 else dict(rtol=2e-5, atol=2e-6)
+  tol = TOL16.get(dtype, dict(rtol=2e-5, atol=2e-6))
   check(fn(Tensor(a)), ref(a.astype(np.float64)), dtype, **tol)
 
 
@@ -744,6 +752,15 @@ def test_scalar_promotion() -> None:
   assert (Tensor([True]) & True).dtype == dtypes.bool
   check(Tensor([True, False]) + 1, [2, 1], dtypes.int32)
   check(Tensor([1, 2], dtype=dtypes.float16) * 1.5, np.array([1.5, 3.0], np.float16), dtypes.float16)
+  assert (Tensor([1, 2], dtype=dtypes.bfloat16) + 1.5).dtype == dtypes.bfloat16
+  assert (Tensor([1, 2], dtype=dtypes.bfloat16) + Tensor([1], dtype=dtypes.float32)).dtype == dtypes.float32
+  assert (Tensor([1, 2], dtype=dtypes.bfloat16) + Tensor([1], dtype=dtypes.int64)).dtype == dtypes.bfloat16
+  bf16 = dtypes.bfloat16.np
+  check(Tensor([1, 2], dtype=dtypes.bfloat16) * bf16(1.5), np.array([1.5, 3.0], bf16), dtypes.bfloat16)
+  check(Tensor([1, 2], dtype=dtypes.bfloat16) + 0.1, np.array([1.1015625, 2.09375], bf16), dtypes.bfloat16, rtol=0, atol=0)  # 0.1 rounds first
+  # neither 16-bit float holds the other's values (float16 has 5 exponent bits, bfloat16 8 significant bits): both become float32
+  mixed = Tensor([1 / 3, 70000.0], dtype=dtypes.bfloat16) + Tensor([2 ** -10, 0.0], dtype=dtypes.float16)
+  check(mixed, np.array([1 / 3, 70000.0], bf16).astype(np.float32) + np.array([2 ** -10, 0], np.float32), dtypes.float32, rtol=0, atol=0)
 
 
 def test_bool_arithmetic() -> None:
@@ -793,7 +810,7 @@ CMP_OPS = {"<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator
 
 @pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("op", sorted(CMP_OPS))
-@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool])
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool])
 def test_comparisons(op: str, dtype: DType) -> None:
   fn = CMP_OPS[op]
   a = np.array([0, 1, 2, 3, 1, 0], dtype.np)
@@ -849,7 +866,7 @@ def test_maximum_minimum_mixed() -> None:
 # ***** casts *****
 
 CAST_VALUES = {dtypes.bool: [True, False, True], dtypes.uint8: [0, 7, 200], dtypes.int32: [-5, 0, 100], dtypes.int64: [-5, 0, 2 ** 40],
-               dtypes.float16: [-2.5, 0.0, 1000.0], dtypes.float32: [-2.75, 0.0, 1e6]}
+               dtypes.float16: [-2.5, 0.0, 1000.0], dtypes.bfloat16: [-2.5, 0.0, 1.5e38], dtypes.float32: [-2.75, 0.0, 1e6]}
 
 
 @pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
@@ -857,7 +874,7 @@ CAST_VALUES = {dtypes.bool: [True, False, True], dtypes.uint8: [0, 7, 200], dtyp
 def test_cast(src: DType, dst: DType) -> None:
   a = np.array(CAST_VALUES[src], src.np)
   if dst == dtypes.uint8 and src not in (dtypes.bool, dtypes.uint8): a = (np.abs(a) % 200).astype(src.np)  # out of range is UB in C
-  if dst in (dtypes.float16, dtypes.int32) and src in (dtypes.int64, dtypes.float32): a = (a % 1000).astype(src.np)
+  if dst in (dtypes.float16, dtypes.int32, dtypes.int64) and src in (dtypes.int64, dtypes.float32, dtypes.bfloat16): a = (a % 1000).astype(src.np)
   check(Tensor(a).cast(dst), a.astype(dst.np), dst)
   check((Tensor(a) ^ True if src == dtypes.bool else Tensor(a) * 1).cast(dst), (a ^ True if src == dtypes.bool else a).astype(dst.np), dst)
 
@@ -866,7 +883,25 @@ def test_cast_by_name_and_numpy_dtype() -> None:
   check(Tensor([1.7, -1.7]).cast("int32"), [1, -1], dtypes.int32)
   check(Tensor([1.7, 0.0]).cast(np.bool_), [True, False], dtypes.bool)
   check(Tensor([1, 2]).cast(np.float16), np.array([1, 2], np.float16), dtypes.float16)
+  check(Tensor([1, 2]).cast("bfloat16"), np.array([1, 2], dtypes.bfloat16.np), dtypes.bfloat16)
+  check(Tensor([1, 2]).cast(np.dtype(dtypes.bfloat16.np)), np.array([1, 2], dtypes.bfloat16.np), dtypes.bfloat16)
   with pytest.raises(TypeError, match="unsupported dtype"): Tensor([1.0]).cast("complex64")
+
+
+@pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
+def test_bfloat16_cast_rounds_like_ml_dtypes() -> None:
+  """float32 -> bfloat16 bit for bit as ml_dtypes: nearest even (ties both ways), NaN of either sign, infinities, overflow, subnormals."""
+  special = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F808001, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7F800000, 0xFF800000, 0x7FC00000,
+                      0xFFC00001, 0x7F800001, 0xFFFFFFFF, 0x00000000, 0x80000000, 0x00000001, 0x00008000, 0x00018000, 0x007FFFFF,
+                      0x807F8000, 0x00800000], np.uint32)
+  bits = np.concatenate([special, np.random.default_rng(0).integers(0, 2 ** 32, 2000, dtype=np.uint32)])
+  x = bits.view(np.float32)
+  with np.errstate(invalid="ignore", over="ignore"): exp = x.astype(dtypes.bfloat16.np)
+  got = Tensor(x).cast(dtypes.bfloat16).numpy()
+  assert got.dtype == exp.dtype
+  np.testing.assert_array_equal(got.view(np.uint16), exp.view(np.uint16))
+  np.testing.assert_array_equal(Tensor(exp).cast(dtypes.float32).numpy().view(np.uint32), exp.astype(np.float32).view(np.uint32))
+  np.testing.assert_array_equal((Tensor(x) * 1).cast(dtypes.bfloat16).numpy().view(np.uint16), exp.view(np.uint16))
 
 
 # ***** reductions *****
@@ -876,7 +911,7 @@ AXES = [None, 0, 1, -1, 2, (0, 2), (-1, 0), (0, 1, 2), (1,)]
 
 def _np_red(name: str, a: np.ndarray, axis: Any, keepdim: bool) -> np.ndarray:
   fn = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}[name]
-  return fn(a.astype(np.float64) if a.dtype.kind == "f" or name == "mean" else a, axis=axis, keepdims=keepdim)
+  return fn(a.astype(np.float64) if a.dtype.kind == "f" or a.dtype == dtypes.bfloat16.np or name == "mean" else a, axis=axis, keepdims=keepdim)
 
 
 @pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
@@ -890,7 +925,7 @@ def test_reduce_float(name: str, axis: Any, keepdim: bool) -> None:
 
 @pytest.mark.usefixtures("each_device")  # also on the devices with workgroups
 @pytest.mark.parametrize("name", ["sum", "max", "min", "mean"])
-@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool, dtypes.float16])
+@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool, dtypes.float16, dtypes.bfloat16])
 @pytest.mark.parametrize("axis", [None, 0, -1, (0, 2)])
 def test_reduce_dtypes(name: str, dtype: DType, axis: Any) -> None:
   rng = np.random.default_rng(1)
@@ -899,12 +934,13 @@ def test_reduce_dtypes(name: str, dtype: DType, axis: Any) -> None:
   out = getattr(Tensor(a), name)(axis)
   exp_dt = {"sum": dtypes.int64 if not dtype.is_float else dtype, "mean": dtypes.float32 if not dtype.is_float else dtype}.get(name, dtype)
   exp = _np_red(name, a.astype(np.int64) if name == "sum" and not dtype.is_float else a, axis, False)
-  check(out, np.asarray(exp).astype(exp_dt.np), exp_dt, **(F16 if dtype == dtypes.float16 else {}))
+  check(out, np.asarray(exp).astype(exp_dt.np), exp_dt, **TOL16.get(dtype, {}))
 
 
 def test_float16_sum_accumulates_in_float32() -> None:
   check(Tensor.ones(4096, dtype=dtypes.float16).sum(), np.float16(4096), dtypes.float16)
   check(Tensor.ones(64, 3000, dtype=dtypes.float16).mean(1), np.ones(64, np.float16), dtypes.float16)
+  check(Tensor.ones(4096, dtype=dtypes.bfloat16).sum(), 4096, dtypes.bfloat16)  # a bfloat16 sum would stall at 256
 
 
 def test_sum_dtype_and_int_overflow() -> None:
@@ -1135,6 +1171,8 @@ def test_matmul_dtypes() -> None:
   check(Tensor(a) @ Tensor(b.astype(np.float32)), (a @ b).astype(np.float32), dtypes.float32)
   h = rand(3, 64, dtype=np.float16)
   check(Tensor(h) @ Tensor(h.T.copy()), h.astype(np.float32) @ h.T.astype(np.float32), dtypes.float16, rtol=2e-3, atol=2e-2)
+  bf = h.astype(dtypes.bfloat16.np)
+  check(Tensor(bf) @ Tensor(bf.T.copy()), bf.astype(np.float32) @ bf.T.astype(np.float32), dtypes.bfloat16, rtol=1e-2, atol=1e-1)
   m = np.array([[True, False], [False, False]])
   check(Tensor(m) @ Tensor(m), m @ m, dtypes.bool)
 
@@ -1171,6 +1209,7 @@ def test_conv2d_int_and_half() -> None:
   exp = np.array([[[[x[0, :, i:i + 2, j:j + 2].sum() for j in range(2)] for i in range(2)]]])
   check(Tensor(x).conv2d(Tensor(w)), exp, dtypes.int32)
   check(Tensor(x, dtype=dtypes.float16).conv2d(Tensor(w, dtype=dtypes.float16)), exp.astype(np.float16), dtypes.float16)
+  check(Tensor(x, dtype=dtypes.bfloat16).conv2d(Tensor(w, dtype=dtypes.bfloat16)), exp.astype(dtypes.bfloat16.np), dtypes.bfloat16)
 
 
 POOL_CASES = [(2, None, 0, 1), (3, 2, 1, 1), ((2, 3), (1, 2), (1, 0), 1), (2, 1, 0, 2), (3, 3, 1, (1, 2)), (1, 1, 0, 1)]
@@ -1245,7 +1284,7 @@ def test_reductions_random(data: Any) -> None:
   else: axis = _axis_arg(data.draw, nd)
   keepdim = data.draw(st.booleans())
   x, a64 = Tensor(a), a.astype(np.float64)
-  tol = dict(rtol=2e-3, atol=2e-3) if dtype == dtypes.float16 else dict(rtol=1e-5, atol=1e-5)
+  tol = TOL16.get(dtype, dict(rtol=1e-5, atol=1e-5))
   if name in ("var", "std"):
     corr = data.draw(st.integers(0, 1))
     assume(math.prod(shape[a] for a in _axes(axis, nd)) > corr)
@@ -1313,6 +1352,8 @@ def test_large_kernels() -> None:
   check(Tensor(a).argmax(0), a.argmax(0))
   check(Tensor((a * 10).astype(np.int32)).sum(1), (a * 10).astype(np.int32).astype(np.int64).sum(1))
   check(Tensor(a.astype(np.float16)).sum(0), a.astype(np.float16).astype(np.float64).sum(0), rtol=2e-3, atol=2e-2)
+  bf = a.astype(dtypes.bfloat16.np)
+  check(Tensor(bf).sum(0), bf.astype(np.float64).sum(0), rtol=1e-2, atol=1e-1)
 
 
 # ***** bugs outside tensor.py, fixed: regression tests (new known bugs go here as strict xfails) *****

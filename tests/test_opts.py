@@ -65,6 +65,9 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "int64_max": lambda: (_ints(5, 12).cast(dtypes.int64) * -(2**40)).max(0),  # the identity -2**63 has no C literal
   "float16": lambda: (_rand(8, 16).cast(dtypes.float16) * _randn(16).cast(dtypes.float16)).sum(-1) + 1,  # sums in float32
   "matmul_f16": lambda: _randn(32, 16).cast(dtypes.float16).realize() @ _randn(16, 48).cast(dtypes.float16).realize(),  # TC on CUDA
+  # bfloat16 loads into float32 lanes, and a cast rounding in the kernel
+  "bfloat16": lambda: (_rand(8, 16).cast(dtypes.bfloat16).realize() * _randn(16).cast(dtypes.bfloat16)).sum(-1, dtype=dtypes.float32) + 1,
+  "matmul_bf16": lambda: _randn(32, 16).cast(dtypes.bfloat16).realize() @ _randn(16, 48).cast(dtypes.bfloat16).realize(),  # TC on CUDA
 }
 
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
@@ -106,7 +109,8 @@ def kernel_cases(device: str = DEVICE) -> dict[str, KernelCase]:
 
 
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
-           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16", "matmul_f16"]
+           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
+           "bfloat16", "matmul_bf16"]
 
 
 def test_kernel_list() -> None:
@@ -114,6 +118,8 @@ def test_kernel_list() -> None:
   names = {k: kc.kernel().name for k, kc in kernel_cases().items()}
   assert names["matmul_odd"] == "r_24_20_12" and names["softmax2"].startswith("E_") and names["conv2d"] == "r_2_4_5_5_3_3_3"
   assert kernel_cases()["int32"].item.out.dtype == dtypes.int32 and kernel_cases()["float16"].item.out.dtype == dtypes.float16
+  assert dtypes.bfloat16 in {b.dtype for b in kernel_cases()["bfloat16"].kernel().bufs}
+  assert kernel_cases()["matmul_bf16"].item.out.dtype == dtypes.bfloat16
 
 
 # ***** helpers *****
@@ -152,7 +158,7 @@ def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
   srcs = [dev.renderer.render(k) for k in kernels]
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: libs = list(pool.map(functools.partial(_compile, kc.device), srcs))  # warms the cache
   out = Buffer(kc.device, kc.item.out.size, kc.item.out.dtype)
-  float_tol = {dtypes.float32: 1e-5, dtypes.float16: 1e-3}.get(kc.item.out.dtype, 0)
+  float_tol = {dtypes.float32: 1e-5, dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2}.get(kc.item.out.dtype, 0)
   failures = []
   for k, lib in zip(kernels, libs):
     if isinstance(lib, Exception):
@@ -164,7 +170,7 @@ def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
     # a workgroup adds its partial sums in another order: exact cases are then exact only up to rounding of the sum
     grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in k.opts)
     tol = 0 if kc.name in EXACT and not (grouped and kc.item.out.dtype.is_float) else float_tol
-    if k.tc is not None: tol = 1e-2  # tensor cores multiply exactly, where the kernel with no opts rounds products to float16
+    if k.tc is not None: tol = 10 * float_tol  # tensor cores multiply exactly, where the kernel with no opts rounds products to 16 bits
     atol = tol * float(np.abs(kc.ref).max(initial=1)) if grouped else tol
     try: np.testing.assert_allclose(out.numpy_view(), kc.ref, rtol=tol, atol=atol)
     except AssertionError as e: failures.append(f"{k.opts}: {str(e).strip().splitlines()[2:4]}")
@@ -192,7 +198,8 @@ def test_every_single_opt(name: str, device: str) -> None:
   kc = kernel_cases(device)[name]
   opts = valid_opts(kc.kernel())
   ops = {o.op for o in opts}
-  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and (OptOps.TC in ops) == (name == "matmul_f16" and bool(kc.kernel().caps.tensor_cores))
+  tc = name in ("matmul_f16", "matmul_bf16") and bool(kc.kernel().caps.tensor_cores)
+  assert {OptOps.UPCAST, OptOps.PADTO} <= ops and (OptOps.TC in ops) == tc
   if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and OptOps.THREAD not in ops
   else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP}
   if kc.kernel().n_reduce: assert OptOps.UNROLL in ops and (OptOps.GROUP in ops) == kc.kernel().caps.has_local

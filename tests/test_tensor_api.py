@@ -22,6 +22,8 @@ from tinytune.dtype import DType
   (np.arange(6, dtype=np.uint8), dtypes.uint8, np.arange(6)),
   (np.array([1.5, -2.5]), dtypes.float32, np.array([1.5, -2.5])),  # float64 comes in as float32
   (np.array([1.5, -2.5], np.float16), dtypes.float16, np.array([1.5, -2.5])),
+  (np.array([1.5, -2.5, 3e38], dtypes.bfloat16.np), dtypes.bfloat16, np.array([1.5, -2.5, 3e38])),
+  (dtypes.bfloat16.np(0.1), dtypes.bfloat16, np.array(0.10009765625)),
   (np.array([1, 2], np.int16), dtypes.int64, np.array([1, 2])),
   (3, dtypes.int32, np.array(3)),
   (2 ** 40, dtypes.int64, np.array(2 ** 40)),  # too big for int32
@@ -37,7 +39,7 @@ def test_tensor_from_data(data: Any, dtype: DType, expected: np.ndarray) -> None
   check(t, expected.astype(dtype.np), dtype)
 
 
-@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool])
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool])
 @pytest.mark.parametrize("spelling", ["dtype", "name", "numpy"])
 def test_tensor_with_dtype(dtype: DType, spelling: str) -> None:
   arg = {"dtype": dtype, "name": dtype.name, "numpy": dtype.np}[spelling]
@@ -64,7 +66,7 @@ def test_tensor_device() -> None:
   check(t.to("CPU"), [1.0, 2.0])
 
 
-@pytest.mark.parametrize("dtype", [None, dtypes.float16, dtypes.int32, dtypes.uint8, dtypes.bool])
+@pytest.mark.parametrize("dtype", [None, dtypes.float16, dtypes.bfloat16, dtypes.int32, dtypes.uint8, dtypes.bool])
 def test_zeros_ones_full(dtype: DType | None) -> None:
   npdt = (dtype or dtypes.float32).np
   check(Tensor.zeros(2, 3, dtype=dtype), np.zeros((2, 3), npdt), dtype or dtypes.float32)
@@ -84,7 +86,7 @@ def test_full_infers_dtype_from_value() -> None:
 
 @pytest.mark.parametrize("args,kwargs", [((5,), {}), ((2, 7), {}), ((1, 2, 0.25), {}), ((5, 0, -2), {}), ((-3, 3), {}), ((0.5, 3), {}),
                                          ((4,), {"dtype": dtypes.float32}), ((0, 10, 3), {"dtype": dtypes.int64}), ((3,), {"dtype": "float16"}),
-                                         ((0,), {})])
+                                         ((3,), {"dtype": "bfloat16"}), ((0,), {})])
 def test_arange(args: tuple, kwargs: dict) -> None:
   dt = kwargs.get("dtype")
   t = Tensor.arange(*args, **kwargs)

@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("workload", help="a workload of `tinytune kernels`")
   search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (see `tinytune search WORKLOAD -p help=1`)")
   search.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
-  search.add_argument("--dtype", default="float32", help="float32 (default), float16, int32, ...")
+  search.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16, int32, ...")
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
   search.add_argument("--beam-width", type=int, default=4)
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 
@@ -28,10 +29,11 @@ class dtypes:
   int32 = DType(3, 4, "int32", np.int32, "i")
   int64 = DType(4, 8, "int64", np.int64, "i")
   float16 = DType(5, 2, "float16", np.float16, "f")
-  float32 = DType(6, 4, "float32", np.float32, "f")
+  bfloat16 = DType(6, 2, "bfloat16", ml_dtypes.bfloat16, "f")  # float32's exponent, 8 significant bits: stored as 16 bits, computed in float32
+  float32 = DType(7, 4, "float32", np.float32, "f")
   default_float = float32
   default_int = int32
-  all = (bool, uint8, int32, int64, float16, float32)
+  all = (bool, uint8, int32, int64, float16, bfloat16, float32)
 
   @staticmethod
   def from_any(x: Any) -> DType:
@@ -55,4 +57,7 @@ _BY_NAME = {d.name: d for d in dtypes.all}
 _BY_NP = {d.np: d for d in dtypes.all}
 
 
-def least_upper(*ds: DType) -> DType: return max(ds, key=lambda d: d.priority)
+def least_upper(*ds: DType) -> DType:
+  """The type of a result mixing `ds`; float16 with bfloat16 is float32, since neither holds the other's values."""
+  ret = max(ds, key=lambda d: d.priority)
+  return dtypes.float32 if ret == dtypes.bfloat16 and dtypes.float16 in ds else ret

@@ -274,7 +274,7 @@ class Tensor:
   def _broadcasted(self, y: TensorLike, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x: Tensor = self
     if not isinstance(y, Tensor):
-      if isinstance(y, (np.bool_, np.integer, np.floating)): y = y.item()  # numpy scalars combine like python numbers
+      if isinstance(y, (np.bool_, np.integer, np.floating, dtypes.bfloat16.np)): y = y.item()  # numpy scalars combine like python numbers
       if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
       dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
       if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
@@ -431,7 +431,8 @@ class Tensor:
 
   def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
     dt = dtypes.from_any(dtype) if dtype else dtypes.int64 if self.dtype in (dtypes.bool, dtypes.uint8, dtypes.int32) else self.dtype
-    if dt == dtypes.float16: return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dt)  # a float16 sum stalls at 2048 + 1
+    if dt.is_float and dt.itemsize == 2:  # a float16 sum stalls at 2048 + 1, a bfloat16 one at 256 + 1
+      return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dt)
     return self.cast(dt)._reduce(Ops.ADD, axis, keepdim)
 
   def _flip_order(self) -> Tensor:

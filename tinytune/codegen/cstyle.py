@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
 from tinytune.shape import strides_for
@@ -31,8 +33,9 @@ class Val:
 
 class CStyleRenderer:
   types = {dtypes.bool: "_Bool", dtypes.uint8: "unsigned char", dtypes.int32: "int", dtypes.int64: "long",
-           dtypes.float16: "_Float16", dtypes.float32: "float"}
-  buffer_types: dict[DType, str] = {}  # where a buffer's element type differs from its value type
+           dtypes.float16: "_Float16", dtypes.bfloat16: "float", dtypes.float32: "float"}
+  # where a buffer's element type differs from its value type: bfloat16 is stored as its 16 bits and computed in float32
+  buffer_types: dict[DType, str] = {dtypes.bfloat16: "unsigned short"}
   index_type = "long"  # loop variables and index math
   restrict = "restrict"
   buffer_prefix = ""  # an address space for buffers
@@ -47,13 +50,30 @@ class CStyleRenderer:
   group_id, local_id, barrier, shared_prefix = "", "", "", ""
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
-  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{ptr}[{idx}]"
-  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str: return f"{ptr}[{idx}] = {val};"
+  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"tt_bf16_to_f32({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"{ptr}[{idx}] = {f'tt_f32_to_bf16({val})' if dtype == dtypes.bfloat16 else val};"
+
+  def bits_prelude(self) -> str:
+    """tt_f32_bits and tt_bits_f32: a float32's bits as an unsigned int and back."""
+    fp = self.func_prefix
+    return (f"{fp} unsigned int tt_f32_bits(float f) {{ unsigned int u; __builtin_memcpy(&u, &f, 4); return u; }}\n"
+            f"{fp} float tt_bits_f32(unsigned int u) {{ float f; __builtin_memcpy(&f, &u, 4); return f; }}\n")
+
+  def bf16_prelude(self) -> str:
+    """bfloat16 <-> float32 by bits: round to nearest even, a NaN becomes the quiet NaN of its sign (as ml_dtypes does)."""
+    fp, st = self.func_prefix, self.buffer_types[dtypes.bfloat16]
+    return self.bits_prelude() + (
+      f"{fp} float tt_bf16_to_f32({st} h) {{ return tt_bits_f32((unsigned int)h << 16); }}\n"
+      f"{fp} {st} tt_f32_to_bf16(float f) {{ unsigned int u = tt_f32_bits(f); "
+      f"return ({st})((u & 0x7fffffff) > 0x7f800000 ? ((u >> 16) & 0x8000) | 0x7fc0 : (u + 0x7fff + ((u >> 16) & 1)) >> 16); }}\n"
+      f"{fp} float tt_bf16_round(float f) {{ return tt_bf16_to_f32(tt_f32_to_bf16(f)); }}\n")
 
   def prelude(self, k: Kernel) -> str:
     it, fp = self.index_type, self.func_prefix
-    return self.includes + (f"{fp} {it} tt_fdiv({it} a, {it} b) {{ {it} q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }}\n"
-                            f"{fp} {it} tt_fmod({it} a, {it} b) {{ {it} r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }}\n")
+    bf16 = self.bf16_prelude() if dtypes.bfloat16 in _dtypes(k) else ""
+    return self.includes + bf16 + (f"{fp} {it} tt_fdiv({it} a, {it} b) {{ {it} q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }}\n"
+                                   f"{fp} {it} tt_fmod({it} a, {it} b) {{ {it} r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }}\n")
 
   lane_fmt = "{}[{}]"
   aligned_vectors = False  # vector loads and stores need addresses aligned to the vector
@@ -73,6 +93,8 @@ class CStyleRenderer:
       text = (f"{i}L" if i > -2**63 else f"{i + 1}L-1") if dtype == dtypes.int64 else str(i)  # -2**63 has no literal
       return f"({text})" if i < 0 else text
     f = float(v)  # type: ignore[arg-type]
+    if dtype.itemsize == 2:  # a 16-bit float constant is the value it rounds to
+      with np.errstate(over="ignore"): f = float(dtype.np(f))
     if math.isnan(f): return self.nan
     if math.isinf(f): return self.inf if f > 0 else f"(-{self.inf})"
     text = f"{f!r}f"
@@ -81,7 +103,7 @@ class CStyleRenderer:
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
     a = args[0]
     b = args[1] if len(args) > 1 else ""
-    if op is Ops.CAST: return f"(({self.types[dtype]})({a}))"
+    if op is Ops.CAST: return f"tt_bf16_round((float)({a}))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
     if op is Ops.MAX and dtype.is_float: return f"(({a}>{b}||{a}!={a})?{a}:{b})"  # a NaN in either operand wins, as in numpy
     return {
       Ops.NEG: f"(-{a})", Ops.EXP2: f"{self.math}exp2{self.math_suffix}({a})", Ops.LOG2: f"{self.math}log2{self.math_suffix}({a})",
@@ -198,9 +220,9 @@ class _KernelRender:
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     ctype = self.r.types[dtype]
-    def code(args: list[str]) -> str:  # float16 computed in float32 rounds each result to float16
+    def code(args: list[str]) -> str:  # a 16-bit float computed in float32 rounds each result to its type
       expr = self.r.code(op, args, dtype)
-      return self.r.code(Ops.CAST, [expr], dtype) if dtype == dtypes.float16 and ctype == "float" and op is not Ops.CAST else expr
+      return self.r.code(Ops.CAST, [expr], dtype) if dtype.itemsize == 2 and ctype == "float" and op is not Ops.CAST else expr
     if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, code([s.names[0] for s in srcs])),))
     if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in src_dtypes or [dtype]):
       return Val("v", (self.emit(self.vt, self.r.code(op, [self.vec(s) for s in srcs], dtype)),), self.r.lane_fmt)
@@ -371,9 +393,9 @@ class _GPURenderer(CStyleRenderer):
 
 class CUDARenderer(_GPURenderer):
   """CUDA C++. float16 is stored as half and computed in float32 (half's operators mix badly with float), rounded to half
-  where the program casts to float16."""
+  where the program casts to float16; bfloat16 likewise as __nv_bfloat16."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "float"}
-  buffer_types = {dtypes.float16: "half"}
+  buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
   restrict, func_prefix = "__restrict__", "static __device__ inline"
   group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
@@ -382,7 +404,13 @@ class CUDARenderer(_GPURenderer):
     return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(args)})'
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
-    return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
+    if op is Ops.CAST and dtype == dtypes.float16: return f"__half2float(__float2half_rn((float)({args[0]})))"
+    if op is Ops.CAST and dtype == dtypes.bfloat16: return f"__bfloat162float(__float2bfloat16_rn((float)({args[0]})))"
+    return super().code(op, args, dtype)
+  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"__bfloat162float({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"{ptr}[{idx}] = {f'__float2bfloat16_rn({val})' if dtype == dtypes.bfloat16 else val};"
+  def bf16_prelude(self) -> str: return ""  # cuda_bf16.h has the conversions
 
   def render(self, k: Kernel) -> str: return _TensorCoreRender(self, k).source() if k.tc is not None else super().render(k)
 
@@ -401,9 +429,10 @@ class CUDARenderer(_GPURenderer):
             f"{f} void {vt}_store(float* p, {vt} v) {{ *(float4*)p = make_float4(v.v[0], v.v[1], v.v[2], v.v[3]); }}\n")
 
   def prelude(self, k: Kernel) -> str:
-    half = any(dt == dtypes.float16 for dt in _dtypes(k))
+    used = _dtypes(k)
     mma = "#include <mma.h>\nusing namespace nvcuda;\n" if k.tc is not None else ""
-    return ("#include <cuda_fp16.h>\n" if half else "") + mma + super().prelude(k)
+    return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
+      + mma + super().prelude(k)
 
 
 class HIPRenderer(_GPURenderer):
@@ -423,7 +452,7 @@ class HIPRenderer(_GPURenderer):
 class OpenCLRenderer(_GPURenderer):
   """OpenCL C. Without the cl_khr_fp16 extension, float16 is a storage type: loaded and stored with vload_half and
   vstore_half, computed in float32."""
-  buffer_types = {dtypes.bool: "uchar"}  # bool has no defined size in OpenCL, so it is not allowed in buffers
+  buffer_types = {dtypes.bool: "uchar", dtypes.bfloat16: "ushort"}  # bool has no defined size in OpenCL, so it is not allowed in buffers
 
   def __init__(self, fp16: bool = True):
     self.fp16 = fp16
@@ -434,6 +463,8 @@ class OpenCLRenderer(_GPURenderer):
     return f"vload_half({idx}, {ptr})" if dtype == dtypes.float16 and not self.fp16 else super().load(ptr, idx, dtype)
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"vstore_half({val}, {idx}, {ptr});" if dtype == dtypes.float16 and not self.fp16 else super().store(ptr, idx, val, dtype)
+  def bits_prelude(self) -> str:
+    return "static inline uint tt_f32_bits(float f) { return as_uint(f); }\nstatic inline float tt_bits_f32(uint u) { return as_float(u); }\n"
   buffer_prefix, func_prefix, math_suffix = "__global ", "static inline", ""
   group_id, local_id, barrier, shared_prefix = "get_group_id(0)", "get_local_id(0)", "barrier(CLK_LOCAL_MEM_FENCE);", "__local "
 
@@ -480,7 +511,7 @@ class _TensorCoreRender(_KernelRender):
       ptr = f"data{self.bufs[view.src[0].arg]}+{r.index(simplify(view.arg.index(tuple(dims))[0]))}"
       if (which, ptr) not in frags:
         frags[(which, ptr)] = name = f"{which}{len(frags)}"
-        body.append(f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, half, wmma::{layout}> {name};")
+        body.append(f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {r.buffer_types[view.dtype]}, wmma::{layout}> {name};")
         body.append(f"wmma::load_matrix_sync({name}, {ptr}, {ld});")
       return frags[(which, ptr)]
     for unroll in self.instances((AxisKind.UNROLL,)):

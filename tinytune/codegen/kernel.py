@@ -26,7 +26,7 @@ LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
 
 @dataclass(frozen=True)
 class TensorCore:
-  """A matmul on the matrix units: each warp computes 16x16 output tiles of C = A @ B from 16x16 tiles of A and B (float16),
+  """A matmul on the matrix units: each warp computes 16x16 output tiles of C = A @ B from 16x16 tiles of A and B (float16 or bfloat16),
   adding in float32. `a` and `b` are the views of A and B; a layout is "row_major" where the tile's rows are contiguous."""
   row: int  # the output dim of A's rows (M)
   col: int  # the output dim of B's columns (N)
@@ -38,14 +38,14 @@ class TensorCore:
   b_ld: int
 
 
-TC_SIZE = 16  # wmma's m16n16k16 float16 shape
+TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
 
 
 def find_tensor_core(k: Kernel) -> TensorCore:
-  """The tensor core mapping of a fresh kernel that is a float16 matmul (a sum over one axis of A * B, each read straight from
+  """The tensor core mapping of a fresh kernel that is a float16 or bfloat16 matmul (a sum over one axis of A * B, each read straight from
   memory), or KernelOptError saying why not."""
   check(not k.opts, "TC comes first, before any other opt")
-  check("float16" in k.caps.tensor_cores, "TC needs a device with float16 tensor cores")
+  check(bool(k.caps.tensor_cores), "TC needs a device with tensor cores")
   red = k.reduceop
   check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1, "TC needs a kernel that sums over one axis")
   assert red is not None
@@ -53,7 +53,8 @@ def find_tensor_core(k: Kernel) -> TensorCore:
   check(src.shape[:k.n_global] == tuple(k.out_shape) and red.arg[1] == (k.n_global,), "TC needs the sum's axis last, after the output's")
   views = [u for u in src.toposort if u.op is Ops.VIEW]
   check(all(u.op in (Ops.VIEW, Ops.BUFFER, Ops.MUL, Ops.CAST) for u in src.toposort) and len(views) == 2, "TC needs a product of two inputs")
-  check(all(v.src[0].op is Ops.BUFFER and v.dtype == dtypes.float16 and v.arg.mask is None for v in views), "TC needs float16 inputs")
+  check(all(v.src[0].op is Ops.BUFFER and v.arg.mask is None for v in views), "TC needs inputs read straight from memory")
+  check(views[0].dtype == views[1].dtype and views[0].dtype.name in k.caps.tensor_cores, f"TC needs {' or '.join(k.caps.tensor_cores)} inputs")
   check(any(u.op is Ops.MUL for u in src.toposort) and src.dtype == dtypes.float32, "TC needs a product summed in float32")
   kd, n = k.n_global, k.n_global
   for col in range(n - 1, -1, -1):

@@ -66,7 +66,7 @@ class CUDADevice(Compiled):
     self.renderer = CUDARenderer()
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
                            max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
-                           tensor_cores=("float16",) if self.cc >= (8, 0) else ())
+                           tensor_cores=("float16", "bfloat16") if self.cc >= (8, 0) else ())
 
   def alloc(self, size: int, dtype: DType) -> Any: return _check(cu.cuMemAlloc(max(1, size * dtype.itemsize)), "cuMemAlloc")
   def copyin(self, mem: Any, data: np.ndarray) -> None:
