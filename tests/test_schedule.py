@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import WORKGROUP_DEVICES
 
 from tinytune import GlobalCounters, Tensor
 from tinytune.schedule import create_schedule
@@ -52,6 +53,17 @@ def test_realized_results_are_reused() -> None:
   GlobalCounters.reset()
   (a - m).numpy()  # the max is already a buffer
   assert GlobalCounters.kernel_count == 1
+
+
+@pytest.mark.skipif(not WORKGROUP_DEVICES, reason="needs a second device (OPENCL through pocl in CI)")
+def test_constants_realized_on_one_device_are_not_reused_on_another() -> None:
+  """Constants carry no device, so their graphs are one node everywhere; a buffer realized on the CPU must not feed another
+  device's kernel (it did, when the garbage collector had not yet dropped the CPU's: a flaky failure on OpenCL in CI)."""
+  on_cpu = Tensor.full((6,), 1.0, device="CPU").contiguous()
+  on_cpu.numpy()
+  other = WORKGROUP_DEVICES[0]
+  out = Tensor(np.arange(6, dtype=np.float32), device=other) + Tensor.full((6,), 1.0, device=other).contiguous()
+  assert out.numpy().tolist() == [1, 2, 3, 4, 5, 6] and on_cpu.numpy().tolist() == [1] * 6
 
 
 def test_counters_count_ops_and_bytes() -> None:

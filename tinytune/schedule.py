@@ -55,7 +55,8 @@ def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
 
 def create_schedule(target: UOp, device: str) -> tuple[list[ScheduleItem], UOp]:
   """The kernels that compute `target`, in order, and the realized node that replaces it."""
-  target = target.substitute({u: realized[u] for u in target.toposort if u in realized})
+  # a graph of constants is the same node on every device: reuse only what was realized on this one
+  target = target.substitute({u: v for u in target.toposort if (v := realized.get(u)) is not None and v.src[0].arg.device == device})
   if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return [], target
   roots: set[UOp] = {target} | {u for u in target.toposort if u.op is Ops.CONTIGUOUS}
   while new := set().union(*(_kernel_reduces(root, roots) for root in roots)) - roots: roots |= new
