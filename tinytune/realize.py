@@ -52,7 +52,7 @@ def _tuned_entries(key: str, device: str) -> tuple[tuple[str, str], ...]:
   from tinytune.results_db.cache import deployed
   from tinytune.search.tune import device_fingerprint
   device_hash, found = fingerprint_hash(device_fingerprint(device)), []
-  parsed = database_url(os.getenv("TINYTUNE_DB"))
+  parsed = database_url(None)  # $TINYTUNE_DB or the default file
   url, shown = parsed.render_as_string(hide_password=False), parsed.render_as_string()
   if not (parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database)):
     try:

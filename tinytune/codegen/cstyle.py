@@ -50,9 +50,11 @@ class CStyleRenderer:
   group_id, local_id, barrier, shared_prefix = "", "", "", ""
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
-  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"tt_bf16_to_f32({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
+  bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
+
+  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
-    return f"{ptr}[{idx}] = {f'tt_f32_to_bf16({val})' if dtype == dtypes.bfloat16 else val};"
+    return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
 
   def bits_prelude(self) -> str:
     """tt_f32_bits and tt_bits_f32: a float32's bits as an unsigned int and back."""
@@ -66,8 +68,7 @@ class CStyleRenderer:
     return self.bits_prelude() + (
       f"{fp} float tt_bf16_to_f32({st} h) {{ return tt_bits_f32((unsigned int)h << 16); }}\n"
       f"{fp} {st} tt_f32_to_bf16(float f) {{ unsigned int u = tt_f32_bits(f); "
-      f"return ({st})((u & 0x7fffffff) > 0x7f800000 ? ((u >> 16) & 0x8000) | 0x7fc0 : (u + 0x7fff + ((u >> 16) & 1)) >> 16); }}\n"
-      f"{fp} float tt_bf16_round(float f) {{ return tt_bf16_to_f32(tt_f32_to_bf16(f)); }}\n")
+      f"return ({st})((u & 0x7fffffff) > 0x7f800000 ? ((u >> 16) & 0x8000) | 0x7fc0 : (u + 0x7fff + ((u >> 16) & 1)) >> 16); }}\n")
 
   def prelude(self, k: Kernel) -> str:
     it, fp = self.index_type, self.func_prefix
@@ -103,7 +104,7 @@ class CStyleRenderer:
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
     a = args[0]
     b = args[1] if len(args) > 1 else ""
-    if op is Ops.CAST: return f"tt_bf16_round((float)({a}))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
+    if op is Ops.CAST: return f"{self.bf16_in}({self.bf16_out}((float)({a})))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
     if op is Ops.MAX and dtype.is_float: return f"(({a}>{b}||{a}!={a})?{a}:{b})"  # a NaN in either operand wins, as in numpy
     return {
       Ops.NEG: f"(-{a})", Ops.EXP2: f"{self.math}exp2{self.math_suffix}({a})", Ops.LOG2: f"{self.math}log2{self.math_suffix}({a})",
@@ -404,12 +405,8 @@ class CUDARenderer(_GPURenderer):
     return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(args)})'
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
-    if op is Ops.CAST and dtype == dtypes.float16: return f"__half2float(__float2half_rn((float)({args[0]})))"
-    if op is Ops.CAST and dtype == dtypes.bfloat16: return f"__bfloat162float(__float2bfloat16_rn((float)({args[0]})))"
-    return super().code(op, args, dtype)
-  def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"__bfloat162float({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
-  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
-    return f"{ptr}[{idx}] = {f'__float2bfloat16_rn({val})' if dtype == dtypes.bfloat16 else val};"
+    return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
+  bf16_in, bf16_out = "__bfloat162float", "__float2bfloat16_rn"
   def bf16_prelude(self) -> str: return ""  # cuda_bf16.h has the conversions
 
   def render(self, k: Kernel) -> str: return _TensorCoreRender(self, k).source() if k.tc is not None else super().render(k)

@@ -44,10 +44,10 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
   dev = Device[device]
   rng = np.random.default_rng(spec["seed"])
   inputs = []
-  for n, dt in spec["inputs"]:
-    arr = np.empty(n, dtype=dtypes.from_any(dt).np)
+  for n, name in spec["inputs"]:
+    arr = np.empty(n, dtype=(dt := dtypes.from_any(name)).np)
     fill(arr, rng)
-    inputs.append(Buffer(device, n, dtypes.from_any(dt)).copyin(arr))
+    inputs.append(Buffer(device, n, dt).copyin(arr))
   out = Buffer(device, spec["out"][0], dtypes.from_any(spec["out"][1]))
   def program(lib: str, name: str, launch: list[int]) -> Any: return dev.program(name, base64.b64decode(lib), (launch[0], launch[1]))
   program(*spec["ref"])(out, *inputs)
