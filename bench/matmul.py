@@ -12,8 +12,9 @@ import time
 import numpy as np
 
 from tinytune import Device, Kernel, Tensor
-from tinytune.realize import compile_kernel, default_opts
-from tinytune.schedule import create_schedule
+from tinytune.codegen.heuristic import default_opts
+from tinytune.engine import compile_kernel
+from tinytune.engine.schedule import create_schedule
 
 
 def median_time(fn, repeats: int) -> float:

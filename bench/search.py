@@ -10,8 +10,8 @@ import statistics
 import time
 
 from tinytune import Device, Kernel, Tensor
-from tinytune.realize import default_opts
-from tinytune.schedule import create_schedule
+from tinytune.codegen.heuristic import default_opts
+from tinytune.engine.schedule import create_schedule
 from tinytune.search.evaluate import Evaluator
 from tinytune.search.strategy import Budget, run_strategy
 

@@ -15,10 +15,10 @@ from typing import Callable
 import pytest
 
 from tinytune import Device, Kernel, Tensor
+from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database, fingerprint_hash
 from tinytune.results_db.cache import FORMAT_VERSION, CacheFile, CacheFileError, Entry, checksum, deployed, export, import_file, merge, prune, write
-from tinytune.schedule import create_schedule
-from tinytune.search.tune import device_fingerprint
+from tinytune.runtime import device_fingerprint
 
 FP = {"kind": "CPU", "name": "Test CPU", "arch": "x86_64-abc", "compiler": "clang", "compiler_version": "18.1", "flags": "-O3",
       "codegen_version": "1"}

@@ -18,9 +18,9 @@ from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.dtype import DType
+from tinytune.engine.schedule import create_schedule
 from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
-from tinytune.schedule import create_schedule
 
 H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
 

@@ -5,13 +5,13 @@ import subprocess
 import sys
 
 from tinytune import Context, Device, Kernel, Tensor, dtypes
-from tinytune.realize import compile_kernel
+from tinytune.engine import compile_kernel
+from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import cpu
-from tinytune.schedule import create_schedule
 
 KEY_SCRIPT = """
 from tinytune import Tensor, Kernel, Device
-from tinytune.schedule import create_schedule
+from tinytune.engine.schedule import create_schedule
 a, b = Tensor.rand({m}, 32).realize(), Tensor.rand(32, 16).realize()
 item = create_schedule(((a @ b).relu() + 1).uop, 'CPU')[0][0]
 print(Kernel(item.ast, Device['CPU'].caps).key)

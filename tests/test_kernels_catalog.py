@@ -94,11 +94,10 @@ def test_peaks_measured_once_and_stored(tmp_path, monkeypatch: pytest.MonkeyPatc
 def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
   from tinytune.codegen.kernel import Kernel
   from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+  from tinytune.engine.schedule import create_schedule
   from tinytune.kernels.baselines import tinytune_timing
   from tinytune.results_db import Database, fingerprint_hash
-  from tinytune.runtime import Device
-  from tinytune.schedule import create_schedule
-  from tinytune.search.tune import device_fingerprint
+  from tinytune.runtime import Device, device_fingerprint
   w = get_workload("elementwise")
   params = w.params({"n": 256})
   db = Database(f"sqlite:///{tmp_path / 'c.db'}")

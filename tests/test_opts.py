@@ -24,9 +24,9 @@ import pytest
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
-from tinytune.realize import compile_kernel
+from tinytune.engine import compile_kernel
+from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.runtime import Buffer, DeviceCaps, device_status
-from tinytune.schedule import ScheduleItem, create_schedule
 
 DEVICE = "CPU"
 CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2)  # the same valid opts on every machine
@@ -356,7 +356,7 @@ RENDER_SCRIPT = """
 import dataclasses, hashlib
 from tinytune import Device, Kernel, Tensor
 from tinytune.codegen.opts import opts_from_json
-from tinytune.schedule import create_schedule
+from tinytune.engine.schedule import create_schedule
 item = create_schedule((Tensor.rand(24, 12).realize() @ Tensor.rand(12, 20).realize()).uop, 'CPU')[0][0]
 for text in {texts!r}:
   k = Kernel(item.ast, dataclasses.replace(Device['CPU'].caps, threads=2)).apply_opts(opts_from_json(text))

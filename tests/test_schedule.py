@@ -6,7 +6,7 @@ import pytest
 from conftest import WORKGROUP_DEVICES
 
 from tinytune import GlobalCounters, Tensor
-from tinytune.schedule import create_schedule
+from tinytune.engine.schedule import create_schedule
 
 
 def kernels(t: Tensor) -> int:

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from tinytune import Device, Kernel, Tensor
+from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.opts import Opt, OptOps
-from tinytune.realize import default_opts
+from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
-from tinytune.schedule import create_schedule
 from tinytune.search.evaluate import Evaluator
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy

@@ -4,10 +4,10 @@ from __future__ import annotations
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import DType, dtypes
+from tinytune.engine import GlobalCounters, TinyJit
 from tinytune.helpers import Context
-from tinytune.realize import GlobalCounters
 from tinytune.runtime import Device
 from tinytune.tensor import Tensor
 
 __version__ = "0.1.0"
-__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "Context", "Kernel", "KernelOptError", "Opt", "OptOps"]
+__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "Context", "Kernel", "KernelOptError", "Opt", "OptOps"]

@@ -152,9 +152,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
   from tinytune.kernels.peaks import device_peaks
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
-  from tinytune.runtime import Device
+  from tinytune.runtime import Device, device_fingerprint
   from tinytune.search.evaluate import TimingPolicy
-  from tinytune.search.tune import device_fingerprint
 
   _check_format(args.format)
   workload = get_workload(args.workload)
@@ -203,11 +202,11 @@ def add_db_parser(sub: Any) -> None:
 def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   """Build an entry's kernel from its workload, check its opts verify here and time them against the default: (verdict, speedup)."""
   from tinytune import Kernel
+  from tinytune.codegen.heuristic import default_opts
   from tinytune.codegen.opts import opts_from_json
+  from tinytune.engine.schedule import create_schedule
   from tinytune.kernels import get_workload
-  from tinytune.realize import default_opts
   from tinytune.runtime import Device
-  from tinytune.schedule import create_schedule
   from tinytune.search.evaluate import Evaluator
   if not entry.workload: return "cannot re-run: no workload recorded", None
   workload = get_workload(entry.workload)
@@ -227,11 +226,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
   from rich.console import Console
   from rich.table import Table
 
+  from tinytune import engine
   from tinytune.codegen import CODEGEN_VERSION
   from tinytune.results_db import Database, fingerprint_hash
   from tinytune.results_db import cache as files
-  from tinytune.runtime import Device
-  from tinytune.search.tune import device_fingerprint
+  from tinytune.runtime import Device, device_fingerprint
 
   named = args.device
   if args.action == "export" and named is not None:  # export --device takes a device name or a fingerprint hash
@@ -253,6 +252,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
   elif args.action == "import":
     stored, kept = files.import_file(Database(args.db), args.files[0], args.force)
+    engine.forget()  # programs in this process look their kernels up again
     print(f"imported {stored} entries into the tuning cache; kept {kept} existing entries that were as fast or faster")
   elif args.action == "merge":
     if len(args.files) < 2: raise ValueError("cache merge takes two or more files")
@@ -380,8 +380,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
   from tinytune.kernels.peaks import measure_peaks
   from tinytune.reports import render
   from tinytune.results_db import Database, fingerprint_hash
-  from tinytune.runtime import _BACKENDS, Device
-  from tinytune.search.tune import device_fingerprint
+  from tinytune.runtime import _BACKENDS, Device, device_fingerprint
 
   _check_format(args.format)
   rows = []

@@ -7,6 +7,7 @@ import math
 import operator
 import os
 import pathlib
+import sys
 from typing import Any, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -53,6 +54,16 @@ def Context(**kwargs: int) -> Iterator[None]:
   try: yield
   finally:
     for k, v in old.items(): ContextVar.registry[k].value = v
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+  """One `tinytune: warning:` line on stderr per distinct message per process."""
+  if message not in _warned:
+    _warned.add(message)
+    print(f"tinytune: warning: {message}", file=sys.stderr)
 
 
 def cache_dir() -> pathlib.Path:

@@ -60,10 +60,8 @@ class Tensor:
 
   # ***** realization *****
   def realize(self) -> Tensor:
-    from tinytune.realize import run_schedule
-    from tinytune.schedule import create_schedule
-    items, self.uop = create_schedule(self.uop, self.device)
-    run_schedule(items)
+    from tinytune.engine.realize import realize
+    self.uop = realize(self.uop, self.device)
     return self
 
   def numpy(self) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from tinytune.codegen.kernel import Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
-from tinytune.helpers import prod
+from tinytune.helpers import NOOPT, prod
 from tinytune.uop import Ops
 
 THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
@@ -77,3 +77,8 @@ def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
   elif k.reduceop is None and n and k.ast.dtype == dtypes.float32: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))  # 16-byte accesses
   if n: _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
   return k.opts
+
+
+def default_opts(kernel: Kernel) -> list[Opt]:
+  """The opts a kernel runs with when the tuning cache has none: the heuristics, or none at all under NOOPT."""
+  return [] if NOOPT else hand_coded_optimizations(kernel)

@@ -105,22 +105,6 @@ def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | No
   return Timing("numpy", np.__version__, times, workload.reference(params, *arrays))
 
 
-def cached_opts(db: Any, kernel: Any, device: str) -> tuple | None:
-  """The tuning cache's opts for `kernel` in `db` (a Database; None: the default cache that programs use), validated."""
-  from tinytune.codegen.kernel import KernelOptError
-  from tinytune.codegen.opts import opts_from_json
-  from tinytune.realize import tuned_opts
-  from tinytune.results_db import fingerprint_hash
-  from tinytune.search.tune import device_fingerprint
-  if db is None: return tuned_opts(kernel, device)
-  if (entry := db.tuned(kernel.key, fingerprint_hash(device_fingerprint(device)))) is None: return None
-  try:
-    opts = tuple(opts_from_json(entry.opts_json))
-    kernel.copy().apply_opts(opts)
-    return opts
-  except (KernelOptError, ValueError): return None
-
-
 def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None, db: Any = None,
                     default: Timing | None = None) -> Timing:
   """tinytune's kernels for the workload, all of them per call, with the tuning cache's opts (`tuned`) or the heuristic defaults.
@@ -128,17 +112,19 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   runs its default opts the `default` timing, if given, stands for it (the same programs: timing them again would only add noise)."""
   import tinytune
   from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.codegen.heuristic import default_opts
   from tinytune.codegen.kernel import Kernel
-  from tinytune.realize import compile_kernel, default_opts
+  from tinytune.engine import compile_kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.results_db.cache import TuningCache
   from tinytune.runtime import Device
-  from tinytune.schedule import create_schedule
 
   out, _ = workload.instantiate(params, device=device)
   items = create_schedule(out.uop, device)[0]
   calls, missing, same, kernels = [], 0, 0, []
   for item in items:
     kernel = Kernel(item.ast, Device[device].caps)
-    cached = cached_opts(db, kernel, device) if tuned else None
+    cached = found.opts if tuned and (found := TuningCache(db).lookup(kernel, device)) is not None else None
     missing += tuned and cached is None
     defaults = default_opts(kernel)
     same += cached is None or list(cached) == list(defaults)
@@ -179,7 +165,7 @@ def measure(workload: Workload, params: Params, device: str, libraries: list[str
 
 def store(db: Any, workload: Workload, params: Params, device: str, timing: Timing) -> int | None:
   """Add a timing to the results database's baselines, under the device it ran on (NumPy: the CPU); an untuned "tuned" timing is skipped."""
-  from tinytune.search.tune import device_fingerprint
+  from tinytune.runtime import device_fingerprint
   if timing.untuned: return None
   device_id = db.device_id(device_fingerprint("CPU" if timing.library == "numpy" else device))
   return db.add_baseline(device_id, workload.name, params, timing.library, timing.version, timing.median_s, timing.min_s)

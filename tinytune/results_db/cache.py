@@ -19,7 +19,7 @@ from dataclasses import astuple, dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
-from tinytune.results_db.db import Database, fingerprint_hash, to_json
+from tinytune.results_db.db import Database, database_url, fingerprint_hash, to_json
 
 FORMAT_VERSION = 1
 MAGIC = "tinytune tuning cache"
@@ -192,3 +192,58 @@ def deployed(paths: str, device_hash: str, warn: Callable[[str], None]) -> dict[
     for key, e in mine.items():
       if key not in found or e.best_s < found[key][1].best_s: found[key] = (path, e)
   return found
+
+
+@dataclass(frozen=True)
+class Tuned:
+  """What the tuning cache has for a kernel on a device: validated opts, their timings, and where they came from."""
+  opts: tuple
+  best_s: float
+  default_s: float | None
+  where: str
+
+
+class TuningCache:
+  """The one answer to "which tuned opts does this kernel have here". With a Database: that database's tuning cache. Without:
+  the user's own database ($TINYTUNE_DB or the default file, read only, never created), then the entry measured fastest on this
+  device among the cache files in $TINYTUNE_CACHE. Entries whose opts the kernel refuses, and unusable databases or files, cost
+  one warning line each and are skipped."""
+
+  def __init__(self, db: Database | None = None): self.db = db
+
+  def lookup(self, kernel: Any, device: str) -> Tuned | None:
+    from tinytune.codegen.opts import opts_from_json
+    from tinytune.helpers import warn_once
+    from tinytune.runtime import device_fingerprint
+    device_hash = fingerprint_hash(device_fingerprint(device))
+    for where, opts_json, best_s, default_s in self._entries(kernel.key, device_hash, warn_once):
+      try:
+        opts = tuple(opts_from_json(opts_json))
+        kernel.copy().apply_opts(opts)
+        return Tuned(opts, best_s, default_s, where)
+      except Exception as e:  # KernelOptError or ValueError for a bad entry; anything else from a hostile one is no better
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        warn_once(f"ignoring the tuning cache entry for {kernel.name} ({kernel.key[:8]}) in {where}: {why}")
+    return None
+
+  def _entries(self, key: str, device_hash: str, warn: Callable[[str], None]) -> list[tuple[str, str, float, float | None]]:
+    if self.db is not None:
+      row = self.db.tuned(key, device_hash)
+      return [] if row is None else [(repr(self.db), row.opts_json, row.best_s, row.default_s)]
+    found = []
+    parsed = database_url(None)  # $TINYTUNE_DB or the default file, read only: a program never creates it
+    if not (parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database)):
+      shown = parsed.render_as_string()
+      try:
+        if (row := _reader(parsed.render_as_string(hide_password=False)).tuned(key, device_hash)) is not None:
+          found.append((shown, row.opts_json, row.best_s, row.default_s))
+      except Exception as e:  # an unreadable database costs a warning, never the program
+        warn(f"the tuning cache {shown} is unusable ({str(e).splitlines()[0]}); not using it")
+    if (cached := deployed(os.getenv("TINYTUNE_CACHE", ""), device_hash, warn).get(key)) is not None:
+      path, entry = cached
+      found.append((path, entry.opts, entry.best_s, entry.default_s))
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def _reader(url: str) -> Database: return Database(url, read_only=True)

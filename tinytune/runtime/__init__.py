@@ -6,6 +6,7 @@ import importlib
 import itertools
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,6 +40,9 @@ class Compiled:
   renderer: Any  # a CStyleRenderer subclass
 
   def alloc(self, size: int, dtype: DType) -> Any: raise NotImplementedError
+  def retype(self, mem: Any, size: int, dtype: DType) -> Any:
+    """Memory from the pool, allocated for another dtype of the same byte size, as memory for `dtype`."""
+    return mem
   def copyin(self, mem: Any, data: np.ndarray) -> None: raise NotImplementedError
   def copyout(self, mem: Any, size: int, dtype: DType) -> np.ndarray: raise NotImplementedError
   def compile(self, src: str) -> bytes: raise NotImplementedError
@@ -68,8 +72,43 @@ class DeviceMissing(RuntimeError):
   """A device that is not present here; the message says what is missing and how to get it."""
 
 
+class BufferPool:
+  """Device memory that freed Buffers gave back, kept by (device, bytes) for the next Buffer of that size: a steady-state
+  program allocates nothing new. Least recently freed memory goes first once over `limit` bytes. Only a Buffer's finalizer
+  gives memory back, so memory that a live Buffer holds is never handed out twice."""
+
+  def __init__(self, limit: int):
+    self.limit, self.held = limit, 0
+    self.free: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+
+  def take(self, device: str, nbytes: int) -> Any:
+    """Pooled memory of this size on this device, or None."""
+    if not (mems := self.free.get((device, nbytes))): return None
+    self.held -= nbytes
+    mem = mems.pop()
+    if not mems: del self.free[(device, nbytes)]
+    return mem
+
+  def give(self, device: str, nbytes: int, mem: Any) -> None:
+    if nbytes == 0 or nbytes > self.limit: return
+    self.free.setdefault((device, nbytes), []).append(mem)
+    self.free.move_to_end((device, nbytes))
+    self.held += nbytes
+    while self.held > self.limit:
+      (dev, size), mems = next(iter(self.free.items()))
+      mems.pop(0)
+      self.held -= size
+      if not mems: del self.free[(dev, size)]
+
+  def clear(self) -> None: self.free.clear(); self.held = 0
+
+
+POOL = BufferPool(int(os.getenv("TINYTUNE_POOL_BYTES", str(1 << 30))))
+
+
 class Buffer:
-  """Memory for `size` elements of `dtype` on a device, allocated on first use."""
+  """Memory for `size` elements of `dtype` on a device, allocated on first use (from the pool where it has some) and given back
+  to the pool when the Buffer is collected."""
   _uids = itertools.count()
 
   def __init__(self, device: str, size: int, dtype: DType):
@@ -77,11 +116,16 @@ class Buffer:
     self._mem: Any = None
 
   def __repr__(self) -> str: return f"<Buffer {self.uid} {self.device} {self.size} {self.dtype.name}>"
+  def __del__(self) -> None:
+    if self._mem is not None and POOL is not None: POOL.give(self.device, self.nbytes, self._mem)  # POOL is None at interpreter exit
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def mem(self) -> Any:
-    if self._mem is None: self._mem = Device[self.device].alloc(self.size, self.dtype)
+    if self._mem is None:
+      dev = Device[self.device]
+      pooled = POOL.take(self.device, self.nbytes)
+      self._mem = dev.alloc(self.size, self.dtype) if pooled is None else dev.retype(pooled, self.size, self.dtype)
     return self._mem
 
   def copyin(self, data: np.ndarray) -> Buffer:
@@ -128,6 +172,12 @@ class _DeviceRegistry:
 
 
 Device = _DeviceRegistry()
+
+
+def device_fingerprint(device: str) -> dict[str, str]:
+  """What a measurement depends on: the device, its compiler, version and flags, and the code generator's version."""
+  from tinytune.codegen import CODEGEN_VERSION
+  return {**Device[device].fingerprint(), "codegen_version": CODEGEN_VERSION}
 
 
 def device_status(name: str) -> str | None:

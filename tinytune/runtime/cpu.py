@@ -69,12 +69,19 @@ class CPUProgram(Program):
   def __init__(self, name: str, path: str):
     self.lib = ctypes.CDLL(path)
     self.fxn = getattr(self.lib, name)
+    self.address = ctypes.cast(self.fxn, ctypes.c_void_p).value  # for TinyJit's batched calls
 
   def __call__(self, *bufs: Buffer) -> float:
-    ptrs = [ctypes.c_void_p(b.numpy_view().ctypes.data) for b in bufs]
+    ptrs = [address(b) for b in bufs]
+    if self.fxn.argtypes is None: self.fxn.argtypes = [ctypes.c_void_p] * len(ptrs)
     st = time.perf_counter()
     self.fxn(*ptrs)
     return time.perf_counter() - st
+
+
+def address(buf: Buffer) -> int:
+  """A CPU buffer's address, as a C argument."""
+  return buf.mem.__array_interface__["data"][0]
 
 
 class CPUDevice(Compiled):
@@ -92,6 +99,7 @@ class CPUDevice(Compiled):
     self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers)
 
   def alloc(self, size: int, dtype: DType) -> np.ndarray: return np.empty(size, dtype=dtype.np)
+  def retype(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem.view(dtype.np)
   def copyin(self, mem: np.ndarray, data: np.ndarray) -> None: np.copyto(mem, data)
   def copyout(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem
 

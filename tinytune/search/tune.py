@@ -1,27 +1,26 @@
 """Tune the kernels of a program: search each one unless the tuning cache has it, record everything, update the cache."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from tinytune.codegen import CODEGEN_VERSION
+from tinytune import engine
+from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
-from tinytune.realize import default_opts
+from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import CandidateRow, Database, fingerprint_hash
-from tinytune.runtime import Device
-from tinytune.schedule import create_schedule
+from tinytune.results_db.cache import TuningCache
+from tinytune.runtime import Device, device_fingerprint
 from tinytune.search.evaluate import Evaluator, Result, source_hash
 from tinytune.search.strategy import Budget, run_strategy
 from tinytune.uop import UOp
-
-
-def device_fingerprint(device: str) -> dict[str, str]:
-  """What a measurement depends on: the device, its compiler, version and flags, and the code generator's version."""
-  return {**Device[device].fingerprint(), "codegen_version": CODEGEN_VERSION}
 
 
 @dataclass
@@ -62,8 +61,8 @@ class Tuner:
     self.device_hash = fingerprint_hash(self.fingerprint)
 
   def cached(self, kernel: Kernel) -> KernelOutcome | None:
-    if self.force or (entry := self.db.tuned(kernel.key, self.device_hash)) is None: return None
-    return KernelOutcome(kernel.key, kernel.name, tuple(opts_from_json(entry.opts_json)), entry.best_s, entry.default_s, True)
+    if self.force or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
+    return KernelOutcome(kernel.key, kernel.name, found.opts, found.best_s, found.default_s, True)
 
   def forget(self, out: UOp) -> None:
     """Drop the tuning cache entries of the kernels that compute `out` on this device (`search --force --workers N` starts so)."""
@@ -77,18 +76,29 @@ class Tuner:
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
+    with self.run(workload, params, settings, signature) as (run_id, device_id, stored):
+      for i, k in enumerate(kernels):
+        if outcomes[i] is None: outcomes[i] = self.tune_kernel(k, run_id, device_id, stored)
+    return outcomes  # type: ignore[return-value]
+
+  @contextlib.contextmanager
+  def run(self, workload: str, params: dict[str, Any], settings: dict[str, Any], signature: str) -> Iterator[tuple[int, int, list]]:
+    """A search run in the database: (run id, device id, what it measured before, with --resume); finished as done or interrupted."""
     device_id = self.db.device_id(self.fingerprint)
     run_id = self.db.resumable_run(signature) if self.resume else None
     stored = self.db.run_candidates(run_id) if run_id is not None else []
     if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, settings, self.budget, signature)
-    try:
-      for i, k in enumerate(kernels):
-        if outcomes[i] is None: outcomes[i] = self.tune_kernel(k, run_id, device_id, stored)
+    try: yield run_id, device_id, stored
     except BaseException:
       self.db.finish_run(run_id, "interrupted")
       raise
     self.db.finish_run(run_id, "done")
-    return outcomes  # type: ignore[return-value]
+
+  def tune_on_first_use(self, kernel: Kernel) -> tuple[Opt, ...]:
+    """Tune a kernel a program is about to run (TINYTUNE_TUNE=beam): a run of its own, named after the kernel."""
+    if (cached := self.cached(kernel)) is not None: return cached.best
+    with self.run(kernel.name, {}, {"strategy": self.strategy, **self.options}, f"on first use: {kernel.key}") as (run_id, device_id, _):
+      return self.tune_kernel(kernel, run_id, device_id).best
 
   def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = ()) -> KernelOutcome:  # type: ignore[assignment]
     dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
@@ -113,11 +123,22 @@ class Tuner:
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
                         force=self.force and not self.study)
+      engine.forget()  # programs in this process look the kernel up again
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
     return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, counts)
+
+
+@functools.lru_cache(maxsize=None)
+def _first_use_tuner(device: str, strategy: str) -> Tuner:
+  return Tuner(Database(os.getenv("TINYTUNE_DB") or None), device, strategy)
+
+
+def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
+  """What the engine calls (engine.program.FIRST_USE_TUNER) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
+  return _first_use_tuner(device, strategy).tune_on_first_use(kernel)
 
 
 def stored_result(c: CandidateRow) -> Result:

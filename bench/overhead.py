@@ -1,0 +1,130 @@
+"""What a program pays beyond its kernels: Tensor API calls against PyTorch eager on the same threads, in one run.
+
+  python bench/overhead.py [--threads 2] [--rounds 7]
+
+(a) a one-kernel step `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager;
+(b) an MLP forward (64x512) @ (512x1024), relu, @ (1024x512) with a fresh input every call, against torch;
+(c) the same MLP under TinyJit, against torch;
+(d) the fused elementwise relu(a*b+c)*0.5-a over 16M floats, as a fraction of a STREAM triad compiled and run here;
+(e) (a @ b).realize() at 512 with fresh inputs, against its kernel's own time.
+Every figure is the median of --rounds rounds; inputs are made fresh (untimed) so no realize is memoized.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+TRIAD = """
+#include <stddef.h>
+void triad(float* restrict a, const float* restrict b, const float* restrict c, float s, long n) {
+  #pragma omp parallel for schedule(static)
+  for (long i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+}
+"""
+
+
+def median_s(step: Callable[[], object], setup: Callable[[], object] | None, rounds: int, inner: int) -> float:
+  """Median over rounds of the mean seconds of `inner` calls of step (setup, untimed, before each call)."""
+  results = []
+  for _ in range(rounds):
+    total = 0.0
+    for _ in range(inner):
+      if setup is not None: setup()
+      st = time.perf_counter(); step(); total += time.perf_counter() - st
+    results.append(total / inner)
+  return statistics.median(results)
+
+
+def triad_gbs(n: int, rounds: int) -> float:
+  with tempfile.TemporaryDirectory() as tmp:
+    src, so = os.path.join(tmp, "triad.c"), os.path.join(tmp, "triad.so")
+    with open(src, "w") as f: f.write(TRIAD)
+    subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", src, "-o", so], check=True)
+    fn = ctypes.CDLL(so).triad
+  a, b, c = (np.ones(n, np.float32) for _ in range(3))
+  args = [ctypes.c_void_p(x.ctypes.data) for x in (a, b, c)] + [ctypes.c_float(0.5), ctypes.c_long(n)]
+  fn(*args)
+  return 3 * 4 * n / median_s(lambda: fn(*args), None, rounds, 5) / 1e9
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--threads", type=int, default=2)
+  ap.add_argument("--rounds", type=int, default=7)
+  args = ap.parse_args()
+  os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+  import torch
+
+  from tinytune import GlobalCounters, Tensor, TinyJit
+  torch.set_num_threads(args.threads)
+  rng = np.random.default_rng(0)
+  rows = []
+
+  # (a) a one-kernel step
+  state = {"t": Tensor(rng.random(4096, dtype=np.float32)).realize(), "tt": torch.from_numpy(rng.random(4096, dtype=np.float32))}
+  def tt_step() -> None: state["t"] = (state["t"] * 0.999 + 0.001).realize()
+  def torch_step() -> None: state["tt"] = state["tt"] * 0.999 + 0.001
+  tt_step(); tt_step()
+  a_tt, a_torch = median_s(tt_step, None, args.rounds, 200), median_s(torch_step, None, args.rounds, 200)
+  rows.append(("(a) one-kernel step, 4096 floats", f"{a_tt * 1e6:.1f} us", f"{a_torch * 1e6:.1f} us", f"{a_tt / a_torch:.2f}x torch", "<= 8x"))
+
+  # (b), (c) the MLP forward, fresh inputs every call
+  w1n, w2n = (rng.standard_normal(s, dtype=np.float32) * 0.05 for s in ((512, 1024), (1024, 512)))
+  w1, w2 = Tensor(w1n).realize(), Tensor(w2n).realize()
+  w1t, w2t = torch.from_numpy(w1n), torch.from_numpy(w2n)
+  box: dict[str, object] = {}
+  def fresh() -> None:
+    x = rng.standard_normal((64, 512), dtype=np.float32)
+    box["x"], box["xt"] = Tensor(x).realize(), torch.from_numpy(x)
+  def mlp(x: Tensor) -> Tensor: return ((x @ w1).relu() @ w2).realize()
+  jit_mlp = TinyJit(mlp)
+  def tt_mlp() -> None: mlp(box["x"])  # type: ignore[arg-type]
+  def jit_call() -> None: jit_mlp(box["x"])  # type: ignore[arg-type]
+  def torch_mlp() -> None: (box["xt"] @ w1t).relu() @ w2t  # type: ignore[operator]
+  for fn in (tt_mlp, jit_call, jit_call, jit_call): fresh(); fn()
+  fresh()
+  want = (box["xt"] @ w1t).relu() @ w2t  # type: ignore[operator]
+  assert np.allclose(jit_mlp(box["x"]).numpy(), want.numpy(), rtol=1e-3, atol=1e-3), "the jitted MLP is wrong"
+  b_tt, b_torch = median_s(tt_mlp, fresh, args.rounds, 20), median_s(torch_mlp, fresh, args.rounds, 20)
+  c_tt = median_s(jit_call, fresh, args.rounds, 20)
+  rows.append(("(b) MLP forward, fresh input", f"{b_tt * 1e3:.3f} ms", f"{b_torch * 1e3:.3f} ms", f"{b_tt / b_torch:.2f}x torch", "<= 1.25x"))
+  rows.append(("(c) MLP forward under TinyJit", f"{c_tt * 1e3:.3f} ms", f"{b_torch * 1e3:.3f} ms", f"{c_tt / b_torch:.2f}x torch", "<= 1.0x"))
+
+  # (d) the fused elementwise kernel against a triad
+  n = 1 << 24
+  ew: dict[str, Tensor] = {}
+  def ew_fresh() -> None: ew.update({k: Tensor(rng.random(n, dtype=np.float32)).realize() for k in "abc"}); ew.pop("out", None)
+  def ew_run() -> None: ew["out"] = (((ew["a"] * ew["b"] + ew["c"]).relu()) * 0.5 - ew["a"]).realize()
+  ew_fresh(); ew_run()
+  d_tt = median_s(ew_run, ew_fresh, args.rounds, 3)
+  triad = triad_gbs(n, args.rounds)
+  gbs = 4 * 4 * n / d_tt / 1e9
+  rows.append(("(d) relu(a*b+c)*0.5-a, 16M floats", f"{gbs:.1f} GB/s", f"triad {triad:.1f} GB/s", f"{gbs / triad:.0%} of triad", ">= 80%"))
+
+  # (e) a 512 matmul through the Tensor API against its kernel's own time
+  mm: dict[str, Tensor] = {}
+  def mm_fresh() -> None: mm.update({k: Tensor(rng.random((512, 512), dtype=np.float32)).realize() for k in "ab"})
+  def mm_run() -> None: (mm["a"] @ mm["b"]).realize()
+  mm_fresh(); mm_run()
+  kernel_s = []
+  def mm_counted() -> None:
+    GlobalCounters.reset(); mm_run(); kernel_s.append(GlobalCounters.time_sum_s)
+  e_tt = median_s(mm_counted, mm_fresh, args.rounds, 5)
+  e_kernel = statistics.median(kernel_s)
+  rows.append(("(e) (a @ b).realize(), 512", f"{e_tt * 1e3:.3f} ms", f"kernel {e_kernel * 1e3:.3f} ms", f"{e_tt / e_kernel:.2f}x kernel", "<= 1.10x"))
+
+  print(f"{args.threads} threads, median of {args.rounds} rounds, torch {torch.__version__}")
+  widths = [max(len(r[i]) for r in rows) for i in range(5)]
+  for r in [("what", "tinytune", "reference", "ratio", "target"), *rows]: print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,8 @@
+"""The run path: schedule (fused kernels) -> lower (kernel + opts -> program, cached) -> run; TinyJit replays whole steps."""
+from __future__ import annotations
+
+from tinytune.engine.jit import TinyJit
+from tinytune.engine.program import GlobalCounters, compile_kernel, forget, kernel_opts, lower
+from tinytune.engine.realize import realize
+
+__all__ = ["GlobalCounters", "TinyJit", "compile_kernel", "forget", "kernel_opts", "lower", "realize"]

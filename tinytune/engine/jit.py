@@ -1,0 +1,123 @@
+"""TinyJit: capture the kernels a function runs, then replay them on new inputs with no graph building, scheduling or
+per-kernel Python. On the CPU a replay is one native call into a generated C function that calls every kernel in turn."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from tinytune.engine.program import CompiledKernel, GlobalCounters
+from tinytune.engine.realize import capturing, run_kernel
+from tinytune.engine.schedule import is_buffer_view
+from tinytune.helpers import DEBUG, prod
+from tinytune.runtime import Buffer, Device
+from tinytune.tensor import Tensor
+from tinytune.uop import Ops, UOp
+
+R = TypeVar("R")
+
+
+def _input_buffer(t: Tensor) -> Buffer:
+  """The buffer that holds a realized input, copied to a buffer of its own where it is a view into a larger one."""
+  t.realize()
+  if not (is_buffer_view(t.uop) and t.uop.arg.contiguous and prod(t.shape) == t.uop.src[0].arg.size):
+    t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,)), device=t.device).realize().uop
+  return t.uop.src[0].arg
+
+
+@dataclass
+class _Captured:
+  """The kernels of one call, each with its buffers: an int is the place of an input among the call's Tensor arguments."""
+  steps: list[tuple[CompiledKernel, list[Buffer | int]]]
+  inputs: list[tuple[tuple[int, ...], Any, str]]  # (shape, dtype, device) of each Tensor argument
+  others: tuple  # the non-Tensor arguments, which the captured kernels may have baked in
+  ret: Any
+  batch: Callable[[list[Buffer]], None] | None = None
+
+
+class TinyJit(Generic[R]):
+  """`@TinyJit` on a function of Tensors that realizes what it returns: the first call runs it, the second captures the
+  kernels it runs, later calls replay them on the new inputs (same shapes and dtypes) and return the same output Tensors,
+  refilled. Kernels only: Python side effects of the function happen on the first two calls alone."""
+
+  def __init__(self, fn: Callable[..., R]):
+    self.fn, self.calls = fn, 0
+    self.captured: _Captured | None = None
+    functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+  def reset(self) -> None: self.calls, self.captured = 0, None
+
+  def __call__(self, *args: Any, **kwargs: Any) -> R:
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+    others = tuple(a for a in (*args, *kwargs.items()) if not isinstance(a, Tensor) and not (isinstance(a, tuple) and isinstance(a[1], Tensor)))
+    inputs = [_input_buffer(t) for t in tensors]
+    self.calls += 1
+    if self.captured is not None: return self._replay(tensors, inputs, others)
+    if self.calls == 1: return self._realized(self.fn(*args, **kwargs))
+    with capturing() as captured: ret = self._realized(self.fn(*args, **kwargs))
+    where = {id(b): i for i, b in enumerate(inputs)}
+    steps = [(kernel, [where.get(id(b), b) for b in bufs]) for kernel, bufs in captured]
+    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], others, ret)
+    if steps and all(isinstance(k.program, _cpu_program()) for k, _ in steps): self.captured.batch = _cpu_batch(steps)
+    return ret
+
+  @staticmethod
+  def _realized(ret: R) -> R:
+    for t in ret.values() if isinstance(ret, dict) else ret if isinstance(ret, (tuple, list)) else (ret,):
+      if isinstance(t, Tensor): t.realize()
+    return ret
+
+  def _replay(self, tensors: list[Tensor], inputs: list[Buffer], others: tuple) -> R:
+    cap = self.captured
+    assert cap is not None
+    got = [(t.shape, t.dtype, t.device) for t in tensors]
+    if got != cap.inputs:
+      raise ValueError(f"{self.fn.__name__} was captured by TinyJit with Tensor arguments {_show(cap.inputs)}, not {_show(got)}: "
+                       "call it with the same shapes and dtypes, or reset() it")
+    if others != cap.others:
+      raise ValueError(f"{self.fn.__name__} was captured by TinyJit with the other arguments {cap.others!r:.200}, not {others!r:.200}: "
+                       "the kernels may have them baked in; pass them as Tensors, or reset() the jit")
+    if cap.batch is not None:
+      st = time.perf_counter()
+      cap.batch(inputs)
+      GlobalCounters.kernel_count += len(cap.steps)
+      GlobalCounters.time_sum_s += (seconds := time.perf_counter() - st)
+      if DEBUG >= 2: print(f"TinyJit {self.fn.__name__}: {len(cap.steps)} kernels in one call, {seconds * 1e6:.1f} us")
+    else:
+      for kernel, bufs in cap.steps: run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], tensors[0].device)
+    return cap.ret
+
+
+def _show(inputs: list[tuple[tuple[int, ...], Any, str]]) -> str:
+  return ", ".join(f"{shape} {dtype.name} on {device}" for shape, dtype, device in inputs) or "none"
+
+
+def _cpu_program() -> type:
+  from tinytune.runtime.cpu import CPUProgram
+  return CPUProgram
+
+
+def _cpu_batch(steps: list[tuple[CompiledKernel, list[Buffer | int]]]) -> Callable[[list[Buffer]], None]:
+  """One C function that calls each captured CPU kernel in turn, through the kernels' own addresses, with its buffers' addresses
+  from one array: the inputs' entries are refreshed per call, the rest are fixed (TinyJit holds those buffers)."""
+  from tinytune.runtime.cpu import address
+  places: dict[tuple[str, int], int] = {}  # ("in", argument) or ("buf", id) -> place in the address table
+  def place(b: Buffer | int) -> int: return places.setdefault(("in", b) if isinstance(b, int) else ("buf", id(b)), len(places))
+  calls = [[place(b) for b in bufs] for _, bufs in steps]
+  lines = [f"  ((void (*)({', '.join(['void*'] * len(args))}))fns[{i}])({', '.join(f'b[{a}]' for a in args)});" for i, args in enumerate(calls)]
+  fn = ctypes.CDLL(Device["CPU"].compile("void tt_jit(void** fns, void** b) {\n" + "\n".join(lines) + "\n}\n").decode()).tt_jit
+  fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+  fns = (ctypes.c_void_p * len(steps))(*[k.program.address for k, _ in steps])  # type: ignore[attr-defined]
+  table = (ctypes.c_void_p * len(places))()
+  held = {id(b): b for _, bufs in steps for b in bufs if not isinstance(b, int)}  # alive as long as the batch: their addresses stay
+  for (kind, key), at in places.items():
+    if kind == "buf": table[at] = address(held[key])
+  inputs = [(at, key) for (kind, key), at in places.items() if kind == "in"]
+
+  def run(new_inputs: list[Buffer]) -> None:
+    for at, i in inputs: table[at] = address(new_inputs[i])
+    fn(fns, table)
+  run.held = held  # type: ignore[attr-defined]
+  return run

@@ -1,0 +1,108 @@
+"""Run a lazy graph: its schedule comes from a cache keyed by the graph's structure (buffers left out), so a graph built again
+over other buffers runs its compiled kernels at once, with no scheduling, lowering or rendering."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from tinytune.codegen.kernel import Kernel
+from tinytune.dtype import DType
+from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
+from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, realized
+from tinytune.helpers import DEBUG, prod
+from tinytune.runtime import Buffer, Device
+from tinytune.uop import Ops, UOp
+
+
+def structure(topo: list[UOp]) -> tuple[tuple, list[Buffer], dict[UOp, int]]:
+  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position."""
+  index: dict[UOp, int] = {}
+  buffers: list[Buffer] = []
+  parts = []
+  for i, u in enumerate(topo):
+    index[u] = i
+    if u.op is Ops.BUFFER:
+      parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
+      buffers.append(u.arg)
+    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(index[s] for s in u.src)))
+  return tuple(parts), buffers, index
+
+
+@dataclass(frozen=True)
+class Step:
+  kernel: CompiledKernel
+  slots: tuple[int, ...]  # the output's buffer, then the inputs', as places in the plan's buffer list
+
+
+@dataclass(frozen=True)
+class Plan:
+  """A graph's schedule over numbered buffers: the graph's own buffers come first, then the ones the plan makes."""
+  made: tuple[tuple[int, DType], ...]  # (size, dtype) of each buffer the kernels fill
+  steps: tuple[Step, ...]
+  roots: tuple[tuple[int, int, tuple[int, ...]], ...]  # (position in the graph, buffer, shape) of each node a kernel realizes
+
+  def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp:
+    bufs = inputs + [Buffer(device, size, dtype) for size, dtype in self.made]
+    for step in self.steps: run_kernel(step.kernel, [bufs[i] for i in step.slots], device)
+    for pos, slot, shape in self.roots: realized[topo[pos]] = buffer_view(bufs[slot], shape)
+    return realized[topo[-1]]
+
+
+def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: str) -> Plan:
+  items, _ = create_schedule(target, device)
+  slot = {id(b): i for i, b in enumerate(inputs)}
+  for item in items: slot[id(item.out)] = len(slot)
+  steps = []
+  for item in items:
+    if item.out.size == 0: continue  # an empty output: nothing to compute
+    kernel = Kernel(item.ast, Device[device].caps)
+    steps.append(Step(lower(kernel, device), tuple(slot[id(b)] for b in (item.out, *kernel.bufs))))
+  return Plan(tuple((item.out.size, item.out.dtype) for item in items), tuple(steps),
+              tuple((index[item.node], slot[id(item.out)], item.node.shape) for item in items))
+
+
+_plans: dict[tuple, Plan] = {}
+
+
+def realize(target: UOp, device: str) -> UOp:
+  """Compute `target` on `device`; the VIEW of a buffer that now holds it."""
+  topo = target.toposort
+  if any(u in realized for u in topo):  # reuse what was realized before, but only on this device: a graph of constants is the same everywhere
+    target = target.substitute({u: v for u in topo if (v := realized.get(u)) is not None and v.src[0].arg.device == device})
+    topo = target.toposort
+  if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
+  key, inputs, index = structure(topo)
+  if (plan := _plans.get((key, device))) is None:
+    GlobalCounters.schedule_misses += 1
+    plan = _plans[(key, device)] = make_plan(target, inputs, index, device)
+  else: GlobalCounters.schedule_hits += 1
+  return plan.run(topo, inputs, device)
+
+
+Captured = list[tuple[CompiledKernel, list[Buffer]]]
+_captured: Captured | None = None
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[Captured]:
+  """Record every kernel run inside the block, with its buffers (TinyJit replays them)."""
+  global _captured
+  _captured = captured = Captured()
+  try: yield captured
+  finally: _captured = None
+
+
+def run_kernel(kernel: CompiledKernel, bufs: list[Buffer], device: str) -> None:
+  seconds = kernel.program(*bufs)
+  if _captured is not None: _captured.append((kernel, bufs))
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += kernel.flops
+  GlobalCounters.global_mem += kernel.mem_bytes
+  GlobalCounters.time_sum_s += seconds
+  if DEBUG >= 2:
+    gflops, gbs = (kernel.flops / seconds / 1e9, kernel.mem_bytes / seconds / 1e9) if seconds else (0.0, 0.0)
+    print(f"{GlobalCounters.kernel_count:4d} {kernel.name:30s} {device:5s} bufs {len(bufs):2d} mem {kernel.mem_bytes / 1e6:8.2f} MB "
+          f"{seconds * 1e6:9.1f} us {gflops:8.2f} GFLOPS {gbs:7.2f} GB/s" + (f"  opts {list(kernel.opts)}" if DEBUG >= 3 else ""))
+    if DEBUG >= 4: print(kernel.src)
+    if DEBUG >= 5: print(kernel.ast_text)
