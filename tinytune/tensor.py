@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from tinytune import rng
 from tinytune.dtype import DType, dtypes, least_upper
 from tinytune.helpers import argfix, prod
 from tinytune.runtime import Buffer, Device
@@ -26,7 +27,6 @@ def _view(x: UOp, fn: Callable[[View], Optional[View]], shape: tuple[int, ...]) 
 
 class Tensor:
   """A lazy n-dimensional array on a device."""
-  _rng = np.random.default_rng(0)
 
   def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
     self.device = Device.canonicalize(device)
@@ -110,17 +110,38 @@ class Tensor:
     return (Tensor.arange(n, device=device).reshape(n, 1) == Tensor.arange(m, device=device).reshape(1, m)).cast(dtype or dtypes.default_float)
 
   @staticmethod
-  def manual_seed(seed: int = 0) -> None: Tensor._rng = np.random.default_rng(seed)
+  def manual_seed(seed: int = 0) -> None:
+    """Restart the random numbers of Tensor.rand and everything built on it at this seed."""
+    rng.manual_seed(seed)
 
   @staticmethod
   def rand(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
-    return Tensor(Tensor._rng.random(Tensor._shape_arg(shape), dtype=np.float32), dtype=dtype or dtypes.default_float, device=device)
+    """Uniform numbers in [0, 1), drawn by a kernel (Threefry on a counter, see tinytune.rng) and realized at once."""
+    shape, device = Tensor._shape_arg(shape), Device.canonicalize(device)
+    bits = Tensor(rng.uniform_bits(prod(shape), device), device=device).reshape(shape)
+    return bits.cast(dtype or dtypes.default_float).realize()
   @staticmethod
   def randn(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
-    return Tensor(Tensor._rng.standard_normal(Tensor._shape_arg(shape), dtype=np.float32), dtype=dtype or dtypes.default_float, device=device)
+    """Standard normal numbers, by the Box-Muller transform of two uniform draws."""
+    u = Tensor.rand(2, *Tensor._shape_arg(shape), device=device)
+    return ((1 - u[0]).log() * -2).sqrt().mul((u[1] * (2 * math.pi)).cos()).cast(dtype or dtypes.default_float).realize()
   @staticmethod
   def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: Any = None, device: str | None = None) -> Tensor:
-    return Tensor(Tensor._rng.uniform(low, high, Tensor._shape_arg(shape)).astype(np.float32), dtype=dtype or dtypes.default_float, device=device)
+    return (Tensor.rand(*shape, device=device) * (high - low) + low).cast(dtype or dtypes.default_float).realize()
+  @staticmethod
+  def randint(*shape: Any, low: int = 0, high: int = 10, dtype: Any = None, device: str | None = None) -> Tensor:
+    """Integers in [low, high), uniform."""
+    if not high > low: raise ValueError(f"randint needs low < high, got low={low} high={high}")
+    return ((Tensor.rand(*shape, device=device) * (high - low)).cast(dtypes.int64) + low).cast(dtype or dtypes.default_int).realize()
+
+  training = False  # dropout only drops while training
+
+  def dropout(self, p: float = 0.5) -> Tensor:
+    """While Tensor.training: zero each element with probability p and scale the rest by 1/(1-p); otherwise the tensor itself."""
+    if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} is not in [0, 1]")
+    if not Tensor.training or p == 0: return self
+    if p == 1: return self.zeros_like()
+    return self * (Tensor.rand(*self.shape, device=self.device) >= p).cast(self.dtype) * (1 / (1 - p))
 
   def full_like(self, fill_value: Scalar, dtype: Any = None) -> Tensor: return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
   def zeros_like(self, dtype: Any = None) -> Tensor: return self.full_like(0, dtype)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from tinytune import rng
 from tinytune.engine.program import CompiledKernel, GlobalCounters
 from tinytune.engine.realize import capturing, run_kernel
 from tinytune.engine.schedule import is_buffer_view
@@ -34,6 +35,7 @@ class _Captured:
   inputs: list[tuple[tuple[int, ...], Any, str]]  # (shape, dtype, device) of each Tensor argument
   others: tuple  # the non-Tensor arguments, which the captured kernels may have baked in
   ret: Any
+  draws: list[tuple[Buffer, int]]  # random number state buffers to refill before each replay
   batch: Callable[[list[Buffer]], None] | None = None
 
 
@@ -56,10 +58,10 @@ class TinyJit(Generic[R]):
     self.calls += 1
     if self.captured is not None: return self._replay(tensors, inputs, others)
     if self.calls == 1: return self._realized(self.fn(*args, **kwargs))
-    with capturing() as captured: ret = self._realized(self.fn(*args, **kwargs))
+    with capturing() as captured, rng.recording() as draws: ret = self._realized(self.fn(*args, **kwargs))
     where = {id(b): i for i, b in enumerate(inputs)}
     steps = [(kernel, [where.get(id(b), b) for b in bufs]) for kernel, bufs in captured]
-    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], others, ret)
+    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], others, ret, draws)
     if steps and all(isinstance(k.program, _cpu_program()) for k, _ in steps): self.captured.batch = _cpu_batch(steps)
     return ret
 
@@ -79,6 +81,7 @@ class TinyJit(Generic[R]):
     if others != cap.others:
       raise ValueError(f"{self.fn.__name__} was captured by TinyJit with the other arguments {cap.others!r:.200}, not {others!r:.200}: "
                        "the kernels may have them baked in; pass them as Tensors, or reset() the jit")
+    rng.refill(cap.draws)
     if cap.batch is not None:
       st = time.perf_counter()
       cap.batch(inputs)

@@ -1,7 +1,7 @@
 """Kernel + opts -> a program on its device, once per process: which opts a kernel runs with, and the lowering cache.
 
 A structurally equal kernel (the same `kernel.key`) with the same opts on the same device is rendered and compiled once;
-the tuning cache is consulted once per kernel key and device (`forget()` after a search or an import in this process)."""
+the tuning cache is consulted once per kernel key and device (`engine.forget()` after a search or an import in this process)."""
 from __future__ import annotations
 
 import importlib
@@ -41,16 +41,16 @@ def kernel_opts(kernel: Kernel, device: str) -> tuple[Opt, ...]:
   the heuristic defaults. TINYTUNE_TUNE=0 and NOOPT skip the cache."""
   mode = os.getenv("TINYTUNE_TUNE", "1")
   key = (kernel.key, device, mode, NOOPT.value)
-  if (opts := _opts.get(key)) is None:
+  if (opts := opts_memo.get(key)) is None:
     if NOOPT or mode == "0": opts = tuple(default_opts(kernel))
     elif (tuned := _tuning_cache().lookup(kernel, device)) is not None: opts = tuned.opts
     elif mode not in ("1", ""): opts = _tuner()(kernel, device, mode)
     else: opts = tuple(default_opts(kernel))
-    _opts[key] = opts
+    opts_memo[key] = opts
   return opts
 
 
-_opts: dict[tuple, tuple[Opt, ...]] = {}
+opts_memo: dict[tuple, tuple[Opt, ...]] = {}
 
 
 def _tuning_cache():  # type: ignore[no-untyped-def]
@@ -103,8 +103,3 @@ def lower(kernel: Kernel, device: str) -> CompiledKernel:
     return ck
   compile_kernel(kernel.apply_opts(opts), device)
   return _programs[(kernel.key, opts, device)]
-
-
-def forget() -> None:
-  """Consult the tuning cache again (a search or `cache import` in this process changed it); compiled programs stay."""
-  _opts.clear()

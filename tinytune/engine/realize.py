@@ -8,6 +8,7 @@ from typing import Iterator
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.dtype import DType
+from tinytune.engine import program
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
 from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, realized
 from tinytune.helpers import DEBUG, prod
@@ -63,6 +64,12 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
 
 
 _plans: dict[tuple, Plan] = {}
+
+
+def forget() -> None:
+  """Consult the tuning cache again (a search or `cache import` in this process changed it); compiled programs stay."""
+  program.opts_memo.clear()
+  _plans.clear()
 
 
 def realize(target: UOp, device: str) -> UOp:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from tinytune.kernels.workload import Params, Workload
 from tinytune.search.evaluate import TimingPolicy
+from tinytune.search.worker import timed
 
 TORCH_MISSING = 'PyTorch is not installed: pip install "tinytune[torch]"'
 LIBRARIES = ("tinytune-default", "tinytune-tuned", "torch", "numpy")
@@ -36,19 +37,9 @@ class Timing:
 
 
 def time_callable(run: Callable[[], float], policy: TimingPolicy | None = None) -> list[float]:
-  """Seconds of each timed call of `run` (which does one call and returns its seconds: device time for tinytune's programs).
-  The loop of `tinytune.search.worker.timed`, written out because the worker's version here times ctypes functions only."""
-  p = policy or TimingPolicy()
-  st = time.perf_counter()
-  while time.perf_counter() - st < p.warmup_seconds: run()
-  times: list[float] = []
-  st = time.perf_counter()
-  while len(times) < p.max_repeats:
-    times.append(run())
-    med = statistics.median(times)
-    settled = (med - min(times)) / med < p.settle if med > 0 else True
-    if len(times) >= p.min_repeats and (settled or time.perf_counter() - st > p.max_seconds): break
-  return times
+  """Seconds of each timed call of `run` (which does one call and returns its seconds: device time for tinytune's programs),
+  by the search worker's own loop."""
+  return timed(run, asdict(policy or TimingPolicy()))
 
 
 def wall(fn: Callable[[], Any]) -> Callable[[], float]:

@@ -32,7 +32,7 @@ def timed(run: Callable[[], float], policy: dict) -> list[float]:
   while len(times) < policy["max_repeats"]:
     times.append(run())
     med = statistics.median(times)
-    settled = (med - min(times)) / med < policy["settle"] or time.perf_counter() - st > policy["max_seconds"]
+    settled = med <= 0 or (med - min(times)) / med < policy["settle"] or time.perf_counter() - st > policy["max_seconds"]
     if len(times) >= policy["min_repeats"] and settled: break
   return times
 

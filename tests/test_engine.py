@@ -1,0 +1,217 @@
+"""The run path: schedule and lowering caches, TinyJit, counter-based random numbers, the buffer pool."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from tinytune import GlobalCounters, Tensor, TinyJit, dtypes, engine
+from tinytune.runtime import POOL, Buffer
+from tinytune.uop import Ops, UOp
+
+
+def mlp_step(x: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
+  h = (x @ w1).relu()
+  return (h @ w2).softmax(-1).realize()
+
+
+def reference(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+  y = np.maximum(x @ w1, 0) @ w2
+  e = np.exp(y - y.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_same_structure_renders_and_compiles_nothing() -> None:
+  rng = np.random.default_rng(1)
+  w1, w2 = Tensor(rng.standard_normal((16, 32), dtype=np.float32)).realize(), Tensor(rng.standard_normal((32, 8), dtype=np.float32)).realize()
+  mlp_step(Tensor(rng.standard_normal((4, 16), dtype=np.float32)), w1, w2)
+  GlobalCounters.reset()
+  x = rng.standard_normal((4, 16), dtype=np.float32)
+  out = mlp_step(Tensor(x), w1, w2)
+  assert (GlobalCounters.renders, GlobalCounters.compiles, GlobalCounters.schedule_misses) == (0, 0, 0)
+  assert GlobalCounters.schedule_hits == 1 and GlobalCounters.kernel_count >= 2
+  np.testing.assert_allclose(out.numpy(), reference(x, w1.numpy(), w2.numpy()), rtol=1e-4, atol=1e-6)
+
+
+def test_a_new_structure_misses_the_schedule_cache_but_reuses_equal_kernels() -> None:
+  a = Tensor(np.ones((8, 8), np.float32)).realize()
+  (a * 3 + 1).realize()
+  GlobalCounters.reset()
+  ((a * 3 + 1) * 1).realize()  # another graph; its kernel is another kernel
+  assert GlobalCounters.schedule_misses == 1 and GlobalCounters.renders == 1
+  GlobalCounters.reset()
+  b = Tensor(np.ones((8, 8), np.float32)).realize()
+  np.testing.assert_equal((b * 3 + 1).numpy(), np.full((8, 8), 4, np.float32))
+  assert GlobalCounters.schedule_hits == 1 and GlobalCounters.renders == 0
+
+
+def test_equal_constants_of_other_signs_are_other_schedules() -> None:
+  a = Tensor(np.ones(4, np.float32)).realize()
+  assert (a * 0.0).numpy().tolist() == [0.0] * 4
+  assert [str(v) for v in (a * -0.0).numpy().tolist()] == ["-0.0"] * 4
+
+
+@pytest.mark.usefixtures("each_device")
+def test_tinyjit_replays_equal_the_plain_run() -> None:
+  rng = np.random.default_rng(2)
+  w1n, w2n = rng.standard_normal((16, 32), dtype=np.float32), rng.standard_normal((32, 8), dtype=np.float32)
+  w1, w2 = Tensor(w1n).realize(), Tensor(w2n).realize()
+  jitted = TinyJit(mlp_step)
+  for i in range(10):
+    x = rng.standard_normal((4, 16), dtype=np.float32)
+    GlobalCounters.reset()
+    out = jitted(Tensor(x), w1, w2)
+    np.testing.assert_allclose(out.numpy(), reference(x, w1n, w2n), rtol=1e-4, atol=1e-6)
+    if i >= 2: assert GlobalCounters.renders == 0 and GlobalCounters.schedule_hits + GlobalCounters.schedule_misses == 0, "a replay scheduled"
+  assert jitted.captured is not None and len(jitted.captured.steps) >= 2
+
+
+def test_tinyjit_on_the_cpu_is_one_native_call() -> None:
+  jitted = TinyJit(lambda x: ((x + 1) * 2).sum().realize())
+  for v in range(4): assert jitted(Tensor(np.full(8, v, np.float32))).item() == 16 * (v + 1)
+  assert jitted.captured is not None and jitted.captured.batch is not None
+
+
+def test_tinyjit_refuses_other_shapes_dtypes_and_arguments() -> None:
+  jitted = TinyJit(lambda x, scale: (x * scale).realize())
+  for _ in range(3): jitted(Tensor(np.ones(4, np.float32)), 2.0)
+  with pytest.raises(ValueError, match=r"captured by TinyJit with Tensor arguments \(4,\) float32 on CPU, not \(5,\) float32"):
+    jitted(Tensor(np.ones(5, np.float32)), 2.0)
+  with pytest.raises(ValueError, match="not \\(4,\\) int32"): jitted(Tensor(np.ones(4, np.int32)), 2.0)
+  with pytest.raises(ValueError, match="other arguments"): jitted(Tensor(np.ones(4, np.float32)), 3.0)
+  jitted.reset()
+  assert jitted(Tensor(np.ones(5, np.float32)), 3.0).numpy().tolist() == [3.0] * 5
+
+
+def test_tinyjit_inputs_that_are_views() -> None:
+  jitted = TinyJit(lambda x: (x * 2).realize())
+  base = np.arange(20, dtype=np.float32).reshape(4, 5)
+  for i in range(4):
+    got = jitted(Tensor(base + i)[1:3, 2:]).numpy()  # a view into a larger buffer: copied in, as on every call
+    np.testing.assert_equal(got, (base + i)[1:3, 2:] * 2)
+
+
+def threefry_reference(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
+  """Threefry-2x32-20 in plain Python, from the paper's description."""
+  m, rot = 0xFFFFFFFF, (13, 15, 26, 6, 17, 29, 16, 24)
+  ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
+  x0, x1 = (x0 + ks[0]) & m, (x1 + ks[1]) & m
+  for r in range(20):
+    x0 = (x0 + x1) & m
+    x1 = (((x1 << rot[r % 8]) | (x1 >> (32 - rot[r % 8]))) & m) ^ x0
+    if r % 4 == 3:
+      s = r // 4 + 1
+      x0, x1 = (x0 + ks[s % 3]) & m, (x1 + ks[(s + 1) % 3] + s) & m
+  return x0, x1
+
+
+def test_threefry_matches_the_published_answer_and_a_reference() -> None:
+  assert threefry_reference(0, 0, 0, 0) == (0x6B200159, 0x99BA4EFE)  # Random123's known-answer vector for key 0, counter 0
+  seed = 0x12345678_9ABCDEF0
+  Tensor.manual_seed(seed)
+  first = Tensor.rand(3).numpy()
+  second = Tensor.rand(5).numpy()  # counters 3..7
+  want = [threefry_reference(seed & 0xFFFFFFFF, seed >> 32, c, 0)[0] >> 8 for c in range(8)]
+  np.testing.assert_equal(np.concatenate([first, second]), np.array(want, np.float64) / 2 ** 24)
+
+
+def test_random_numbers_repeat_under_a_seed() -> None:
+  Tensor.manual_seed(7)
+  a = [Tensor.rand(64).numpy(), Tensor.randn(8, 8).numpy(), Tensor.randint(16, low=2, high=9).numpy()]
+  Tensor.manual_seed(7)
+  b = [Tensor.rand(64).numpy(), Tensor.randn(8, 8).numpy(), Tensor.randint(16, low=2, high=9).numpy()]
+  for x, y in zip(a, b): np.testing.assert_equal(x, y)
+  assert not np.array_equal(Tensor.rand(64).numpy(), a[0])
+  assert a[2].min() >= 2 and a[2].max() < 9 and a[2].dtype == np.int32
+
+
+def test_random_numbers_look_uniform_and_normal() -> None:
+  u = Tensor.rand(1 << 16).numpy()
+  assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.005
+  n = Tensor.randn(1 << 16).numpy()
+  assert abs(n.mean()) < 0.02 and abs(n.std() - 1) < 0.02 and np.isfinite(n).all()
+
+
+def test_random_ops_under_tinyjit_draw_anew_and_follow_the_seed() -> None:
+  def step(x: Tensor) -> Tensor:
+    Tensor.training = True
+    try: return (x.dropout(0.5) + Tensor.rand(4) + Tensor.randn(4)).realize()
+    finally: Tensor.training = False
+  x = np.ones(4, np.float32)
+  Tensor.manual_seed(3)
+  plain = [step(Tensor(x)).numpy() for _ in range(6)]
+  Tensor.manual_seed(3)
+  jitted = TinyJit(step)
+  replayed = [jitted(Tensor(x)).numpy() for _ in range(6)]
+  assert jitted.captured is not None and len(jitted.captured.draws) == 3  # dropout's mask, rand, randn's pair
+  for a, b in zip(plain, replayed): np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert len({tuple(r) for r in replayed}) == 6, "a replay repeated the numbers of another call"
+
+
+def test_dropout_only_while_training() -> None:
+  x = Tensor(np.ones(1000, np.float32))
+  assert x.dropout(0.3) is x
+  Tensor.training = True
+  try: kept = x.dropout(0.3).numpy()
+  finally: Tensor.training = False
+  assert set(np.unique(kept).tolist()) <= {0.0, np.float32(1 / 0.7)} and 0.6 < (kept > 0).mean() < 0.8
+
+
+def test_the_pool_reuses_freed_memory() -> None:
+  gc.collect()
+  POOL.clear()
+  a = Buffer("CPU", 1000, dtypes.float32)
+  address = a.mem.__array_interface__["data"][0]
+  del a
+  gc.collect()
+  b = Buffer("CPU", 1000, dtypes.int32)  # the same 4000 bytes
+  assert b.mem.__array_interface__["data"][0] == address and b.mem.dtype == np.int32
+
+
+def test_the_pool_never_hands_out_live_memory() -> None:
+  POOL.clear()
+  rng = np.random.default_rng(4)
+  kept = []
+  for i in range(20):  # each step frees temporaries of the same size as the tensors kept alive
+    x = Tensor(rng.random(4096, dtype=np.float32))
+    y = (x * 2 + i).realize()
+    kept.append((y, x.numpy() * 2 + i))
+    del x
+    gc.collect()
+  addresses = [t.uop.src[0].arg.mem.__array_interface__["data"][0] for t, _ in kept]
+  assert len(set(addresses)) == len(addresses)
+  for t, want in kept: np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)
+
+
+def test_the_pool_is_bounded() -> None:
+  from tinytune.runtime import BufferPool
+  pool = BufferPool(limit=10_000)
+  for i in range(5): pool.give("CPU", 4000, f"mem{i}")
+  assert pool.held <= 10_000 and pool.take("CPU", 4000) == "mem4" and pool.take("CPU", 4000) == "mem3" and pool.take("CPU", 4000) is None
+
+
+def test_opts_are_looked_up_once_per_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+  from tinytune.results_db.cache import TuningCache
+  calls = []
+  real = TuningCache.lookup
+  def counting(self, kernel, device):  # type: ignore[no-untyped-def]
+    calls.append(kernel.key)
+    return real(self, kernel, device)
+  monkeypatch.setattr(TuningCache, "lookup", counting)
+  engine.forget()
+  a = Tensor(np.ones((3, 7), np.float32)).realize()
+  for _ in range(3): (a.sum(1) * 5).realize()
+  assert len(calls) == 1
+  engine.forget()
+  (Tensor(np.ones((3, 7), np.float32)).sum(1) * 5).realize()
+  (Tensor(np.ones((3, 7), np.float32)).sum(1) * 6).realize()  # another schedule with an equal-looking kernel: a lookup of its own key
+  assert len(calls) == 3 and calls[1] == calls[0]
+
+
+def test_capture_records_kernels_with_their_buffers() -> None:
+  from tinytune.engine.realize import capturing
+  with capturing() as captured: out = (Tensor(np.ones(4, np.float32)) + 1).realize()
+  ((kernel, bufs),) = captured
+  assert bufs[0] is out.uop.src[0].arg and kernel.name.startswith("E_")
+  assert isinstance(out.uop, UOp) and out.uop.op is Ops.VIEW
