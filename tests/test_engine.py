@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from tinytune import GlobalCounters, Tensor, TinyJit, dtypes, engine
+from tinytune import Context, GlobalCounters, Tensor, TinyJit, dtypes, engine
 from tinytune.runtime import POOL, Buffer
 from tinytune.uop import Ops, UOp
 
@@ -44,6 +44,17 @@ def test_a_new_structure_misses_the_schedule_cache_but_reuses_equal_kernels() ->
   b = Tensor(np.ones((8, 8), np.float32)).realize()
   np.testing.assert_equal((b * 3 + 1).numpy(), np.full((8, 8), 4, np.float32))
   assert GlobalCounters.schedule_hits == 1 and GlobalCounters.renders == 0
+
+
+def test_the_opts_policy_in_force_picks_the_programs() -> None:
+  from tinytune.engine.realize import capturing
+  def opts_of_a_matmul() -> tuple:
+    a = Tensor(np.ones((64, 64), np.float32)).realize()
+    with capturing() as captured: assert np.all((a @ a).numpy() == 64)
+    return captured[0][0].opts
+  assert opts_of_a_matmul()
+  with Context(NOOPT=1): assert opts_of_a_matmul() == ()
+  assert opts_of_a_matmul()
 
 
 def test_equal_constants_of_other_signs_are_other_schedules() -> None:

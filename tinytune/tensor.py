@@ -297,7 +297,8 @@ class Tensor:
       if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
       dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
       if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
-      y = Tensor(UOp.const(dt, y), device=x.device)
+      c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
+      y = Tensor(UOp(Ops.VIEW, dt, (c,), View.create(x.shape, (0,) * x.ndim)) if x.ndim else c, device=x.device)
     if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
     dt = least_upper(x.dtype, y.dtype)
     x, y = x.cast(dt), y.cast(dt)

@@ -3,6 +3,7 @@ over other buffers runs its compiled kernels at once, with no scheduling, loweri
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -11,7 +12,7 @@ from tinytune.dtype import DType
 from tinytune.engine import program
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
 from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, realized
-from tinytune.helpers import DEBUG, prod
+from tinytune.helpers import DEBUG, NOOPT, prod
 from tinytune.runtime import Buffer, Device
 from tinytune.uop import Ops, UOp
 
@@ -80,9 +81,10 @@ def realize(target: UOp, device: str) -> UOp:
     topo = target.toposort
   if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
   key, inputs, index = structure(topo)
-  if (plan := _plans.get((key, device))) is None:
+  key = (key, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
+  if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1
-    plan = _plans[(key, device)] = make_plan(target, inputs, index, device)
+    plan = _plans[key] = make_plan(target, inputs, index, device)
   else: GlobalCounters.schedule_hits += 1
   return plan.run(topo, inputs, device)
 
