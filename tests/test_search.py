@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, Tensor
@@ -153,3 +154,42 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path) -> None:
                ["search", "matmul", "--device", "tpu"], ["search", "matmul", "--dtype", "float128"]):
     r = tinytune(*args, db=db)
     assert r.returncode == 2 and r.stderr.startswith("tinytune: error:") and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_verification_tolerates_rounding_of_long_sums_but_not_wrong_outputs() -> None:
+  from tinytune.search.worker import mismatches
+  rng = np.random.default_rng(0)
+  x, w = (rng.standard_normal(s).astype(np.float32) * 10 for s in ((64, 3072), (3072, 96)))  # outputs in the thousands, some near 0
+  exact = x.astype(np.float64) @ w.astype(np.float64)
+  ordered = np.zeros((64, 96), np.float32)
+  for k in range(3072): ordered += x[:, k:k + 1] * w[k]  # float32 sums in another order, as an unrolled kernel adds them
+  assert not np.allclose(ordered, exact, rtol=1e-4, atol=1e-4)  # what the check used to demand (bench mlp refused a correct result)
+  assert not mismatches(ordered, exact.astype(np.float32), 1e-4, terms=3072).any()
+  wrong = ordered.copy()
+  wrong[3, 5] += 0.02 * np.abs(exact).max()
+  assert mismatches(wrong, exact.astype(np.float32), 1e-4, terms=3072).sum() == 1
+  assert mismatches(np.array([1, 2, 3]), np.array([1, 2, 4]), 0).tolist() == [False, False, True]
+  assert not mismatches(np.array([np.nan, np.inf], np.float32), np.array([np.nan, np.inf], np.float32), 1e-4).any()
+
+
+@pytest.mark.parametrize("strategy", ["beam", "random"])
+def test_seconds_is_a_hard_budget_for_the_whole_program(tmp_path, strategy: str) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.kernels import get_workload
+  from tinytune.search.tune import Tuner
+  workload = get_workload("softmax")  # several kernels: the budget is shared, not given to each
+  params = workload.params({"rows": 256, "cols": 512})
+  out, _ = workload.instantiate(params)
+  tuner = Tuner(Database(f"sqlite:///{tmp_path / 'r.db'}"), "CPU", strategy, {"candidates": None, "seconds": 4.0})
+  st = time.monotonic()
+  outcomes = tuner.tune_program(out.uop, "softmax", params)
+  elapsed = time.monotonic() - st
+  assert len(outcomes) >= 2 and all(o.best_s > 0 for o in outcomes)
+  assert elapsed < 4.0 * 1.1 + 3.0, f"a 4 s search took {elapsed:.1f} s"  # and up to a second per kernel: a candidate timed at the deadline
+
+
+def test_evaluation_stops_at_the_deadline() -> None:
+  with Evaluator(matmul_kernel(), "CPU") as ev:
+    ev.deadline = time.monotonic() - 1
+    assert ev.evaluate([(Opt(OptOps.UPCAST, 0, 2),), (Opt(OptOps.UPCAST, 1, 2),)]) == []
+    ev.deadline = None
+    assert [r.status for r in ev.evaluate([(Opt(OptOps.UPCAST, 0, 2),)])] == ["ok"]

@@ -99,6 +99,8 @@ class Evaluator:
   on_result: Callable[[Result], None] | None = None
   known: dict[str, Result] = field(default_factory=dict)
   render: Callable[[Kernel], str] | None = None  # the device's renderer unless given (tests inject crashing candidates here)
+  deadline: float | None = None  # time.monotonic() after which no new candidate starts (the strategy's budget sets it)
+  end: float | None = None  # ... and after which re-timing the finalists takes no more rounds
 
   def __post_init__(self) -> None:
     self.dev = Device[self.device]
@@ -113,7 +115,7 @@ class Evaluator:
   def _request(self, msg: list) -> list:
     if self.worker is None:
       spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
-              "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name)}
+              "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:])}
       self.worker = _Worker(spec, self.timeout_s + 10)
       if self.worker.ready[0] != "ready": raise RuntimeError(f"the kernel with no opts failed in the worker: {self.worker.ready[1]}")
     reply = self.worker.request(msg, self.timeout_s)
@@ -123,19 +125,32 @@ class Evaluator:
   def kernel_for(self, opts: Sequence[Opt]) -> Kernel: return self.kernel.copy().apply_opts(opts)
 
   def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
-    """Results in the order given; each new measurement is reported to on_result as it finishes."""
+    """Results in the order given; each new measurement is reported to on_result as it finishes. Past the deadline no new
+    candidate is compiled or run: the results stop at the first candidate that was not."""
+    results: list[Result] = []
+    chunk = 2 * self.pool._max_workers  # compile a few in parallel, run them, look at the clock
+    for start in range(0, len(candidates), chunk):
+      results += (done := self._evaluate(candidates[start:start + chunk]))
+      if len(done) < len(candidates[start:start + chunk]): break
+    return results
+
+  def past_deadline(self) -> bool: return self.deadline is not None and time.monotonic() > self.deadline
+
+  def _evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
     results: list[Result | None] = [None] * len(candidates)
     todo: list[tuple[int, tuple[Opt, ...], Kernel, str, str]] = []
     for i, opts in enumerate(map(tuple, candidates)):
       if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = stored; continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
+      if self.past_deadline(): break
       src = self.render_source(k)
       todo.append((i, opts, k, src, source_hash(src)))
     fresh = {h: (k, src) for _, _, k, src, h in todo if h not in self.by_source}
     compiled = dict(zip(fresh, self.pool.map(self._compile, [src for _, src in fresh.values()])))
     for i, opts, k, src, h in todo:
       if h not in self.by_source:
+        if self.past_deadline(): break
         lib, compile_s, error = compiled[h]
         if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
         else: res = self._run(opts, lib, k, h, compile_s)
@@ -143,7 +158,7 @@ class Evaluator:
         self.evaluated += 1
         if self.on_result is not None: self.on_result(res)
       results[i] = replace(self.by_source[h], opts=opts)
-    return results  # type: ignore[return-value]
+    return results[:next((i for i, r in enumerate(results) if r is None), len(results))]  # type: ignore[return-value]
 
   def _compile(self, src: str) -> tuple[str | None, float, str]:
     st = time.perf_counter()
@@ -167,7 +182,8 @@ class Evaluator:
       libs.append((_b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
     policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2, "cutoff": 0}
     samples: list[list[float]] = [[] for _ in candidates]
-    for _ in range(rounds):
+    for r in range(rounds):
+      if r and self.end is not None and time.monotonic() > self.end: break  # one round at least, more while the budget lasts
       for j, (lib, name, launch) in enumerate(libs):
         reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]

@@ -82,8 +82,9 @@ def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[
         continue
       trials.append(trial); candidates.append(opts)
     results = ev.evaluate(candidates)
-    for trial, r in zip(trials, results):
-      if r.status == "ok": study.tell(trial, r.time); failed_in_a_row = 0
+    for trial, r in itertools.zip_longest(trials, results):
+      if r is None: study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # the budget ran out before it ran
+      elif r.status == "ok": study.tell(trial, r.time); failed_in_a_row = 0
       else: study.tell(trial, state=optuna.trial.TrialState.FAIL)
     history += results
   return finalize(ev, history, default)

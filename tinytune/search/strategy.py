@@ -19,9 +19,13 @@ class Budget:
   seconds: float | None = None
   started: float = field(default_factory=time.monotonic)
 
+  def deadline(self) -> float | None:
+    """When evaluation stops starting candidates: at 90% of the seconds, so choosing the winner fits in the rest."""
+    return None if self.seconds is None else self.started + 0.9 * self.seconds
+
   def left(self, tried: int) -> int:
     """How many more candidates may be tried (0 when out of time)."""
-    if self.seconds is not None and time.monotonic() - self.started > self.seconds: return 0
+    if (deadline := self.deadline()) is not None and time.monotonic() > deadline: return 0
     return max(0, self.candidates - tried) if self.candidates is not None else 1 << 30
 
 
@@ -76,4 +80,5 @@ def tried(history: list[Result]) -> int: return sum(r.status != "invalid" for r 
 
 
 def run_strategy(name: str, kernel: Kernel, ev: Evaluator, budget: Budget, default: Sequence[Opt], **options: Any) -> SearchResult:
+  ev.deadline, ev.end = budget.deadline(), None if budget.seconds is None else budget.started + budget.seconds
   return get_strategy(name)(kernel, ev, budget, tuple(default), **options)

@@ -76,9 +76,12 @@ class Tuner:
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
+    end = None if self.budget.get("seconds") is None else time.monotonic() + self.budget["seconds"]  # --seconds is for the whole program
     with self.run(workload, params, settings, signature) as (run_id, device_id, stored):
       for i, k in enumerate(kernels):
-        if outcomes[i] is None: outcomes[i] = self.tune_kernel(k, run_id, device_id, stored)
+        if outcomes[i] is None:
+          seconds = None if end is None else max(0.0, end - time.monotonic()) / sum(o is None for o in outcomes[i:])
+          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds)
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
@@ -100,7 +103,9 @@ class Tuner:
     with self.run(kernel.name, {}, {"strategy": self.strategy, **self.options}, f"on first use: {kernel.key}") as (run_id, device_id, _):
       return self.tune_kernel(kernel, run_id, device_id).best
 
-  def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = ()) -> KernelOutcome:  # type: ignore[assignment]
+  def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = (),  # type: ignore[assignment]
+                  seconds: float | None = None) -> KernelOutcome:
+    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own)."""
     dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
     kernel_id = self.db.kernel_id(kernel.key, kernel.name, kernel.ast_text, kernel.sizes, dtypes, kernel.flops, kernel.mem_bytes)
     known = {c.opts_json: stored_result(c) for c in stored if c.kernel_id == kernel_id}
@@ -111,7 +116,7 @@ class Tuner:
       if self.on_result is not None: self.on_result(kernel, r)
 
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
-    budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds"), claims=claims)
+    budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
     options = dict(self.options)
     if self.strategy == "optuna":  # trials live in optuna's own tables in the same database; a resumed run continues its study
       options.setdefault("storage", self.db.url.render_as_string(hide_password=False))
