@@ -193,3 +193,12 @@ def test_evaluation_stops_at_the_deadline() -> None:
     assert ev.evaluate([(Opt(OptOps.UPCAST, 0, 2),), (Opt(OptOps.UPCAST, 1, 2),)]) == []
     ev.deadline = None
     assert [r.status for r in ev.evaluate([(Opt(OptOps.UPCAST, 0, 2),)])] == ["ok"]
+
+
+def test_ties_go_to_the_default_then_the_shortest_opts() -> None:
+  from tinytune.search.strategy import choose
+  up, pad = Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.PADTO, 2, 5)
+  default = (up, Opt(OptOps.THREAD, 0, 2))
+  assert choose(default, [(*default, pad)], [1.0, 0.995], []).best == default  # PADTO appended for no real gain
+  assert choose(default, [(*default, pad), (up,)], [1.0, 0.8, 0.805], []).best == (up,)
+  assert choose(default, [(*default, pad)], [1.0, 0.9], []).best == (*default, pad)

@@ -63,17 +63,25 @@ def get_strategy(name: str) -> Strategy:
   return getattr(importlib.import_module(module), fn)
 
 
+TIE = 0.01  # finalists within 1% of the fastest are a tie: the default wins it, then the shortest opt list
+
+
 def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = 3) -> SearchResult:
-  """Time the fastest few again beside the default, interleaved; the default wins unless something beats it."""
+  """Time the fastest few again beside the default, interleaved; the default wins unless something beats it by more than a tie."""
   default = tuple(default)
   best: dict[str, Result] = {}
   for r in sorted((r for r in history if r.status == "ok"), key=lambda r: r.time):
     best.setdefault(r.source_hash, r)
   top = [r.opts for r in list(best.values())[:finalists] if r.opts != default]
-  times = ev.retime([default, *top])
-  winner = min(range(len(times)), key=lambda i: times[i])
-  if not times[winner] < times[0]: winner = 0
-  return SearchResult(([default, *top])[winner], times[winner], default, times[0], history)
+  return choose(default, top, ev.retime([default, *top]), history)
+
+
+def choose(default: tuple[Opt, ...], top: list[tuple[Opt, ...]], times: list[float], history: list[Result]) -> SearchResult:
+  """The winner among the default (times[0]) and the finalists: the default, or else the shortest, of those tied with the fastest."""
+  entries = [default, *top]
+  tied = [i for i, t in enumerate(times) if t <= min(times) * (1 + TIE)]
+  winner = 0 if 0 in tied else min(tied, key=lambda i: (len(entries[i]), times[i]))
+  return SearchResult(entries[winner], times[winner], default, times[0], history)
 
 
 def tried(history: list[Result]) -> int: return sum(r.status != "invalid" for r in history)
