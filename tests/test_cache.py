@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -14,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from tinytune import Device, Kernel, Tensor
+from tinytune import Device, Kernel, Opt, OptOps, Tensor
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database, fingerprint_hash
 from tinytune.results_db.cache import FORMAT_VERSION, CacheFile, CacheFileError, Entry, checksum, deployed, export, import_file, merge, prune, write
@@ -229,3 +231,54 @@ def test_own_database_comes_first_and_an_old_one_costs_one_warning(tmp_path: Pat
   run = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=120)
   assert run.returncode == 0 and "opts [Opt(UPCAST, 1, 4), Opt(UPCAST, 0, 2)]" in run.stdout, run.stderr
   assert len(run.stderr.strip().splitlines()) == 1 and "tinytune db upgrade" in run.stderr
+
+
+def hostile_files(tmp_path: Path, flips: int) -> list[Path]:
+  """Broken cache files of every kind: edited manifest values, deep JSON, a BLOB, a 10 MB opts string, not-a-file kinds, and byte flips."""
+  good = Path(cache_file(tmp_path / "good.ttc", '[["UPCAST",1,4]]'))
+  made = []
+  def variant(name: str, sql: str, *args: object) -> None:
+    path = tmp_path / name
+    shutil.copy(good, path)
+    with sqlite3.connect(path) as conn: conn.execute(sql, args)
+    conn.close()
+    made.append(path)
+  variant("superscript.ttc", "UPDATE manifest SET value = ? WHERE key = 'format_version'", "²")
+  variant("deep.ttc", "UPDATE devices SET fingerprint = ?", "[" * 100_000 + "]" * 100_000)
+  variant("blob.ttc", "UPDATE entries SET opts = ?", b"\x00\x01binary")
+  variant("huge.ttc", "UPDATE entries SET opts = ?", "x" * 10_000_000)
+  variant("text-time.ttc", "UPDATE entries SET best_s = 'fast'")
+  (empty := tmp_path / "empty.ttc").write_bytes(b"")
+  (truncated := tmp_path / "truncated.ttc").write_bytes(good.read_bytes()[:1500])
+  (folder := tmp_path / "folder.ttc").mkdir()
+  os.mkfifo(fifo := tmp_path / "fifo.ttc")
+  made += [empty, truncated, folder, fifo, tmp_path / "missing.ttc"]
+  rng = random.Random(0)
+  data = good.read_bytes()
+  for i in range(flips):
+    flipped = bytearray(data)
+    for _ in range(rng.randint(1, 8)): flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+    (path := tmp_path / f"flip{i}.ttc").write_bytes(bytes(flipped))
+    made.append(path)
+  return made
+
+
+def test_hostile_cache_files_cost_at_most_one_short_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+  from tinytune.results_db.cache import TuningCache, deployed
+  kernel = matmul32()
+  for path in hostile_files(tmp_path, 200):
+    deployed.cache_clear()
+    os.environ["TINYTUNE_CACHE"] = str(path)
+    try: tuned = TuningCache().lookup(kernel, "CPU")
+    finally: del os.environ["TINYTUNE_CACHE"]
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) <= 1 and all(len(line) <= 200 for line in lines), (path.name, lines)
+    assert tuned is None or tuned.opts in ((Opt(OptOps.UPCAST, 1, 4),),), path.name  # a flip the checksum misses can only be harmless
+
+
+def test_a_hostile_file_in_a_program_costs_a_warning_not_a_hang(tmp_path: Path) -> None:
+  files = {p.name: p for p in hostile_files(tmp_path, 0)}
+  for name in ("fifo.ttc", "deep.ttc", "superscript.ttc", "blob.ttc", "huge.ttc"):
+    run = deployed_run(tmp_path, str(files[name]))
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-400:]
+    assert len(run.stderr.strip().splitlines()) == 1 and len(run.stderr.strip()) <= 200, run.stderr[:400]

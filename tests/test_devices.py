@@ -8,6 +8,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -205,3 +206,13 @@ def test_search_on_an_absent_device_is_a_one_line_error(capsys: pytest.CaptureFi
   assert main(["search", "matmul", "--device", "amd", "--budget", "1"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("tinytune: error: AMD needs") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev,
+                    reason="needs /dev/shm on another filesystem than the cache folder")
+def test_a_tmpdir_on_another_filesystem(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  env = {**os.environ, "TMPDIR": "/dev/shm", "TINYTUNE_CACHE_DIR": str(tmp_path)}
+  run = subprocess.run([sys.executable, "-c", "from tinytune import Tensor; print((Tensor.ones(4) * 3).numpy().tolist())"], env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0 and run.stdout.strip() == "[3.0, 3.0, 3.0, 3.0]", run.stderr[-500:]
+  assert not [p for p in (tmp_path / "cpu").iterdir() if not p.name.endswith(".so")]  # no temporary files left

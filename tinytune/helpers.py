@@ -60,7 +60,9 @@ _warned: set[str] = set()
 
 
 def warn_once(message: str) -> None:
-  """One `tinytune: warning:` line on stderr per distinct message per process."""
+  """One `tinytune: warning:` line of at most 200 characters on stderr per distinct message per process."""
+  message = " ".join(message.split())
+  if len(message) > 180: message = message[:177] + "..."
   if message not in _warned:
     _warned.add(message)
     print(f"tinytune: warning: {message}", file=sys.stderr)

@@ -14,6 +14,7 @@ import math
 import os
 import pathlib
 import sqlite3
+import stat
 import urllib.parse
 from dataclasses import astuple, dataclass, fields
 from datetime import datetime, timezone
@@ -34,6 +35,13 @@ CREATE TABLE entries (kernel_key TEXT NOT NULL, device_hash TEXT NOT NULL REFERE
 
 class CacheFileError(ValueError):
   """A cache file that cannot be used: the message says why, in one line."""
+
+
+def regular_file(path: str | os.PathLike, what: str, error: type[Exception]) -> None:
+  """Raise `error` unless `path` is a regular file: a FIFO, a device or a folder would block or fail deep inside SQLite."""
+  try: mode = os.stat(path).st_mode
+  except OSError as e: raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
+  if not stat.S_ISREG(mode): raise error(f"{path}: the {what} is not a regular file")
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class CacheFile:
   @staticmethod
   def open(path: str | os.PathLike) -> CacheFile:
     """Read and check a whole cache file; CacheFileError if it is not one this tinytune can trust."""
+    regular_file(path, "cache file", CacheFileError)
     uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"  # immutable: no locks, no -wal or -shm files
     try:
       conn = sqlite3.connect(uri, uri=True)
@@ -71,8 +80,10 @@ class CacheFile:
         devices = conn.execute("SELECT hash, fingerprint FROM devices ORDER BY hash").fetchall()
         rows = conn.execute(f"SELECT {', '.join(f.name for f in fields(Entry))} FROM entries ORDER BY kernel_key, device_hash").fetchall()
       finally: conn.close()
-    except sqlite3.DatabaseError as e: raise CacheFileError(f"{path} is not a readable tinytune cache file ({e})") from None
-    return _checked(str(path), manifest, devices, rows)
+      return _checked(str(path), manifest, devices, rows)
+    except CacheFileError: raise
+    except Exception as e:  # whatever a damaged or hostile file makes SQLite or the checks raise, it is one kind of error
+      raise CacheFileError(f"{path} is not a readable tinytune cache file ({type(e).__name__}: {str(e)[:80]})") from None
 
   def for_device(self, device_hash: str) -> dict[str, Entry]: return {e.kernel_key: e for e in self.entries if e.device_hash == device_hash}
 
@@ -82,7 +93,7 @@ def _checked(path: str, manifest: dict[str, Any], devices: list[tuple], rows: li
     if not cond: raise CacheFileError(f"{path}: {why}")
   check(manifest.get("magic") == MAGIC, "not a tinytune cache file (no manifest)")
   version = manifest.get("format_version", "")
-  check(isinstance(version, str) and version.isdigit(), f"bad format version {version!r}")
+  check(isinstance(version, str) and version.isascii() and version.isdigit(), f"bad format version {version!r:.40}")
   check(int(version) <= FORMAT_VERSION, f"cache format {version} is newer than this tinytune reads ({FORMAT_VERSION}): upgrade tinytune")
   check(manifest.get("checksum") == checksum(devices, rows), "checksum mismatch: the file is damaged or was edited")
   fingerprints: dict[str, dict[str, str]] = {}
@@ -231,14 +242,17 @@ class TuningCache:
       row = self.db.tuned(key, device_hash)
       return [] if row is None else [(repr(self.db), row.opts_json, row.best_s, row.default_s)]
     found = []
-    parsed = database_url(None)  # $TINYTUNE_DB or the default file, read only: a program never creates it
-    if not (parsed.get_backend_name() == "sqlite" and parsed.database and not os.path.exists(parsed.database)):
+    shown = os.getenv("TINYTUNE_DB") or "the default database"
+    try:  # $TINYTUNE_DB or the default file, read only: a program never creates it
+      parsed = database_url(None)
       shown = parsed.render_as_string()
-      try:
+      sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database else None
+      if not (sqlite_file and not os.path.exists(sqlite_file)):
+        if sqlite_file: regular_file(sqlite_file, "database", ValueError)
         if (row := _reader(parsed.render_as_string(hide_password=False)).tuned(key, device_hash)) is not None:
           found.append((shown, row.opts_json, row.best_s, row.default_s))
-      except Exception as e:  # an unreadable database costs a warning, never the program
-        warn(f"the tuning cache {shown} is unusable ({str(e).splitlines()[0]}); not using it")
+    except Exception as e:  # an unusable database costs a warning, never the program
+      warn(f"the tuning cache {shown} is unusable ({(str(e).splitlines() or [type(e).__name__])[0]}); not using it")
     if (cached := deployed(os.getenv("TINYTUNE_CACHE", ""), device_hash, warn).get(key)) is not None:
       path, entry = cached
       found.append((path, entry.opts, entry.best_s, entry.default_s))

@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -108,14 +109,18 @@ class CPUDevice(Compiled):
     key = hashlib.sha256("\n".join([src, self.cc, compiler_version(self.cc), *self.flags]).encode()).hexdigest()[:32]
     path = cache_dir() / "cpu" / f"{key}.so"
     compile_stats["hits" if path.exists() else "misses"] += 1
-    if not path.exists():
+    if not path.exists():  # built beside its final name, so the rename is atomic even where $TMPDIR is another filesystem
       path.parent.mkdir(parents=True, exist_ok=True)
-      with tempfile.TemporaryDirectory() as tmp:
-        cfile, sofile = os.path.join(tmp, "k.c"), os.path.join(tmp, "k.so")
-        with open(cfile, "w") as f: f.write(src)
-        res = subprocess.run([self.cc, *self.flags, cfile, "-o", sofile, "-lm"], capture_output=True, text=True)
+      stem = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}")
+      cfile, sofile = stem.with_suffix(".c"), stem.with_suffix(".so.tmp")
+      try:
+        cfile.write_text(src)
+        res = subprocess.run([self.cc, *self.flags, str(cfile), "-o", str(sofile), "-lm"], capture_output=True, text=True)
         if res.returncode != 0: raise CompileError(f"{self.cc} failed:\n{res.stderr}\n{src}")
         os.replace(sofile, path)  # atomic, so concurrent compiles of the same kernel are safe
+      finally:
+        cfile.unlink(missing_ok=True)
+        sofile.unlink(missing_ok=True)
     return str(path).encode()
 
   def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CPUProgram(name, lib.decode())
