@@ -34,7 +34,7 @@ def main() -> None:
     study = f"bench-{uuid.uuid4().hex[:8]}"
     sizes = [x for p in "mnk" for x in ("-p", f"{p}={args.size}")]
     command = [sys.executable, "-m", "tinytune.cli", "search", "matmul", *sizes, "--strategy", "optuna", "--budget", str(args.budget),
-               "--workers", str(n), "--study", study, "--db", url, "--json", "--quiet", "--force"]
+               "--workers", str(n), "--oversubscribe", "--study", study, "--db", url, "--json", "--quiet", "--force"]
     st = time.perf_counter()
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - st

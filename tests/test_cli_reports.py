@@ -86,6 +86,8 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["cache", "import"], "cache import takes one cache file"),
   (["cache", "verify", "a.db", "b.db"], "cache verify takes one cache file"),
   (["cache", "prune", "--before", "2020-13-45"], "bad --before '2020-13-45': write a date"),
+  (["report", "--device", "nosuch"], "no device in the database matches --device 'nosuch'"),
+  (["search", "matmul", "--workers", "99999"], "add --oversubscribe"),
 ])
 def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, argv: list[str], message: str) -> None:
   code, out, err = run(capsys, *argv, *(["--db", report_db] if argv[0] != "kernels" else []))
@@ -107,8 +109,28 @@ def test_unusable_database_one_line(capsys: pytest.CaptureFixture[str], tmp_path
 
 def test_db_is_a_plain_path(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
   monkeypatch.chdir(tmp_path)
+  code, out, err = run(capsys, "report", "--db", "typo.db")
+  assert code == 2 and "there is no results database at" in err and not (tmp_path / "typo.db").exists()  # a typo creates nothing
+  Database(str(tmp_path / "results.db")).close()
   code, out, err = run(capsys, "report", "--db", "results.db", "--format", "json")
   assert code == 0 and Database(str(tmp_path / "results.db"), read_only=True).tuned_entries() == []
+
+
+@pytest.mark.parametrize("argv,message", [
+  (["search", "matmul", "--seconds", "0"], "argument --seconds: 0 is not a time limit"),
+  (["search", "matmul", "--seconds", "nan"], "argument --seconds: nan is not a time limit"),
+  (["search", "matmul", "--seconds", "-1"], "argument --seconds: -1 is not a time limit"),
+  (["search", "matmul", "--budget", "0"], "argument --budget: 0 is too small"),
+  (["search", "matmul", "--workers", "0"], "argument --workers: 0 is too small"),
+  (["compare", "matmul", "--sweep", "n=8", "--tune", "--budget", "0"], "argument --budget: 0 is too small"),
+  (["bench", "matmul", "--repeats", "0"], "argument --repeats: 0 is too small"),
+  (["bench", "matmul", "--repeats", "x"], "'x' is not a whole number"),
+])
+def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+  with pytest.raises(SystemExit) as exit:
+    main(argv)
+  err = capsys.readouterr().err
+  assert exit.value.code == 2 and message in err and "Traceback" not in err
 
 
 def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:

@@ -45,7 +45,7 @@ def study_rows(db: Database) -> tuple[list[SearchRun], list[Candidate], list[Cla
 
 
 def test_workers_tune_one_kernel_together(url: str) -> None:
-  out = finish(search("--budget", "10", "--workers", "2", url=url))
+  out = finish(search("--budget", "10", "--workers", "2", "--oversubscribe", url=url))
   db = Database(url)
   runs, candidates, claims = study_rows(db)
   assert len(runs) == 2 and all(r.outcome == "done" for r in runs) and len({r.worker for r in runs}) == 2

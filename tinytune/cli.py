@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -20,6 +21,22 @@ def parse_params(pairs: list[str]) -> dict[str, int]:
     if not sep or not value.lstrip("-").isdigit(): raise ValueError(f"bad parameter {p!r}: write KEY=INTEGER, e.g. -p n=512")
     params[key] = int(value)
   return params
+
+
+def count(text: str) -> int:
+  """An argparse type: a whole number of at least 1."""
+  try: n = int(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+  if n < 1: raise argparse.ArgumentTypeError(f"{n} is too small: give at least 1")
+  return n
+
+
+def seconds(text: str) -> float:
+  """An argparse type: a finite number of seconds above 0."""
+  try: s = float(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+  if not (math.isfinite(s) and s > 0): raise argparse.ArgumentTypeError(f"{text} is not a time limit: give a number of seconds above 0")
+  return s
 
 
 def _ms(s: float | None) -> str: return f"{s * 1e3:.3f}" if s is not None and math.isfinite(s) else "-"
@@ -41,10 +58,11 @@ def cmd_search(args: argparse.Namespace) -> int:
   params = workload.params(parse_params(args.param))
   device, dtype = Device.canonicalize(args.device), dtypes.from_any(args.dtype)
   get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
-  if args.budget is not None and args.budget < 1: raise ValueError("--budget needs at least 1 candidate")
   options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
   if args.worker is not None and args.strategy in ("optuna", "random"): options["seed"] = args.worker  # workers of one study explore apart
-  if args.workers < 1: raise ValueError("--workers needs at least 1")
+  if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
+    raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
+                     "add --oversubscribe to start them anyway")
   console = Console(stderr=True, quiet=args.quiet or args.json)
   out, _ = workload.instantiate(params, dtype, device)
   db = Database(args.db)
@@ -361,11 +379,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
   from tinytune.kernels import get_workload
   from tinytune.reports import render, report_frames
-  from tinytune.results_db import Database
+  from tinytune.results_db import Database, database_url
 
   _check_format(args.format)
   if args.workload: get_workload(args.workload)
-  frames = report_frames(Database(args.db), args.workload, args.device)
+  url = database_url(args.db)
+  if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
+    raise ValueError(f"there is no results database at {url.database}: check --db, or run `tinytune search` first")
+  frames = report_frames(Database(args.db, read_only=True), args.workload, args.device)
+  if args.device and frames["devices"].empty:
+    raise ValueError(f"no device in the database matches --device {args.device!r}; see `tinytune report --table devices`")
   if args.table:
     if unknown := [t for t in args.table if t not in frames]: raise ValueError(f"unknown table {', '.join(unknown)}; tables: {', '.join(frames)}")
     frames = {t: frames[t] for t in args.table}
@@ -427,10 +450,11 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--beam-width", type=int, default=4)
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
   search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, on one budget")
-  search.add_argument("--workers", type=int, default=1, help="start N local worker processes sharing one study and its budget")
+  search.add_argument("--workers", type=count, default=1, help="start N local worker processes sharing one study and its budget (at most the cores)")
+  search.add_argument("--oversubscribe", action="store_true", help="allow --workers beyond the number of cores")
   search.add_argument("--worker", type=int, default=None, help="with --study: this process's number (its seed, and the run --resume continues)")
-  search.add_argument("--budget", type=int, default=200, help="candidates per kernel (default 200)")
-  search.add_argument("--seconds", type=float, default=None, help="time limit per kernel")
+  search.add_argument("--budget", type=count, default=200, help="candidates per kernel (default 200)")
+  search.add_argument("--seconds", type=seconds, default=None, help="time limit for the whole search, all kernels together")
   search.add_argument("--db", default=None, help=DB_HELP)
   search.add_argument("--resume", action="store_true", help="continue the last unfinished run with the same arguments")
   search.add_argument("--force", action="store_true", help="search even where the tuning cache has an entry")
@@ -445,11 +469,11 @@ def main(argv: list[str] | None = None) -> int:
   compare.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE for every size, e.g. -p k=64")
   compare.add_argument("--tune", action="store_true", help="search each size the tuning cache does not have (see --strategy, --budget)")
   compare.add_argument("--strategy", default="beam", help="search strategy for --tune (default beam)")
-  compare.add_argument("--budget", type=int, default=40, help="candidates per kernel for --tune (default 40)")
+  compare.add_argument("--budget", type=count, default=40, help="candidates per kernel for --tune (default 40)")
   for p in (bench, compare):
     p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
     p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
-    p.add_argument("--repeats", type=int, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
+    p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
     p.add_argument("--format", default="table", help="table (default), csv, md, json, html")
     p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
