@@ -282,3 +282,29 @@ def test_a_hostile_file_in_a_program_costs_a_warning_not_a_hang(tmp_path: Path) 
     run = deployed_run(tmp_path, str(files[name]))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-400:]
     assert len(run.stderr.strip().splitlines()) == 1 and len(run.stderr.strip()) <= 200, run.stderr[:400]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv to drop the override of file modes")
+def test_a_read_only_database_in_a_read_only_folder(tmp_path: Path) -> None:
+  kernel, device_hash = matmul32(), fingerprint_hash(device_fingerprint("CPU"))
+  folder = tmp_path / "image"
+  folder.mkdir()
+  own = Database(f"sqlite:///{folder / 'own.db'}")
+  own.set_tuned(kernel.key, device_hash, '[["UPCAST",1,2]]', 1e-3, 2e-3, None)
+  own.close()
+  before = sorted(os.listdir(folder))
+  for p in folder.iterdir(): os.chmod(p, stat.S_IRUSR)
+  os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR)
+  env = {**os.environ, "TINYTUNE_DB": str(folder / "own.db"), "TINYTUNE_CACHE": ""}
+  def as_plain_user(*argv: str) -> subprocess.CompletedProcess:  # root that obeys file modes, as an unprivileged user would
+    caps = "-dac_override,-dac_read_search"
+    return subprocess.run(["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", sys.executable, *argv], capture_output=True, text=True,
+                          env=env, timeout=120)
+  try:
+    run = as_plain_user("-c", PROGRAM)
+    assert run.returncode == 0 and run.stderr == "" and "opts [Opt(UPCAST, 1, 2)]" in run.stdout, run.stderr
+    for argv in (["report", "--table", "best"], ["cache", "list"], ["db", "version"]):
+      run = as_plain_user("-m", "tinytune.cli", *argv, "--db", str(folder / "own.db"))
+      assert run.returncode == 0 and "Traceback" not in run.stderr, (argv, run.stderr)
+  finally: os.chmod(folder, stat.S_IRWXU)
+  assert sorted(os.listdir(folder)) == before  # nothing written beside it

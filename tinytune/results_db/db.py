@@ -206,9 +206,12 @@ class Database:
     self.url, self.read_only = database_url(url), read_only
     if self.url.get_backend_name() == "sqlite":
       on_disk = self.url.database not in (None, "", ":memory:") and not self.url.query.get("uri")
-      engine_url = self.url
+      engine_url, path = self.url, pathlib.Path(str(self.url.database)).expanduser()
+      # a file we cannot write (a deployed image) is read as immutable: WAL mode would need a -shm file beside it
+      frozen = on_disk and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+      self.read_only = read_only = read_only or frozen
       if on_disk and read_only:
-        engine_url = self.url.set(database=f"file:{pathlib.Path(str(self.url.database)).expanduser()}", query={"mode": "ro", "uri": "true"})
+        engine_url = self.url.set(database=f"file:{path}", query={"mode": "ro", "uri": "true", **({"immutable": "1"} if frozen else {})})
       elif on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
       self.engine = create_engine(engine_url, connect_args={"timeout": busy_timeout})
       _sqlite_setup(self.engine, busy_timeout, on_disk and not read_only)
