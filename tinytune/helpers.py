@@ -62,7 +62,7 @@ _warned: set[str] = set()
 def warn_once(message: str) -> None:
   """One `tinytune: warning:` line of at most 200 characters on stderr per distinct message per process."""
   message = " ".join(message.split())
-  if len(message) > 180: message = message[:177] + "..."
+  if len(message) > 180: message = message[:88] + "..." + message[-89:]  # the middle goes: paths; the end says what to do
   if message not in _warned:
     _warned.add(message)
     print(f"tinytune: warning: {message}", file=sys.stderr)

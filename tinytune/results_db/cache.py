@@ -40,7 +40,7 @@ class CacheFileError(ValueError):
 def regular_file(path: str | os.PathLike, what: str, error: type[Exception]) -> None:
   """Raise `error` unless `path` is a regular file: a FIFO, a device or a folder would block or fail deep inside SQLite."""
   try: mode = os.stat(path).st_mode
-  except OSError as e: raise error(f"{path}: cannot read the {what} ({e.strerror})") from None
+  except OSError as e: raise error(f"{path} is not a readable {what} ({e.strerror})") from None
   if not stat.S_ISREG(mode): raise error(f"{path}: the {what} is not a regular file")
 
 
@@ -71,7 +71,7 @@ class CacheFile:
   @staticmethod
   def open(path: str | os.PathLike) -> CacheFile:
     """Read and check a whole cache file; CacheFileError if it is not one this tinytune can trust."""
-    regular_file(path, "cache file", CacheFileError)
+    regular_file(path, "tinytune cache file", CacheFileError)
     uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"  # immutable: no locks, no -wal or -shm files
     try:
       conn = sqlite3.connect(uri, uri=True)
