@@ -80,3 +80,12 @@ def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:
   assert db.run_candidates(1)[:len(before)] == before
   sources = [c.source_hash for c in candidates]
   assert len(sources) == len(set(sources))
+
+
+def test_beam_workers_do_not_wait_on_each_other(url: str) -> None:
+  st = time.monotonic()
+  finish(search("--strategy", "beam", "--budget", "40", "--workers", "2", "--oversubscribe", url=url))  # beam claims batches of dozens
+  assert time.monotonic() - st < 100  # each once waited a minute per candidate the other had claimed
+  _, candidates, _ = study_rows(Database(url))
+  sources = [c.source_hash for c in candidates]
+  assert len(sources) == len(set(sources)) >= 10

@@ -189,20 +189,32 @@ class StudyBudget(Budget):
 @dataclass
 class SharedEvaluator(Evaluator):
   """An Evaluator for workers sharing a study: a candidate whose source another worker claimed is read back once that worker
-  records it, never measured twice, so every candidate of the study is recorded once. Without `claims`, a plain Evaluator."""
+  records it, never measured twice, so every candidate of the study is recorded once. Without `claims`, a plain Evaluator.
+
+  Claims are taken a few at a time, just before measuring them, and a worker waits for the others' claims only once it has
+  measured all of its own: no worker waits while it holds a claim it has not measured, so workers cannot wait on each other."""
   claims: Claims | None = None
 
   def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
-    if self.claims is not None:
-      claimed: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
-      for opts in map(tuple, candidates):
-        if opts_to_json(opts) in self.known: continue
-        try: source = self.render_source(self.kernel_for(opts))
-        except KernelOptError: continue  # never measured: nothing to claim
-        digest = source_hash(source)
-        if digest in self.by_source: continue
-        if digest in claimed: claimed[digest][1].append(opts)
-        else: claimed[digest] = (self.claims.claim(digest), [opts])
-      for digest, (owner, same) in claimed.items():  # ours too: a resumed run may have measured it before it was killed
-        if (result := self.claims.wait(digest, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
-    return super().evaluate(candidates)
+    if self.claims is None: return super().evaluate(candidates)
+    todo = [tuple(c) for c in candidates]
+    theirs: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
+    chunk = 2 * self.pool._max_workers
+    for start in range(0, len(todo), chunk):
+      if self.past_deadline(): break
+      mine = []
+      for opts in todo[start:start + chunk]:
+        if (digest := self._source(opts)) is None: continue  # known, invalid or measured here: nothing to claim
+        if digest in theirs: theirs[digest][1].append(opts)
+        elif (owner := self.claims.claim(digest)) == self.claims.run_id: mine.append(opts)
+        else: theirs[digest] = (owner, [opts])
+      super().evaluate(mine)
+    for digest, (owner, same) in theirs.items():
+      if (result := self.claims.wait(digest, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
+    return super().evaluate(todo)  # read back, or measured now where a claim became ours
+
+  def _source(self, opts: tuple[Opt, ...]) -> str | None:
+    if opts_to_json(opts) in self.known: return None
+    try: digest = source_hash(self.render_source(self.kernel_for(opts)))
+    except KernelOptError: return None
+    return None if digest in self.by_source else digest
