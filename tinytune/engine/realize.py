@@ -65,6 +65,7 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
 
 
 _plans: dict[tuple, Plan] = {}
+MAX_PLANS = 4096
 
 
 def forget() -> None:
@@ -84,6 +85,7 @@ def realize(target: UOp, device: str) -> UOp:
   key = (key, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
   if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1
+    if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]  # a program of ever new shapes keeps the newest
     plan = _plans[key] = make_plan(target, inputs, index, device)
   else: GlobalCounters.schedule_hits += 1
   return plan.run(topo, inputs, device)
