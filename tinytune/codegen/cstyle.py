@@ -15,7 +15,7 @@ import numpy as np
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
 from tinytune.shape import strides_for
-from tinytune.uop import Ops, UOp, linear_sum, simplify
+from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
 
 TRUE = UOp.const(dtypes.bool, True)
 
@@ -115,14 +115,18 @@ class CStyleRenderer:
     if op is Ops.MAX and dtype.is_float: return f"(({a}>{args[1]}||{a}!={a})?{a}:{args[1]})"  # a NaN in either operand wins, as in numpy
     return self.code_table[op].format(*args, "", "", m=self.math, s=self.math_suffix)
 
-  def index(self, u: UOp) -> str:
-    """Render integer index math; division and modulo are floor operations where the numerator can be negative."""
-    if u.op is Ops.CONST: return str(int(u.arg)) if u.arg >= 0 else f"({int(u.arg)})"
-    if u.op is Ops.VAR: return u.arg[0]
-    s = [self.index(x) for x in u.src]
-    if u.op in (Ops.IDIV, Ops.MOD) and u.src[0].vmin < 0: return f"tt_f{'div' if u.op is Ops.IDIV else 'mod'}({s[0]},{s[1]})"
-    if u.op is Ops.AND: return f"({s[0]}&&{s[1]})"
-    return self.code(u.op, s, u.dtype)
+  def index(self, u: UOp, memo: dict[UOp, str] | None = None) -> str:
+    """Render integer index math (each node once, where `memo` keeps them); division and modulo are floor operations where the
+    numerator can be negative."""
+    if memo is not None and (ret := memo.get(u)) is not None: return ret
+    if u.op is Ops.CONST: ret = str(int(u.arg)) if u.arg >= 0 else f"({int(u.arg)})"
+    elif u.op is Ops.VAR: ret = u.arg[0]
+    else:
+      s = [self.index(x, memo) for x in u.src]
+      if u.op in (Ops.IDIV, Ops.MOD) and u.src[0].vmin < 0: ret = f"tt_f{'div' if u.op is Ops.IDIV else 'mod'}({s[0]},{s[1]})"
+      else: ret = f"({s[0]}&&{s[1]})" if u.op is Ops.AND else self.code(u.op, s, u.dtype)
+    if memo is not None: memo[u] = ret
+    return ret
 
   def render(self, k: Kernel) -> str: return _KernelRender(self, k).source()
 
@@ -133,6 +137,7 @@ class _KernelRender:
     self.lines: list[str] = []
     self.memo: dict[tuple, Val] = {}
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per render, however many lanes and instances share it
+    self.index_text: dict[UOp, str] = {}
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
     self.decls: list[str] = []
@@ -150,6 +155,7 @@ class _KernelRender:
                      for i, a in enumerate(k.axes) if a.kind in names}
 
   def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
+  def index(self, u: UOp) -> str: return self.r.index(u, self.index_text)
 
   # ***** emitting *****
   def emit(self, ctype: str, expr: str, prefix: str = "v") -> str:
@@ -166,12 +172,15 @@ class _KernelRender:
     """Whether a vector access may start at index `base` (aligned where the dialect needs it)."""
     return not self.r.aligned_vectors or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
 
-  def subst_lane(self, u: UOp, i: int) -> UOp: return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+  def subst_lane(self, u: UOp, i: int) -> UOp:
+    if not (u.dtype.is_int and is_linear(u)): return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+    terms, c = linear(u)  # the lane's term joins the constant, as simplify would fold it
+    return from_linear(u.dtype, {t: v for t, v in terms.items() if t is not self.lane}, c + terms.get(self.lane, 0) * i)
   def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
 
   def index_val(self, u: UOp) -> Val:
-    if not self.lane_dep(u): return Val("s", (self.r.index(u),))
-    return Val("l", tuple(self.r.index(self.subst_lane(u, i)) for i in range(self.width)))
+    if not self.lane_dep(u): return Val("s", (self.index(u),))
+    return Val("l", tuple(self.index(self.subst_lane(u, i)) for i in range(self.width)))
 
   # ***** dims *****
   def dims(self, inst: dict[int, UOp]) -> list[UOp]:
@@ -244,13 +253,13 @@ class _KernelRender:
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
     ptr, ctype, zero = f"data{self.bufs[buf.arg]}", self.r.types[buf.dtype], self.r.literal(0, buf.dtype)
     def scalar(o: UOp, v: UOp) -> str:
-      load = self.r.load(ptr, self.r.index(o), buf.dtype)
-      return load if v is TRUE else f"({self.r.index(v)}?{load}:{zero})"
+      load = self.r.load(ptr, self.index(o), buf.dtype)
+      return load if v is TRUE else f"({self.index(v)}?{load}:{zero})"
     if not self.lane_dep(off, valid): return Val("s", (self.emit(ctype, scalar(off, valid)),))
     base = self.subst_lane(off, 0)
     if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and self.simplify(off - base) is self.lane and self.vectorizable(base):
-      load, zero = f"{self.vt}_load({ptr}+{self.r.index(base)})", self.r.vector(self.vt, ["0.0f"] * self.width)
-      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.r.index(valid)}?{load}:{zero})"),), self.r.lane_fmt)
+      load, zero = f"{self.vt}_load({ptr}+{self.index(base)})", self.r.vector(self.vt, ["0.0f"] * self.width)
+      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.index(valid)}?{load}:{zero})"),), self.r.lane_fmt)
     return Val("l", tuple(self.emit(ctype, scalar(self.subst_lane(off, i), self.subst_lane(valid, i))) for i in range(self.width)))
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
@@ -284,15 +293,15 @@ class _KernelRender:
     if self.lane_dep(off) and val.kind != "s" or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind == "v" and not self.lane_dep(guard) and self.simplify(off - base) is self.lane and self.vectorizable(base):
-        line = f"{self.vt}_store({ptr}+{self.r.index(base)}, {val.names[0]});"
-        self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
+        line = f"{self.vt}_store({ptr}+{self.index(base)}, {val.names[0]});"
+        self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
         return
       for i in range(self.width):
-        g, line = self.subst_lane(guard, i), self.r.store(ptr, self.r.index(self.subst_lane(off, i)), val.lane(i), self.k.ast.dtype)
-        self.lines.append(line if g is TRUE else f"if ({self.r.index(g)}) {line}")
+        g, line = self.subst_lane(guard, i), self.r.store(ptr, self.index(self.subst_lane(off, i)), val.lane(i), self.k.ast.dtype)
+        self.lines.append(line if g is TRUE else f"if ({self.index(g)}) {line}")
       return
-    line = self.r.store(ptr, self.r.index(off), val.names[0] if val.kind == 's' else val.lane(0), self.k.ast.dtype)
-    self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
+    line = self.r.store(ptr, self.index(off), val.names[0] if val.kind == 's' else val.lane(0), self.k.ast.dtype)
+    self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
 
   # ***** the kernel *****
   def source(self) -> str:
@@ -518,7 +527,7 @@ class _TensorCoreRender(_KernelRender):
     frags: dict[tuple[str, str], str] = {}
     body: list[str] = []
     def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-      ptr = f"data{self.bufs[view.src[0].arg]}+{r.index(self.simplify(view.arg.index(tuple(dims))[0]))}"
+      ptr = f"data{self.bufs[view.src[0].arg]}+{self.index(self.simplify(view.arg.index(tuple(dims))[0]))}"
       if (which, ptr) not in frags:
         frags[(which, ptr)] = name = f"{which}{len(frags)}"
         body.append(f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {r.buffer_types[view.dtype]}, wmma::{layout}> {name};")
