@@ -140,9 +140,11 @@ class UOp:
     if self.op is Ops.VAR: return (self.arg[1], self.arg[2])
     if self.op is Ops.ADD: return (s[0][0] + s[1][0], s[0][1] + s[1][1])
     if self.op is Ops.MUL:
-      corners = [a * b for a in s[0] for b in s[1]]
+      corners = [a * b if a and b else 0 for a in s[0] for b in s[1]]  # 0 * inf is 0 here, not nan
       return (min(corners), max(corners))
-    if self.op is Ops.IDIV and s[1][0] == s[1][1] and s[1][0] > 0: return (s[0][0] // s[1][0], s[0][1] // s[1][0])
+    if self.op is Ops.MAX: return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
+    if self.op is Ops.IDIV and s[1][0] == s[1][1] and s[1][0] > 0 and not math.isinf(s[0][0]) and not math.isinf(s[0][1]):
+      return (s[0][0] // s[1][0], s[0][1] // s[1][0])
     if self.op is Ops.MOD and s[1][0] == s[1][1] and s[1][0] > 0:
       c = s[1][0]
       return s[0] if 0 <= s[0][0] and s[0][1] < c and s[0][0] // c == s[0][1] // c else (0, c - 1)
