@@ -2,8 +2,10 @@
 
   python bench/render.py [--n 1024] [--rounds 5] [--renderer c|opencl|cuda|hip]
 
-The candidates are the default opts, the default with each valid extra opt, and a few heavily upcast kernels. Render
-caches are cleared before each candidate, as a search renders each candidate once. Prints the median of the rounds."""
+The candidates are the default opts, the default with each valid extra opt, and a few heavily upcast kernels. Nothing
+memoized carries over from one candidate to the next, as a search renders each candidate once. Times are CPU time of this
+process (the machine is shared; rendering is single-threaded); prints the median of the rounds. To compare two versions,
+run this file of one version with PYTHONPATH pointing at each, alternately, and compare the ratios of those runs."""
 from __future__ import annotations
 
 import argparse
