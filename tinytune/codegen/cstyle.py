@@ -186,8 +186,9 @@ class _KernelRender:
   def dims(self, inst: dict[int, UOp]) -> list[UOp]:
     """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
     zero = UOp.const(dtypes.int64, 0)
-    return [linear_sum(dtypes.int64, [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride)
-                                      for i, a in enumerate(self.k.axes) if a.dim == d], 0, self.simplified) for d in range(len(self.k.sizes))]
+    def parts(d: int) -> list[tuple[UOp, int]]:
+      return [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
+    return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
 
   def clamp(self, d: int, e: UOp) -> UOp:
     """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
