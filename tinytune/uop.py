@@ -4,11 +4,11 @@ The same UOp type is the lazy tensor graph (BUFFER, CONST, VIEW, REDUCE and ALU 
 the integer index expressions that kernels render (VAR, CONST and int ALU nodes)."""
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from enum import Enum, auto
-from functools import cached_property
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from tinytune.dtype import DType, dtypes
 
@@ -23,6 +23,7 @@ class Ops(Enum):
   AND = auto(); OR = auto(); XOR = auto()  # noqa: E702
   # ternary
   WHERE = auto()
+  __hash__ = object.__hash__  # members are singletons; enum's own hash is a python call, and UOps hash their op on every construction
 
 
 UNARY = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP}
@@ -39,6 +40,21 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
 }
 
 
+T = TypeVar("T")
+
+
+class cached(Generic[T]):
+  """A property computed once per object (functools.cached_property takes a lock on every first access in Python 3.11)."""
+  def __init__(self, fn: Callable[[Any], T]): self.fn, self.name = fn, fn.__name__
+  def __get__(self, obj: Any, cls: Any = None) -> T:
+    obj.__dict__[self.name] = ret = self.fn(obj)
+    return ret
+
+
+def _forget(key: tuple, ref: weakref.ref[UOp]) -> None:
+  if UOp._cache.get(key) is ref: del UOp._cache[key]  # not a newer node built after this one died
+
+
 class UOp:
   """An immutable graph node (op, dtype, src, arg). Equal structure means the same object (hash-consing)."""
   __slots__ = ("op", "dtype", "src", "arg", "__dict__", "__weakref__")
@@ -46,14 +62,15 @@ class UOp:
   dtype: DType
   src: tuple[UOp, ...]
   arg: Any
-  _cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+  _cache: dict[tuple, weakref.ref[UOp]] = {}  # structure -> the live node (a plain dict: WeakValueDictionary.get is slow)
 
   def __new__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-    key = (op, dtype, src, repr(arg) if op is Ops.CONST else arg)  # repr keeps -0.0 apart from 0.0 and 1 from True
-    if (ret := UOp._cache.get(key)) is not None: return ret
+    # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 and 1 from True
+    key = (op, dtype.name, src, repr(arg) if op is Ops.CONST else arg)
+    if (ref := UOp._cache.get(key)) is not None and (ret := ref()) is not None: return ret
     ret = super().__new__(cls)
     ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
-    UOp._cache[key] = ret
+    UOp._cache[key] = weakref.ref(ret, functools.partial(_forget, key))
     return ret
 
   def __reduce__(self): raise TypeError("UOps are not pickled; serialize opts as JSON instead")
@@ -62,7 +79,7 @@ class UOp:
   # ***** constructors *****
   @staticmethod
   def const(dtype: DType, v: Any) -> UOp:
-    v = bool(v) if dtype == dtypes.bool else float(v) if dtype.is_float else int(v)
+    v = bool(v) if dtype.kind == "b" else float(v) if dtype.kind == "f" else int(v)
     return UOp(Ops.CONST, dtype, (), v)
 
   @staticmethod
@@ -89,7 +106,7 @@ class UOp:
   def logical_and(self, x: UOp) -> UOp: return self.alu(Ops.AND, x)
 
   # ***** properties *****
-  @cached_property
+  @cached
   def shape(self) -> tuple[int, ...]:
     if self.op is Ops.BUFFER: return (self.arg.size,)
     if self.op in (Ops.CONST, Ops.VAR): return ()
@@ -97,7 +114,7 @@ class UOp:
     if self.op is Ops.REDUCE: return tuple(1 if i in self.arg[1] else s for i, s in enumerate(self.src[0].shape))
     return self.src[0].shape
 
-  @cached_property
+  @cached
   def toposort(self) -> list[UOp]:
     """Every node under this one (itself last), each once, sources before users."""
     order: list[UOp] = []
@@ -112,10 +129,10 @@ class UOp:
       stack.extend((s, False) for s in reversed(node.src))
     return order
 
-  @cached_property
-  def vars(self) -> frozenset[UOp]: return frozenset(u for u in self.toposort if u.op is Ops.VAR)
+  @cached
+  def vars(self) -> frozenset[UOp]: return frozenset([self]) if self.op is Ops.VAR else frozenset().union(*(s.vars for s in self.src))
 
-  @cached_property
+  @cached
   def bounds(self) -> tuple[Any, Any]:
     """(vmin, vmax) of an integer or bool expression."""
     s = [x.bounds for x in self.src]
@@ -123,16 +140,18 @@ class UOp:
     if self.op is Ops.VAR: return (self.arg[1], self.arg[2])
     if self.op is Ops.ADD: return (s[0][0] + s[1][0], s[0][1] + s[1][1])
     if self.op is Ops.MUL:
-      corners = [a * b for a in s[0] for b in s[1]]
+      corners = [a * b if a and b else 0 for a in s[0] for b in s[1]]  # 0 * inf is 0 here, not nan
       return (min(corners), max(corners))
-    if self.op is Ops.IDIV and s[1][0] == s[1][1] and s[1][0] > 0: return (s[0][0] // s[1][0], s[0][1] // s[1][0])
+    if self.op is Ops.MAX: return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
+    if self.op is Ops.IDIV and s[1][0] == s[1][1] and s[1][0] > 0 and not math.isinf(s[0][0]) and not math.isinf(s[0][1]):
+      return (s[0][0] // s[1][0], s[0][1] // s[1][0])
     if self.op is Ops.MOD and s[1][0] == s[1][1] and s[1][0] > 0:
       c = s[1][0]
       return s[0] if 0 <= s[0][0] and s[0][1] < c and s[0][0] // c == s[0][1] // c else (0, c - 1)
     if self.op is Ops.CMPLT: return (int(s[0][1] < s[1][0]), int(s[0][0] < s[1][1]))
     if self.op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
     if self.op is Ops.CAST and self.dtype.is_int: return s[0]
-    if self.dtype == dtypes.bool: return (0, 1)
+    if self.dtype.kind == "b": return (0, 1)
     return (-math.inf, math.inf)
 
   @property
@@ -148,7 +167,12 @@ class UOp:
 
 
 def pretty(u: UOp) -> str:
-  """A readable one-line form of small expressions (index math)."""
+  """A readable one-line form of small expressions (index math); kept on the node, as sums sort their terms by it."""
+  if (ret := u.__dict__.get("_pretty")) is None: ret = u.__dict__["_pretty"] = _pretty(u)
+  return ret
+
+
+def _pretty(u: UOp) -> str:
   if u.op is Ops.CONST: return repr(u.arg)
   if u.op is Ops.VAR: return u.arg[0]
   if u.op is Ops.BUFFER: return f"buf{u.arg.uid}"
@@ -157,21 +181,59 @@ def pretty(u: UOp) -> str:
   return f"{u.op.name}({', '.join(pretty(s) for s in u.src)}{', ' + repr(u.arg) if u.arg is not None else ''})"
 
 
-# ***** rewriting: rules are (op -> functions); a function returns a replacement or None *****
+# ***** rewriting: a rule is (pattern, function); the function gets the pattern's named nodes and returns a replacement or None *****
 
-Rules = dict[Ops, list[Callable[[UOp], "UOp | None"]]]
+class Pat:
+  """Matches a UOp whose op is one of `ops` (any op where None) and whose sources match `src` in order (in either order for
+  a commutative op with two); `name` binds the node, and a name bound twice must bind the same node."""
+  __slots__ = ("ops", "src", "name")
+
+  def __init__(self, ops: Ops | tuple[Ops, ...] | set[Ops] | None = None, src: tuple[Pat, ...] | None = None, name: str | None = None):
+    self.ops = None if ops is None else frozenset([ops] if isinstance(ops, Ops) else ops)
+    self.src, self.name = src, name
+
+  def match(self, u: UOp, bound: dict[str, UOp]) -> bool:
+    if self.ops is not None and u.op not in self.ops: return False
+    if self.name is not None and bound.setdefault(self.name, u) is not u: return False
+    if self.src is None: return True
+    if len(self.src) != len(u.src): return False
+    orders = [u.src, u.src[::-1]] if u.op in COMMUTATIVE and len(u.src) == 2 else [u.src]
+    for srcs in orders:
+      trial = dict(bound)
+      if all(p.match(s, trial) for p, s in zip(self.src, srcs)):
+        bound.update(trial)
+        return True
+    return False
 
 
-def graph_rewrite(root: UOp, rules: Rules) -> UOp:
-  """Rewrite bottom-up: rebuild each node from rewritten sources, then apply its rules until none fires."""
-  done: dict[UOp, UOp] = {}
-  for u in root.toposort:
-    new = UOp(u.op, u.dtype, tuple(done[s] for s in u.src), u.arg) if u.src else u
-    while (rewritten := next((r for fn in rules.get(new.op, []) if (r := fn(new)) is not None), None)) is not None:
-      new = rewritten if rewritten is new or not rewritten.src else graph_rewrite(rewritten, rules)
-      if new is rewritten and rewritten.src: break
-    done[u] = new
-  return done[root]
+class Rules:
+  """A table of (pattern, function) rules, tried in order. Tables compose with `+`: a dialect puts its own rules first."""
+
+  def __init__(self, rules: list[tuple[Pat, Callable[..., UOp | None]]]):
+    self.rules = rules
+    self.by_op: dict[Ops, list[tuple[Pat, Callable[..., UOp | None]]]] = {op: [r for r in rules if r[0].ops is None or op in r[0].ops] for op in Ops}
+
+  def __add__(self, other: Rules) -> Rules: return Rules(self.rules + other.rules)
+
+  def rewrite(self, u: UOp) -> UOp | None:
+    """The first rule's replacement for `u` itself (not its sources), or None where no rule fires."""
+    for pat, fn in self.by_op[u.op]:
+      bound: dict[str, UOp] = {}
+      if pat.match(u, bound) and (ret := fn(**bound)) is not None and ret is not u: return ret
+    return None
+
+
+def graph_rewrite(root: UOp, rules: Rules, memo: dict[UOp, UOp] | None = None) -> UOp:
+  """Rewrite bottom-up to a fixed point: rebuild each node from its rewritten sources; where a rule fires, rewrite its result in turn.
+  `memo` (node -> rewritten node) may be shared by calls with the same rules, so common subexpressions are rewritten once."""
+  done: dict[UOp, UOp] = {} if memo is None else memo
+  def rewrite(u: UOp) -> UOp:
+    if (ret := done.get(u)) is not None: return ret
+    src = tuple(rewrite(s) for s in u.src)
+    new = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
+    done[u] = done[new] = ret = new if (fired := rules.rewrite(new)) is None else rewrite(fired)
+    return ret
+  return rewrite(root)
 
 
 # ***** symbolic rules for index math *****
@@ -180,7 +242,14 @@ def _const(u: UOp) -> Any: return u.arg if u.op is Ops.CONST else None
 
 
 def linear(u: UOp) -> tuple[dict[UOp, int], int]:
-  """An int expression as sum(coef*term) + const, flattening ADD and MUL-by-constant."""
+  """An int expression as sum(coef*term) + const, flattening ADD and MUL-by-constant. The dict is shared: copy before changing it."""
+  if (ret := u.__dict__.get("_linear")) is None:
+    ret = _linear(u)
+    if u not in ret[0]: u.__dict__["_linear"] = ret  # a term keeps its own form uncached: no reference cycle
+  return ret
+
+
+def _linear(u: UOp) -> tuple[dict[UOp, int], int]:
   if u.op is Ops.CONST: return {}, u.arg
   if u.op is Ops.ADD:
     (ta, ca), (tb, cb) = linear(u.src[0]), linear(u.src[1])
@@ -199,6 +268,7 @@ def _merge_divmod(terms: dict[UOp, int]) -> dict[UOp, int]:
     if t.op is Ops.IDIV and (c := _const(t.src[1])) and t in terms:
       m = UOp(Ops.MOD, t.dtype, t.src)
       if m in terms and coef == terms[m] * c:
+        terms = dict(terms)
         k = terms.pop(m); terms.pop(t)
         x = t.src[0]
         terms[x] = terms.get(x, 0) + k
@@ -215,69 +285,90 @@ def from_linear(dtype: DType, terms: dict[UOp, int], c: int) -> UOp:
   return ret if c == 0 else UOp(Ops.ADD, dtype, (ret, UOp.const(dtype, c)))
 
 
-def _fold(u: UOp) -> UOp | None:
-  if all(s.op is Ops.CONST for s in u.src) and u.op in PYTHON_ALU: return UOp.const(u.dtype, PYTHON_ALU[u.op](*[s.arg for s in u.src]))
-  if u.dtype.is_int or u.dtype == dtypes.bool:
+def fold(u: UOp) -> UOp | None:
+  """Constant operands, or an int or bool whose bounds are one value, become a constant."""
+  if all(s.op is Ops.CONST for s in u.src): return UOp.const(u.dtype, PYTHON_ALU[u.op](*[s.arg for s in u.src]))
+  if u.dtype.kind in "iub":
     lo, hi = u.bounds
     if lo == hi and not math.isinf(lo): return UOp.const(u.dtype, lo)
   return None
 
 
-def _canon_sum(u: UOp) -> UOp | None:
+def canonical_sum(u: UOp) -> UOp | None:
+  """An int sum in one order: terms sorted by their text, each once with its coefficient, the constant last."""
   if not u.dtype.is_int: return None
   terms, c = linear(u)
   new = from_linear(u.dtype, _merge_divmod(terms), c)
   return None if new is u else new
 
 
-def _divmod(u: UOp) -> UOp | None:
-  x, d = u.src[0], _const(u.src[1])
-  if not u.dtype.is_int or d is None or d <= 0: return None
-  if d == 1: return x if u.op is Ops.IDIV else UOp.const(u.dtype, 0)
-  if u.op is Ops.MOD and 0 <= x.vmin and x.vmax < d: return x
-  if u.op is Ops.IDIV and x.op is Ops.IDIV and (d2 := _const(x.src[1])) and d2 > 0: return x.src[0] // (d * d2)
-  if u.op is Ops.MOD and x.op is Ops.MOD and (d2 := _const(x.src[1])) and d2 > 0 and d2 % d == 0: return x.src[0] % d
+def divmod_const(u: UOp, x: UOp, divisor: UOp) -> UOp | None:
+  """x // d and x % d by a positive constant: drop what the bounds make whole, nest, cancel a common factor, pull out multiples."""
+  op, d = u.op, divisor.arg
+  if not u.dtype.is_int or d <= 0: return None
+  if d == 1: return x if op is Ops.IDIV else UOp.const(u.dtype, 0)
+  if op is Ops.MOD and 0 <= x.vmin and x.vmax < d: return x
+  if op is Ops.IDIV and x.op is Ops.IDIV and (d2 := _const(x.src[1])) and d2 > 0: return x.src[0] // (d * d2)
+  if op is Ops.MOD and x.op is Ops.MOD and (d2 := _const(x.src[1])) and d2 > 0 and d2 % d == 0: return x.src[0] % d
   terms, c = linear(x)
   g = math.gcd(d, c, *terms.values())
   if g > 1:  # (g*y) // (g*e) == y // e and (g*y) % (g*e) == g*(y % e)
     y = from_linear(u.dtype, {t: v // g for t, v in terms.items()}, c // g)
-    return y // (d // g) if u.op is Ops.IDIV else (y % (d // g)) * g
+    return y // (d // g) if op is Ops.IDIV else (y % (d // g)) * g
   whole, q = {t: v // d for t, v in terms.items() if v % d == 0}, c // d
   if not whole and q == 0: return None  # nothing to pull out of the division
   rest = from_linear(u.dtype, {t: v for t, v in terms.items() if v % d != 0}, c % d)  # floor semantics: (d*a + r) // d == a + r // d
-  return rest % d if u.op is Ops.MOD else from_linear(u.dtype, whole, q) + rest // d
+  return rest % d if op is Ops.MOD else from_linear(u.dtype, whole, q) + rest // d
 
 
-def _cmplt(u: UOp) -> UOp | None:
-  a, b = u.src
-  if not a.dtype.is_int or (c := _const(b)) is None: return None
-  terms, k = linear(a)
+def lt_const(a: UOp, c: UOp) -> UOp | None:
+  """sum + k < c becomes sum < c - k, and a common factor g of the sum's coefficients divides out: g*s < c iff s < ceil(c / g)."""
+  if not a.dtype.is_int: return None
+  c, (terms, k) = c.arg, linear(a)
   if k != 0: return from_linear(a.dtype, terms, 0).lt(c - k)
   g = math.gcd(*terms.values()) if terms else 1
   if g > 1: return from_linear(a.dtype, {t: v // g for t, v in terms.items()}, 0).lt(-(-c // g))
   return None
 
 
-def _logic(u: UOp) -> UOp | None:
-  a, b = u.src
-  for x, y in ((a, b), (b, a)):
-    if (c := _const(x)) is not None:
-      if u.op is Ops.AND: return y if c else x
-      if u.op is Ops.OR: return x if c else y
-  return a if a is b and u.op in (Ops.AND, Ops.OR) else None
+FOLDED = (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.WHERE, Ops.MAX)
+symbolic = Rules([
+  (Pat(FOLDED, name="u"), fold),
+  (Pat((Ops.ADD, Ops.MUL), name="u"), canonical_sum),
+  (Pat((Ops.IDIV, Ops.MOD), src=(Pat(name="x"), Pat(Ops.CONST, name="divisor")), name="u"), divmod_const),
+  (Pat(Ops.CMPLT, src=(Pat(name="a"), Pat(Ops.CONST, name="c"))), lt_const),
+  (Pat(Ops.AND, src=(Pat(Ops.CONST, name="c"), Pat(name="x"))), lambda c, x: x if c.arg else c),
+  (Pat(Ops.OR, src=(Pat(Ops.CONST, name="c"), Pat(name="x"))), lambda c, x: c if c.arg else x),
+  (Pat((Ops.AND, Ops.OR), src=(Pat(name="x"), Pat(name="x"))), lambda x: x),
+  (Pat(Ops.WHERE, src=(Pat(Ops.CONST, name="c"), Pat(name="x"), Pat(name="y"))), lambda c, x, y: x if c.arg else y),
+  (Pat(Ops.WHERE, src=(Pat(), Pat(name="x"), Pat(name="x"))), lambda x: x),
+])
 
 
-def _where(u: UOp) -> UOp | None:
-  c, x, y = u.src
-  if (v := _const(c)) is not None: return x if v else y
-  return x if x is y else None
+def is_linear(u: UOp) -> bool:
+  """Whether `u` is an int sum of variables (each with more than one value) times constants."""
+  if (ret := u.__dict__.get("_is_linear")) is None:
+    if u.op is Ops.ADD: ret = is_linear(u.src[0]) and is_linear(u.src[1])
+    elif u.op is Ops.MUL: ret = any(c.op is Ops.CONST and is_linear(x) for c, x in (u.src, u.src[::-1]))
+    else: ret = u.op is Ops.CONST or (u.op is Ops.VAR and u.arg[1] < u.arg[2])
+    u.__dict__["_is_linear"] = ret
+  return ret
 
 
-symbolic: Rules = {
-  Ops.ADD: [_fold, _canon_sum], Ops.MUL: [_fold, _canon_sum], Ops.IDIV: [_fold, _divmod], Ops.MOD: [_fold, _divmod],
-  Ops.CMPLT: [_fold, _cmplt], Ops.CMPNE: [_fold], Ops.AND: [_fold, _logic], Ops.OR: [_fold, _logic], Ops.WHERE: [_fold, _where],
-  Ops.MAX: [_fold],
-}
+def linear_sum(dtype: DType, parts: list[tuple[UOp, int]], c: int = 0, memo: dict[UOp, UOp] | None = None) -> UOp:
+  """simplify(c + x0*k0 + x1*k1 + ...), built and linearized only where some x is not linear (index math from strides)."""
+  if not all(is_linear(x) for x, _ in parts):
+    return simplify(sum((x * k for x, k in parts), UOp.const(dtype, c)), memo)
+  terms: dict[UOp, int] = {}
+  for x, k in parts:  # as linear() adds up the expression (c + x0*k0) + x1*k1 ...: zero coefficients go at each step
+    xterms, xc = linear(x)
+    for t, v in xterms.items(): terms[t] = terms.get(t, 0) + v * k
+    terms, c = {t: v for t, v in terms.items() if v != 0}, c + xc * k
+  return from_linear(dtype, terms, c)
 
 
-def simplify(u: UOp) -> UOp: return graph_rewrite(u, symbolic)
+def simplify(u: UOp, memo: dict[UOp, UOp] | None = None) -> UOp:
+  """Index math folded and put in a canonical form; `memo` may be shared between calls (see graph_rewrite). A linear expression
+  goes straight to the canonical sum that the rules reach one node at a time (most index math is linear: tests check they agree)."""
+  if u.dtype.is_int and is_linear(u): return from_linear(u.dtype, *linear(u))
+  return graph_rewrite(u, symbolic, memo)

@@ -15,7 +15,7 @@ import numpy as np
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
 from tinytune.shape import strides_for
-from tinytune.uop import Ops, UOp, simplify
+from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
 
 TRUE = UOp.const(dtypes.bool, True)
 
@@ -101,27 +101,32 @@ class CStyleRenderer:
     text = f"{f!r}f"
     return f"(({self.types[dtype]}){text})" if dtype != dtypes.float32 else f"({text})" if f < 0 else text
 
+  # each op's spelling: {0}, {1}, {2} are the operands, {m} and {s} the float32 math functions' prefix and suffix
+  code_table = {
+    Ops.NEG: "(-{0})", Ops.EXP2: "{m}exp2{s}({0})", Ops.LOG2: "{m}log2{s}({0})", Ops.SIN: "{m}sin{s}({0})", Ops.SQRT: "{m}sqrt{s}({0})",
+    Ops.RECIP: "(1.0f/{0})", Ops.ADD: "({0}+{1})", Ops.MUL: "({0}*{1})", Ops.IDIV: "({0}/{1})", Ops.MOD: "({0}%{1})",
+    Ops.MAX: "({0}>{1}?{0}:{1})", Ops.CMPLT: "({0}<{1})", Ops.CMPNE: "({0}!={1})", Ops.AND: "({0}&{1})",
+    Ops.OR: "({0}|{1})", Ops.XOR: "({0}^{1})", Ops.WHERE: "({0}?{1}:{2})",
+  }
+
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
     a = args[0]
-    b = args[1] if len(args) > 1 else ""
     if op is Ops.CAST: return f"{self.bf16_in}({self.bf16_out}((float)({a})))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
-    if op is Ops.MAX and dtype.is_float: return f"(({a}>{b}||{a}!={a})?{a}:{b})"  # a NaN in either operand wins, as in numpy
-    return {
-      Ops.NEG: f"(-{a})", Ops.EXP2: f"{self.math}exp2{self.math_suffix}({a})", Ops.LOG2: f"{self.math}log2{self.math_suffix}({a})",
-      Ops.SIN: f"{self.math}sin{self.math_suffix}({a})", Ops.SQRT: f"{self.math}sqrt{self.math_suffix}({a})",
-      Ops.RECIP: f"(1.0f/{a})", Ops.ADD: f"({a}+{b})", Ops.MUL: f"({a}*{b})", Ops.IDIV: f"({a}/{b})", Ops.MOD: f"({a}%{b})",
-      Ops.MAX: f"({a}>{b}?{a}:{b})", Ops.CMPLT: f"({a}<{b})", Ops.CMPNE: f"({a}!={b})", Ops.AND: f"({a}&{b})",
-      Ops.OR: f"({a}|{b})", Ops.XOR: f"({a}^{b})", Ops.WHERE: f"({a}?{b}:{args[2] if len(args) > 2 else ''})",
-    }[op]
+    if op is Ops.MAX and dtype.is_float: return f"(({a}>{args[1]}||{a}!={a})?{a}:{args[1]})"  # a NaN in either operand wins, as in numpy
+    return self.code_table[op].format(*args, "", "", m=self.math, s=self.math_suffix)
 
-  def index(self, u: UOp) -> str:
-    """Render integer index math; division and modulo are floor operations where the numerator can be negative."""
-    if u.op is Ops.CONST: return str(int(u.arg)) if u.arg >= 0 else f"({int(u.arg)})"
-    if u.op is Ops.VAR: return u.arg[0]
-    s = [self.index(x) for x in u.src]
-    if u.op in (Ops.IDIV, Ops.MOD) and u.src[0].vmin < 0: return f"tt_f{'div' if u.op is Ops.IDIV else 'mod'}({s[0]},{s[1]})"
-    if u.op is Ops.AND: return f"({s[0]}&&{s[1]})"
-    return self.code(u.op, s, u.dtype)
+  def index(self, u: UOp, memo: dict[UOp, str] | None = None) -> str:
+    """Render integer index math (each node once, where `memo` keeps them); division and modulo are floor operations where the
+    numerator can be negative."""
+    if memo is not None and (ret := memo.get(u)) is not None: return ret
+    if u.op is Ops.CONST: ret = str(int(u.arg)) if u.arg >= 0 else f"({int(u.arg)})"
+    elif u.op is Ops.VAR: ret = u.arg[0]
+    else:
+      s = [self.index(x, memo) for x in u.src]
+      if u.op in (Ops.IDIV, Ops.MOD) and u.src[0].vmin < 0: ret = f"tt_f{'div' if u.op is Ops.IDIV else 'mod'}({s[0]},{s[1]})"
+      else: ret = f"({s[0]}&&{s[1]})" if u.op is Ops.AND else self.code(u.op, s, u.dtype)
+    if memo is not None: memo[u] = ret
+    return ret
 
   def render(self, k: Kernel) -> str: return _KernelRender(self, k).source()
 
@@ -131,6 +136,9 @@ class _KernelRender:
     self.r, self.k, self.count = r, k, 0
     self.lines: list[str] = []
     self.memo: dict[tuple, Val] = {}
+    self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per render, however many lanes and instances share it
+    self.index_text: dict[UOp, str] = {}
+    self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
     self.decls: list[str] = []
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
@@ -146,6 +154,9 @@ class _KernelRender:
     self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                      for i, a in enumerate(k.axes) if a.kind in names}
 
+  def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
+  def index(self, u: UOp) -> str: return self.r.index(u, self.index_text)
+
   # ***** emitting *****
   def emit(self, ctype: str, expr: str, prefix: str = "v") -> str:
     self.count += 1
@@ -159,37 +170,37 @@ class _KernelRender:
 
   def vectorizable(self, base: UOp) -> bool:
     """Whether a vector access may start at index `base` (aligned where the dialect needs it)."""
-    return not self.r.aligned_vectors or simplify(base % self.width) is UOp.const(base.dtype, 0)
+    return not self.r.aligned_vectors or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
 
-  def subst_lane(self, u: UOp, i: int) -> UOp: return simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+  def subst_lane(self, u: UOp, i: int) -> UOp:
+    if not (u.dtype.is_int and is_linear(u)): return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+    terms, c = linear(u)  # the lane's term joins the constant, as simplify would fold it
+    return from_linear(u.dtype, {t: v for t, v in terms.items() if t is not self.lane}, c + terms.get(self.lane, 0) * i)
   def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
 
   def index_val(self, u: UOp) -> Val:
-    if not self.lane_dep(u): return Val("s", (self.r.index(u),))
-    return Val("l", tuple(self.r.index(self.subst_lane(u, i)) for i in range(self.width)))
+    if not self.lane_dep(u): return Val("s", (self.index(u),))
+    return Val("l", tuple(self.index(self.subst_lane(u, i)) for i in range(self.width)))
 
   # ***** dims *****
   def dims(self, inst: dict[int, UOp]) -> list[UOp]:
     """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
-    exprs, zero = [], UOp.const(dtypes.int64, 0)
-    for d in range(len(self.k.sizes)):
-      e = UOp.const(dtypes.int64, 0)
-      for i, a in enumerate(self.k.axes):
-        if a.dim == d: e = e + (self.loopvars[i] if i in self.loopvars else inst.get(i, zero)) * a.stride
-      exprs.append(simplify(e))
-    return exprs
+    zero = UOp.const(dtypes.int64, 0)
+    def parts(d: int) -> list[tuple[UOp, int]]:
+      return [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
+    return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
 
   def clamp(self, d: int, e: UOp) -> UOp:
     """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
     if d not in self.k.padded: return e
     real = self.k.padded[d]
-    return simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
+    return self.simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
 
   def guard(self, dims: list[UOp], which: range) -> UOp:
     g = TRUE
     for d in which:
       if d in self.k.padded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
-    return simplify(g)
+    return self.simplify(g)
 
   def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
     """The register parts' values, each dim's outer part first, so an unrolled reduce over one dim adds in memory order."""
@@ -198,19 +209,30 @@ class _KernelRender:
     return [{i: UOp.const(dtypes.int64, v) + (self.lane if i == self.lane_axis else 0) for i, v in zip(axes, vals)}
             for vals in itertools.product(*ranges)]
 
+  def view_index(self, view: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+    """A view's simplified offset and validity at `idx`, and the index of its source (where that is not a buffer), computed once
+    for the indices the view reads (not those of stride 0 and no mask)."""
+    v = view.arg
+    used = tuple(i if st != 0 or (v.mask is not None and v.mask[d] != (0, v.shape[d])) else None for d, (i, st) in enumerate(zip(idx, v.strides)))
+    if (key := (view, used)) not in self.view_indices:
+      valid = TRUE if v.mask is None else self.simplify(v.index(idx)[1])
+      off, src = linear_sum(dtypes.int64, [(i, st) for i, st in zip(idx, v.strides) if st != 0], v.offset, self.simplified), view.src[0]
+      child = () if src.op is Ops.BUFFER else \
+        tuple(self.simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape)))
+      self.view_indices[key] = (off, valid, child)
+    return self.view_indices[key]
+
   # ***** values *****
   def node(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
     key = (u, idx)
     if key in self.memo: return self.memo[key]
     if u.op is Ops.CONST: ret = Val("s", (self.r.literal(u.arg, u.dtype),))
     elif u.op is Ops.VIEW:
-      off, valid = u.arg.index(idx)
-      off, valid, src = simplify(off), simplify(valid), u.src[0]
-      if src.op is Ops.BUFFER:
+      off, valid, child = self.view_index(u, idx)
+      if (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
       else:
-        child = tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape)))
         ret = self.node(src, child)
         if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
@@ -232,13 +254,13 @@ class _KernelRender:
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
     ptr, ctype, zero = f"data{self.bufs[buf.arg]}", self.r.types[buf.dtype], self.r.literal(0, buf.dtype)
     def scalar(o: UOp, v: UOp) -> str:
-      load = self.r.load(ptr, self.r.index(o), buf.dtype)
-      return load if v is TRUE else f"({self.r.index(v)}?{load}:{zero})"
+      load = self.r.load(ptr, self.index(o), buf.dtype)
+      return load if v is TRUE else f"({self.index(v)}?{load}:{zero})"
     if not self.lane_dep(off, valid): return Val("s", (self.emit(ctype, scalar(off, valid)),))
     base = self.subst_lane(off, 0)
-    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and simplify(off - base) is self.lane and self.vectorizable(base):
-      load, zero = f"{self.vt}_load({ptr}+{self.r.index(base)})", self.r.vector(self.vt, ["0.0f"] * self.width)
-      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.r.index(valid)}?{load}:{zero})"),), self.r.lane_fmt)
+    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and self.simplify(off - base) is self.lane and self.vectorizable(base):
+      load, zero = f"{self.vt}_load({ptr}+{self.index(base)})", self.r.vector(self.vt, ["0.0f"] * self.width)
+      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.index(valid)}?{load}:{zero})"),), self.r.lane_fmt)
     return Val("l", tuple(self.emit(ctype, scalar(self.subst_lane(off, i), self.subst_lane(valid, i))) for i in range(self.width)))
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
@@ -271,16 +293,16 @@ class _KernelRender:
     ptr = "data0"
     if self.lane_dep(off) and val.kind != "s" or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
-      if val.kind == "v" and not self.lane_dep(guard) and simplify(off - base) is self.lane and self.vectorizable(base):
-        line = f"{self.vt}_store({ptr}+{self.r.index(base)}, {val.names[0]});"
-        self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
+      if val.kind == "v" and not self.lane_dep(guard) and self.simplify(off - base) is self.lane and self.vectorizable(base):
+        line = f"{self.vt}_store({ptr}+{self.index(base)}, {val.names[0]});"
+        self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
         return
       for i in range(self.width):
-        g, line = self.subst_lane(guard, i), self.r.store(ptr, self.r.index(self.subst_lane(off, i)), val.lane(i), self.k.ast.dtype)
-        self.lines.append(line if g is TRUE else f"if ({self.r.index(g)}) {line}")
+        g, line = self.subst_lane(guard, i), self.r.store(ptr, self.index(self.subst_lane(off, i)), val.lane(i), self.k.ast.dtype)
+        self.lines.append(line if g is TRUE else f"if ({self.index(g)}) {line}")
       return
-    line = self.r.store(ptr, self.r.index(off), val.names[0] if val.kind == 's' else val.lane(0), self.k.ast.dtype)
-    self.lines.append(line if guard is TRUE else f"if ({self.r.index(guard)}) {line}")
+    line = self.r.store(ptr, self.index(off), val.names[0] if val.kind == 's' else val.lane(0), self.k.ast.dtype)
+    self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
 
   # ***** the kernel *****
   def source(self) -> str:
@@ -289,11 +311,12 @@ class _KernelRender:
     for inst in self.instances((AxisKind.UPCAST,)):
       dims = self.dims(inst)
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
-      off = simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
+      off = self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
       self.store(val, off, self.guard(dims, range(k.n_global)))
     post, self.lines, self.memo = self.lines, [], {}
     for inst in self.instances((AxisKind.UNROLL,)):
-      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, self.dims(inst))
+      dims = self.dims(inst)
+      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims)
     body = self.lines
     return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
 
@@ -505,7 +528,7 @@ class _TensorCoreRender(_KernelRender):
     frags: dict[tuple[str, str], str] = {}
     body: list[str] = []
     def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-      ptr = f"data{self.bufs[view.src[0].arg]}+{r.index(simplify(view.arg.index(tuple(dims))[0]))}"
+      ptr = f"data{self.bufs[view.src[0].arg]}+{self.index(self.simplify(view.arg.index(tuple(dims))[0]))}"
       if (which, ptr) not in frags:
         frags[(which, ptr)] = name = f"{which}{len(frags)}"
         body.append(f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {r.buffer_types[view.dtype]}, wmma::{layout}> {name};")
@@ -529,7 +552,7 @@ class _TensorCoreRender(_KernelRender):
         self.cell = f"tiles[warp*256+lane+{32 * t}]"
         dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
         val = self.node(k.ast, tuple(dims[:k.n_global]))
-        self.store(val, simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0))), TRUE)
+        self.store(val, self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0))), TRUE)
       self.lines.append("__syncwarp();")
     out += ["  " + line for line in self.lines]
     return self.wrap(out)
