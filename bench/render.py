@@ -15,10 +15,10 @@ import time
 
 from tinytune import Device, Kernel, Tensor
 from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
+from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import KernelOptError, candidate_opts
 from tinytune.codegen.opts import Opt, OptOps
-from tinytune.realize import default_opts
-from tinytune.schedule import create_schedule
+from tinytune.engine.schedule import create_schedule
 
 U, R = OptOps.UPCAST, OptOps.UNROLL
 HEAVY = [  # register tiles up to the upcast limit, with and without SIMD lanes, with unrolled reduces
