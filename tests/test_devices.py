@@ -216,3 +216,10 @@ def test_a_tmpdir_on_another_filesystem(tmp_path) -> None:  # type: ignore[no-un
                        capture_output=True, text=True, timeout=120)
   assert run.returncode == 0 and run.stdout.strip() == "[3.0, 3.0, 3.0, 3.0]", run.stderr[-500:]
   assert not [p for p in (tmp_path / "cpu").iterdir() if not p.name.endswith(".so")]  # no temporary files left
+
+
+def test_threads_compiling_the_same_kernel(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  monkeypatch.setenv("TINYTUNE_CACHE_DIR", str(tmp_path))
+  src = "void same(float* restrict a) { a[0] = 1.0f; }\n"
+  with ThreadPoolExecutor(8) as pool: paths = set(pool.map(lambda _: Device["CPU"].compile(src), range(16)))
+  assert len(paths) == 1 and sorted(p.name for p in (tmp_path / "cpu").iterdir()) == [os.path.basename(paths.pop().decode())]

@@ -111,8 +111,8 @@ class CPUDevice(Compiled):
     compile_stats["hits" if path.exists() else "misses"] += 1
     if not path.exists():  # built beside its final name, so the rename is atomic even where $TMPDIR is another filesystem
       path.parent.mkdir(parents=True, exist_ok=True)
-      stem = path.with_name(f"{key}.{os.getpid()}.{threading.get_ident()}")
-      cfile, sofile = stem.with_suffix(".c"), stem.with_suffix(".so.tmp")
+      stem = f"{key}.{os.getpid()}.{threading.get_ident()}"  # one per compiling thread
+      cfile, sofile = path.with_name(f"{stem}.c"), path.with_name(f"{stem}.so.tmp")
       try:
         cfile.write_text(src)
         res = subprocess.run([self.cc, *self.flags, str(cfile), "-o", str(sofile), "-lm"], capture_output=True, text=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -14,11 +15,14 @@ try:
   import pyopencl as cl
 except ImportError: cl = None  # type: ignore[assignment]
 
+# one program build at a time: pocl aborted the process on loading binaries that threads had built side by side
+BUILDS = threading.Lock()
+
 
 class OpenCLProgram(Program):
   def __init__(self, dev: OpenCLDevice, name: str, binary: bytes, launch: tuple[int, int]):
     self.dev, self.launch = dev, launch
-    self.kernel = getattr(cl.Program(dev.ctx, [dev.device], [binary]).build(), name)
+    with BUILDS: self.kernel = getattr(cl.Program(dev.ctx, [dev.device], [binary]).build(), name)
 
   def __call__(self, *bufs: Buffer) -> float:
     groups, threads = self.launch
@@ -54,7 +58,8 @@ class OpenCLDevice(Compiled):
   def compile(self, src: str) -> bytes:
     """Source -> the device's program binary, cached on disk by source, device and driver."""
     def build() -> bytes:
-      try: return cl.Program(self.ctx, src).build().get_info(cl.program_info.BINARIES)[0]
+      try:
+        with BUILDS: return cl.Program(self.ctx, src).build().get_info(cl.program_info.BINARIES)[0]
       except cl.Error as e: raise CompileError(f"OpenCL build failed: {e}\n{src}") from None
     return disk_cached("opencl", [src, *self.fingerprint().values()], build)
 
