@@ -678,11 +678,11 @@ def test_unary_special_values() -> None:
   check(Tensor([1e4, -1e4, 1e5]).sin(), np.sin(np.array([1e4, -1e4, 1e5], np.float32)), atol=1e-5)
 
 
-# ***** vector math: the CPU's inline exp2, log2, sqrt, max, where and comparisons in SIMD lanes, against NumPy *****
+# ***** vector math: the CPU's inline exp2, log2, sin, sqrt, max, where and comparisons in SIMD lanes, against NumPy *****
 
 EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-40, 1.1754942e-38, 1.1754944e-38, 1.0, -1.0, 2.0, 0.5, 1.0000001,
                   0.99999994, 127.99, 128.0, 128.5, -126.0, -149.0, -149.5, -150.0, -151.0, -1e30, 1e30, 3.4028235e38, -3.4028235e38], np.float32)
-VECTOR_ULPS = {"exp2": (np.exp2, 4), "log2": (np.log2, 4), "sqrt": (np.sqrt, 0), "reciprocal": (np.reciprocal, 0)}
+VECTOR_ULPS = {"exp2": (np.exp2, 4), "log2": (np.log2, 4), "sin": (np.sin, 4), "sqrt": (np.sqrt, 0), "reciprocal": (np.reciprocal, 0)}
 
 
 def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -708,10 +708,11 @@ def test_vector_math_matches_numpy(name: str, values: list[float]) -> None:
 
 @pytest.mark.usefixtures("each_device")
 @pytest.mark.parametrize("lo,hi", [(-160, 140), (-1, 1), (1e-38, 1e38)])
-def test_vector_exp2_log2_dense(lo: float, hi: float) -> None:
+def test_vector_math_dense(lo: float, hi: float) -> None:
   a = np.concatenate([np.random.default_rng(0).uniform(lo, hi, 4096 - 32), EDGES, EDGES[:4]]).astype(np.float32)
   if lo > 0: a = np.abs(np.exp(np.random.default_rng(1).uniform(-87, 88, a.size))).astype(np.float32)
-  for name in ("exp2", "log2"):
+  a[:1024] = np.arange(1, 1025) * np.float32(np.pi / 2)  # sin near its zeros: the argument reduction must keep relative accuracy
+  for name in ("exp2", "log2", "sin"):
     ref, max_ulps = VECTOR_ULPS[name]
     with np.errstate(all="ignore"): want = ref(a)
     assert ulps(getattr(Tensor(a), name)().numpy(), want).max() <= max_ulps
@@ -738,13 +739,13 @@ def test_cpu_vector_math_stays_in_lanes() -> None:
   from tinytune.realize import compile_kernel, default_opts
   from tinytune.schedule import create_schedule
   a, b = Tensor(rand(256)), Tensor(rand(256))
-  out = ((a < b).where(a.exp2(), b.abs().log2()).maximum(a.abs().sqrt())).relu()
+  out = ((a < b).where(a.exp2(), b.abs().log2()).maximum(a.abs().sqrt())).relu() + a.sin()
   (item,), _ = create_schedule(out.uop, "CPU")
   kernel = Kernel(item.ast, Device["CPU"].caps)
   src = compile_kernel(kernel.apply_opts(default_opts(kernel)), "CPU")[1]
   width = Device["CPU"].caps.simd_width
-  for fn in ("tt_exp2", "tt_log2", "tt_sqrt", "tt_max", "tt_where"): assert f"= {fn}{width}(" in src, fn
-  assert "exp2f(" not in src and "log2f(" not in src
+  for fn in ("tt_exp2", "tt_log2", "tt_sin", "tt_sqrt", "tt_max", "tt_where"): assert f"= {fn}{width}(" in src, fn
+  assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
 
 
 # ***** binary ops, broadcasting, python scalars, promotion *****

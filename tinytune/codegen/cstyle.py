@@ -406,23 +406,39 @@ def _f32(x: float) -> str: return f"{float(np.float32(x))!r}f"
 
 # 2**f = e**(f ln 2) on [-1/2, 1/2]: its Taylor coefficients (ln 2)**k / k!; the degree-7 remainder is under 1e-8 relative
 EXP2_POLY = [_f32(math.log(2) ** i / math.factorial(i)) for i in range(8)]
+# sin and cos on [-pi/4, pi/4]: Taylor coefficients (-1)**k / (2k+1)! and (-1)**k / (2k)!; remainders under 3e-9 relative
+SIN_POLY = [_f32((-1) ** j / math.factorial(2 * j + 1)) for j in range(5)]
+COS_POLY = [_f32((-1) ** j / math.factorial(2 * j)) for j in range(6)]
+
+
+def _split(x: float, bits: int) -> float:  # x cut to its leading `bits` significant bits
+  return math.ldexp(math.floor(math.ldexp(x, bits - math.frexp(x)[1])), math.frexp(x)[1] - bits)
+
+
+# pi/2 as hi + mid + lo in double, hi and mid with 30 significant bits so that q * hi and q * mid are exact for |q| < 2**12 (Cody and
+# Waite); the reduction runs in double, so a result near a multiple of pi keeps its relative accuracy
+PIO2_HI = _split(math.pi / 2, 30)
+PIO2_MID = _split(math.pi / 2 - PIO2_HI, 30)
+PIO2_LO = math.pi / 2 - PIO2_HI - PIO2_MID + math.sin(math.pi) / 2  # sin(fl(pi)) = pi - fl(pi) to double precision
+SIN_BIG = 4096.0  # past this |x| each lane calls the C library's sinf, which reduces the argument exactly
 # log2(m) = 2 atanh(s) / ln 2 with s = (m-1)/(m+1), |s| < 0.172 for m in [sqrt(1/2), sqrt(2)]: coefficients 2 / ((2j+1) ln 2) of s**(2j+1)
 LOG2_POLY = [_f32(2 / ((2 * j + 1) * math.log(2))) for j in range(6)]
 
 
 def vector_math(fp: str, width: int) -> str:
   """Float32 math on GCC/clang vectors of `width` lanes that the compiler keeps in vector registers: where (select by a mask of
-  -1 and 0 lanes), max (a NaN in either operand wins), exp2, log2 and sqrt (inf, NaN, zero and denormal inputs as NumPy has them).
+  -1 and 0 lanes), max (a NaN in either operand wins), exp2, log2, sin and sqrt (inf, NaN, zero and denormal inputs as NumPy has them).
   Width 0: scalar versions (tt_exp2s, ...) computed the same way on one-lane vectors, so every lane and scalar agree."""
   w = width or 1
-  F, I, U = f"tt_f{w}", f"tt_i{w}", f"tt_u{w}"
+  F, I, U, D = f"tt_f{w}", f"tt_i{w}", f"tt_u{w}", f"tt_d{w}"
   def splat(v: str) -> str: return f"({F}){{{', '.join([v] * w)}}}"
   def horner(x: str, coeffs: list[str]) -> str:
     p = coeffs[-1]
     for c in reversed(coeffs[:-1]): p = f"({p})*{x}+{c}"
     return p
   types = (f"typedef float {F} __attribute__((vector_size({4 * w})));\n" if width == 0 else "") + \
-    f"typedef int {I} __attribute__((vector_size({4 * w})));\ntypedef unsigned int {U} __attribute__((vector_size({4 * w})));\n"
+    f"typedef int {I} __attribute__((vector_size({4 * w})));\ntypedef unsigned int {U} __attribute__((vector_size({4 * w})));\n" \
+    f"typedef double {D} __attribute__((vector_size({8 * w})));\n"
   code = types + f"""\
 {fp} {F} tt_where{w}({I} m, {F} a, {F} b) {{ return ({F})((({I})a & m) | (({I})b & ~m)); }}
 {fp} {F} tt_max{w}({F} a, {F} b) {{ return tt_where{w}((a > b) | (a != a), a, b); }}
@@ -449,8 +465,24 @@ def vector_math(fp: str, width: int) -> str:
   r = tt_where{w}(x == zero, -inf, tt_where{w}(x == inf, x, r));
   return tt_where{w}((x < zero) | (x != x), {splat('__builtin_nanf("")')}, r);
 }}
+{fp} {F} tt_sin{w}({F} x) {{
+  {F} q = (x * 0.636619772f + 12582912.0f) - 12582912.0f;  /* the nearest multiple of pi/2 */
+  {D} qd = __builtin_convertvector(q, {D});
+  {F} r = __builtin_convertvector(((__builtin_convertvector(x, {D}) - qd * {PIO2_HI!r}) - qd * {PIO2_MID!r}) - qd * {PIO2_LO!r}, {F}), r2 = r * r;
+  {F} s = r + r * r2 * ({horner("r2", SIN_POLY[1:])}), c = {horner("r2", COS_POLY)};
+  {I} n = __builtin_convertvector(q, {I});
+  {F} ret = tt_where{w}(((n & 1) != 0), c, s);
+  ret = tt_where{w}(((n & 2) != 0), -ret, ret);
+  {I} big = (x > {SIN_BIG}f) | (x < -{SIN_BIG}f);
+  int any = 0;
+  for (int i = 0; i < {w}; i++) any |= big[i];
+  if (any) for (int i = 0; i < {w}; i++) if (big[i]) ret[i] = __builtin_sinf(x[i]);
+  return tt_where{w}(x != x, x, tt_where{w}((x == {splat("__builtin_inff()")}) | (x == -{splat("__builtin_inff()")}), x - x, ret));
+}}
 """
-  if width == 0: code += "".join(f"{fp} float tt_{f}s(float x) {{ {F} v = {{x}}; return tt_{f}1(v)[0]; }}\n" for f in ("exp2", "log2", "sqrt"))
+  if width == 0:
+    code += "".join(f"{fp} float tt_{f}s(float x) {{ {F} v = {{x}}; return tt_{f}1(v)[0]; }}\n" for f in ("exp2", "log2", "sqrt", "sin"))
+    code += f"{fp} float tt_maxs(float a, float b) {{ {F} x = {{a}}, y = {{b}}; return tt_max1(x, y)[0]; }}\n"  # no branch to mispredict
   return code
 
 
@@ -460,15 +492,15 @@ class CRenderer(CStyleRenderer):
   # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
   # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
   in_order_reduce_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
-  vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE}
+  vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
-    return self.vector_code(op, args, 0) if op in self.vector_math and dtype == dtypes.float32 else super().code(op, args, dtype)
+    return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype == dtypes.float32 else super().code(op, args, dtype)
 
-  vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
+  vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
   def vector_code(self, op: Ops, args: Sequence[str], width: int) -> str:
     if op in self.vector_math: return f"tt_{self.vector_math[op]}{width or 's'}({args[0]})"
-    if op is Ops.MAX: return f"tt_max{width}({args[0]}, {args[1]})"
+    if op is Ops.MAX: return f"tt_max{width or 's'}({args[0]}, {args[1]})"
     if op is Ops.WHERE: return f"tt_where{width}({args[0]}, {args[1]}, {args[2]})"
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 

@@ -6,7 +6,7 @@ from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod
 from tinytune.shape import strides_for
-from tinytune.uop import Ops, UOp, simplify
+from tinytune.uop import ALU, Ops, UOp, simplify
 
 THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
 
@@ -29,8 +29,10 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   if lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
   elif tile_row is not None:
-    # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row
-    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
+    # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
+    # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
+    computed = sum(u.op in ALU for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
+    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)))
     vectors = max(1, k.upcast_size() // simd)
     first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
   elif k.reduceop is not None and any(st[lane] not in (0, 1) for st in strides):
