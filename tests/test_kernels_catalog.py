@@ -112,3 +112,39 @@ def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyp
   tuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)
   assert not tuned.untuned and tuned.note == "" and tuned.kernels[0]["opts from"] == "tuning cache" and "UPCAST" in tuned.kernels[0]["opts"]
   np.testing.assert_allclose(tuned.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-6)
+
+
+# (workload, params) -> the default opts' kinds on the CPU with 16 float32 lanes and 2 threads, per kernel: the heuristics read a
+# kernel's structure (which inputs vary along which dims), not its workload
+STRUCTURE_CASES = [
+  ("bmm", {}, [{"tile"}]),
+  ("mlp", {}, [{"tile"}, {"tile"}]),  # a size-1 output axis; the second layer's inputs are computed (bias, relu): a wider tile
+  ("conv2d", {}, [{"tile"}]),  # an implicit GEMM through a padded view and a reshape
+  ("attention", {"seq": 64}, [{"tile"}, {"rows"}, {"rows"}, {"tile"}]),
+  ("reduce", {"axis": 1}, [{"rows"}]),
+  ("reduce", {"axis": 0}, [{"columns"}]),
+  ("elementwise", {}, [{"lanes"}]),
+]
+
+
+@pytest.mark.parametrize("name,params,want", STRUCTURE_CASES, ids=[f"{c[0]}{c[1]}" for c in STRUCTURE_CASES])
+def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int], want: list[set[str]]) -> None:
+  from tinytune.codegen.heuristic import THREAD_MIN_WORK, hand_coded_optimizations, lane_dim
+  from tinytune.codegen.kernel import AxisKind, Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.helpers import prod
+  from tinytune.runtime import DeviceCaps
+  w = get_workload(name)
+  out, _ = w.instantiate(w.params(params), device="CPU")
+  caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
+  got = []
+  for item in create_schedule(out.uop, "CPU")[0]:
+    k = Kernel(item.ast, caps)
+    k.apply_opts(hand_coded_optimizations(k))
+    upcast = {a.dim: a.size for a in k.axes if a.kind is AxisKind.UPCAST}
+    lane = lane_dim(k)
+    kinds = {"tile"} if len(upcast) == 2 and upcast.get(lane, 0) >= 16 else {"rows"} if upcast.get(lane) == 8 and k.reduceop is not None \
+      else {"columns"} if upcast.get(lane, 0) >= 64 else {"lanes"} if upcast.get(lane, 0) >= 16 else set(map(str, k.opts))
+    if prod(k.sizes) >= THREAD_MIN_WORK: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
+    got.append(kinds)
+  assert got == want

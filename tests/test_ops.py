@@ -678,6 +678,77 @@ def test_unary_special_values() -> None:
   check(Tensor([1e4, -1e4, 1e5]).sin(), np.sin(np.array([1e4, -1e4, 1e5], np.float32)), atol=1e-5)
 
 
+# ***** vector math: the CPU's inline exp2, log2, sin, sqrt, max, where and comparisons in SIMD lanes, against NumPy *****
+
+EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-40, 1.1754942e-38, 1.1754944e-38, 1.0, -1.0, 2.0, 0.5, 1.0000001,
+                  0.99999994, 127.99, 128.0, 128.5, -126.0, -149.0, -149.5, -150.0, -151.0, -1e30, 1e30, 3.4028235e38, -3.4028235e38], np.float32)
+VECTOR_ULPS = {"exp2": (np.exp2, 4), "log2": (np.log2, 4), "sin": (np.sin, 4), "sqrt": (np.sqrt, 0), "reciprocal": (np.reciprocal, 0)}
+
+
+def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+  """float32 ulps between two arrays; 0 where both are the same value (infinities, NaNs of any payload), inf where one is non-finite."""
+  same = (got == want) | (np.isnan(got) & np.isnan(want))
+  with np.errstate(invalid="ignore"):
+    ret = np.abs(got.astype(np.float64) - want) / np.spacing(np.maximum(np.abs(want), np.float32(1e-45)))
+  return np.where(same, 0.0, np.where(np.isfinite(ret), ret, np.inf))
+
+
+@pytest.mark.usefixtures("each_device")
+@pytest.mark.parametrize("name", sorted(VECTOR_ULPS))
+@settings(max_examples=examples(15), **FUZZ)
+@given(values=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=64))
+def test_vector_math_matches_numpy(name: str, values: list[float]) -> None:
+  ref, max_ulps = VECTOR_ULPS[name]
+  a = np.resize(np.concatenate([np.array(values, np.float32), EDGES]), 256)  # 256 elements: the CPU's kernel runs in vector lanes
+  with np.errstate(all="ignore"): want = ref(a)
+  got = realize_or_reject(lambda: getattr(Tensor(a), name)())
+  bad = ulps(got, want) > max_ulps
+  assert not bad.any(), f"{name}({a[bad][:4]}) = {got[bad][:4]}, NumPy: {want[bad][:4]}"
+
+
+@pytest.mark.usefixtures("each_device")
+@pytest.mark.parametrize("lo,hi", [(-160, 140), (-1, 1), (1e-38, 1e38)])
+def test_vector_math_dense(lo: float, hi: float) -> None:
+  a = np.concatenate([np.random.default_rng(0).uniform(lo, hi, 4096 - 32), EDGES, EDGES[:4]]).astype(np.float32)
+  if lo > 0: a = np.abs(np.exp(np.random.default_rng(1).uniform(-87, 88, a.size))).astype(np.float32)
+  a[:1024] = np.arange(1, 1025) * np.float32(np.pi / 2)  # sin near its zeros: the argument reduction must keep relative accuracy
+  for name in ("exp2", "log2", "sin"):
+    ref, max_ulps = VECTOR_ULPS[name]
+    with np.errstate(all="ignore"): want = ref(a)
+    assert ulps(getattr(Tensor(a), name)().numpy(), want).max() <= max_ulps
+
+
+@pytest.mark.usefixtures("each_device")
+@settings(max_examples=examples(15), **FUZZ)
+@given(values=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=2, max_size=64))
+def test_vector_max_where_compare_match_numpy(values: list[float]) -> None:
+  a = np.resize(np.array(values, np.float32), 256)
+  b = np.resize(np.concatenate([EDGES, np.array(values[::-1], np.float32)]), 256)
+  ta, tb = Tensor(a), Tensor(b)
+  with np.errstate(all="ignore"):
+    for got, want in [(ta.maximum(tb), np.maximum(a, b)), (ta.relu(), np.maximum(a, 0)), ((ta < tb).where(ta, tb), np.where(a < b, a, b)),
+                      ((ta != tb).where(tb, 1.5), np.where(a != b, b, np.float32(1.5))), ((ta < tb).cast(dtypes.float32) * tb, (a < b) * b),
+                      ((ta < 0.5).where(-0.0, ta), np.where(a < 0.5, np.float32(-0.0), a))]:
+      out = realize_or_reject(lambda: got)
+      assert (ulps(out, want) == 0).all() and (np.signbit(out) == np.signbit(want))[~np.isnan(want)].all(), f"{out} != {want}"
+
+
+def test_cpu_vector_math_stays_in_lanes() -> None:
+  """exp2, log2, sqrt, max, comparisons and where on the CPU are vector calls, not one scalar call per lane."""
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine import compile_kernel
+  from tinytune.engine.schedule import create_schedule
+  a, b = Tensor(rand(256)), Tensor(rand(256))
+  out = ((a < b).where(a.exp2(), b.abs().log2()).maximum(a.abs().sqrt())).relu() + a.sin()
+  (item,), _ = create_schedule(out.uop, "CPU")
+  kernel = Kernel(item.ast, Device["CPU"].caps)
+  src = compile_kernel(kernel.apply_opts(default_opts(kernel)), "CPU")[1]
+  width = Device["CPU"].caps.simd_width
+  for fn in ("tt_exp2", "tt_log2", "tt_sin", "tt_sqrt", "tt_max", "tt_where"): assert f"= {fn}{width}(" in src, fn
+  assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
+
+
 # ***** binary ops, broadcasting, python scalars, promotion *****
 
 BINARY_OPS: dict[str, Callable[[Any, Any], Any]] = {

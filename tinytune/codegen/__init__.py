@@ -3,4 +3,6 @@ from __future__ import annotations
 
 # Bump when a change to lowering or rendering can change what a given list of opts produces: tuned opts are
 # stored per code generator version, so old entries are never applied to code they were not measured on.
-CODEGEN_VERSION = "3"  # 2: GPU renderers, MAX keeps NaNs, gcc without loop if-conversion, size-0 loops; 3: bfloat16, 16-bit constants rounded
+# 2: GPU renderers, MAX keeps NaNs, gcc without loop if-conversion, size-0 loops; 3: bfloat16, 16-bit constants rounded;
+# 4: the C renderer's inline vector math (exp2, log2, sqrt, max, where, comparisons in SIMD lanes), lanes past size-1 dims, 8-wide vectors
+CODEGEN_VERSION = "4"

@@ -80,6 +80,11 @@ class CStyleRenderer:
   aligned_vectors = False  # vector loads and stores need addresses aligned to the vector
 
   def vtype(self, width: int) -> str: return f"tt_f{width}"
+  def mask_type(self, width: int) -> str: return f"tt_i{width}"
+  mask_lane_fmt = "(-{}[{}])"  # a mask lane as 1 or 0
+  def vector_code(self, op: Ops, args: Sequence[str], width: int) -> str:
+    """Vector code for the ops past the arithmetic ones: comparisons give masks, WHERE takes one."""
+    raise NotImplementedError(f"{type(self).__name__} has no vector {op.name}")
   def vector(self, vt: str, items: list[str]) -> str: return f"({vt}){{{', '.join(items)}}}"
   def vector_prelude(self, width: int) -> str:
     vt = self.vtype(width)
@@ -142,11 +147,12 @@ class _KernelRender:
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
     self.decls: list[str] = []
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim, for float32 outputs
+    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
     self.width, self.lane_axis = 1, -1
+    lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes):
-      if a.kind is AxisKind.UPCAST and a.dim == k.n_global - 1 and a.stride == 1 and k.ast.dtype == dtypes.float32:
-        self.width = next((w for w in (k.caps.simd_width, 4) if a.size % w == 0), 1)
+      if a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
+        self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
         self.lane_axis = i if self.width > 1 else -1
     self.lane = UOp.var("lane", 0, self.width - 1)
     self.vt = r.vtype(self.width)
@@ -167,6 +173,15 @@ class _KernelRender:
     if v.kind == "v": return v.names[0]
     if v.kind == "s": return v.names[0]  # scalars mix with vectors in C vector extensions
     return self.emit(self.vt, self.r.vector(self.vt, list(v.names)))
+
+  def splat(self, v: Val) -> str:
+    """A float32 value as a native vector: a scalar repeated in every lane."""
+    return self.r.vector(self.vt, [v.names[0]] * self.width) if v.kind == "s" else self.vec(v)
+
+  def mask(self, v: Val) -> str:
+    """A bool value as a vector of -1 (true) and 0 lanes."""
+    if v.kind == "v": return v.names[0]
+    return self.emit(self.r.mask_type(self.width), self.r.vector(self.r.mask_type(self.width), [f"-({v.lane(i)}!=0)" for i in range(self.width)]))
 
   def vectorizable(self, base: UOp) -> bool:
     """Whether a vector access may start at index `base` (aligned where the dialect needs it)."""
@@ -247,8 +262,18 @@ class _KernelRender:
       expr = self.r.code(op, args, dtype)
       return self.r.code(Ops.CAST, [expr], dtype) if dtype.itemsize == 2 and ctype == "float" and op is not Ops.CAST else expr
     if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, code([s.names[0] for s in srcs])),))
-    if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in src_dtypes or [dtype]):
-      return Val("v", (self.emit(self.vt, self.r.code(op, [self.vec(s) for s in srcs], dtype)),), self.r.lane_fmt)
+    floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
+    if op in self.r.vector_ops and op is Ops.WHERE and dtype == dtypes.float32 and floats[1:] == [dtypes.float32] * 2:
+      args = [self.mask(srcs[0])] + [self.splat(s) for s in srcs[1:]]
+      return Val("v", (self.emit(self.vt, self.r.vector_code(op, args, self.width)),), self.r.lane_fmt)
+    if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in floats):
+      arith = op in CStyleRenderer.vector_ops  # operators take scalars beside vectors; the vector functions take vectors
+      args = [self.vec(s) if arith else self.splat(s) for s in srcs]
+      expr = self.r.code(op, args, dtype) if arith else self.r.vector_code(op, args, self.width)
+      return Val("v", (self.emit(self.vt, expr),), self.r.lane_fmt)
+    if op in self.r.vector_ops and op in (Ops.CMPLT, Ops.CMPNE) and all(d == dtypes.float32 for d in floats):  # lanes of -1 (true) or 0
+      return Val("v", (self.emit(self.r.mask_type(self.width), self.r.vector_code(op, [self.splat(s) for s in srcs], self.width)),),
+                 self.r.mask_lane_fmt)
     return Val("l", tuple(self.emit(ctype, code([s.lane(i) for s in srcs])) for i in range(self.width)))
 
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
@@ -399,12 +424,112 @@ class _KernelRender:
 def _dtype_min(dt: DType) -> int: return int(dtypes.min(dt))
 
 
+def _f32(x: float) -> str: return f"{float(np.float32(x))!r}f"
+
+
+# 2**f = e**(f ln 2) on [-1/2, 1/2]: its Taylor coefficients (ln 2)**k / k!; the degree-7 remainder is under 1e-8 relative
+EXP2_POLY = [_f32(math.log(2) ** i / math.factorial(i)) for i in range(8)]
+# sin and cos on [-pi/4, pi/4]: Taylor coefficients (-1)**k / (2k+1)! and (-1)**k / (2k)!; remainders under 3e-9 relative
+SIN_POLY = [_f32((-1) ** j / math.factorial(2 * j + 1)) for j in range(5)]
+COS_POLY = [_f32((-1) ** j / math.factorial(2 * j)) for j in range(6)]
+
+
+def _split(x: float, bits: int) -> float:  # x cut to its leading `bits` significant bits
+  return math.ldexp(math.floor(math.ldexp(x, bits - math.frexp(x)[1])), math.frexp(x)[1] - bits)
+
+
+# pi/2 as hi + mid + lo in double, hi and mid with 30 significant bits so that q * hi and q * mid are exact for |q| < 2**12 (Cody and
+# Waite); the reduction runs in double, so a result near a multiple of pi keeps its relative accuracy
+PIO2_HI = _split(math.pi / 2, 30)
+PIO2_MID = _split(math.pi / 2 - PIO2_HI, 30)
+PIO2_LO = math.pi / 2 - PIO2_HI - PIO2_MID + math.sin(math.pi) / 2  # sin(fl(pi)) = pi - fl(pi) to double precision
+SIN_BIG = 4096.0  # past this |x| each lane calls the C library's sinf, which reduces the argument exactly
+# log2(m) = 2 atanh(s) / ln 2 with s = (m-1)/(m+1), |s| < 0.172 for m in [sqrt(1/2), sqrt(2)]: coefficients 2 / ((2j+1) ln 2) of s**(2j+1)
+LOG2_POLY = [_f32(2 / ((2 * j + 1) * math.log(2))) for j in range(6)]
+
+
+def vector_math(fp: str, width: int) -> str:
+  """Float32 math on GCC/clang vectors of `width` lanes that the compiler keeps in vector registers: where (select by a mask of
+  -1 and 0 lanes), max (a NaN in either operand wins), exp2, log2, sin and sqrt (inf, NaN, zero and denormal inputs as NumPy has them).
+  Width 0: scalar versions (tt_exp2s, ...) computed the same way on one-lane vectors, so every lane and scalar agree."""
+  w = width or 1
+  F, I, U, D = f"tt_f{w}", f"tt_i{w}", f"tt_u{w}", f"tt_d{w}"
+  def splat(v: str) -> str: return f"({F}){{{', '.join([v] * w)}}}"
+  def horner(x: str, coeffs: list[str]) -> str:
+    p = coeffs[-1]
+    for c in reversed(coeffs[:-1]): p = f"({p})*{x}+{c}"
+    return p
+  types = (f"typedef float {F} __attribute__((vector_size({4 * w})));\n" if width == 0 else "") + \
+    f"typedef int {I} __attribute__((vector_size({4 * w})));\ntypedef unsigned int {U} __attribute__((vector_size({4 * w})));\n" \
+    f"typedef double {D} __attribute__((vector_size({8 * w})));\n"
+  code = types + f"""\
+{fp} {F} tt_where{w}({I} m, {F} a, {F} b) {{ return ({F})((({I})a & m) | (({I})b & ~m)); }}
+{fp} {F} tt_max{w}({F} a, {F} b) {{ return tt_where{w}((a > b) | (a != a), a, b); }}
+{fp} {F} tt_sqrt{w}({F} x) {{ {F} r; for (int i = 0; i < {w}; i++) r[i] = __builtin_sqrtf(x[i]); return r; }}
+{fp} {F} tt_exp2{w}({F} x) {{
+  {F} lo = {splat("-160.0f")}, hi = {splat("130.0f")};  /* beyond these 2**x is 0 or inf; a NaN stays */
+  {F} xc = tt_where{w}(x < lo, lo, tt_where{w}(x > hi, hi, x));
+  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n;  /* n = round(x) by the 1.5*2**23 trick, |f| <= 1/2 */
+  {I} ni = __builtin_convertvector(n, {I}), h = ni >> 1;  /* 2**n in two factors, each a normal float, so denormal results round once */
+  {F} r = ({horner("f", EXP2_POLY)}) * ({F})(({U})(h + 127) << 23) * ({F})(({U})(ni - h + 127) << 23);
+  return tt_where{w}(x != x, x, r);
+}}
+{fp} {F} tt_log2{w}({F} x) {{
+  {I} sub = x < 1.17549435e-38f;  /* denormals (and zero, negatives) scaled by 2**23 first */
+  {I} b = ({I})tt_where{w}(sub, x * 8388608.0f, x);
+  {I} e = ((b >> 23) & 0xff) - 127 - (sub & 23);
+  {F} m = ({F})((b & 0x7fffff) | 0x3f800000);  /* x = m 2**e, m in [1, 2) */
+  {I} big = m > 1.41421356f;
+  m = tt_where{w}(big, m * 0.5f, m);
+  e = e - big;
+  {F} s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  {F} r = __builtin_convertvector(e, {F}) + s * ({horner("s2", LOG2_POLY)});
+  {F} zero = {splat("0.0f")}, inf = {splat("__builtin_inff()")};
+  r = tt_where{w}(x == zero, -inf, tt_where{w}(x == inf, x, r));
+  return tt_where{w}((x < zero) | (x != x), {splat('__builtin_nanf("")')}, r);
+}}
+{fp} {F} tt_sin{w}({F} x) {{
+  {F} q = (x * 0.636619772f + 12582912.0f) - 12582912.0f;  /* the nearest multiple of pi/2 */
+  {D} qd = __builtin_convertvector(q, {D});
+  {F} r = __builtin_convertvector(((__builtin_convertvector(x, {D}) - qd * {PIO2_HI!r}) - qd * {PIO2_MID!r}) - qd * {PIO2_LO!r}, {F}), r2 = r * r;
+  {F} s = r + r * r2 * ({horner("r2", SIN_POLY[1:])}), c = {horner("r2", COS_POLY)};
+  {I} n = __builtin_convertvector(q, {I});
+  {F} ret = tt_where{w}(((n & 1) != 0), c, s);
+  ret = tt_where{w}(((n & 2) != 0), -ret, ret);
+  {I} big = (x > {SIN_BIG}f) | (x < -{SIN_BIG}f);
+  int any = 0;
+  for (int i = 0; i < {w}; i++) any |= big[i];
+  if (any) for (int i = 0; i < {w}; i++) if (big[i]) ret[i] = __builtin_sinf(x[i]);
+  return tt_where{w}(x != x, x, tt_where{w}((x == {splat("__builtin_inff()")}) | (x == -{splat("__builtin_inff()")}), x - x, ret));
+}}
+"""
+  if width == 0:
+    code += "".join(f"{fp} float tt_{f}s(float x) {{ {F} v = {{x}}; return tt_{f}1(v)[0]; }}\n" for f in ("exp2", "log2", "sqrt", "sin"))
+    code += f"{fp} float tt_maxs(float a, float b) {{ {F} x = {{a}}, y = {{b}}; return tt_max1(x, y)[0]; }}\n"  # no branch to mispredict
+  return code
+
+
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
   # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
   # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
   # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
   in_order_reduce_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
+  vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE}
+
+  def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype == dtypes.float32 else super().code(op, args, dtype)
+
+  vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
+  def vector_code(self, op: Ops, args: Sequence[str], width: int) -> str:
+    if op in self.vector_math: return f"tt_{self.vector_math[op]}{width or 's'}({args[0]})"
+    if op is Ops.MAX: return f"tt_max{width or 's'}({args[0]}, {args[1]})"
+    if op is Ops.WHERE: return f"tt_where{width}({args[0]}, {args[1]}, {args[2]})"
+    return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
+
+  def vector_prelude(self, width: int) -> str: return super().vector_prelude(width) + vector_math(self.func_prefix, width)
+
+  def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
 
 
 

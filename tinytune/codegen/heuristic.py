@@ -5,7 +5,8 @@ from tinytune.codegen.kernel import Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import NOOPT, prod
-from tinytune.uop import Ops
+from tinytune.shape import strides_for
+from tinytune.uop import ALU, Ops, UOp, simplify
 
 THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
 
@@ -22,21 +23,72 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   k = kernel.copy()
   def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
 
-  n, simd = k.n_global, k.caps.simd_width
-  lane = n - 1  # the contiguous output dim carries the SIMD lanes
-  vectorize = k.ast.dtype == dtypes.float32 and n > 0
-  tile_row = next((d for d in reversed(range(n - 1)) if _broadcasts_along(k, lane, d)), None) if k.reduceop is not None else None
-  if tile_row is not None:
-    # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row
-    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 4)))
-    vectors = max(1, k.upcast_size() // simd)
-    first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
-  else:
-    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (simd, 4)))
+  simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
+  vectorize = k.ast.dtype == dtypes.float32
+  tile_row = _tile_row(k, lane, strides)
+  if lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
-  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK: first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order))
-  if tile_row is not None: first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
+  elif tile_row is not None:
+    # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
+    # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
+    computed = sum(u.op in ALU for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
+    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)))
+    vectors = max(1, k.upcast_size() // simd)
+    first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
+  elif k.reduceop is not None and any(st[lane] not in (0, 1) for st in strides):
+    # a reduce whose inputs are not contiguous along the output (rows of a row sum): independent scalar accumulators, one per row
+    first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8, 4, 2)))
+    if k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+  elif k.reduceop is not None:
+    # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
+    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
+  elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 4)))
+  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
+    first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+  if tile_row is not None and lane is not None and tile_row < lane:
+    first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
   return k.opts
+
+
+def lane_dim(k: Kernel) -> int | None:
+  """The output dim that carries the SIMD lanes: the last one longer than 1 (the renderer vectorizes it)."""
+  return next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), None)
+
+
+def input_strides(k: Kernel) -> list[list[int]]:
+  """For each buffer the reduce reads (through any reshapes), its element stride along each kernel dim, found by stepping that dim
+  from 0 to 1; a kernel without a reduce reads its buffers along the output dims."""
+  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(k.sizes)]
+  offsets: dict[UOp, None] = {}
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen: return
+    seen.add((u, idx))
+    if u.op is Ops.VIEW:
+      off = simplify(u.arg.index(idx)[0])
+      if u.src[0].op is Ops.BUFFER: offsets[off] = None
+      else: walk(u.src[0], tuple(simplify((off // st) % s) if s != 1 else zero for s, st in zip(u.src[0].shape, strides_for(u.src[0].shape))))
+      return
+    if u.op is Ops.REDUCE:
+      red = list(idx)
+      for j, a in enumerate(k.reduce_axes): red[a] = dims[k.n_global + j]
+      idx = tuple(red)
+    for s in u.src: walk(s, idx)
+  walk(k.ast, tuple(dims[:k.n_global]))
+  def at(off: UOp, d: int) -> int:
+    c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
+    return int(c.arg) if c.op is Ops.CONST else -1
+  return [[at(off, d) - at(off, -1) if k.sizes[d] > 1 else 0 for d in range(len(k.sizes))] for off in offsets]
+
+
+def _tile_row(k: Kernel, lane: int | None, strides: list[list[int]]) -> int | None:
+  """For a kernel that sums products (A @ B in any guise: batched, broadcast, conv as implicit GEMM), the output dim to tile
+  alongside the lane dim: one input is constant along the lane dim but not this one (A's rows), another the other way (B)."""
+  if k.reduceop is None or k.reduceop.arg[0] is not Ops.ADD or lane is None or not any(u.op is Ops.MUL for u in k.reduceop.src[0].toposort):
+    return None
+  def crosses(row: int) -> bool:
+    return any(st[lane] == 0 and st[row] != 0 for st in strides) and any(st[row] == 0 and st[lane] != 0 for st in strides)
+  return next((d for d in reversed(range(k.n_global)) if d != lane and k.sizes[d] > 1 and crosses(d)), None)
 
 
 def _broadcasts_along(k: Kernel, lane: int, row: int) -> bool:
