@@ -5,7 +5,8 @@
 (a) a one-kernel step `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager;
 (b) an MLP forward (64x512) @ (512x1024), relu, @ (1024x512) with a fresh input every call, against torch;
 (c) the same MLP under TinyJit, against torch;
-(d) the fused elementwise relu(a*b+c)*0.5-a over 16M floats, as a fraction of a STREAM triad compiled and run here;
+(d) the fused elementwise relu(a*b+c)*0.5-a over 16M floats (its kernel's time; the whole call's beside it), as a fraction of a
+    STREAM triad compiled and run here;
 (e) (a @ b).realize() at 512 with fresh inputs, against its kernel's own time.
 Every figure is the median of --rounds rounds; inputs are made fresh (untimed) so no realize is memoized.
 """
@@ -104,10 +105,14 @@ def main() -> None:
   def ew_fresh() -> None: ew.update({k: Tensor(rng.random(n, dtype=np.float32)).realize() for k in "abc"}); ew.pop("out", None)
   def ew_run() -> None: ew["out"] = (((ew["a"] * ew["b"] + ew["c"]).relu()) * 0.5 - ew["a"]).realize()
   ew_fresh(); ew_run()
-  d_tt = median_s(ew_run, ew_fresh, args.rounds, 3)
+  ew_kernel_s: list[float] = []
+  def ew_counted() -> None:
+    GlobalCounters.reset(); ew_run(); ew_kernel_s.append(GlobalCounters.time_sum_s)
+  d_tt = median_s(ew_counted, ew_fresh, args.rounds, 3)
   triad = triad_gbs(n, args.rounds)
-  gbs = 4 * 4 * n / d_tt / 1e9
-  rows.append(("(d) relu(a*b+c)*0.5-a, 16M floats", f"{gbs:.1f} GB/s", f"triad {triad:.1f} GB/s", f"{gbs / triad:.0%} of triad", ">= 80%"))
+  gbs, call_gbs = 4 * 4 * n / statistics.median(ew_kernel_s) / 1e9, 4 * 4 * n / d_tt / 1e9
+  rows.append(("(d) relu(a*b+c)*0.5-a, 16M floats", f"{gbs:.1f} GB/s (call {call_gbs:.1f})", f"triad {triad:.1f} GB/s", f"{gbs / triad:.0%} of triad",
+               ">= 80%"))
 
   # (e) a 512 matmul through the Tensor API against its kernel's own time
   mm: dict[str, Tensor] = {}
