@@ -393,6 +393,7 @@ def test_opts_json_round_trip() -> None:
   '[["FOO", 0, 4]]', '[["upcast", 0, 4]]', '[[1, 0, 4]]', '[[null, 0, 4]]',  # unknown op
   '[["UPCAST", "0", 4]]', '[["UPCAST", 0, 4.0]]', '[["UPCAST", 0, true]]', '[["UPCAST", null, 4]]', '[["UPCAST", 0, [4]]]',  # wrong types
   '[["UPCAST", 0, 4], ["UNROLL", 0]]', "[[\"UPCAST\", 0, 4]", "",  # one bad entry, bad JSON
+  "[" * 100_000 + "]" * 100_000, "{" * 50_000, '[["UPCAST", 0, 4]' + ', ["UPCAST", 0, 4]' * 10_000 + "]",  # too deep or long to parse
 ])
 def test_malformed_opts_json(text: str) -> None:
   with pytest.raises(ValueError): opts_from_json(text)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Sequence
@@ -48,7 +49,14 @@ class Opt:
 def opts_to_json(opts: Sequence[Opt]) -> str: return json.dumps([o.to_json() for o in opts])
 
 
+MAX_OPTS_JSON = 1 << 16  # far more than any real opt list; a larger text is refused before it is parsed
+
+
 def opts_from_json(text: str) -> list[Opt]:
+  """Opts from their JSON; ValueError for anything else, without parsing a text that is too long or nested to be opts."""
+  if not isinstance(text, str): raise ValueError(f"opts are JSON text, got {type(text).__name__}")
+  if len(text) > MAX_OPTS_JSON: raise ValueError(f"opts JSON of {len(text)} characters is too long to be opts")
+  if re.search(r"\[\s*\[\s*\[|\{", text): raise ValueError("opts JSON nests deeper than a list of [op, axis, arg]")
   data = json.loads(text)
   if not isinstance(data, list): raise ValueError(f"opts are a JSON list, got {type(data).__name__}")
   return [Opt.from_json(x) for x in data]
