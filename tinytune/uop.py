@@ -118,15 +118,16 @@ class UOp:
   def toposort(self) -> list[UOp]:
     """Every node under this one (itself last), each once, sources before users."""
     order: list[UOp] = []
-    seen: set[int] = set()
-    stack: list[tuple[UOp, bool]] = [(self, False)]
+    seen: set[UOp] = set()
+    stack, done = [self], [False]  # done: the node's sources are already in order
     while stack:
-      node, expanded = stack.pop()
-      if expanded: order.append(node); continue
-      if id(node) in seen: continue
-      seen.add(id(node))
-      stack.append((node, True))
-      stack.extend((s, False) for s in reversed(node.src))
+      node = stack.pop()
+      if done.pop(): order.append(node); continue
+      if node in seen: continue
+      seen.add(node)
+      stack.append(node); done.append(True)
+      for s in reversed(node.src):
+        if s not in seen: stack.append(s); done.append(False)
     return order
 
   @cached

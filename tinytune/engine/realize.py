@@ -11,9 +11,10 @@ from tinytune.codegen.kernel import Kernel
 from tinytune.dtype import DType
 from tinytune.engine import program
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
-from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, realized
+from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod
 from tinytune.runtime import Buffer, Device
+from tinytune.shape import View
 from tinytune.uop import Ops, UOp
 
 
@@ -42,13 +43,13 @@ class Plan:
   """A graph's schedule over numbered buffers: the graph's own buffers come first, then the ones the plan makes."""
   made: tuple[tuple[int, DType], ...]  # (size, dtype) of each buffer the kernels fill
   steps: tuple[Step, ...]
-  roots: tuple[tuple[int, int, tuple[int, ...]], ...]  # (position in the graph, buffer, shape) of each node a kernel realizes
+  roots: tuple[tuple[int, int, View], ...]  # (position in the graph, buffer, contiguous view) of each node a kernel realizes
 
   def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp:
     bufs = inputs + [Buffer(device, size, dtype) for size, dtype in self.made]
     for step in self.steps: run_kernel(step.kernel, [bufs[i] for i in step.slots], device)
-    for pos, slot, shape in self.roots: realized[topo[pos]] = buffer_view(bufs[slot], shape)
-    return realized[topo[-1]]
+    for pos, slot, view in self.roots: mark_realized(topo[pos], buffer_view(bufs[slot], view.shape, view))
+    return realized(topo[-1])  # type: ignore[return-value]
 
 
 def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: str) -> Plan:
@@ -61,7 +62,7 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
     kernel = Kernel(item.ast, Device[device].caps)
     steps.append(Step(lower(kernel, device), tuple(slot[id(b)] for b in (item.out, *kernel.bufs))))
   return Plan(tuple((item.out.size, item.out.dtype) for item in items), tuple(steps),
-              tuple((index[item.node], slot[id(item.out)], item.node.shape) for item in items))
+              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in items))
 
 
 _plans: dict[tuple, Plan] = {}
@@ -77,8 +78,8 @@ def forget() -> None:
 def realize(target: UOp, device: str) -> UOp:
   """Compute `target` on `device`; the VIEW of a buffer that now holds it."""
   topo = target.toposort
-  if any(u in realized for u in topo):  # reuse what was realized before, but only on this device: a graph of constants is the same everywhere
-    target = target.substitute({u: v for u in topo if (v := realized.get(u)) is not None and v.src[0].arg.device == device})
+  if any("realized_as" in u.__dict__ for u in topo):  # reuse what was realized, on this device only: constants are one graph everywhere
+    target = target.substitute({u: v for u in topo if (v := realized(u)) is not None and v.src[0].arg.device == device})
     topo = target.toposort
   if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
   key, inputs, index = structure(topo)

@@ -5,7 +5,6 @@ its elementwise inputs before and its elementwise users after. A reduce becomes 
 when it is read through an expanding or padding view, from inside another reduce, or beside a second reduce."""
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 from tinytune.helpers import prod
@@ -22,12 +21,17 @@ class ScheduleItem:
   view: UOp  # the VIEW of `out` that stands for `node` once the kernel has run
 
 
-# node -> the VIEW-of-BUFFER that holds its realized value (filled in after the kernel runs), so later schedules reuse it
-realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+def realized(u: UOp) -> UOp | None:
+  """The VIEW of a buffer that holds `u`'s value once a kernel computed it, so later schedules reuse it. It is kept on the node
+  itself: it lives exactly as long as the node does."""
+  return u.__dict__.get("realized_as")
 
 
-def buffer_view(buf: Buffer, shape: tuple[int, ...]) -> UOp:
-  return UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), View.create(shape))
+def mark_realized(u: UOp, view: UOp) -> None: u.__dict__["realized_as"] = view
+
+
+def buffer_view(buf: Buffer, shape: tuple[int, ...], view: View | None = None) -> UOp:
+  return UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), view or View.create(shape))
 
 
 def is_buffer_view(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER
@@ -56,7 +60,7 @@ def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
 def create_schedule(target: UOp, device: str) -> tuple[list[ScheduleItem], UOp]:
   """The kernels that compute `target`, in order, and the realized node that replaces it."""
   # a graph of constants is the same node on every device: reuse only what was realized on this one
-  target = target.substitute({u: v for u in target.toposort if (v := realized.get(u)) is not None and v.src[0].arg.device == device})
+  target = target.substitute({u: v for u in target.toposort if (v := realized(u)) is not None and v.src[0].arg.device == device})
   if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return [], target
   roots: set[UOp] = {target} | {u for u in target.toposort if u.op is Ops.CONTIGUOUS}
   while new := set().union(*(_kernel_reduces(root, roots) for root in roots)) - roots: roots |= new
