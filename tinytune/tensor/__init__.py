@@ -1,0 +1,198 @@
+"""The lazy Tensor: PyTorch/tinygrad-like API over a UOp graph. Nothing runs before realize()/numpy()/tolist()/item().
+
+This module holds what every op needs: construction, realization, broadcasting and the primitives (ALU, cast, view,
+reduce). The ops live by job in creation, movement, indexing, elementwise, reduce and functional; the end of the class
+lists them. Those modules see `Tensor` as a global set at the bottom of this one."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from tinytune.dtype import DType, dtypes, least_upper
+from tinytune.helpers import prod
+from tinytune.runtime import Buffer, Device
+from tinytune.shape import View
+from tinytune.tensor import creation, elementwise, functional, indexing, movement, reduce
+from tinytune.tensor.movement import view_uop
+from tinytune.uop import Ops, UOp
+
+Scalar = Union[int, float, bool]
+TensorLike = Union["Tensor", Scalar]
+
+
+class Tensor:
+  """A lazy n-dimensional array on a device."""
+  def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
+    self.device = Device.canonicalize(device)
+    dt = dtypes.from_any(dtype) if dtype is not None else None
+    if isinstance(data, UOp): self.uop = data if dt is None else data.cast(dt)
+    elif isinstance(data, Tensor): self.uop = data.cast(dt).uop if dt else data.uop
+    elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+      dt = dt or (dtypes.bool if isinstance(data, bool) else dtypes.default_float if isinstance(data, float) else
+                  dtypes.default_int if -2**31 <= data < 2**31 else dtypes.int64)
+      self.uop = UOp.const(dt, data)
+    else:
+      arr = np.asarray(data)
+      if arr.dtype == object: raise TypeError(f"cannot make a Tensor from {type(data).__name__} with ragged or non-numeric items")
+      if dt is None: dt = dtypes.int64 if arr.dtype.kind in "iu" and arr.dtype not in (np.uint8, np.int32) else dtypes.from_any(arr.dtype)
+      buf = Buffer(self.device, arr.size, dt).copyin(arr.astype(dt.np))
+      self.uop = UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buf),), View.create(arr.shape))
+
+  # ***** properties *****
+  @property
+  def shape(self) -> tuple[int, ...]: return self.uop.shape
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return prod(self.shape)
+  def size(self, dim: int | None = None) -> Any: return self.shape if dim is None else self.shape[self._axis(dim)]
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype.name} on {self.device}>"
+
+  # ***** realization *****
+  def realize(self) -> Tensor:
+    from tinytune.engine.realize import realize
+    self.uop = realize(self.uop, self.device)
+    return self
+
+  def numpy(self) -> np.ndarray:
+    self.realize()
+    view, buf = self.uop.arg, self.uop.src[0].arg
+    return buf.numpy_view()[:prod(self.shape)].reshape(self.shape).copy() if view.contiguous else self.contiguous().numpy()
+
+  def tolist(self) -> Any: return self.numpy().tolist()
+  def item(self) -> Any:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+    return self.numpy().reshape(()).item()
+  def to(self, device: str) -> Tensor:
+    device = Device.canonicalize(device)
+    return self if device == self.device else Tensor(self.numpy(), device=device)
+  def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), device=self.device)
+
+  training = False  # dropout only drops while training
+
+  # ***** the primitives every op is built from *****
+  def _axis(self, axis: int, ndim: int | None = None) -> int:
+    ndim = self.ndim if ndim is None else ndim
+    if not isinstance(axis, int): raise TypeError(f"an axis is an int, got {axis!r}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1): raise ValueError(f"axis {axis} is out of range for {ndim} dims")
+    return axis % max(ndim, 1)
+
+  def _move(self, fn: Callable[[View], Optional[View]], shape: tuple[int, ...]) -> Tensor:
+    return Tensor(view_uop(self.uop, fn, shape), device=self.device)
+
+  def _const_like(self, v: Scalar, dtype: DType | None = None) -> Tensor:
+    return Tensor(UOp.const(dtype or self.dtype, v), device=self.device).reshape((1,) * self.ndim).expand(self.shape)
+
+  def _broadcasted(self, y: TensorLike, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    x: Tensor = self
+    if not isinstance(y, Tensor):
+      if isinstance(y, (np.bool_, np.integer, np.floating, dtypes.bfloat16.np)): y = y.item()  # numpy scalars combine like python numbers
+      if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
+      dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
+      if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
+      c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
+      y = Tensor(UOp(Ops.VIEW, dt, (c,), View.create(x.shape, (0,) * x.ndim)) if x.ndim else c, device=x.device)
+    if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
+    dt = least_upper(x.dtype, y.dtype)
+    x, y = x.cast(dt), y.cast(dt)
+    if reverse: x, y = y, x
+    if x.shape == y.shape: return x, y
+    nd = max(x.ndim, y.ndim)
+    xs, ys = (1,) * (nd - x.ndim) + x.shape, (1,) * (nd - y.ndim) + y.shape
+    if any(a != b and a != 1 and b != 1 for a, b in zip(xs, ys)): raise ValueError(f"shapes {x.shape} and {y.shape} do not broadcast")
+    out = tuple(max(a, b) if 0 not in (a, b) else 0 for a, b in zip(xs, ys))
+    return x.reshape(xs).expand(out), y.reshape(ys).expand(out)
+
+  def _alu(self, op: Ops, *srcs: Tensor) -> Tensor: return Tensor(self.uop.alu(op, *[s.uop for s in srcs]), device=self.device)
+  def _binop(self, op: Ops, y: TensorLike, reverse: bool = False) -> Tensor:
+    a, b = self._broadcasted(y, reverse)
+    return a._alu(op, b)
+
+  def cast(self, dtype: Any) -> Tensor:
+    dt = dtypes.from_any(dtype)
+    return self if dt == self.dtype else Tensor(self.uop.cast(dt), device=self.device)
+
+  # ***** operators *****
+  def __neg__(self) -> Tensor: return self.neg()
+  def __add__(self, y: TensorLike) -> Tensor: return self.add(y)
+  def __radd__(self, y: TensorLike) -> Tensor: return self.add(y, True)
+  def __sub__(self, y: TensorLike) -> Tensor: return self.sub(y)
+  def __rsub__(self, y: TensorLike) -> Tensor: return self.sub(y, True)
+  def __mul__(self, y: TensorLike) -> Tensor: return self.mul(y)
+  def __rmul__(self, y: TensorLike) -> Tensor: return self.mul(y, True)
+  def __truediv__(self, y: TensorLike) -> Tensor: return self.div(y)
+  def __rtruediv__(self, y: TensorLike) -> Tensor: return self.div(y, True)
+  def __pow__(self, y: TensorLike) -> Tensor: return self.pow(y)
+  def __rpow__(self, y: TensorLike) -> Tensor: return self.pow(y, True)
+  def __matmul__(self, y: Tensor) -> Tensor: return self.matmul(y)
+  def __and__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.AND, y)
+  def __or__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.OR, y)
+  def __xor__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.XOR, y)
+  def __invert__(self) -> Tensor:
+    if self.dtype.is_float: raise TypeError(f"bitwise not needs a bool or int tensor, got {self.dtype.name}")
+    return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
+
+  def __lt__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPLT, y)
+  def __gt__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPLT, y, True)
+  def __le__(self, y: TensorLike) -> Tensor: return self._le(y)
+  def __ge__(self, y: TensorLike) -> Tensor: return self._le(y, True)
+  def __ne__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPNE, y)  # type: ignore[override]
+  def __eq__(self, y: TensorLike) -> Tensor: return (self != y).logical_not()  # type: ignore[override]
+  __hash__ = object.__hash__
+  __array_ufunc__ = None  # numpy defers to our reflected ops: np.float32(2) * t is a Tensor, not an object array of 0-d Tensors
+  def __bool__(self) -> bool: raise TypeError("the truth value of a Tensor is ambiguous; use .item() or .numpy()")
+
+  def _float(self) -> Tensor: return self if self.dtype.is_float else self.cast(dtypes.default_float)
+  def _in_f32(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """fn of self as a float, computed in float32 and cast back: in float16 every step of a composite would round."""
+    x = self._float()
+    return fn(x) if x.dtype == dtypes.float32 else fn(x.cast(dtypes.float32)).cast(x.dtype)
+
+  def _reduce_axes(self, axis: Any) -> tuple[int, ...]:
+    if axis is None: return tuple(range(self.ndim))
+    return tuple(sorted({self._axis(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}))
+
+  def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor:
+    axes = self._reduce_axes(axis)
+    if not self.ndim: return self
+    ret = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, axes)), device=self.device) if axes else self
+    return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+  # ***** the ops, by job: each lives in the module named here *****
+  # creation.py
+  _shape_arg = staticmethod(creation._shape_arg); full = staticmethod(creation.full); zeros = staticmethod(creation.zeros)
+  ones = staticmethod(creation.ones); arange = staticmethod(creation.arange); eye = staticmethod(creation.eye)
+  manual_seed = staticmethod(creation.manual_seed); rand = staticmethod(creation.rand); randn = staticmethod(creation.randn)
+  uniform = staticmethod(creation.uniform); randint = staticmethod(creation.randint)
+  full_like = creation.full_like; zeros_like = creation.zeros_like; ones_like = creation.ones_like
+  rand_like = creation.rand_like; randn_like = creation.randn_like
+  # movement.py
+  reshape = movement.reshape; permute = movement.permute; transpose = movement.transpose; T = property(movement.T)
+  expand = movement.expand; _pairs = movement._pairs; pad = movement.pad; shrink = movement.shrink; flip = movement.flip
+  flatten = movement.flatten; squeeze = movement.squeeze; unsqueeze = movement.unsqueeze; cat = movement.cat
+  stack = staticmethod(movement.stack)
+  # indexing.py
+  __getitem__ = indexing.getitem
+  # elementwise.py
+  add = elementwise.add; mul = elementwise.mul; sub = elementwise.sub; div = elementwise.div; neg = elementwise.neg
+  logical_not = elementwise.logical_not; _bitwise = elementwise._bitwise; _le = elementwise._le; lt = elementwise.lt; eq = elementwise.eq
+  where = elementwise.where; maximum = elementwise.maximum; minimum = elementwise.minimum; abs = elementwise.abs
+  exp2 = elementwise.exp2; log2 = elementwise.log2; exp = elementwise.exp; log = elementwise.log; sqrt = elementwise.sqrt
+  rsqrt = elementwise.rsqrt; sin = elementwise.sin; cos = elementwise.cos; reciprocal = elementwise.reciprocal
+  relu = elementwise.relu; sigmoid = elementwise.sigmoid; tanh = elementwise.tanh; silu = elementwise.silu
+  square = elementwise.square; sign = elementwise.sign; clip = elementwise.clip; erf = elementwise.erf; gelu = elementwise.gelu
+  pow = elementwise.pow
+  # reduce.py
+  sum = reduce.sum; _flip_order = reduce._flip_order; max = reduce.max; min = reduce.min; mean = reduce.mean; var = reduce.var
+  std = reduce.std; argmax = reduce.argmax; argmin = reduce.argmin
+  # functional.py
+  dropout = functional.dropout; softmax = functional.softmax; log_softmax = functional.log_softmax; matmul = functional.matmul
+  dot = functional.dot; _windows = functional._windows; conv2d = functional.conv2d; max_pool2d = functional.max_pool2d
+  avg_pool2d = functional.avg_pool2d; layernorm = functional.layernorm
+
+
+for _job in (creation, movement, indexing, elementwise, reduce, functional): setattr(_job, "Tensor", Tensor)  # their ops build Tensors

@@ -1,0 +1,105 @@
+"""Neural-network functions: matmul, convolution, pooling, normalization, softmax, dropout."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from tinytune.dtype import dtypes, least_upper
+from tinytune.helpers import prod
+from tinytune.shape import View
+from tinytune.tensor.movement import view_uop
+
+if TYPE_CHECKING:
+  from tinytune.tensor import Tensor
+
+
+def dropout(self: Tensor, p: float = 0.5) -> Tensor:
+  """While Tensor.training: zero each element with probability p and scale the rest by 1/(1-p); otherwise the tensor itself."""
+  if not 0 <= p <= 1: raise ValueError(f"dropout probability {p} is not in [0, 1]")
+  if not Tensor.training or p == 0: return self
+  if p == 1: return self.zeros_like()
+  return self * (Tensor.rand(*self.shape, device=self.device) >= p).cast(self.dtype) * (1 / (1 - p))
+
+
+def softmax(self: Tensor, axis: int = -1) -> Tensor:
+  x = self._float()
+  e = (x - x.max(axis, keepdim=True)).exp()
+  return e / e.sum(axis, keepdim=True)
+
+
+def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
+  x = self._float()
+  shifted = x - x.max(axis, keepdim=True)
+  return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+
+def matmul(self: Tensor, w: Tensor) -> Tensor:
+  if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
+  if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors of at least one dim")
+  x, y = (self.unsqueeze(0) if self.ndim == 1 else self), (w.unsqueeze(-1) if w.ndim == 1 else w)
+  if x.shape[-1] != y.shape[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {x.shape[-1]} != {y.shape[-2]})")
+  bx, by = x.shape[:-2], y.shape[:-2]
+  if any(a != b and 1 not in (a, b) for a, b in zip(bx[::-1], by[::-1])):
+    raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {bx} and {by} do not broadcast")
+  ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
+  if self.ndim == 1: ret = ret.squeeze(-2)
+  return ret.squeeze(-1) if w.ndim == 1 else ret
+
+
+def dot(self: Tensor, w: Tensor) -> Tensor: return self.matmul(w)
+
+
+def _windows(self: Tensor, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> Tensor:
+  """(..., H, W) -> (..., OH, OW, KH, KW) sliding windows as one strided view."""
+  *lead, h, w = self.shape
+  oh, ow = (h - dilation[0] * (k[0] - 1) - 1) // stride[0] + 1, (w - dilation[1] * (k[1] - 1) - 1) // stride[1] + 1
+  if oh <= 0 or ow <= 0: raise ValueError(f"window {k} with dilation {dilation} does not fit input {h}x{w}")
+  lead_strides = [prod(self.shape[i + 1:]) for i in range(len(lead))]
+  view = View.create((*lead, oh, ow, *k), (*lead_strides, stride[0] * w, stride[1], dilation[0] * w, dilation[1]))
+  windows = view_uop(self.uop, lambda v: None if not v.contiguous else View.create(view.shape, view.strides, v.offset), view.shape)
+  return Tensor(windows, device=self.device)
+
+
+def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+  if self.ndim != 4 or weight.ndim != 4:
+    raise ValueError(f"conv2d needs a (N, C, H, W) input and (O, C/groups, KH, KW) weight, got {self.shape} and {weight.shape}")
+  (n, cin, _, _), (cout, cg, kh, kw) = self.shape, weight.shape
+  if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv2d groups is a positive int, got {groups!r}")
+  if cin % groups or cout % groups or cin // groups != cg:
+    raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
+  if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
+  st, pd, dl = (_pair(stride, 1), _pair(padding), _pair(dilation, 1))
+  x = self.pad(((0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1])))._windows((kh, kw), st, dl)  # (N, C, OH, OW, KH, KW)
+  oh, ow = x.shape[2:4]
+  x = x.reshape(n, groups, 1, cg, oh, ow, kh, kw)
+  wt = weight.reshape(1, groups, cout // groups, cg, 1, 1, kh, kw)
+  ret = (x * wt).permute(0, 1, 2, 4, 5, 3, 6, 7).sum((5, 6, 7), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, oh, ow)
+  return ret if bias is None else ret + bias.reshape(1, cout, 1, 1)
+
+
+def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
+  if self.ndim < 2: raise ValueError(f"max_pool2d needs a tensor of at least 2 dims (..., H, W), got {self.shape}")
+  k, pd = _pair(kernel_size, 1), _pair(padding)
+  fill = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
+  x = self.pad(((0, 0),) * (self.ndim - 2) + ((pd[0], pd[0]), (pd[1], pd[1])), value=fill)
+  return x._windows(k, _pair(stride, 1) if stride is not None else k, _pair(dilation, 1)).max((-2, -1))
+
+
+def avg_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0) -> Tensor:
+  if self.ndim < 2: raise ValueError(f"avg_pool2d needs a tensor of at least 2 dims (..., H, W), got {self.shape}")
+  k, pd = _pair(kernel_size, 1), _pair(padding)
+  x = self.pad(((0, 0),) * (self.ndim - 2) + ((pd[0], pd[0]), (pd[1], pd[1])))
+  return x._windows(k, _pair(stride, 1) if stride is not None else k, (1, 1)).mean((-2, -1))
+
+
+def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+  x = self._float()
+  y = (x - x.mean(axis, keepdim=True)) * (x.var(axis, keepdim=True, correction=0) + eps).rsqrt()
+  if weight is not None: y = y * weight
+  return y if bias is None else y + bias
+
+
+def _pair(x: Any, lo: int = 0) -> tuple[int, int]:
+  ret = tuple(x) if isinstance(x, (tuple, list)) else (x, x)
+  if len(ret) != 2 or not all(isinstance(v, int) and v >= lo for v in ret): raise ValueError(f"expected an int >= {lo} or a pair of them, got {x!r}")
+  return ret  # type: ignore[return-value]
