@@ -1,0 +1,57 @@
+"""The PyTorch oracle: one op run on the same random inputs in torch and in tinytune, compared with a tolerance for the dtype.
+
+    helper_test_op([(3, 4), (4,)], lambda a, b: a + b)                   # the same function for both
+    helper_test_op([(3, 4)], torch.nn.functional.elu, Tensor.elu)         # or one for each
+    helper_test_op(None, lambda a: a.floor(), vals=[[-1.5, 0.5, math.nan]])  # given values instead of random ones
+
+A test module that imports this one is skipped, with the reason, where torch is not installed."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pytest
+
+from tinytune import Tensor, dtypes
+from tinytune.dtype import DType
+
+torch = pytest.importorskip("torch", reason="the PyTorch oracle needs torch: pip install torch")
+
+TOLERANCE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-2), "bfloat16": (1e-2, 5e-2), "float64": (1e-10, 1e-10)}  # (atol, rtol)
+
+
+def to_torch(x: np.ndarray) -> Any:
+  return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) if x.dtype == dtypes.bfloat16.np else torch.from_numpy(x.copy())
+
+
+def random_input(shape: tuple[int, ...], dtype: DType, low: float, high: float, rng: np.random.Generator) -> np.ndarray:
+  if dtype == dtypes.bool: return rng.random(shape) < 0.5
+  if dtype.is_int: return rng.integers(int(low), int(high) + 1, shape).astype(dtype.np)
+  return rng.uniform(low, high, shape).astype(dtype.np)
+
+
+def compare(got: np.ndarray, want: Any, dtype_name: str, atol: float | None, rtol: float | None, what: str) -> None:
+  want = want.detach().float().numpy() if want.dtype == torch.bfloat16 else want.detach().numpy()
+  assert got.shape == want.shape, f"{what}: shape {got.shape}, torch gives {want.shape}"
+  if dtype_name not in TOLERANCE: np.testing.assert_array_equal(got, want, err_msg=what); return
+  da, dr = TOLERANCE[dtype_name]
+  np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), atol=atol if atol is not None else da,
+                             rtol=rtol if rtol is not None else dr, equal_nan=True, err_msg=what)
+
+
+def helper_test_op(shapes: Sequence[tuple[int, ...]] | None, torch_fn: Callable[..., Any], tinytune_fn: Callable[..., Any] | None = None, *,
+                   vals: Sequence[Any] | None = None, dtype: DType = dtypes.float32, low: float = -2.0, high: float = 2.0,
+                   atol: float | None = None, rtol: float | None = None, seed: int = 0) -> None:
+  """Run torch_fn on torch tensors and tinytune_fn (torch_fn where None) on Tensors of the same inputs; compare the outputs
+  (a tensor or a tuple of them) in value, shape and dtype name."""
+  rng = np.random.default_rng(seed)
+  inputs = [np.asarray(v, dtype=dtype.np) for v in vals] if vals is not None else [random_input(s, dtype, low, high, rng) for s in shapes or ()]
+  want = torch_fn(*[to_torch(x) for x in inputs])
+  got = (tinytune_fn or torch_fn)(*[Tensor(x, dtype=dtype) for x in inputs])
+  wants, gots = (want, got) if isinstance(want, (tuple, list)) else ((want,), (got,))
+  assert len(wants) == len(gots), f"{len(gots)} outputs, torch gives {len(wants)}"
+  for i, (w, g) in enumerate(zip(wants, gots)):
+    w = w if isinstance(w, torch.Tensor) else torch.tensor(w)
+    assert isinstance(g, Tensor), f"output {i} is a {type(g).__name__}, not a Tensor"
+    want_dtype = str(w.dtype).removeprefix("torch.")
+    compare(g.numpy(), w, want_dtype, atol, rtol, f"output {i} ({g.dtype.name}, torch {want_dtype})")
