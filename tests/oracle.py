@@ -20,8 +20,9 @@ torch = pytest.importorskip("torch", reason="the PyTorch oracle needs torch: pip
 TOLERANCE = {"float32": (1e-5, 1e-5), "float16": (1e-3, 1e-2), "bfloat16": (1e-2, 5e-2), "float64": (1e-10, 1e-10)}  # (atol, rtol)
 
 
-def to_torch(x: np.ndarray) -> Any:
-  return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) if x.dtype == dtypes.bfloat16.np else torch.from_numpy(x.copy())
+def to_torch(x: np.ndarray, requires_grad: bool = False) -> Any:
+  ret = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16) if x.dtype == dtypes.bfloat16.np else torch.from_numpy(x.copy())
+  return ret.requires_grad_(requires_grad and ret.is_floating_point())
 
 
 def random_input(shape: tuple[int, ...], dtype: DType, low: float, high: float, rng: np.random.Generator) -> np.ndarray:
@@ -41,13 +42,18 @@ def compare(got: np.ndarray, want: Any, dtype_name: str, atol: float | None, rto
 
 def helper_test_op(shapes: Sequence[tuple[int, ...]] | None, torch_fn: Callable[..., Any], tinytune_fn: Callable[..., Any] | None = None, *,
                    vals: Sequence[Any] | None = None, dtype: DType = dtypes.float32, low: float = -2.0, high: float = 2.0,
-                   atol: float | None = None, rtol: float | None = None, seed: int = 0) -> None:
+                   atol: float | None = None, rtol: float | None = None, seed: int = 0, grad: bool = True,
+                   grad_atol: float | None = None, grad_rtol: float | None = None) -> None:
   """Run torch_fn on torch tensors and tinytune_fn (torch_fn where None) on Tensors of the same inputs; compare the outputs
-  (a tensor or a tuple of them) in value, shape and dtype name."""
+  (a tensor or a tuple of them) in value and shape. With grad, where the inputs are floats, compare too the gradients of
+  sum(output * random cotangent) with respect to each input."""
   rng = np.random.default_rng(seed)
   inputs = [np.asarray(v, dtype=dtype.np) for v in vals] if vals is not None else [random_input(s, dtype, low, high, rng) for s in shapes or ()]
-  want = torch_fn(*[to_torch(x) for x in inputs])
-  got = (tinytune_fn or torch_fn)(*[Tensor(x, dtype=dtype) for x in inputs])
+  grad = grad and dtype.is_float
+  torch_inputs = [to_torch(x, grad) for x in inputs]
+  tt_inputs = [Tensor(x, dtype=dtype, requires_grad=grad or None) for x in inputs]
+  want = torch_fn(*torch_inputs)
+  got = (tinytune_fn or torch_fn)(*tt_inputs)
   wants, gots = (want, got) if isinstance(want, (tuple, list)) else ((want,), (got,))
   assert len(wants) == len(gots), f"{len(gots)} outputs, torch gives {len(wants)}"
   for i, (w, g) in enumerate(zip(wants, gots)):
@@ -55,3 +61,14 @@ def helper_test_op(shapes: Sequence[tuple[int, ...]] | None, torch_fn: Callable[
     assert isinstance(g, Tensor), f"output {i} is a {type(g).__name__}, not a Tensor"
     want_dtype = str(w.dtype).removeprefix("torch.")
     compare(g.numpy(), w, want_dtype, atol, rtol, f"output {i} ({g.dtype.name}, torch {want_dtype})")
+  pairs = [(w, g) for w, g in zip(wants, gots) if isinstance(w, torch.Tensor) and w.requires_grad]
+  if not grad or not pairs: return
+  cotangents = [rng.uniform(-1, 1, w.shape).astype(np.float32) for w, _ in pairs]
+  sum((w.float() * torch.from_numpy(c)).sum() for (w, _), c in zip(pairs, cotangents)).backward()
+  assert all(g.requires_grad for _, g in pairs), "torch's output requires grad, tinytune's does not"
+  sum((g.cast(dtypes.float32) * Tensor(c)).sum() for (_, g), c in zip(pairs, cotangents)).backward()  # type: ignore[union-attr]
+  for i, (tx, tt) in enumerate(zip(torch_inputs, tt_inputs)):
+    want_grad = tx.grad if tx.grad is not None else torch.zeros_like(tx)
+    got_grad = tt.grad.numpy() if tt.grad is not None else np.zeros(tt.shape, tt.dtype.np)
+    compare(got_grad, want_grad, str(want_grad.dtype).removeprefix("torch."), grad_atol if grad_atol is not None else atol,
+            grad_rtol if grad_rtol is not None else rtol, f"gradient of input {i}")

@@ -8,6 +8,7 @@ from tinytune.engine import GlobalCounters, TinyJit
 from tinytune.helpers import Context
 from tinytune.runtime import Device
 from tinytune.tensor import Tensor
+from tinytune.tensor.autograd import no_grad
 
 __version__ = "0.1.0"
-__all__ = ["Tensor", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "Context", "Kernel", "KernelOptError", "Opt", "OptOps"]
+__all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "Context", "Kernel", "KernelOptError", "Opt", "OptOps"]

@@ -78,8 +78,10 @@ def forget() -> None:
 def realize(target: UOp, device: str) -> UOp:
   """Compute `target` on `device`; the VIEW of a buffer that now holds it."""
   topo = target.toposort
-  if any("realized_as" in u.__dict__ for u in topo):  # reuse what was realized, on this device only: constants are one graph everywhere
-    target = target.substitute({u: v for u in topo if (v := realized(u)) is not None and v.src[0].arg.device == device})
+  # reuse what was realized, on this device only (constants are one graph everywhere); again while the new graph holds nodes that
+  # were realized before (hash-consing makes a substituted node the very node an earlier realize computed)
+  while reuse := {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}:
+    target = target.substitute(reuse)
     topo = target.toposort
   if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
   key, inputs, index = structure(topo)

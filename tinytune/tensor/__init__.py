@@ -5,7 +5,7 @@ reduce). The ops live by job in creation, movement, indexing, elementwise, reduc
 lists them. Those modules see `Tensor` as a global set at the bottom of this one."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from tinytune.dtype import DType, dtypes, least_upper
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.tensor import creation, elementwise, functional, indexing, movement, reduce
+from tinytune.tensor import autograd, creation, elementwise, functional, indexing, movement, reduce
 from tinytune.tensor.movement import view_uop
 from tinytune.uop import Ops, UOp
 
@@ -23,7 +23,14 @@ TensorLike = Union["Tensor", Scalar]
 
 class Tensor:
   """A lazy n-dimensional array on a device."""
-  def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
+  # class-wide defaults, so that a tensor which never meets autograd carries nothing for it
+  requires_grad: bool | None = None
+  grad: Tensor | None = None
+  _ctx: tuple[autograd.Rule, tuple[Tensor, ...]] | None = None  # how this tensor was computed from ones that require grad
+  no_grad = False  # True: ops record nothing for backward (see tinytune.no_grad())
+  training = False  # dropout only drops while training (see Tensor.train())
+
+  def __init__(self, data: Any, dtype: Any = None, device: str | None = None, requires_grad: bool | None = None):
     self.device = Device.canonicalize(device)
     dt = dtypes.from_any(dtype) if dtype is not None else None
     if isinstance(data, UOp): self.uop = data if dt is None else data.cast(dt)
@@ -38,6 +45,7 @@ class Tensor:
       if dt is None: dt = dtypes.int64 if arr.dtype.kind in "iu" and arr.dtype not in (np.uint8, np.int32) else dtypes.from_any(arr.dtype)
       buf = Buffer(self.device, arr.size, dt).copyin(arr.astype(dt.np))
       self.uop = UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buf),), View.create(arr.shape))
+    if requires_grad is not None: self.requires_grad_(requires_grad)
 
   # ***** properties *****
   @property
@@ -71,9 +79,41 @@ class Tensor:
   def to(self, device: str) -> Tensor:
     device = Device.canonicalize(device)
     return self if device == self.device else Tensor(self.numpy(), device=device)
-  def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), device=self.device)
+  def contiguous(self) -> Tensor:
+    ret = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), device=self.device)
+    return autograd.record(ret, (self,), lambda g: (g,)) if autograd.tracking(self) else ret
 
-  training = False  # dropout only drops while training
+  # ***** autograd *****
+  def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+    if requires_grad and not self.dtype.is_float: raise TypeError(f"only float tensors can require grad, this one is {self.dtype.name}")
+    self.requires_grad = requires_grad
+    return self
+
+  @staticmethod
+  def train(mode: bool = True) -> autograd.Switch:
+    """Tensor.training is `mode` inside: `with Tensor.train():` or `@Tensor.train()` (dropout and batchnorm read it)."""
+    return autograd.Switch("training", mode)
+  @staticmethod
+  def test() -> autograd.Switch: return Tensor.train(False)
+
+  def detach(self) -> Tensor:
+    """The same values, cut from the graph: no gradient flows through it."""
+    return Tensor(self.uop, device=self.device)
+
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+    """d(self)/d(target) for each target as lazy tensors (zeros where self does not depend on one); self must have one element
+    unless `gradient`, d(loss)/d(self), is given."""
+    if not self.requires_grad: raise RuntimeError("gradient() of a tensor that does not require grad: no input it depends on requires grad")
+    grads = autograd.gradient(self, targets, autograd.check_seed(self, gradient))
+    return [g if g is not None else t.zeros_like() for g, t in zip(grads, targets)]
+
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Add d(self)/d(leaf) to the .grad of every leaf tensor that requires grad (lazily: nothing runs until realized)."""
+    if not self.requires_grad: raise RuntimeError("backward() of a tensor that does not require grad: no input it depends on requires grad")
+    leaves = autograd.leaves(self)
+    for leaf, g in zip(leaves, autograd.gradient(self, leaves, autograd.check_seed(self, gradient))):
+      if g is not None: leaf.grad = g if leaf.grad is None else leaf.grad + g
+    return self
 
   # ***** the primitives every op is built from *****
   def _axis(self, axis: int, ndim: int | None = None) -> int:
@@ -82,8 +122,10 @@ class Tensor:
     if not -max(ndim, 1) <= axis < max(ndim, 1): raise ValueError(f"axis {axis} is out of range for {ndim} dims")
     return axis % max(ndim, 1)
 
-  def _move(self, fn: Callable[[View], Optional[View]], shape: tuple[int, ...]) -> Tensor:
-    return Tensor(view_uop(self.uop, fn, shape), device=self.device)
+  def _move(self, op: str, arg: Any, shape: tuple[int, ...]) -> Tensor:
+    """A movement (a View method: reshape, permute, expand, pad, shrink, flip) to `shape`; no data moves."""
+    ret = Tensor(view_uop(self.uop, lambda v: getattr(v, op)(arg), shape), device=self.device)
+    return autograd.record(ret, (self,), autograd.move_rule(op, self, arg)) if autograd.tracking(self) else ret
 
   def _const_like(self, v: Scalar, dtype: DType | None = None) -> Tensor:
     return Tensor(UOp.const(dtype or self.dtype, v), device=self.device).reshape((1,) * self.ndim).expand(self.shape)
@@ -108,14 +150,18 @@ class Tensor:
     out = tuple(max(a, b) if 0 not in (a, b) else 0 for a, b in zip(xs, ys))
     return x.reshape(xs).expand(out), y.reshape(ys).expand(out)
 
-  def _alu(self, op: Ops, *srcs: Tensor) -> Tensor: return Tensor(self.uop.alu(op, *[s.uop for s in srcs]), device=self.device)
+  def _alu(self, op: Ops, *srcs: Tensor) -> Tensor:
+    ret = Tensor(self.uop.alu(op, *[s.uop for s in srcs]), device=self.device)
+    return autograd.record(ret, (self, *srcs), autograd.alu_rule(op, (self, *srcs), ret)) if autograd.tracking(self, *srcs) else ret
   def _binop(self, op: Ops, y: TensorLike, reverse: bool = False) -> Tensor:
     a, b = self._broadcasted(y, reverse)
     return a._alu(op, b)
 
   def cast(self, dtype: Any) -> Tensor:
     dt = dtypes.from_any(dtype)
-    return self if dt == self.dtype else Tensor(self.uop.cast(dt), device=self.device)
+    if dt == self.dtype: return self
+    ret = Tensor(self.uop.cast(dt), device=self.device)
+    return autograd.record(ret, (self,), autograd.cast_rule(self)) if autograd.tracking(self) else ret
 
   # ***** operators *****
   def __neg__(self) -> Tensor: return self.neg()
@@ -160,7 +206,9 @@ class Tensor:
   def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor:
     axes = self._reduce_axes(axis)
     if not self.ndim: return self
-    ret = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, axes)), device=self.device) if axes else self
+    if not axes: return self
+    ret = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, axes)), device=self.device)
+    if autograd.tracking(self): autograd.record(ret, (self,), autograd.reduce_rule(op, self, ret, axes))
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
   # ***** the ops, by job: each lives in the module named here *****
   # creation.py

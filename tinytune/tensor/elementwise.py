@@ -58,7 +58,7 @@ def where(self: Tensor, x: TensorLike, y: TensorLike) -> Tensor:
   cond, x = self.cast(dtypes.bool)._broadcasted(x)
   cond, y = cond._broadcasted(y)
   x, y = x._broadcasted(y)
-  return Tensor(cond.cast(dtypes.bool).uop.alu(Ops.WHERE, x.uop, y.uop), device=self.device)
+  return cond.cast(dtypes.bool)._alu(Ops.WHERE, x, y)
 
 
 def maximum(self: Tensor, y: TensorLike) -> Tensor: return self._binop(Ops.MAX, y)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from tinytune.dtype import dtypes, least_upper
 from tinytune.helpers import prod
 from tinytune.shape import View
+from tinytune.tensor import autograd
 from tinytune.tensor.movement import view_uop
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ def _windows(self: Tensor, k: tuple[int, int], stride: tuple[int, int], dilation
   lead_strides = [prod(self.shape[i + 1:]) for i in range(len(lead))]
   view = View.create((*lead, oh, ow, *k), (*lead_strides, stride[0] * w, stride[1], dilation[0] * w, dilation[1]))
   windows = view_uop(self.uop, lambda v: None if not v.contiguous else View.create(view.shape, view.strides, v.offset), view.shape)
-  return Tensor(windows, device=self.device)
+  ret = Tensor(windows, device=self.device)
+  return autograd.record(ret, (self,), autograd.window_rule(self, k, stride, dilation)) if autograd.tracking(self) else ret
 
 
 def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:

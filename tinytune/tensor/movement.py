@@ -28,13 +28,13 @@ def reshape(self: Tensor, *shape: Any) -> Tensor:
     if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape {self.shape} to {shape}")
     shape = tuple(self.numel() // known if s == -1 else s for s in shape)
   if prod(shape) != self.numel(): raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
-  return self if shape == self.shape else self._move(lambda v: v.reshape(shape), shape)
+  return self if shape == self.shape else self._move("reshape", shape, shape)
 
 
 def permute(self: Tensor, *order: Any) -> Tensor:
   order = tuple(self._axis(o) for o in argfix(*order)) if self.ndim else argfix(*order)
   if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute needs a permutation of {self.ndim} axes, got {order}")
-  return self._move(lambda v: v.permute(order), tuple(self.shape[i] for i in order))
+  return self._move("permute", order, tuple(self.shape[i] for i in order))
 
 
 def transpose(self: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
@@ -54,7 +54,7 @@ def expand(self: Tensor, *shape: Any) -> Tensor:
   x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
   new = tuple(s if n == -1 else n for s, n in zip(x.shape, shape))
   if any(s != n and s != 1 for s, n in zip(x.shape, new)): raise ValueError(f"cannot expand {self.shape} to {shape}")
-  return x if new == x.shape else x._move(lambda v: v.expand(new), new)
+  return x if new == x.shape else x._move("expand", new, new)
 
 
 def _pairs(self: Tensor, arg: Sequence, what: str) -> tuple[tuple[int, int], ...]:
@@ -72,22 +72,22 @@ def pad(self: Tensor, padding: Sequence, value: Scalar = 0.0) -> Tensor:
   if any(b < 0 or a < 0 for b, a in pairs): return self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape))).pad(
     tuple((max(b, 0), max(a, 0)) for b, a in pairs), value)
   shape = tuple(s + b + a for s, (b, a) in zip(self.shape, pairs))
-  ret = self._move(lambda v: v.pad(pairs), shape)
+  ret = self._move("pad", pairs, shape)
   if value == 0: return ret
-  inside = Tensor.full(self.shape, True, dtypes.bool, self.device)._move(lambda v: v.pad(pairs), shape)
+  inside = Tensor.full(self.shape, True, dtypes.bool, self.device)._move("pad", pairs, shape)
   return inside.where(ret, value)
 
 
 def shrink(self: Tensor, arg: Sequence) -> Tensor:
   pairs = tuple(p if p is not None else (0, s) for p, s in zip(self._pairs(arg, "shrink"), self.shape))
   if any(not 0 <= b <= e <= s for (b, e), s in zip(pairs, self.shape)): raise ValueError(f"shrink {pairs} is out of bounds for {self.shape}")
-  return self._move(lambda v: v.shrink(pairs), tuple(e - b for b, e in pairs))
+  return self._move("shrink", pairs, tuple(e - b for b, e in pairs))
 
 
 def flip(self: Tensor, *axis: Any) -> Tensor:
   axes = tuple(self._axis(a) for a in argfix(*axis))
   if len(set(axes)) != len(axes): raise ValueError(f"flip axes {argfix(*axis)} name a dim twice")
-  return self._move(lambda v: v.flip(axes), self.shape)
+  return self._move("flip", axes, self.shape)
 
 
 def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:

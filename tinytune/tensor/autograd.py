@@ -1,0 +1,167 @@
+"""Reverse-mode autograd. A Tensor computed from ones that require grad remembers its inputs and the rule that maps its gradient
+to theirs; backward() walks those records from the output. Gradients are lazy Tensors like any other, so the backward
+kernels fuse with each other and with an optimizer's update, and can be tuned.
+
+The rules are written for the primitives only (ALU ops, cast, reduce, the six movements, sliding windows); every other op
+is a composition of them and is differentiated through them."""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from tinytune.uop import Ops
+
+if TYPE_CHECKING:
+  from tinytune.tensor import Tensor
+
+Rule = Callable[["Tensor"], Sequence["Tensor | None"]]  # the output's gradient -> one gradient (or None) per input
+
+
+def tracking(*inputs: Tensor) -> bool:
+  """Whether an op on these inputs records itself: grad is on and one of them requires it."""
+  return not inputs[0].no_grad and any(t.requires_grad for t in inputs)
+
+
+def record(ret: Tensor, inputs: tuple[Tensor, ...], rule: Rule) -> Tensor:
+  if ret.dtype.is_float: ret.requires_grad, ret._ctx = True, (rule, inputs)
+  return ret
+
+
+def alu_rule(op: Ops, inputs: tuple[Tensor, ...], out: Tensor) -> Rule:
+  """The gradient rule of one ALU op, given its inputs and output."""
+  x = inputs[0]
+  if op is Ops.ADD: return lambda g: (g, g)
+  if op is Ops.MUL: return lambda g: (g * inputs[1], g * x)
+  if op is Ops.NEG: return lambda g: (-g,)
+  if op is Ops.RECIP: return lambda g: (-g * out * out,)
+  if op is Ops.SQRT: return lambda g: (g / (out * 2),)
+  if op is Ops.EXP2: return lambda g: (g * out * math.log(2),)
+  if op is Ops.LOG2: return lambda g: (g / (x * math.log(2)),)
+  if op is Ops.SIN: return lambda g: (g * (math.pi / 2 - x).sin(),)
+  if op is Ops.MAX:  # ties share the gradient evenly, as torch does
+    def max_rule(g: Tensor) -> tuple[Tensor, Tensor]:
+      y = inputs[1]
+      share = (x > y).cast(g.dtype) + (x == y).cast(g.dtype) * 0.5
+      return g * share, g * (1 - share)
+    return max_rule
+  if op is Ops.WHERE: return lambda g: (None, x.where(g, 0.0), x.where(0.0, g))
+  return lambda g: (None,) * len(inputs)  # comparisons, integer and bitwise ops have no gradient
+
+
+def cast_rule(x: Tensor) -> Rule: return lambda g: (g.cast(x.dtype) if x.dtype.is_float else None,)
+
+
+def reduce_rule(op: Ops, x: Tensor, out: Tensor, axes: tuple[int, ...]) -> Rule:
+  if op is Ops.ADD: return lambda g: (g.expand(x.shape),)
+  def max_rule(g: Tensor) -> tuple[Tensor]:  # every element equal to the max shares its gradient evenly, as torch's amax does
+    hit = (x == out.expand(x.shape)).cast(g.dtype)
+    return (hit * (g / hit.sum(axes, keepdim=True)).expand(x.shape),)
+  return max_rule
+
+
+def move_rule(op: str, x: Tensor, arg: Any) -> Rule:
+  """The gradient of a movement is the opposite movement of the output's gradient; an expand's is a sum."""
+  if op == "reshape": return lambda g: (g.reshape(x.shape),)
+  if op == "permute": return lambda g: (g.permute(tuple(sorted(range(len(arg)), key=lambda i: arg[i]))),)
+  if op == "expand": return lambda g: (g.sum(tuple(i for i, (a, b) in enumerate(zip(x.shape, arg)) if a != b), keepdim=True),)
+  if op == "pad": return lambda g: (g.shrink(tuple((b, b + s) for (b, _), s in zip(arg, x.shape))),)
+  if op == "shrink": return lambda g: (g.pad(tuple((b, s - e) for (b, e), s in zip(arg, x.shape))),)
+  if op == "flip": return lambda g: (g.flip(arg),)
+  raise ValueError(f"no movement {op!r}")
+
+
+def window_rule(x: Tensor, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> Rule:
+  """Sliding windows read each input element once per window that covers it: the gradient adds the windows' gradients back in
+  place, one strided, padded slice of the output's gradient per kernel position."""
+  *lead, h, w = x.shape
+  def rule(g: Tensor) -> tuple[Tensor]:
+    oh, ow = g.shape[-4], g.shape[-3]
+    total = None
+    for kh in range(k[0]):
+      for kw in range(k[1]):
+        piece = _spread(_spread(g[..., kh, kw], -2, stride[0]), -1, stride[1])
+        top, left = kh * dilation[0], kw * dilation[1]
+        piece = piece.pad(((0, 0),) * len(lead) + ((top, h - top - piece.shape[-2]), (left, w - left - piece.shape[-1])))
+        total = piece if total is None else total + piece
+    assert total is not None and (oh, ow) == g.shape[-4:-2]
+    return (total,)
+  return rule
+
+
+def _spread(x: Tensor, axis: int, step: int) -> Tensor:
+  """x with step - 1 zeros between its elements along axis."""
+  if step == 1 or x.shape[axis] <= 1: return x
+  axis, n = axis % x.ndim, x.shape[axis]
+  x = x.unsqueeze(axis + 1).pad(tuple((0, step - 1) if i == axis + 1 else (0, 0) for i in range(x.ndim + 1)))
+  x = x.reshape(x.shape[:axis] + (n * step,) + x.shape[axis + 2:])
+  return x.shrink(tuple((0, (n - 1) * step + 1) if i == axis else None for i in range(x.ndim)))
+
+
+def gradient(out: Tensor, targets: Sequence[Tensor], seed: Tensor) -> list[Tensor | None]:
+  """d(out)/d(target) for each target, as lazy Tensors (None where a target does not affect out); seed is d(loss)/d(out)."""
+  order: list[Tensor] = []
+  seen: set[int] = set()
+  stack: list[tuple[Tensor, bool]] = [(out, False)]
+  while stack:  # tensors in dependency order, inputs first
+    t, done = stack.pop()
+    if done: order.append(t); continue
+    if id(t) in seen: continue
+    seen.add(id(t))
+    stack.append((t, True))
+    if t._ctx is not None: stack.extend((s, False) for s in t._ctx[1] if s.requires_grad and id(s) not in seen)
+  wanted = {id(t) for t in targets}
+  grads: dict[int, Tensor] = {id(out): seed}
+  found: dict[int, Tensor] = {}
+  with no_grad():
+    for t in reversed(order):
+      if (g := grads.pop(id(t), None)) is None: continue
+      if id(t) in wanted: found[id(t)] = g
+      if t._ctx is None: continue
+      rule, inputs = t._ctx
+      for s, gs in zip(inputs, rule(g)):
+        if gs is None or not s.requires_grad: continue
+        if gs.dtype != s.dtype: gs = gs.cast(s.dtype)
+        grads[id(s)] = gs if (prev := grads.get(id(s))) is None else prev + gs
+  return [found.get(id(t)) for t in targets]
+
+
+def leaves(out: Tensor) -> list[Tensor]:
+  """The tensors under out that require grad and were not computed from others (parameters and inputs)."""
+  ret, seen, stack = [], set(), [out]
+  while stack:
+    t = stack.pop()
+    if id(t) in seen: continue
+    seen.add(id(t))
+    if t._ctx is None: ret.append(t)
+    else: stack.extend(s for s in t._ctx[1] if s.requires_grad)
+  return ret
+
+
+class Switch(contextlib.ContextDecorator):
+  """Sets a class-wide Tensor flag inside a with block or a decorated function, and puts back what it was."""
+  def __init__(self, flag: str, value: bool): self.flag, self.value, self.before = flag, value, list[bool]()
+
+  def __enter__(self) -> Switch:
+    from tinytune.tensor import Tensor
+    self.before.append(getattr(Tensor, self.flag))
+    setattr(Tensor, self.flag, self.value)
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    from tinytune.tensor import Tensor
+    setattr(Tensor, self.flag, self.before.pop())
+
+
+def no_grad() -> Switch:
+  """Ops inside record nothing for backward (Tensor.no_grad is True there): `with tinytune.no_grad():` or `@tinytune.no_grad()`."""
+  return Switch("no_grad", True)
+
+
+def check_seed(out: Tensor, seed: Tensor | None) -> Tensor:
+  if seed is None:
+    if out.numel() != 1: raise ValueError(f"backward() of a tensor of shape {out.shape} needs a gradient; only a one-element tensor implies it")
+    return out.ones_like()
+  if seed.shape != out.shape: raise ValueError(f"backward gradient shape {seed.shape} does not match the tensor's {out.shape}")
+  return seed.cast(out.dtype) if seed.dtype != out.dtype else seed
+
