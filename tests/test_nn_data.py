@@ -1,0 +1,129 @@
+"""tinytune.nn's state dicts and safetensors files; all on the CPU."""
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinytune import Tensor, dtypes
+from tinytune.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
+
+# ***** state dicts *****
+
+
+class Linear:
+  def __init__(self, fan_in: int, fan_out: int):
+    self.weight, self.bias = Tensor(np.random.rand(fan_out, fan_in).astype(np.float32)), Tensor(np.zeros(fan_out, np.float32))
+
+
+class Model:
+  def __init__(self) -> None:
+    self.l1, self.layers = Linear(4, 3), [Linear(3, 3), Linear(3, 2)]
+    self.norms = {"pre": Tensor(np.ones(4, np.float32)), "post": (Tensor(np.ones(2, np.float16)),)}
+    self.name, self.act, self.parent = "mlp", np.tanh, self  # not tensors, and a cycle back to itself
+
+
+def test_state_dict_names() -> None:
+  m = Model()
+  sd = get_state_dict(m)
+  assert list(sd) == ["l1.weight", "l1.bias", "layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias", "norms.pre", "norms.post.0"]
+  assert sd["layers.1.weight"] is m.layers[1].weight and sd["norms.post.0"] is m.norms["post"][0]
+  assert list(get_state_dict(m.l1, prefix="enc.")) == ["enc.weight", "enc.bias"]
+  assert list(get_state_dict(namedtuple("Pair", "a b")(Tensor([1]), [Tensor([2])]))) == ["a", "b.0"]
+
+
+def test_parameters_once_each() -> None:
+  m = Model()
+  m.tied = m.l1  # one layer under two names: twice in the state dict, once in the parameters
+  assert len(get_state_dict(m)) == 10 and "tied.weight" in get_state_dict(m)
+  params = get_parameters(m)
+  assert len(params) == 8 and params[0] is m.l1.weight
+
+
+def test_load_state_dict_round_trip() -> None:
+  src, dst = Model(), Model()
+  dst.layers[0].weight = dst.layers[0].weight + 1  # a lazy tensor is loaded in place too
+  sd = get_state_dict(src)
+  sd["l1.bias"] = np.arange(3)  # numpy values and other dtypes come in as the model tensor's dtype
+  w = dst.l1.weight
+  load_state_dict(dst, sd)
+  assert dst.l1.weight is w and w.device == "CPU" and dst.l1.bias.dtype == dtypes.float32
+  np.testing.assert_array_equal(dst.l1.bias.numpy(), [0, 1, 2])
+  for k, v in get_state_dict(dst).items():
+    if k != "l1.bias": np.testing.assert_array_equal(v.numpy(), sd[k].numpy())
+  assert dst.norms["post"][0].dtype == dtypes.float16
+
+
+def test_load_state_dict_strict() -> None:
+  m = Model()
+  sd = {k: v.numpy() for k, v in get_state_dict(m).items()}
+  sd["extra.weight"] = np.zeros(2)
+  del sd["layers.1.bias"]
+  before = m.l1.weight.numpy()
+  with pytest.raises(ValueError, match=r"1 missing \(layers.1.bias\); 1 unexpected \(extra.weight\)"): load_state_dict(m, sd)
+  sd["l1.weight"] = before + 1
+  load_state_dict(m, sd, strict=False)
+  np.testing.assert_array_equal(m.l1.weight.numpy(), before + 1)
+
+
+def test_load_state_dict_shapes() -> None:
+  m = Model()
+  sd = get_state_dict(Model())
+  sd["l1.weight"], sd["l1.bias"] = Tensor(np.ones((4, 3), np.float32)), Tensor(np.ones(3, np.float32))
+  sd["layers.0.bias"] = Tensor(np.ones(4, np.float32))
+  before = m.l1.bias.numpy()
+  with pytest.raises(ValueError, match=r"l1.weight: model \(3, 4\), state dict \(4, 3\); layers.0.bias: model \(3,\), state dict \(4,\)"):
+    load_state_dict(m, sd, strict=False)  # shapes are checked even when not strict
+  np.testing.assert_array_equal(m.l1.bias.numpy(), before)  # and nothing was loaded
+
+
+# ***** safetensors *****
+
+
+def _tensors() -> dict[str, Tensor]:
+  return {"w": Tensor(np.random.randn(3, 5).astype(np.float32)), "half": Tensor(np.random.randn(4).astype(np.float16)),
+          "bf": Tensor(np.array([1.5, -2.25, 3e38, 0.1], dtypes.bfloat16.np)), "ids": Tensor(np.array([[1, -2]], np.int64)),
+          "mask": Tensor(np.array([True, False])), "pix": Tensor(np.arange(6, dtype=np.uint8).reshape(2, 3)), "n": Tensor(np.int32(7))}
+
+
+def test_safetensors_round_trip(tmp_path: Path) -> None:
+  sd = _tensors()
+  safe_save(sd, tmp_path / "m.safetensors", metadata={"epoch": "3"})
+  assert os.listdir(tmp_path) == ["m.safetensors"]  # no temporary file left behind
+  back = safe_load(tmp_path / "m.safetensors")
+  assert set(back) == set(sd)
+  for k, t in sd.items():
+    assert back[k].dtype == t.dtype and back[k].shape == t.shape, k
+    np.testing.assert_array_equal(back[k].numpy(), t.numpy())
+  m, m2 = Model(), Model()
+  safe_save(get_state_dict(m), tmp_path / "model.safetensors")
+  load_state_dict(m2, safe_load(tmp_path / "model.safetensors"))
+  np.testing.assert_array_equal(m2.layers[1].weight.numpy(), m.layers[1].weight.numpy())
+
+
+def test_safetensors_bad(tmp_path: Path) -> None:
+  (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+  with pytest.raises(ValueError, match="is not a safetensors file"): safe_load(tmp_path / "bad.safetensors")
+  with pytest.raises(TypeError, match="metadata is a dict of str to str"): safe_save(_tensors(), tmp_path / "x.safetensors", metadata={"epoch": 3})  # type: ignore
+  (tmp_path / "keep.safetensors").write_bytes(b"old")
+  with pytest.raises(Exception): safe_save({"x": np.zeros(2, np.complex128)}, tmp_path / "keep.safetensors")  # a failed write keeps the old file
+  assert (tmp_path / "keep.safetensors").read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["bad.safetensors", "keep.safetensors"]
+
+
+def test_safetensors_with_torch(tmp_path: Path) -> None:
+  torch = pytest.importorskip("torch", reason="torch is not installed: the round trip with safetensors.torch needs it")
+  from safetensors.torch import load_file, save_file
+  sd = _tensors()
+  safe_save(sd, tmp_path / "ours.safetensors")
+  theirs = load_file(tmp_path / "ours.safetensors")
+  assert theirs["bf"].dtype == torch.bfloat16 and theirs["ids"].dtype == torch.int64 and theirs["mask"].dtype == torch.bool
+  for k, t in sd.items(): np.testing.assert_array_equal(theirs[k].float().numpy(), t.numpy().astype(np.float32), err_msg=k)
+  save_file({"bf": torch.tensor([[0.5, -7.0]], dtype=torch.bfloat16), "f": torch.arange(6.0).reshape(2, 3), "u": torch.arange(3, dtype=torch.uint8)},
+            tmp_path / "theirs.safetensors")
+  ours = safe_load(tmp_path / "theirs.safetensors")
+  assert ours["bf"].dtype == dtypes.bfloat16 and ours["f"].dtype == dtypes.float32 and ours["u"].dtype == dtypes.uint8
+  np.testing.assert_array_equal(ours["bf"].numpy().astype(np.float32), [[0.5, -7.0]])
+  np.testing.assert_array_equal(ours["f"].numpy(), np.arange(6.0).reshape(2, 3))
