@@ -1,7 +1,9 @@
-"""tinytune.nn's state dicts and safetensors files; all on the CPU."""
+"""tinytune.nn's state dicts and safetensors files, and the IDX and digits datasets; all on the CPU, no downloads."""
 from __future__ import annotations
 
+import gzip
 import os
+import struct
 from collections import namedtuple
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from tinytune import Tensor, dtypes
+from tinytune.nn import datasets
 from tinytune.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
 
 # ***** state dicts *****
@@ -127,3 +130,88 @@ def test_safetensors_with_torch(tmp_path: Path) -> None:
   assert ours["bf"].dtype == dtypes.bfloat16 and ours["f"].dtype == dtypes.float32 and ours["u"].dtype == dtypes.uint8
   np.testing.assert_array_equal(ours["bf"].numpy().astype(np.float32), [[0.5, -7.0]])
   np.testing.assert_array_equal(ours["f"].numpy(), np.arange(6.0).reshape(2, 3))
+
+
+# ***** datasets *****
+
+
+def write_idx(path: Path, arr: np.ndarray, code: int = 0x08, header: bytes | None = None) -> Path:
+  data = (header if header is not None else struct.pack(">BBBB", 0, 0, code, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)) + arr.tobytes()
+  path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+  return path
+
+
+def write_mnist(folder: Path, n_train: int = 5, n_test: int = 3, gz: bool = True) -> list[np.ndarray]:
+  arrays = [np.random.randint(0, 256, (n_train, 28, 28), np.uint8), np.random.randint(0, 10, n_train, np.uint8),
+            np.random.randint(0, 256, (n_test, 28, 28), np.uint8), np.random.randint(0, 10, n_test, np.uint8)]
+  for i, (name, arr) in enumerate(zip(datasets.MNIST_FILES, arrays)): write_idx(folder / (name + (".gz" if gz and i % 2 == 0 else "")), arr)
+  return arrays
+
+
+@pytest.mark.parametrize("fashion", [False, True])
+def test_mnist(tmp_path: Path, fashion: bool) -> None:
+  arrays = write_mnist(tmp_path)  # images gzipped, labels raw
+  got = datasets.mnist(fashion=fashion, path=tmp_path)
+  assert [t.shape for t in got] == [(5, 1, 28, 28), (5,), (3, 1, 28, 28), (3,)] and all(t.dtype == dtypes.uint8 for t in got)
+  for t, arr in zip(got, arrays): np.testing.assert_array_equal(t.numpy().reshape(arr.shape), arr)
+
+
+def test_mnist_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(2, np.uint8))
+  with pytest.raises(FileNotFoundError, match=f"MNIST files missing: put train-images-idx3-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
+                                              rf"\(gzipped as .gz or not\) in {tmp_path}, or pass path="):
+    datasets.mnist(path=tmp_path)
+  monkeypatch.setenv("HOME", str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=f"Fashion-MNIST files missing: .* in {tmp_path}/.cache/tinytune/fashion-mnist"):
+    datasets.mnist(fashion=True)
+
+
+def test_read_idx(tmp_path: Path) -> None:
+  arr = (np.arange(24).reshape(2, 3, 4) - 5).astype(">i4")  # IDX is big-endian
+  np.testing.assert_array_equal(datasets.read_idx(write_idx(tmp_path / "a.gz", arr, 0x0C)), arr)
+  np.testing.assert_array_equal(datasets.read_idx(write_idx(tmp_path / "b", arr.astype(">f4"), 0x0D)), arr)
+
+
+@pytest.mark.parametrize("data,error", [
+  (b"", "not an IDX file .* magic number is missing"),
+  (b"\x00\x01\x08\x01" + b"\x00" * 8, "not an IDX file .* magic number is 00010801"),
+  (b"\x00\x00\x07\x01" + b"\x00" * 8, "not an IDX file"),  # no such type code
+  (b"\x00\x00\x08\x03\x00\x00\x00\x02", r"truncated IDX header \(8 bytes for 3 dims\)"),
+  (b"\x00\x00\x08\x01\x00\x00\x00\x05abc", r"truncated: 11 bytes where an IDX array of shape \(5,\) takes 13"),
+  (b"\x00\x00\x08\x01\x00\x00\x00\x02abc", "trailing bytes: 11 bytes"),
+])
+def test_read_idx_bad(tmp_path: Path, data: bytes, error: str) -> None:
+  (tmp_path / "f").write_bytes(data)
+  with pytest.raises(ValueError, match=error): datasets.read_idx(tmp_path / "f")
+
+
+def test_mnist_bad_files(tmp_path: Path) -> None:
+  write_mnist(tmp_path, gz=False)
+  os.remove(tmp_path / "t10k-images-idx3-ubyte")
+  (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(np.random.bytes(1000))[:500])  # a truncated download
+  with pytest.raises(ValueError, match="t10k-images-idx3-ubyte.gz: not a whole gzip file"): datasets.mnist(path=tmp_path)
+  write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", np.zeros((3, 28, 28), np.uint8))
+  write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(4, np.uint8))
+  with pytest.raises(ValueError, match="has 5 images but .*train-labels-idx1-ubyte 4 labels"): datasets.mnist(path=tmp_path)
+  write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros((5, 28, 28), np.uint8))
+  with pytest.raises(ValueError, match=r"holds a uint8 array of shape \(5, 28, 28\), not the uint8 \(N,\) labels"): datasets.mnist(path=tmp_path)
+
+
+def test_digits() -> None:
+  pytest.importorskip("sklearn", reason='scikit-learn is not installed: pip install "tinytune[data]"')
+  x_train, y_train, x_test, y_test = datasets.digits()
+  assert x_train.shape == (1437, 1, 8, 8) and x_test.shape == (360, 1, 8, 8) and y_train.shape == (1437,) and y_test.shape == (360,)
+  assert x_train.dtype == dtypes.float32 and y_train.dtype == dtypes.uint8
+  x = x_train.numpy()
+  assert x.min() == 0 and x.max() == 1 and set(np.unique(y_test.numpy())) == set(range(10))
+  again = datasets.digits()
+  np.testing.assert_array_equal(again[1].numpy(), y_train.numpy())  # the same split every call
+  from sklearn.datasets import load_digits
+  everything = np.concatenate([x, x_test.numpy()]).reshape(-1, 64) * 16
+  assert sorted(map(bytes, everything.astype(np.uint8))) == sorted(map(bytes, load_digits().data.astype(np.uint8)))
+
+
+def test_digits_without_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
+  import sys
+  monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+  with pytest.raises(ImportError, match=r'digits\(\) needs scikit-learn: pip install "tinytune\[data\]"'): datasets.digits()

@@ -1,6 +1,6 @@
-"""Neural network building blocks: state dicts and safetensors files."""
+"""Neural network building blocks: state dicts and safetensors files, and datasets."""
 from __future__ import annotations
 
-from tinytune.nn import state
+from tinytune.nn import datasets, state
 
-__all__ = ["state"]
+__all__ = ["datasets", "state"]
