@@ -1,4 +1,4 @@
-"""tinytune.nn's state dicts and safetensors files, and the IDX and digits datasets; all on the CPU, no downloads."""
+"""tinytune.nn's state dicts and safetensors files, the IDX and digits datasets, and the DataLoader; all on the CPU, no downloads."""
 from __future__ import annotations
 
 import gzip
@@ -6,12 +6,13 @@ import os
 import struct
 from collections import namedtuple
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tinytune import Tensor, dtypes
-from tinytune.nn import datasets
+from tinytune.nn import DataLoader, datasets
 from tinytune.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
 
 # ***** state dicts *****
@@ -215,3 +216,65 @@ def test_digits_without_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
   import sys
   monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
   with pytest.raises(ImportError, match=r'digits\(\) needs scikit-learn: pip install "tinytune\[data\]"'): datasets.digits()
+
+
+# ***** DataLoader *****
+
+
+def _epoch(loader: DataLoader) -> list[tuple[np.ndarray, ...]]: return [tuple(t.numpy() for t in batch) for batch in loader]
+
+
+@pytest.mark.parametrize("n,batch_size,drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (2, 5, False), (2, 5, True)])
+def test_loader_covers_each_sample_once(n: int, batch_size: int, drop_last: bool) -> None:
+  x, y = np.arange(n * 2, dtype=np.float32).reshape(n, 2), np.arange(n)
+  loader = DataLoader(x, Tensor(y), batch_size=batch_size, drop_last=drop_last, seed=1)
+  assert len(loader) == (n // batch_size if drop_last else -(-n // batch_size))
+  for _ in range(3):
+    batches = _epoch(loader)
+    assert len(batches) == len(loader)
+    assert [len(b[1]) for b in batches] == [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size and not drop_last else [])
+    seen = np.concatenate([b[1] for b in batches]) if batches else np.zeros(0)
+    assert len(set(seen.tolist())) == len(seen) == (n // batch_size * batch_size if drop_last else n)  # each once, all unless drop_last
+    for bx, by in batches: np.testing.assert_array_equal(bx, x[by])  # the rows of every array stay together
+
+
+def test_loader_order() -> None:
+  y = np.arange(100, dtype=np.int32)
+  def order(loader: DataLoader) -> list[int]: return np.concatenate([b[0] for b in _epoch(loader)]).tolist()
+  seeded = DataLoader(y, batch_size=16, seed=7)
+  epochs = [order(seeded) for _ in range(3)]
+  assert epochs[0] != epochs[1] != epochs[2] and all(sorted(e) == y.tolist() for e in epochs)  # a fresh permutation each epoch
+  again = DataLoader(y, batch_size=16, seed=7)
+  assert [order(again) for _ in range(3)] == epochs  # and the same ones from the same seed
+  assert order(DataLoader(y, batch_size=16, seed=8)) != epochs[0]
+  assert order(DataLoader(y, batch_size=16, shuffle=False)) == y.tolist()
+
+
+def test_loader_batches() -> None:
+  x, y = np.random.rand(9, 1, 4, 4), np.arange(9, dtype=np.uint8)
+  batches = list(DataLoader(x, y, batch_size=4, seed=0))
+  assert [tuple(t.shape for t in b) for b in batches] == [((4, 1, 4, 4), (4,)), ((4, 1, 4, 4), (4,)), ((1, 1, 4, 4), (1,))]
+  assert all(b[0].dtype == dtypes.float32 and b[1].dtype == dtypes.uint8 and b[0].device == "CPU" for b in batches)
+  first = batches[0][0].numpy()
+  list(DataLoader(x, y, batch_size=4, seed=0))
+  np.testing.assert_array_equal(batches[0][0].numpy(), first)  # a batch holds its own copy, not the loader's reused array
+  assert repr(DataLoader(x, batch_size=4)) == "<DataLoader 9 samples in 3 batches of 4, shuffled>"
+
+
+@pytest.mark.parametrize("args,kwargs,error", [
+  ((), {"batch_size": 2}, "at least one array"),
+  ((np.zeros(3),), {"batch_size": 0}, "batch_size is a positive int"),
+  ((np.zeros(3), np.zeros(4)), {"batch_size": 2}, r"differ in length: \[3, 4\]"),
+  ((np.float32(1),), {"batch_size": 2}, "0-d"),
+])
+def test_loader_bad(args: tuple, kwargs: dict[str, Any], error: str) -> None:
+  with pytest.raises(ValueError, match=error): DataLoader(*args, **kwargs)
+
+
+def test_loader_in_jit() -> None:
+  from tinytune import TinyJit
+  x, y = np.random.rand(50, 6).astype(np.float32), np.arange(50, dtype=np.int32)
+  step = TinyJit(lambda bx, by: ((bx.sum(axis=1) + by.cast(dtypes.float32)) * 1).realize())
+  for bx, by in DataLoader(x, y, batch_size=8, drop_last=True, seed=0):  # fixed shapes: replays after two calls
+    np.testing.assert_allclose(step(bx, by).numpy(), x[by.numpy()].sum(axis=1) + by.numpy(), rtol=1e-6)
+  assert step.captured is not None
