@@ -239,7 +239,7 @@ def test_optuna_study_reads_back_through_optunas_api(tmp_path) -> None:  # type:
     study = optuna.load_study(study_name=f"softmax-{name}-CPU-run1", storage=url)
     attrs = study.user_attrs
     assert (attrs["workload"], attrs["params"], attrs["kernel"], attrs["device"], attrs["dtype"]) == ("softmax", params, name, "CPU", "float32")
-    assert attrs["kernel_key"] == k.key and study.metric_names == ["ms"]
+    assert attrs["kernel_key"] == k.key and attrs["default_ms"] > 0 and study.metric_names == ["ms"]
     assert {t.state for t in study.trials} <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}  # no invalid kernel FAILs
     invalid = {t.user_attrs["opts"] for t in study.trials if t.user_attrs["status"].startswith("invalid")}
     assert o.counts.get("invalid", 0) == len(invalid) and sum(v for s, v in o.counts.items() if s != "invalid") <= 6
