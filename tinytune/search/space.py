@@ -1,4 +1,4 @@
-"""The action space: the valid next opts of a kernel on its device, bounded by the device's limits."""
+"""The search spaces: the valid next opts of a kernel on its device (beam, random), and the parameters optuna picks amounts for."""
 from __future__ import annotations
 
 from tinytune.codegen.kernel import Kernel, KernelOptError, candidate_opts
