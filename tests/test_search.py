@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -202,3 +203,60 @@ def test_ties_go_to_the_default_then_the_shortest_opts() -> None:
   assert choose(default, [(*default, pad)], [1.0, 0.995], []).best == default  # PADTO appended for no real gain
   assert choose(default, [(*default, pad), (up,)], [1.0, 0.8, 0.805], []).best == (up,)
   assert choose(default, [(*default, pad)], [1.0, 0.9], []).best == (*default, pad)
+
+
+def test_optuna_space_holds_real_amounts_each_valid_by_itself() -> None:
+  from tinytune.search.space import opts_from_params, parameter_space
+  k = matmul_kernel(48)
+  space = parameter_space(k)
+  assert set(space) == {"upcast0", "upcast1", "unroll0", "swap"} | ({"thread"} if k.caps.threads > 1 else set())
+  assert space["upcast0"][:4] == (1, 2, 3, 4) and all(48 % a == 0 for a in space["upcast0"])  # amounts, not log2 indices
+  assert space["swap"] == ("off", "0,1")
+  for name, choices in space.items():
+    for choice in choices: k.copy().apply_opts(opts_from_params(k, {name: choice}))
+  up, unroll, swap = Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.SWAP, 0, 1)
+  assert opts_from_params(k, {"upcast0": 4, "unroll0": 2, "swap": "0,1"}) == (up, unroll, swap)
+  assert opts_from_params(k, {name: choices[0] for name, choices in space.items()}) == ()
+
+
+def test_optuna_study_reads_back_through_optunas_api(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  import optuna
+
+  from tinytune.kernels import get_workload
+  from tinytune.search.space import parameter_space
+  from tinytune.search.tune import Tuner
+  url = f"sqlite:///{tmp_path / 'r.db'}"
+  workload = get_workload("softmax")  # two of its kernels share a name: their studies do not
+  params = workload.params({"rows": 64, "cols": 256})
+  out, _ = workload.instantiate(params)
+  seen: dict[str, list] = {}
+  tuner = Tuner(Database(url), "CPU", "optuna", {"candidates": 6, "seconds": None}, on_result=lambda k, r: seen.setdefault(k.key, []).append(r))
+  outcomes = tuner.tune_program(out.uop, "softmax", params)
+  assert sorted(s.study_name for s in optuna.get_all_study_summaries(url)) == \
+    ["softmax-E_64_256-CPU-run1", "softmax-r_64_1_256#2-CPU-run1", "softmax-r_64_1_256-CPU-run1"]
+  kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  for k, o, name in zip(kernels, outcomes, ["r_64_1_256", "r_64_1_256#2", "E_64_256"]):
+    study = optuna.load_study(study_name=f"softmax-{name}-CPU-run1", storage=url)
+    attrs = study.user_attrs
+    assert (attrs["workload"], attrs["params"], attrs["kernel"], attrs["device"], attrs["dtype"]) == ("softmax", params, name, "CPU", "float32")
+    assert attrs["kernel_key"] == k.key and attrs["default_ms"] > 0 and study.metric_names == ["ms"]
+    assert {t.state for t in study.trials} <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}  # no invalid kernel FAILs
+    invalid = {t.user_attrs["opts"] for t in study.trials if t.user_attrs["status"].startswith("invalid")}
+    assert o.counts.get("invalid", 0) == len(invalid) and sum(v for s, v in o.counts.items() if s != "invalid") <= 6
+    space = parameter_space(k)
+    for t in study.trials: assert all(v in space[p] for p, v in t.params.items())  # the amounts themselves
+    measured = {r.opts_json: r.median_s * 1e3 for r in seen[k.key] if r.status == "ok"}
+    best = min((t for t in study.trials if t.value is not None), key=lambda t: t.value)
+    assert any(abs(best.value - ms) < 1e-9 for ms in measured.values())  # the objective is the measured median, in ms
+    assert seen[k.key][0].opts == tuple(default_opts(k))  # the live speedup's baseline is the final table's: the default opts
+
+
+def test_optuna_stops_with_a_warning_when_the_space_is_used_up(capsys) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.search.space import parameter_space
+  a = Tensor.rand(4).realize()
+  k = Kernel(create_schedule((a * 2).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  size = math.prod(len(c) for c in parameter_space(k).values())
+  with Evaluator(k, "CPU") as ev:
+    result = run_strategy("optuna", k, ev, Budget(50), default_opts(k), patience=20)
+  assert sum(result.counts().values()) <= size + 1
+  assert "optuna stopped searching E_4 early" in capsys.readouterr().err

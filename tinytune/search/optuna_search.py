@@ -1,18 +1,20 @@
-"""optuna search: a fixed-dimension parametrization of the opts, searched by TPE (default), CMA-ES or GP.
+"""optuna search: a fixed set of parameters per kernel, searched by TPE (default), CMA-ES or GP.
 
-Per global dim a log2 upcast amount, per reduce dim a log2 unroll amount, which dim is split across threads, and which
-pair of global dims swaps loop order. Parameter sets that make an invalid kernel are told to optuna as failed trials.
-With `storage` (any SQLAlchemy URL) the trials live in optuna's own tables, so several workers can share one study."""
+The parameters are the opts' own amounts (search.space.parameter_space): each choice is valid by itself, and a point that breaks
+a joint limit is pruned before compiling, so the budget goes to kernels that run. The objective is the median time in ms.
+With `storage` (any SQLAlchemy URL) the trials live in optuna's own tables, so several workers can share one study, and
+optuna-dashboard can watch it live."""
 from __future__ import annotations
 
-import itertools
-import math
 import time
+import warnings
 from typing import Any
 
 from tinytune.codegen.kernel import Kernel, KernelOptError
-from tinytune.codegen.opts import Opt, OptOps
+from tinytune.codegen.opts import Opt
+from tinytune.helpers import warn_once
 from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.space import opts_from_params, parameter_space
 from tinytune.search.strategy import Budget, SearchResult, finalize, tried
 
 
@@ -44,47 +46,55 @@ def _storage(optuna: Any, url: str) -> Any:
       time.sleep(0.5 * (attempt + 1))
 
 
-def opts_from_params(kernel: Kernel, params: dict[str, int]) -> tuple[Opt, ...]:
-  n = kernel.n_global
-  pairs = list(itertools.combinations(range(n), 2))
-  opts = [Opt(OptOps.UPCAST, d, 2 ** params[f"upcast{d}"]) for d in reversed(range(n)) if params[f"upcast{d}"]]
-  opts += [Opt(OptOps.UNROLL, r, 2 ** params[f"unroll{r}"]) for r in range(kernel.n_reduce) if params[f"unroll{r}"]]
-  if params["thread"] >= 0: opts.append(Opt(OptOps.THREAD, params["thread"], kernel.caps.threads))
-  if params["swap"] >= 0: opts.append(Opt(OptOps.SWAP, *pairs[params["swap"]]))
-  return tuple(opts)
-
-
-def _suggest(trial: Any, kernel: Kernel) -> dict[str, int]:
-  n, limit = kernel.n_global, int(math.log2(kernel.caps.max_upcast))
-  params = {f"upcast{d}": trial.suggest_int(f"upcast{d}", 0, min(5, limit)) for d in range(n)}
-  params.update({f"unroll{r}": trial.suggest_int(f"unroll{r}", 0, 3) for r in range(kernel.n_reduce)})
-  params["thread"] = trial.suggest_int("thread", -1, n - 1) if kernel.caps.threads > 1 and n else -1
-  params["swap"] = trial.suggest_int("swap", -1, n * (n - 1) // 2 - 1) if n > 1 else -1
-  return params
-
-
 def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], sampler: str = "tpe", seed: int = 0,
-                  storage: str | None = None, study_name: str | None = None, batch: int = 4) -> SearchResult:
+                  storage: str | None = None, study_name: str | None = None, study_attrs: dict[str, Any] | None = None, batch: int = 4,
+                  patience: int = 100) -> SearchResult:
+  """Ask optuna for `batch` points at a time and measure the new ones; stop at the budget, or after `patience` trials in a row
+  that had nothing new to measure (pruned, or repeats of what was measured), which means the space is used up."""
   optuna = _optuna()
+  space = parameter_space(kernel)
   study = optuna.create_study(storage=_storage(optuna, storage) if storage else None, study_name=study_name, direction="minimize",
                               sampler=_sampler(optuna, sampler, seed, storage is not None), load_if_exists=study_name is not None)
-  history: list[Result] = ev.evaluate([(), default])
-  failed_in_a_row = 0
-  while (left := budget.left(tried(history))) and failed_in_a_row < 200:
-    trials, candidates = [], []
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    study.set_metric_names(["ms"])
+  for key, value in (study_attrs or {}).items(): study.set_user_attr(key, value)
+  history: list[Result] = ev.evaluate([default, ()])  # the default first: the live speedup compares with it, as the final table does
+  if history and history[0].status == "ok": study.set_user_attr("default_ms", history[0].time * 1e3)
+  measured = {r.opts: r for r in history}
+  idle = 0
+  while (left := budget.left(tried(history))) and idle < patience:
+    asked: list[tuple[Any, tuple[Opt, ...]]] = []
     for _ in range(min(batch, left)):
       trial = study.ask()
-      opts = opts_from_params(kernel, _suggest(trial, kernel))
+      params = {name: trial.suggest_categorical(name, choices) for name, choices in space.items()}
+      opts = opts_from_params(kernel, params)
+      trial.set_user_attr("opts", " ".join(map(repr, opts)) or "none")
       try: ev.kernel_for(opts)
-      except KernelOptError:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        failed_in_a_row += 1
+      except KernelOptError as e:  # a joint limit: pruned before compiling, and optuna learns to avoid it
+        trial.set_user_attr("status", f"invalid: {e}")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        history.append(Result(opts, "invalid", error=str(e)))
+        idle += 1
         continue
-      trials.append(trial); candidates.append(opts)
-    results = ev.evaluate(candidates)
-    for trial, r in itertools.zip_longest(trials, results):
-      if r is None: study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # the budget ran out before it ran
-      elif r.status == "ok": study.tell(trial, r.time); failed_in_a_row = 0
-      else: study.tell(trial, state=optuna.trial.TrialState.FAIL)
+      asked.append((trial, opts))
+    fresh = list(dict.fromkeys(opts for _, opts in asked if opts not in measured))[:left]
+    before = ev.evaluated
+    results = ev.evaluate(fresh)
+    measured.update((r.opts, r) for r in results)
     history += results
+    idle = 0 if ev.evaluated > before else idle + len(asked)
+    for trial, opts in asked:
+      if (r := measured.get(opts)) is None:
+        trial.set_user_attr("status", "not run: out of budget")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        continue
+      trial.set_user_attr("status", r.status)
+      if r.status == "ok": study.tell(trial, r.time * 1e3)
+      else:
+        trial.set_user_attr("error", r.error[:200])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+  if idle >= patience:
+    study.set_user_attr("stopped", f"{patience} trials in a row had nothing new to measure")
+    warn_once(f"optuna stopped searching {kernel.name} early: {patience} trials in a row had nothing new to measure")
   return finalize(ev, history, default)

@@ -40,12 +40,12 @@ class SearchResult:
   @property
   def speedup(self) -> float: return self.default_s / self.best_s if self.best_s > 0 else math.nan
   def counts(self) -> dict[str, int]:
-    """Distinct candidates by status (duplicates by source and invalid opts were never run)."""
+    """Distinct candidates by status: kernels by source (a duplicate is run once), invalid ones (never compiled) by opts."""
     ret: dict[str, int] = {}
     seen: set[str] = set()
     for r in self.history:
-      if r.status == "invalid" or r.source_hash in seen: continue
-      seen.add(r.source_hash)
+      if (identity := r.opts_json if r.status == "invalid" else r.source_hash) in seen: continue
+      seen.add(identity)
       ret[r.status] = ret.get(r.status, 0) + 1
     return ret
 

@@ -43,7 +43,8 @@ class KernelOutcome:
 
 @dataclass
 class Tuner:
-  """Search settings plus the database; `on_result(kernel, result)` sees every fresh measurement (for progress bars)."""
+  """Search settings plus the database; `on_result(kernel, result)` sees every fresh measurement (for progress bars), and first,
+  for each kernel, its default opts' (measured now or read back), the baseline of the speedups."""
   db: Database
   device: str
   strategy: str = "beam"
@@ -71,6 +72,8 @@ class Tuner:
   def tune_program(self, out: UOp, workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
     """Tune every kernel that computes `out` (a lazy graph; nothing is realized)."""
     kernels = [Kernel(item.ast, Device[self.device].caps) for item in create_schedule(out, self.device)[0]]
+    names = [k.name for k in kernels]
+    labels = [name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}" for i, name in enumerate(names)]  # unique per program
     outcomes: list[KernelOutcome | None] = [self.cached(k) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
@@ -81,7 +84,7 @@ class Tuner:
       for i, k in enumerate(kernels):
         if outcomes[i] is None:
           seconds = None if end is None else max(0.0, end - time.monotonic()) / sum(o is None for o in outcomes[i:])
-          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds)
+          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds, labels[i])
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
@@ -104,8 +107,9 @@ class Tuner:
       return self.tune_kernel(kernel, run_id, device_id).best
 
   def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = (),  # type: ignore[assignment]
-                  seconds: float | None = None) -> KernelOutcome:
-    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own)."""
+                  seconds: float | None = None, label: str | None = None) -> KernelOutcome:
+    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own). `label` names the kernel
+    uniquely in its program (the second of two kernels named r_1024_1_1024 is r_1024_1_1024#2)."""
     dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
     kernel_id = self.db.kernel_id(kernel.key, kernel.name, kernel.ast_text, kernel.sizes, dtypes, kernel.flops, kernel.mem_bytes)
     known = {c.opts_json: stored_result(c) for c in stored if c.kernel_id == kernel_id}
@@ -117,13 +121,12 @@ class Tuner:
 
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
-    options = dict(self.options)
-    if self.strategy == "optuna":  # trials live in optuna's own tables in the same database; a resumed run continues its study
-      options.setdefault("storage", self.db.url.render_as_string(hide_password=False))
-      options.setdefault("study_name", f"{self.study}-{kernel.key}-{self.device_hash[:12]}" if self.study else
-                         f"tinytune-{kernel.key}-{self.device_hash[:12]}-run{run_id}")
+    default = tuple(default_opts(kernel))
+    options = {**(self.optuna_options(kernel, run_id, label or kernel.name, default) if self.strategy == "optuna" else {}), **self.options}
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
-      result = run_strategy(self.strategy, kernel, ev, budget, default_opts(kernel), **options)
+      # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
+      if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
+      result = run_strategy(self.strategy, kernel, ev, budget, default, **options)
     if math.isfinite(result.best_s):
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
@@ -134,6 +137,19 @@ class Tuner:
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
     return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, counts)
+
+  def optuna_options(self, kernel: Kernel, run_id: int, label: str, default: tuple[Opt, ...]) -> dict[str, Any]:
+    """Trials live in optuna's own tables in the same database, in a study named for the workload, kernel and device, and the run
+    (a resumed run continues it), e.g. softmax-r_1024_1024-CPU-run4; a study of workers has their name and the device's fingerprint
+    instead, so machines that differ never share one. Its user attributes say what it tunes."""
+    run = self.db.run(run_id)
+    workload, params = (run.workload, run.params) if run else ("", {})
+    parts = list(dict.fromkeys([workload, label]))  # a kernel tuned on first use is its own workload
+    name = "-".join([self.study, *parts, self.device, self.device_hash[:8]] if self.study else [*parts, self.device, f"run{run_id}"])
+    attrs = {"workload": workload, "params": params, "kernel": label, "kernel_key": kernel.key, "device": self.device,
+             "device_fingerprint": self.device_hash, "dtype": kernel.ast.dtype.name, "default_opts": " ".join(map(repr, default)) or "none",
+             **({"study": self.study} if self.study else {"run": run_id})}
+    return {"storage": self.db.url.render_as_string(hide_password=False), "study_name": name, "study_attrs": attrs}
 
 
 @functools.lru_cache(maxsize=None)
