@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import json
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tinytune import runtime
-from tinytune.cli import main
+from tinytune.cli import build_parser, main
 from tinytune.kernels import WORKLOADS
 from tinytune.results_db import Database
 
@@ -208,7 +209,7 @@ def test_json_schema_of_every_command(capsys: pytest.CaptureFixture[str], report
   small = ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
   argvs = {"search": ["search", "matmul", *small, "--budget", "2", "--db", report_db], "kernels": ["kernels"], "devices": ["devices"],
            "bench": ["bench", "matmul", *small, "--repeats", "2", "--against", "numpy", "--db", report_db],
-           "compare": ["compare", "matmul", *small, "--sweep", "m=8", "--repeats", "2", "--against", "numpy", "--db", report_db],
+           "compare": ["compare", "matmul", *small, "--repeats", "2", "--against", "numpy", "--db", report_db],
            "report": ["report", "--db", report_db], "cache list": ["cache", "list", "--db", report_db]}
   for command, argv in argvs.items():
     code, out, err = run(capsys, *argv, "--json")
@@ -220,3 +221,38 @@ def test_json_schema_of_every_command(capsys: pytest.CaptureFixture[str], report
       assert data[name] and all(set(row) == keys for row in data[name]), (command, name, data[name][0])
       assert all(isinstance(row["params"], dict) for row in data[name] if "params" in row)
     assert set(json.loads(run(capsys, *argv, "--format", "json")[1])) == set(data)  # --json is --format json
+
+
+def test_version_and_help_on_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+  with pytest.raises(SystemExit) as exit:
+    main(["--version"])
+  assert exit.value.code == 0 and re.fullmatch(r"tinytune \S+\n", capsys.readouterr().out)
+  parsers = [build_parser()]
+  for parser in parsers:
+    for action in parser._actions:
+      if isinstance(action, argparse._SubParsersAction): parsers += action.choices.values()
+      else: assert action.help, f"{parser.prog} {'/'.join(action.option_strings) or action.dest} has no help"
+  assert len(parsers) == 9
+
+
+@pytest.mark.parametrize("command", ["search", "bench", "compare"])
+@pytest.mark.parametrize("flag", ["help", "help=1"])
+def test_param_help_lists_the_params(capsys: pytest.CaptureFixture[str], command: str, flag: str) -> None:
+  code, out, err = run(capsys, command, "conv2d", "-p", flag)
+  assert code == 0 and err == "" and "  padding=1" in out and "batch=" in out
+  assert run(capsys, command, "nope", "-p", "help")[0] == 2
+
+
+def test_compare_one_size(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  code, out, _ = run(capsys, "compare", "softmax", "-p", "rows=4", "-p", "cols=16", "--against", "numpy", "--db", str(tmp_path / "c.db"),
+                     "--repeats", "3", "--json")
+  (row,) = table(out, "sizes")
+  assert code == 0 and row["params"] == {"rows": 4, "cols": 16} and row["tuned_ms"] > 0
+
+
+def test_devices_table_keeps_brackets(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+  def missing(name: str) -> Any: raise RuntimeError('NOPE needs its driver: pip install -e ".[cuda]"')
+  monkeypatch.setitem(runtime._BACKENDS, "NOPE", "tinytune.runtime.nope:NopeDevice")
+  monkeypatch.setattr(runtime, "device_fingerprint", lambda name, f=runtime.device_fingerprint: missing(name) if name == "NOPE" else f(name))
+  code, out, _ = run(capsys, "devices")
+  assert code == 0 and '".[cuda]"' in out

@@ -14,6 +14,16 @@ from typing import Any
 DB_HELP = "results database: a SQLAlchemy URL or a SQLite file path (default: $TINYTUNE_DB or tinytune.db in the user cache)"
 
 
+def param_help(workload_name: str, pairs: list[str]) -> bool:
+  """`-p help` (or `-p help=1`): print the workload's parameters, their defaults and meanings; True if asked."""
+  if not any(p.partition("=")[0] == "help" for p in pairs): return False
+  from tinytune.kernels import get_workload
+  workload = get_workload(workload_name)
+  print(f"{workload.name}: {workload.doc}\nparameters (-p KEY=VALUE), with their defaults:")
+  for k, v in workload.defaults.items(): print(f"  {k}={v}" + (f"  {workload.help[k]}" if k in workload.help else ""))
+  return True
+
+
 def parse_params(pairs: list[str]) -> dict[str, int]:
   params = {}
   for p in pairs:
@@ -54,6 +64,7 @@ def add_format(p: argparse.ArgumentParser, formats: str = "table (default), csv,
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+  if param_help(args.workload, args.param): return 0
   import pandas as pd
   from rich.console import Console
   from rich.progress import Progress, TextColumn
@@ -172,6 +183,7 @@ def _check_format(fmt: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+  if param_help(args.workload, args.param): return 0
   import pandas as pd
 
   from tinytune.kernels import get_workload
@@ -323,7 +335,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def add_cache_parser(sub: Any) -> None:
   cache = sub.add_parser("cache", help="tuning cache files for deployments: export, import, merge, list, verify, prune")
-  cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"])
+  cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"], help="what to do (see the README's cache files)")
   cache.add_argument("files", nargs="*", help="cache file(s): import FILE, merge A B, list [FILE], verify FILE, prune [FILE] (else the database)")
   cache.add_argument("--out", default=None, help="export, merge: the file to write")
   cache.add_argument("--all", action="store_true", help="export: every device in the database")
@@ -338,8 +350,8 @@ def add_cache_parser(sub: Any) -> None:
 
 
 def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
-  """--sweep n=256,512 (repeatable: a grid) -> parameter overrides, one per size."""
-  if not specs: raise ValueError("compare needs --sweep KEY=V1,V2,..., e.g. --sweep n=256,512")
+  """--sweep n=256,512 (repeatable: a grid) -> parameter overrides, one per size; no --sweep is one size."""
+  if not specs: return [{}]  # one size: the defaults and -p
   axes = []
   for spec in specs:
     key, sep, values = spec.partition("=")
@@ -353,6 +365,7 @@ def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+  if param_help(args.workload, args.param): return 0
   import pandas as pd
 
   from tinytune.kernels import get_workload
@@ -454,16 +467,24 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def version() -> str:
+  from importlib.metadata import PackageNotFoundError
+  from importlib.metadata import version as installed
+  try: return installed("tinytune")
+  except PackageNotFoundError: return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="tinytune", description="A kernel generator and autotuner.")
+  ap.add_argument("--version", action="version", version=f"tinytune {version()}")
   sub = ap.add_subparsers(dest="command", required=True)
   search = sub.add_parser("search", help="find the fastest opts for each kernel of a workload and store them in the tuning cache")
   search.add_argument("workload", help="a workload of `tinytune kernels`")
-  search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (see `tinytune search WORKLOAD -p help=1`)")
+  search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
   search.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
   search.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16, int32, ...")
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
-  search.add_argument("--beam-width", type=int, default=4)
+  search.add_argument("--beam-width", type=count, default=4, help="beam: how many of the best candidates each step expands (default 4)")
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
   search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, on one budget")
   search.add_argument("--workers", type=count, default=1, help="start N local worker processes sharing one study and its budget (at most the cores)")
@@ -478,11 +499,11 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--quiet", action="store_true", help="no progress bar")
   bench = sub.add_parser("bench", help="time a workload with its default and tuned opts beside PyTorch and NumPy")
   bench.add_argument("workload", help="a workload of `tinytune kernels`")
-  bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024")
-  compare = sub.add_parser("compare", help="a table over sizes: tinytune default and tuned, PyTorch, NumPy, and their ratios")
+  bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
+  compare = sub.add_parser("compare", help="a table over sizes (or one): tinytune default and tuned, PyTorch, NumPy, and the speedups")
   compare.add_argument("workload", help="a workload of `tinytune kernels`")
-  compare.add_argument("--sweep", action="append", default=[], help="KEY=V1,V2,... (repeat for a grid), e.g. --sweep n=256,512")
-  compare.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE for every size, e.g. -p k=64")
+  compare.add_argument("--sweep", action="append", default=[], help="KEY=V1,V2,... (repeat for a grid), e.g. --sweep n=256,512; none: one size")
+  compare.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE for every size, e.g. -p k=64 (-p help lists them)")
   compare.add_argument("--tune", action="store_true", help="search each size the tuning cache does not have (see --strategy, --budget)")
   compare.add_argument("--strategy", default="beam", help="search strategy for --tune (default beam)")
   compare.add_argument("--budget", type=count, default=40, help="candidates per kernel for --tune (default 40)")
@@ -508,7 +529,11 @@ def main(argv: list[str] | None = None) -> int:
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
   add_db_parser(sub)
   add_cache_parser(sub)
-  args = ap.parse_args(argv)
+  return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
