@@ -17,6 +17,11 @@ from tinytune.kernels import WORKLOADS
 from tinytune.results_db import Database
 
 
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setenv("COLUMNS", "200")  # tables fit the terminal: make it the same wherever the tests run
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
   code = main(list(argv))
   out, err = capsys.readouterr()
@@ -256,3 +261,18 @@ def test_devices_table_keeps_brackets(capsys: pytest.CaptureFixture[str], monkey
   monkeypatch.setattr(runtime, "device_fingerprint", lambda name, f=runtime.device_fingerprint: missing(name) if name == "NOPE" else f(name))
   code, out, _ = run(capsys, "devices")
   assert code == 0 and '".[cuda]"' in out
+
+
+def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  small = ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
+  argvs = [["report", "--db", report_db], ["kernels"], ["devices"], ["cache", "list", "--db", report_db],
+           ["search", "matmul", *small, "--budget", "2", "--quiet", "--db", report_db],
+           ["bench", "matmul", *small, "--repeats", "2", "--no-peak", "--db", report_db],
+           ["compare", "matmul", *small, "--repeats", "2", "--db", report_db]]
+  for columns in (200, 80):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for argv in argvs:
+      code, out, err = run(capsys, *argv)
+      widest = max(map(len, out.splitlines()))
+      assert code == 0 and (widest <= 80 if columns == 80 else widest > 80), (argv, widest, err)
+  assert "default_ms" in run(capsys, "search", "matmul", *small, "--db", report_db)[1]  # the columns that matter stay

@@ -12,6 +12,11 @@ from tinytune.reports import FORMATS, baselines_frame, best_frame, devices_frame
 from tinytune.results_db import Database
 
 
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setenv("COLUMNS", "200")  # tables fit the terminal: make it the same wherever the tests run
+
+
 def test_frames(report_db: str) -> None:
   db = Database(report_db)
   devices = devices_frame(db)

@@ -9,6 +9,7 @@ import html
 import io
 import json
 import math
+import shutil
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +23,11 @@ TITLES = {"devices": "Devices", "best": "Best result per kernel and device", "ba
           "history": "Search history"}
 HIDDEN = {"devices": ["fingerprint_hash", "probe"], "best": ["flops", "nbytes", "param_values"],
           "baselines": ["flops", "nbytes", "created_at", "param_values"], "history": ["param_values"], "kernels": ["key"], "entries": ["key"]}
+NARROW = 100  # a terminal under this many columns gets tables without the columns below, and the rest wrapped
+LOW_VALUE = {"devices": ["id", "arch", "compiler_version", "codegen_version", "fingerprint", "compiler", "threads"],
+             "best": ["strategy", "gbs", "key"], "baselines": ["library_version", "min_ms", "gbs"], "history": ["run_id", "opts"],
+             "implementations": ["version", "min_ms", "gbs"], "kernels": ["flops", "bytes", "cache_hit"], "sizes": ["tuned_gflops"],
+             "entries": ["device", "updated_at", "default_ms"]}
 
 
 def _cell(x: Any) -> str:
@@ -71,14 +77,16 @@ def to_json(frames: dict[str, pd.DataFrame], command: str = "report", context: d
 
 
 def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[str, str] | None = None) -> str:
-  """Rich tables, rendered to text (colour only when `console` writes to a terminal); `titles` overrides a table's title."""
+  """Rich tables, rendered to text (colour only when `console` writes to a terminal); `titles` overrides a table's title.
+  They fit the terminal ($COLUMNS, else its real width; 200 when it is no terminal): under NARROW columns they drop LOW_VALUE's."""
   from rich.console import Console
   from rich.markup import escape
   from rich.table import Table
-  console = console or Console(file=io.StringIO(), width=200, force_terminal=False)
+  console = console or Console(file=io.StringIO(), width=shutil.get_terminal_size((200, 24)).columns, force_terminal=False)
   for name, df in frames.items():
     if name == "history" and len(frames) > 1: df = df.groupby(["run_id", "kernel"], sort=False).tail(1)  # the end of each search only
     df = _shown(name, df)
+    if console.width < NARROW: df = df.drop(columns=[c for c in LOW_VALUE.get(name, []) if c in df])
     title = (titles or {}).get(name) or TITLES.get(name, name) + (" (last candidate of each search)" if name == "history" and len(frames) > 1 else "")
     table = Table(title=escape(title))
     for col in df.columns: table.add_column(escape(str(col)), overflow="fold")
