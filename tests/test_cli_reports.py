@@ -102,8 +102,10 @@ def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, 
                                   ["devices", "--probe"], ["search", "matmul", "-p", "m=8"], ["cache", "list"], ["db", "version"]])
 @pytest.mark.parametrize("db,message", [("garbage://x", "Can't load plugin"), ("not a database", "file is not a database"),
                                         ("postgresql+psycopg://u:p@127.0.0.1:1/x", "Connection refused")])
-def test_unusable_database_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any, argv: list[str], db: str, message: str) -> None:
+def test_unusable_database_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch, argv: list[str], db: str,
+                                    message: str) -> None:
   if db.startswith("postgresql") and importlib.util.find_spec("psycopg") is None: pytest.skip("psycopg is missing")
+  monkeypatch.setitem(sys.modules, "torch", None)  # as on a fresh machine: no PyTorch, and no note about it before the error
   if db == "not a database":
     (tmp_path / "junk.db").write_text("not a database")
     db = str(tmp_path / "junk.db")

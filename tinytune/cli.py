@@ -199,8 +199,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
   workload = get_workload(args.workload)
   params = workload.params(parse_params(args.param))
   device = Device.canonicalize(args.device)
+  db = Database(args.db)  # an unusable database is the one error, before any note
   libs = ["tinytune-default", "tinytune-tuned", *_against(args.against)]
-  db = Database(args.db)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
   timings = measure(workload, params, device, libs, TimingPolicy(max_repeats=args.repeats), db)
   ref = workload.reference(params, *workload.arrays(params))
@@ -381,8 +381,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
   base = parse_params(args.param)
   points = _sweep(args.sweep, workload)
   device = Device.canonicalize(args.device)
+  db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
-  db = Database(args.db)
   rows = []
   for point in points:
     params = workload.params({**base, **point})
