@@ -90,6 +90,8 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["cache", "import"], "cache import takes one cache file"),
   (["cache", "verify", "a.db", "b.db"], "cache verify takes one cache file"),
   (["cache", "prune", "--before", "2020-13-45"], "bad --before '2020-13-45': write a date"),
+  (["cache", "export", "--out", "x.db", "--json"], "--format and --json are for cache list, not cache export"),
+  (["search", "matmul", "--format", "xml"], "unknown format"),
   (["report", "--device", "nosuch"], "no device in the database matches --device 'nosuch'"),
   (["search", "matmul", "--workers", "99999"], "add --oversubscribe"),
 ])
