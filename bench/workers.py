@@ -43,7 +43,7 @@ def main() -> None:
       query = "SELECT count(*) FROM candidates JOIN runs ON runs.id = candidates.run_id WHERE runs.settings LIKE :s"
       measured = session.execute(text(query), {"s": f'%"{study}"%'}).scalar()
     print(f"{n} worker(s): {measured} candidates in {wall:5.1f} s = {measured / wall:5.2f} candidates/s, "
-          f"best {kernel['best_s'] * 1e3:.3f} ms (default {kernel['default_s'] * 1e3:.3f} ms)")
+          f"best {kernel['tuned_ms']:.3f} ms (default {kernel['default_ms']:.3f} ms)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import json
@@ -11,9 +12,14 @@ import pandas as pd
 import pytest
 
 from tinytune import runtime
-from tinytune.cli import main
+from tinytune.cli import build_parser, main
 from tinytune.kernels import WORKLOADS
 from tinytune.results_db import Database
+
+
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setenv("COLUMNS", "200")  # tables fit the terminal: make it the same wherever the tests run
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -22,17 +28,16 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
   return code, out, err
 
 
-def only_table(text: str) -> list[dict[str, Any]]:
+def table(text: str, name: str) -> list[dict[str, Any]]:
   data = json.loads(text)
-  assert len(data) == 1
-  return next(iter(data.values()))
+  assert data["schema_version"] == 1
+  return data[name]
 
 
 def test_kernels_every_format(capsys: pytest.CaptureFixture[str]) -> None:
   code, out, _ = run(capsys, "kernels", "--format", "json")
-  rows = only_table(out)
-  by_name = {r["workload"]: r for r in rows}
-  assert code == 0 and list(by_name) == list(WORKLOADS) and "m=512" in by_name["matmul"]["parameters (defaults)"]
+  by_name = {r["workload"]: r for r in table(out, "workloads")}
+  assert code == 0 and list(by_name) == list(WORKLOADS) and by_name["matmul"]["params"]["m"] == 512 and run(capsys, "kernels", "--json")[1] == out
   assert set(pd.read_csv(io.StringIO(run(capsys, "kernels", "--format", "csv")[1]))["workload"]) == set(WORKLOADS)
   assert "| conv2d |" in run(capsys, "kernels", "--format", "md")[1]
   assert "attention" in run(capsys, "kernels")[1] and "<table" in run(capsys, "kernels", "--format", "html")[1]
@@ -41,9 +46,9 @@ def test_kernels_every_format(capsys: pytest.CaptureFixture[str]) -> None:
 def test_devices_lists_present_and_missing(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
   monkeypatch.setitem(runtime._BACKENDS, "NOPE", "tinytune.runtime.nope:NopeDevice")
   code, out, _ = run(capsys, "devices", "--format", "json")
-  rows = {r["device"]: r for r in only_table(out)}
-  assert code == 0 and rows["CPU"]["present"] == "yes" and len(rows["CPU"]["fingerprint"]) == 16
-  assert rows["NOPE"]["present"] == "no" and "nope" in rows["NOPE"]["missing"]
+  rows = {r["device"]: r for r in table(out, "devices")}
+  assert code == 0 and rows["CPU"]["present"] is True and len(rows["CPU"]["fingerprint"]) == 16
+  assert rows["NOPE"]["present"] is False and "nope" in rows["NOPE"]["missing"]
 
 
 @pytest.mark.parametrize("fmt", ["table", "csv", "md", "json", "html"])
@@ -52,7 +57,7 @@ def test_report_every_format(capsys: pytest.CaptureFixture[str], report_db: str,
   code, out, err = run(capsys, "report", "--db", report_db, "--format", fmt, "--out", str(out_file))
   text = out_file.read_text()
   assert code == 0 and out == "" and "wrote" in err and "r_64_64_64" in text
-  if fmt == "json": assert len(json.loads(text)["best"]) == 2
+  if fmt == "json": assert len(json.loads(text)["best"]) == 2 and {"m": 64, "n": 64, "k": 64} in [r["params"] for r in json.loads(text)["best"]]
   if fmt == "csv": assert "# history" in text and len(pd.read_csv(io.StringIO(text.split("# best\n")[1].split("\n\n")[0]))) == 2
   if fmt == "html":
     assert text.count("<table") == 4 and not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
@@ -72,7 +77,6 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["report", "--out", "/nonexistent-dir/r.html", "--format", "html"], "cannot write /nonexistent-dir/r.html"),
   (["compare", "matmul", "--sweep", "n=64,x"], "bad --sweep"),
   (["compare", "matmul", "--sweep", "q=64"], "has no parameter q"),
-  (["compare", "matmul"], "compare needs --sweep"),
   (["compare", "nope", "--sweep", "n=8"], "unknown workload"),
   (["compare", "matmul", "--sweep", "n=8", "--against", "jax"], "unknown baseline jax"),
   (["bench", "matmul", "--format", "pdf"], "unknown format"),
@@ -86,6 +90,8 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["cache", "import"], "cache import takes one cache file"),
   (["cache", "verify", "a.db", "b.db"], "cache verify takes one cache file"),
   (["cache", "prune", "--before", "2020-13-45"], "bad --before '2020-13-45': write a date"),
+  (["cache", "export", "--out", "x.db", "--json"], "--format and --json are for cache list, not cache export"),
+  (["search", "matmul", "--format", "xml"], "unknown format"),
   (["report", "--device", "nosuch"], "no device in the database matches --device 'nosuch'"),
   (["search", "matmul", "--workers", "99999"], "add --oversubscribe"),
 ])
@@ -98,8 +104,10 @@ def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, 
                                   ["devices", "--probe"], ["search", "matmul", "-p", "m=8"], ["cache", "list"], ["db", "version"]])
 @pytest.mark.parametrize("db,message", [("garbage://x", "Can't load plugin"), ("not a database", "file is not a database"),
                                         ("postgresql+psycopg://u:p@127.0.0.1:1/x", "Connection refused")])
-def test_unusable_database_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any, argv: list[str], db: str, message: str) -> None:
+def test_unusable_database_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch, argv: list[str], db: str,
+                                    message: str) -> None:
   if db.startswith("postgresql") and importlib.util.find_spec("psycopg") is None: pytest.skip("psycopg is missing")
+  monkeypatch.setitem(sys.modules, "torch", None)  # as on a fresh machine: no PyTorch, and no note about it before the error
   if db == "not a database":
     (tmp_path / "junk.db").write_text("not a database")
     db = str(tmp_path / "junk.db")
@@ -137,11 +145,12 @@ def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any)
   db = f"sqlite:///{tmp_path / 'bench.db'}"
   argv = ["bench", "matmul", "-p", "m=16", "-p", "n=16", "-p", "k=16", "--db", db, "--no-peak", "--repeats", "3", "--format", "json"]
   code, out, _ = run(capsys, *argv)
-  timings, kernels = json.loads(out).values()
-  rows = {r["implementation"]: r for r in timings}
-  assert [k["opts from"] for k in kernels] == ["defaults"] and kernels[0]["flops"] == 2 * 16 ** 3
+  data = json.loads(out)
+  rows, kernels = {r["implementation"]: r for r in data["implementations"]}, data["kernels"]
+  assert data["command"] == "bench" and data["params"] == {"m": 16, "n": 16, "k": 16}
+  assert [k["opts_from"] for k in kernels] == ["defaults"] and kernels[0]["flops"] == 2 * 16 ** 3
   expected = {"tinytune-default", "tinytune-tuned", "numpy"} | ({"torch"} if importlib.util.find_spec("torch") else set())
-  assert code == 0 and set(rows) == expected and all(r["GFLOPS"] > 0 and r["ms"] > 0 for r in rows.values())
+  assert code == 0 and set(rows) == expected and all(r["gflops"] > 0 and r["median_ms"] > 0 for r in rows.values())
   assert rows["tinytune-tuned"]["note"].endswith("the defaults")  # an empty tuning cache: the tuned timing is the default one, not stored
   assert {b.library for b in Database(db).baselines(workload="matmul")} == expected - {"tinytune-tuned"}
 
@@ -150,9 +159,9 @@ def test_compare_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> Non
   db = f"sqlite:///{tmp_path / 'compare.db'}"
   code, out, _ = run(capsys, "compare", "softmax", "--sweep", "rows=4,8", "-p", "cols=16", "--against", "numpy", "--db", db, "--repeats", "3",
                      "--format", "json")
-  rows = only_table(out)
-  assert code == 0 and [r["params"] for r in rows] == ["rows=4 cols=16", "rows=8 cols=16"]
-  assert all(r["numpy / tuned"] > 0 and r["tuned vs default"] == 1 and "torch ms" not in r for r in rows)
+  rows = table(out, "sizes")
+  assert code == 0 and [r["params"] for r in rows] == [{"rows": 4, "cols": 16}, {"rows": 8, "cols": 16}]
+  assert all(r["speedup_vs_numpy"] > 0 and r["speedup_vs_default"] == 1 and "torch_ms" not in r for r in rows)
   code, out, _ = run(capsys, "compare", "reduce", "--sweep", "rows=4,8", "--sweep", "axis=0,1", "-p", "cols=8", "--against", "numpy", "--db", db,
                      "--repeats", "3", "--format", "csv", "--no-store")
   assert code == 0 and len(pd.read_csv(io.StringIO(out))) == 4
@@ -163,7 +172,7 @@ def test_missing_torch_is_one_line(capsys: pytest.CaptureFixture[str], monkeypat
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
   code, out, err = run(capsys, "compare", "elementwise", "--sweep", "n=64", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--repeats", "3",
                        "--format", "json")
-  assert code == 0 and 'pip install "tinytune[torch]"' in err and err.count("\n") == 1 and "torch ms" not in only_table(out)[0]
+  assert code == 0 and 'pip install "tinytune[torch]"' in err and err.count("\n") == 1 and "torch_ms" not in table(out, "sizes")[0]
   monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
   from tinytune.kernels.baselines import torch_module
   with pytest.raises(RuntimeError, match=r'pip install "tinytune\[torch\]"'): torch_module()
@@ -173,9 +182,101 @@ def test_compare_tunes_then_reports(capsys: pytest.CaptureFixture[str], tmp_path
   db = f"sqlite:///{tmp_path / 'tune.db'}"
   code, out, _ = run(capsys, "compare", "reduce", "--sweep", "rows=32", "-p", "cols=64", "--tune", "--budget", "3", "--against", "numpy", "--db", db,
                      "--repeats", "3", "--format", "json")
-  (row,) = only_table(out)
-  assert code == 0 and row["params"] == "rows=32 cols=64 axis=1" and "not in the tuning cache" not in row["note"]
+  (row,) = table(out, "sizes")
+  assert code == 0 and row["params"] == {"rows": 32, "cols": 64, "axis": 1} and "not in the tuning cache" not in row["note"]
   code, out, _ = run(capsys, "report", "--db", db, "--format", "json")
   data = json.loads(out)
   assert code == 0 and len(data["best"]) == 1 and data["best"][0]["strategy"] == "beam" and 1 <= len(data["history"]) <= 4
   assert {b["library"] for b in data["baselines"]} >= {"tinytune-default", "tinytune-tuned", "numpy"}
+
+
+# the README's "JSON output" section: each command's context keys, then each table's row keys
+SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
+  "search": ({"workload", "params", "dtype", "device", "fingerprint", "strategy", "cache_hit", "elapsed_ms"},
+             {"kernels": {"kernel", "default_ms", "tuned_ms", "speedup", "cache_hit", "candidates", "opts", "key"}}),
+  "bench": ({"workload", "params", "device", "peak_gflops", "peak_gbs"},
+            {"implementations": {"implementation", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
+             "kernels": {"kernel", "flops", "bytes", "opts", "opts_from"}}),
+  "compare": ({"workload", "device", "against"}, {"sizes": {"params", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms", "speedup_vs_default",
+                                                            "speedup_vs_numpy", "note"}}),
+  "report": ({"workload", "device"}, {
+    "devices": {"id", "device", "kind", "name", "arch", "compiler_version", "codegen_version", "fingerprint_hash", "peak_gflops", "peak_gbs",
+                "probe"},
+    "best": {"workload", "params", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes", "opts",
+             "key"},
+    "baselines": {"workload", "params", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
+                  "created_at"},
+    "history": {"run_id", "strategy", "workload", "params", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
+  "devices": (set(), {"devices": {"device", "present", "name", "fingerprint", "threads", "compiler", "missing"}}),
+  "kernels": (set(), {"workloads": {"workload", "params", "gflop", "torch", "description"}}),
+  "cache list": ({"source"}, {"entries": {"kernel", "workload", "params", "device", "here", "tuned_ms", "default_ms", "speedup", "updated_at", "opts",
+                                          "key"}}),
+}
+
+
+def test_json_schema_of_every_command(capsys: pytest.CaptureFixture[str], report_db: str) -> None:
+  small = ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
+  argvs = {"search": ["search", "matmul", *small, "--budget", "2", "--db", report_db], "kernels": ["kernels"], "devices": ["devices"],
+           "bench": ["bench", "matmul", *small, "--repeats", "2", "--against", "numpy", "--db", report_db],
+           "compare": ["compare", "matmul", *small, "--repeats", "2", "--against", "numpy", "--db", report_db],
+           "report": ["report", "--db", report_db], "cache list": ["cache", "list", "--db", report_db]}
+  for command, argv in argvs.items():
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    context, tables = SCHEMA[command]
+    assert set(data) == {"schema_version", "command"} | context | set(tables) and data["schema_version"] == 1 and data["command"] == command
+    for name, keys in tables.items():
+      assert data[name] and all(set(row) == keys for row in data[name]), (command, name, data[name][0])
+      assert all(isinstance(row["params"], dict) for row in data[name] if "params" in row)
+    assert set(json.loads(run(capsys, *argv, "--format", "json")[1])) == set(data)  # --json is --format json
+
+
+def test_version_and_help_on_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+  with pytest.raises(SystemExit) as exit:
+    main(["--version"])
+  assert exit.value.code == 0 and re.fullmatch(r"tinytune \S+\n", capsys.readouterr().out)
+  parsers = [build_parser()]
+  for parser in parsers:
+    for action in parser._actions:
+      if isinstance(action, argparse._SubParsersAction): parsers += action.choices.values()
+      else: assert action.help, f"{parser.prog} {'/'.join(action.option_strings) or action.dest} has no help"
+  assert len(parsers) == 9
+
+
+@pytest.mark.parametrize("command", ["search", "bench", "compare"])
+@pytest.mark.parametrize("flag", ["help", "help=1"])
+def test_param_help_lists_the_params(capsys: pytest.CaptureFixture[str], command: str, flag: str) -> None:
+  code, out, err = run(capsys, command, "conv2d", "-p", flag)
+  assert code == 0 and err == "" and "  padding=1" in out and "batch=" in out
+  assert run(capsys, command, "nope", "-p", "help")[0] == 2
+
+
+def test_compare_one_size(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  code, out, _ = run(capsys, "compare", "softmax", "-p", "rows=4", "-p", "cols=16", "--against", "numpy", "--db", str(tmp_path / "c.db"),
+                     "--repeats", "3", "--json")
+  (row,) = table(out, "sizes")
+  assert code == 0 and row["params"] == {"rows": 4, "cols": 16} and row["tuned_ms"] > 0
+
+
+def test_devices_table_keeps_brackets(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+  def missing(name: str) -> Any: raise RuntimeError('NOPE needs its driver: pip install -e ".[cuda]"')
+  monkeypatch.setitem(runtime._BACKENDS, "NOPE", "tinytune.runtime.nope:NopeDevice")
+  monkeypatch.setattr(runtime, "device_fingerprint", lambda name, f=runtime.device_fingerprint: missing(name) if name == "NOPE" else f(name))
+  code, out, _ = run(capsys, "devices")
+  assert code == 0 and '".[cuda]"' in out
+
+
+def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  small = ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
+  argvs = [["report", "--db", report_db], ["kernels"], ["devices"], ["cache", "list", "--db", report_db],
+           ["search", "matmul", *small, "--budget", "2", "--quiet", "--db", report_db],
+           ["bench", "matmul", *small, "--repeats", "2", "--no-peak", "--db", report_db],
+           ["compare", "matmul", *small, "--repeats", "2", "--db", report_db]]
+  for columns in (200, 80):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for argv in argvs:
+      code, out, err = run(capsys, *argv)
+      widest = max(map(len, out.splitlines()))
+      assert code == 0 and (widest <= 80 if columns == 80 else widest > 80), (argv, widest, err)
+  assert "default_ms" in run(capsys, "search", "matmul", *small, "--db", report_db)[1]  # the columns that matter stay

@@ -55,9 +55,9 @@ def test_workers_tune_one_kernel_together(url: str) -> None:
   assert {c.source_hash for c in claims} == set(sources) and len({c.run_id for c in candidates}) == 2  # both workers measured
   assert sum(out["kernels"][0]["candidates"].values()) == len(candidates)
   best = db.tuned(out["kernels"][0]["key"], out["fingerprint"])
-  assert best is not None and json.loads(best.opts_json) == out["kernels"][0]["best_opts"]
+  assert best is not None and json.loads(best.opts_json) == out["kernels"][0]["opts"]
   again = finish(search("--budget", "10", url=url))  # whoever asks later gets the same best, from the cache
-  assert again["cache_hit"] and again["kernels"][0]["best_opts"] == out["kernels"][0]["best_opts"]
+  assert again["cache_hit"] and again["kernels"][0]["opts"] == out["kernels"][0]["opts"]
 
 
 def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:

@@ -12,6 +12,11 @@ from tinytune.reports import FORMATS, baselines_frame, best_frame, devices_frame
 from tinytune.results_db import Database
 
 
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setenv("COLUMNS", "200")  # tables fit the terminal: make it the same wherever the tests run
+
+
 def test_frames(report_db: str) -> None:
   db = Database(report_db)
   devices = devices_frame(db)
@@ -43,12 +48,14 @@ def test_filters(report_db: str) -> None:
 def test_csv_and_json_parse_back(report_db: str) -> None:
   frames = report_frames(Database(report_db))
   data = json.loads(render(frames, "json"))
-  assert set(data) == {"devices", "best", "baselines", "history"} and len(data["history"]) == 20
+  assert set(data) == {"schema_version", "command", "devices", "best", "baselines", "history"} and len(data["history"]) == 20
   blocks = render(frames, "csv").split("\n# ")
   parsed = {b.lstrip("# ").split("\n", 1)[0]: pd.read_csv(io.StringIO(b.split("\n", 1)[1])) for b in blocks}
   assert set(parsed) == set(frames) and len(parsed["best"]) == 2 and parsed["best"]["speedup"].tolist() == pytest.approx([2.0, 2.0])
   one = pd.read_csv(io.StringIO(render({"best": frames["best"]}, "csv")))
-  assert list(one.columns) == list(frames["best"].columns)
+  assert list(one.columns) == [c for c in frames["best"].columns if c != "param_values"]
+  assert data["schema_version"] == 1 and data["command"] == "report" and {"m": 64, "n": 64, "k": 64} in [r["params"] for r in data["best"]]
+  assert data["best"][0]["opts"] == [["UPCAST", 0, 3]] and "param_values" not in data["best"][0]
 
 
 def test_markdown_and_table(report_db: str) -> None:

@@ -14,6 +14,16 @@ from typing import Any
 DB_HELP = "results database: a SQLAlchemy URL or a SQLite file path (default: $TINYTUNE_DB or tinytune.db in the user cache)"
 
 
+def param_help(workload_name: str, pairs: list[str]) -> bool:
+  """`-p help` (or `-p help=1`): print the workload's parameters, their defaults and meanings; True if asked."""
+  if not any(p.partition("=")[0] == "help" for p in pairs): return False
+  from tinytune.kernels import get_workload
+  workload = get_workload(workload_name)
+  print(f"{workload.name}: {workload.doc}\nparameters (-p KEY=VALUE), with their defaults:")
+  for k, v in workload.defaults.items(): print(f"  {k}={v}" + (f"  {workload.help[k]}" if k in workload.help else ""))
+  return True
+
+
 def parse_params(pairs: list[str]) -> dict[str, int]:
   params = {}
   for p in pairs:
@@ -42,13 +52,27 @@ def seconds(text: str) -> float:
 def _ms(s: float | None) -> str: return f"{s * 1e3:.3f}" if s is not None and math.isfinite(s) else "-"
 
 
+def ms(s: float | None) -> float | None:
+  """Seconds -> milliseconds for JSON: None where nothing was measured (a failure is inf)."""
+  return s * 1e3 if s is not None and math.isfinite(s) else None
+
+
+def add_format(p: argparse.ArgumentParser, formats: str = "table (default), csv, md, json, html") -> None:
+  p.add_argument("--format", default="table", help=formats)
+  p.add_argument("--json", dest="format", action="store_const", const="json",
+                 help="print one JSON object: the same as --format json (the schema is in the README)")
+
+
 def cmd_search(args: argparse.Namespace) -> int:
+  if param_help(args.workload, args.param): return 0
+  import pandas as pd
   from rich.console import Console
   from rich.progress import Progress, TextColumn
-  from rich.table import Table
 
+  from tinytune.codegen.opts import opts_to_json
   from tinytune.dtype import dtypes
   from tinytune.kernels import get_workload
+  from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
   from tinytune.search.strategy import get_strategy
@@ -63,7 +87,8 @@ def cmd_search(args: argparse.Namespace) -> int:
   if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
     raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
                      "add --oversubscribe to start them anyway")
-  console = Console(stderr=True, quiet=args.quiet or args.json)
+  _check_format(args.format)
+  console = Console(stderr=True, quiet=args.quiet or args.format == "json")
   out, _ = workload.instantiate(params, dtype, device)
   db = Database(args.db)
   started = time.perf_counter()
@@ -89,17 +114,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
   elapsed = time.perf_counter() - started
   cache_hit = all(o.cache_hit for o in outcomes)
-  if args.json:
-    print(json.dumps({"workload": workload.name, "params": params, "device": device, "fingerprint": tuner.device_hash, "strategy": args.strategy,
-                      "cache_hit": cache_hit, "seconds": elapsed, "kernels": [o.to_json() for o in outcomes]}))
-    return 0
-  table = Table(title=f"{workload.name} {params} on {device} ({'cache hit' if cache_hit else f'{args.strategy} search, {elapsed:.1f} s'})")
-  for col in ("kernel", "default ms", "tuned ms", "speedup", "candidates"): table.add_column(col)
-  table.add_column("opts", no_wrap=True)
-  for o in outcomes:
-    counts = "cached" if o.cache_hit else " ".join(f"{k} {v}" for k, v in sorted(o.counts.items()))
-    table.add_row(o.name, _ms(o.default_s), _ms(o.best_s), f"{o.speedup:.2f}x" if o.speedup else "-", counts, " ".join(map(repr, o.best)) or "none")
-  Console(width=max(Console().width, 160)).print(table)
+  rows = [{"kernel": o.name, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup, "cache_hit": o.cache_hit,
+           "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)), "key": o.key} for o in outcomes]
+  context = {"workload": workload.name, "params": params, "dtype": args.dtype, "device": device, "fingerprint": tuner.device_hash,
+             "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
+  how = "cache hit" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s"
+  title = f"{workload.name} {params_label(params, workload.name)} on {device} ({how})"
+  _write(render({"kernels": pd.DataFrame(rows)}, args.format, title, "search", context, {"kernels": title}), None)
   return 0
 
 
@@ -111,7 +132,7 @@ def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[st
   if args.study is None: args.study = f"workers-{uuid.uuid4().hex[:12]}"
   command = [sys.executable, "-m", "tinytune.cli", "search", args.workload, *[x for p in args.param for x in ("-p", p)], "--dtype", args.dtype,
              "--strategy", args.strategy, "--beam-width", str(args.beam_width), "--sampler", args.sampler, "--study", args.study,
-             "--budget", str(args.budget), "--json", "--quiet"]
+             "--budget", str(args.budget), "--format", "json", "--quiet"]
   command += (["--device", args.device] if args.device else []) + (["--seconds", str(args.seconds)] if args.seconds else [])
   command += (["--db", args.db] if args.db else []) + (["--resume"] if args.resume else []) + (["--force"] if args.force else [])
   console.print(f"{args.workers} workers searching {args.workload} together (study {args.study})")
@@ -162,6 +183,7 @@ def _check_format(fmt: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+  if param_help(args.workload, args.param): return 0
   import pandas as pd
 
   from tinytune.kernels import get_workload
@@ -177,8 +199,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
   workload = get_workload(args.workload)
   params = workload.params(parse_params(args.param))
   device = Device.canonicalize(args.device)
+  db = Database(args.db)  # an unusable database is the one error, before any note
   libs = ["tinytune-default", "tinytune-tuned", *_against(args.against)]
-  db = Database(args.db)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
   timings = measure(workload, params, device, libs, TimingPolicy(max_repeats=args.repeats), db)
   ref = workload.reference(params, *workload.arrays(params))
@@ -188,12 +210,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if lib.startswith("tinytune") and (t.output is None or t.output.shape != ref.shape or mismatches(t.output, ref, 1e-3).any()): ok = False
     if not args.no_store: store(db, workload, params, device, t)
     gflops, gbs = flops / t.median_s / 1e9, nbytes / t.median_s / 1e9
-    rows.append({"implementation": lib, "version": t.version, "ms": t.median_s * 1e3, "min ms": t.min_s * 1e3, "GFLOPS": gflops, "GB/s": gbs,
-                 "% of roof": _roof(gflops, gbs, peaks), "tuned is faster by": t.median_s / tuned_s, "note": t.note})
+    rows.append({"implementation": lib, "version": t.version, "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "gflops": gflops, "gbs": gbs,
+                 "roof_pct": _roof(gflops, gbs, peaks), "tuned_speedup": t.median_s / tuned_s, "note": t.note})
   roof = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
-  title = f"{workload.name} {params_label(params, workload.name)} on {device}{roof}"
-  kernels = f"the kernels of {workload.name} as tuned (each run in turn per call)"
-  _write(render({title: pd.DataFrame(rows), kernels: pd.DataFrame(timings["tinytune-tuned"].kernels)}, args.format), None)
+  titles = {"implementations": f"{workload.name} {params_label(params, workload.name)} on {device}{roof}: tuned_speedup above 1: tuned is faster",
+            "kernels": f"the kernels of {workload.name} as tuned (each run in turn per call)"}
+  context = {"workload": workload.name, "params": params, "device": device, "peak_gflops": peaks[0] if peaks else None,
+             "peak_gbs": peaks[1] if peaks else None}
+  frames = {"implementations": pd.DataFrame(rows), "kernels": pd.DataFrame(timings["tinytune-tuned"].kernels)}
+  _write(render(frames, args.format, titles["implementations"], "bench", context, titles), None)
   if not ok: print(f"tinytune: error: {workload.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
 
@@ -241,11 +266,11 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
 def cmd_cache(args: argparse.Namespace) -> int:
   from datetime import datetime, timezone
 
-  from rich.console import Console
-  from rich.table import Table
+  import pandas as pd
 
   from tinytune import engine
   from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.reports import render
   from tinytune.results_db import Database, fingerprint_hash
   from tinytune.results_db import cache as files
   from tinytune.runtime import Device, device_fingerprint
@@ -255,6 +280,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try: Device.canonicalize(named)
     except ValueError: named = None
   device = Device.canonicalize(named)
+  _check_format(args.format)
+  if args.format != "table" and args.action != "list": raise ValueError(f"--format and --json are for cache list, not cache {args.action}")
   here = fingerprint_hash(device_fingerprint(device))
   if args.action in ("export", "merge") and args.out is None: raise ValueError(f"cache {args.action} needs --out FILE")
   if args.action in ("import", "verify") and len(args.files) != 1: raise ValueError(f"cache {args.action} takes one cache file")
@@ -297,19 +324,18 @@ def cmd_cache(args: argparse.Namespace) -> int:
     entries = files.CacheFile.open(args.files[0]).entries if args.files else [files.Entry(
       t.kernel_key, t.device_hash, t.kernel_name, t.workload, t.params, t.opts_json, t.best_s, t.default_s, t.updated_at.isoformat())
       for t in Database(args.db, read_only=True).tuned_entries()]
-    table = Table(title=f"tuning cache: {args.files[0] if args.files else 'the results database'} ({len(entries)} entries)")
-    for col in ("kernel", "workload", "device", "tuned ms", "default ms", "speedup", "updated"): table.add_column(col)
-    table.add_column("opts", no_wrap=True)
-    for e in entries:
-      table.add_row(e.kernel_name or e.kernel_key[:12], f"{e.workload} {e.params}", e.device_hash[:12] + (" (here)" if e.device_hash == here else ""),
-                    _ms(e.best_s), _ms(e.default_s), f"{e.speedup:.2f}x" if e.speedup else "-", e.updated_at[:19], e.opts)
-    Console(width=max(Console().width, 160)).print(table)
+    rows = [{"kernel": e.kernel_name or e.kernel_key[:12], "workload": e.workload, "params": json.loads(e.params) if e.params else None,
+             "device": e.device_hash[:12], "here": e.device_hash == here, "tuned_ms": ms(e.best_s), "default_ms": ms(e.default_s),
+             "speedup": e.speedup, "updated_at": e.updated_at[:19], "opts": json.loads(e.opts), "key": e.kernel_key} for e in entries]
+    title = f"tuning cache: {args.files[0] if args.files else 'the results database'} ({len(entries)} entries)"
+    _write(render({"entries": pd.DataFrame(rows)}, args.format, title, "cache list", {"source": args.files[0] if args.files else None},
+                  {"entries": title}), None)
   return 0
 
 
 def add_cache_parser(sub: Any) -> None:
   cache = sub.add_parser("cache", help="tuning cache files for deployments: export, import, merge, list, verify, prune")
-  cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"])
+  cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"], help="what to do (see the README's cache files)")
   cache.add_argument("files", nargs="*", help="cache file(s): import FILE, merge A B, list [FILE], verify FILE, prune [FILE] (else the database)")
   cache.add_argument("--out", default=None, help="export, merge: the file to write")
   cache.add_argument("--all", action="store_true", help="export: every device in the database")
@@ -320,11 +346,12 @@ def add_cache_parser(sub: Any) -> None:
   cache.add_argument("--before", default=None,
                       help="prune: also drop entries updated before this date (YYYY-MM-DD); those of other codegen versions always go")
   cache.add_argument("--db", default=None, help=DB_HELP)
+  add_format(cache, "list: table (default), csv, md, json, html")
 
 
 def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
-  """--sweep n=256,512 (repeatable: a grid) -> parameter overrides, one per size."""
-  if not specs: raise ValueError("compare needs --sweep KEY=V1,V2,..., e.g. --sweep n=256,512")
+  """--sweep n=256,512 (repeatable: a grid) -> parameter overrides, one per size; no --sweep is one size."""
+  if not specs: return [{}]  # one size: the defaults and -p
   axes = []
   for spec in specs:
     key, sep, values = spec.partition("=")
@@ -338,11 +365,12 @@ def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+  if param_help(args.workload, args.param): return 0
   import pandas as pd
 
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import measure, store
-  from tinytune.reports import params_label, render
+  from tinytune.reports import render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
   from tinytune.search.evaluate import TimingPolicy
@@ -353,8 +381,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
   base = parse_params(args.param)
   points = _sweep(args.sweep, workload)
   device = Device.canonicalize(args.device)
+  db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
-  db = Database(args.db)
   rows = []
   for point in points:
     params = workload.params({**base, **point})
@@ -365,14 +393,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not args.no_store:
       for t in timings.values(): store(db, workload, params, device, t)
     tuned = timings["tinytune-tuned"].median_s
-    row: dict[str, Any] = {"params": params_label(params, workload.name), "GFLOPS tuned": workload.flops(params) / tuned / 1e9}
-    row.update({f"{lib.removeprefix('tinytune-')} ms": t.median_s * 1e3 for lib, t in timings.items()})
-    row["tuned vs default"] = timings["tinytune-default"].median_s / tuned
-    row.update({f"{lib} / tuned": timings[lib].median_s / tuned for lib in against})
+    row: dict[str, Any] = {"params": params, "tuned_gflops": workload.flops(params) / tuned / 1e9}
+    row.update({f"{lib.removeprefix('tinytune-')}_ms": t.median_s * 1e3 for lib, t in timings.items()})
+    row["speedup_vs_default"] = timings["tinytune-default"].median_s / tuned
+    row.update({f"speedup_vs_{lib}": timings[lib].median_s / tuned for lib in against})
     row["note"] = timings["tinytune-tuned"].note
     rows.append(row)
-  title = f"{workload.name} on {device}: ratios above 1 mean tinytune's tuned kernels are faster"
-  _write(render({title: pd.DataFrame(rows)}, args.format), None)
+  title = f"{workload.name} on {device}: speedups above 1 mean tinytune's tuned kernels are faster"
+  _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", {"workload": workload.name, "device": device, "against": against},
+                {"sizes": title}), None)
   return 0
 
 
@@ -393,7 +422,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if unknown := [t for t in args.table if t not in frames]: raise ValueError(f"unknown table {', '.join(unknown)}; tables: {', '.join(frames)}")
     frames = {t: frames[t] for t in args.table}
   title = "tinytune report" + (f": {args.workload}" if args.workload else "") + (f" on {args.device}" if args.device else "")
-  _write(render(frames, args.format, title), args.out)
+  _write(render(frames, args.format, title, "report", {"workload": args.workload, "device": args.device}), args.out)
   return 0
 
 
@@ -411,16 +440,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
   for name in _BACKENDS:
     try:
       fp, caps = device_fingerprint(name), Device[name].caps
-      rows.append({"device": name, "present": "yes", "name": fp.get("name", ""), "fingerprint": fingerprint_hash(fp)[:16], "threads": caps.threads,
+      rows.append({"device": name, "present": True, "name": fp.get("name", ""), "fingerprint": fingerprint_hash(fp)[:16], "threads": caps.threads,
                    "compiler": fp.get("compiler_version", ""), "missing": ""})
       if db is not None:
         gflops, gbs, how = measure_peaks(name)
         db.set_peak(db.device_id(fp), gflops, gbs, how)
-        rows[-1].update({"peak GFLOPS": gflops, "peak GB/s": gbs})
+        rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})
     except Exception as e:  # a device that is not here says what it needs
-      rows.append({"device": name, "present": "no", "name": "", "fingerprint": "", "threads": None, "compiler": "",
+      rows.append({"device": name, "present": False, "name": "", "fingerprint": "", "threads": None, "compiler": "",
                    "missing": str(e).splitlines()[0] if str(e) else type(e).__name__})
-  _write(render({"devices": pd.DataFrame(rows)}, args.format), None)
+  _write(render({"devices": pd.DataFrame(rows)}, args.format, "tinytune devices", "devices"), None)
   return 0
 
 
@@ -431,23 +460,31 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   from tinytune.reports import render
 
   _check_format(args.format)
-  rows = [{"workload": w.name, "parameters (defaults)": " ".join(f"{k}={v}" for k, v in w.defaults.items()),
-           "GFLOP at defaults": w.flops(w.defaults) / 1e9, "torch": "yes" if w.torch else "no",
+  rows = [{"workload": w.name, "params": dict(w.defaults), "gflop": w.flops(w.defaults) / 1e9, "torch": w.torch is not None,
            "description": w.doc + "".join(f"; {k}: {v}" for k, v in w.help.items())} for w in WORKLOADS.values()]
-  _write(render({"workloads": pd.DataFrame(rows)}, args.format), None)
+  titles = {"workloads": "workloads (params and GFLOP at their defaults)"}
+  _write(render({"workloads": pd.DataFrame(rows)}, args.format, titles["workloads"], "kernels", None, titles), None)
   return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def version() -> str:
+  from importlib.metadata import PackageNotFoundError
+  from importlib.metadata import version as installed
+  try: return installed("tinytune")
+  except PackageNotFoundError: return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="tinytune", description="A kernel generator and autotuner.")
+  ap.add_argument("--version", action="version", version=f"tinytune {version()}")
   sub = ap.add_subparsers(dest="command", required=True)
   search = sub.add_parser("search", help="find the fastest opts for each kernel of a workload and store them in the tuning cache")
   search.add_argument("workload", help="a workload of `tinytune kernels`")
-  search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (see `tinytune search WORKLOAD -p help=1`)")
+  search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
   search.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
   search.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16, int32, ...")
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
-  search.add_argument("--beam-width", type=int, default=4)
+  search.add_argument("--beam-width", type=count, default=4, help="beam: how many of the best candidates each step expands (default 4)")
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
   search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, on one budget")
   search.add_argument("--workers", type=count, default=1, help="start N local worker processes sharing one study and its budget (at most the cores)")
@@ -458,15 +495,15 @@ def main(argv: list[str] | None = None) -> int:
   search.add_argument("--db", default=None, help=DB_HELP)
   search.add_argument("--resume", action="store_true", help="continue the last unfinished run with the same arguments")
   search.add_argument("--force", action="store_true", help="search even where the tuning cache has an entry")
-  search.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+  add_format(search)
   search.add_argument("--quiet", action="store_true", help="no progress bar")
   bench = sub.add_parser("bench", help="time a workload with its default and tuned opts beside PyTorch and NumPy")
   bench.add_argument("workload", help="a workload of `tinytune kernels`")
-  bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024")
-  compare = sub.add_parser("compare", help="a table over sizes: tinytune default and tuned, PyTorch, NumPy, and their ratios")
+  bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
+  compare = sub.add_parser("compare", help="a table over sizes (or one): tinytune default and tuned, PyTorch, NumPy, and the speedups")
   compare.add_argument("workload", help="a workload of `tinytune kernels`")
-  compare.add_argument("--sweep", action="append", default=[], help="KEY=V1,V2,... (repeat for a grid), e.g. --sweep n=256,512")
-  compare.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE for every size, e.g. -p k=64")
+  compare.add_argument("--sweep", action="append", default=[], help="KEY=V1,V2,... (repeat for a grid), e.g. --sweep n=256,512; none: one size")
+  compare.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE for every size, e.g. -p k=64 (-p help lists them)")
   compare.add_argument("--tune", action="store_true", help="search each size the tuning cache does not have (see --strategy, --budget)")
   compare.add_argument("--strategy", default="beam", help="search strategy for --tune (default beam)")
   compare.add_argument("--budget", type=count, default=40, help="candidates per kernel for --tune (default 40)")
@@ -474,25 +511,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
     p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
     p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
-    p.add_argument("--format", default="table", help="table (default), csv, md, json, html")
+    add_format(p)
     p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
   bench.add_argument("--no-peak", action="store_true", help="do not measure the device's peak throughput if it is not stored yet")
   report = sub.add_parser("report", help="the results database as tables and plots: best results, baselines, search history")
   report.add_argument("--workload", default=None, help="only this workload")
   report.add_argument("--device", default=None, help="only this device: a kind (cpu), a label (CPU:1a2b3c4d) or a fingerprint hash prefix")
-  report.add_argument("--format", default="table", help="table (default), csv, md, json, html (one self-contained page with plots)")
+  add_format(report, "table (default), csv, md, json, html (one self-contained page with plots)")
   report.add_argument("--table", action="append", default=[], help="only this table: devices, best, baselines, history (repeatable)")
   report.add_argument("--out", default=None, help="write to this file instead of stdout")
   report.add_argument("--db", default=None, help=DB_HELP)
   devices = sub.add_parser("devices", help="the devices tinytune knows: fingerprints of those present, what is missing for the others")
   kernels = sub.add_parser("kernels", help="the workload catalog with its parameters and defaults")
-  for p in (devices, kernels): p.add_argument("--format", default="table", help="table (default), csv, md, json, html")
+  for p in (devices, kernels): add_format(p)
   devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again; each stored peak only rises")
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
   add_db_parser(sub)
   add_cache_parser(sub)
-  args = ap.parse_args(argv)
+  return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError

@@ -28,7 +28,7 @@ class Timing:
   output: np.ndarray | None = None
   note: str = ""
   untuned: bool = False  # a tuned timing with no kernel in the tuning cache: the defaults, not worth storing as tuned
-  kernels: tuple[dict[str, Any], ...] = ()  # tinytune's: each kernel's name, FLOPs, bytes, opts and where they came from
+  kernels: tuple[dict[str, Any], ...] = ()  # tinytune's: each kernel's name, FLOPs, bytes, opts ([op, axis, arg] lists) and their source
 
   @property
   def min_s(self) -> float: return min(self.times)
@@ -120,8 +120,8 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
     defaults = default_opts(kernel)
     same += cached is None or list(cached) == list(defaults)
     kernel.apply_opts(cached if cached is not None else defaults)
-    kernels.append({"kernel": kernel.name, "flops": kernel.flops, "bytes": kernel.mem_bytes, "opts": " ".join(map(repr, kernel.opts)) or "none",
-                    "opts from": "tuning cache" if cached is not None else "defaults"})
+    kernels.append({"kernel": kernel.name, "flops": kernel.flops, "bytes": kernel.mem_bytes, "opts": [o.to_json() for o in kernel.opts],
+                    "opts_from": "tuning cache" if cached is not None else "defaults"})
     program, _ = compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
 

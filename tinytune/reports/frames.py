@@ -1,6 +1,7 @@
 """The results database as pandas frames: devices, the best result per kernel and device, search history, baselines.
 
-Every function takes a `Database` and optional filters and returns a DataFrame with plain columns (times in ms), so a
+Every function takes a `Database` and optional filters and returns a DataFrame with plain columns (times in ms; `params` a label
+like "m=512 n=512", `param_values` the same as a dict; opts as [op, axis, arg] lists), so a
 notebook can use them directly: `from tinytune.reports import best_frame; best_frame(Database()).sort_values("speedup")`."""
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from sqlalchemy import select
 
 from tinytune.results_db import Baseline, Candidate, Database, Device, KernelRecord, Peak, SearchRun, Tuned
 
-BEST_COLUMNS = ["workload", "params", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes", "opts",
-                "key"]
-HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"]
-BASELINE_COLUMNS = ["workload", "params", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
-                    "created_at"]
+BEST_COLUMNS = ["workload", "params", "param_values", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops",
+                "nbytes", "opts", "key"]
+HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"]
+BASELINE_COLUMNS = ["workload", "params", "param_values", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops",
+                    "nbytes", "created_at"]
 
 
 def _table(db: Database, model: Any) -> pd.DataFrame:
@@ -38,6 +39,11 @@ def params_label(params: str | dict[str, Any], workload: str | None = None) -> s
 def _labels(df: pd.DataFrame) -> list[str]:
   """Params labels of a frame's rows ("" where the run is unknown: a tuning cache entry imported from elsewhere)."""
   return [params_label(p, w) if isinstance(p, str) else "" for w, p in zip(df["workload"], df["params"])]
+
+
+def _values(df: pd.DataFrame) -> list[dict[str, Any] | None]:
+  """The params of a frame's rows as dicts (None where the run is unknown)."""
+  return [json.loads(p) if isinstance(p, str) else None for p in df["params"]]
 
 
 def _workload_counts(workload: str, params: str) -> tuple[float, float]:
@@ -76,7 +82,8 @@ def best_frame(db: Database, workload: str | None = None, device: str | None = N
   df = df.merge(kernels, how="left", left_on="kernel_key", right_on="key").merge(runs, how="left", on="run_id")
   if workload: df = df[df["workload"] == workload]
   if df.empty: return pd.DataFrame(columns=BEST_COLUMNS)
-  df = df.assign(kernel=df["name"].fillna(df["kernel_key"].str[:12]), params=_labels(df),
+  df = df.assign(kernel=df["name"].fillna(df["kernel_key"].str[:12]), params=_labels(df), param_values=_values(df),
+                 opts=[json.loads(o) for o in df["opts"]],
                  default_ms=df["default_s"] * 1e3, tuned_ms=df["best_s"] * 1e3, speedup=df["default_s"] / df["best_s"],
                  gflops=df["flops"] / df["best_s"] / 1e9, gbs=df["nbytes"] / df["best_s"] / 1e9, key=df["kernel_key"].str[:12])
   return df[BEST_COLUMNS].sort_values(["workload", "kernel", "device"], na_position="last").reset_index(drop=True)
@@ -93,7 +100,7 @@ def history_frame(db: Database, workload: str | None = None, device: str | None 
   if workload: df = df[df["workload"] == workload]
   if df.empty: return pd.DataFrame(columns=HISTORY_COLUMNS)
   df = df.sort_values("id").reset_index(drop=True)
-  df["params"] = _labels(df)
+  df["params"], df["param_values"], df["opts"] = _labels(df), _values(df), [json.loads(o) for o in df["opts"]]
   df["time_ms"] = pd.to_numeric(df["median_s"]) * 1e3
   group = df.groupby(["run_id", "kernel_id"], sort=False)
   df["tried"] = group.cumcount() + 1
@@ -112,7 +119,7 @@ def baselines_frame(db: Database, workload: str | None = None, device: str | Non
   counts = [_workload_counts(w, p) for w, p in zip(df["workload"], df["params"])]
   df["flops"], df["nbytes"] = [c[0] for c in counts], [c[1] for c in counts]
   df = df.assign(median_ms=df["median_s"] * 1e3, min_ms=df["min_s"] * 1e3, gflops=df["flops"] / df["median_s"] / 1e9,
-                 gbs=df["nbytes"] / df["median_s"] / 1e9, label=_labels(df))
+                 gbs=df["nbytes"] / df["median_s"] / 1e9, label=_labels(df), param_values=_values(df))
   df = df.sort_values(["workload", "flops", "label", "library"]).reset_index(drop=True)
   return df.drop(columns="params").rename(columns={"label": "params"})[BASELINE_COLUMNS]
 
