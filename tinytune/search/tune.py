@@ -36,10 +36,6 @@ class KernelOutcome:
   @property
   def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 else None
 
-  def to_json(self) -> dict[str, Any]:
-    return {"key": self.key, "name": self.name, "best_opts": json.loads(opts_to_json(self.best)), "best_s": self.best_s, "default_s": self.default_s,
-            "speedup": self.speedup, "candidates": self.counts, "cache_hit": self.cache_hit}
-
 
 @dataclass
 class Tuner:
