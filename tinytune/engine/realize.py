@@ -9,7 +9,7 @@ from typing import Iterator
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.dtype import DType
-from tinytune.engine import program
+from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
 from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod
@@ -52,17 +52,20 @@ class Plan:
     return realized(topo[-1])  # type: ignore[return-value]
 
 
-def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: str) -> Plan:
-  items, _ = create_schedule(target, device)
+def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: str, into: Buffer | None) -> Plan:
+  """`into`, where given, is the last of `inputs`: the buffer the last kernel writes."""
+  items, _ = create_schedule(target, device, into)
   slot = {id(b): i for i, b in enumerate(inputs)}
-  for item in items: slot[id(item.out)] = len(slot)
+  if into is not None: slot[id(into)] = len(inputs) - 1
+  made = [item for item in items if item.out is not into]
+  for item in made: slot[id(item.out)] = len(slot)
   steps = []
   for item in items:
     if item.out.size == 0: continue  # an empty output: nothing to compute
     kernel = Kernel(item.ast, Device[device].caps)
     steps.append(Step(lower(kernel, device), tuple(slot[id(b)] for b in (item.out, *kernel.bufs))))
-  return Plan(tuple((item.out.size, item.out.dtype) for item in items), tuple(steps),
-              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in items))
+  return Plan(tuple((item.out.size, item.out.dtype) for item in made), tuple(steps),
+              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made))
 
 
 _plans: dict[tuple, Plan] = {}
@@ -75,23 +78,28 @@ def forget() -> None:
   _plans.clear()
 
 
-def realize(target: UOp, device: str) -> UOp:
-  """Compute `target` on `device`; the VIEW of a buffer that now holds it."""
+def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
+  """Compute `target` on `device`; the VIEW of a buffer that now holds it: `into` where given (it must not be read by target), else
+  a new one or, where target is one already, the buffer it views."""
   topo = target.toposort
   # reuse what was realized, on this device only (constants are one graph everywhere); again while the new graph holds nodes that
   # were realized before (hash-consing makes a substituted node the very node an earlier realize computed)
   while reuse := {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}:
     target = target.substitute(reuse)
     topo = target.toposort
-  if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
+  if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
   key, inputs, index = structure(topo)
-  key = (key, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
+  if into is not None: inputs.append(into)
+  key = (key, into is not None, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
   if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1
     if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]  # a program of ever new shapes keeps the newest
-    plan = _plans[key] = make_plan(target, inputs, index, device)
+    plan = _plans[key] = make_plan(target, inputs, index, device, into)
   else: GlobalCounters.schedule_hits += 1
-  return plan.run(topo, inputs, device)
+  ret = plan.run(topo, inputs, device)
+  if into is None: return ret
+  schedule.writes[0] += 1
+  return buffer_view(into, target.shape)
 
 
 Captured = list[tuple[CompiledKernel, list[Buffer]]]

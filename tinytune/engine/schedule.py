@@ -21,13 +21,18 @@ class ScheduleItem:
   view: UOp  # the VIEW of `out` that stands for `node` once the kernel has run
 
 
+writes = [0]  # how many times a kernel wrote into a buffer that already held a value (Tensor.assign)
+
+
 def realized(u: UOp) -> UOp | None:
   """The VIEW of a buffer that holds `u`'s value once a kernel computed it, so later schedules reuse it. It is kept on the node
-  itself: it lives exactly as long as the node does."""
-  return u.__dict__.get("realized_as")
+  itself: it lives exactly as long as the node does. A write into memory in place ends every such reuse, since the node's
+  inputs may be that memory (a training step's next forward pass is the same graph over the same, updated, parameters)."""
+  if (ret := u.__dict__.get("realized_as")) is not None and ret[1] == writes[0]: return ret[0]
+  return None
 
 
-def mark_realized(u: UOp, view: UOp) -> None: u.__dict__["realized_as"] = view
+def mark_realized(u: UOp, view: UOp) -> None: u.__dict__["realized_as"] = (view, writes[0])
 
 
 def buffer_view(buf: Buffer, shape: tuple[int, ...], view: View | None = None) -> UOp:
@@ -57,11 +62,13 @@ def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
   return bad | set(rest[:-1])  # keep the outermost reduce in this kernel
 
 
-def create_schedule(target: UOp, device: str) -> tuple[list[ScheduleItem], UOp]:
-  """The kernels that compute `target`, in order, and the realized node that replaces it."""
+def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tuple[list[ScheduleItem], UOp]:
+  """The kernels that compute `target`, in order, and the realized node that replaces it; the last kernel writes into `into`
+  where one is given (a contiguous buffer of target's size)."""
   # a graph of constants is the same node on every device: reuse only what was realized on this one
   target = target.substitute({u: v for u in target.toposort if (v := realized(u)) is not None and v.src[0].arg.device == device})
-  if is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return [], target
+  if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return [], target
+  if into is not None and (is_buffer_view(target) or target.op is Ops.CONST): target = UOp(Ops.CONTIGUOUS, target.dtype, (target,))  # a copy
   roots: set[UOp] = {target} | {u for u in target.toposort if u.op is Ops.CONTIGUOUS}
   while new := set().union(*(_kernel_reduces(root, roots) for root in roots)) - roots: roots |= new
   order = [u for u in target.toposort if u in roots]
@@ -69,7 +76,7 @@ def create_schedule(target: UOp, device: str) -> tuple[list[ScheduleItem], UOp]:
   items = []
   for root in order:
     ast = root.substitute({r: outputs[r] for r in outputs})
-    buf = Buffer(device, prod(root.shape), root.dtype)
+    buf = into if into is not None and root is target else Buffer(device, prod(root.shape), root.dtype)
     outputs[root] = buffer_view(buf, root.shape)
     items.append(ScheduleItem(ast, buf, root, outputs[root]))
   return items, outputs[target]

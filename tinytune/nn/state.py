@@ -59,7 +59,7 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True)
   for k, v in state_dict.items():
     if k not in own: continue
     t = own[k]
-    t.uop = Tensor(v.numpy() if isinstance(v, Tensor) else np.asarray(v), device=t.device, dtype=t.dtype).uop
+    t.assign(Tensor(v.numpy() if isinstance(v, Tensor) else np.asarray(v), device=t.device, dtype=t.dtype)).realize()  # in place: a TinyJit reads it
 
 
 def _names(what: str, keys: list[str], most: int = 10) -> str:

@@ -27,6 +27,8 @@ class Tensor:
   requires_grad: bool | None = None
   grad: Tensor | None = None
   _ctx: tuple[autograd.Rule, tuple[Tensor, ...]] | None = None  # how this tensor was computed from ones that require grad
+  _memory: Buffer | None = None  # memory of its own that assign writes, once it has had one
+  _pending = False  # an assign waits for realize to write it
   no_grad = False  # True: ops record nothing for backward (see tinytune.no_grad())
   training = False  # dropout only drops while training (see Tensor.train())
 
@@ -62,9 +64,30 @@ class Tensor:
   def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype.name} on {self.device}>"
 
   # ***** realization *****
-  def realize(self) -> Tensor:
+  def realize(self, *others: Tensor) -> Tensor:
+    """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
+    writes. Returns self."""
     from tinytune.engine.realize import realize
-    self.uop = realize(self.uop, self.device)
+    tensors = (self, *others)
+    for t in tensors: t.uop = realize(t.uop, t.device)
+    for t in tensors:
+      if t._pending: t.uop, t._pending = realize(t.uop, t.device, into=t._memory), False
+    return self
+
+  def assign(self, x: Tensor | Scalar) -> Tensor:
+    """Give this tensor x's values, written into its own memory once realized (so a TinyJit replay updates it in place: how the
+    optimizers update parameters). Until then it reads as x."""
+    if not isinstance(x, Tensor): x = self.full_like(x)
+    if x.shape != self.shape: raise ValueError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
+    if x.device != self.device: raise ValueError(f"assign from {x.device} to a tensor on {self.device}")
+    if x.dtype != self.dtype: raise TypeError(f"assign of {x.dtype.name} to a {self.dtype.name} tensor; cast it first")
+    from tinytune.engine.realize import realize
+    from tinytune.engine.schedule import buffer_view
+    if not self._pending and (self._memory is None or self.uop is not buffer_view(self._memory, self.shape)):
+      # first a copy in memory of its own: realizes of equal graphs share their buffers
+      self._memory = Buffer(self.device, self.numel(), self.dtype)
+      self.uop = realize(self.uop, self.device, into=self._memory)
+    self.uop, self._pending = x.uop, True
     return self
 
   def numpy(self) -> np.ndarray:
