@@ -81,7 +81,7 @@ def forget() -> None:
 def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   """Compute `target` on `device`; the VIEW of a buffer that now holds it: `into` where given (it must not be read by target), else
   a new one or, where target is one already, the buffer it views."""
-  topo = target.toposort
+  topo, asked = target.toposort, target
   # reuse what was realized, on this device only (constants are one graph everywhere); again while the new graph holds nodes that
   # were realized before (hash-consing makes a substituted node the very node an earlier realize computed)
   while reuse := {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}:
@@ -97,9 +97,22 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
     plan = _plans[key] = make_plan(target, inputs, index, device, into)
   else: GlobalCounters.schedule_hits += 1
   ret = plan.run(topo, inputs, device)
-  if into is None: return ret
+  if into is None:
+    if asked is not target: mark_realized(asked, ret)  # the node that was asked for, and that other graphs hold, not only its rewrite
+    return ret
   schedule.writes[0] += 1
   return buffer_view(into, target.shape)
+
+
+def shared_reduces(targets: list[UOp]) -> list[UOp]:
+  """The reduces that more than one of the targets computes, sources first: realized once before the targets, they are read
+  by each (a gradient that an optimizer's moment, second moment and parameter updates all use)."""
+  if len(targets) < 2: return []
+  count: dict[UOp, int] = {}
+  for t in targets:
+    for u in t.toposort:
+      if u.op is Ops.REDUCE and realized(u) is None: count[u] = count.get(u, 0) + 1
+  return [u for u, n in count.items() if n > 1]
 
 
 Captured = list[tuple[CompiledKernel, list[Buffer]]]

@@ -67,8 +67,9 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
     writes. Returns self."""
-    from tinytune.engine.realize import realize
+    from tinytune.engine.realize import realize, shared_reduces
     tensors = (self, *others)
+    for u in shared_reduces([t.uop for t in tensors]): realize(u, next(t.device for t in tensors if u in t.uop.toposort))
     for t in tensors: t.uop = realize(t.uop, t.device)
     for t in tensors:
       if t._pending: t.uop, t._pending = realize(t.uop, t.device, into=t._memory), False
