@@ -187,7 +187,9 @@ def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: Any = 2, stride: An
   lead = self.shape[:-d]
   spots = Tensor.arange(prod(size), dtype=indices.dtype, device=self.device)
   hit = indices.reshape(*lead, -1, 1) == spots
-  return hit.where(self.reshape(*lead, -1, 1), 0).sum(-2).reshape(*lead, *size)
+  # overlapping windows can name one spot twice, with the same value: the mean of the hits puts it there once
+  ret = hit.where(self.reshape(*lead, -1, 1), 0).sum(-2) / hit.sum(-2).maximum(1)
+  return ret.cast(self.dtype).reshape(*lead, *size)
 
 
 def interpolate(self: Tensor, size: Any, mode: str = "linear", align_corners: bool = False) -> Tensor:
