@@ -265,6 +265,8 @@ class Tensor:
   dropout = functional.dropout; softmax = functional.softmax; log_softmax = functional.log_softmax; matmul = functional.matmul
   dot = functional.dot; _windows = functional._windows; conv2d = functional.conv2d; max_pool2d = functional.max_pool2d
   avg_pool2d = functional.avg_pool2d; layernorm = functional.layernorm
+  conv_transpose2d = functional.conv_transpose2d; max_unpool2d = functional.max_unpool2d; interpolate = functional.interpolate
+  batchnorm = functional.batchnorm
 
 
 for _job in (creation, movement, indexing, elementwise, reduce, functional): setattr(_job, "Tensor", Tensor)  # their ops build Tensors

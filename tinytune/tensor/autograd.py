@@ -7,6 +7,7 @@ is a composition of them and is differentiated through them."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -71,20 +72,20 @@ def move_rule(op: str, x: Tensor, arg: Any) -> Rule:
   raise ValueError(f"no movement {op!r}")
 
 
-def window_rule(x: Tensor, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> Rule:
+def window_rule(x: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Rule:
   """Sliding windows read each input element once per window that covers it: the gradient adds the windows' gradients back in
   place, one strided, padded slice of the output's gradient per kernel position."""
-  *lead, h, w = x.shape
+  d = len(k)
+  spatial = x.shape[-d:]
   def rule(g: Tensor) -> tuple[Tensor]:
-    oh, ow = g.shape[-4], g.shape[-3]
     total = None
-    for kh in range(k[0]):
-      for kw in range(k[1]):
-        piece = _spread(_spread(g[..., kh, kw], -2, stride[0]), -1, stride[1])
-        top, left = kh * dilation[0], kw * dilation[1]
-        piece = piece.pad(((0, 0),) * len(lead) + ((top, h - top - piece.shape[-2]), (left, w - left - piece.shape[-1])))
-        total = piece if total is None else total + piece
-    assert total is not None and (oh, ow) == g.shape[-4:-2]
+    for at in itertools.product(*(range(n) for n in k)):
+      piece = g[(Ellipsis, *at)]
+      for i, s in enumerate(stride): piece = _spread(piece, i - d, s)
+      starts = [a * dl for a, dl in zip(at, dilation)]
+      piece = piece.pad(((0, 0),) * (x.ndim - d) + tuple((b, n - b - p) for b, n, p in zip(starts, spatial, piece.shape[-d:])))
+      total = piece if total is None else total + piece
+    assert total is not None
     return (total,)
   return rule
 

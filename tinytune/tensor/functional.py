@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tinytune.dtype import dtypes, least_upper
 from tinytune.helpers import prod
 from tinytune.shape import View
@@ -50,48 +52,185 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
 def dot(self: Tensor, w: Tensor) -> Tensor: return self.matmul(w)
 
 
-def _windows(self: Tensor, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]) -> Tensor:
-  """(..., H, W) -> (..., OH, OW, KH, KW) sliding windows as one strided view."""
-  *lead, h, w = self.shape
-  oh, ow = (h - dilation[0] * (k[0] - 1) - 1) // stride[0] + 1, (w - dilation[1] * (k[1] - 1) - 1) // stride[1] + 1
-  if oh <= 0 or ow <= 0: raise ValueError(f"window {k} with dilation {dilation} does not fit input {h}x{w}")
-  lead_strides = [prod(self.shape[i + 1:]) for i in range(len(lead))]
-  view = View.create((*lead, oh, ow, *k), (*lead_strides, stride[0] * w, stride[1], dilation[0] * w, dilation[1]))
+def _windows(self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+  """(..., *spatial) -> (..., *out, *k) sliding windows over the last len(k) dims, as one strided view."""
+  d = len(k)
+  lead, spatial = self.shape[:-d], self.shape[-d:]
+  out = tuple((n - dl * (kk - 1) - 1) // st + 1 for n, kk, st, dl in zip(spatial, k, stride, dilation))
+  if any(o <= 0 for o in out): raise ValueError(f"window {k} with dilation {dilation} does not fit input {'x'.join(map(str, spatial))}")
+  strides = [prod(self.shape[i + 1:]) for i in range(self.ndim)]
+  view = View.create((*lead, *out, *k), (*strides[:len(lead)], *(st * s for st, s in zip(stride, strides[len(lead):])),
+                                         *(dl * s for dl, s in zip(dilation, strides[len(lead):]))))
   windows = view_uop(self.uop, lambda v: None if not v.contiguous else View.create(view.shape, view.strides, v.offset), view.shape)
   ret = Tensor(windows, device=self.device)
   return autograd.record(ret, (self,), autograd.window_rule(self, k, stride, dilation)) if autograd.tracking(self) else ret
 
 
+_SPATIAL = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
+
+
+def _dims(d: int, prefix: str = "") -> str: return ", ".join(prefix + n for n in _SPATIAL.get(d, ("*spatial",)))
+
+
 def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
-  if self.ndim != 4 or weight.ndim != 4:
-    raise ValueError(f"conv2d needs a (N, C, H, W) input and (O, C/groups, KH, KW) weight, got {self.shape} and {weight.shape}")
-  (n, cin, _, _), (cout, cg, kh, kw) = self.shape, weight.shape
+  """Convolution of a (N, C, *spatial) input with a (O, C/groups, *kernel) weight; the weight's dims say how many spatial dims
+  (1-D, 2-D, 3-D, ...). padding: an int, one per spatial dim, or two per spatial dim, last dim first (left, right, top, bottom);
+  negative padding crops."""
+  if not isinstance(weight, Tensor): raise TypeError(f"conv2d weight is a Tensor, got {type(weight).__name__}")
+  d = weight.ndim - 2
+  if d < 1 or self.ndim != d + 2:
+    raise ValueError(f"conv2d needs a (N, C, {_dims(d)}) input and (O, C/groups, {_dims(d, 'K')}) weight, got {self.shape} and {weight.shape}")
+  (n, cin), (cout, cg), k = self.shape[:2], weight.shape[:2], weight.shape[2:]
   if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv2d groups is a positive int, got {groups!r}")
   if cin % groups or cout % groups or cin // groups != cg:
     raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
   if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
-  st, pd, dl = (_pair(stride, 1), _pair(padding), _pair(dilation, 1))
-  x = self.pad(((0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1])))._windows((kh, kw), st, dl)  # (N, C, OH, OW, KH, KW)
-  oh, ow = x.shape[2:4]
-  x = x.reshape(n, groups, 1, cg, oh, ow, kh, kw)
-  wt = weight.reshape(1, groups, cout // groups, cg, 1, 1, kh, kw)
-  ret = (x * wt).permute(0, 1, 2, 4, 5, 3, 6, 7).sum((5, 6, 7), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, oh, ow)
-  return ret if bias is None else ret + bias.reshape(1, cout, 1, 1)
+  st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
+  x = self.pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
+  out = x.shape[2:2 + d]
+  x = x.reshape(n, groups, 1, cg, *out, *k)
+  wt = weight.reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
+  order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
+  ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
+  return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
 
 
-def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1) -> Tensor:
-  if self.ndim < 2: raise ValueError(f"max_pool2d needs a tensor of at least 2 dims (..., H, W), got {self.shape}")
-  k, pd = _pair(kernel_size, 1), _pair(padding)
+def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, output_padding: Any = 0,
+                     groups: int = 1, dilation: Any = 1) -> Tensor:
+  """The transpose (gradient) of conv2d, for a (N, C, *spatial) input and a (C, O/groups, *kernel) weight: the input spread out by
+  stride, padded, and convolved with the flipped kernel."""
+  if not isinstance(weight, Tensor): raise TypeError(f"conv_transpose2d weight is a Tensor, got {type(weight).__name__}")
+  d = weight.ndim - 2
+  if d < 1 or self.ndim != d + 2:
+    raise ValueError(f"conv_transpose2d needs a (N, C, {_dims(d)}) input and (C, O/groups, {_dims(d, 'K')}) weight, "
+                     f"got {self.shape} and {weight.shape}")
+  (cin, cog), k = weight.shape[:2], weight.shape[2:]
+  if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv_transpose2d groups is a positive int, got {groups!r}")
+  if self.shape[1] != cin or cin % groups:
+    raise ValueError(f"conv_transpose2d: {self.shape[1]} input channels, weight {weight.shape} and groups {groups} do not match")
+  st, pd, dl, op = _tuple(stride, d, 1), _pads(padding, d, "conv_transpose2d"), _tuple(dilation, d, 1), _tuple(output_padding, d)
+  if any(o >= max(s, dd) for o, s, dd in zip(op, st, dl)):
+    raise ValueError(f"conv_transpose2d output_padding {op} must be smaller than stride {st} or dilation {dl}")
+  x = self
+  for i, s in enumerate(st): x = autograd._spread(x, 2 + i, s)
+  x = x.pad(((0, 0), (0, 0), *((dd * (kk - 1) - b, dd * (kk - 1) - a + o) for kk, dd, (b, a), o in zip(k, dl, pd, op))))
+  w = weight.reshape(groups, cin // groups, cog, *k).transpose(1, 2).reshape(groups * cog, cin // groups, *k).flip(tuple(range(2, 2 + d)))
+  return x.conv2d(w, bias, 1, 0, dl, groups)
+
+
+def _pool_args(self: Tensor, what: str, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool):
+  """The pool's kernel, stride, dilation and (before, after) padding per spatial dim; an int kernel means 2 spatial dims."""
+  d = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+  if self.ndim < d: raise ValueError(f"{what} needs a tensor of at least {d} dims (..., {_dims(d)}), got {self.shape}")
+  k = _tuple(kernel_size, d, 1)
+  st, dl, pd = _tuple(stride, d, 1) if stride is not None else k, _tuple(dilation, d, 1), _pads(padding, d, what)
+  if ceil_mode: pd = _ceil_pads(self.shape[-d:], pd, k, st, dl)
+  return k, st, dl, pd
+
+
+def _ceil_pads(spatial: tuple[int, ...], pads: tuple[tuple[int, int], ...], k: tuple[int, ...], stride: tuple[int, ...],
+               dilation: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """More padding after each dim for ceil_mode's last, partial window; as in torch, no window starts in the padding after."""
+  ret = []
+  for n, (b, a), kk, s, dl in zip(spatial, pads, k, stride, dilation):
+    span = n + b + a - dl * (kk - 1) - 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= n + b: out -= 1
+    ret.append((b, a + max(0, (out - 1) * s - span)))
+  return tuple(ret)
+
+
+def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+  """Max over windows of the last len(kernel_size) dims (2 for an int kernel), arguments in torch's order. return_indices: also the
+  int64 index of each max in its flattened spatial dims, as torch gives (the first one on ties)."""
+  k, st, dl, pd = _pool_args(self, "max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
+  d = len(k)
   fill = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
-  x = self.pad(((0, 0),) * (self.ndim - 2) + ((pd[0], pd[0]), (pd[1], pd[1])), value=fill)
-  return x._windows(k, _pair(stride, 1) if stride is not None else k, _pair(dilation, 1)).max((-2, -1))
+  windows = self.pad(((0, 0),) * (self.ndim - d) + pd, value=fill)._windows(k, st, dl)
+  axes = tuple(range(-d, 0))
+  pooled = windows.max(axes)
+  if not return_indices: return pooled
+  size = prod(self.shape[-d:])
+  where = Tensor.arange(size, dtype=dtypes.int64, device=self.device).reshape(self.shape[-d:]).pad(pd, value=size)._windows(k, st, dl)
+  return pooled, (windows == pooled.reshape(*pooled.shape, *(1,) * d)).where(where, size).min(axes).detach()
 
 
-def avg_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0) -> Tensor:
-  if self.ndim < 2: raise ValueError(f"avg_pool2d needs a tensor of at least 2 dims (..., H, W), got {self.shape}")
-  k, pd = _pair(kernel_size, 1), _pair(padding)
-  x = self.pad(((0, 0),) * (self.ndim - 2) + ((pd[0], pd[0]), (pd[1], pd[1])))
-  return x._windows(k, _pair(stride, 1) if stride is not None else k, (1, 1)).mean((-2, -1))
+def avg_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None, dilation: Any = 1) -> Tensor:
+  """Mean over windows of the last len(kernel_size) dims (2 for an int kernel), arguments in torch's order. The divisor counts the
+  padding when count_include_pad, never ceil_mode's extra padding, as in torch."""
+  k, st, dl, pd = _pool_args(self, "avg_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
+  d = len(k)
+  windows = self.pad(((0, 0),) * (self.ndim - d) + pd)._windows(k, st, dl)
+  axes = tuple(range(-d, 0))
+  if divisor_override is not None: return windows.sum(axes) / divisor_override
+  if count_include_pad and not ceil_mode: return windows.mean(axes)
+  spatial, asked = self.shape[-d:], _pads(padding, d, "avg_pool2d")
+  if count_include_pad:  # the asked-for padding counts, ceil_mode's extra does not
+    ones = Tensor.ones(*(s + b + a for s, (b, a) in zip(spatial, asked)), device=self.device)
+    ones = ones.pad(tuple((0, a - aa) for (_, a), (_, aa) in zip(pd, asked)))
+  else: ones = Tensor.ones(*spatial, device=self.device).pad(pd)
+  return windows._float().sum(axes) / ones._windows(k, st, dl).sum(axes)
+
+
+def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, output_size: Any = None) -> Tensor:
+  """The inverse of max_pool2d(..., return_indices=True): each value put at its index in zeros of the pooled input's size."""
+  d = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+  if self.ndim < d or indices.shape != self.shape:
+    raise ValueError(f"max_unpool2d needs values and indices of one shape with {d} spatial dims, got {self.shape} and {indices.shape}")
+  if indices.dtype.is_float: raise TypeError(f"max_unpool2d indices are ints, got {indices.dtype.name}")
+  k, pd = _tuple(kernel_size, d, 1), _pads(padding, d, "max_unpool2d")
+  st = _tuple(stride, d, 1) if stride is not None else k
+  size = tuple((n - 1) * s - b - a + kk for n, s, (b, a), kk in zip(self.shape[-d:], st, pd, k))
+  if output_size is not None: size = tuple(output_size)[-d:]
+  lead = self.shape[:-d]
+  spots = Tensor.arange(prod(size), dtype=indices.dtype, device=self.device)
+  hit = indices.reshape(*lead, -1, 1) == spots
+  # overlapping windows can name one spot twice, with the same value: the mean of the hits puts it there once
+  ret = hit.where(self.reshape(*lead, -1, 1), 0).sum(-2) / hit.sum(-2).maximum(1)
+  return ret.cast(self.dtype).reshape(*lead, *size)
+
+
+def interpolate(self: Tensor, size: Any, mode: str = "linear", align_corners: bool = False) -> Tensor:
+  """Resize the last len(size) dims. mode: "nearest", "nearest-exact", or "linear" ("bilinear", "trilinear"): each output is a
+  fixed weighted sum of the inputs along each dim, so this is one small matmul per resized dim."""
+  size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
+  if not all(isinstance(s, int) and s > 0 for s in size) or len(size) > self.ndim:
+    raise ValueError(f"interpolate size is up to {self.ndim} positive ints, got {size!r}")
+  if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"): raise ValueError(f"interpolate has no mode {mode!r}")
+  if align_corners and mode.startswith("nearest"): raise ValueError("align_corners is only for the linear modes")
+  x = self._float()
+  for axis, m in zip(range(self.ndim - len(size), self.ndim), size):
+    n = x.shape[axis]
+    if n == m and not mode.startswith("nearest"): continue
+    mix = Tensor(_resize_matrix(n, m, mode, align_corners), dtype=x.dtype, device=x.device)
+    x = (x.transpose(axis, -1) @ mix).transpose(axis, -1)
+  return x
+
+
+def _resize_matrix(n: int, m: int, mode: str, align_corners: bool) -> np.ndarray:
+  """(n, m): column j holds the weights of the n inputs in output j (torch's source positions)."""
+  j, ret = np.arange(m), np.zeros((n, m), np.float32)
+  if mode.startswith("nearest"):
+    src = np.floor(((j + 0.5) if mode == "nearest-exact" else j) * np.float32(n / m)).astype(np.int64)
+    ret[np.minimum(src, n - 1), j] = 1
+    return ret
+  src = j * ((n - 1) / (m - 1) if m > 1 else 0.0) if align_corners else np.maximum((j + 0.5) * (n / m) - 0.5, 0)
+  lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
+  frac = src - lo
+  np.add.at(ret, (lo, j), 1 - frac)
+  np.add.at(ret, (np.minimum(lo + 1, n - 1), j), frac)
+  return ret
+
+
+def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis: Any = 1) -> Tensor:
+  """(self - mean) * invstd * weight + bias, with the 1-d statistics and parameters laid along `axis` (an int or a tuple)."""
+  axes = self._reduce_axes(axis)
+  shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+  x = (self - mean.reshape(shape)) * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
+  if weight is not None: x = x * weight.reshape(shape)
+  return x if bias is None else x + bias.reshape(shape)
 
 
 def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
@@ -101,7 +240,17 @@ def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | 
   return y if bias is None else y + bias
 
 
-def _pair(x: Any, lo: int = 0) -> tuple[int, int]:
-  ret = tuple(x) if isinstance(x, (tuple, list)) else (x, x)
-  if len(ret) != 2 or not all(isinstance(v, int) and v >= lo for v in ret): raise ValueError(f"expected an int >= {lo} or a pair of them, got {x!r}")
-  return ret  # type: ignore[return-value]
+def _tuple(x: Any, n: int, lo: int = 0) -> tuple[int, ...]:
+  ret = tuple(x) if isinstance(x, (tuple, list)) else (x,) * n
+  if len(ret) != n or not all(isinstance(v, int) and v >= lo for v in ret):
+    raise ValueError(f"expected an int >= {lo} or {'a pair' if n == 2 else f'a tuple of {n}'} of them, got {x!r}")
+  return ret
+
+
+def _pads(padding: Any, d: int, what: str) -> tuple[tuple[int, int], ...]:
+  """(before, after) per spatial dim from an int, one int per dim, or two per dim with the last dim first (tinygrad's order)."""
+  if isinstance(padding, int) and not isinstance(padding, bool): return ((padding, padding),) * d
+  if isinstance(padding, (tuple, list)) and all(isinstance(p, int) for p in padding):
+    if len(padding) == d: return tuple((p, p) for p in padding)
+    if len(padding) == 2 * d: return tuple((padding[2 * i], padding[2 * i + 1]) for i in reversed(range(d)))
+  raise ValueError(f"{what} padding is an int, {d} ints or {2 * d} ints, got {padding!r}")
