@@ -62,7 +62,7 @@ def test_unary_shapes(name: str, shape: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16])
-@pytest.mark.parametrize("name", ["atan", "asin", "sinh", "asinh", "atanh", "log10", "round", "floor", "elu", "softplus", "logsigmoid", "mish"])
+@pytest.mark.parametrize("name", ["atan", "asinh", "atanh", "round", "elu", "softplus", "logsigmoid", "mish"])
 def test_unary_half(name: str, dtype: Any) -> None:
   _, fn, low, high = next(u for u in UNARY if u[0] == name)
   helper_test_op([(3, 4)], fn, dtype=dtype, low=max(low, -4), high=min(high, 4), grad=False)
@@ -130,9 +130,9 @@ INT_OPS = [
 
 
 @pytest.mark.parametrize("name, fn", INT_OPS, ids=[o[0] for o in INT_OPS])
-@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64])
-def test_int_ops(name: str, fn: Callable[..., Any], dtype: Any) -> None:
-  helper_test_op(None, fn, vals=[INTS_A, INTS_B], dtype=dtype)
+def test_int_ops(name: str, fn: Callable[..., Any]) -> None:
+  helper_test_op(None, fn, vals=[INTS_A, INTS_B], dtype=dtypes.int32)
+  if name in ("floordiv", "mod", "fmod", "div_trunc", "rshift_tensor", "rlshift"): helper_test_op(None, fn, vals=[INTS_A, INTS_B], dtype=dtypes.int64)
 
 
 @pytest.mark.parametrize("fn", [lambda a, b: a // b, lambda a, b: a % b, lambda a, b: a.fmod(b), lambda a, b: ~a, lambda a, b: a.bitwise_not(),
