@@ -1,7 +1,7 @@
 """The lazy Tensor: PyTorch/tinygrad-like API over a UOp graph. Nothing runs before realize()/numpy()/tolist()/item().
 
 This module holds what every op needs: construction, realization, broadcasting and the primitives (ALU, cast, view,
-reduce). The ops live by job in creation, movement, indexing, elementwise, reduce and functional; the end of the class
+reduce). The ops live by job in creation, movement, indexing, elementwise, reduce, functional and losses; the end of the class
 lists them. Those modules see `Tensor` as a global set at the bottom of this one."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tinytune.dtype import DType, dtypes, least_upper
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.tensor import autograd, creation, elementwise, functional, indexing, movement, reduce
+from tinytune.tensor import autograd, creation, elementwise, functional, indexing, losses, movement, reduce
 from tinytune.tensor.movement import view_uop
 from tinytune.uop import Ops, UOp
 
@@ -203,6 +203,17 @@ class Tensor:
   def __and__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.AND, y)
   def __or__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.OR, y)
   def __xor__(self, y: TensorLike) -> Tensor: return self._bitwise(Ops.XOR, y)
+  def __rand__(self, y: TensorLike) -> Tensor: return self.bitwise_and(y, True)
+  def __ror__(self, y: TensorLike) -> Tensor: return self.bitwise_or(y, True)
+  def __rxor__(self, y: TensorLike) -> Tensor: return self.bitwise_xor(y, True)
+  def __floordiv__(self, y: TensorLike) -> Tensor: return self.div(y, rounding_mode="floor")
+  def __rfloordiv__(self, y: TensorLike) -> Tensor: return self.div(y, True, rounding_mode="floor")
+  def __mod__(self, y: TensorLike) -> Tensor: return self.mod(y)
+  def __rmod__(self, y: TensorLike) -> Tensor: return self.mod(y, True)
+  def __lshift__(self, y: TensorLike) -> Tensor: return self.lshift(y)
+  def __rlshift__(self, y: TensorLike) -> Tensor: return self.lshift(y, True)
+  def __rshift__(self, y: TensorLike) -> Tensor: return self.rshift(y)
+  def __rrshift__(self, y: TensorLike) -> Tensor: return self.rshift(y, True)
   def __invert__(self) -> Tensor:
     if self.dtype.is_float: raise TypeError(f"bitwise not needs a bool or int tensor, got {self.dtype.name}")
     return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
@@ -257,7 +268,19 @@ class Tensor:
   rsqrt = elementwise.rsqrt; sin = elementwise.sin; cos = elementwise.cos; reciprocal = elementwise.reciprocal
   relu = elementwise.relu; sigmoid = elementwise.sigmoid; tanh = elementwise.tanh; silu = elementwise.silu
   square = elementwise.square; sign = elementwise.sign; clip = elementwise.clip; erf = elementwise.erf; gelu = elementwise.gelu
-  pow = elementwise.pow
+  pow = elementwise.pow; clamp = elementwise.clip; trunc = elementwise.trunc; floor = elementwise.floor; ceil = elementwise.ceil
+  round = elementwise.round; fmod = elementwise.fmod; mod = elementwise.mod; isnan = elementwise.isnan; isinf = elementwise.isinf
+  isfinite = elementwise.isfinite; isclose = elementwise.isclose; copysign = elementwise.copysign; lerp = elementwise.lerp
+  float = elementwise.float_; half = elementwise.half; int = elementwise.int_; bool = elementwise.bool_
+  bitwise_and = elementwise.bitwise_and; bitwise_or = elementwise.bitwise_or; bitwise_xor = elementwise.bitwise_xor
+  bitwise_not = elementwise.bitwise_not; lshift = elementwise.lshift; rshift = elementwise.rshift
+  tan = elementwise.tan; atan = elementwise.atan; asin = elementwise.asin; acos = elementwise.acos; sinh = elementwise.sinh
+  cosh = elementwise.cosh; asinh = elementwise.asinh; acosh = elementwise.acosh; atanh = elementwise.atanh; log10 = elementwise.log10
+  logaddexp = elementwise.logaddexp; elu = elementwise.elu; celu = elementwise.celu; selu = elementwise.selu
+  softplus = elementwise.softplus; logsigmoid = elementwise.logsigmoid; mish = elementwise.mish; softsign = elementwise.softsign
+  hardsigmoid = elementwise.hardsigmoid; hardswish = elementwise.hardswish; hardtanh = elementwise.hardtanh; relu6 = elementwise.relu6
+  leaky_relu = elementwise.leaky_relu; quick_gelu = elementwise.quick_gelu; swish = elementwise.swish; softmin = elementwise.softmin
+  normalize = elementwise.normalize
   # reduce.py
   sum = reduce.sum; _flip_order = reduce._flip_order; max = reduce.max; min = reduce.min; mean = reduce.mean; var = reduce.var
   std = reduce.std; argmax = reduce.argmax; argmin = reduce.argmin
@@ -267,6 +290,10 @@ class Tensor:
   avg_pool2d = functional.avg_pool2d; layernorm = functional.layernorm
   conv_transpose2d = functional.conv_transpose2d; max_unpool2d = functional.max_unpool2d; interpolate = functional.interpolate
   batchnorm = functional.batchnorm
+  scaled_dot_product_attention = functional.scaled_dot_product_attention
+  # losses.py
+  cross_entropy = losses.cross_entropy; nll_loss = losses.nll_loss; binary_crossentropy = losses.binary_crossentropy
+  binary_crossentropy_logits = losses.binary_crossentropy_logits; sparse_categorical_crossentropy = losses.sparse_categorical_crossentropy
 
 
-for _job in (creation, movement, indexing, elementwise, reduce, functional): setattr(_job, "Tensor", Tensor)  # their ops build Tensors
+for _job in (creation, movement, indexing, elementwise, reduce, functional, losses): setattr(_job, "Tensor", Tensor)  # their ops build Tensors

@@ -8,7 +8,7 @@ from tinytune.dtype import dtypes
 from tinytune.uop import Ops
 
 if TYPE_CHECKING:
-  from tinytune.tensor import Scalar, Tensor, TensorLike
+  from tinytune.tensor import Tensor, TensorLike
 
 
 def add(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor: return self._binop(Ops.ADD, y, reverse)
@@ -21,10 +21,29 @@ def sub(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
   return a + (-b)
 
 
-def div(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
+def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+  """self / y; rounding_mode "trunc" rounds the quotient toward zero and "floor" down, keeping int dtypes (an int divided by 0 is
+  unspecified where torch raises)."""
+  if rounding_mode not in (None, "trunc", "floor"): raise ValueError(f"div rounding_mode is None, 'trunc' or 'floor', got {rounding_mode!r}")
   a, b = self._broadcasted(y, reverse)
+  if rounding_mode is not None and not a.dtype.is_float:
+    if a.dtype == dtypes.bool: raise TypeError(f"div with rounding_mode {rounding_mode!r} needs int or float tensors, got bool")
+    return _int_div(a, b, rounding_mode == "floor")[0]
   if not a.dtype.is_float: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
-  return a * b.reciprocal()
+  if rounding_mode == "floor": return a._in_f32(lambda x: _floor_div(x, b.cast(x.dtype)))
+  q = a * b.reciprocal()
+  return q if rounding_mode is None else q.trunc()
+
+
+def _int_div(a: Tensor, b: Tensor, floor: bool) -> tuple[Tensor, Tensor]:
+  """(quotient, remainder) of ints rounded toward zero or down. IDIV and MOD only see operands >= 0, where every rounding agrees."""
+  an, bn = a.abs(), (b == 0).where(1, b.abs())  # a zero divisor would trap on the CPU
+  q, r = an._alu(Ops.IDIV, bn), an._alu(Ops.MOD, bn)
+  if a.dtype == dtypes.uint8: return q, r
+  opposite, neg_a = (a < 0) != (b < 0), a < 0
+  if not floor: return opposite.where(-q, q), neg_a.where(-r, r)
+  inexact = opposite & (r != 0)  # floor goes one further from zero; the remainder takes the divisor's sign
+  return inexact.where(-q - 1, opposite.where(-q, q)), inexact.where(b.abs() - r, r) * (b < 0).where(-1, 1)
 
 
 def neg(self: Tensor) -> Tensor:
@@ -88,7 +107,8 @@ def square(self: Tensor) -> Tensor: return self * self
 def sign(self: Tensor) -> Tensor: return self if self.dtype == dtypes.bool else (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
 
 
-def clip(self: Tensor, min_: Scalar | None = None, max_: Scalar | None = None) -> Tensor:
+def clip(self: Tensor, min_: TensorLike | None = None, max_: TensorLike | None = None) -> Tensor:
+  """Bound self below by min_ and above by max_ (max_ wins where min_ > max_); one may be None, not both (torch and tinygrad refuse that too)."""
   if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
   ret = self if min_ is None else self.maximum(min_)
   return ret if max_ is None else ret.minimum(max_)
@@ -128,3 +148,255 @@ def _erf(x: Tensor) -> Tensor:
   t = 1.0 / (1.0 + 0.3275911 * x.abs())
   poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
   return x.sign() * (1.0 - poly * (-x * x).exp())
+
+
+# ***** rounding, remainders and tests of value *****
+def trunc(self: Tensor) -> Tensor:
+  """Round toward zero; an int tensor is already whole and comes back as it is."""
+  if not self.dtype.is_float: return self
+  return self._in_f32(lambda x: (x.abs() < 2.0 ** 23).where(x.cast(dtypes.int32).cast(dtypes.float32), x))  # from 2**23 up floats are whole
+
+
+def floor(self: Tensor) -> Tensor:
+  if not self.dtype.is_float: return self
+  return self._in_f32(lambda x: (x < (t := x.trunc())).where(t - 1, t))
+
+
+def ceil(self: Tensor) -> Tensor:
+  if not self.dtype.is_float: return self
+  return self._in_f32(lambda x: (x > (t := x.trunc())).where(t + 1, t))
+
+
+def round(self: Tensor) -> Tensor:
+  """Round to the nearest whole number, halves to the even one (like torch and numpy)."""
+  if not self.dtype.is_float: return self
+  def fn(x: Tensor) -> Tensor:
+    f = x.floor()
+    d, odd = x - f, (f * 0.5).floor() * 2 != f  # x - floor(x) is exact
+    return ((d > 0.5) | ((d == 0.5) & odd)).where(f + 1, f)
+  return self._in_f32(fn)
+
+
+def fmod(self: Tensor, y: TensorLike) -> Tensor:
+  """The remainder of self / y rounded toward zero: it has self's sign (C's fmod, torch.fmod)."""
+  a, b = _numeric(self, y, "fmod")
+  if not a.dtype.is_float: return _int_div(a, b, False)[1]
+  return a._in_f32(lambda x: _fmod(x, b.cast(x.dtype)))
+
+
+def mod(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
+  """The remainder of self / y rounded down: it has y's sign (Python's %, torch.remainder)."""
+  a, b = _numeric(self, y, "mod", reverse)
+  if not a.dtype.is_float: return _int_div(a, b, True)[1]
+  return a._in_f32(lambda x: _floor_mod(x, b.cast(x.dtype)))
+
+
+def _fmod(x: Tensor, y: Tensor) -> Tensor:
+  q = (x / y).trunc()
+  return x - (q == 0).where(0.0, q * y)  # so that x fmod inf is x, not NaN
+
+
+def _floor_mod(x: Tensor, y: Tensor) -> Tensor:
+  """x mod y for floats, from fmod as torch does: a remainder of the other sign than y moves by y."""
+  r = _fmod(x, y)
+  return ((r != 0) & ((y < 0) != (r < 0))).where(r + y, r)
+
+
+def _floor_div(x: Tensor, y: Tensor) -> Tensor:
+  """floor(x / y) for floats as torch computes it: (x - fmod(x, y)) / y is near a whole number, which is then rounded to it."""
+  r = _fmod(x, y)
+  q = (x - r) / y
+  q = ((r != 0) & ((y < 0) != (r < 0))).where(q - 1, q)
+  f = q.floor()
+  return (y == 0).where(x / y, (q - f > 0.5).where(f + 1, f))
+
+
+def _numeric(self: Tensor, y: TensorLike, what: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
+  a, b = self._broadcasted(y, reverse)
+  if a.dtype == dtypes.bool: raise TypeError(f"{what} needs int or float tensors, got bool")
+  return a, b
+
+
+def isnan(self: Tensor) -> Tensor: return self != self
+
+
+def isinf(self: Tensor, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+  if not self.dtype.is_float: return self._const_like(False, dtypes.bool)
+  return ((self == math.inf) & detect_positive) | ((self == -math.inf) & detect_negative)
+
+
+def isfinite(self: Tensor) -> Tensor: return (self.isinf() | self.isnan()).logical_not()
+
+
+def isclose(self: Tensor, other: TensorLike, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+  """|self - other| <= atol + rtol * |other| where both are finite; equal infinities are close; NaNs only with equal_nan."""
+  a, b = self._broadcasted(other)
+  if not a.dtype.is_float: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
+  err = (a - b).abs()
+  ret = (a == b) | (err.isfinite() & (err <= atol + rtol * b.abs()))
+  return ret | (a.isnan() & b.isnan()) if equal_nan else ret
+
+
+def copysign(self: Tensor, other: TensorLike) -> Tensor:
+  """|self| with the sign of other, in float (-0.0 counts as negative; the sign of a NaN is not seen)."""
+  a, b = self._broadcasted(other)
+  a, b = a._float(), b._float()
+  mag = a.abs()
+  return ((b < 0) | ((b == 0) & (b.reciprocal() < 0))).where(-mag, mag)
+
+
+def lerp(self: Tensor, end: TensorLike, weight: TensorLike) -> Tensor:
+  """self + weight * (end - self), computed from the nearer end so that weight 1 gives end exactly (as torch does)."""
+  a, b = self._broadcasted(end)
+  w = weight if isinstance(weight, Tensor) else a._const_like(weight)
+  return (w.abs() < 0.5).where(a + w * (b - a), b - (b - a) * (1 - w))
+
+
+# ***** casts *****
+def float_(self: Tensor) -> Tensor: return self.cast(dtypes.float32)
+def half(self: Tensor) -> Tensor: return self.cast(dtypes.float16)
+def int_(self: Tensor) -> Tensor: return self.cast(dtypes.int32)
+def bool_(self: Tensor) -> Tensor: return self.cast(dtypes.bool)
+
+
+# ***** bits *****
+def bitwise_and(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor: return self._bitwise(Ops.AND, y)  # all three commute
+def bitwise_or(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor: return self._bitwise(Ops.OR, y)
+def bitwise_xor(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor: return self._bitwise(Ops.XOR, y)
+
+
+def bitwise_not(self: Tensor) -> Tensor:
+  if self.dtype.is_float: raise TypeError(f"bitwise_not needs a bool or int tensor, got {self.dtype.name}")
+  return self.logical_not() if self.dtype == dtypes.bool else self ^ (255 if self.dtype == dtypes.uint8 else -1)
+
+
+def lshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
+  """self * 2**y for ints, wrapping like C; y from 0 to the bit width - 1."""
+  a, b = _shift_args(self, y, reverse, "<<")
+  return a * _pow2(b)
+
+
+def rshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
+  """self // 2**y for ints (an arithmetic shift: negative numbers round down); y from 0 to the bit width - 1."""
+  a, b = _shift_args(self, y, reverse, ">>")
+  if a.dtype == dtypes.int64: return _int_div(a, _pow2(b), True)[0]
+  return _int_div(a.cast(dtypes.int64), _pow2(b.cast(dtypes.int64)), True)[0].cast(a.dtype)  # 2**31 fits in int64
+
+
+def _shift_args(self: Tensor, y: TensorLike, reverse: bool, op: str) -> tuple[Tensor, Tensor]:
+  a, b = self._broadcasted(y, reverse)
+  if not a.dtype.is_int: raise TypeError(f"{op} needs int tensors, got {a.dtype.name}")
+  return a, b
+
+
+def _pow2(n: Tensor) -> Tensor:
+  """2**n for an int tensor n >= 0, from the bits of n (exp2 in float is not exact on every device)."""
+  ret = n._const_like(1)
+  for k in range(max(n.dtype.itemsize * 8 - 1, 1).bit_length()):
+    ret = ret * ((n & (1 << k)) != 0).where(n._const_like(1 << (1 << k)), 1)
+  return ret
+
+
+# ***** trigonometric and hyperbolic functions *****
+# A where() picks one branch, but a gradient goes back through both (times 0): an unpicked branch is fed safe values, for 0 * inf is NaN.
+def tan(self: Tensor) -> Tensor: return self._in_f32(lambda x: x.sin() / x.cos())
+
+
+def atan(self: Tensor) -> Tensor:
+  """Reduced to |x| <= tan(pi/8) by atan(x) = pi/4 + atan((x-1)/(x+1)) and pi/2 - atan(1/x), then a degree 9 odd polynomial (Cephes' atanf)."""
+  def fn(x: Tensor) -> Tensor:
+    ax = x.abs()
+    big, mid = ax > 2.414213562373095, ax > 0.4142135623730950
+    base = big.where(math.pi / 2, mid.where(math.pi / 4, 0.0))
+    r = big.where(-big.where(ax, 1.0).reciprocal(), mid.where((ax - 1) / (ax + 1), ax))
+    z = r * r
+    ret = base + r + r * z * (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1)
+    return (x < 0).where(-ret, ret)
+  return self._in_f32(fn)
+
+
+def asin(self: Tensor) -> Tensor: return self._in_f32(lambda x: (x / ((1 - x) * (1 + x)).sqrt()).atan())  # +-1 divide to +-inf: +-pi/2
+def acos(self: Tensor) -> Tensor: return self._in_f32(lambda x: 2 * ((1 - x) / (1 + x)).sqrt().atan())  # no cancellation near x = 1
+def sinh(self: Tensor) -> Tensor: return self._in_f32(lambda x: (x - math.log(2)).exp() - (-x - math.log(2)).exp())  # e**x / 2 overflows later
+def cosh(self: Tensor) -> Tensor: return self._in_f32(lambda x: (x - math.log(2)).exp() + (-x - math.log(2)).exp())
+
+
+def asinh(self: Tensor) -> Tensor:
+  def fn(x: Tensor) -> Tensor:
+    ax = x.abs()
+    big = ax > 2.0 ** 28  # where x*x would overflow, log(2|x|) is the answer in float32
+    small = big.where(1.0, ax)
+    ret = big.where(big.where(ax, 1.0).log() + math.log(2), (small + (small * small + 1).sqrt()).log())
+    return (x < 0).where(-ret, ret)
+  return self._in_f32(fn)
+
+
+def acosh(self: Tensor) -> Tensor:
+  def fn(x: Tensor) -> Tensor:
+    big = x > 2.0 ** 28
+    small = big.where(2.0, x)
+    return big.where(big.where(x, 1.0).log() + math.log(2), (small + (small - 1).sqrt() * (small + 1).sqrt()).log())
+  return self._in_f32(fn)
+
+
+def atanh(self: Tensor) -> Tensor: return self._in_f32(lambda x: 0.5 * ((1 + x) / (1 - x)).log())
+def log10(self: Tensor) -> Tensor: return self._in_f32(lambda x: x.log2() * math.log10(2))
+
+
+def logaddexp(self: Tensor, other: TensorLike) -> Tensor:
+  """log(exp(self) + exp(other)) as m + log(exp(self - m) + exp(other - m)) with m the larger one: nothing overflows, and the gradient is
+  the softmax of the two whichever m is; an infinite m is left out, since inf - inf is NaN."""
+  a, b = self._broadcasted(other)
+  def fn(x: Tensor) -> Tensor:
+    y = b.cast(x.dtype)
+    m = x.maximum(y)
+    m = m.isfinite().where(m, 0.0)
+    return m + ((x - m).exp() + (y - m).exp()).log()
+  return a._in_f32(fn)
+
+
+# ***** activations *****
+def elu(self: Tensor, alpha: float = 1.0) -> Tensor: return self._in_f32(lambda x: _exp_linear(x, alpha))
+def selu(self: Tensor, alpha: float = 1.6732632423543772, gamma: float = 1.0507009873554805) -> Tensor: return self.elu(alpha) * gamma
+
+
+def celu(self: Tensor, alpha: float = 1.0) -> Tensor:
+  if alpha == 0: raise ValueError("celu alpha must not be 0")
+  return self._in_f32(lambda x: _exp_linear(x * (1 / alpha), alpha, x))
+
+
+def _exp_linear(x: Tensor, alpha: float, linear: Tensor | None = None) -> Tensor:
+  """linear (x itself by default) where x > 0, else alpha * (exp(x) - 1); exp sees 0 where x > 0, so large x stay finite."""
+  pos = x > 0
+  return pos.where(x if linear is None else linear, alpha * (pos.where(0.0, x).exp() - 1))
+
+
+def softplus(self: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+  """log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold (torch's cut-off)."""
+  return self._in_f32(lambda x: (x * beta > threshold).where(x, (x * beta).logaddexp(0.0) * (1 / beta)))
+
+
+def logsigmoid(self: Tensor) -> Tensor: return self._in_f32(lambda x: -(-x).logaddexp(0.0))
+def mish(self: Tensor) -> Tensor: return self._in_f32(lambda x: x * x.softplus().tanh())
+def softsign(self: Tensor) -> Tensor: return self._in_f32(lambda x: x / (1 + x.abs()))
+def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor: return (self._float() * alpha + beta).clip(0, 1)
+def hardswish(self: Tensor) -> Tensor: return self._in_f32(lambda x: x * (x + 3).relu6() * (1 / 6))
+def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor: return self.clip(min_val, max_val)
+def relu6(self: Tensor) -> Tensor: return self.clip(0, 6)
+def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
+def quick_gelu(self: Tensor) -> Tensor: return self * (self * 1.702).sigmoid()
+def swish(self: Tensor) -> Tensor: return self.silu()
+def softmin(self: Tensor, axis: int = -1) -> Tensor: return (-self._float()).softmax(axis)
+
+
+def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+  """self / max(norm_p(self along dim), eps), torch.nn.functional.normalize."""
+  if not p > 0: raise ValueError(f"normalize p is a number > 0 or math.inf, got {p!r}")
+  def fn(x: Tensor) -> Tensor:
+    ax = x.abs()
+    if p == math.inf: norm = ax.max(dim, keepdim=True)
+    elif p == 2: norm = (x * x).sum(dim, keepdim=True).sqrt()
+    elif p == 1: norm = ax.sum(dim, keepdim=True)
+    else: norm = (ax ** p).sum(dim, keepdim=True) ** (1 / p)
+    return x / norm.maximum(eps)
+  return self._in_f32(fn)

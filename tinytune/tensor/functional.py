@@ -254,3 +254,26 @@ def _pads(padding: Any, d: int, what: str) -> tuple[tuple[int, int], ...]:
     if len(padding) == d: return tuple((p, p) for p in padding)
     if len(padding) == 2 * d: return tuple((padding[2 * i], padding[2 * i + 1]) for i in reversed(range(d)))
   raise ValueError(f"{what} padding is an int, {d} ints or {2 * d} ints, got {padding!r}")
+
+
+def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+  """softmax(self @ key^T / sqrt(head size) + mask) @ value for queries self (..., L, E), keys (..., S, E) and values (..., S, Ev).
+  A bool attn_mask keeps the scores where it is True, a float one is added; is_causal keeps query i to keys 0..i. dropout_p drops
+  attention weights while Tensor.training. enable_gqa shares each key and value head among a group of query heads (dim -3)."""
+  if is_causal and attn_mask is not None: raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
+  if self.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+    raise ValueError(f"scaled_dot_product_attention needs queries, keys and values of at least 2 dims, got {self.shape}, {key.shape}, {value.shape}")
+  if enable_gqa and self.ndim >= 3 and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
+    heads, kv = self.shape[-3], key.shape[-3]
+    if heads % kv: raise ValueError(f"scaled_dot_product_attention: {heads} query heads are not a multiple of {kv} key heads")
+    def share(t: Tensor) -> Tensor:  # (..., kv, S, E) -> (..., kv, group, S, E) -> (..., heads, S, E)
+      *lead, s, e = t.shape
+      return t.unsqueeze(-3).expand(*lead, heads // kv, s, e).reshape(*lead[:-1], heads, s, e)
+    key, value = share(key), share(value)
+  scores = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
+  if is_causal:
+    n, m = scores.shape[-2:]
+    attn_mask = Tensor.arange(n, device=self.device).reshape(n, 1) >= Tensor.arange(m, device=self.device).reshape(1, m)
+  if attn_mask is not None: scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
+  return scores.softmax(-1).dropout(dropout_p).matmul(value)
