@@ -75,6 +75,9 @@ def pad(self: Tensor, padding: Sequence, mode: str = "constant", value: Scalar =
     flat = list(padding) + [0] * (2 * self.ndim - len(padding))
     pairs = tuple((flat[2 * i], flat[2 * i + 1]) for i in reversed(range(self.ndim)))
   else: pairs = tuple(p or (0, 0) for p in self._pairs(padding, "pad"))
+  if mode in ("reflect", "replicate") and any(b < 0 or a < 0 for b, a in pairs):  # pad, then crop, like torch (circular crops first)
+    x = _pad_from_edges(self, tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode)
+    return x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
   if any(b < 0 or a < 0 for b, a in pairs): return self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape))).pad(
     tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode, value)
   if mode != "constant": return _pad_from_edges(self, pairs, mode)
@@ -256,7 +259,11 @@ def einsum(formula: str, *operands: Any, dtype: Any = None) -> Tensor:
       b = s.index(c, a + 1)
       x, s = x.diagonal(0, a, b), s[:a] + s[a + 1:b] + s[b + 1:] + c
     ins[i], xs[i] = s, x
-  letters = list(out) + sorted({c for s in ins for c in s} - set(out))
+  sizes: dict[str, int] = {}
+  for s, x in zip(ins, xs):
+    for c, n in zip(s, x.shape):
+      if sizes.setdefault(c, n) != n and 1 not in (n, sizes[c]): raise ValueError(f"einsum {formula!r}: letter {c!r} has sizes {sizes[c]} and {n}")
+  letters = list(out) + sorted(set(sizes) - set(out))
   if any(c not in "".join(ins) for c in out): raise ValueError(f"einsum {formula!r}: output letter not in the inputs")
   ret = None
   for s, x in zip(ins, xs):
