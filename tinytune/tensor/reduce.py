@@ -91,29 +91,41 @@ def std_mean(self: Tensor, axis: Any = None, keepdim: bool = False, correction: 
   return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
 
-def _running(self: Tensor, axis: int, fill: Any, fn: Callable[[Tensor], Tensor]) -> Tensor:
+BLOCK = 256  # longer runs go in two stages
+
+
+def _running(self: Tensor, axis: int, fill: Any, fn: Callable[[Tensor], Tensor], combine: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
   """fn over the last dim of the (..., n, n) tensor whose row i is x[:i+1] along axis (fill after it): every prefix at once,
-  O(n^2) work per row, as a pair of views and one reduction that fuse."""
-  if self.ndim == 0: return _running(self.reshape(1), self._axis(axis), fill, fn).reshape(())
-  x = self.transpose(self._axis(axis), -1)
+  O(n^2) work per row, as a pair of views and one reduction that fuse. Given combine (the op fn reduces by), a run longer
+  than BLOCK goes in blocks of about sqrt(n): within each block, then over the blocks' totals, O(n sqrt(n)) work."""
+  if self.ndim == 0: return _running(self.reshape(1), self._axis(axis), fill, fn, combine).reshape(())
+  d = self._axis(axis)
+  x = self.transpose(d, -1)
   n = x.shape[-1]
+  if combine is not None and n > BLOCK:
+    b = math.isqrt(n - 1) + 1
+    nb, lead = -(-n // b), ((0, 0),) * (x.ndim - 1)
+    inner = _running(x.pad(lead + ((0, nb * b - n),), value=fill).reshape(*x.shape[:-1], nb, b), -1, fill, fn)
+    totals = _running(inner[..., b - 1], -1, fill, fn, combine)
+    before = totals.pad(lead + ((1, 0),), value=fill)[..., :nb]  # the total of all the blocks before each one
+    return combine(inner, before.unsqueeze(-1)).reshape(*x.shape[:-1], nb * b)[..., :n].transpose(d, -1)
   upto = Tensor.arange(n, device=self.device).reshape(n, 1) >= Tensor.arange(n, device=self.device)
-  return fn(upto.where(x.unsqueeze(-2), fill)).transpose(self._axis(axis), -1)
+  return fn(upto.where(x.unsqueeze(-2), fill)).transpose(d, -1)
 
 
 def cumsum(self: Tensor, axis: int = 0) -> Tensor:
-  """The running sum along axis (int32, uint8 and bool sum in int64, like torch). O(n^2) work along axis."""
-  return _running(self, axis, 0, lambda t: t.sum(-1))
+  """The running sum along axis (int32, uint8 and bool sum in int64, like torch). O(n min(n, sqrt(n) + BLOCK)) work along axis."""
+  return _running(self, axis, 0, lambda t: t.sum(-1), lambda a, b: a + b)
 
 
 def cumprod(self: Tensor, axis: int = 0) -> Tensor:
-  """The running product along axis. O(n^2 log n) work along axis."""
-  return _running(self, axis, 1, lambda t: t.prod(-1))
+  """The running product along axis, O(n log n min(n, sqrt(n) + BLOCK)) work along axis."""
+  return _running(self, axis, 1, lambda t: t.prod(-1), lambda a, b: a * b)
 
 
 def cummax(self: Tensor, axis: int = 0) -> Tensor:
-  """The running max along axis (values only, like tinygrad; a NaN carries on). O(n^2) work along axis."""
-  return _running(self, axis, dtypes.min(self.dtype), lambda t: t.max(-1))
+  """The running max along axis (values only, like tinygrad; a NaN carries on). O(n min(n, sqrt(n) + BLOCK)) work along axis."""
+  return _running(self, axis, dtypes.min(self.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
 
 
 def cummin(self: Tensor, axis: int = 0) -> Tensor: return self._flip_order().cummax(axis)._flip_order()
