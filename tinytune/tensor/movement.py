@@ -1,4 +1,5 @@
-"""Movement: reshape, permute, expand, pad, shrink, flip and what is built from them. No data moves; each composes a view."""
+"""Movement: reshape, permute, expand, pad, shrink, flip and what is built from them (joining, splitting, tiling, padding
+modes, windows, einsum). No data moves but in cat (a sum of padded pieces) and einsum (a product summed); the rest compose views."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
