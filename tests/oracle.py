@@ -64,7 +64,10 @@ def helper_test_op(shapes: Sequence[tuple[int, ...]] | None, torch_fn: Callable[
   pairs = [(w, g) for w, g in zip(wants, gots) if isinstance(w, torch.Tensor) and w.requires_grad]
   if not grad or not pairs: return
   cotangents = [rng.uniform(-1, 1, w.shape).astype(np.float32) for w, _ in pairs]
-  sum((w.float() * torch.from_numpy(c)).sum() for (w, _), c in zip(pairs, cotangents)).backward()
+  try: sum((w.float() * torch.from_numpy(c)).sum() for (w, _), c in zip(pairs, cotangents)).backward()
+  except RuntimeError as e:  # torch has no derivative for some ops (scatter): nothing to compare
+    if "not implemented" in str(e): return
+    raise
   assert all(g.requires_grad for _, g in pairs), "torch's output requires grad, tinytune's does not"
   sum((g.cast(dtypes.float32) * Tensor(c)).sum() for (_, g), c in zip(pairs, cotangents)).backward()  # type: ignore[union-attr]
   for i, (tx, tt) in enumerate(zip(torch_inputs, tt_inputs)):

@@ -253,13 +253,22 @@ class Tensor:
   uniform = staticmethod(creation.uniform); randint = staticmethod(creation.randint)
   full_like = creation.full_like; zeros_like = creation.zeros_like; ones_like = creation.ones_like
   rand_like = creation.rand_like; randn_like = creation.randn_like
+  empty = staticmethod(creation.empty); linspace = staticmethod(creation.linspace); meshgrid = creation.meshgrid
+  tril = creation.tril; triu = creation.triu; diagonal = creation.diagonal; diag = creation.diag
+  normal = staticmethod(creation.normal); kaiming_uniform = staticmethod(creation.kaiming_uniform)
+  kaiming_normal = staticmethod(creation.kaiming_normal); glorot_uniform = staticmethod(creation.glorot_uniform)
+  scaled_uniform = staticmethod(creation.scaled_uniform)
   # movement.py
   reshape = movement.reshape; permute = movement.permute; transpose = movement.transpose; T = property(movement.T)
   expand = movement.expand; _pairs = movement._pairs; pad = movement.pad; shrink = movement.shrink; flip = movement.flip
   flatten = movement.flatten; squeeze = movement.squeeze; unsqueeze = movement.unsqueeze; cat = movement.cat
-  stack = staticmethod(movement.stack)
+  stack = movement.stack; clone = movement.clone; view = movement.view; unflatten = movement.unflatten; repeat = movement.repeat
+  repeat_interleave = movement.repeat_interleave; roll = movement.roll; split = movement.split; chunk = movement.chunk
+  unfold = movement.unfold; einsum = staticmethod(movement.einsum)
   # indexing.py
-  __getitem__ = indexing.getitem
+  __getitem__ = indexing.getitem; _pick = staticmethod(indexing._pick); gather = indexing.gather; scatter = indexing.scatter
+  scatter_reduce = indexing.scatter_reduce; one_hot = indexing.one_hot; masked_fill = indexing.masked_fill
+  masked_select = indexing.masked_select; nonzero = indexing.nonzero
   # elementwise.py
   add = elementwise.add; mul = elementwise.mul; sub = elementwise.sub; div = elementwise.div; neg = elementwise.neg
   logical_not = elementwise.logical_not; _bitwise = elementwise._bitwise; _le = elementwise._le; lt = elementwise.lt; eq = elementwise.eq
@@ -283,7 +292,10 @@ class Tensor:
   normalize = elementwise.normalize
   # reduce.py
   sum = reduce.sum; _flip_order = reduce._flip_order; max = reduce.max; min = reduce.min; mean = reduce.mean; var = reduce.var
-  std = reduce.std; argmax = reduce.argmax; argmin = reduce.argmin
+  std = reduce.std; argmax = reduce.argmax; argmin = reduce.argmin; prod = reduce.prod; all = reduce.all; any = reduce.any
+  logsumexp = reduce.logsumexp; std_mean = reduce.std_mean; cumsum = reduce.cumsum; cumprod = reduce.cumprod
+  cummax = reduce.cummax; cummin = reduce.cummin; logcumsumexp = reduce.logcumsumexp; sort = reduce.sort
+  argsort = reduce.argsort; topk = reduce.topk
   # functional.py
   dropout = functional.dropout; softmax = functional.softmax; log_softmax = functional.log_softmax; matmul = functional.matmul
   dot = functional.dot; _windows = functional._windows; conv2d = functional.conv2d; max_pool2d = functional.max_pool2d

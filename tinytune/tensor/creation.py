@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -82,3 +82,94 @@ def zeros_like(self: Tensor, dtype: Any = None) -> Tensor: return self.full_like
 def ones_like(self: Tensor, dtype: Any = None) -> Tensor: return self.full_like(1, dtype)
 def rand_like(self: Tensor, dtype: Any = None) -> Tensor: return Tensor.rand(*self.shape, dtype=dtype or self.dtype, device=self.device)
 def randn_like(self: Tensor, dtype: Any = None) -> Tensor: return Tensor.randn(*self.shape, dtype=dtype or self.dtype, device=self.device)
+
+
+def empty(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
+  """A tensor whose values are unspecified (zeros here, lazily: nothing is allocated before it is realized)."""
+  return Tensor.zeros(*shape, dtype=dtype, device=device)
+
+
+def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: str | None = None) -> Tensor:
+  """steps evenly spaced values from start to stop, both included: the first half counted from start, the rest from stop."""
+  if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace steps is an int >= 0, got {steps!r}")
+  dt = dtypes.from_any(dtype) if dtype else dtypes.default_float
+  if steps <= 1: return Tensor([start] * steps, dtype=dtypes.float32, device=device).cast(dt)
+  i, step = Tensor.arange(steps, device=device).cast(dtypes.float32), (stop - start) / (steps - 1)
+  return (i < steps // 2).where(i * step + start, stop - (steps - 1 - i) * step).cast(dt)
+
+
+def meshgrid(self: Tensor | Sequence[Tensor], *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
+  """Coordinate grids of 1-d tensors: x.meshgrid(y) or Tensor.meshgrid(x, y); indexing 'ij' (matrix) or 'xy' (the first two swapped)."""
+  ts: list[Tensor] = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]  # type: ignore[list-item]
+  if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid indexing is 'ij' or 'xy', got {indexing!r}")
+  if not all(isinstance(t, Tensor) and t.ndim <= 1 for t in ts): raise ValueError("meshgrid needs 0-d or 1-d Tensors")
+  at = list(range(len(ts)))
+  if indexing == "xy" and len(ts) > 1: at[0], at[1] = 1, 0
+  shape = [0] * len(ts)
+  for k, t in zip(at, ts): shape[k] = t.numel()
+  return tuple(t.reshape(tuple(t.numel() if i == k else 1 for i in range(len(ts)))).expand(tuple(shape)) for k, t in zip(at, ts))
+
+
+def _triangle(self: Tensor, keep: Callable[[Tensor], Tensor], what: str) -> Tensor:
+  if self.ndim < 2: raise ValueError(f"{what} needs a tensor of at least 2 dims, got {self.shape}")
+  r, c = self.shape[-2:]
+  return keep(Tensor.arange(c, device=self.device) - Tensor.arange(r, device=self.device).reshape(r, 1)).where(self, self.zeros_like())
+
+
+def tril(self: Tensor, diagonal: int = 0) -> Tensor:
+  """The lower triangle of the last two dims, from the diagonal'th diagonal down; zeros above."""
+  return _triangle(self, lambda off: off <= diagonal, "tril")
+
+
+def triu(self: Tensor, diagonal: int = 0) -> Tensor:
+  """The upper triangle of the last two dims, from the diagonal'th diagonal up; zeros below."""
+  return _triangle(self, lambda off: off >= diagonal, "triu")
+
+
+def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+  """The diagonal of dims dim1 and dim2 (offset above it when positive) as a last dim, like torch.diagonal: only views."""
+  if self.ndim < 2: raise ValueError(f"diagonal needs a tensor of at least 2 dims, got {self.shape}")
+  d1, d2 = self._axis(dim1), self._axis(dim2)
+  if d1 == d2: raise ValueError(f"diagonal dims cannot be identical, got {dim1} and {dim2}")
+  x = self.permute([i for i in range(self.ndim) if i not in (d1, d2)] + [d1, d2])
+  (*lead, a, b), (r0, c0) = x.shape, ((0, offset) if offset >= 0 else (-offset, 0))
+  m, keep = max(0, min(a - r0, b - c0)), tuple((0, s) for s in lead)
+  if m == 0: return Tensor.zeros(*lead, 0, dtype=self.dtype, device=self.device)
+  x = x.shrink(keep + ((r0, r0 + m), (c0, c0 + m))).reshape(*lead, m * m)
+  return x.pad(((0, 0),) * len(lead) + ((0, m),)).reshape(*lead, m, m + 1).shrink(keep + ((0, m), (0, 1))).reshape(*lead, m)
+
+
+def diag(self: Tensor, diagonal: int = 0) -> Tensor:
+  """A 1-d tensor as the diagonal'th diagonal of a square matrix, or a 2-d tensor's diagonal'th diagonal, like torch.diag."""
+  if self.ndim == 2: return self.diagonal(diagonal)
+  if self.ndim != 1: raise ValueError(f"diag needs a 1-d or 2-d tensor, got {self.shape}")
+  n, k = self.shape[0], abs(diagonal)
+  square = (Tensor.arange(n, device=self.device).reshape(n, 1) == Tensor.arange(n, device=self.device)).where(self.reshape(n, 1), self.zeros_like())
+  return square.pad(((0, k), (k, 0)) if diagonal >= 0 else ((k, 0), (0, k)))
+
+
+# ***** initializers: random tensors scaled for a layer's fan-in and fan-out (tinygrad's) *****
+def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: Any = None, device: str | None = None) -> Tensor:
+  return (Tensor.randn(*shape, device=device) * std + mean).cast(dtype or dtypes.default_float)
+
+
+def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+  """Uniform in +-sqrt(6 / ((1 + a^2) fan_in)), fan_in the product of all but the first dim (He et al. 2015)."""
+  bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(argfix(*shape)[1:]))
+  return Tensor.uniform(*shape, low=-bound, high=bound, **kwargs)
+
+
+def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+  """Normal with std sqrt(2 / ((1 + a^2) fan_in)), fan_in the product of all but the first dim."""
+  return Tensor.normal(*shape, mean=0.0, std=math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(argfix(*shape)[1:])), **kwargs)
+
+
+def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+  """Xavier/Glorot: uniform in +-sqrt(6 / (fan_in + fan_out)), fan_out the first dim and fan_in the product of the rest."""
+  s = argfix(*shape)
+  return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * math.sqrt(6 / (s[0] + prod(s[1:])))
+
+
+def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+  """Uniform in +-1 / sqrt(numel)."""
+  return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * prod(argfix(*shape)) ** -0.5

@@ -1,27 +1,67 @@
-"""Indexing: tensor[...] with ints, slices, None and Ellipsis."""
+"""Indexing: tensor[...] with ints, slices, None, Ellipsis, int Tensors, lists and bool masks; gather, scatter and masks.
+
+A Tensor index selects by comparison, not by address: x[idx] is, for each output element, the sum over i of
+where(idx == i, x[i], 0). It fuses with what surrounds it, and costs one read of the indexed dims per output element."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tinytune.dtype import dtypes
+from tinytune.helpers import prod
+from tinytune.uop import Ops
+
 if TYPE_CHECKING:
-  from tinytune.tensor import Tensor
+  from tinytune.tensor import Scalar, Tensor
+
+
+def _pick(hit: Tensor, x: Tensor, axis: int = -1, keepdim: bool = False) -> Tensor:
+  """The sum of x where hit along axis: the selected value where hit is one-hot, 0 where it is all False. Keeps x's dtype."""
+  v = x.cast(dtypes.uint8) if x.dtype == dtypes.bool else x
+  return hit.where(v, 0)._reduce(Ops.ADD, axis, keepdim).cast(x.dtype)
+
+
+def _index_arrays(i: Any) -> list[tuple[Any, int | None]]:
+  """A list, array or bool Tensor index as int arrays, one per dim it indexes, each with the size its dim must have (masks)."""
+  arr = i.numpy() if isinstance(i, Tensor) else np.asarray(i)
+  if arr.dtype == np.bool_:
+    if arr.ndim == 0: raise IndexError("a 0-d bool index is not supported; use None to add a dim")
+    return [(a, n) for a, n in zip(np.nonzero(arr), arr.shape)]
+  if arr.size == 0: arr = arr.astype(np.int64)
+  if arr.dtype.kind not in "iu": raise IndexError(f"indices are ints or bools, got {arr.dtype} from {type(i).__name__}")
+  return [(arr, None)]
 
 
 def getitem(self: Tensor, index: Any) -> Tensor:
+  """x[index] like PyTorch: ints, slices, None, Ellipsis, int Tensors and lists (advanced indexing, broadcast together).
+  A bool mask (a Tensor or a list) realizes itself to find its True positions. An int Tensor index out of range selects
+  zeros (it is not checked, since that would realize it); a list index out of range raises IndexError."""
   index = index if isinstance(index, tuple) else (index,)
-  ellipsis = [at for at, i in enumerate(index) if i is Ellipsis]  # `is`, never ==: Tensor == builds a Tensor
-  if len(ellipsis) > 1: raise ValueError("an index has at most one Ellipsis")
-  real = [i for i in index if i is not None and i is not Ellipsis]
-  if len(real) > self.ndim: raise ValueError(f"too many indices ({len(real)}) for a tensor of {self.ndim} dims")
-  at = ellipsis[0] if ellipsis else len(index)
-  index = index[:at] + (slice(None),) * (self.ndim - len(real)) + index[at + 1:]
-  x, dim, out_shape = self, 0, []
+  items: list[tuple[Any, int | None]] = []
   for i in index:
+    if isinstance(i, (list, tuple, np.ndarray)) or (isinstance(i, Tensor) and i.dtype == dtypes.bool): items += _index_arrays(i)
+    else: items.append((i, None))
+  ellipsis = [at for at, (i, _) in enumerate(items) if i is Ellipsis]  # `is`, never ==: Tensor == builds a Tensor
+  if len(ellipsis) > 1: raise IndexError("an index has at most one Ellipsis")
+  real = [i for i, _ in items if i is not None and i is not Ellipsis]
+  if len(real) > self.ndim: raise IndexError(f"too many indices ({len(real)}) for a tensor of {self.ndim} dims")
+  at = ellipsis[0] if ellipsis else len(items)
+  items = items[:at] + [(slice(None), None)] * (self.ndim - len(real)) + items[at + 1:]
+  x, dim, out_shape, tensors = self, 0, [], []
+  for i, size in items:
     if i is None: out_shape.append(1); continue
     n = x.shape[dim]
-    if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+    if isinstance(i, np.ndarray):
+      if size is not None and size != n: raise IndexError(f"a mask of size {size} does not match dim {dim} of size {n}")
+      if i.size and not (-n <= i.min() and i.max() < n):
+        raise IndexError(f"index {i.max() if i.max() >= n else i.min()} is out of range for dim {dim} of size {n}")
+      i = Tensor(np.where(i < 0, i + n, i).astype(np.int32 if n < 2**31 else np.int64), device=self.device)
+    if isinstance(i, Tensor):
+      if i.dtype.is_float: raise IndexError(f"tensors used as indices must be int or bool tensors, got {i.dtype.name}")
+      tensors.append((len(out_shape), i))
+      out_shape.append(n)  # kept whole here; the Tensor index selects from it below
+    elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
       if not -n <= i < n: raise IndexError(f"index {i} is out of range for dim {dim} of size {n}")
       x = x.shrink(tuple((int(i) % n, int(i) % n + 1) if j == dim else None for j in range(x.ndim)))
     elif isinstance(i, slice):
@@ -35,6 +75,127 @@ def getitem(self: Tensor, index: Any) -> Tensor:
         x = x.reshape(shp[:dim] + (length, step) + shp[dim + 1:]).shrink(
           tuple((0, 1) if j == dim + 1 else None for j in range(x.ndim + 1))).reshape(shp[:dim] + (length,) + shp[dim + 1:])
       out_shape.append(length)
-    else: raise TypeError(f"unsupported index {i!r}: use ints, slices, None or ...")
+    else: raise IndexError(f"unsupported index {i!r}: use ints, slices, None, ..., int or bool Tensors, or lists")
     dim += 1
-  return x.reshape(tuple(out_shape))
+  x = x.reshape(tuple(out_shape))
+  return _take(x, tensors) if tensors else x
+
+
+def _take(x: Tensor, tensors: list[tuple[int, Tensor]]) -> Tensor:
+  """Advanced indexing of x's dims by int Tensors: their dims go where the first one was if they are adjacent, else first."""
+  dims = [d for d, _ in tensors]
+  try: idx = _broadcast([t for _, t in tensors])
+  except ValueError: raise IndexError(f"shape mismatch: index tensors of shapes {[t.shape for _, t in tensors]} do not broadcast") from None
+  rest, sizes, bshape = [d for d in range(x.ndim) if d not in dims], [x.shape[d] for d in dims], idx[0].shape
+  n = prod(sizes)
+  lin: Tensor | None = None  # the flat position in the indexed dims, as one index
+  for t, size, stride in zip(idx, sizes, [prod(sizes[j + 1:]) for j in range(len(sizes))]):
+    t = t.cast(dtypes.int64) if n >= 2**31 else t
+    t = (t < 0).where(t + size, t) * stride
+    lin = t if lin is None else lin + t
+  assert lin is not None
+  flat = x.permute(rest + dims).reshape(tuple(x.shape[d] for d in rest) + (n,))
+  hit = lin.reshape(bshape + (1,) * (len(rest) + 1)) == Tensor.arange(n, device=x.device)
+  out = _pick(hit, flat.reshape((1,) * len(bshape) + flat.shape))  # bshape + rest
+  nb, at = len(bshape), dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+  return out.permute(list(range(nb, nb + at)) + list(range(nb)) + list(range(nb + at, out.ndim)))
+
+
+def _broadcast(ts: list[Tensor]) -> list[Tensor]:
+  nd = max(t.ndim for t in ts)
+  shapes = [(1,) * (nd - t.ndim) + t.shape for t in ts]
+  out = tuple(max(s) if 0 not in s else 0 for s in zip(*shapes))
+  if any(a not in (1, b) for s in shapes for a, b in zip(s, out)): raise ValueError(f"shapes {[t.shape for t in ts]} do not broadcast")
+  return [t.reshape(s).expand(out) for t, s in zip(ts, shapes)]
+
+
+def _check_index(self: Tensor, dim: int, index: Tensor, what: str) -> int:
+  if not isinstance(index, Tensor): raise TypeError(f"{what} index is a Tensor, got {type(index).__name__}")
+  if not (index.dtype.is_int or index.dtype == dtypes.uint8): raise TypeError(f"{what} index must be an int tensor, got {index.dtype.name}")
+  if index.ndim != self.ndim: raise ValueError(f"{what}: index has {index.ndim} dims, the tensor {self.ndim}; they must match")
+  d = self._axis(dim)
+  if any(a > b for k, (a, b) in enumerate(zip(index.shape, self.shape)) if k != d):
+    raise ValueError(f"{what}: index shape {index.shape} is larger than the tensor's {self.shape} outside dim {d}")
+  return d
+
+
+def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
+  """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range selects 0 (not checked)."""
+  if self.ndim == 0: return self.reshape(1).gather(dim, index.reshape(1)).reshape(())
+  d = _check_index(self, dim, index, "gather")
+  x = self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))
+  hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)
+  return _pick(hit, x.unsqueeze(-1).transpose(d, -1))
+
+
+def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
+  """self with src written at index along dim, like torch.scatter: where two writes hit one place, the last one wins.
+  reduce='add' or 'multiply' combines them, with self, instead."""
+  if reduce not in (None, "add", "multiply"): raise ValueError(f"scatter reduce is 'add', 'multiply' or None, got {reduce!r}")
+  return _scatter(self, dim, index, src, {None: "replace", "add": "sum", "multiply": "prod"}[reduce], True)
+
+
+def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True) -> Tensor:
+  """self with src combined at index along dim by reduce: 'sum', 'prod', 'mean', 'amax' or 'amin', like torch.scatter_reduce."""
+  if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+    raise ValueError(f"scatter_reduce reduce is sum, prod, mean, amax or amin, got {reduce!r}")
+  return _scatter(self, dim, index, src, reduce, include_self)
+
+
+def _scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, how: str, include_self: bool) -> Tensor:
+  if self.ndim == 0:
+    return _scatter(self.reshape(1), dim, index.reshape(1), src.reshape(1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
+  d = _check_index(self, dim, index, "scatter")
+  if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, self.dtype, self.device)
+  if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
+    raise ValueError(f"scatter: src shape {src.shape} must have index's dims {index.shape}, each at least as large")
+  vals = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype).unsqueeze(-1)  # index's shape + (1,)
+  hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)  # index's shape + (n,): which place each write hits
+
+  def place(t: Tensor) -> Tensor:  # index's shape with dim d reduced to 1, + (n,) -> self's shape (0 outside the index's extent)
+    t = t.transpose(d, -1).reshape(t.shape[:d] + (t.shape[-1],) + t.shape[d + 1:-1])
+    return t.pad(tuple((0, 0) if k == d else (0, s - t.shape[k]) for k, s in enumerate(self.shape)))
+  written = place(hit.any(d, keepdim=True))
+  if how == "replace":
+    order = Tensor.arange(1, index.shape[d] + 1, device=self.device).reshape(tuple(index.shape[d] if k == d else 1 for k in range(self.ndim + 1)))
+    last = hit.where(order, 0).max(d, keepdim=True)  # the last write to each place, counting from 1
+    return written.where(place(_pick(hit & (order == last), vals, d, keepdim=True)), self)
+  if how in ("amax", "amin"):
+    flip = (lambda t: t) if how == "amax" else (lambda t: t._flip_order())
+    got = flip(place(hit.where(flip(vals), dtypes.min(self.dtype)).max(d, keepdim=True)))
+    return written.where(got.maximum(self) if how == "amax" else got.minimum(self), self) if include_self else written.where(got, self)
+  if how == "prod":
+    got = place(hit.where(vals, 1).prod(d, keepdim=True, dtype=self.dtype))
+    return written.where(got * self if include_self else got, self)
+  total = place(hit.where(vals, 0).sum(d, keepdim=True)).cast(self.dtype)
+  if how == "sum": return written.where(total + self if include_self else total, self)
+  count = place(hit.sum(d, keepdim=True)) + int(include_self)
+  mean = (total + self if include_self else total) / count.maximum(1)
+  return written.where(mean.cast(self.dtype), self)  # an int mean truncates
+
+
+def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
+  """A one-hot encoding along a new last dim. num_classes=-1 takes max + 1, which realizes self."""
+  if self.dtype.is_float or self.dtype == dtypes.bool: raise TypeError(f"one_hot needs an int tensor, got {self.dtype.name}")
+  if num_classes == -1: num_classes = int(self.max().item()) + 1 if self.numel() else 0
+  if not isinstance(num_classes, int) or num_classes < 0: raise ValueError(f"one_hot num_classes is an int >= 0 or -1, got {num_classes!r}")
+  return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).where(1, 0)
+
+
+def masked_fill(self: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
+  """value where mask is True, self elsewhere; mask broadcasts to self's shape."""
+  if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool: raise TypeError("masked_fill mask must be a bool Tensor")
+  return mask.where(value, self).cast(self.dtype).expand(self.shape)
+
+
+def masked_select(self: Tensor, mask: Tensor) -> Tensor:
+  """The elements of self where mask (broadcast together) is True, as a 1-d tensor. Its size depends on the data, so this
+  realizes self and mask."""
+  if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool: raise TypeError("masked_select mask must be a bool Tensor")
+  a, m = np.broadcast_arrays(self.numpy(), mask.numpy())
+  return Tensor(a[m], dtype=self.dtype, device=self.device)
+
+
+def nonzero(self: Tensor) -> Tensor:
+  """The indices of the nonzero elements, shape (count, ndim), int64 like torch. Its size depends on the data, so this realizes self."""
+  return Tensor(np.argwhere(self.numpy()).astype(np.int64).reshape(-1, self.ndim), dtype=dtypes.int64, device=self.device)

@@ -1,4 +1,5 @@
-"""Movement: reshape, permute, expand, pad, shrink, flip and what is built from them. No data moves; each composes a view."""
+"""Movement: reshape, permute, expand, pad, shrink, flip and what is built from them (joining, splitting, tiling, padding
+modes, windows, einsum). No data moves but in cat (a sum of padded pieces) and einsum (a product summed); the rest compose views."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -32,8 +33,10 @@ def reshape(self: Tensor, *shape: Any) -> Tensor:
 
 
 def permute(self: Tensor, *order: Any) -> Tensor:
-  order = tuple(self._axis(o) for o in argfix(*order)) if self.ndim else argfix(*order)
-  if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute needs a permutation of {self.ndim} axes, got {order}")
+  order = argfix(*order)
+  if len(order) != self.ndim: raise ValueError(f"permute needs one dim per dim of the tensor ({self.ndim}), got {len(order)}: {order}")
+  order = tuple(self._axis(o) for o in order)
+  if len(set(order)) != len(order): raise ValueError(f"permute: duplicate dims are not allowed, got {argfix(*order)}")
   return self._move("permute", order, tuple(self.shape[i] for i in order))
 
 
@@ -62,20 +65,46 @@ def _pairs(self: Tensor, arg: Sequence, what: str) -> tuple[tuple[int, int], ...
   return tuple(tuple(p) if p is not None else None for p in arg)  # type: ignore[misc]
 
 
-def pad(self: Tensor, padding: Sequence, value: Scalar = 0.0) -> Tensor:
-  """padding: ((before, after) or None per dim), or PyTorch's flat (last_before, last_after, ...)."""
+def pad(self: Tensor, padding: Sequence, mode: str = "constant", value: Scalar = 0.0) -> Tensor:
+  """padding: ((before, after) or None per dim), or PyTorch's flat (last_before, last_after, ...); a negative amount crops.
+  mode: 'constant' (value), 'reflect' (mirrored, without the edge), 'replicate' (the edge repeated) or 'circular' (wrapped)."""
+  if mode not in ("constant", "reflect", "replicate", "circular"):
+    raise ValueError(f"pad mode is constant, reflect, replicate or circular, got {mode!r}")
+  if mode != "constant" and value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a value")
   if padding and all(isinstance(p, int) for p in padding):
     if len(padding) % 2 or len(padding) > 2 * self.ndim: raise ValueError(f"flat padding needs pairs for at most {self.ndim} dims, got {padding}")
     flat = list(padding) + [0] * (2 * self.ndim - len(padding))
     pairs = tuple((flat[2 * i], flat[2 * i + 1]) for i in reversed(range(self.ndim)))
   else: pairs = tuple(p or (0, 0) for p in self._pairs(padding, "pad"))
+  if mode in ("reflect", "replicate") and any(b < 0 or a < 0 for b, a in pairs):  # pad, then crop, like torch (circular crops first)
+    x = _pad_from_edges(self, tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode)
+    return x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
   if any(b < 0 or a < 0 for b, a in pairs): return self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape))).pad(
-    tuple((max(b, 0), max(a, 0)) for b, a in pairs), value)
+    tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode, value)
+  if mode != "constant": return _pad_from_edges(self, pairs, mode)
   shape = tuple(s + b + a for s, (b, a) in zip(self.shape, pairs))
   ret = self._move("pad", pairs, shape)
   if value == 0: return ret
   inside = Tensor.full(self.shape, True, dtypes.bool, self.device)._move("pad", pairs, shape)
   return inside.where(ret, value)
+
+
+def _pad_from_edges(x: Tensor, pairs: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+  for d, (b, a) in enumerate(pairs):
+    if not (b or a): continue
+    n = x.shape[d]
+    def part(lo: int, hi: int) -> Tensor: return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+    if mode == "reflect":
+      if b >= n or a >= n: raise ValueError(f"reflect padding ({b}, {a}) must be smaller than dim {d} of size {n}")
+      left, right = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
+    elif mode == "replicate":
+      if n == 0: raise ValueError(f"replicate padding needs a nonempty dim {d}")
+      left, right = (part(e, e + 1).expand(tuple(k if i == d else s for i, s in enumerate(x.shape))) for e, k in ((0, b), (n - 1, a)))
+    else:
+      if b > n or a > n: raise ValueError(f"circular padding ({b}, {a}) must be at most dim {d}'s size {n}")
+      left, right = part(n - b, n), part(0, a)
+    x = left.cat(x, right, dim=d)
+  return x
 
 
 def shrink(self: Tensor, arg: Sequence) -> Tensor:
@@ -86,7 +115,8 @@ def shrink(self: Tensor, arg: Sequence) -> Tensor:
 
 def flip(self: Tensor, *axis: Any) -> Tensor:
   axes = tuple(self._axis(a) for a in argfix(*axis))
-  if len(set(axes)) != len(axes): raise ValueError(f"flip axes {argfix(*axis)} name a dim twice")
+  if len(set(axes)) != len(axes):
+    raise ValueError(f"flip: dim {next(a for a in axes if axes.count(a) > 1)} appears multiple times in the list of dims")
   return self._move("flip", axes, self.shape)
 
 
@@ -107,24 +137,141 @@ def unsqueeze(self: Tensor, dim: int) -> Tensor:
   return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
 
-def cat(self: Tensor, *others: Tensor, dim: int = 0) -> Tensor:
-  ts = [self, *others]
+def cat(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tensor:
+  """Join tensors along an existing dim: x.cat(y, z, dim=0), Tensor.cat(x, y) or Tensor.cat([x, y])."""
+  if isinstance(self, (list, tuple)) and len(others) == 1 and isinstance(others[0], int): others, dim = (), others[0]  # torch's stack(ts, dim)
+  ts: list[Tensor] = [*self, *others] if isinstance(self, (list, tuple)) else [self, *others]  # type: ignore[list-item]
+  if not ts: raise ValueError("cat needs at least one tensor")
   if not all(isinstance(t, Tensor) for t in ts): raise TypeError(f"cat needs Tensors, got {[type(t).__name__ for t in ts]}")
-  if self.ndim == 0: raise ValueError("cat needs tensors of at least one dim; use stack for 0-d tensors")
-  d = self._axis(dim)
-  if not all(t.ndim == self.ndim and all(a == b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d) for t in ts):
+  if any(t.ndim == 0 for t in ts):
+    raise ValueError(f"zero-dimensional tensor (at position {[t.ndim for t in ts].index(0)}) cannot be concatenated; use stack")
+  x = ts[0]
+  d = x._axis(dim)
+  if not all(t.ndim == x.ndim and all(a == b for i, (a, b) in enumerate(zip(t.shape, x.shape)) if i != d) for t in ts):
     raise ValueError(f"cat needs equal shapes except along dim {d}, got {[t.shape for t in ts]}")
   dt = least_upper(*(t.dtype for t in ts))
   total, at, ret = sum(t.shape[d] for t in ts), 0, None
   for t in ts:
-    piece = t.cast(dt).pad(tuple((at, total - at - t.shape[d]) if i == d else (0, 0) for i in range(self.ndim)))
+    piece = t.cast(dt).pad(tuple((at, total - at - t.shape[d]) if i == d else (0, 0) for i in range(x.ndim)))
     ret, at = piece if ret is None else (ret | piece if dt == dtypes.bool else ret + piece), at + t.shape[d]
   return ret  # type: ignore[return-value]
 
 
-def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-  if not tensors: raise ValueError("stack needs at least one tensor")
-  if not all(isinstance(t, Tensor) for t in tensors): raise TypeError(f"stack needs Tensors, got {[type(t).__name__ for t in tensors]}")
-  if not all(t.shape == tensors[0].shape for t in tensors): raise ValueError(f"stack needs equal shapes, got {[t.shape for t in tensors]}")
-  d = tensors[0]._axis(dim, tensors[0].ndim + 1)
-  return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
+def stack(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tensor:
+  """Join tensors of one shape along a new dim: x.stack(y, z, dim=0), Tensor.stack(x, y), Tensor.stack([x, y]) or Tensor.stack([x, y], 1)."""
+  if isinstance(self, (list, tuple)) and len(others) == 1 and isinstance(others[0], int): others, dim = (), others[0]  # torch's stack(ts, dim)
+  ts: list[Tensor] = [*self, *others] if isinstance(self, (list, tuple)) else [self, *others]  # type: ignore[list-item]
+  if not ts: raise ValueError("stack needs at least one tensor")
+  if not all(isinstance(t, Tensor) for t in ts): raise TypeError(f"stack needs Tensors, got {[type(t).__name__ for t in ts]}")
+  if not all(t.shape == ts[0].shape for t in ts): raise ValueError(f"stack needs equal shapes, got {[t.shape for t in ts]}")
+  d = ts[0]._axis(dim, ts[0].ndim + 1)
+  return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
+
+
+def clone(self: Tensor) -> Tensor: return self.contiguous()
+def view(self: Tensor, *shape: Any) -> Tensor: return self.reshape(*shape)
+
+
+def unflatten(self: Tensor, dim: int, sizes: Sequence[int]) -> Tensor:
+  d = self._axis(dim)
+  return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
+
+
+def repeat(self: Tensor, repeats: Any, *args: int) -> Tensor:
+  """Tile the tensor: repeats[i] copies along dim i (leading repeats add dims), like torch.Tensor.repeat."""
+  reps = argfix(repeats, *args)
+  if len(reps) < self.ndim: raise ValueError(f"repeat needs at least one count per dim ({self.ndim}), got {reps}")
+  if not all(isinstance(r, int) and r >= 0 for r in reps): raise ValueError(f"repeat counts are ints >= 0, got {reps}")
+  base = (1,) * (len(reps) - self.ndim) + self.shape
+  x = self.reshape(tuple(v for s in base for v in (1, s))).expand(tuple(v for r, s in zip(reps, base) for v in (r, s)))
+  return x.reshape(tuple(r * s for r, s in zip(reps, base)))
+
+
+def repeat_interleave(self: Tensor, repeats: int, dim: int | None = None) -> Tensor:
+  """Each element repeats times in a row along dim (of the flattened tensor where None)."""
+  if not isinstance(repeats, int) or repeats < 0: raise TypeError(f"repeat_interleave repeats is an int >= 0, got {repeats!r}")
+  x, d = (self.flatten(), 0) if dim is None else (self, self._axis(dim))
+  if x.ndim == 0: x = x.reshape(1)
+  return x.unsqueeze(d + 1).expand(x.shape[:d + 1] + (repeats,) + x.shape[d + 1:]).flatten(d, d + 1)
+
+
+def roll(self: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
+  """Shift elements along dims, wrapping around; with dims None, along the flattened tensor."""
+  if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
+  sh, ds = argfix(shifts), argfix(dims)
+  if len(sh) != len(ds): raise ValueError(f"roll needs one shift per dim, got shifts {sh} and dims {ds}")
+  x = self
+  for s, d in zip(sh, ds):
+    d, n = x._axis(d), x.shape[x._axis(d)] if x.ndim else 1
+    if n and s % n: x = x.shrink(tuple((n - s % n, n) if i == d else None for i in range(x.ndim))).cat(
+      x.shrink(tuple((0, n - s % n) if i == d else None for i in range(x.ndim))), dim=d)
+  return x
+
+
+def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+  """Pieces along dim: of sizes each (the last may be smaller) for an int, else of the sizes given (they must sum to the dim)."""
+  d = self._axis(dim)
+  n = self.shape[d]
+  if isinstance(sizes, int):
+    if sizes <= 0: raise ValueError(f"split size must be a positive int, got {sizes}")
+    sizes = [min(sizes, n - at) for at in range(0, n, sizes)] or [0]
+  elif sum(sizes) != n or any(s < 0 for s in sizes): raise ValueError(f"split sizes {list(sizes)} must be >= 0 and sum to dim {d}'s size {n}")
+  ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+  return tuple(self.shrink(tuple((e - s, e) if i == d else None for i in range(self.ndim))) for s, e in zip(sizes, ends))
+
+
+def chunk(self: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+  """At most chunks pieces of ceil(n / chunks) along dim, like torch.chunk."""
+  if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk expects a positive int of chunks, got {chunks!r}")
+  n = self.shape[self._axis(dim)]
+  return self.split(-(-n // chunks), dim) if n else (self,) * chunks
+
+
+def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
+  """Windows of size with stride step along dim, as a new last dim (one strided view, nothing copied), like torch.Tensor.unfold."""
+  d = self._axis(dim)
+  n = self.shape[d] if self.ndim else 1
+  if not isinstance(size, int) or not 0 <= size <= n: raise ValueError(f"unfold size {size} must be in [0, {n}] for dim {d}")
+  if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold step must be a positive int, got {step}")
+  if not self.ndim: return self.reshape(size)
+  shape = self.shape[:d] + ((n - size) // step + 1,) + self.shape[d + 1:] + (size,)
+  if 0 in shape: return Tensor.zeros(shape, dtype=self.dtype, device=self.device)
+  last = self.ndim - 1  # sliding windows along the last dim (one strided view, with a gradient), then dim back in place
+  moved = self.permute(*[i for i in range(self.ndim) if i != d], d)._windows((size,), (step,), (1,))
+  return moved.permute(*range(d), last, *range(d, last), last + 1)
+
+
+def einsum(formula: str, *operands: Any, dtype: Any = None) -> Tensor:
+  """Einstein summation ('ij,jk->ik', '...ij->...ji', 'ii->i'): the operands broadcast to all the letters, multiply, and the
+  letters not in the output are summed. A letter repeated within one operand takes its diagonal."""
+  xs: list[Tensor] = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+  lhs, arrow, rhs = formula.replace(" ", "").partition("->")
+  ins = lhs.split(",")
+  if len(ins) != len(xs): raise ValueError(f"einsum {formula!r} names {len(ins)} operands, got {len(xs)}")
+  named = [len(s.replace("...", "")) for s in ins]
+  if any(n > x.ndim or ("..." not in s and n != x.ndim) for s, n, x in zip(ins, named, xs)):
+    raise ValueError(f"einsum {formula!r} does not match the operands' dims {[x.ndim for x in xs]}")
+  n_ell = max((x.ndim - n for s, n, x in zip(ins, named, xs) if "..." in s), default=0)
+  fresh = "".join(chr(0x3b1 + i) for i in range(n_ell))  # greek letters stand for the dims of '...', aligned right
+  ins = [s.replace("...", fresh[n_ell - (x.ndim - n):]) for s, n, x in zip(ins, named, xs)]
+  if not all(c.isalpha() for s in ins for c in s): raise ValueError(f"einsum {formula!r}: subscripts are letters")
+  out = rhs.replace("...", fresh) if arrow else fresh + "".join(sorted(c for c in set("".join(ins)) if "".join(ins).count(c) == 1 and c not in fresh))
+  for i, (s, x) in enumerate(zip(ins, xs)):  # a letter twice in one operand: its diagonal
+    while (c := next((c for c in s if s.count(c) > 1), None)) is not None:
+      a = s.index(c)
+      b = s.index(c, a + 1)
+      x, s = x.diagonal(0, a, b), s[:a] + s[a + 1:b] + s[b + 1:] + c
+    ins[i], xs[i] = s, x
+  sizes: dict[str, int] = {}
+  for s, x in zip(ins, xs):
+    for c, n in zip(s, x.shape):
+      if sizes.setdefault(c, n) != n and 1 not in (n, sizes[c]): raise ValueError(f"einsum {formula!r}: letter {c!r} has sizes {sizes[c]} and {n}")
+  letters = list(out) + sorted(set(sizes) - set(out))
+  if any(c not in "".join(ins) for c in out): raise ValueError(f"einsum {formula!r}: output letter not in the inputs")
+  ret = None
+  for s, x in zip(ins, xs):
+    x = x.permute([s.index(c) for c in letters if c in s]).reshape(tuple(x.shape[s.index(c)] if c in s else 1 for c in letters))
+    ret = x if ret is None else ret * x
+  assert ret is not None
+  summed = tuple(range(len(out), len(letters)))
+  return ret.sum(summed, dtype=dtype or ret.dtype) if summed else ret.cast(dtype or ret.dtype)

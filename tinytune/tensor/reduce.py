@@ -1,11 +1,11 @@
-"""Reductions along axes: sum, max and min, and the statistics built from them."""
+"""Reductions along axes: sum, max and min, the statistics built from them, running (cumulative) reductions and sorting."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tinytune.dtype import dtypes
-from tinytune.helpers import prod
+from tinytune.helpers import prod as prod_
 from tinytune.uop import Ops
 
 if TYPE_CHECKING:
@@ -30,12 +30,12 @@ def min(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor: return
 
 
 def mean(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
-  n = prod(s for i, s in enumerate(self.shape) if i in self._reduce_axes(axis))
+  n = prod_(s for i, s in enumerate(self.shape) if i in self._reduce_axes(axis))
   return self._float().sum(axis, keepdim) * (1 / n if n else math.nan)
 
 
 def var(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-  n = prod(s for i, s in enumerate(self.shape) if i in self._reduce_axes(axis))
+  n = prod_(s for i, s in enumerate(self.shape) if i in self._reduce_axes(axis))
   sq = (self._float() - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
   return sq * (1 / (n - correction) if n - correction > 0 else math.nan)
 
@@ -44,14 +44,130 @@ def std(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int =
 
 
 def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
-  if axis is None: return self.flatten().argmax(0) if self.ndim else Tensor(0, dtypes.int64, self.device)
+  """The index of the first max along axis (of the flattened tensor where None), int32 like tinygrad."""
+  if axis is None: return self.flatten().argmax(0) if self.ndim else Tensor(0, dtypes.int32, self.device)
   if not self.ndim: return self.reshape(1).argmax(self._axis(axis))
   d = self._axis(axis)
   n = self.shape[d]
   is_max = self == self.max(d, keepdim=True)
   if self.dtype.is_float: is_max = is_max | (self != self)  # a NaN is the max wherever it is, like numpy
-  rev = Tensor.arange(n, 0, -1, dtype=dtypes.int64, device=self.device).reshape((n,) + (1,) * (self.ndim - d - 1))
+  rev = Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape((n,) + (1,) * (self.ndim - d - 1))
   return n - (is_max.where(rev, 0)).max(d, keepdim)
 
 
 def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor: return self._flip_order().argmax(axis, keepdim)
+
+
+def prod(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+  """The product along axes, by halving: log2(n) multiplies of the two halves (there is no product reduction)."""
+  axes = self._reduce_axes(axis)
+  dt = dtypes.from_any(dtype) if dtype else dtypes.int64 if self.dtype in (dtypes.bool, dtypes.uint8, dtypes.int32) else self.dtype
+  x = self.cast(dtypes.float32 if dt.is_float and dt.itemsize == 2 else dt)
+  rest = [i for i in range(self.ndim) if i not in axes]
+  x = x.permute(rest + list(axes)).reshape(tuple(self.shape[i] for i in rest) + (prod_(self.shape[i] for i in axes),))
+  if x.shape[-1] == 0: x = x.pad(((0, 0),) * (x.ndim - 1) + ((0, 1),), value=1)
+  while (n := x.shape[-1]) > 1:
+    if n % 2: x, n = x.pad(((0, 0),) * (x.ndim - 1) + ((0, 1),), value=1), n + 1
+    x = x.shrink(tuple((0, s) for s in x.shape[:-1]) + ((0, n // 2),)) * x.shrink(tuple((0, s) for s in x.shape[:-1]) + ((n // 2, n),))
+  out = x.reshape(tuple(1 if i in axes else s for i, s in enumerate(self.shape)) if keepdim else tuple(self.shape[i] for i in rest))
+  return out.cast(dt)
+
+
+def all(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor: return (self == 0).any(axis, keepdim).logical_not()
+def any(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
+  return (self != 0).cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
+
+
+def logsumexp(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
+  """log(sum(exp(x))) along axes, shifted by the max so that it neither overflows nor underflows."""
+  x = self._float()
+  m = x.max(axis, keepdim=True)
+  m = (m.abs() == math.inf).where(0, m)  # all -inf (or an inf) would make x - m NaN
+  ret = (x - m).exp().sum(axis, keepdim=True).log() + m
+  return ret if keepdim else ret.reshape(x.max(axis).shape)
+
+
+def std_mean(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+  return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+
+BLOCK = 256  # longer runs go in two stages
+
+
+def _running(self: Tensor, axis: int, fill: Any, fn: Callable[[Tensor], Tensor], combine: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+  """fn over the last dim of the (..., n, n) tensor whose row i is x[:i+1] along axis (fill after it): every prefix at once,
+  O(n^2) work per row, as a pair of views and one reduction that fuse. Given combine (the op fn reduces by), a run longer
+  than BLOCK goes in blocks of about sqrt(n): within each block, then over the blocks' totals, O(n sqrt(n)) work."""
+  if self.ndim == 0: return _running(self.reshape(1), self._axis(axis), fill, fn, combine).reshape(())
+  d = self._axis(axis)
+  x = self.transpose(d, -1)
+  n = x.shape[-1]
+  if combine is not None and n > BLOCK:
+    b = math.isqrt(n - 1) + 1
+    nb, lead = -(-n // b), ((0, 0),) * (x.ndim - 1)
+    inner = _running(x.pad(lead + ((0, nb * b - n),), value=fill).reshape(*x.shape[:-1], nb, b), -1, fill, fn)
+    totals = _running(inner[..., b - 1], -1, fill, fn, combine)
+    before = totals.pad(lead + ((1, 0),), value=fill)[..., :nb]  # the total of all the blocks before each one
+    return combine(inner, before.unsqueeze(-1)).reshape(*x.shape[:-1], nb * b)[..., :n].transpose(d, -1)
+  upto = Tensor.arange(n, device=self.device).reshape(n, 1) >= Tensor.arange(n, device=self.device)
+  return fn(upto.where(x.unsqueeze(-2), fill)).transpose(d, -1)
+
+
+def cumsum(self: Tensor, axis: int = 0) -> Tensor:
+  """The running sum along axis (int32, uint8 and bool sum in int64, like torch). O(n min(n, sqrt(n) + BLOCK)) work along axis."""
+  return _running(self, axis, 0, lambda t: t.sum(-1), lambda a, b: a + b)
+
+
+def cumprod(self: Tensor, axis: int = 0) -> Tensor:
+  """The running product along axis, O(n log n min(n, sqrt(n) + BLOCK)) work along axis."""
+  return _running(self, axis, 1, lambda t: t.prod(-1), lambda a, b: a * b)
+
+
+def cummax(self: Tensor, axis: int = 0) -> Tensor:
+  """The running max along axis (values only, like tinygrad; a NaN carries on). O(n min(n, sqrt(n) + BLOCK)) work along axis."""
+  return _running(self, axis, dtypes.min(self.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
+
+
+def cummin(self: Tensor, axis: int = 0) -> Tensor: return self._flip_order().cummax(axis)._flip_order()
+
+
+def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
+  """The running logsumexp along axis, each prefix shifted by its own max. O(n^2) work along axis."""
+  return _running(self._float(), axis, -math.inf, lambda t: t.logsumexp(-1))
+
+
+def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+  """(values, indices) sorted along dim, NaN as the largest value like torch; ties keep their order. By counting comparisons:
+  each element's rank is the number of elements before it in the order, O(n^2) work and two reductions along dim."""
+  if self.ndim == 0: return self, Tensor(0, dtypes.int32, self.device)
+  d = self._axis(dim)
+  x = self.transpose(d, -1)
+  n = x.shape[-1]
+  a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # element i, element j
+  pos = Tensor.arange(n, device=self.device)
+  if self.dtype.is_float:
+    nan_a, nan_b = a != a, b != b
+    before = ((b > a) | (nan_b & nan_a.logical_not())) if descending else ((b < a) | (nan_a & nan_b.logical_not()))
+    same = (a == b) | (nan_a & nan_b)
+  else: before, same = (b > a) if descending else (b < a), a == b
+  rank = (before | (same & (pos < pos.reshape(n, 1)))).sum(-1, dtype=dtypes.int32)  # (..., n): where element i goes
+  to = rank.unsqueeze(-2) == pos.reshape(n, 1)  # (..., k, i): element i goes to place k
+  values = Tensor._pick(to, x.unsqueeze(-2))
+  indices = Tensor._pick(to, pos.expand(x.shape).unsqueeze(-2))
+  return values.transpose(d, -1), indices.transpose(d, -1)
+
+
+def argsort(self: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
+  """The indices that sort self along dim (int32), see sort."""
+  return self.sort(dim, descending)[1]
+
+
+def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
+  """(values, indices) of the k largest (or smallest) along dim, in order; built on sort, O(n^2) along dim."""
+  d = self._axis(dim)
+  n = self.shape[d] if self.ndim else 1
+  if not isinstance(k, int) or not 0 <= k <= n: raise ValueError(f"topk k={k!r} is out of range for dim {d} of size {n}")
+  values, indices = self.sort(d, descending=largest)
+  if not self.ndim: return values, indices
+  keep = tuple((0, k) if i == d else None for i in range(self.ndim))
+  return values.shrink(keep), indices.shrink(keep)

@@ -1,0 +1,396 @@
+"""Indexing, gather/scatter, running reductions, sorting, movement and creation ops against PyTorch (one line per case),
+bad calls failing like torch, and hypothesis properties of cumsum, indexing and sort against NumPy."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import oracle
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from oracle import torch
+from test_ops import FUZZ, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+
+from tinytune import Tensor, dtypes
+
+
+def helper_test_op(*args: Any, **kwargs: Any) -> None:  # values only: the gradients of these ops are not all checked yet
+  oracle.helper_test_op(*args, **{"grad": False, **kwargs})
+
+F = torch.nn.functional
+
+
+def idx(*data: Any) -> tuple[Any, Tensor]:
+  """The same int64 index for torch and for tinytune."""
+  a = np.array(data[0] if len(data) == 1 else data, dtype=np.int64)
+  return torch.from_numpy(a), Tensor(a)
+
+
+def both(fn: Callable[..., Any], *args: Any) -> tuple[Callable, Callable]:
+  """torch and tinytune versions of x -> fn(x, index...) for index arguments built by idx()."""
+  def side(k: int) -> Callable: return lambda x: fn(x, *[a[k] if isinstance(a, tuple) else a for a in args])
+  return side(0), side(1)
+
+
+# ***** indexing with Tensors and lists *****
+I1, I2, INEG = idx(2, 0, 2), idx([[0, 1], [3, 3]]), idx(-1, 0, -4)
+
+
+def test_index_by_tensor() -> None:
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1))
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], I2))  # a 2-d index adds its dims
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], INEG))  # negative indices count from the end
+  helper_test_op([(4, 5)], *both(lambda x, i: x[:, i], I1))
+  helper_test_op([(4, 5, 3)], *both(lambda x, i: x[i, 1:3], I1))
+  helper_test_op([(4, 5, 3)], *both(lambda x, i: x[None, ..., i], I1))
+  helper_test_op([(4, 5, 3)], *both(lambda x, i, j: x[i, j], I1, idx(1, 4, 0)))  # two indices pair up
+  helper_test_op([(4, 5, 3)], *both(lambda x, i, j: x[i, :, j], I1, idx(1, 2, 0)))  # apart: their dims go first, like torch
+  helper_test_op([(4, 5, 3)], *both(lambda x, i, j: x[1:, i, j], idx([[0], [1]]), idx(1, 2, 0)))  # broadcast together
+  helper_test_op([(4, 5, 3)], *both(lambda x, i: x[2, i, ::2], I1))
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], idx([])))  # an empty index
+  helper_test_op([(4, 0)], *both(lambda x, i: x[i], I1))  # an empty dim
+  helper_test_op([(1, 5)], *both(lambda x, i: x[i], idx(0, 0, 0)))
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.int32)
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.bool)
+  helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.float16)
+  helper_test_op(None, *both(lambda x, i: x[i], I1), vals=[[math.inf, math.nan, -math.inf]])  # inf and NaN elsewhere stay out
+
+
+def test_index_by_list_and_mask() -> None:
+  helper_test_op([(4, 5)], lambda x: x[[0, 2]])
+  helper_test_op([(4, 5)], lambda x: x[[-1, 0], [2, -5]])
+  helper_test_op([(4, 5, 3)], lambda x: x[[0, 2], 1:, [[1], [2]]])
+  helper_test_op([(4, 5)], lambda x: x[:, [True, False, True, True, False]])
+  helper_test_op([(4, 5)], lambda x: x[x > 0])  # a bool mask realizes to find its True positions
+  helper_test_op([(4, 5, 2)], lambda x: x[x[..., 0] > 0])
+
+
+# ***** gather, scatter and masks *****
+G = idx([[0, 3, 3], [1, 0, 2]])
+
+
+def test_gather() -> None:
+  helper_test_op([(2, 4)], *both(lambda x, i: x.gather(1, i), G))
+  helper_test_op([(2, 4)], *both(lambda x, i: x.gather(-1, i), G))
+  helper_test_op([(4, 3)], *both(lambda x, i: x.gather(0, i), G))
+  helper_test_op([(4, 5)], *both(lambda x, i: x.gather(0, i), G))  # an index smaller than the input
+  helper_test_op([(4, 3)], *both(lambda x, i: x.gather(0, i), G), dtype=dtypes.int32)
+  helper_test_op([(4, 3)], *both(lambda x, i: x.gather(0, i), idx(np.zeros((0, 3)))))
+
+
+S, SRC = idx([[0, 1, 2, 0], [2, 0, 0, 1]]), np.arange(8, dtype=np.float32).reshape(2, 4) - 3
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce: str, include_self: bool) -> None:
+  helper_test_op([(3, 5)], lambda x: x.scatter_reduce(0, S[0], torch.from_numpy(SRC), reduce, include_self=include_self),
+                 lambda x: x.scatter_reduce(0, S[1], Tensor(SRC), reduce, include_self=include_self))
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+def test_scatter() -> None:
+  helper_test_op([(3, 5)], lambda x: x.scatter(0, S[0], torch.from_numpy(SRC)), lambda x: x.scatter(0, S[1], Tensor(SRC)))
+  helper_test_op([(5, 3)], lambda x: x.scatter(0, S[0].T, torch.from_numpy(SRC).T), lambda x: x.scatter(0, S[1].T, Tensor(SRC).T))
+  helper_test_op([(3, 5)], lambda x: x.scatter(1, S[0], 7.0), lambda x: x.scatter(1, S[1], 7.0))
+  helper_test_op([(3, 5)], lambda x: x.scatter(0, S[0], torch.from_numpy(SRC), reduce="add"), lambda x: x.scatter(0, S[1], Tensor(SRC), reduce="add"))
+  helper_test_op([(3, 5)], lambda x: x.scatter(0, S[0], torch.from_numpy(SRC).int(), reduce="multiply"),
+                 lambda x: x.scatter(0, S[1], Tensor(SRC).cast(dtypes.int32), reduce="multiply"), dtype=dtypes.int32)
+
+
+def test_one_hot_and_masks() -> None:
+  helper_test_op(None, lambda x: F.one_hot(x, 5), lambda x: x.one_hot(5), vals=[[[0, 4], [2, 2]]], dtype=dtypes.int64)
+  helper_test_op(None, lambda x: F.one_hot(x), lambda x: x.one_hot(), vals=[[3, 0, 1]], dtype=dtypes.int64)
+  helper_test_op([(3, 4)], lambda x: x.masked_fill(x > 0, -1.5))
+  helper_test_op([(3, 4)], lambda x: x.masked_fill(x[0] > 0, 2))  # the mask broadcasts
+  helper_test_op([(3, 4)], lambda x: x.masked_fill(x > 0, 9), dtype=dtypes.int32)
+  helper_test_op([(3, 4)], lambda x: x.masked_select(x > 0))
+  helper_test_op([(3, 4)], lambda x: x.masked_select(x[0] > 0))
+  helper_test_op([(3, 4)], lambda x: x.nonzero(), dtype=dtypes.int32, low=-1, high=1)
+  helper_test_op([(2, 0)], lambda x: x.nonzero())
+  helper_test_op(None, lambda x: x.nonzero(), vals=[[0.0, math.nan, -0.0, 1.0]])
+
+
+# ***** reductions *****
+def test_running_reductions() -> None:
+  for ax in (0, 1, -1):
+    helper_test_op([(3, 5)], lambda x: x.cumsum(ax))
+    helper_test_op([(3, 5)], lambda x: x.cumprod(ax), low=0.5, high=1.5)
+    helper_test_op([(3, 5)], lambda x: x.cummax(ax).values, lambda x: x.cummax(ax))
+    helper_test_op([(3, 5)], lambda x: x.cummin(ax).values, lambda x: x.cummin(ax))
+    helper_test_op([(3, 5)], lambda x: x.logcumsumexp(ax))
+  helper_test_op([(3, 5)], lambda x: x.cumsum(1), dtype=dtypes.int32, low=-9, high=9)  # int32 sums in int64, like torch
+  helper_test_op([(3, 5)], lambda x: x.cumprod(0), dtype=dtypes.int32, low=-9, high=9)
+  helper_test_op([(3, 5)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-9, high=9)
+  helper_test_op([(3, 5)], lambda x: x.cummin(1).values, lambda x: x.cummin(1), dtype=dtypes.uint8, low=0, high=255)
+  helper_test_op([(3, 0)], lambda x: x.cumsum(1))
+  helper_test_op([(2, 700)], lambda x: x.cumsum(1), atol=1e-4)  # past BLOCK: in blocks, then over the blocks
+  helper_test_op([(300, 2)], lambda x: x.cumprod(0), low=0.98, high=1.02, rtol=1e-4)
+  helper_test_op([(2, 300)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-999, high=999)
+  helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9])
+  helper_test_op([(1,)], lambda x: x.cumprod(0))
+  helper_test_op([()], lambda x: x.cumsum(0))
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]])
+  helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-200.0, 0.0, -math.inf, 100.0]])  # each prefix shifted by its own max
+  helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-math.inf, -math.inf, 1.0]])
+
+
+def test_reductions() -> None:
+  helper_test_op([(3, 4, 5)], lambda x: x.logsumexp(1))
+  helper_test_op([(3, 4, 5)], lambda x: x.logsumexp((0, 2), keepdim=True))
+  helper_test_op([(3, 4)], lambda x: torch.logsumexp(x, (0, 1)), lambda x: x.logsumexp())
+  helper_test_op([(3, 0)], lambda x: x.logsumexp(1))
+  helper_test_op(None, lambda x: x.logsumexp(1), vals=[[[-math.inf, -math.inf], [math.inf, 1.0], [math.nan, 1.0], [1e3, 1e3]]])
+  helper_test_op([(3, 4)], lambda x: x.prod(), low=0.5, high=1.5)
+  helper_test_op([(3, 5, 2)], lambda x: x.prod(1), low=0.5, high=1.5)
+  helper_test_op([(3, 5, 2)], lambda x: x.prod(-1, keepdim=True))
+  helper_test_op([(3, 7)], lambda x: x.prod(1), dtype=dtypes.int32, low=-3, high=3)
+  helper_test_op([(3, 0)], lambda x: x.prod(1))
+  helper_test_op([(3, 4)], lambda x: torch.prod(x, 1, dtype=torch.float32), lambda x: x.prod(1, dtype=dtypes.float32), dtype=dtypes.int32)
+  helper_test_op([(3, 4)], lambda x: x.any(1), low=-1, high=1, dtype=dtypes.int32)
+  helper_test_op([(3, 4)], lambda x: x.all(0), low=-1, high=1, dtype=dtypes.int32)
+  helper_test_op([(3, 4)], lambda x: x.all(), dtype=dtypes.bool)
+  helper_test_op([(3, 4)], lambda x: x.any(-1, keepdim=True), dtype=dtypes.bool)
+  helper_test_op([(0, 4)], lambda x: x.all(0))
+  helper_test_op(None, lambda x: x.all(), vals=[[math.nan, 1.0]])
+  helper_test_op([(3, 4)], lambda x: torch.std_mean(x, 1), lambda x: x.std_mean(1))
+  helper_test_op([(3, 4)], lambda x: torch.std_mean(x, None, correction=0, keepdim=True), lambda x: x.std_mean(None, True, 0))
+
+
+def test_max_min_argmax() -> None:
+  helper_test_op([(3, 4)], lambda x: x.amax(1), lambda x: x.max(1))
+  helper_test_op([(3, 4)], lambda x: x.amin(-1, keepdim=True), lambda x: x.min(axis=-1, keepdim=True))
+  helper_test_op([(3, 4)], lambda x: x.amax((0, 1)), lambda x: x.max())
+  helper_test_op(None, lambda x: x.amax(1), lambda x: x.max(1), vals=[[[1.0, math.nan], [-math.inf, 2.0]]])
+  helper_test_op(None, lambda x: x.amin(1), lambda x: x.min(1), vals=[[[1.0, math.nan], [-math.inf, 2.0]]])
+  helper_test_op([(3, 4)], lambda x: x.amin(0), lambda x: x.min(0), dtype=dtypes.int32, low=-9, high=9)
+  helper_test_op([(3, 4)], lambda x: x.argmax(1))
+  helper_test_op([(3, 4)], lambda x: x.argmin(0, keepdim=True))
+  helper_test_op([(3, 4)], lambda x: x.argmax())
+  assert Tensor([1, 3, 2]).argmax().dtype == dtypes.int32 and Tensor([1.0, 0.0]).argmin(0).dtype == dtypes.int32  # like tinygrad
+
+
+# ***** sorting *****
+NAN_ROWS = [[[0.5, math.nan, -1.0, math.inf], [2.0, -math.inf, 0.0, 1.0]]]
+
+
+def test_sort() -> None:
+  helper_test_op([(3, 6)], lambda x: x.sort())
+  helper_test_op([(3, 6)], lambda x: x.sort(0, descending=True))
+  helper_test_op([(2, 3, 6)], lambda x: x.sort(-2))
+  helper_test_op([(3, 1)], lambda x: x.sort(1))
+  helper_test_op([(3, 0)], lambda x: x.sort(1))
+  helper_test_op(None, lambda x: x.sort(1), vals=NAN_ROWS)  # NaN sorts as the largest, like torch
+  helper_test_op(None, lambda x: x.sort(1, descending=True), vals=NAN_ROWS)
+  helper_test_op(None, lambda x: x.sort(stable=True), lambda x: x.sort(), vals=[[3, 1, 3, 0, 1]], dtype=dtypes.int32)  # ties keep order
+  helper_test_op(None, lambda x: x.sort(descending=True, stable=True), lambda x: x.sort(descending=True), vals=[[3, 1, 3, 0, 1]], dtype=dtypes.int64)
+  helper_test_op([(4, 5)], lambda x: x.sort(), dtype=dtypes.uint8, low=0, high=255)
+  helper_test_op([(3, 6)], lambda x: x.argsort(1))
+  helper_test_op([(3, 6)], lambda x: x.argsort(0, descending=True))
+  helper_test_op([(3, 6)], lambda x: x.topk(2))
+  helper_test_op([(3, 6)], lambda x: x.topk(3, 0, largest=False))
+  helper_test_op([(3, 6)], lambda x: x.topk(0))
+  helper_test_op([(3, 6)], lambda x: x.topk(6, dim=-1))
+
+
+# ***** joining, 1-d matmul, movement *****
+def test_stack_cat_matmul() -> None:
+  helper_test_op([(2, 3), (2, 3), (2, 3)], lambda x, y, z: torch.stack([x, y, z], dim=1), lambda x, y, z: x.stack(y, z, dim=1))
+  helper_test_op([(2, 3), (2, 3)], lambda x, y: torch.stack([x, y], -1), lambda x, y: Tensor.stack(x, y, dim=-1))
+  helper_test_op([(), ()], lambda x, y: torch.stack([x, y]), lambda x, y: x.stack(y))  # 0-d tensors stack
+  helper_test_op([(2, 3), (1, 3), (4, 3)], lambda x, y, z: torch.cat([x, y, z]), lambda x, y, z: x.cat(y, z))
+  helper_test_op([(2, 3), (2, 0)], lambda x, y: torch.cat([x, y], -1), lambda x, y: Tensor.cat(x, y, dim=-1))
+  helper_test_op([(4,), (4,)], lambda x, y: x @ y)
+  helper_test_op([(4,), (4, 3)], lambda x, y: x.matmul(y))
+  helper_test_op([(2, 4), (4,)], lambda x, y: x.matmul(y))
+  helper_test_op([(4,), (4,)], lambda x, y: x.dot(y))
+  helper_test_op([(4,), (4,)], lambda x, y: x.dot(y), dtype=dtypes.int32)
+
+
+def test_pad_modes() -> None:
+  for mode in ("constant", "reflect", "replicate", "circular"):
+    helper_test_op([(2, 3, 4)], lambda x: F.pad(x, (2, 1), mode=mode), lambda x: x.pad((2, 1), mode=mode))
+    helper_test_op([(2, 3, 4)], lambda x: F.pad(x, (1, 3, 2, 0), mode=mode), lambda x: x.pad((1, 3, 2, 0), mode=mode))
+    helper_test_op([(2, 3, 4)], lambda x: F.pad(x, (-1, 2, 1, -2), mode=mode), lambda x: x.pad((-1, 2, 1, -2), mode=mode))
+  helper_test_op([(2, 3)], lambda x: F.pad(x, (1, 1), value=-2.5), lambda x: x.pad((1, 1), value=-2.5))
+  helper_test_op([(1, 2, 3)], lambda x: F.pad(x.float(), (1, 2, 0, 1), mode="replicate").int(),  # torch pads ints only in constant mode
+                 lambda x: x.pad((None, (0, 1), (1, 2)), mode="replicate"), dtype=dtypes.int32)
+
+
+def test_movement() -> None:
+  helper_test_op([(2, 3, 4)], lambda x: x.clone())
+  helper_test_op([(2, 3, 4)], lambda x: x.view(6, 4))
+  helper_test_op([(2, 3, 4)], lambda x: x.view(-1))
+  helper_test_op([(2, 3)], lambda x: x.repeat(2, 1))
+  helper_test_op([(2, 3)], lambda x: x.repeat(2, 1, 3))
+  helper_test_op([(2, 3)], lambda x: x.repeat(0, 2))
+  helper_test_op([()], lambda x: x.repeat(3))
+  helper_test_op([(2, 3)], lambda x: x.repeat_interleave(2))
+  helper_test_op([(2, 3)], lambda x: x.repeat_interleave(3, 0))
+  helper_test_op([(2, 3)], lambda x: x.repeat_interleave(2, dim=-1))
+  helper_test_op([(2, 3, 4)], lambda x: x.roll(1, 2))
+  helper_test_op([(2, 3, 4)], lambda x: x.roll(-7, -1))
+  helper_test_op([(2, 3, 4)], lambda x: x.roll((1, 5), (0, 1)))
+  helper_test_op([(2, 3, 4)], lambda x: x.roll(5))
+  helper_test_op([(2, 0)], lambda x: x.roll(1, 1))
+  helper_test_op([(5, 2)], lambda x: x.split(2))
+  helper_test_op([(5, 2)], lambda x: x.split([1, 0, 4]))
+  helper_test_op([(2, 7)], lambda x: x.split(3, -1))
+  helper_test_op([(5, 2)], lambda x: x.chunk(2))
+  helper_test_op([(2, 7)], lambda x: x.chunk(3, 1))
+  helper_test_op([(2, 6)], lambda x: x.chunk(4, 1))
+  helper_test_op([(2, 5, 3)], lambda x: x.unfold(1, 2, 1))
+  helper_test_op([(2, 5, 3)], lambda x: x.unfold(1, 2, 2))
+  helper_test_op([(2, 5, 3)], lambda x: x.unfold(-1, 3, 5))
+  helper_test_op([(2, 5, 3)], lambda x: x.unfold(0, 1, 1))
+  helper_test_op([(2, 5, 3)], lambda x: x[:, 1:].unfold(1, 3, 1))  # a view with an offset
+  helper_test_op([(2, 12)], lambda x: x.unflatten(1, (3, 4)))
+  helper_test_op([(2, 12)], lambda x: x.unflatten(-1, (2, -1, 2)))
+  helper_test_op([(2, 3, 4)], lambda x: x.permute(2, 0, 1))
+  helper_test_op([(2, 3, 4)], lambda x: x.flip(0, -1))
+  helper_test_op([(2, 3, 4)], lambda x: x.flip(1))
+
+
+def test_einsum() -> None:
+  helper_test_op([(2, 3), (3, 4)], lambda x, y: torch.einsum("ij,jk->ik", x, y), lambda x, y: Tensor.einsum("ij,jk->ik", x, y))
+  helper_test_op([(2, 3), (3, 4)], lambda x, y: torch.einsum("ij,jk", x, y), lambda x, y: Tensor.einsum("ij,jk", [x, y]))
+  helper_test_op([(5, 2, 3), (5, 3, 4)], lambda x, y: torch.einsum("bij,bjk->bki", x, y), lambda x, y: Tensor.einsum("bij,bjk->bki", x, y))
+  helper_test_op([(3,), (4,)], lambda x, y: torch.einsum("i,j->ij", x, y), lambda x, y: Tensor.einsum("i,j->ij", x, y))
+  helper_test_op([(3, 3)], lambda x: torch.einsum("ii->i", x), lambda x: Tensor.einsum("ii->i", x))
+  helper_test_op([(3, 3)], lambda x: torch.einsum("ii", x), lambda x: Tensor.einsum("ii", x))
+  helper_test_op([(3, 4)], lambda x: torch.einsum("ij->", x), lambda x: Tensor.einsum("ij->", x))
+  helper_test_op([(2, 5, 3, 4)], lambda x: torch.einsum("...ij->...ji", x), lambda x: Tensor.einsum("...ij->...ji", x))
+  helper_test_op([(2, 3, 4), (4, 5)], lambda x, y: torch.einsum("...j,jk", x, y), lambda x, y: Tensor.einsum("...j,jk", x, y))
+  helper_test_op([(2, 3), (3, 4)], lambda x, y: torch.einsum("ij, jk -> ik", x, y), lambda x, y: Tensor.einsum("ij, jk -> ik", x, y),
+                 dtype=dtypes.int32)
+
+
+# ***** creation *****
+def test_creation() -> None:
+  helper_test_op([], lambda: torch.linspace(-1, 3, 7), lambda: Tensor.linspace(-1, 3, 7))
+  helper_test_op([], lambda: torch.linspace(2, -2, 100), lambda: Tensor.linspace(2, -2, 100))
+  helper_test_op([], lambda: torch.linspace(0, 1, 1), lambda: Tensor.linspace(0, 1, 1))
+  helper_test_op([], lambda: torch.linspace(0, 1, 0), lambda: Tensor.linspace(0, 1, 0))
+  helper_test_op([(3,), (4,)], lambda x, y: torch.meshgrid(x, y, indexing="ij"), lambda x, y: x.meshgrid(y, indexing="ij"))
+  helper_test_op([(3,), (4,), (2,)], lambda x, y, z: torch.meshgrid(x, y, z, indexing="xy"), lambda x, y, z: Tensor.meshgrid(x, y, z, indexing="xy"))
+  helper_test_op([(4, 5)], lambda x: x.tril())
+  helper_test_op([(2, 4, 5)], lambda x: x.tril(-1))
+  helper_test_op([(4, 5)], lambda x: x.triu(2))
+  helper_test_op([(4, 5)], lambda x: x.triu(-9), dtype=dtypes.bool)
+  helper_test_op([(4,)], lambda x: x.diag())
+  helper_test_op([(4,)], lambda x: x.diag(2))
+  helper_test_op([(4,)], lambda x: x.diag(-1), dtype=dtypes.int32)
+  helper_test_op([(4, 5)], lambda x: x.diag(1))
+  helper_test_op([(4, 5)], lambda x: x.diagonal())
+  helper_test_op([(4, 5)], lambda x: x.diagonal(-2))
+  helper_test_op([(4, 5)], lambda x: x.diagonal(7))
+  helper_test_op([(2, 3, 4)], lambda x: x.diagonal(1, 2, 0))
+  assert Tensor.empty(2, 3).shape == (2, 3) and Tensor.empty((4,), dtype=dtypes.int32).dtype == dtypes.int32
+
+
+@pytest.mark.parametrize("init,bound", [
+  (lambda: Tensor.kaiming_uniform(64, 32), math.sqrt(3 * 2 / (1 + 0.01 ** 2) / 32)),
+  (lambda: Tensor.kaiming_uniform(64, 4, 3, 3, a=math.sqrt(5)), math.sqrt(3 * 2 / 6 / 36)),
+  (lambda: Tensor.glorot_uniform(64, 32), math.sqrt(6 / 96)),
+  (lambda: Tensor.scaled_uniform(64, 32), 1 / math.sqrt(64 * 32)),
+])
+def test_uniform_initializers(init: Callable[[], Tensor], bound: float) -> None:
+  x = init().numpy()
+  assert x.shape[:2] == (64, 32 if x.ndim == 2 else 4) and x.dtype == np.float32
+  assert np.abs(x).max() <= bound and np.abs(x).max() > 0.9 * bound and abs(x.mean()) < 0.1 * bound
+
+
+def test_normal_initializers() -> None:
+  x = Tensor.kaiming_normal(256, 64).numpy()
+  assert x.shape == (256, 64) and abs(x.std() - math.sqrt(2 / (1 + 0.01 ** 2) / 64)) < 0.01
+  y = Tensor.normal(100, 100, mean=3.0, std=0.5, dtype=dtypes.float16).numpy()
+  assert y.dtype == np.float16 and abs(y.mean() - 3) < 0.05 and abs(y.std() - 0.5) < 0.05
+
+
+# ***** bad calls fail like torch, at the call *****
+BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
+  ("index list oob", lambda: Tensor.zeros(3, 4)[:, [0, 4]], IndexError, "index 4 is out of range for dim 1 of size 4"),
+  ("index list neg oob", lambda: Tensor.zeros(3, 4)[[-4]], IndexError, "index -4 is out of range for dim 0 of size 3"),
+  ("index float list", lambda: Tensor.zeros(3)[[0.5]], IndexError, "indices are ints or bools"),
+  ("index float tensor", lambda: Tensor.zeros(3)[Tensor([1.0])], IndexError, "must be int or bool tensors, got float32"),
+  ("index mask shape", lambda: Tensor.zeros(3, 4)[[True, False]], IndexError, "a mask of size 2 does not match dim 0 of size 3"),
+  ("index no broadcast", lambda: Tensor.zeros(3, 4)[[0, 1], [0, 1, 2]], IndexError, "shape mismatch: index tensors of shapes"),
+  ("index too many", lambda: Tensor.zeros(3)[[0], [0]], IndexError, "too many indices"),
+  ("gather dims", lambda: Tensor.zeros(3, 4).gather(0, Tensor([0])), ValueError, "index has 1 dims, the tensor 2"),
+  ("gather float", lambda: Tensor.zeros(3).gather(0, Tensor([0.0])), TypeError, "gather index must be an int tensor"),
+  ("gather big", lambda: Tensor.zeros(3, 4).gather(0, Tensor.zeros(2, 5, dtype=dtypes.int32)), ValueError, "larger than the tensor's"),
+  ("scatter reduce", lambda: Tensor.zeros(3).scatter(0, Tensor([0]), 1.0, reduce="max"), ValueError, "scatter reduce is 'add', 'multiply' or None"),
+  ("scatter_reduce how", lambda: Tensor.zeros(3).scatter_reduce(0, Tensor([0]), Tensor([1.0]), "max"), ValueError, "sum, prod, mean, amax or amin"),
+  ("scatter src", lambda: Tensor.zeros(3).scatter(0, Tensor([0, 1]), Tensor([1.0])), ValueError, "src shape"),
+  ("one_hot float", lambda: Tensor([1.0]).one_hot(3), TypeError, "one_hot needs an int tensor"),
+  ("masked_fill mask", lambda: Tensor.zeros(3).masked_fill(Tensor([1, 0, 1]), 1.0), TypeError, "mask must be a bool Tensor"),
+  ("topk k", lambda: Tensor.zeros(3).topk(4), ValueError, "topk k=4 is out of range for dim 0 of size 3"),
+  ("permute short", lambda: Tensor.zeros(2, 3).permute(1), ValueError, r"one dim per dim of the tensor \(2\), got 1"),
+  ("permute repeat", lambda: Tensor.zeros(2, 3).permute(1, -1), ValueError, "duplicate dims are not allowed"),
+  ("flip repeat", lambda: Tensor.zeros(2, 3).flip(1, -1), ValueError, "dim 1 appears multiple times"),
+  ("cat 0-d", lambda: Tensor.zeros(2).cat(Tensor(1.0)), ValueError, r"zero-dimensional tensor \(at position 1\) cannot be concatenated"),
+  ("stack shapes", lambda: Tensor.zeros(2).stack(Tensor.zeros(3)), ValueError, "stack needs equal shapes"),
+  ("pad mode", lambda: Tensor.zeros(3).pad((1, 1), mode="wrap"), ValueError, "pad mode is constant, reflect, replicate or circular"),
+  ("pad reflect big", lambda: Tensor.zeros(3).pad((3, 0), mode="reflect"), ValueError, r"reflect padding \(3, 0\) must be smaller than dim 0"),
+  ("pad circular big", lambda: Tensor.zeros(3).pad((0, 4), mode="circular"), ValueError, "circular padding"),
+  ("pad mode value", lambda: Tensor.zeros(3).pad((1, 1), mode="reflect", value=1.0), ValueError, "doesn't take a value"),
+  ("repeat few", lambda: Tensor.zeros(2, 3).repeat(2), ValueError, r"at least one count per dim \(2\)"),
+  ("repeat_interleave tensor", lambda: Tensor.zeros(2).repeat_interleave(Tensor([1, 2])), TypeError, "repeats is an int"),
+  ("roll lengths", lambda: Tensor.zeros(2, 3).roll((1, 2), 0), ValueError, "one shift per dim"),
+  ("split sum", lambda: Tensor.zeros(5).split([2, 2]), ValueError, r"must be >= 0 and sum to dim 0's size 5"),
+  ("split zero", lambda: Tensor.zeros(5).split(0), ValueError, "split size must be a positive int"),
+  ("chunk zero", lambda: Tensor.zeros(5).chunk(0), ValueError, "positive int of chunks"),
+  ("unfold size", lambda: Tensor.zeros(3, 4).unfold(1, 5, 1), ValueError, r"unfold size 5 must be in \[0, 4\]"),
+  ("unfold step", lambda: Tensor.zeros(3, 4).unfold(1, 2, 0), ValueError, "unfold step must be a positive int"),
+  ("einsum operands", lambda: Tensor.einsum("ij,jk", Tensor.zeros(2, 3)), ValueError, "names 2 operands, got 1"),
+  ("einsum dims", lambda: Tensor.einsum("ijk", Tensor.zeros(2, 3)), ValueError, "does not match the operands' dims"),
+  ("einsum sizes", lambda: Tensor.einsum("ij,jk", Tensor.zeros(2, 3), Tensor.zeros(4, 2)), ValueError, "letter 'j' has sizes 3 and 4"),
+  ("linspace steps", lambda: Tensor.linspace(0, 1, -1), ValueError, "linspace steps is an int >= 0"),
+  ("meshgrid indexing", lambda: Tensor.zeros(2).meshgrid(Tensor.zeros(3), indexing="ji"), ValueError, "'ij' or 'xy'"),
+  ("tril 1-d", lambda: Tensor.zeros(3).tril(), ValueError, "tril needs a tensor of at least 2 dims"),
+  ("diagonal same", lambda: Tensor.zeros(3, 3).diagonal(0, 1, -1), ValueError, "diagonal dims cannot be identical"),
+  ("diag 3-d", lambda: Tensor.zeros(2, 2, 2).diag(), ValueError, "diag needs a 1-d or 2-d tensor"),
+]
+
+
+@pytest.mark.parametrize("fn,exc,match", [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+def test_bad_calls_raise_clearly(fn: Callable[[], Any], exc: type[Exception], match: str) -> None:
+  with pytest.raises(exc, match=match): fn()
+
+
+# ***** properties against NumPy *****
+small_floats = st.floats(-100, 100, width=32)
+
+
+@settings(max_examples=examples(15), **FUZZ)
+@given(rows=st.integers(1, 3), values=st.lists(small_floats, min_size=1, max_size=12), axis=st.sampled_from([0, 1, -1]))
+def test_cumsum_matches_numpy(rows: int, values: list[float], axis: int) -> None:
+  a = np.array(values * rows, np.float32).reshape(rows, len(values))
+  np.testing.assert_allclose(Tensor(a).cumsum(axis).numpy(), np.cumsum(a, axis), rtol=1e-5, atol=1e-3)
+
+
+@settings(max_examples=examples(15), **FUZZ)
+@given(st.data())
+def test_indexing_matches_numpy(data: st.DataObject) -> None:
+  shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+  a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+  index: list[Any] = []
+  for n in shape:
+    index.append(data.draw(st.one_of(st.integers(-n, n - 1), st.slices(n), st.lists(st.integers(-n, n - 1), min_size=1, max_size=4))))
+  lists = [i for i in index if isinstance(i, list)]
+  if len(lists) > 1: index = [i if not isinstance(i, list) else i[:1] for i in index]  # several lists must broadcast: one element each
+  tensor_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
+  ints_first = a[tuple(i if isinstance(i, int) else slice(None) for i in index)]  # torch takes ints before lists; numpy mixes them
+  np.testing.assert_array_equal(Tensor(a)[tensor_index].numpy(), ints_first[tuple(i for i in index if not isinstance(i, int))])
+
+
+@settings(max_examples=examples(15), **FUZZ)
+@given(values=st.lists(st.one_of(small_floats, st.just(math.nan), st.just(-math.inf)), min_size=1, max_size=10), descending=st.booleans())
+def test_sort_matches_numpy(values: list[float], descending: bool) -> None:
+  a = np.array(values, np.float32)
+  got, order = Tensor(a).sort(descending=descending)
+  want = np.sort(a) if not descending else np.concatenate([a[np.isnan(a)], -np.sort(-a[~np.isnan(a)])])
+  np.testing.assert_array_equal(got.numpy(), want)
+  np.testing.assert_array_equal(a[order.numpy()], want)  # the indices take the input to the values
