@@ -151,3 +151,16 @@ def test_training_step_under_tinyjit_matches_eager_and_torch() -> None:
     want.append(loss.item())
   np.testing.assert_allclose(eager, want, rtol=1e-4)
   assert want[-1] < want[0]
+
+
+def test_updates_write_in_place_without_copies() -> None:
+  from tinytune import GlobalCounters
+  w = Tensor(np.arange(4, dtype=np.float32), requires_grad=True)
+  opt = optim.Adam([w], lr=0.1)
+  for _ in range(2):  # the first step also gives w and the moments memory of their own
+    opt.zero_grad()
+    (w * w).sum().backward()
+    before = GlobalCounters.kernel_count
+    opt.step()
+  # b1**t, b2**t, m, v and w: each written by its own kernel, straight into its memory (w's update reads the new m and v there)
+  assert GlobalCounters.kernel_count - before == 5

@@ -58,7 +58,7 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
   slot = {id(b): i for i, b in enumerate(inputs)}
   if into is not None: slot[id(into)] = len(inputs) - 1
   made = [item for item in items if item.out is not into]
-  for item in made: slot[id(item.out)] = len(slot)
+  for i, item in enumerate(made): slot[id(item.out)] = len(inputs) + i
   steps = []
   for item in items:
     if item.out.size == 0: continue  # an empty output: nothing to compute
@@ -89,8 +89,9 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
     topo = target.toposort
   if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
   key, inputs, index = structure(topo)
+  alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
   if into is not None: inputs.append(into)
-  key = (key, into is not None, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
+  key = (key, into is not None, alias, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
   if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1
     if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]  # a program of ever new shapes keeps the newest
@@ -100,8 +101,63 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   if into is None:
     if asked is not target: mark_realized(asked, ret)  # the node that was asked for, and that other graphs hold, not only its rewrite
     return ret
-  schedule.writes[0] += 1
   return buffer_view(into, target.shape)
+
+
+def realize_all(targets: list[tuple[UOp, str, Buffer | None]]) -> list[UOp]:
+  """Realize (graph, device, memory) targets together: each value is computed from memory as it was, and a target with memory (a
+  pending assign) ends up in it. A write goes straight from the value's own kernel where nothing still to run reads that memory
+  otherwise (an optimizer's moments, then the parameter that reads their new values); else the value goes to a new buffer first,
+  and is copied in once everything else ran."""
+  for u in shared_reduces([u for u, _, _ in targets]): realize(u, next(d for t, d, _ in targets if u in t.toposort))
+  direct = _direct_writes(targets)
+  ret: list[UOp | None] = [None if i in direct else realize(u, device) for i, (u, device, _) in enumerate(targets)]
+  for i in sorted(direct):
+    u, device, memory = targets[i]
+    ret[i] = written = realize(u, device, into=memory)
+    mark_realized(u, written)  # later writes' graphs read the new value, until the write count below moves on
+  for i, (u, device, memory) in enumerate(targets):
+    if memory is not None and i not in direct: ret[i] = realize(ret[i], device, into=memory)  # type: ignore[arg-type]
+  if any(memory is not None for _, _, memory in targets): schedule.writes[0] += 1  # what was realized before may have read that memory
+  return ret  # type: ignore[return-value]
+
+
+def _direct_writes(targets: list[tuple[UOp, str, Buffer | None]]) -> set[int]:
+  """The targets whose value may be written into their memory by its own kernel: that kernel reads the memory only where it
+  writes (the same element, outside any reduce), and no target written after it reads the memory other than through its value."""
+  direct = {i for i, (_, _, memory) in enumerate(targets) if memory is not None}
+  while True:
+    unsafe = {i for i in direct if not _reads_in_place(*targets[i])}
+    for j in direct:  # j's kernel reads the values written before it from their memory, and everything else as it is
+      read = _buffers_read(targets[j][0], {targets[k][0] for k in direct if k < j})
+      unsafe |= {i for i in direct if i < j and targets[i][2] in read}
+    if not unsafe: return direct
+    direct -= unsafe
+
+
+def _buffers_read(root: UOp, stops: set[UOp]) -> set[Buffer]:
+  """The buffers root's graph reads, not looking past realized nodes or `stops`."""
+  ret, seen, stack = set(), set(), [root]
+  while stack:
+    u = stack.pop()
+    if u in seen or (u is not root and u in stops) or realized(u) is not None: continue
+    seen.add(u)
+    if u.op is Ops.BUFFER: ret.add(u.arg)
+    stack.extend(u.src)
+  return ret
+
+
+def _reads_in_place(value: UOp, device: str, memory: Buffer | None) -> bool:
+  whole = buffer_view(memory, value.shape)  # type: ignore[arg-type]
+  seen, stack = set(), [(value, False)]
+  while stack:
+    u, in_reduce = stack.pop()
+    if (u, in_reduce) in seen or realized(u) is not None: continue
+    seen.add((u, in_reduce))
+    if u.op is Ops.BUFFER and u.arg is memory: return False  # reached through a view other than the whole one, or inside a reduce
+    if u is whole and not in_reduce: continue
+    stack.extend((s, in_reduce or u.op is Ops.REDUCE) for s in u.src)
+  return True
 
 
 def shared_reduces(targets: list[UOp]) -> list[UOp]:

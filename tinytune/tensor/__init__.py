@@ -67,12 +67,9 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
     writes. Returns self."""
-    from tinytune.engine.realize import realize, shared_reduces
+    from tinytune.engine.realize import realize_all
     tensors = (self, *others)
-    for u in shared_reduces([t.uop for t in tensors]): realize(u, next(t.device for t in tensors if u in t.uop.toposort))
-    for t in tensors: t.uop = realize(t.uop, t.device)
-    for t in tensors:
-      if t._pending: t.uop, t._pending = realize(t.uop, t.device, into=t._memory), False
+    for t, u in zip(tensors, realize_all([(t.uop, t.device, t._memory if t._pending else None) for t in tensors])): t.uop, t._pending = u, False
     return self
 
   def assign(self, x: Tensor | Scalar) -> Tensor:
