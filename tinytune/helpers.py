@@ -44,6 +44,22 @@ DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)
 
 
+def env_count(key: str, least: int) -> int | None:
+  """An integer knob from the environment (None where unset or empty); a ValueError that names it where it is not one >= least."""
+  if not (text := os.getenv(key, "").strip()): return None
+  try: value = int(text)
+  except ValueError: value = least - 1
+  if value < least: raise ValueError(f"{key}={text!r} is not an integer >= {least}")
+  return value
+
+
+def tune_mode() -> str:
+  """What a kernel the tuning cache lacks runs with: $TINYTUNE_TUNE ("1" or unset: the heuristic defaults; "0": those even where
+  the cache has opts; beam, optuna or random: tuned on first use), or "beam" where only tinygrad's BEAM=N (N > 0) is set."""
+  if (mode := os.getenv("TINYTUNE_TUNE")) is not None: return mode
+  return "beam" if env_count("BEAM", 0) else "1"
+
+
 @contextlib.contextmanager
 def Context(**kwargs: int) -> Iterator[None]:
   """Temporarily set knobs: `with Context(DEBUG=4): ...`."""

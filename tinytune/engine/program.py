@@ -5,14 +5,13 @@ the tuning cache is consulted once per kernel key and device (`engine.forget()` 
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
-from tinytune.helpers import NOOPT
+from tinytune.helpers import NOOPT, tune_mode
 from tinytune.runtime import Device, Program
 
 
@@ -30,16 +29,16 @@ class GlobalCounters:
     GlobalCounters.time_sum_s = 0.0
 
 
-# "module:function" that tunes a kernel on first use (TINYTUNE_TUNE=beam): (kernel, device, strategy) -> opts. The search
+# "module:function" that tunes a kernel on first use (TINYTUNE_TUNE=beam, or BEAM=N): (kernel, device, strategy) -> opts. The search
 # module registers it; the engine loads it by name only when asked, so the run path never imports the search.
 FIRST_USE_TUNER = "tinytune.search.tune:tune_on_first_use"
 _first_use_tuner: Callable[[Kernel, str, str], tuple[Opt, ...]] | None = None
 
 
 def kernel_opts(kernel: Kernel, device: str) -> tuple[Opt, ...]:
-  """The opts `kernel` runs with: the tuning cache's where it has them, else (TINYTUNE_TUNE=beam, optuna, random) tuned now, else
-  the heuristic defaults. TINYTUNE_TUNE=0 and NOOPT skip the cache."""
-  mode = os.getenv("TINYTUNE_TUNE", "1")
+  """The opts `kernel` runs with: the tuning cache's where it has them, else (TINYTUNE_TUNE=beam, optuna, random, or tinygrad's
+  BEAM=N) tuned now, else the heuristic defaults. TINYTUNE_TUNE=0 and NOOPT skip the cache."""
+  mode = tune_mode()
   key = (kernel.key, device, mode, NOOPT.value)
   if (opts := opts_memo.get(key)) is None:
     if NOOPT or mode == "0": opts = tuple(default_opts(kernel))

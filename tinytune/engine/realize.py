@@ -3,7 +3,6 @@ over other buffers runs its compiled kernels at once, with no scheduling, loweri
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -12,7 +11,7 @@ from tinytune.dtype import DType
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
 from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, mark_realized, realized
-from tinytune.helpers import DEBUG, NOOPT, prod
+from tinytune.helpers import DEBUG, NOOPT, prod, tune_mode
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
 from tinytune.uop import Ops, UOp
@@ -91,7 +90,7 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   key, inputs, index = structure(topo)
   alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
   if into is not None: inputs.append(into)
-  key = (key, into is not None, alias, device, NOOPT.value, os.getenv("TINYTUNE_TUNE", "1"))  # the opts policy in force picks the plan's programs
+  key = (key, into is not None, alias, device, NOOPT.value, tune_mode())  # the opts policy in force picks the plan's programs
   if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1
     if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]  # a program of ever new shapes keeps the newest

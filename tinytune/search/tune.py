@@ -15,11 +15,13 @@ from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
 from tinytune.engine.schedule import create_schedule
+from tinytune.helpers import env_count
 from tinytune.results_db import CandidateRow, Database, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
 from tinytune.search.evaluate import Evaluator, Result, source_hash
-from tinytune.search.strategy import Budget, run_strategy
+from tinytune.search.progress import ProgressLine
+from tinytune.search.strategy import Budget, get_strategy, run_strategy
 from tinytune.uop import UOp
 
 
@@ -97,9 +99,11 @@ class Tuner:
     self.db.finish_run(run_id, "done")
 
   def tune_on_first_use(self, kernel: Kernel) -> tuple[Opt, ...]:
-    """Tune a kernel a program is about to run (TINYTUNE_TUNE=beam): a run of its own, named after the kernel."""
+    """Tune a kernel a program is about to run (TINYTUNE_TUNE=beam): a run of its own, with the kernel's name as workload and its
+    shape as params."""
     if (cached := self.cached(kernel)) is not None: return cached.best
-    with self.run(kernel.name, {}, {"strategy": self.strategy, **self.options}, f"on first use: {kernel.key}") as (run_id, device_id, _):
+    settings = {"strategy": self.strategy, **self.options}
+    with self.run(kernel.name, kernel_params(kernel), settings, f"on first use: {kernel.key}") as (run_id, device_id, _):
       return self.tune_kernel(kernel, run_id, device_id).best
 
   def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = (),  # type: ignore[assignment]
@@ -148,14 +152,34 @@ class Tuner:
     return {"storage": self.db.url.render_as_string(hide_password=False), "study_name": name, "study_attrs": attrs}
 
 
+def kernel_params(kernel: Kernel) -> dict[str, Any]:
+  """A kernel's shape as a run's params: its output shape, the sizes it reduces over, its dtype."""
+  return {"shape": list(kernel.out_shape), "reduce": kernel.sizes[kernel.n_global:], "dtype": kernel.ast.dtype.name}
+
+
+DEFAULT_CANDIDATES = 200
+
+
+def first_use_tuner(device: str, strategy: str) -> Tuner:
+  """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and BEAM=N
+  as the beam's width; it writes a progress line per kernel on stderr."""
+  width = env_count("BEAM", 0) if strategy == "beam" else None
+  return _first_use_tuner(device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
+
+
 @functools.lru_cache(maxsize=None)
-def _first_use_tuner(device: str, strategy: str) -> Tuner:
-  return Tuner(Database(os.getenv("TINYTUNE_DB") or None), device, strategy)
+def _first_use_tuner(device: str, strategy: str, candidates: int, width: int | None) -> Tuner:
+  return Tuner(Database(os.getenv("TINYTUNE_DB") or None), device, strategy, {"candidates": candidates, "seconds": None},
+               {} if width is None else {"width": width}, on_result=ProgressLine(strategy, candidates))
 
 
 def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
   """What the engine calls (engine.program.FIRST_USE_TUNER) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
-  return _first_use_tuner(device, strategy).tune_on_first_use(kernel)
+  get_strategy(strategy)  # TINYTUNE_TUNE=bem fails with the names it could be, before anything is recorded
+  tuner = first_use_tuner(device, strategy)
+  try: return tuner.tune_on_first_use(kernel)
+  finally:
+    if isinstance(tuner.on_result, ProgressLine): tuner.on_result.done()
 
 
 def stored_result(c: CandidateRow) -> Result:

@@ -1,0 +1,63 @@
+"""A progress line per kernel being tuned, on stderr: its name, candidates done of the budget, the best time so far."""
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from tinytune.codegen.kernel import Kernel
+from tinytune.search.evaluate import Result
+
+
+@dataclass
+class ProgressLine:
+  """A Tuner's `on_result`: on a terminal the kernel's line is redrawn in place after every candidate; elsewhere (a log, a pipe)
+  only its final line is written. `labels` maps kernel keys to names unique in their program (r_1024_1_1024#2); `done()` ends
+  the line of the kernel being tuned (a new kernel's first result ends the previous one's too)."""
+  strategy: str
+  budget: int | None  # candidates per kernel, None where only time limits the search
+  labels: dict[str, str] = field(default_factory=dict)
+  stream: TextIO | None = None  # None: sys.stderr as it is when something is written (pytest's capsys swaps it)
+  quiet: bool = False
+  key: str | None = None
+  label: str = ""
+  tried = failed = 0
+  default_s = best_s = math.inf
+
+  def __call__(self, kernel: Kernel, result: Result) -> None:
+    if kernel.key != self.key:
+      self.done()
+      self.key, self.label = kernel.key, self.labels.get(kernel.key, kernel.name)
+      self.tried = self.failed = 0
+      self.default_s = self.best_s = math.inf
+    if self.tried == 0 and result.status == "ok": self.default_s = result.time  # the Tuner reports the default opts first
+    self.tried += 1
+    self.failed += result.status != "ok"
+    if result.status == "ok": self.best_s = min(self.best_s, result.time)
+    if self._tty(): self._write("\r" + self._fit(self.line()) + "\x1b[K")
+
+  def line(self, final: bool = False) -> str:
+    done = f"{self.tried}/{self.budget}" if self.budget is not None and not final else str(self.tried)
+    speedup = f" ({self.default_s / self.best_s:.2f}x the default {_ms(self.default_s)} ms)" if math.isfinite(self.default_s + self.best_s) else ""
+    failed = f", {self.failed} failed" if self.failed else ""
+    return f"{'tuned' if final else 'tuning'} {self.label} ({self.strategy}): {done} candidates{failed}, best {_ms(self.best_s)} ms{speedup}"
+
+  def done(self) -> None:
+    """Write the final line of the kernel being tuned, if any."""
+    if self.key is None: return
+    self._write(("\r" if self._tty() else "") + self.line(final=True) + ("\x1b[K" if self._tty() else "") + "\n")
+    self.key = None
+
+  def _out(self) -> TextIO: return self.stream or sys.stderr
+  def _tty(self) -> bool: return not self.quiet and self._out().isatty()
+  def _fit(self, text: str) -> str: return text[:max(20, shutil.get_terminal_size().columns - 1)]  # a wrapped line cannot be redrawn
+
+  def _write(self, text: str) -> None:
+    if self.quiet: return
+    self._out().write(text)
+    self._out().flush()
+
+
+def _ms(seconds: float) -> str: return f"{seconds * 1e3:.3g}" if math.isfinite(seconds) else "-"
