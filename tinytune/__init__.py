@@ -1,6 +1,7 @@
 """tinytune: a lazy-tensor kernel generator with an autotuning harness."""
 from __future__ import annotations
 
+from tinytune.api import tune
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import DType, dtypes
@@ -11,4 +12,5 @@ from tinytune.tensor import Tensor
 from tinytune.tensor.autograd import no_grad
 
 __version__ = "0.1.0"
-__all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "Context", "Kernel", "KernelOptError", "Opt", "OptOps"]
+__all__ = ["Tensor", "tune", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "Context", "Kernel", "KernelOptError", "Opt",
+           "OptOps"]

@@ -164,12 +164,12 @@ def first_use_tuner(device: str, strategy: str) -> Tuner:
   """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and BEAM=N
   as the beam's width; it writes a progress line per kernel on stderr."""
   width = env_count("BEAM", 0) if strategy == "beam" else None
-  return _first_use_tuner(device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
+  return _first_use_tuner(os.getenv("TINYTUNE_DB") or None, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
 
 
 @functools.lru_cache(maxsize=None)
-def _first_use_tuner(device: str, strategy: str, candidates: int, width: int | None) -> Tuner:
-  return Tuner(Database(os.getenv("TINYTUNE_DB") or None), device, strategy, {"candidates": candidates, "seconds": None},
+def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int, width: int | None) -> Tuner:
+  return Tuner(Database(db), device, strategy, {"candidates": candidates, "seconds": None},
                {} if width is None else {"width": width}, on_result=ProgressLine(strategy, candidates))
 
 

@@ -1,0 +1,123 @@
+"""tinytune.tune() on a Tensor graph and on a function, and first-use tuning's knobs (BEAM=N, TINYTUNE_BUDGET) and progress line."""
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from tinytune import Device, Kernel, Tensor, engine, tune
+from tinytune.api import TUNE_COLUMNS
+from tinytune.codegen.opts import opts_to_json
+from tinytune.engine.realize import capturing
+from tinytune.engine.schedule import create_schedule, realized
+from tinytune.helpers import tune_mode
+from tinytune.results_db import Database
+from tinytune.search.progress import ProgressLine
+from tinytune.search.tune import first_use_tuner
+
+
+@pytest.fixture
+def db_path(tmp_path, monkeypatch) -> Iterator[str]:  # type: ignore[no-untyped-def]
+  """A fresh results database that is also the one realizes read the tuning cache from; no first-use tuning."""
+  path = str(tmp_path / "tune.db")
+  monkeypatch.setenv("TINYTUNE_DB", path)
+  for key in ("TINYTUNE_TUNE", "BEAM", "TINYTUNE_BUDGET", "TINYTUNE_CACHE"): monkeypatch.delenv(key, raising=False)
+  engine.forget()
+  yield path
+  engine.forget()  # later tests do not run this database's opts
+
+
+def runs(path: str) -> list:
+  db = Database(path)
+  return [r for i in range(1, 50) if (r := db.run(i)) is not None]
+
+
+def test_tune_a_tensor_graph_then_cache_hits_and_realize_runs_the_tuned_opts(db_path: str) -> None:
+  a, b = Tensor.rand(24, 24).realize(), Tensor.rand(24, 24).realize()
+  out = (a @ b).relu().sum(1)
+  frame = tune(out, budget=3, db=db_path)
+  kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  assert list(frame.columns) == TUNE_COLUMNS and list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique
+  assert not frame["cache_hit"].any() and (frame["candidates"] > 0).all() and (frame["tuned_ms"] > 0).all()
+  assert realized(out.uop) is None  # tuning realizes nothing
+  assert runs(db_path)[0].workload == "tensor" and runs(db_path)[0].params == {"outputs": ["24 float32"]}
+
+  again = tune(out, budget=3, db=db_path, quiet=True)
+  assert again["cache_hit"].all() and (again["candidates"] == 0).all() and list(again["opts"]) == list(frame["opts"])
+
+  with capturing() as ran: result = out.numpy()
+  assert [json.loads(opts_to_json(ck.opts)) for ck, _ in ran] == list(frame["opts"])  # the cache's opts, not the defaults
+  np.testing.assert_allclose(result, np.maximum(a.numpy() @ b.numpy(), 0).sum(1), rtol=1e-4)
+
+
+def test_tune_a_function_with_several_outputs(db_path: str, capsys) -> None:  # type: ignore[no-untyped-def]
+  def step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]: return (x * y).sum(0), (x * y).sum(1) + 1
+  x, y = Tensor.rand(16, 20).realize(), Tensor.rand(16, 20).realize()
+  frame = tune(step, x, y, budget=2, db=db_path)
+  assert list(frame["kernel"]) == ["r_20_16", "r_16_20"] and not frame["cache_hit"].any()
+  assert runs(db_path)[0].workload.endswith("step") and runs(db_path)[0].params == {"inputs": ["16x20 float32", "16x20 float32"]}
+  err = capsys.readouterr().err.splitlines()  # not a terminal: one final line per kernel
+  assert len(err) == 2 and err[0].startswith("tuned r_20_16 (beam): ") and "candidates" in err[0] and "best" in err[0]
+  assert tune(step, x, y, budget=2, db=db_path)["cache_hit"].all() and capsys.readouterr().err == ""
+
+
+def test_bad_arguments_are_clear_errors(db_path: str) -> None:
+  t = Tensor.rand(4, 4) + 1
+  with pytest.raises(TypeError, match="Tensor, a list of Tensors or a function"): tune(3)
+  with pytest.raises(TypeError, match="returned int"): tune(lambda: 3)
+  with pytest.raises(TypeError, match="example inputs are for a function"): tune(t, t)
+  with pytest.raises(ValueError, match="budget must be at least 1"): tune(t, budget=0)
+  with pytest.raises(TypeError, match="budget must be an int"): tune(t, budget=2.5)  # type: ignore[arg-type]
+  with pytest.raises(ValueError, match="seconds must be a positive number"): tune(t, seconds=-1)
+  with pytest.raises(ValueError, match="unknown strategy 'bem'"): tune(t, strategy="bem")
+  assert runs(db_path) == []  # nothing was recorded
+
+
+def test_beam_alias_and_budget_knob(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  for key in ("TINYTUNE_TUNE", "BEAM", "TINYTUNE_BUDGET"): monkeypatch.delenv(key, raising=False)
+  assert tune_mode() == "1" and first_use_tuner("CPU", "beam").budget["candidates"] == 200 and first_use_tuner("CPU", "beam").options == {}
+  monkeypatch.setenv("BEAM", "2")
+  assert tune_mode() == "beam" and first_use_tuner("CPU", "beam").options == {"width": 2}
+  monkeypatch.setenv("TINYTUNE_TUNE", "random")  # TINYTUNE_TUNE wins; BEAM's width is the beam's only
+  assert tune_mode() == "random" and first_use_tuner("CPU", "random").options == {}
+  monkeypatch.setenv("TINYTUNE_TUNE", "beam")
+  assert first_use_tuner("CPU", "beam").options == {"width": 2}
+  monkeypatch.delenv("TINYTUNE_TUNE")
+  monkeypatch.setenv("BEAM", "0")
+  assert tune_mode() == "1"
+  monkeypatch.setenv("TINYTUNE_BUDGET", "7")
+  assert first_use_tuner("CPU", "beam").budget == {"candidates": 7, "seconds": None}
+  for key, value in (("TINYTUNE_BUDGET", "0"), ("BEAM", "two")):
+    monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=f"{key}='{value}' is not an integer"): first_use_tuner("CPU", "beam") if key != "BEAM" else tune_mode()
+    monkeypatch.delenv(key)
+
+
+def test_first_use_tuning_records_the_kernel_with_its_shape(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+  a = Tensor.rand(12, 28).realize()
+  monkeypatch.setenv("BEAM", "2")
+  monkeypatch.setenv("TINYTUNE_BUDGET", "2")
+  capsys.readouterr()
+  np.testing.assert_allclose((a * 3).sum(1).numpy(), a.numpy().sum(1) * 3, rtol=1e-5)
+  (run,) = runs(db_path)
+  assert run.workload == "r_12_28" and run.params == {"shape": [12], "reduce": [28], "dtype": "float32"}
+  assert run.settings == {"strategy": "beam", "width": 2} and run.budget == {"candidates": 2, "seconds": None}
+  assert capsys.readouterr().err.startswith("tuned r_12_28 (beam): ")
+
+
+def test_progress_line_redraws_on_a_terminal_and_ends_each_kernel() -> None:
+  class Terminal(io.StringIO):
+    def isatty(self) -> bool: return True
+  out = Terminal()
+  line = ProgressLine("beam", 10, {"k2": "r_8#2"}, stream=out)
+  for key, name, status, t in (("k1", "r_8", "ok", 2e-3), ("k1", "r_8", "ok", 1e-3), ("k1", "r_8", "crashed", 0.0), ("k2", "r_8", "ok", 4e-3)):
+    line(SimpleNamespace(key=key, name=name), SimpleNamespace(status=status, time=t))  # type: ignore[arg-type]
+  line.done()
+  text = out.getvalue()
+  assert "\rtuning r_8 (beam): 2/10 candidates, best 1 ms (2.00x the default 2 ms)" in text
+  assert "\rtuned r_8 (beam): 3 candidates, 1 failed, best 1 ms (2.00x the default 2 ms)\x1b[K\n" in text
+  assert text.endswith("\rtuned r_8#2 (beam): 1 candidates, best 4 ms (1.00x the default 4 ms)\x1b[K\n")

@@ -1,0 +1,101 @@
+"""`tinytune.tune`: tune every kernel of a user's program, from Python, into the tuning cache that later realizes read."""
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from tinytune.helpers import env_count
+from tinytune.tensor import Tensor
+
+if TYPE_CHECKING:
+  import pandas as pd
+
+  from tinytune.results_db import Database
+
+TUNE_COLUMNS = ["kernel", "key", "device", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
+
+
+def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_inputs: Any, strategy: str = "beam", budget: int | None = None,
+         seconds: float | None = None, db: Database | str | None = None, device: str | None = None, options: dict[str, Any] | None = None,
+         force: bool = False, quiet: bool = False) -> pd.DataFrame:
+  """Tune every kernel that computes `program`: a Tensor or a list of Tensors (their lazy graph; nothing is realized), or a function,
+  which is called on `example_inputs` to get its output Tensor(s). A kernel the tuning cache has already is not searched again.
+
+  `strategy` is beam, optuna or random, with `options` for it ({"width": 2} for beam); `budget` is candidates per kernel (default
+  $TINYTUNE_BUDGET, else 200; no limit where only `seconds` is given); `seconds` limits the whole program. Results go to `db` (a
+  Database, URL or SQLite path; default $TINYTUNE_DB or ~/.cache/tinytune/tinytune.db), which is the tuning cache that realizes
+  read only where it is that default database: otherwise export it as a cache file and list it in $TINYTUNE_CACHE. `device`
+  defaults to the outputs'. `force` searches kernels the cache has too; `quiet` drops the progress line on stderr.
+
+  Returns a DataFrame, one row per distinct kernel in schedule order: kernel (its name, unique in the program: the second of
+  two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, default_ms and tuned_ms (NaN where unknown),
+  speedup, opts ([op, axis, arg] lists), candidates (how many this call measured: 0 on a cache hit) and cache_hit. Afterwards,
+  realizing the same graph in this process (or any later one) runs the tuned opts."""
+  import pandas as pd
+
+  from tinytune import engine
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import opts_to_json
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.results_db import Database
+  from tinytune.runtime import Device
+  from tinytune.search.progress import ProgressLine
+  from tinytune.search.strategy import get_strategy
+  from tinytune.search.tune import DEFAULT_CANDIDATES, KernelOutcome, Tuner
+
+  outputs, workload, params = _outputs(program, example_inputs)
+  if not isinstance(strategy, str): raise TypeError(f"strategy must be a name (beam, optuna, random), not {type(strategy).__name__}")
+  get_strategy(strategy)  # an unknown name, or a missing optional dependency, fails before anything runs
+  if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)): raise TypeError(f"budget must be an int, not {budget!r}")
+  if budget is not None and budget < 1: raise ValueError(f"budget must be at least 1 candidate per kernel, not {budget}")
+  if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+    raise ValueError(f"seconds must be a positive number, not {seconds!r}")
+  if budget is None and seconds is None: budget = env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES
+  devices = {Device.canonicalize(device or t.device) for t in outputs}
+  if len(devices) > 1: raise ValueError(f"the outputs are on several devices ({', '.join(sorted(devices))}); pass device= to tune for one")
+  dev = devices.pop() if devices else Device.canonicalize(device)
+  database = db if isinstance(db, Database) else Database(db)
+
+  kernels: dict[str, Kernel] = {}  # key -> kernel, over every output, in schedule order
+  for t in outputs:
+    for item in create_schedule(t.uop, dev)[0]: kernels.setdefault((k := Kernel(item.ast, Device[dev].caps)).key, k)
+  labels: dict[str, str] = {}
+  seen: dict[str, int] = {}
+  for key, k in kernels.items():
+    seen[k.name] = seen.get(k.name, 0) + 1
+    labels[key] = k.name if seen[k.name] == 1 else f"{k.name}#{seen[k.name]}"
+  progress = ProgressLine(strategy, budget, labels, quiet=quiet)
+  tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
+  outcomes: dict[str, KernelOutcome] = {}
+  try:
+    for t in outputs:  # one after another: a kernel they share is searched once (the later outputs find it in the cache)
+      for outcome in tuner.tune_program(t.uop, workload, params): outcomes.setdefault(outcome.key, outcome)
+  finally: progress.done()
+  engine.forget()  # realizes in this process look the kernels up again
+
+  def ms(s: float | None) -> float: return s * 1e3 if s is not None and math.isfinite(s) else math.nan
+  rows = [{"kernel": labels[key], "key": key, "device": dev, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s),
+           "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
+           "candidates": 0 if o.cache_hit else sum(o.counts.values()), "cache_hit": o.cache_hit}
+          for key in kernels if (o := outcomes.get(key)) is not None]
+  return pd.DataFrame(rows, columns=TUNE_COLUMNS).astype({"candidates": "int64", "cache_hit": "bool"})
+
+
+def _outputs(program: Any, example_inputs: tuple) -> tuple[list[Tensor], str, dict[str, Any]]:
+  """The output Tensors of what tune() was given, and the workload name and params its search run is recorded under."""
+  if isinstance(program, Tensor) or (isinstance(program, (list, tuple)) and program and all(isinstance(t, Tensor) for t in program)):
+    if example_inputs: raise TypeError("example inputs are for a function; a Tensor's graph is tuned as it is")
+    outputs = [program] if isinstance(program, Tensor) else list(program)
+    return outputs, "tensor", {"outputs": _shapes(outputs)}
+  if callable(program) and not isinstance(program, type):
+    ret = program(*example_inputs)
+    outputs = [ret] if isinstance(ret, Tensor) else list(ret) if isinstance(ret, (list, tuple)) else []
+    if not outputs or not all(isinstance(t, Tensor) for t in outputs):
+      raise TypeError(f"tune() needs a function that returns a Tensor or a list of Tensors; {_name(program)} returned {type(ret).__name__}")
+    return outputs, _name(program), {"inputs": _shapes([x for x in example_inputs if isinstance(x, Tensor)])}
+  raise TypeError(f"tune() takes a Tensor, a list of Tensors or a function, not {type(program).__name__}")
+
+
+def _name(fn: Callable) -> str: return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+def _shapes(tensors: list[Tensor]) -> list[str]: return [f"{'x'.join(map(str, t.shape)) or 'scalar'} {t.dtype.name}" for t in tensors]
