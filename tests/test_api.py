@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, Tensor, engine, tune
-from tinytune.api import TUNE_COLUMNS
+from tinytune.api import TUNE_COLUMNS, TUNE_DTYPES
 from tinytune.codegen.opts import opts_to_json
 from tinytune.engine.realize import capturing
 from tinytune.engine.schedule import create_schedule, realized
@@ -41,7 +41,8 @@ def test_tune_a_tensor_graph_then_cache_hits_and_realize_runs_the_tuned_opts(db_
   out = (a @ b).relu().sum(1)
   frame = tune(out, budget=3, db=db_path)
   kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
-  assert list(frame.columns) == TUNE_COLUMNS and list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique
+  assert list(frame.columns) == TUNE_COLUMNS and {k: str(frame[k].dtype) for k in TUNE_DTYPES} == TUNE_DTYPES
+  assert list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique
   assert not frame["cache_hit"].any() and (frame["candidates"] > 0).all() and (frame["tuned_ms"] > 0).all()
   assert realized(out.uop) is None  # tuning realizes nothing
   assert runs(db_path)[0].workload == "tensor" and runs(db_path)[0].params == {"outputs": ["24 float32"]}
@@ -75,6 +76,8 @@ def test_bad_arguments_are_clear_errors(db_path: str) -> None:
   with pytest.raises(ValueError, match="seconds must be a positive number"): tune(t, seconds=-1)
   with pytest.raises(ValueError, match="unknown strategy 'bem'"): tune(t, strategy="bem")
   assert runs(db_path) == []  # nothing was recorded
+  empty = tune(Tensor.rand(4, 4).realize())  # realized already: no kernels
+  assert empty.empty and list(empty.columns) == TUNE_COLUMNS and {k: str(empty[k].dtype) for k in TUNE_DTYPES} == TUNE_DTYPES
 
 
 def test_beam_alias_and_budget_knob(monkeypatch) -> None:  # type: ignore[no-untyped-def]

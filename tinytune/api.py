@@ -14,6 +14,7 @@ if TYPE_CHECKING:
   from tinytune.results_db import Database
 
 TUNE_COLUMNS = ["kernel", "key", "device", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
+TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "speedup": "float64", "candidates": "int64", "cache_hit": "bool"}  # also when empty
 
 
 def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_inputs: Any, strategy: str = "beam", budget: int | None = None,
@@ -79,7 +80,7 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
            "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
            "candidates": 0 if o.cache_hit else sum(o.counts.values()), "cache_hit": o.cache_hit}
           for key in kernels if (o := outcomes.get(key)) is not None]
-  return pd.DataFrame(rows, columns=TUNE_COLUMNS).astype({"candidates": "int64", "cache_hit": "bool"})
+  return pd.DataFrame(rows, columns=TUNE_COLUMNS).astype(TUNE_DTYPES)
 
 
 def _outputs(program: Any, example_inputs: tuple) -> tuple[list[Tensor], str, dict[str, Any]]:
