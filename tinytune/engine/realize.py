@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.dtype import DType
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
-from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, mark_realized, realized
+from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
@@ -113,6 +113,28 @@ def shared_reduces(targets: list[UOp]) -> list[UOp]:
     for u in t.toposort:
       if u.op is Ops.REDUCE and realized(u) is None: count[u] = count.get(u, 0) + 1
   return [u for u, n in count.items() if n > 1]
+
+
+def schedule_many(targets: list[UOp], device: str, into: Sequence[Buffer | None] = ()) -> tuple[list[ScheduleItem], list[UOp]]:
+  """The kernels Tensor.realize runs for these targets together, in order, without running them: the reduces they share, each
+  its own kernel, then each target, then for each `into` given (a pending assign's memory, one per target or None) a write of
+  the target into it; and the realized view of each target. What a kernel realizes is read as its buffer in later graphs,
+  as realize does; for one target and no `into` this is create_schedule."""
+  done: dict[UOp, UOp] = {}
+  items: list[ScheduleItem] = []
+
+  def schedule(asked: UOp, buf: Buffer | None = None) -> UOp:
+    u = asked
+    while reuse := {n: v for n in u.toposort if (v := done.get(n)) is not None and v is not n}: u = u.substitute(reuse)
+    new, view = create_schedule(u, device, buf)
+    items.extend(new)
+    done.update({item.node: item.view for item in new})
+    done[asked] = done[u] = view
+    return view
+
+  for u in shared_reduces(targets): schedule(u)
+  views = [schedule(t) for t in targets]
+  return items, [schedule(v, buf) if buf is not None else v for v, buf in zip(views, [*into, *[None] * (len(views) - len(into))])]
 
 
 Captured = list[tuple[CompiledKernel, list[Buffer]]]
