@@ -1,9 +1,12 @@
 """A training step against PyTorch eager on the same threads, in one run.
 
-  python bench/train.py [--threads 2] [--rounds 5] [--steps 50]
+  python bench/train.py [--threads 2] [--rounds 5] [--steps 50] [--skip-cnn]
 
 (a) the MLP 784 -> 128 -> 10, batch 128, Adam, data in memory: one step = sample a batch + forward + backward + update; tinytune
     under TinyJit against torch eager. The figure is torch's time per step over tinytune's (above 1: tinytune is faster).
+(b) seed 004's beautiful_mnist CNN on 28x28 images, batch 128, Adam: the `train_step` workload's step (model=1, one-hot
+    targets, batchnorm by batch statistics) under TinyJit against the same step in torch eager. Its kernels are the workload's,
+    so `tinytune search train_step -p model=1 --seconds 120` tunes them; run this again afterwards for the tuned figure.
 Every figure is the median of --rounds rounds of --steps steps; the first steps (compile, capture) are not timed.
 """
 from __future__ import annotations
@@ -66,11 +69,50 @@ def mlp_steps(X: np.ndarray, Y: np.ndarray, batch: int) -> tuple[Callable[[], ob
   return tt, pt
 
 
+def cnn_steps(batch: int) -> tuple[Callable[[], object], Callable[[], object]]:
+  """The train_step workload's CNN step over a pool of 1024 random images, a fresh batch each step."""
+  import torch
+
+  from tinytune import Tensor, TinyJit
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.train_step import Trainer, torch_forward
+  w = get_workload("train_step")
+  p = w.params({"model": 1, "batch": batch})
+  _, _, *weights = w.arrays(p)
+  rng = np.random.default_rng(0)
+  X = rng.standard_normal((1024, 1, 28, 28), dtype=np.float32)
+  Y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 1024)]
+  trainer = Trainer(1, [Tensor(a) for a in weights])
+
+  @TinyJit
+  def tt_step(x: Tensor, y: Tensor) -> Tensor:
+    outs = trainer.step(x, y)
+    return outs[0].realize(*outs[1:])
+
+  def tt() -> object:
+    idx = rng.integers(0, len(X), batch)
+    return tt_step(Tensor(X[idx]), Tensor(Y[idx]))
+
+  tparams = [torch.tensor(a, requires_grad=True) for a in weights]
+  topt = torch.optim.Adam(tparams, lr=1e-3)
+  TX, TY = torch.from_numpy(X), torch.from_numpy(Y)
+
+  def pt() -> object:
+    idx = torch.randint(0, len(TX), (batch,))
+    topt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(torch_forward(1, TX[idx], tparams), TY[idx])
+    loss.backward()
+    topt.step()
+    return loss
+  return tt, pt
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--threads", type=int, default=2)
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--steps", type=int, default=50)
+  ap.add_argument("--skip-cnn", action="store_true", help="only (a)")
   args = ap.parse_args()
   import torch
   torch.set_num_threads(args.threads)
@@ -80,6 +122,13 @@ def main() -> None:
   t_tt, t_pt = per_step_s(tt, args.steps, args.rounds), per_step_s(pt, args.steps, args.rounds)
   print(f"(a) MLP 784-128-10 Adam step, batch 128: tinytune+TinyJit {t_tt * 1e3:.3f} ms, torch eager {t_pt * 1e3:.3f} ms, "
         f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 1.0)")
+  if args.skip_cnn: return
+  tt, pt = cnn_steps(128)
+  steps = max(1, args.steps // 10)  # a CNN step is some ten times an MLP step
+  t_tt, t_pt = per_step_s(tt, steps, args.rounds), per_step_s(pt, steps, args.rounds)
+  print(f"(b) CNN beautiful_mnist Adam step, batch 128, 28x28: tinytune+TinyJit {t_tt * 1e3:.2f} ms, torch eager {t_pt * 1e3:.2f} ms, "
+        f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 0.7; >= 1.0 after tuning: run `tinytune search train_step -p model=1 "
+        "--seconds 120`, then this again)")
 
 
 if __name__ == "__main__":

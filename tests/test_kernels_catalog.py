@@ -6,6 +6,7 @@ import pytest
 from tinytune.dtype import dtypes
 from tinytune.kernels import WORKLOADS, get_workload
 from tinytune.kernels.baselines import numpy_baseline, time_callable, torch_baseline
+from tinytune.kernels.workload import outputs, result
 from tinytune.search.evaluate import TimingPolicy
 
 # two small sizes per workload, so every builder is checked against its NumPy reference quickly
@@ -20,6 +21,8 @@ SMALL = {
   "elementwise": [{"n": 64}, {"n": 1001}],
   "attention": [{"batch": 1, "heads": 2, "seq": 8, "dim": 4, "causal": 0}, {"batch": 2, "heads": 1, "seq": 9, "dim": 8, "causal": 1}],
   "mlp": [{"batch": 4, "din": 8, "hidden": 16, "dout": 8}, {"batch": 3, "din": 5, "hidden": 7, "dout": 2}],
+  # the MLP (its NumPy reference); the CNN's reference is PyTorch's, and tests/test_train_step.py checks its schedule
+  "train_step": [{"batch": 8, "din": 12, "hidden": 16, "classes": 4}, {"batch": 5, "din": 7, "hidden": 6, "classes": 3}],
 }
 FAST = TimingPolicy(min_repeats=2, max_repeats=3, max_seconds=0.05, warmup_seconds=0.0)
 
@@ -33,9 +36,9 @@ def test_builder_matches_reference(name: str, index: int) -> None:
   w = get_workload(name)
   params = w.params(SMALL[name][index])
   out, arrays = w.instantiate(params)
-  ref = w.reference(params, *arrays)
-  assert out.shape == ref.shape == w.output(params)  # type: ignore[misc]
-  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+  ref, got = w.reference(params, *arrays), result(out)
+  assert got.shape == ref.shape == w.output(params)  # type: ignore[misc]
+  np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
   assert w.flops(params) > 0 and w.nbytes(params) >= 4 * ref.size
 
 
@@ -45,8 +48,8 @@ def test_builder_in_bfloat16(name: str) -> None:
   w = get_workload(name)
   params = w.params(SMALL[name][1])
   out, arrays = w.instantiate(params, dtypes.bfloat16)
-  assert out.dtype == dtypes.bfloat16 and all(a.dtype == dtypes.bfloat16.np for a in arrays)
-  np.testing.assert_allclose(out.numpy().astype(np.float32), w.reference(params, *[a.astype(np.float32) for a in arrays]), rtol=3e-2, atol=3e-2)
+  assert outputs(out)[0].dtype == dtypes.bfloat16 and all(a.dtype == dtypes.bfloat16.np for a in arrays)
+  np.testing.assert_allclose(result(out).astype(np.float32), w.reference(params, *[a.astype(np.float32) for a in arrays]), rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.parametrize("name", list(SMALL))

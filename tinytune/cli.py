@@ -72,6 +72,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   from tinytune.codegen.opts import opts_to_json
   from tinytune.dtype import dtypes
   from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
@@ -89,10 +90,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                      "add --oversubscribe to start them anyway")
   _check_format(args.format)
   console = Console(stderr=True, quiet=args.quiet or args.format == "json")
-  out, _ = workload.instantiate(params, dtype, device)
+  items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   db = Database(args.db)
   started = time.perf_counter()
-  if args.workers > 1 and args.force: Tuner(db, device).forget(out.uop)
+  if args.workers > 1 and args.force: Tuner(db, device).forget(items)
   measured = _search_workers(args, console) if args.workers > 1 else None
   with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
     task = progress.add_task("starting", total=None)
@@ -109,7 +110,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     tuner = Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": args.seconds}, options, args.resume, args.force and not measured,
                   on_result, args.study, str(args.worker or 0))
-    outcomes = tuner.tune_program(out.uop, workload.name, params)
+    outcomes = tuner.tune_program(items, workload.name, params)
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
   elapsed = time.perf_counter() - started
@@ -247,14 +248,14 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   from tinytune import Kernel
   from tinytune.codegen.heuristic import default_opts
   from tinytune.codegen.opts import opts_from_json
-  from tinytune.engine.schedule import create_schedule
   from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
   from tinytune.runtime import Device
   from tinytune.search.evaluate import Evaluator
   if not entry.workload: return "cannot re-run: no workload recorded", None
   workload = get_workload(entry.workload)
   out, _ = workload.instantiate(workload.params(json.loads(entry.params)), device=device)
-  kernel = next((k for item in create_schedule(out.uop, device)[0] if (k := Kernel(item.ast, Device[device].caps)).key == entry.kernel_key), None)
+  kernel = next((k for item in schedule(out, device)[0] if (k := Kernel(item.ast, Device[device].caps)).key == entry.kernel_key), None)
   if kernel is None: return "cannot re-run: its workload no longer makes this kernel", None
   opts = tuple(opts_from_json(entry.opts))
   with Evaluator(kernel, device) as ev:
@@ -370,6 +371,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import measure, store
+  from tinytune.kernels.workload import schedule
   from tinytune.reports import render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
@@ -387,8 +389,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
   for point in points:
     params = workload.params({**base, **point})
     if args.tune:
-      out, _ = workload.instantiate(params, device=device)
-      Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(out.uop, workload.name, params)
+      items = schedule(workload.instantiate(params, device=device)[0], device)[0]
+      Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params)
     timings = measure(workload, params, device, ["tinytune-default", "tinytune-tuned", *against], TimingPolicy(max_repeats=args.repeats), db)
     if not args.no_store:
       for t in timings.values(): store(db, workload, params, device, t)

@@ -3,6 +3,6 @@ from __future__ import annotations
 
 from tinytune.engine.jit import TinyJit
 from tinytune.engine.program import GlobalCounters, compile_kernel, kernel_opts, lower
-from tinytune.engine.realize import forget, realize
+from tinytune.engine.realize import forget, realize, schedule_many
 
-__all__ = ["GlobalCounters", "TinyJit", "compile_kernel", "forget", "kernel_opts", "lower", "realize"]
+__all__ = ["GlobalCounters", "TinyJit", "compile_kernel", "forget", "kernel_opts", "lower", "realize", "schedule_many"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.dtype import DType
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
-from tinytune.engine.schedule import buffer_view, create_schedule, is_buffer_view, mark_realized, realized
+from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod, tune_mode
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
@@ -121,37 +121,37 @@ def realize_all(targets: list[tuple[UOp, str, Buffer | None]]) -> list[UOp]:
   return ret  # type: ignore[return-value]
 
 
-def _direct_writes(targets: list[tuple[UOp, str, Buffer | None]]) -> set[int]:
+def _direct_writes(targets: list[tuple[UOp, str, Buffer | None]], computed: Callable[[UOp], bool] = lambda u: realized(u) is not None) -> set[int]:
   """The targets whose value may be written into their memory by its own kernel: that kernel reads the memory only where it
   writes (the same element, outside any reduce), and no target written after it reads the memory other than through its value."""
   direct = {i for i, (_, _, memory) in enumerate(targets) if memory is not None}
   while True:
-    unsafe = {i for i in direct if not _reads_in_place(*targets[i])}
+    unsafe = {i for i in direct if not _reads_in_place(*targets[i], computed)}
     for j in direct:  # j's kernel reads the values written before it from their memory, and everything else as it is
-      read = _buffers_read(targets[j][0], {targets[k][0] for k in direct if k < j})
+      read = _buffers_read(targets[j][0], {targets[k][0] for k in direct if k < j}, computed)
       unsafe |= {i for i in direct if i < j and targets[i][2] in read}
     if not unsafe: return direct
     direct -= unsafe
 
 
-def _buffers_read(root: UOp, stops: set[UOp]) -> set[Buffer]:
-  """The buffers root's graph reads, not looking past realized nodes or `stops`."""
+def _buffers_read(root: UOp, stops: set[UOp], computed: Callable[[UOp], bool]) -> set[Buffer]:
+  """The buffers root's graph reads, not looking past computed nodes or `stops`."""
   ret, seen, stack = set(), set(), [root]
   while stack:
     u = stack.pop()
-    if u in seen or (u is not root and u in stops) or realized(u) is not None: continue
+    if u in seen or (u is not root and u in stops) or computed(u): continue
     seen.add(u)
     if u.op is Ops.BUFFER: ret.add(u.arg)
     stack.extend(u.src)
   return ret
 
 
-def _reads_in_place(value: UOp, device: str, memory: Buffer | None) -> bool:
+def _reads_in_place(value: UOp, device: str, memory: Buffer | None, computed: Callable[[UOp], bool]) -> bool:
   whole = buffer_view(memory, value.shape)  # type: ignore[arg-type]
   seen, stack = set(), [(value, False)]
   while stack:
     u, in_reduce = stack.pop()
-    if (u, in_reduce) in seen or realized(u) is not None: continue
+    if (u, in_reduce) in seen or computed(u): continue
     seen.add((u, in_reduce))
     if u.op is Ops.BUFFER and u.arg is memory: return False  # reached through a view other than the whole one, or inside a reduce
     if u is whole and not in_reduce: continue
@@ -168,6 +168,31 @@ def shared_reduces(targets: list[UOp]) -> list[UOp]:
     for u in t.toposort:
       if u.op is Ops.REDUCE and realized(u) is None: count[u] = count.get(u, 0) + 1
   return [u for u, n in count.items() if n > 1]
+
+
+def schedule_many(targets: list[UOp], device: str, into: Sequence[Buffer | None] = ()) -> tuple[list[ScheduleItem], list[UOp]]:
+  """The kernels realize_all runs for these targets together, in order, without running them: the reduces they share, each its
+  own kernel, then each target, with each `into` given (a pending assign's memory, one per target or None) written straight or
+  through a copy as realize_all decides; and the realized view of each target. What a kernel realizes is read as its buffer in
+  later graphs, as realize does; for one target and no `into` this is create_schedule."""
+  done: dict[UOp, UOp] = {}
+  items: list[ScheduleItem] = []
+  memories = [*into, *[None] * (len(targets) - len(into))]
+
+  def schedule(asked: UOp, buf: Buffer | None = None) -> UOp:
+    u = asked
+    while reuse := {n: v for n in u.toposort if (v := done.get(n)) is not None and v is not n}: u = u.substitute(reuse)
+    new, view = create_schedule(u, device, buf)
+    items.extend(new)
+    done.update({item.node: item.view for item in new})
+    done[asked] = done[u] = view
+    return view
+
+  for u in shared_reduces(targets): schedule(u)
+  direct = _direct_writes([(t, device, m) for t, m in zip(targets, memories)], lambda u: u in done)
+  views: list[UOp | None] = [None if i in direct else schedule(t) for i, t in enumerate(targets)]
+  for i in sorted(direct): views[i] = schedule(targets[i], memories[i])
+  return items, [schedule(v, m) if m is not None and i not in direct else v for i, (v, m) in enumerate(zip(views, memories))]  # type: ignore[arg-type,misc]
 
 
 Captured = list[tuple[CompiledKernel, list[Buffer]]]

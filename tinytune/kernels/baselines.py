@@ -106,12 +106,13 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   from tinytune.codegen.heuristic import default_opts
   from tinytune.codegen.kernel import Kernel
   from tinytune.engine import compile_kernel
-  from tinytune.engine.schedule import create_schedule
+  from tinytune.kernels.workload import schedule
   from tinytune.results_db.cache import TuningCache
   from tinytune.runtime import Device
+  from tinytune.tensor import Tensor
 
-  out, _ = workload.instantiate(params, device=device)
-  items = create_schedule(out.uop, device)[0]
+  built, _ = workload.instantiate(params, device=device)
+  items, views = schedule(built, device)
   calls, missing, same, kernels = [], 0, 0, []
   for item in items:
     kernel = Kernel(item.ast, Device[device].caps)
@@ -133,8 +134,8 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   def run() -> float: return sum(program(*bufs) for program, bufs in calls)  # device seconds, as the search counts them
 
   run()
-  shape = out.shape
-  output = items[-1].out.numpy_view()[:int(np.prod(shape))].reshape(shape).copy() if items else None
+  values = [Tensor(view, device=device).numpy() for view in views]  # the buffers the kernels filled, as `result` joins them
+  output = (values[0] if isinstance(built, Tensor) else np.concatenate([v.ravel() for v in values])) if items else None
   return Timing("tinytune-tuned" if tuned else "tinytune-default", f"{tinytune.__version__} codegen {CODEGEN_VERSION}", time_callable(run, policy),
                 output, note, kernels=tuple(kernels))
 

@@ -1,8 +1,11 @@
-"""A workload: a named tensor program with parameters, FLOP and byte counts, a NumPy reference and a PyTorch baseline."""
+"""A workload: a named tensor program with parameters, FLOP and byte counts, a NumPy reference and a PyTorch baseline.
+
+A program builds one output tensor, or several that are realized together (a training step: the loss and every updated
+parameter and optimizer state); its kernels are those `schedule` lists, the ones Tensor.realize runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import numpy as np
 
@@ -10,7 +13,12 @@ from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.tensor import Tensor
 
+if TYPE_CHECKING:
+  from tinytune.engine.schedule import ScheduleItem
+  from tinytune.uop import UOp
+
 Params = dict[str, int]
+Built = Union[Tensor, tuple[Tensor, ...]]  # what a workload's build returns
 
 
 @dataclass(frozen=True)
@@ -19,13 +27,14 @@ class Workload:
   doc: str
   defaults: Params
   inputs: Callable[[Params], list[tuple[int, ...]]]  # input shapes
-  build: Callable[..., Tensor]  # (params, *input tensors) -> output tensor, lazily
-  reference: Callable[..., np.ndarray]  # (params, *input arrays) -> output array; also the NumPy baseline
+  build: Callable[..., Built]  # (params, *input tensors) -> output tensor or tensors, lazily
+  reference: Callable[..., np.ndarray]  # (params, *input arrays) -> what `result` gives; also the NumPy baseline
   flops: Callable[[Params], int]
   output: Callable[[Params], tuple[int, ...]] | None = None  # output shape, for the byte count
   torch: Callable[..., Any] | None = None  # (params, *torch tensors) -> torch tensor: the PyTorch baseline
   help: dict[str, str] = field(default_factory=dict)  # what each parameter means, where its name does not say
   may_be_zero: tuple[str, ...] = ()  # flags and offsets; every other parameter is a size, at least 1
+  prepare: Callable[[Params, list[np.ndarray]], list[np.ndarray]] | None = None  # the standard normal inputs made the workload's own
 
   def params(self, overrides: dict[str, int]) -> Params:
     if unknown := sorted(set(overrides) - set(self.defaults)):
@@ -43,13 +52,32 @@ class Workload:
 
   def arrays(self, params: Params, dtype: DType = dtypes.float32, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape).astype(dtype.np) for shape in self.inputs(params)]
+    arrays = [rng.standard_normal(shape) for shape in self.inputs(params)]
+    return [a.astype(dtype.np) for a in (self.prepare(params, arrays) if self.prepare is not None else arrays)]
 
   def instantiate(self, params: Params, dtype: DType = dtypes.float32, device: str | None = None,
-                  seed: int = 0) -> tuple[Tensor, list[np.ndarray]]:
-    """Random inputs (realized) and the lazy output tensor."""
+                  seed: int = 0) -> tuple[Built, list[np.ndarray]]:
+    """Random inputs (realized) and the lazy output tensor or tensors."""
     arrays = self.arrays(params, dtype, seed)
     return self.build(params, *[Tensor(a, dtype=dtype, device=device) for a in arrays]), arrays
+
+
+def outputs(built: Built) -> tuple[Tensor, ...]: return built if isinstance(built, tuple) else (built,)
+
+
+def schedule(built: Built, device: str) -> tuple[list[ScheduleItem], list[UOp]]:
+  """The kernels that realize a workload's outputs together, as Tensor.realize runs them (a pending assign writes its tensor's own
+  memory), and the realized view of each output; nothing runs."""
+  from tinytune.engine.realize import schedule_many
+  outs = outputs(built)
+  return schedule_many([t.uop for t in outs], device, [t._memory if t._pending else None for t in outs])
+
+
+def result(built: Built) -> np.ndarray:
+  """The values a workload's reference computes: its one output, or all of its outputs realized together, flattened end to end."""
+  if isinstance(built, Tensor): return built.numpy()
+  built[0].realize(*built[1:])
+  return np.concatenate([t.numpy().ravel() for t in built])
 
 
 WORKLOADS: dict[str, Workload] = {}

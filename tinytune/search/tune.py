@@ -14,7 +14,7 @@ from tinytune import engine
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
-from tinytune.engine.schedule import create_schedule
+from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.helpers import env_count
 from tinytune.results_db import CandidateRow, Database, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
@@ -63,13 +63,18 @@ class Tuner:
     if self.force or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, found.opts, found.best_s, found.default_s, True)
 
-  def forget(self, out: UOp) -> None:
-    """Drop the tuning cache entries of the kernels that compute `out` on this device (`search --force --workers N` starts so)."""
-    for item in create_schedule(out, self.device)[0]: self.db.delete_tuned(Kernel(item.ast, Device[self.device].caps).key, self.device_hash)
+  def kernels(self, program: UOp | Sequence[ScheduleItem]) -> list[Kernel]:
+    """The kernels of a program: a lazy graph's (its schedule), or those of a schedule (a workload's outputs realized together)."""
+    items = create_schedule(program, self.device)[0] if isinstance(program, UOp) else program
+    return [Kernel(item.ast, Device[self.device].caps) for item in items]
 
-  def tune_program(self, out: UOp, workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
-    """Tune every kernel that computes `out` (a lazy graph; nothing is realized)."""
-    kernels = [Kernel(item.ast, Device[self.device].caps) for item in create_schedule(out, self.device)[0]]
+  def forget(self, program: UOp | Sequence[ScheduleItem]) -> None:
+    """Drop the tuning cache entries of the program's kernels on this device (`search --force --workers N` starts so)."""
+    for k in self.kernels(program): self.db.delete_tuned(k.key, self.device_hash)
+
+  def tune_program(self, program: UOp | Sequence[ScheduleItem], workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
+    """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized)."""
+    kernels = self.kernels(program)
     names = [k.name for k in kernels]
     labels = [name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}" for i, name in enumerate(names)]  # unique per program
     outcomes: list[KernelOutcome | None] = [self.cached(k) for k in kernels]
