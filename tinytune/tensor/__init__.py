@@ -239,9 +239,14 @@ class Tensor:
     axes = self._reduce_axes(axis)
     if not self.ndim: return self
     if not axes: return self
-    ret = Tensor(UOp(Ops.REDUCE, self.dtype, (self.uop,), (op, axes)), device=self.device)
-    if autograd.tracking(self): autograd.record(ret, (self,), autograd.reduce_rule(op, self, ret, axes))
+    x = self
+    # max's gradient finds the maximum by comparing the input with the result: computed again in another kernel, an input
+    # expression may round otherwise (a contracted multiply-add), so the input is computed once, into memory, and both read it
+    if op is Ops.MAX and autograd.tracking(self) and not (self.uop.op is Ops.VIEW and self.uop.src[0].op is Ops.BUFFER): x = self.contiguous()
+    ret = Tensor(UOp(Ops.REDUCE, x.dtype, (x.uop,), (op, axes)), device=self.device)
+    if autograd.tracking(x): autograd.record(ret, (x,), autograd.reduce_rule(op, x, ret, axes))
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
   # ***** the ops, by job: each lives in the module named here *****
   # creation.py
   _shape_arg = staticmethod(creation._shape_arg); full = staticmethod(creation.full); zeros = staticmethod(creation.zeros)
