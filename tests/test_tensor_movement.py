@@ -122,7 +122,8 @@ def test_running_reductions() -> None:
   helper_test_op([(3, 5)], lambda x: x.cummin(1).values, lambda x: x.cummin(1), dtype=dtypes.uint8, low=0, high=255)
   helper_test_op([(3, 0)], lambda x: x.cumsum(1))
   helper_test_op([(2, 700)], lambda x: x.cumsum(1), atol=1e-4)  # past BLOCK: in blocks, then over the blocks
-  helper_test_op([(300, 2)], lambda x: x.cumprod(0), low=0.98, high=1.02, rtol=1e-4, grad=False)  # backward: a product tree per prefix, minutes
+  helper_test_op([(300, 2)], lambda x: x.cumprod(0), low=0.98, high=1.02, rtol=1e-4)
+  helper_test_op(None, lambda x: x.cumprod(1), vals=[[[2.0, 0.0, -3.0, 0.0, 5.0], [0.0, -1.0, 2.0, 3.0, 0.5], [1.5, 2.0, -0.5, 0.0, 4.0]]])  # zeros
   helper_test_op([(2, 300)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-999, high=999)
   helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9],
                  grad=False)  # torch sends the gradient to each running min's index, so ties and NaN differ from the max rule's share
