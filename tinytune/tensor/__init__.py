@@ -140,7 +140,7 @@ class Tensor:
   def _axis(self, axis: int, ndim: int | None = None) -> int:
     ndim = self.ndim if ndim is None else ndim
     if not isinstance(axis, int): raise TypeError(f"an axis is an int, got {axis!r}")
-    if not -max(ndim, 1) <= axis < max(ndim, 1): raise ValueError(f"axis {axis} is out of range for {ndim} dims")
+    if not -max(ndim, 1) <= axis < max(ndim, 1): raise IndexError(f"axis {axis} is out of range for {ndim} dims")
     return axis % max(ndim, 1)
 
   def _move(self, op: str, arg: Any, shape: tuple[int, ...]) -> Tensor:

@@ -134,7 +134,7 @@ def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
   x = self.permute([i for i in range(self.ndim) if i not in (d1, d2)] + [d1, d2])
   (*lead, a, b), (r0, c0) = x.shape, ((0, offset) if offset >= 0 else (-offset, 0))
   m, keep = max(0, min(a - r0, b - c0)), tuple((0, s) for s in lead)
-  if m == 0: return Tensor.zeros(*lead, 0, dtype=self.dtype, device=self.device)
+  if m == 0: return x.shrink(keep + ((0, 0), (0, 0))).reshape(*lead, 0)  # a view still, so it stays on the gradient's tape
   x = x.shrink(keep + ((r0, r0 + m), (c0, c0 + m))).reshape(*lead, m * m)
   return x.pad(((0, 0),) * len(lead) + ((0, m),)).reshape(*lead, m, m + 1).shrink(keep + ((0, m), (0, 1))).reshape(*lead, m)
 

@@ -190,10 +190,10 @@ def masked_fill(self: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
 
 def masked_select(self: Tensor, mask: Tensor) -> Tensor:
   """The elements of self where mask (broadcast together) is True, as a 1-d tensor. Its size depends on the data, so this
-  realizes self and mask."""
+  realizes mask; self is indexed by the positions found, so the gradient flows to it."""
   if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool: raise TypeError("masked_select mask must be a bool Tensor")
-  a, m = np.broadcast_arrays(self.numpy(), mask.numpy())
-  return Tensor(a[m], dtype=self.dtype, device=self.device)
+  x, m = _broadcast([self, mask])
+  return x.reshape(-1)[m.reshape(-1)]
 
 
 def nonzero(self: Tensor) -> Tensor:

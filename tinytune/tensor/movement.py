@@ -235,7 +235,7 @@ def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
   if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold step must be a positive int, got {step}")
   if not self.ndim: return self.reshape(size)
   shape = self.shape[:d] + ((n - size) // step + 1,) + self.shape[d + 1:] + (size,)
-  if 0 in shape: return Tensor.zeros(shape, dtype=self.dtype, device=self.device)
+  if 0 in shape: return self.shrink(tuple((0, 0) for _ in self.shape)).reshape(shape)  # empty, but still a view of self for the gradient
   last = self.ndim - 1  # sliding windows along the last dim (one strided view, with a gradient), then dim back in place
   moved = self.permute(*[i for i in range(self.ndim) if i != d], d)._windows((size,), (step,), (1,))
   return moved.permute(*range(d), last, *range(d, last), last + 1)

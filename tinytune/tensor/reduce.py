@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod as prod_
+from tinytune.tensor.autograd import tracking
 from tinytune.uop import Ops
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _running(self: Tensor, axis: int, fill: Any, fn: Callable[[Tensor], Tensor],
   if combine is not None and n > BLOCK:
     b = math.isqrt(n - 1) + 1
     nb, lead = -(-n // b), ((0, 0),) * (x.ndim - 1)
-    inner = _running(x.pad(lead + ((0, nb * b - n),), value=fill).reshape(*x.shape[:-1], nb, b), -1, fill, fn)
+    inner = _running(x.pad(lead + ((0, nb * b - n),), value=fill).reshape(*x.shape[:-1], nb, b), -1, fill, fn).contiguous()
     totals = _running(inner[..., b - 1], -1, fill, fn, combine)
     before = totals.pad(lead + ((1, 0),), value=fill)[..., :nb]  # the total of all the blocks before each one
     return combine(inner, before.unsqueeze(-1)).reshape(*x.shape[:-1], nb * b)[..., :n].transpose(d, -1)
@@ -119,8 +120,20 @@ def cumsum(self: Tensor, axis: int = 0) -> Tensor:
 
 
 def cumprod(self: Tensor, axis: int = 0) -> Tensor:
-  """The running product along axis, O(n log n min(n, sqrt(n) + BLOCK)) work along axis."""
-  return _running(self, axis, 1, lambda t: t.prod(-1), lambda a, b: a * b)
+  """The running product along axis, O(n log n min(n, sqrt(n) + BLOCK)) work along axis.
+
+  A product tree's backward grows as n^2 terms per element (minutes to compile at n = 300), so where a gradient is wanted the
+  value is the exact product and the gradient comes from running sums: out + (s - s.detach()), which adds 0, with s whose
+  derivatives are the product's: out * cumsum(log|x|) before any zero (d/dx_j = out / x_j), and from the first zero to the
+  second one, that zero times the product of the others (d/dzero = the product of the others; 0 for the rest)."""
+  def products(x: Tensor) -> Tensor: return _running(x, axis, 1, lambda t: t.prod(-1), lambda a, b: a * b)
+  if not (self.dtype.is_float and tracking(self)): return products(self)
+  zero = self.detach() == 0
+  others = products(zero.where(1, self.detach())).contiguous()  # the product of the nonzero elements so far, in memory of its own
+  zeros = zero.cumsum(axis)
+  out = (zeros == 0).where(others, others * 0)  # 0 past a zero, NaN where that zero meets an inf or a NaN, as a product would be
+  s = (zeros == 0).where(out * zero.where(1, self).abs().log().cumsum(axis), (zeros == 1).where(others * zero.where(self, 0).cumsum(axis), 0))
+  return out + s.detach().isfinite().where(s - s.detach(), 0)
 
 
 def cummax(self: Tensor, axis: int = 0) -> Tensor:
