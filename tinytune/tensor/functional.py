@@ -26,13 +26,13 @@ def dropout(self: Tensor, p: float = 0.5) -> Tensor:
 
 def softmax(self: Tensor, axis: int = -1) -> Tensor:
   x = self._float()
-  e = (x - x.max(axis, keepdim=True).detach()).exp()  # the shift cancels: no gradient through it
+  e = (x - x.detach().max(axis, keepdim=True)).exp()  # the shift cancels: no gradient through it
   return e / e.sum(axis, keepdim=True)
 
 
 def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
   x = self._float()
-  shifted = x - x.max(axis, keepdim=True).detach()  # the shift cancels: no gradient through it
+  shifted = x - x.detach().max(axis, keepdim=True)  # the shift cancels: no gradient through it
   return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
 
