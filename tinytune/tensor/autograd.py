@@ -43,8 +43,9 @@ def alu_rule(op: Ops, inputs: tuple[Tensor, ...], out: Tensor) -> Rule:
   if op is Ops.MAX:  # ties share the gradient evenly, as torch does
     def max_rule(g: Tensor) -> tuple[Tensor, Tensor]:
       y = inputs[1]
-      share = (x > y).cast(g.dtype) + (x == y).cast(g.dtype) * 0.5
-      return g * share, g * (1 - share)
+      share = (x > y).where(1.0, (x == y).where(0.5, 0.0)).cast(g.dtype)
+      # into memory: a matmul's backward reads this gradient once per output tile, and comparisons do not vectorize there
+      return (g * share).contiguous(), (g * (1 - share)).contiguous()
     return max_rule
   if op is Ops.WHERE: return lambda g: (None, x.where(g, 0.0), x.where(0.0, g))
   return lambda g: (None,) * len(inputs)  # comparisons, integer and bitwise ops have no gradient
