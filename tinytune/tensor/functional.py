@@ -86,12 +86,21 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
   if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
   st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
-  x = self.pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
+  # the input's gradient as a transposed convolution of the output's: through the sliding windows it would be a (N, C, *out, *k)
+  # tensor summed back in place, k times the input's size
+  transposed = autograd.tracking(self) and all(b == a >= 0 for b, a in pd)
+  x = (self.detach() if transposed else self).pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
   wt = weight.reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
   order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
   ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
+  if transposed:
+    size = self.shape[2:]
+    extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
+    def rule(g: Tensor) -> tuple[Tensor, Tensor]:
+      return g, g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype)
+    ret = autograd.record(Tensor(ret.uop, device=ret.device), (ret if ret.requires_grad else ret.detach(), self), rule)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
 
 
