@@ -38,7 +38,7 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   from tinytune import engine
   from tinytune.codegen.kernel import Kernel
   from tinytune.codegen.opts import opts_to_json
-  from tinytune.engine.schedule import create_schedule
+  from tinytune.engine.realize import schedule_many
   from tinytune.results_db import Database
   from tinytune.runtime import Device
   from tinytune.search.progress import ProgressLine
@@ -58,9 +58,10 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   dev = devices.pop() if devices else Device.canonicalize(device)
   database = db if isinstance(db, Database) else Database(db)
 
-  kernels: dict[str, Kernel] = {}  # key -> kernel, over every output, in schedule order
-  for t in outputs:
-    for item in create_schedule(t.uop, dev)[0]: kernels.setdefault((k := Kernel(item.ast, Device[dev].caps)).key, k)
+  # the kernels a realize of all the outputs together runs (a training step's shared gradients once, its assigns in place)
+  items = schedule_many([t.uop for t in outputs], dev, [t._memory if t._pending else None for t in outputs])[0] if outputs else []
+  kernels: dict[str, Kernel] = {}  # key -> kernel, in schedule order
+  for item in items: kernels.setdefault((k := Kernel(item.ast, Device[dev].caps)).key, k)
   labels: dict[str, str] = {}
   seen: dict[str, int] = {}
   for key, k in kernels.items():
@@ -70,8 +71,7 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
   outcomes: dict[str, KernelOutcome] = {}
   try:
-    for t in outputs:  # one after another: a kernel they share is searched once (the later outputs find it in the cache)
-      for outcome in tuner.tune_program(t.uop, workload, params): outcomes.setdefault(outcome.key, outcome)
+    if items: outcomes = {o.key: o for o in tuner.tune_program(items, workload, params)}
   finally: progress.done()
   engine.forget()  # realizes in this process look the kernels up again
 
