@@ -108,6 +108,7 @@ def realize_all(targets: list[tuple[UOp, str, Buffer | None]]) -> list[UOp]:
   pending assign) ends up in it. A write goes straight from the value's own kernel where nothing still to run reads that memory
   otherwise (an optimizer's moments, then the parameter that reads their new values); else the value goes to a new buffer first,
   and is copied in once everything else ran."""
+  if len(targets) == 1 and targets[0][2] is None: return [realize(*targets[0][:2])]  # the common case: one value, nothing to write
   for u in shared_reduces([u for u, _, _ in targets]): realize(u, next(d for t, d, _ in targets if u in t.toposort))
   direct = _direct_writes(targets)
   ret: list[UOp | None] = [None if i in direct else realize(u, device) for i, (u, device, _) in enumerate(targets)]
@@ -126,7 +127,7 @@ def _direct_writes(targets: list[tuple[UOp, str, Buffer | None]], computed: Call
   writes (the same element, outside any reduce), and no target written after it reads the memory other than through its value."""
   direct = {i for i, (_, _, memory) in enumerate(targets) if memory is not None}
   while True:
-    unsafe = {i for i in direct if not _reads_in_place(*targets[i], computed)}
+    unsafe = {i for i in direct if not _reads_in_place(targets[i][0], targets[i][2], computed)}
     for j in direct:  # j's kernel reads the values written before it from their memory, and everything else as it is
       read = _buffers_read(targets[j][0], {targets[k][0] for k in direct if k < j}, computed)
       unsafe |= {i for i in direct if i < j and targets[i][2] in read}
@@ -146,7 +147,7 @@ def _buffers_read(root: UOp, stops: set[UOp], computed: Callable[[UOp], bool]) -
   return ret
 
 
-def _reads_in_place(value: UOp, device: str, memory: Buffer | None, computed: Callable[[UOp], bool]) -> bool:
+def _reads_in_place(value: UOp, memory: Buffer | None, computed: Callable[[UOp], bool]) -> bool:
   whole = buffer_view(memory, value.shape)  # type: ignore[arg-type]
   seen, stack = set(), [(value, False)]
   while stack:

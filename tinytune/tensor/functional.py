@@ -100,7 +100,7 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
     def rule(g: Tensor) -> tuple[Tensor, Tensor]:
       return g, g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype)
-    ret = autograd.record(Tensor(ret.uop, device=ret.device), (ret if ret.requires_grad else ret.detach(), self), rule)
+    ret = autograd.record(Tensor(ret.uop, device=ret.device), (ret, self), rule)  # ret carries the weight's and bias's gradients
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
 
 
