@@ -1,6 +1,7 @@
 """The train_step workload: its kernels are a real jitted training step's, and search and bench run it end to end."""
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 
@@ -44,6 +45,7 @@ def test_schedule_many_is_what_realize_runs() -> None:
 
 def test_workload_kernels_are_a_jitted_steps() -> None:
   """Tuning carries over: the workload's kernels, in order, are those a TinyJit training step captures."""
+  gc.collect()  # realized nodes of earlier tests that only a reference cycle keeps would be reused instead of computed
   w = get_workload("train_step")
   p = w.params(SMALL)
   built, arrays = w.instantiate(p)
