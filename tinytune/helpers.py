@@ -7,6 +7,7 @@ import math
 import operator
 import os
 import pathlib
+import re
 import sys
 from typing import Any, Iterable, Iterator, TypeVar
 
@@ -78,7 +79,8 @@ _warned: set[str] = set()
 def warn_once(message: str) -> None:
   """One `tinytune: warning:` line of at most 200 characters on stderr per distinct message per process."""
   message = " ".join(message.split())
-  if len(message) > 180: message = message[:88] + "..." + message[-89:]  # the middle goes: paths; the end says what to do
+  if len(message) > 180: message = re.sub(r"/\S+/(?=[^/\s]+/[^/\s]+)", ".../", message)  # long paths keep their last two parts
+  if len(message) > 180: message = message[:88] + "..." + message[-89:]  # then the middle goes; the end says what to do
   if message not in _warned:
     _warned.add(message)
     print(f"tinytune: warning: {message}", file=sys.stderr)
