@@ -69,6 +69,9 @@ def input_strides(k: Kernel) -> list[list[int]]:
       if u.src[0].op is Ops.BUFFER: offsets[off] = None
       else: walk(u.src[0], tuple(simplify((off // st) % s) if s != 1 else zero for s, st in zip(u.src[0].shape, strides_for(u.src[0].shape))))
       return
+    if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
+      walk(u.src[1], idx)
+      return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
     if u.op is Ops.REDUCE:
       red = list(idx)
       for j, a in enumerate(k.reduce_axes): red[a] = dims[k.n_global + j]

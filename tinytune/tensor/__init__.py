@@ -247,6 +247,12 @@ class Tensor:
     if autograd.tracking(x): autograd.record(ret, (x,), autograd.reduce_rule(op, x, ret, axes))
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
+  def _gather(self, dim: int, index: Tensor) -> Tensor:
+    """out[p] = self[p with p[dim] = index[p]]: index (an int tensor) has self's shape but at dim; an index out of range reads 0.
+    The one op that reads at a place computed from data, in O(outputs): X[idx] and gather are built on it."""
+    ret = Tensor(UOp(Ops.GATHER, self.dtype, (self.uop, index.uop), dim), device=self.device)
+    return autograd.record(ret, (self,), autograd.gather_rule(self, dim, index)) if autograd.tracking(self) else ret
+
   # ***** the ops, by job: each lives in the module named here *****
   # creation.py
   _shape_arg = staticmethod(creation._shape_arg); full = staticmethod(creation.full); zeros = staticmethod(creation.zeros)

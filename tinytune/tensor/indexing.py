@@ -82,21 +82,26 @@ def getitem(self: Tensor, index: Any) -> Tensor:
 
 
 def _take(x: Tensor, tensors: list[tuple[int, Tensor]]) -> Tensor:
-  """Advanced indexing of x's dims by int Tensors: their dims go where the first one was if they are adjacent, else first."""
+  """Advanced indexing of x's dims by int Tensors: their dims go where the first one was if they are adjacent, else first.
+  One gather of the indexed dims flattened, each output reading its one element: O(outputs), whatever the indexed dims' size."""
   dims = [d for d, _ in tensors]
   try: idx = _broadcast([t for _, t in tensors])
   except ValueError: raise IndexError(f"shape mismatch: index tensors of shapes {[t.shape for _, t in tensors]} do not broadcast") from None
   rest, sizes, bshape = [d for d in range(x.ndim) if d not in dims], [x.shape[d] for d in dims], idx[0].shape
   n = prod(sizes)
-  lin: Tensor | None = None  # the flat position in the indexed dims, as one index
+  lin, bad = None, None  # the flat position in the indexed dims, as one index; where any index is out of range
   for t, size, stride in zip(idx, sizes, [prod(sizes[j + 1:]) for j in range(len(sizes))]):
     t = t.cast(dtypes.int64) if n >= 2**31 else t
-    t = (t < 0).where(t + size, t) * stride
-    lin = t if lin is None else lin + t
-  assert lin is not None
-  flat = x.permute(rest + dims).reshape(tuple(x.shape[d] for d in rest) + (n,))
-  hit = lin.reshape(bshape + (1,) * (len(rest) + 1)) == Tensor.arange(n, device=x.device)
-  out = _pick(hit, flat.reshape((1,) * len(bshape) + flat.shape))  # bshape + rest
+    t = (t < 0).where(t + size, t)
+    out_of_range = (t < 0) | (t >= size)
+    t = t * stride if stride != 1 else t
+    lin, bad = (t, out_of_range) if lin is None or bad is None else (lin + t, bad | out_of_range)
+  assert lin is not None and bad is not None
+  if len(sizes) > 1: lin = bad.where(-1, lin)  # each dim's index in range, not only their flat position
+  rest_shape = tuple(x.shape[d] for d in rest)
+  flat = x.permute(rest + dims).reshape((1,) * len(bshape) + rest_shape + (n,)).expand(bshape + rest_shape + (n,))
+  out = flat._gather(flat.ndim - 1, lin.reshape(bshape + (1,) * (len(rest) + 1)).expand(bshape + rest_shape + (1,)))
+  out = out.reshape(bshape + rest_shape)
   nb, at = len(bshape), dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
   return out.permute(list(range(nb, nb + at)) + list(range(nb)) + list(range(nb + at, out.ndim)))
 
@@ -123,9 +128,7 @@ def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
   """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range selects 0 (not checked)."""
   if self.ndim == 0: return self.reshape(1).gather(dim, index.reshape(1)).reshape(())
   d = _check_index(self, dim, index, "gather")
-  x = self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))
-  hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)
-  return _pick(hit, x.unsqueeze(-1).transpose(d, -1))
+  return self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))._gather(d, index)
 
 
 def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
