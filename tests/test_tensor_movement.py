@@ -125,11 +125,16 @@ def test_running_reductions() -> None:
   helper_test_op([(300, 2)], lambda x: x.cumprod(0), low=0.98, high=1.02, rtol=1e-4)
   helper_test_op(None, lambda x: x.cumprod(1), vals=[[[2.0, 0.0, -3.0, 0.0, 5.0], [0.0, -1.0, 2.0, 3.0, 0.5], [1.5, 2.0, -0.5, 0.0, 4.0]]])  # zeros
   helper_test_op([(2, 300)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-999, high=999)
-  helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9],
-                 grad=False)  # torch sends the gradient to each running min's index, so ties and NaN differ from the max rule's share
+  # the gradient goes where torch's cummax/cummin index points: the last occurrence of the running max (min), of the last NaN
+  helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, 3.0, 3.0, 2.0, 3.0, 5.0, 5.0, math.nan, 1.0, math.nan]])
+  helper_test_op(None, lambda x: x.cummin(-1).values, lambda x: x.cummin(-1), vals=[[[2.0, 2.0, 1.0, 1.0], [0.0, -0.0, 0.0, 4.0]]])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[[1.0, 2.0], [1.0, 0.0], [1.0, 2.0]]])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[-math.inf, -math.inf, 1.0]])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[3.0])  # 0-d
   helper_test_op([(1,)], lambda x: x.cumprod(0))
   helper_test_op([()], lambda x: x.cumsum(0))
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]], grad=False)  # as above
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]])
   helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-200.0, 0.0, -math.inf, 100.0]])  # each prefix shifted by its own max
   helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-math.inf, -math.inf, 1.0]])
 
