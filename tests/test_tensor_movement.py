@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from oracle import helper_test_op, torch
 from test_ops import FUZZ, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
-from tinytune import Tensor, dtypes
+from tinytune import Tensor, TinyJit, dtypes, no_grad
 
 F = torch.nn.functional
 
@@ -60,6 +60,98 @@ def test_index_by_list_and_mask() -> None:
   helper_test_op([(4, 5)], lambda x: x[:, [True, False, True, True, False]])
   helper_test_op([(4, 5)], lambda x: x[x > 0])  # a bool mask realizes to find its True positions
   helper_test_op([(4, 5, 2)], lambda x: x[x[..., 0] > 0])
+
+
+# ***** writing: x[index] = value *****
+def check_setitem(shape: tuple[int, ...], index: list[Any], value: Any, dtype: Any = dtypes.float32) -> None:
+  """x[index] = value in torch and in tinytune on the same input; index is a list of items, each may be an idx() pair."""
+  a = (np.arange(int(np.prod(shape))).reshape(shape) - 3).astype(dtype.np)
+  t, x = torch.from_numpy(a.copy()), Tensor(a, dtype=dtype)
+  def side(k: int) -> tuple[Any, ...]: return tuple(i[k] if isinstance(i, tuple) else i for i in index)
+  t[side(0)] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+  x[side(1)] = Tensor(value) if isinstance(value, np.ndarray) else value
+  np.testing.assert_array_equal(x.numpy(), t.numpy())
+
+
+def test_setitem() -> None:
+  check_setitem((4, 5), [slice(1, 3)], 0.0)
+  check_setitem((4, 5), [slice(None), slice(None, None, 2)], 7.5)
+  check_setitem((4, 5), [1], np.arange(5, dtype=np.float32))  # a row
+  check_setitem((4, 5), [None, Ellipsis, 1], np.arange(4, dtype=np.float32))  # None and Ellipsis, the value broadcast
+  check_setitem((4, 5), [-1, slice(2, None)], np.ones((1, 1, 3), np.float32))  # leading 1s of the value are dropped, as torch does
+  check_setitem((4, 5), [I1], np.arange(15, dtype=np.float32).reshape(3, 5))  # a place written twice: the last write wins
+  check_setitem((4, 5), [slice(None), I1], 1.0)
+  check_setitem((4, 5), [I1, idx(1, 4, 0)], np.array([1.0, 2.0, 3.0], np.float32))
+  check_setitem((4, 5), [INEG], -1.0)  # negative indices count from the end
+  check_setitem((4, 5, 3), [slice(1, None), idx(0, 1), slice(None, None, 2)], np.array([[5.0], [6.0]], np.float32))
+  check_setitem((4, 5, 3), [I1, slice(None), idx(1, 2, 0)], np.arange(5, dtype=np.float32))  # apart: the index dims first
+  check_setitem((4, 5), [[0, 2]], 3.0)  # a list
+  check_setitem((4, 5), [[True, False, False, True]], 9.0)  # a bool mask
+  check_setitem((4, 5), [idx([])], 1.0)  # an empty index writes nothing
+  check_setitem((4, 5), [slice(1, 3), 2], 7, dtype=dtypes.int32)
+  check_setitem((4, 5), [0], 2.7, dtype=dtypes.int32)  # cast to the tensor's dtype: truncated
+  check_setitem((4, 5), [I1], True, dtype=dtypes.bool)
+  check_setitem((4, 5), [slice(None, 2)], 0.1, dtype=dtypes.float16)
+  a = np.arange(30, dtype=np.float32).reshape(6, 5)  # torch has no negative steps: numpy's result
+  x, a[4:0:-3, ::-2] = Tensor(a), np.arange(6, dtype=np.float32).reshape(2, 3)
+  x[4:0:-3, ::-2] = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+  np.testing.assert_array_equal(x.numpy(), a)
+
+
+def test_setitem_in_place_and_out_of_range() -> None:
+  x = Tensor([1.0, 2.0, 3.0, 4.0])
+  x[0] = 5.0
+  memory = x._memory
+  x[Tensor([3, 9, -9])] = Tensor([6.0, 7.0, 8.0])  # out of range: no write
+  x[1:] = x[:-1]  # the value reads the memory written: computed first
+  assert x._memory is memory and x.tolist() == [5.0, 5.0, 2.0, 3.0]
+  x = Tensor(np.arange(64, dtype=np.float32))  # a write whose value gathers from its own memory goes through a copy
+  x[0] = 0.0
+  x.assign(x.gather(0, Tensor(np.arange(64)[::-1].copy()))).realize()
+  x[Tensor(np.arange(64))] = x[Tensor(np.arange(64)[::-1].copy())]
+  np.testing.assert_array_equal(x.numpy(), np.arange(64))
+  with no_grad():  # initializers write parameters that require grad
+    w = Tensor.zeros(3).requires_grad_()
+    w[1] = 2.0
+  assert w.tolist() == [0.0, 2.0, 0.0] and w.requires_grad
+
+
+def test_index_by_tensor_out_of_range_reads_zero() -> None:
+  x = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
+  got = Tensor(x)[Tensor([0, 3, -4, 2]), Tensor([1, 1, 0, 4])].numpy()
+  np.testing.assert_array_equal(got, [2.0, 0.0, 0.0, 0.0])  # a kernel can't raise: each index is clamped and its read zeroed
+  np.testing.assert_array_equal(Tensor(x).gather(1, Tensor([[4], [-1], [3]])).numpy(), [[0.0], [0.0], [12.0]])
+
+
+def test_index_by_tensor_in_jit() -> None:
+  x = np.random.default_rng(0).random((50, 7), dtype=np.float32)
+  X = Tensor(x).realize()
+  @TinyJit
+  def sample(X: Tensor, i: Tensor) -> Tensor: return (X[i] * 2).realize()
+  @TinyJit
+  def draw(X: Tensor) -> tuple[Tensor, Tensor]:
+    i = Tensor.randint(8, low=0, high=50)
+    return i.realize(), X[i].realize()
+  drawn = []
+  for k in range(4):
+    i = np.random.default_rng(k).integers(0, 50, 8).astype(np.int32)
+    np.testing.assert_array_equal(sample(X, Tensor(i)).numpy(), x[i] * 2)  # a fresh index each call, the replay reads it
+    got_i, got = draw(X)
+    np.testing.assert_array_equal(got.numpy(), x[got_i.numpy()])
+    drawn.append(tuple(got_i.tolist()))
+  assert len(set(drawn)) == 4
+
+
+def test_setitem_in_jit() -> None:
+  @TinyJit
+  def push(memory: Tensor, at: Tensor, row: Tensor) -> Tensor:
+    memory[at] = row
+    return memory
+  memory, want = Tensor.zeros(5, 3).contiguous().realize(), np.zeros((5, 3), np.float32)
+  for k in range(5):
+    push(memory, Tensor([k]), Tensor(np.full((1, 3), k + 1, np.float32)))
+    want[k] = k + 1
+    np.testing.assert_array_equal(memory.numpy(), want)
 
 
 # ***** gather, scatter and masks *****
@@ -320,6 +412,14 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("index mask shape", lambda: Tensor.zeros(3, 4)[[True, False]], IndexError, "a mask of size 2 does not match dim 0 of size 3"),
   ("index no broadcast", lambda: Tensor.zeros(3, 4)[[0, 1], [0, 1, 2]], IndexError, "shape mismatch: index tensors of shapes"),
   ("index too many", lambda: Tensor.zeros(3)[[0], [0]], IndexError, "too many indices"),
+  ("setitem leaf", lambda: Tensor.zeros(3).requires_grad_().__setitem__(0, 1.0), RuntimeError, "a leaf Variable that requires grad is being used"),
+  ("setitem grad", lambda: (Tensor.zeros(3).requires_grad_() * 2).__setitem__(0, 1.0), NotImplementedError, "requires grad"),
+  ("setitem value grad", lambda: Tensor.zeros(3).__setitem__(0, Tensor(1.0, requires_grad=True)), NotImplementedError, "requires grad"),
+  ("setitem expanded", lambda: Tensor([1.0, 2.0]).expand(2, 2).__setitem__(0, 1.0), RuntimeError, "more than one element of the written-to"),
+  ("setitem view", lambda: Tensor([[1.0, 2.0], [3.0, 4.0]])[0].__setitem__(0, 1.0), RuntimeError, r"not x\[0\]\[1\] = v"),
+  ("setitem shape", lambda: Tensor.zeros(3, 4).__setitem__(slice(1), Tensor.zeros(3)), ValueError, "cannot be broadcast to indexing result"),
+  ("setitem type", lambda: Tensor.zeros(3).__setitem__(0, "a"), TypeError, "can't assign a str to a Tensor"),
+  ("setitem oob", lambda: Tensor.zeros(3).__setitem__(3, 1.0), IndexError, "index 3 is out of range for dim 0 of size 3"),
   ("gather dims", lambda: Tensor.zeros(3, 4).gather(0, Tensor([0])), ValueError, "index has 1 dims, the tensor 2"),
   ("gather float", lambda: Tensor.zeros(3).gather(0, Tensor([0.0])), TypeError, "gather index must be an int tensor"),
   ("gather big", lambda: Tensor.zeros(3, 4).gather(0, Tensor.zeros(2, 5, dtype=dtypes.int32)), ValueError, "larger than the tensor's"),

@@ -93,9 +93,9 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
 
 def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
   """x[index] = value like PyTorch, for every index x[index] takes; value broadcasts to x[index]'s shape and is cast to x's dtype.
-  Written in place (Tensor.assign, then realized), so a TinyJit replay writes it too; where x or value is tracked for autograd,
-  x becomes the new value as a graph instead, and the gradient flows to both. Where an int Tensor index holds one place
-  twice, the last write (in the index's row-major order) wins (torch leaves it undefined); an index out of range writes nothing.
+  Written in place (Tensor.assign, then realized), so a TinyJit replay writes it too. Not where x or value requires grad, but
+  under no_grad() (as initializers write). Where an int Tensor index holds one place twice, the last write in the index's
+  row-major order wins (torch leaves it undefined); an int Tensor index out of range writes nothing (torch raises).
   A tensor made by a movement is a new tensor: writing it does not write the one it came from (torch's views do)."""
   if not isinstance(value, Tensor):
     if not isinstance(value, (int, float, bool, np.generic, np.ndarray, list, tuple)):
@@ -112,14 +112,10 @@ def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
                          "Please clone() the tensor before performing the operation.")
     raise RuntimeError("setitem into a view of another tensor's memory would write a copy, not that tensor: index the tensor "
                        "once (x[0, 1] = v, not x[0][1] = v), or clone() the view to write it on its own")
-  tracked = not self.no_grad and (bool(self.requires_grad) or bool(value.requires_grad) and value.dtype.is_float and self.dtype.is_float)
-  old = self
-  if tracked:  # the graph reads the old value: a tensor of its own, since self becomes the new one
-    old = Tensor(self.uop, device=self.device)
-    old.requires_grad, old._ctx = self.requires_grad, self._ctx
-  new = _written(old, index, value.cast(self.dtype))
-  if tracked: self.uop, self._ctx, self.requires_grad = new.uop, new._ctx, new.requires_grad
-  else: self.assign(new).realize()
+  if not self.no_grad and (self.requires_grad or value.requires_grad):
+    raise NotImplementedError("setitem of a tensor or value that requires grad: tinytune's autograd records tensors, not versions of "
+                              "them; build the new value out of place (Tensor.where, masked_fill, scatter), or write under no_grad()")
+  self.assign(_written(self, index, value.cast(self.dtype))).realize()
 
 
 def _written(self: Tensor, index: Any, value: Tensor) -> Tensor:
