@@ -274,8 +274,8 @@ class Tensor:
   repeat_interleave = movement.repeat_interleave; roll = movement.roll; split = movement.split; chunk = movement.chunk
   unfold = movement.unfold; einsum = staticmethod(movement.einsum)
   # indexing.py
-  __getitem__ = indexing.getitem; __setitem__ = indexing.setitem; _pick = staticmethod(indexing._pick); gather = indexing.gather; scatter = indexing.scatter
-  scatter_reduce = indexing.scatter_reduce; one_hot = indexing.one_hot; masked_fill = indexing.masked_fill
+  __getitem__ = indexing.getitem; __setitem__ = indexing.setitem; _pick = staticmethod(indexing._pick); gather = indexing.gather
+  scatter = indexing.scatter; scatter_reduce = indexing.scatter_reduce; one_hot = indexing.one_hot; masked_fill = indexing.masked_fill
   masked_select = indexing.masked_select; nonzero = indexing.nonzero
   # elementwise.py
   add = elementwise.add; mul = elementwise.mul; sub = elementwise.sub; div = elementwise.div; neg = elementwise.neg
