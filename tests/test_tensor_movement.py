@@ -123,6 +123,18 @@ def test_index_by_tensor_out_of_range_reads_zero() -> None:
   np.testing.assert_array_equal(Tensor(x).gather(1, Tensor([[4], [-1], [3]])).numpy(), [[0.0], [0.0], [12.0]])
 
 
+def test_index_by_tensor_is_one_small_kernel() -> None:
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  X = Tensor(np.zeros((6000, 784), np.float32)).realize()
+  items, _ = create_schedule(X[Tensor(np.arange(128, dtype=np.int32))].uop, "CPU")
+  k = Kernel(items[0].ast, DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32))
+  assert len(items) == 1 and k.flops < 1000  # reads the rows it selects: no compare of each index with each row
+  assert not any(o.op.name == "THREAD" for o in hand_coded_optimizations(k))  # a small copy: a thread put off by the OS would stall it
+
+
 def test_index_by_tensor_in_jit() -> None:
   x = np.random.default_rng(0).random((50, 7), dtype=np.float32)
   X = Tensor(x).realize()

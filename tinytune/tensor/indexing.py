@@ -1,7 +1,8 @@
 """Indexing: tensor[...] with ints, slices, None, Ellipsis, int Tensors, lists and bool masks; gather, scatter and masks.
 
-A Tensor index selects by comparison, not by address: x[idx] is, for each output element, the sum over i of
-where(idx == i, x[i], 0). It fuses with what surrounds it, and costs one read of the indexed dims per output element."""
+A Tensor index reads by address: x[idx] is one GATHER (the one primitive that loads at a place computed from data), O(outputs)
+and fused with what surrounds it; its gradient, and scatter, compare each index with each place. x[index] = value writes the
+region by inverse views and one where(), in place through Tensor.assign."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
