@@ -500,6 +500,25 @@ def test_indexing_matches_numpy(data: st.DataObject) -> None:
   np.testing.assert_array_equal(Tensor(a)[tensor_index].numpy(), ints_first[tuple(i for i in index if not isinstance(i, int))])
 
 
+@settings(max_examples=examples(10), **FUZZ)
+@given(st.data())
+def test_setitem_matches_numpy(data: st.DataObject) -> None:
+  shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+  a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+  index: list[Any] = []
+  for n in shape:
+    index.append(data.draw(st.one_of(st.integers(-n, n - 1), st.slices(n), st.lists(st.integers(-n, n - 1), min_size=1, max_size=4))))
+  lists = [i for i in index if isinstance(i, list)]
+  if len(lists) > 1: index = [i if not isinstance(i, list) else i[:1] for i in index]
+  tensor_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
+  x = Tensor(a)
+  if lists and any(isinstance(i, int) for i in index): value: Any = -1  # numpy lays out ints beside lists unlike torch: a scalar
+  else: value = -1 - np.arange(a[tuple(index)].size, dtype=np.int32).reshape(a[tuple(index)].shape)  # distinct: the last write wins
+  a[tuple(index)] = value
+  x[tensor_index] = Tensor(value) if isinstance(value, np.ndarray) else value
+  np.testing.assert_array_equal(x.numpy(), a)
+
+
 @settings(max_examples=examples(15), **FUZZ)
 @given(values=st.lists(st.one_of(small_floats, st.just(math.nan), st.just(-math.inf)), min_size=1, max_size=10), descending=st.booleans())
 def test_sort_matches_numpy(values: list[float], descending: bool) -> None:
