@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import helper_test_op, torch
-from test_ops import FUZZ, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+from test_ops import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
 from tinytune import Tensor, TinyJit, dtypes, no_grad
 
@@ -95,6 +95,15 @@ def test_setitem() -> None:
   a = np.arange(30, dtype=np.float32).reshape(6, 5)  # torch has no negative steps: numpy's result
   x, a[4:0:-3, ::-2] = Tensor(a), np.arange(6, dtype=np.float32).reshape(2, 3)
   x[4:0:-3, ::-2] = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+  np.testing.assert_array_equal(x.numpy(), a)
+
+
+@pytest.mark.parametrize("index", GETITEM_CASES, ids=[str(i) for i in range(len(GETITEM_CASES))])
+def test_setitem_basic_matches_numpy(index: Any) -> None:  # the basic indices x[index] reads, each written (negative steps too)
+  a = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+  x, value = Tensor(a), -1 - np.arange(a[index].size, dtype=np.float32).reshape(a[index].shape)
+  a[index] = value
+  x[index] = Tensor(value)
   np.testing.assert_array_equal(x.numpy(), a)
 
 
