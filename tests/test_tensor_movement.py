@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import helper_test_op, torch
-from test_ops import FUZZ, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+from test_ops import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
-from tinytune import Tensor, dtypes
+from tinytune import Tensor, TinyJit, dtypes, no_grad
 
 F = torch.nn.functional
 
@@ -60,6 +60,119 @@ def test_index_by_list_and_mask() -> None:
   helper_test_op([(4, 5)], lambda x: x[:, [True, False, True, True, False]])
   helper_test_op([(4, 5)], lambda x: x[x > 0])  # a bool mask realizes to find its True positions
   helper_test_op([(4, 5, 2)], lambda x: x[x[..., 0] > 0])
+
+
+# ***** writing: x[index] = value *****
+def check_setitem(shape: tuple[int, ...], index: list[Any], value: Any, dtype: Any = dtypes.float32) -> None:
+  """x[index] = value in torch and in tinytune on the same input; index is a list of items, each may be an idx() pair."""
+  a = (np.arange(int(np.prod(shape))).reshape(shape) - 3).astype(dtype.np)
+  t, x = torch.from_numpy(a.copy()), Tensor(a, dtype=dtype)
+  def side(k: int) -> tuple[Any, ...]: return tuple(i[k] if isinstance(i, tuple) else i for i in index)
+  t[side(0)] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+  x[side(1)] = Tensor(value) if isinstance(value, np.ndarray) else value
+  np.testing.assert_array_equal(x.numpy(), t.numpy())
+
+
+def test_setitem() -> None:
+  check_setitem((4, 5), [slice(1, 3)], 0.0)
+  check_setitem((4, 5), [slice(None), slice(None, None, 2)], 7.5)
+  check_setitem((4, 5), [1], np.arange(5, dtype=np.float32))  # a row
+  check_setitem((4, 5), [None, Ellipsis, 1], np.arange(4, dtype=np.float32))  # None and Ellipsis, the value broadcast
+  check_setitem((4, 5), [-1, slice(2, None)], np.ones((1, 1, 3), np.float32))  # leading 1s of the value are dropped, as torch does
+  check_setitem((4, 5), [I1], np.arange(15, dtype=np.float32).reshape(3, 5))  # a place written twice: the last write wins
+  check_setitem((4, 5), [slice(None), I1], 1.0)
+  check_setitem((4, 5), [I1, idx(1, 4, 0)], np.array([1.0, 2.0, 3.0], np.float32))
+  check_setitem((4, 5), [INEG], -1.0)  # negative indices count from the end
+  check_setitem((4, 5, 3), [slice(1, None), idx(0, 1), slice(None, None, 2)], np.array([[5.0], [6.0]], np.float32))
+  check_setitem((4, 5, 3), [I1, slice(None), idx(1, 2, 0)], np.arange(5, dtype=np.float32))  # apart: the index dims first
+  check_setitem((4, 5), [[0, 2]], 3.0)  # a list
+  check_setitem((4, 5), [[True, False, False, True]], 9.0)  # a bool mask
+  check_setitem((4, 5), [idx([])], 1.0)  # an empty index writes nothing
+  check_setitem((4, 5), [slice(1, 3), 2], 7, dtype=dtypes.int32)
+  check_setitem((4, 5), [0], 2.7, dtype=dtypes.int32)  # cast to the tensor's dtype: truncated
+  check_setitem((4, 5), [I1], True, dtype=dtypes.bool)
+  check_setitem((4, 5), [slice(None, 2)], 0.1, dtype=dtypes.float16)
+  a = np.arange(30, dtype=np.float32).reshape(6, 5)  # torch has no negative steps: numpy's result
+  x, a[4:0:-3, ::-2] = Tensor(a), np.arange(6, dtype=np.float32).reshape(2, 3)
+  x[4:0:-3, ::-2] = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+  np.testing.assert_array_equal(x.numpy(), a)
+
+
+@pytest.mark.parametrize("index", GETITEM_CASES, ids=[str(i) for i in range(len(GETITEM_CASES))])
+def test_setitem_basic_matches_numpy(index: Any) -> None:  # the basic indices x[index] reads, each written (negative steps too)
+  a = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+  x, value = Tensor(a), -1 - np.arange(a[index].size, dtype=np.float32).reshape(a[index].shape)
+  a[index] = value
+  x[index] = Tensor(value)
+  np.testing.assert_array_equal(x.numpy(), a)
+
+
+def test_setitem_in_place_and_out_of_range() -> None:
+  x = Tensor([1.0, 2.0, 3.0, 4.0])
+  x[0] = 5.0
+  memory = x._memory
+  x[Tensor([3, 9, -9])] = Tensor([6.0, 7.0, 8.0])  # out of range: no write
+  x[1:] = x[:-1]  # the value reads the memory written: computed first
+  assert x._memory is memory and x.tolist() == [5.0, 5.0, 2.0, 3.0]
+  x = Tensor(np.arange(64, dtype=np.float32))  # a write whose value gathers from its own memory goes through a copy
+  x[0] = 0.0
+  x.assign(x.gather(0, Tensor(np.arange(64)[::-1].copy()))).realize()
+  x[Tensor(np.arange(64))] = x[Tensor(np.arange(64)[::-1].copy())]
+  np.testing.assert_array_equal(x.numpy(), np.arange(64))
+  with no_grad():  # initializers write parameters that require grad
+    w = Tensor.zeros(3).requires_grad_()
+    w[1] = 2.0
+  assert w.tolist() == [0.0, 2.0, 0.0] and w.requires_grad
+
+
+def test_index_by_tensor_out_of_range_reads_zero() -> None:
+  x = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
+  got = Tensor(x)[Tensor([0, 3, -4, 2]), Tensor([1, 1, 0, 4])].numpy()
+  np.testing.assert_array_equal(got, [2.0, 0.0, 0.0, 0.0])  # a kernel can't raise: each index is clamped and its read zeroed
+  np.testing.assert_array_equal(Tensor(x).gather(1, Tensor([[4], [-1], [3]])).numpy(), [[0.0], [0.0], [12.0]])
+
+
+def test_index_by_tensor_is_one_small_kernel() -> None:
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  X = Tensor(np.zeros((6000, 784), np.float32)).realize()
+  items, _ = create_schedule(X[Tensor(np.arange(128, dtype=np.int32))].uop, "CPU")
+  k = Kernel(items[0].ast, DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32))
+  assert len(items) == 1 and k.flops < 1000  # reads the rows it selects: no compare of each index with each row
+  assert not any(o.op.name == "THREAD" for o in hand_coded_optimizations(k))  # a small copy: a thread put off by the OS would stall it
+
+
+def test_index_by_tensor_in_jit() -> None:
+  x = np.random.default_rng(0).random((50, 7), dtype=np.float32)
+  X = Tensor(x).realize()
+  @TinyJit
+  def sample(X: Tensor, i: Tensor) -> Tensor: return (X[i] * 2).realize()
+  @TinyJit
+  def draw(X: Tensor) -> tuple[Tensor, Tensor]:
+    i = Tensor.randint(8, low=0, high=50)
+    return i.realize(), X[i].realize()
+  drawn = []
+  for k in range(4):
+    i = np.random.default_rng(k).integers(0, 50, 8).astype(np.int32)
+    np.testing.assert_array_equal(sample(X, Tensor(i)).numpy(), x[i] * 2)  # a fresh index each call, the replay reads it
+    got_i, got = draw(X)
+    np.testing.assert_array_equal(got.numpy(), x[got_i.numpy()])
+    drawn.append(tuple(got_i.tolist()))
+  assert len(set(drawn)) == 4
+
+
+def test_setitem_in_jit() -> None:
+  @TinyJit
+  def push(memory: Tensor, at: Tensor, row: Tensor) -> Tensor:
+    memory[at] = row
+    return memory
+  memory, want = Tensor.zeros(5, 3).contiguous().realize(), np.zeros((5, 3), np.float32)
+  for k in range(5):
+    push(memory, Tensor([k]), Tensor(np.full((1, 3), k + 1, np.float32)))
+    want[k] = k + 1
+    np.testing.assert_array_equal(memory.numpy(), want)
 
 
 # ***** gather, scatter and masks *****
@@ -125,11 +238,16 @@ def test_running_reductions() -> None:
   helper_test_op([(300, 2)], lambda x: x.cumprod(0), low=0.98, high=1.02, rtol=1e-4)
   helper_test_op(None, lambda x: x.cumprod(1), vals=[[[2.0, 0.0, -3.0, 0.0, 5.0], [0.0, -1.0, 2.0, 3.0, 0.5], [1.5, 2.0, -0.5, 0.0, 4.0]]])  # zeros
   helper_test_op([(2, 300)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-999, high=999)
-  helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9],
-                 grad=False)  # torch sends the gradient to each running min's index, so ties and NaN differ from the max rule's share
+  # the gradient goes where torch's cummax/cummin index points: the last occurrence of the running max (min), of the last NaN
+  helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, 3.0, 3.0, 2.0, 3.0, 5.0, 5.0, math.nan, 1.0, math.nan]])
+  helper_test_op(None, lambda x: x.cummin(-1).values, lambda x: x.cummin(-1), vals=[[[2.0, 2.0, 1.0, 1.0], [0.0, -0.0, 0.0, 4.0]]])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[[1.0, 2.0], [1.0, 0.0], [1.0, 2.0]]])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[-math.inf, -math.inf, 1.0]])
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[3.0])  # 0-d
   helper_test_op([(1,)], lambda x: x.cumprod(0))
   helper_test_op([()], lambda x: x.cumsum(0))
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]], grad=False)  # as above
+  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]])
   helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-200.0, 0.0, -math.inf, 100.0]])  # each prefix shifted by its own max
   helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-math.inf, -math.inf, 1.0]])
 
@@ -315,6 +433,14 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("index mask shape", lambda: Tensor.zeros(3, 4)[[True, False]], IndexError, "a mask of size 2 does not match dim 0 of size 3"),
   ("index no broadcast", lambda: Tensor.zeros(3, 4)[[0, 1], [0, 1, 2]], IndexError, "shape mismatch: index tensors of shapes"),
   ("index too many", lambda: Tensor.zeros(3)[[0], [0]], IndexError, "too many indices"),
+  ("setitem leaf", lambda: Tensor.zeros(3).requires_grad_().__setitem__(0, 1.0), RuntimeError, "a leaf Variable that requires grad is being used"),
+  ("setitem grad", lambda: (Tensor.zeros(3).requires_grad_() * 2).__setitem__(0, 1.0), NotImplementedError, "requires grad"),
+  ("setitem value grad", lambda: Tensor.zeros(3).__setitem__(0, Tensor(1.0, requires_grad=True)), NotImplementedError, "requires grad"),
+  ("setitem expanded", lambda: Tensor([1.0, 2.0]).expand(2, 2).__setitem__(0, 1.0), RuntimeError, "more than one element of the written-to"),
+  ("setitem view", lambda: Tensor([[1.0, 2.0], [3.0, 4.0]])[0].__setitem__(0, 1.0), RuntimeError, r"not x\[0\]\[1\] = v"),
+  ("setitem shape", lambda: Tensor.zeros(3, 4).__setitem__(slice(1), Tensor.zeros(3)), ValueError, "cannot be broadcast to indexing result"),
+  ("setitem type", lambda: Tensor.zeros(3).__setitem__(0, "a"), TypeError, "can't assign a str to a Tensor"),
+  ("setitem oob", lambda: Tensor.zeros(3).__setitem__(3, 1.0), IndexError, "index 3 is out of range for dim 0 of size 3"),
   ("gather dims", lambda: Tensor.zeros(3, 4).gather(0, Tensor([0])), ValueError, "index has 1 dims, the tensor 2"),
   ("gather float", lambda: Tensor.zeros(3).gather(0, Tensor([0.0])), TypeError, "gather index must be an int tensor"),
   ("gather big", lambda: Tensor.zeros(3, 4).gather(0, Tensor.zeros(2, 5, dtype=dtypes.int32)), ValueError, "larger than the tensor's"),
@@ -381,6 +507,25 @@ def test_indexing_matches_numpy(data: st.DataObject) -> None:
   tensor_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
   ints_first = a[tuple(i if isinstance(i, int) else slice(None) for i in index)]  # torch takes ints before lists; numpy mixes them
   np.testing.assert_array_equal(Tensor(a)[tensor_index].numpy(), ints_first[tuple(i for i in index if not isinstance(i, int))])
+
+
+@settings(max_examples=examples(10), **FUZZ)
+@given(st.data())
+def test_setitem_matches_numpy(data: st.DataObject) -> None:
+  shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+  a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+  index: list[Any] = []
+  for n in shape:
+    index.append(data.draw(st.one_of(st.integers(-n, n - 1), st.slices(n), st.lists(st.integers(-n, n - 1), min_size=1, max_size=4))))
+  lists = [i for i in index if isinstance(i, list)]
+  if len(lists) > 1: index = [i if not isinstance(i, list) else i[:1] for i in index]
+  tensor_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
+  x = Tensor(a)
+  if lists and any(isinstance(i, int) for i in index): value: Any = -1  # numpy lays out ints beside lists unlike torch: a scalar
+  else: value = -1 - np.arange(a[tuple(index)].size, dtype=np.int32).reshape(a[tuple(index)].shape)  # distinct: the last write wins
+  a[tuple(index)] = value
+  x[tensor_index] = Tensor(value) if isinstance(value, np.ndarray) else value
+  np.testing.assert_array_equal(x.numpy(), a)
 
 
 @settings(max_examples=examples(15), **FUZZ)

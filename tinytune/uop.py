@@ -16,6 +16,8 @@ from tinytune.dtype import DType, dtypes
 class Ops(Enum):
   # graph leaves and structure
   BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE = auto(); CAST = auto(); VAR = auto(); CONTIGUOUS = auto()  # noqa: E702
+  # GATHER(x, index), arg d: x read where dim d's index is index's value (index has x's shape but at d; out of range reads 0)
+  GATHER = auto()
   # unary
   NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto()  # noqa: E702
   # binary
@@ -112,6 +114,7 @@ class UOp:
     if self.op in (Ops.CONST, Ops.VAR): return ()
     if self.op is Ops.VIEW: return self.arg.shape
     if self.op is Ops.REDUCE: return tuple(1 if i in self.arg[1] else s for i, s in enumerate(self.src[0].shape))
+    if self.op is Ops.GATHER: return self.src[1].shape
     return self.src[0].shape
 
   @cached

@@ -252,9 +252,26 @@ class _KernelRender:
         if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
+    elif u.op is Ops.GATHER: ret = self.gather(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
     self.memo[key] = ret
     return ret
+
+  def gather(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """x at idx but for dim d, whose index is the value of the index expression there: a variable clamped into range, the read
+    zeroed where it was out of range. Where that value differs by lane, each lane reads on its own."""
+    d, n, r = u.arg, u.src[0].shape[u.arg], self.r
+    at = self.node(u.src[1], idx)
+    lanes = [idx] if at.kind == "s" else [tuple(self.subst_lane(e, i) for e in idx) for i in range(self.width)]
+    vals, oks = [], []
+    for i, lane_idx in enumerate(lanes):
+      ok = self.emit(r.types[dtypes.bool], f"(0<={at.lane(i)}&&{at.lane(i)}<{n})")
+      var = UOp.var(self.emit(r.index_type, f"({ok}?{at.lane(i)}:0)", "g"), 0, max(n - 1, 0))
+      vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
+      oks.append(ok)
+    val = vals[0] if at.kind == "s" else Val("l", tuple(v.lane(0) for v in vals))
+    ok_val = Val("s", (oks[0],)) if at.kind == "s" else Val("l", tuple(oks))
+    return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val("s", (r.literal(0, u.dtype),))], [dtypes.bool, u.dtype, u.dtype])
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     ctype = self.r.types[dtype]

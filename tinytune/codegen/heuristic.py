@@ -9,6 +9,9 @@ from tinytune.shape import strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
 THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
+# a kernel of under one op per element (a copy, a gather) is bound by memory: threads pay off only for a few MB of output, and
+# below that a thread the OS put off stalls the whole kernel (X[idx] of 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores)
+THREAD_MIN_COPY_BYTES = 1 << 22
 
 
 def _first_valid(k: Kernel, *opts: Opt) -> None:
@@ -43,7 +46,8 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
   elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 4)))
-  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
+  copy = k.flops < prod(k.sizes) and prod(k.out_shape) * k.ast.dtype.itemsize < THREAD_MIN_COPY_BYTES
+  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK and not copy:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
   if tile_row is not None and lane is not None and tile_row < lane:
     first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
@@ -69,6 +73,9 @@ def input_strides(k: Kernel) -> list[list[int]]:
       if u.src[0].op is Ops.BUFFER: offsets[off] = None
       else: walk(u.src[0], tuple(simplify((off // st) % s) if s != 1 else zero for s, st in zip(u.src[0].shape, strides_for(u.src[0].shape))))
       return
+    if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
+      walk(u.src[1], idx)
+      return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
     if u.op is Ops.REDUCE:
       red = list(idx)
       for j, a in enumerate(k.reduce_axes): red[a] = dims[k.n_global + j]

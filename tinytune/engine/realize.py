@@ -151,12 +151,12 @@ def _reads_in_place(value: UOp, memory: Buffer | None, computed: Callable[[UOp],
   whole = buffer_view(memory, value.shape)  # type: ignore[arg-type]
   seen, stack = set(), [(value, False)]
   while stack:
-    u, in_reduce = stack.pop()
-    if (u, in_reduce) in seen or computed(u): continue
-    seen.add((u, in_reduce))
-    if u.op is Ops.BUFFER and u.arg is memory: return False  # reached through a view other than the whole one, or inside a reduce
-    if u is whole and not in_reduce: continue
-    stack.extend((s, in_reduce or u.op is Ops.REDUCE) for s in u.src)
+    u, elsewhere = stack.pop()  # elsewhere: read at other places than the one written (inside a reduce, or gathered)
+    if (u, elsewhere) in seen or computed(u): continue
+    seen.add((u, elsewhere))
+    if u.op is Ops.BUFFER and u.arg is memory: return False  # reached through a view other than the whole one, or read elsewhere
+    if u is whole and not elsewhere: continue
+    stack.extend((s, elsewhere or u.op is Ops.REDUCE or (u.op is Ops.GATHER and i == 0)) for i, s in enumerate(u.src))
   return True
 
 

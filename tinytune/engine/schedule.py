@@ -2,7 +2,7 @@
 
 Elementwise work and views are inlined into the kernel that consumes them. A kernel holds at most one reduce, with
 its elementwise inputs before and its elementwise users after. A reduce becomes its own kernel's output (a buffer)
-when it is read through an expanding or padding view, from inside another reduce, or beside a second reduce."""
+when it is read through an expanding or padding view or a gather, from inside another reduce, or beside a second reduce."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,6 +56,7 @@ def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
       found[u] = found.get(u, True) and not expanded and not in_reduce
       stack.append((u.src[0], False, True))
     elif u.op is Ops.VIEW: stack.append((u.src[0], expanded or u.arg.expands, in_reduce))
+    elif u.op is Ops.GATHER: stack += [(u.src[0], True, in_reduce), (u.src[1], expanded, in_reduce)]  # a reduce read at gathered places: a buffer
     else: stack.extend((s, expanded, in_reduce) for s in u.src)
   bad = {r for r, ok in found.items() if not ok}
   rest = sorted((r for r in found if r not in bad), key=lambda r: root.toposort.index(r))

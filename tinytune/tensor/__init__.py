@@ -247,6 +247,12 @@ class Tensor:
     if autograd.tracking(x): autograd.record(ret, (x,), autograd.reduce_rule(op, x, ret, axes))
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
+  def _gather(self, dim: int, index: Tensor) -> Tensor:
+    """out[p] = self[p with p[dim] = index[p]]: index (an int tensor) has self's shape but at dim; an index out of range reads 0.
+    The one op that reads at a place computed from data, in O(outputs): X[idx] and gather are built on it."""
+    ret = Tensor(UOp(Ops.GATHER, self.dtype, (self.uop, index.uop), dim), device=self.device)
+    return autograd.record(ret, (self,), autograd.gather_rule(self, dim, index)) if autograd.tracking(self) else ret
+
   # ***** the ops, by job: each lives in the module named here *****
   # creation.py
   _shape_arg = staticmethod(creation._shape_arg); full = staticmethod(creation.full); zeros = staticmethod(creation.zeros)
@@ -268,8 +274,8 @@ class Tensor:
   repeat_interleave = movement.repeat_interleave; roll = movement.roll; split = movement.split; chunk = movement.chunk
   unfold = movement.unfold; einsum = staticmethod(movement.einsum)
   # indexing.py
-  __getitem__ = indexing.getitem; _pick = staticmethod(indexing._pick); gather = indexing.gather; scatter = indexing.scatter
-  scatter_reduce = indexing.scatter_reduce; one_hot = indexing.one_hot; masked_fill = indexing.masked_fill
+  __getitem__ = indexing.getitem; __setitem__ = indexing.setitem; _pick = staticmethod(indexing._pick); gather = indexing.gather
+  scatter = indexing.scatter; scatter_reduce = indexing.scatter_reduce; one_hot = indexing.one_hot; masked_fill = indexing.masked_fill
   masked_select = indexing.masked_select; nonzero = indexing.nonzero
   # elementwise.py
   add = elementwise.add; mul = elementwise.mul; sub = elementwise.sub; div = elementwise.div; neg = elementwise.neg

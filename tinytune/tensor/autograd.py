@@ -2,7 +2,7 @@
 to theirs; backward() walks those records from the output. Gradients are lazy Tensors like any other, so the backward
 kernels fuse with each other and with an optimizer's update, and can be tuned.
 
-The rules are written for the primitives only (ALU ops, cast, reduce, the six movements, sliding windows); every other op
+The rules are written for the primitives only (ALU ops, cast, reduce, gather, the six movements, sliding windows); every other op
 is a composition of them and is differentiated through them."""
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ def move_rule(op: str, x: Tensor, arg: Any) -> Rule:
   if op == "shrink": return lambda g: (g.pad(tuple((b, s - e) for (b, e), s in zip(arg, x.shape))),)
   if op == "flip": return lambda g: (g.flip(arg),)
   raise ValueError(f"no movement {op!r}")
+
+
+def gather_rule(x: Tensor, dim: int, index: Tensor) -> Rule:
+  """A gather's gradient adds each output's gradient back at the place it read: a sum over the index's dim d of where(index == i, g, 0)
+  for each i of x's dim d, a composition that costs one compare per output and place (out of range indices read 0 and get nothing)."""
+  def rule(g: Tensor) -> tuple[Tensor]:
+    hit = index.unsqueeze(-1) == type(x).arange(x.shape[dim], device=x.device)  # index's shape + (n,)
+    got = hit.where(g.unsqueeze(-1), 0.0).sum(dim, keepdim=True)  # 1 at dim d, + (n,)
+    return (got.transpose(dim, -1).reshape(x.shape),)
+  return rule
 
 
 def window_rule(x: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Rule:

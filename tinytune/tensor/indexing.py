@@ -1,7 +1,8 @@
 """Indexing: tensor[...] with ints, slices, None, Ellipsis, int Tensors, lists and bool masks; gather, scatter and masks.
 
-A Tensor index selects by comparison, not by address: x[idx] is, for each output element, the sum over i of
-where(idx == i, x[i], 0). It fuses with what surrounds it, and costs one read of the indexed dims per output element."""
+A Tensor index reads by address: x[idx] is one GATHER (the one primitive that loads at a place computed from data), O(outputs)
+and fused with what surrounds it; its gradient, and scatter, compare each index with each place. x[index] = value writes the
+region by inverse views and one where(), in place through Tensor.assign."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,16 @@ def _index_arrays(i: Any) -> list[tuple[Any, int | None]]:
 
 def getitem(self: Tensor, index: Any) -> Tensor:
   """x[index] like PyTorch: ints, slices, None, Ellipsis, int Tensors and lists (advanced indexing, broadcast together).
-  A bool mask (a Tensor or a list) realizes itself to find its True positions. An int Tensor index out of range selects
-  zeros (it is not checked, since that would realize it); a list index out of range raises IndexError."""
+  A bool mask (a Tensor or a list) realizes itself to find its True positions. An int Tensor index out of range reads 0
+  (a kernel can't raise; checking would realize the index; torch raises); a list index out of range raises IndexError."""
+  x, tensors, _ = _basic(self, index)
+  return _take(x, tensors) if tensors else x
+
+
+def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], list[tuple[int, int, int]]]:
+  """self[index] before its Tensor indices: self sliced, its int dims dropped, its None dims added and its Tensor-indexed dims
+  whole; the Tensor indices with the dim each indexes there; and the part of each of self's dims the index reads, as
+  (start, length, step) (whole where a Tensor indexes it; a negative step reads from start down)."""
   index = index if isinstance(index, tuple) else (index,)
   items: list[tuple[Any, int | None]] = []
   for i in index:
@@ -48,7 +57,7 @@ def getitem(self: Tensor, index: Any) -> Tensor:
   if len(real) > self.ndim: raise IndexError(f"too many indices ({len(real)}) for a tensor of {self.ndim} dims")
   at = ellipsis[0] if ellipsis else len(items)
   items = items[:at] + [(slice(None), None)] * (self.ndim - len(real)) + items[at + 1:]
-  x, dim, out_shape, tensors = self, 0, [], []
+  x, dim, out_shape, tensors, parts = self, 0, [], [], []
   for i, size in items:
     if i is None: out_shape.append(1); continue
     n = x.shape[dim]
@@ -60,14 +69,17 @@ def getitem(self: Tensor, index: Any) -> Tensor:
     if isinstance(i, Tensor):
       if i.dtype.is_float: raise IndexError(f"tensors used as indices must be int or bool tensors, got {i.dtype.name}")
       tensors.append((len(out_shape), i))
-      out_shape.append(n)  # kept whole here; the Tensor index selects from it below
+      out_shape.append(n)  # kept whole here; the Tensor index selects from it
+      parts.append((0, n, 1))
     elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
       if not -n <= i < n: raise IndexError(f"index {i} is out of range for dim {dim} of size {n}")
       x = x.shrink(tuple((int(i) % n, int(i) % n + 1) if j == dim else None for j in range(x.ndim)))
+      parts.append((int(i) % n, 1, 1))
     elif isinstance(i, slice):
       start, stop, step = i.indices(n)
-      if step < 0: x, start, stop, step = x.flip(dim), n - 1 - start, n - 1 - stop, -step
       length = max(0, -(-(stop - start) // step))
+      parts.append((start, length, step))
+      if step < 0: x, start, stop, step = x.flip(dim), n - 1 - start, n - 1 - stop, -step
       x = x.shrink(tuple((start, start + (length - 1) * step + 1 if length else start) if j == dim else None for j in range(x.ndim)))
       if step > 1 and length:
         shp = x.shape
@@ -77,26 +89,109 @@ def getitem(self: Tensor, index: Any) -> Tensor:
       out_shape.append(length)
     else: raise IndexError(f"unsupported index {i!r}: use ints, slices, None, ..., int or bool Tensors, or lists")
     dim += 1
-  x = x.reshape(tuple(out_shape))
-  return _take(x, tensors) if tensors else x
+  return x.reshape(tuple(out_shape)), tensors, parts
+
+
+def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
+  """x[index] = value like PyTorch, for every index x[index] takes; value broadcasts to x[index]'s shape and is cast to x's dtype.
+  Written in place (Tensor.assign, then realized), so a TinyJit replay writes it too. Not where x or value requires grad, but
+  under no_grad() (as initializers write). Where an int Tensor index holds one place twice, the last write in the index's
+  row-major order wins (torch leaves it undefined); an int Tensor index out of range writes nothing (torch raises).
+  A tensor made by a movement is a new tensor: writing it does not write the one it came from (torch's views do)."""
+  if not isinstance(value, Tensor):
+    if not isinstance(value, (int, float, bool, np.generic, np.ndarray, list, tuple)):
+      raise TypeError(f"can't assign a {type(value).__name__} to a Tensor; use a Tensor, a number or a list")
+    value = Tensor(np.asarray(value), device=self.device) if isinstance(value, (np.ndarray, list, tuple)) else \
+      Tensor(value.item() if isinstance(value, np.generic) else value, dtype=self.dtype, device=self.device)
+  if value.device != self.device: raise ValueError(f"setitem of a tensor on {value.device} into one on {self.device}")
+  if self.requires_grad and self._ctx is None and not self.no_grad:
+    raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+  u = self.uop
+  if u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and not (u.arg.contiguous and prod(u.shape) == u.src[0].arg.size):
+    if any(st == 0 and s > 1 for st, s in zip(u.arg.strides, u.shape)):
+      raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
+                         "Please clone() the tensor before performing the operation.")
+    raise RuntimeError("setitem into a view of another tensor's memory would write a copy, not that tensor: index the tensor "
+                       "once (x[0, 1] = v, not x[0][1] = v), or clone() the view to write it on its own")
+  if not self.no_grad and (self.requires_grad or value.requires_grad):
+    raise NotImplementedError("setitem of a tensor or value that requires grad: tinytune's autograd records tensors, not versions of "
+                              "them; build the new value out of place (Tensor.where, masked_fill, scatter), or write under no_grad()")
+  self.assign(_written(self, index, value.cast(self.dtype))).realize()
+
+
+def _written(self: Tensor, index: Any, value: Tensor) -> Tensor:
+  """self with value written at self[index]: one where() over self, O(self's size) (plus the index's size times the size of the
+  dims it indexes, for Tensor indices)."""
+  region, tensors, parts = _basic(self, index)
+  shape = _take(region, tensors).shape if tensors else region.shape
+  while value.ndim > len(shape) and value.shape[0] == 1: value = value.reshape(value.shape[1:])  # torch drops leading 1s
+  try: value = value.expand(shape)
+  except ValueError: raise ValueError(f"shape mismatch: value tensor of shape {value.shape} cannot be broadcast to indexing result "
+                                      f"of shape {shape}") from None
+  new = _put(region, tensors, value) if tensors else value
+  def place(t: Tensor, fill: Scalar) -> Tensor:  # the region's values at their places in self, fill elsewhere
+    t = t.reshape(tuple(length for _, length, _ in parts))
+    for d, ((start, length, step), n) in enumerate(zip(parts, self.shape)):
+      if step < 0: t, start, step = t.flip(d), start + (length - 1) * step, -step
+      span = (length - 1) * step + 1 if length else 0
+      if step > 1 and length > 1:
+        t = t.unsqueeze(d + 1).pad(tuple((0, step - 1) if j == d + 1 else None for j in range(t.ndim + 1)), value=fill)
+        t = t.reshape(t.shape[:d] + (length * step,) + t.shape[d + 2:]).shrink(tuple((0, span) if j == d else None for j in range(t.ndim - 1)))
+      if (start, span) != (0, n): t = t.pad(tuple((start, n - start - span) if j == d else None for j in range(t.ndim)), value=fill)
+    return t
+  inside = place(Tensor.full(new.shape, True, dtypes.bool, self.device), False)
+  return inside.where(place(new, 0), self)
+
+
+def _put(x: Tensor, tensors: list[tuple[int, Tensor]], value: Tensor) -> Tensor:
+  """x with value (shaped as _take(x, tensors)) written at the places those Tensor indices select: for each place, the last
+  write that hits it (found by comparing each index with each place of the indexed dims), gathered from value."""
+  dims = [d for d, _ in tensors]
+  idx = _broadcast([t for _, t in tensors])
+  rest, sizes, bshape = [d for d in range(x.ndim) if d not in dims], [x.shape[d] for d in dims], idx[0].shape
+  n, writes, nb = prod(sizes), prod(bshape), len(bshape)
+  if writes == 0: return x
+  lin = _flat_index(idx, sizes)
+  at = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+  order = list(range(at, at + nb)) + list(range(at)) + list(range(at + nb, value.ndim))
+  rest_shape = tuple(x.shape[d] for d in rest)
+  vals = value.permute(order).reshape((writes,) + rest_shape).permute(list(range(1, len(rest) + 1)) + [0])  # rest + (writes,)
+  hit = lin.reshape(writes, 1) == Tensor.arange(n, device=x.device)
+  last = hit.where(Tensor.arange(1, writes + 1, device=x.device).reshape(writes, 1), 0).max(0)  # (n,): the last write to each, from 1
+  got = vals._gather(len(rest), (last - 1).reshape((1,) * len(rest) + (n,)).expand(rest_shape + (n,)))
+  flat = x.permute(rest + dims).reshape(rest_shape + (n,))
+  new = (last > 0).where(got, flat).reshape(rest_shape + tuple(sizes))
+  return new.permute([(rest + dims).index(d) for d in range(x.ndim)])
+
+
+def _flat_index(idx: list[Tensor], sizes: list[int]) -> Tensor:
+  """Broadcast int Tensor indices of dims of these sizes as one flat position in them (row-major); -1 where any is out of range.
+  Negative indices count from the end."""
+  n = prod(sizes)
+  lin, bad = None, None
+  for t, size, stride in zip(idx, sizes, [prod(sizes[j + 1:]) for j in range(len(sizes))]):
+    t = t.cast(dtypes.int64) if n >= 2**31 else t
+    t = (t < 0).where(t + size, t)
+    out_of_range = (t < 0) | (t >= size)
+    t = t * stride if stride != 1 else t
+    lin, bad = (t, out_of_range) if lin is None or bad is None else (lin + t, bad | out_of_range)
+  assert lin is not None and bad is not None
+  return bad.where(-1, lin) if len(sizes) > 1 else lin  # each dim's index in range, not only their flat position
 
 
 def _take(x: Tensor, tensors: list[tuple[int, Tensor]]) -> Tensor:
-  """Advanced indexing of x's dims by int Tensors: their dims go where the first one was if they are adjacent, else first."""
+  """Advanced indexing of x's dims by int Tensors: their dims go where the first one was if they are adjacent, else first.
+  One gather of the indexed dims flattened, each output reading its one element: O(outputs), whatever the indexed dims' size."""
   dims = [d for d, _ in tensors]
   try: idx = _broadcast([t for _, t in tensors])
   except ValueError: raise IndexError(f"shape mismatch: index tensors of shapes {[t.shape for _, t in tensors]} do not broadcast") from None
   rest, sizes, bshape = [d for d in range(x.ndim) if d not in dims], [x.shape[d] for d in dims], idx[0].shape
   n = prod(sizes)
-  lin: Tensor | None = None  # the flat position in the indexed dims, as one index
-  for t, size, stride in zip(idx, sizes, [prod(sizes[j + 1:]) for j in range(len(sizes))]):
-    t = t.cast(dtypes.int64) if n >= 2**31 else t
-    t = (t < 0).where(t + size, t) * stride
-    lin = t if lin is None else lin + t
-  assert lin is not None
-  flat = x.permute(rest + dims).reshape(tuple(x.shape[d] for d in rest) + (n,))
-  hit = lin.reshape(bshape + (1,) * (len(rest) + 1)) == Tensor.arange(n, device=x.device)
-  out = _pick(hit, flat.reshape((1,) * len(bshape) + flat.shape))  # bshape + rest
+  lin = _flat_index(idx, sizes)
+  rest_shape = tuple(x.shape[d] for d in rest)
+  flat = x.permute(rest + dims).reshape((1,) * len(bshape) + rest_shape + (n,)).expand(bshape + rest_shape + (n,))
+  out = flat._gather(flat.ndim - 1, lin.reshape(bshape + (1,) * (len(rest) + 1)).expand(bshape + rest_shape + (1,)))
+  out = out.reshape(bshape + rest_shape)
   nb, at = len(bshape), dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
   return out.permute(list(range(nb, nb + at)) + list(range(nb)) + list(range(nb + at, out.ndim)))
 
@@ -123,9 +218,7 @@ def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
   """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range selects 0 (not checked)."""
   if self.ndim == 0: return self.reshape(1).gather(dim, index.reshape(1)).reshape(())
   d = _check_index(self, dim, index, "gather")
-  x = self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))
-  hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)
-  return _pick(hit, x.unsqueeze(-1).transpose(d, -1))
+  return self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))._gather(d, index)
 
 
 def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:

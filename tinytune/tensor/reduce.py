@@ -137,8 +137,17 @@ def cumprod(self: Tensor, axis: int = 0) -> Tensor:
 
 
 def cummax(self: Tensor, axis: int = 0) -> Tensor:
-  """The running max along axis (values only, like tinygrad; a NaN carries on). O(n min(n, sqrt(n) + BLOCK)) work along axis."""
-  return _running(self, axis, dtypes.min(self.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
+  """The running max along axis (values only, like tinygrad; a NaN carries on). O(n min(n, sqrt(n) + BLOCK)) work along axis.
+  The gradient goes to the index torch's cummax returns, the last occurrence of each running max (of the last NaN, once one came):
+  the value is self gathered there, whose gradient adds each output's back at that place."""
+  def running_max(x: Tensor) -> Tensor: return _running(x, axis, dtypes.min(x.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
+  if not (self.dtype.is_float and tracking(self)): return running_max(self)
+  x = self.detach()
+  v = running_max(x)
+  d = self._axis(axis) if self.ndim else 0
+  at = Tensor.arange(self.shape[d] if self.ndim else 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(self.ndim)))
+  record = (x == v) | (x.isnan() & v.isnan())  # where a running max is reached (again)
+  return self.gather(axis, running_max(record.where(at, 0)))
 
 
 def cummin(self: Tensor, axis: int = 0) -> Tensor: return self._flip_order().cummax(axis)._flip_order()
