@@ -5,7 +5,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tinytune.helpers import env_count
+from tinytune.helpers import env_count, unique_names
 from tinytune.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -62,11 +62,7 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   items = schedule_many([t.uop for t in outputs], dev, [t._memory if t._pending else None for t in outputs])[0] if outputs else []
   kernels: dict[str, Kernel] = {}  # key -> kernel, in schedule order
   for item in items: kernels.setdefault((k := Kernel(item.ast, Device[dev].caps)).key, k)
-  labels: dict[str, str] = {}
-  seen: dict[str, int] = {}
-  for key, k in kernels.items():
-    seen[k.name] = seen.get(k.name, 0) + 1
-    labels[key] = k.name if seen[k.name] == 1 else f"{k.name}#{seen[k.name]}"
+  labels = unique_names((key, k.name) for key, k in kernels.items())
   progress = ProgressLine(strategy, budget, labels, quiet=quiet)
   tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
   outcomes: dict[str, KernelOutcome] = {}
