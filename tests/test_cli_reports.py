@@ -201,13 +201,13 @@ SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
   "bench": ({"workload", "params", "dtype", "device", "peak_gflops", "peak_gbs"},
             {"implementations": {"implementation", "dtype", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
              "kernels": {"kernel", "dtype", "flops", "bytes", "opts", "opts_from"}}),
-  "compare": ({"workload", "dtype", "device", "against"}, {"sizes": {"params", "dtype", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms", "speedup_vs_default",
-                                                            "speedup_vs_numpy", "note"}}),
+  "compare": ({"workload", "dtype", "device", "against"}, {"sizes": {"params", "dtype", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms",
+                                                                     "speedup_vs_default", "speedup_vs_numpy", "note"}}),
   "report": ({"workload", "kernel", "device"}, {
     "devices": {"id", "device", "kind", "name", "arch", "compiler_version", "codegen_version", "fingerprint_hash", "peak_gflops", "peak_gbs",
                 "probe"},
-    "best": {"workload", "params", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes", "opts",
-             "key"},
+    "best": {"workload", "params", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes",
+             "opts", "key"},
     "baselines": {"workload", "params", "dtype", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
                   "created_at"},
     "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
@@ -292,7 +292,8 @@ def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: st
 def test_bench_and_compare_in_a_dtype(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
   db, small = f"sqlite:///{tmp_path / 'dtype.db'}", ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
   against = "torch,numpy" if importlib.util.find_spec("torch") else "numpy"
-  code, out, err = run(capsys, "bench", "matmul", *small, "--dtype", "float16", "--repeats", "2", "--no-peak", "--against", against, "--db", db, "--json")
+  code, out, err = run(capsys, "bench", "matmul", *small, "--dtype", "float16", "--repeats", "2", "--no-peak", "--against", against, "--db", db,
+                       "--json")
   data = json.loads(out)
   assert code == 0 and data["dtype"] == "float16" and {r["dtype"] for r in data["implementations"] + data["kernels"]} == {"float16"}, err
   assert {r["implementation"] for r in data["implementations"]} == {"tinytune-default", "tinytune-tuned", *against.split(",")}
