@@ -61,6 +61,7 @@ def test_tune_a_function_with_several_outputs(db_path: str, capsys) -> None:  # 
   frame = tune(step, x, y, budget=2, db=db_path)
   assert list(frame["kernel"]) == ["r_20_16", "r_16_20"] and not frame["cache_hit"].any()
   assert runs(db_path)[0].workload.endswith("step") and runs(db_path)[0].params == {"inputs": ["16x20 float32", "16x20 float32"]}
+  assert runs(db_path)[0].dtype == "float32"  # its outputs' dtype
   err = capsys.readouterr().err.splitlines()  # not a terminal: one final line per kernel
   assert len(err) == 2 and err[0].startswith("tuned r_20_16 (beam): ") and "candidates" in err[0] and "best" in err[0]
   assert tune(step, x, y, budget=2, db=db_path)["cache_hit"].all() and capsys.readouterr().err == ""

@@ -32,7 +32,12 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   Returns a DataFrame, one row per distinct kernel in schedule order: kernel (its name, unique in the program: the second of
   two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, default_ms and tuned_ms (NaN where unknown),
   speedup, opts ([op, axis, arg] lists), candidates (how many this call measured: 0 on a cache hit) and cache_hit. Afterwards,
-  realizing the same graph in this process (or any later one) runs the tuned opts."""
+  realizing the same graph in this process (or any later one) runs the tuned opts.
+
+  tune() realizes nothing, and that includes a training step's updates: a function that calls `opt.schedule_step()` (or
+  `assign`s) leaves those assigns pending on the parameters and optimizer state, as calling it does without tune(). The next
+  realize that touches them (the next step, or just `w.numpy()`) applies them: the example batch's update happens then, once.
+  To keep the parameters as they were, tune a step built on copies of them (`Tensor(w.numpy())`): its kernels are the same."""
   import pandas as pd
 
   from tinytune import engine
@@ -67,7 +72,8 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
   outcomes: dict[str, KernelOutcome] = {}
   try:
-    if items: outcomes = {o.key: o for o in tuner.tune_program(items, workload, params)}
+    dtype = dtypes.pop() if len(dtypes := {t.dtype.name for t in outputs}) == 1 else None  # the run's dtype: its outputs', where they agree
+    if items: outcomes = {o.key: o for o in tuner.tune_program(items, workload, params, dtype)}
   finally: progress.done()
   engine.forget()  # realizes in this process look the kernels up again
 
