@@ -112,7 +112,9 @@ def _note(text: str) -> str: return f"<p class='note'>{html.escape(text)}</p>"
 
 
 def _table_html(df: pd.DataFrame) -> str:
-  return _flat(df).to_html(index=False, na_rep="-", float_format=_cell, border=0, escape=True) if len(df) else "<p>(none)</p>"
+  if not len(df): return "<p>(none)</p>"
+  df = _flat(df).map(lambda x: _cell(x) if isinstance(x, (bool, np.bool_)) else x)  # yes and no, as the other tables for people say
+  return df.to_html(index=False, na_rep="-", float_format=_cell, border=0, escape=True)
 
 
 def _convergence(history: pd.DataFrame) -> list[str]:
