@@ -42,7 +42,7 @@ def test_tune_a_tensor_graph_then_cache_hits_and_realize_runs_the_tuned_opts(db_
   frame = tune(out, budget=3, db=db_path)
   kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
   assert list(frame.columns) == TUNE_COLUMNS and {k: str(frame[k].dtype) for k in TUNE_DTYPES} == TUNE_DTYPES
-  assert list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique
+  assert list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique and set(frame["dtype"]) == {"float32"}
   assert not frame["cache_hit"].any() and (frame["candidates"] > 0).all() and (frame["tuned_ms"] > 0).all()
   assert realized(out.uop) is None  # tuning realizes nothing
   assert runs(db_path)[0].workload == "tensor" and runs(db_path)[0].params == {"outputs": ["24 float32"]}

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
   from tinytune.results_db import Database
 
-TUNE_COLUMNS = ["kernel", "key", "device", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
+TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
 TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "speedup": "float64", "candidates": "int64", "cache_hit": "bool"}  # also when empty
 
 
@@ -30,7 +30,7 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   defaults to the outputs'. `force` searches kernels the cache has too; `quiet` drops the progress line on stderr.
 
   Returns a DataFrame, one row per distinct kernel in schedule order: kernel (its name, unique in the program: the second of
-  two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, default_ms and tuned_ms (NaN where unknown),
+  two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, dtype (its output's), default_ms and tuned_ms (NaN where unknown),
   speedup, opts ([op, axis, arg] lists), candidates (how many this call measured: 0 on a cache hit) and cache_hit. Afterwards,
   realizing the same graph in this process (or any later one) runs the tuned opts.
 
@@ -78,8 +78,8 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   engine.forget()  # realizes in this process look the kernels up again
 
   def ms(s: float | None) -> float: return s * 1e3 if s is not None and math.isfinite(s) else math.nan
-  rows = [{"kernel": labels[key], "key": key, "device": dev, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s),
-           "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
+  rows = [{"kernel": labels[key], "key": key, "device": dev, "dtype": kernels[key].ast.dtype.name, "default_ms": ms(o.default_s),
+           "tuned_ms": ms(o.best_s), "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
            "candidates": 0 if o.cache_hit else sum(o.counts.values()), "cache_hit": o.cache_hit}
           for key in kernels if (o := outcomes.get(key)) is not None]
   return pd.DataFrame(rows, columns=TUNE_COLUMNS).astype(TUNE_DTYPES)
