@@ -338,3 +338,12 @@ def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], t
   data = json.loads(run(capsys, "report", "--db", report_db, "--kernel", "r_64_64_64", "--json")[1])
   assert data["kernel"] == "r_64_64_64" and {r["kernel"] for r in data["best"] + data["history"]} == {"r_64_64_64"} and len(data["history"]) == 10
   assert {r["dtype"] for r in data["best"] + data["history"]} == {"float32"} and len(data["baselines"]) == 8
+
+
+def test_bench_above_a_low_stored_peak_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db = Database(f"sqlite:///{tmp_path / 'low.db'}")
+  db.set_peak(db.device_id(runtime.device_fingerprint("CPU")), 1e-6, 1e-6, "a probe that ran beside a compile")  # a roof below any kernel
+  code, out, _ = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
+                     db.url.render_as_string(), "--json")
+  rows = table(out, "implementations")
+  assert code == 0 and all(r["roof_pct"] == 100 and "% of the stored roof, shown as 100: the stored peak is low" in r["note"] for r in rows)
