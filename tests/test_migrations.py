@@ -102,7 +102,9 @@ def test_optuna_tables_live_beside_ours(tmp_path: Path) -> None:
 
 def test_read_only_database(tmp_path: Path) -> None:
   path = tmp_path / "ro.db"
-  Database(f"sqlite:///{path}").set_tuned("key", "dev", "[]", 1.0, 2.0, None)
+  writer = Database(f"sqlite:///{path}")
+  writer.set_tuned("key", "dev", "[]", 1.0, 2.0, None)
+  writer.close()  # closed now: its last connection, garbage-collected later, would checkpoint the WAL into the file mid-test
   before = path.read_bytes()
   reader = Database(f"sqlite:///{path}", read_only=True)
   entry = reader.tuned("key", "dev")
