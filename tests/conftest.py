@@ -70,7 +70,7 @@ def report_db(tmp_path):  # type: ignore[no-untyped-def]
     params = {"m": n, "n": n, "k": n}
     kernel = db.kernel_id(f"key{n}", f"r_{n}_{n}_{n}", "ast", [n, n, n], ["float32"], 2 * n ** 3, 12 * n * n)
     for strategy, times in (("beam", [4.0, 3.0, 3.5, 2.0, None]), ("random", [4.0, 3.8, None, 2.5, 2.6])):
-      run = db.start_run("matmul", params, dev, strategy, {}, {"candidates": 5}, f"sig {n} {strategy}")
+      run = db.start_run("matmul", params, dev, strategy, {}, {"candidates": 5}, f"sig {n} {strategy}", "float32")
       for i, t in enumerate(times):
         s = t * n / 64e3 if t else None
         db.record_candidate(run, kernel, dev, f'[["UPCAST",0,{i}]]', f"h{i}", 0.1, "ok" if t else "crashed", s, s, 0.01 if t else None,

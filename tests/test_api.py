@@ -42,7 +42,7 @@ def test_tune_a_tensor_graph_then_cache_hits_and_realize_runs_the_tuned_opts(db_
   frame = tune(out, budget=3, db=db_path)
   kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
   assert list(frame.columns) == TUNE_COLUMNS and {k: str(frame[k].dtype) for k in TUNE_DTYPES} == TUNE_DTYPES
-  assert list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique
+  assert list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique and set(frame["dtype"]) == {"float32"}
   assert not frame["cache_hit"].any() and (frame["candidates"] > 0).all() and (frame["tuned_ms"] > 0).all()
   assert realized(out.uop) is None  # tuning realizes nothing
   assert runs(db_path)[0].workload == "tensor" and runs(db_path)[0].params == {"outputs": ["24 float32"]}
@@ -61,6 +61,7 @@ def test_tune_a_function_with_several_outputs(db_path: str, capsys) -> None:  # 
   frame = tune(step, x, y, budget=2, db=db_path)
   assert list(frame["kernel"]) == ["r_20_16", "r_16_20"] and not frame["cache_hit"].any()
   assert runs(db_path)[0].workload.endswith("step") and runs(db_path)[0].params == {"inputs": ["16x20 float32", "16x20 float32"]}
+  assert runs(db_path)[0].dtype == "float32"  # its outputs' dtype
   err = capsys.readouterr().err.splitlines()  # not a terminal: one final line per kernel
   assert len(err) == 2 and err[0].startswith("tuned r_20_16 (beam): ") and "candidates" in err[0] and "best" in err[0]
   assert tune(step, x, y, budget=2, db=db_path)["cache_hit"].all() and capsys.readouterr().err == ""

@@ -60,7 +60,7 @@ def test_report_every_format(capsys: pytest.CaptureFixture[str], report_db: str,
   if fmt == "json": assert len(json.loads(text)["best"]) == 2 and {"m": 64, "n": 64, "k": 64} in [r["params"] for r in json.loads(text)["best"]]
   if fmt == "csv": assert "# history" in text and len(pd.read_csv(io.StringIO(text.split("# best\n")[1].split("\n\n")[0]))) == 2
   if fmt == "html":
-    assert text.count("<table") == 4 and not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
+    assert text.count("<table") == 5 and not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
     if importlib.util.find_spec("matplotlib"): assert text.count("data:image/png;base64,") == 3
 
 
@@ -94,6 +94,10 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["search", "matmul", "--format", "xml"], "unknown format"),
   (["report", "--device", "nosuch"], "no device in the database matches --device 'nosuch'"),
   (["search", "matmul", "--workers", "99999"], "add --oversubscribe"),
+  (["bench", "softmax", "--dtype", "int32"], "softmax does not compute in int32; it takes float16, bfloat16, float32"),
+  (["compare", "matmul", "--dtype", "nope"], "unsupported dtype 'nope'; use one of bool, uint8, int32"),
+  (["search", "train_step", "--dtype", "float16"], "train_step does not compute in float16; it takes bfloat16, float32"),
+  (["report", "--kernel", "r_9_9"], "no tuned kernel or search matches --kernel 'r_9_9'"),
 ])
 def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, argv: list[str], message: str) -> None:
   code, out, err = run(capsys, *argv, *(["--db", report_db] if argv[0] != "kernels" else []))
@@ -193,22 +197,22 @@ def test_compare_tunes_then_reports(capsys: pytest.CaptureFixture[str], tmp_path
 # the README's "JSON output" section: each command's context keys, then each table's row keys
 SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
   "search": ({"workload", "params", "dtype", "device", "fingerprint", "strategy", "cache_hit", "elapsed_ms"},
-             {"kernels": {"kernel", "default_ms", "tuned_ms", "speedup", "cache_hit", "candidates", "opts", "key"}}),
-  "bench": ({"workload", "params", "device", "peak_gflops", "peak_gbs"},
-            {"implementations": {"implementation", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
-             "kernels": {"kernel", "flops", "bytes", "opts", "opts_from"}}),
-  "compare": ({"workload", "device", "against"}, {"sizes": {"params", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms", "speedup_vs_default",
-                                                            "speedup_vs_numpy", "note"}}),
-  "report": ({"workload", "device"}, {
+             {"kernels": {"kernel", "dtype", "default_ms", "tuned_ms", "speedup", "cache_hit", "candidates", "opts", "key"}}),
+  "bench": ({"workload", "params", "dtype", "device", "peak_gflops", "peak_gbs"},
+            {"implementations": {"implementation", "dtype", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
+             "kernels": {"kernel", "dtype", "flops", "bytes", "opts", "opts_from"}}),
+  "compare": ({"workload", "dtype", "device", "against"}, {"sizes": {"params", "dtype", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms",
+                                                                     "speedup_vs_default", "speedup_vs_numpy", "note"}}),
+  "report": ({"workload", "kernel", "device"}, {
     "devices": {"id", "device", "kind", "name", "arch", "compiler_version", "codegen_version", "fingerprint_hash", "peak_gflops", "peak_gbs",
                 "probe"},
-    "best": {"workload", "params", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes", "opts",
-             "key"},
-    "baselines": {"workload", "params", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
+    "best": {"workload", "params", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes",
+             "opts", "key"},
+    "baselines": {"workload", "params", "dtype", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
                   "created_at"},
-    "history": {"run_id", "strategy", "workload", "params", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
+    "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
   "devices": (set(), {"devices": {"device", "present", "name", "fingerprint", "threads", "compiler", "missing"}}),
-  "kernels": (set(), {"workloads": {"workload", "params", "gflop", "torch", "description"}}),
+  "kernels": (set(), {"workloads": {"workload", "params", "dtypes", "gflop", "torch", "description"}}),
   "cache list": ({"source"}, {"entries": {"kernel", "workload", "params", "device", "here", "tuned_ms", "default_ms", "speedup", "updated_at", "opts",
                                           "key"}}),
 }
@@ -283,3 +287,63 @@ def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: st
       if columns == 200 and widest > 80: wide.append(argv[0])
   assert {"report", "kernels", "bench"} <= set(wide), wide  # a wide terminal gets wide tables (how wide a search's table is depends on what it found)
   assert "default_ms" in run(capsys, "search", "matmul", *small, "--db", report_db)[1]  # the columns that matter stay
+
+
+def test_bench_and_compare_in_a_dtype(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db, small = f"sqlite:///{tmp_path / 'dtype.db'}", ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
+  against = "torch,numpy" if importlib.util.find_spec("torch") else "numpy"
+  code, out, err = run(capsys, "bench", "matmul", *small, "--dtype", "float16", "--repeats", "2", "--no-peak", "--against", against, "--db", db,
+                       "--json")
+  data = json.loads(out)
+  assert code == 0 and data["dtype"] == "float16" and {r["dtype"] for r in data["implementations"] + data["kernels"]} == {"float16"}, err
+  assert {r["implementation"] for r in data["implementations"]} == {"tinytune-default", "tinytune-tuned", *against.split(",")}
+  assert {b.dtype for b in Database(db).baselines(workload="matmul")} == {"float16"}
+  code, out, _ = run(capsys, "compare", "reduce", "--sweep", "rows=4,8", "-p", "cols=8", "--dtype", "int32", "--repeats", "2", "--against", "numpy",
+                     "--db", db, "--json")
+  data = json.loads(out)
+  assert code == 0 and data["dtype"] == "int32" and [r["dtype"] for r in data["sizes"]] == ["int32", "int32"]
+  baselines = table(run(capsys, "report", "--db", db, "--table", "baselines", "--json")[1], "baselines")
+  half = next(b for b in baselines if b["workload"] == "matmul" and b["library"] == "numpy")
+  assert {b["dtype"] for b in baselines} == {"float16", "int32"} and half["nbytes"] == 2 * 3 * 64  # two bytes per float16
+
+
+def test_dtype_the_device_cannot_compile_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+  import tinytune.engine
+  def refuse(kernel: Any, device: str) -> Any: raise RuntimeError("error: half is not supported here\nwith more lines")
+  monkeypatch.setattr(tinytune.engine, "compile_kernel", refuse)
+  code, _, err = run(capsys, "bench", "matmul", "-p", "m=8", "--dtype", "float16", "--no-peak", "--db", str(tmp_path / "d.db"))
+  assert code == 2 and err == "tinytune: error: CPU cannot run matmul in float16: error: half is not supported here\n"
+
+
+def test_a_baseline_that_cannot_run_the_dtype_is_a_note(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+  from tinytune.kernels import baselines
+  def refuse(*args: Any) -> Any: raise TypeError("ufunc 'matmul' not supported for the input types")
+  monkeypatch.setattr(baselines, "numpy_baseline", refuse)
+  code, out, err = run(capsys, "compare", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--dtype", "int32", "--repeats", "2", "--against", "numpy",
+                       "--db", str(tmp_path / "n.db"), "--json")
+  (row,) = table(out, "sizes")
+  assert code == 0 and "numpy_ms" not in row and "speedup_vs_numpy" not in row and row["dtype"] == "int32"
+  assert err == "tinytune: note: numpy cannot run matmul in int32 on CPU (ufunc 'matmul' not supported for the input types); its column stays empty\n"
+
+
+def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], tmp_path: Any, report_db: str) -> None:
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.kernels.workload import schedule
+  from tinytune.results_db import fingerprint_hash
+  db, params = Database(f"sqlite:///{tmp_path / 'names.db'}"), {"rows": 4, "cols": 16}
+  for item in schedule(WORKLOADS["softmax"].instantiate(params, device="CPU")[0], "CPU")[0]:  # a tuning cache with the program's kernels
+    db.set_tuned(Kernel(item.ast, runtime.Device["CPU"].caps).key, fingerprint_hash(runtime.device_fingerprint("CPU")), "[]", 1e-6, 2e-6, None)
+  code, out, _ = run(capsys, "search", "softmax", "-p", "rows=4", "-p", "cols=16", "--db", db.url.render_as_string(), "--json")
+  assert code == 0 and [k["kernel"] for k in table(out, "kernels")] == ["r_4_1_16", "r_4_1_16#2", "E_4_16"]  # its max and its sum
+  data = json.loads(run(capsys, "report", "--db", report_db, "--kernel", "r_64_64_64", "--json")[1])
+  assert data["kernel"] == "r_64_64_64" and {r["kernel"] for r in data["best"] + data["history"]} == {"r_64_64_64"} and len(data["history"]) == 10
+  assert {r["dtype"] for r in data["best"] + data["history"]} == {"float32"} and len(data["baselines"]) == 8
+
+
+def test_bench_above_a_low_stored_peak_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  db = Database(f"sqlite:///{tmp_path / 'low.db'}")
+  db.set_peak(db.device_id(runtime.device_fingerprint("CPU")), 1e-6, 1e-6, "a probe that ran beside a compile")  # a roof below any kernel
+  code, out, _ = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
+                     db.url.render_as_string(), "--json")
+  rows = table(out, "implementations")
+  assert code == 0 and all(r["roof_pct"] == 100 and "% of the stored roof, shown as 100: the stored peak is low" in r["note"] for r in rows)

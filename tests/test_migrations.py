@@ -50,9 +50,23 @@ def test_first_schema_is_refused_then_upgraded(tmp_path: Path, capsys: pytest.Ca
   assert entry is not None and (entry.opts_json, entry.best_s, entry.kernel_name, entry.workload) == \
     ('[["UPCAST", 0, 4]]', 1.1e-3, "r_64_64_64", "matmul")
   assert entry.params == '{"k":64,"m":64,"n":64}' and len(db.baselines()) == 1
+  assert db.baselines()[0].dtype == "float32" and (run := db.run(1)) is not None and run.dtype is None  # bench had no --dtype; "float" is no dtype
   run = db.run(db.start_run("matmul", {}, db.device_id(FP), "beam", {}, {}, "new"))
   assert run is not None and db.device_id(FP) == 1  # and it takes writes
   assert main(["db", "upgrade", "--db", url]) == 0 and f"already at schema revision {HEAD}" in capsys.readouterr().out
+
+
+def test_schema4_gives_old_runs_their_kernels_dtype(tmp_path: Path) -> None:
+  db = Database(f"sqlite:///{tmp_path / 'v3.db'}", check_schema=False)
+  migrate.upgrade(db.engine, "v3", "0003")
+  with db.engine.begin() as conn:
+    conn.exec_driver_sql("INSERT INTO devices VALUES (1, 'h', 'CPU', '', '', '', '', '', '', '{}')")
+    for i, dtypes in ((1, '["float16"]'), (2, '["float16", "int32"]')):
+      conn.exec_driver_sql(f"INSERT INTO kernels VALUES ({i}, 'k{i}', 'r_{i}', '', '[8]', '{dtypes}', 8, 16)")
+      conn.exec_driver_sql(f"INSERT INTO runs VALUES ({i}, 'matmul', '{{}}', 1, 'beam', '{{}}', '{{}}', 's{i}', '2026-01-01', NULL, 'done', '')")
+      conn.exec_driver_sql(f"INSERT INTO candidates VALUES ({i}, {i}, {i}, 1, '[]', '', 0, 'ok', 1, 1, 0, '', '2026-01-01')")
+  assert db.upgrade() == ("0003", HEAD) and schema_diff(db) == []
+  assert [(r := db.run(i)) and r.dtype for i in (1, 2)] == ["float16", None]  # a kernel of one dtype tells; a mixed one does not
 
 
 def test_upgrade_from_nothing_builds_the_models(tmp_path: Path) -> None:
@@ -88,7 +102,9 @@ def test_optuna_tables_live_beside_ours(tmp_path: Path) -> None:
 
 def test_read_only_database(tmp_path: Path) -> None:
   path = tmp_path / "ro.db"
-  Database(f"sqlite:///{path}").set_tuned("key", "dev", "[]", 1.0, 2.0, None)
+  writer = Database(f"sqlite:///{path}")
+  writer.set_tuned("key", "dev", "[]", 1.0, 2.0, None)
+  writer.close()  # closed now: its last connection, garbage-collected later, would checkpoint the WAL into the file mid-test
   before = path.read_bytes()
   reader = Database(f"sqlite:///{path}", read_only=True)
   entry = reader.tuned("key", "dev")

@@ -8,8 +8,12 @@ import sys
 import pandas as pd
 import pytest
 
-from tinytune.reports import FORMATS, baselines_frame, best_frame, devices_frame, history_frame, render, report_frames
-from tinytune.results_db import Database
+from tinytune.reports import FORMATS, baselines_frame, best_frame, devices_frame, history_frame, render, report_frames, roofline_frame
+from tinytune.reports.plots import MAX_PANELS, convergence_panels
+from tinytune.results_db import Database, fingerprint_hash
+
+OTHER_CPU = {"kind": "CPU", "name": "Other CPU", "arch": "x86_64-other", "compiler": "cc", "compiler_version": "cc 1.0", "flags": "-O3",
+             "codegen_version": "1"}
 
 
 @pytest.fixture(autouse=True)
@@ -61,13 +65,13 @@ def test_csv_and_json_parse_back(report_db: str) -> None:
 def test_markdown_and_table(report_db: str) -> None:
   frames = report_frames(Database(report_db))
   md = render(frames, "md")
-  assert "## Best result per kernel and device" in md and "| workload | params | kernel |" in md and "r_128_128_128" in md
+  assert "## Best result per kernel and device" in md and "| workload | params | dtype | kernel |" in md and "r_128_128_128" in md
   table = render(frames, "table")
   assert "Best result per kernel and device" in table and "r_64_64_64" in table and "tinytune-tuned" in table
 
 
 def _check_self_contained(page: str) -> None:
-  assert page.startswith("<!DOCTYPE html>") and page.count("<table") == 4
+  assert page.startswith("<!DOCTYPE html>") and page.count("<table") == 5  # the four tables and the roofline's points
   assert not re.search(r"(src|href)\s*=\s*['\"]?\s*(https?:)?//", page), "the page links to the network"
   assert "http://" not in page and "https://" not in page
 
@@ -90,3 +94,52 @@ def test_empty_database(tmp_path) -> None:  # type: ignore[no-untyped-def]
   frames = report_frames(Database(f"sqlite:///{tmp_path / 'empty.db'}"))
   for fmt in FORMATS: assert render(frames, fmt)
   with pytest.raises(ValueError, match="unknown format"): render(frames, "xml")
+
+
+def _program(db: Database, names: list[str], fp: dict[str, str] = OTHER_CPU, dtype: str = "float16") -> None:
+  """One softmax-like search run over kernels with these names (each a different kernel), each tuned 10x faster than its default."""
+  dev = db.device_id(fp)
+  run = db.start_run("softmax", {"rows": 4, "cols": 16}, dev, "beam", {}, {"candidates": 2}, f"sig {names}", dtype)
+  for i, name in enumerate(names):
+    kernel = db.kernel_id(f"k{i}-{name}", name, "ast", [4, 16], [dtype], 1_000_000, 1000)
+    for t in (1e-3, 1e-4): db.record_candidate(run, kernel, dev, f'[["UPCAST",0,{t}]]', f"h{i}{t}", 0.1, "ok", t, t, 0.01, "")
+    db.set_tuned(f"k{i}-{name}", fingerprint_hash(fp), "[]", 1e-4, 1e-3, run, kernel_name=name if i == 0 else "")
+  db.finish_run(run, "done")
+
+
+def test_same_named_kernels_get_their_own_names_and_panels(report_db: str) -> None:
+  db = Database(report_db)
+  _program(db, ["r_1024_1_1024", "E_1024", "r_1024_1_1024"])
+  history = history_frame(db, workload="softmax")
+  assert history["kernel"].drop_duplicates().tolist() == ["r_1024_1_1024", "E_1024", "r_1024_1_1024#2"] and set(history["dtype"]) == {"float16"}
+  assert [key[3] for key, _ in convergence_panels(history)] == ["r_1024_1_1024", "E_1024", "r_1024_1_1024#2"]
+  assert set(best_frame(db, workload="softmax")["dtype"]) == {"float16"}
+
+
+def test_left_out_panels_are_named(report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  pytest.importorskip("matplotlib")
+  monkeypatch.setattr(sys.modules["tinytune.reports.render"], "MAX_PANELS", 3)  # as 12 would, drawing fewer
+  db = Database(report_db)
+  _program(db, [f"E_{i}" for i in range(4)])
+  page = render({"history": history_frame(db)}, "html")
+  assert "3 more kernels not drawn (the first 3 are)" in page and "--kernel NAME" in page  # 2 matmul panels and 4 softmax ones
+  assert len(convergence_panels(history_frame(db))) == 6 and MAX_PANELS == 12
+
+
+def test_roofline_from_the_stored_peak_capped_with_a_note(report_db: str) -> None:
+  db = Database(report_db)
+  _program(db, ["r_fast"])  # 10 GFLOPS at 1000 FLOPs per byte, on a device whose stored peak is 5 GFLOPS
+  db.set_peak(db.device_id(OTHER_CPU), 5.0, 10.0, "a low probe")
+  points = roofline_frame(best_frame(db), devices_frame(db))
+  fast = points[points["kernel"] == "r_fast"].iloc[0]
+  assert fast["roof_pct"] == 100 and fast["above_roof"] and fast["roof_gflops"] == 5.0 and points["point"].tolist() == [1, 2, 3]
+  assert points["roof_pct"].max() <= 100
+  page = render({t: report_frames(db)[t] for t in ("devices", "best")}, "html")
+  assert "1 point above the stored roof, shown as 100%" in page and "Roofline points" in page
+
+
+def test_roofline_says_how_to_store_a_peak(report_db: str) -> None:
+  db = Database(report_db)
+  _program(db, ["r_nopeak"], {**OTHER_CPU, "name": "No peak CPU"})
+  page = render({t: report_frames(db)[t] for t in ("devices", "best")}, "html")
+  assert re.search(r"no stored peak for CPU:\w+: tinytune bench \(without --no-peak\) or tinytune devices --probe", page)

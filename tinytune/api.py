@@ -5,7 +5,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tinytune.helpers import env_count
+from tinytune.helpers import env_count, unique_names
 from tinytune.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
   from tinytune.results_db import Database
 
-TUNE_COLUMNS = ["kernel", "key", "device", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
+TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
 TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "speedup": "float64", "candidates": "int64", "cache_hit": "bool"}  # also when empty
 
 
@@ -30,9 +30,14 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   defaults to the outputs'. `force` searches kernels the cache has too; `quiet` drops the progress line on stderr.
 
   Returns a DataFrame, one row per distinct kernel in schedule order: kernel (its name, unique in the program: the second of
-  two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, default_ms and tuned_ms (NaN where unknown),
+  two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, dtype (its output's), default_ms and tuned_ms (NaN where unknown),
   speedup, opts ([op, axis, arg] lists), candidates (how many this call measured: 0 on a cache hit) and cache_hit. Afterwards,
-  realizing the same graph in this process (or any later one) runs the tuned opts."""
+  realizing the same graph in this process (or any later one) runs the tuned opts.
+
+  tune() realizes nothing, and that includes a training step's updates: a function that calls `opt.schedule_step()` (or
+  `assign`s) leaves those assigns pending on the parameters and optimizer state, as calling it does without tune(). The next
+  realize that touches them (the next step, or just `w.numpy()`) applies them: the example batch's update happens then, once.
+  To keep the parameters as they were, tune a step built on copies of them (`Tensor(w.numpy())`): its kernels are the same."""
   import pandas as pd
 
   from tinytune import engine
@@ -62,22 +67,19 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   items = schedule_many([t.uop for t in outputs], dev, [t._memory if t._pending else None for t in outputs])[0] if outputs else []
   kernels: dict[str, Kernel] = {}  # key -> kernel, in schedule order
   for item in items: kernels.setdefault((k := Kernel(item.ast, Device[dev].caps)).key, k)
-  labels: dict[str, str] = {}
-  seen: dict[str, int] = {}
-  for key, k in kernels.items():
-    seen[k.name] = seen.get(k.name, 0) + 1
-    labels[key] = k.name if seen[k.name] == 1 else f"{k.name}#{seen[k.name]}"
+  labels = unique_names((key, k.name) for key, k in kernels.items())
   progress = ProgressLine(strategy, budget, labels, quiet=quiet)
   tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
   outcomes: dict[str, KernelOutcome] = {}
   try:
-    if items: outcomes = {o.key: o for o in tuner.tune_program(items, workload, params)}
+    dtype = dtypes.pop() if len(dtypes := {t.dtype.name for t in outputs}) == 1 else None  # the run's dtype: its outputs', where they agree
+    if items: outcomes = {o.key: o for o in tuner.tune_program(items, workload, params, dtype)}
   finally: progress.done()
   engine.forget()  # realizes in this process look the kernels up again
 
   def ms(s: float | None) -> float: return s * 1e3 if s is not None and math.isfinite(s) else math.nan
-  rows = [{"kernel": labels[key], "key": key, "device": dev, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s),
-           "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
+  rows = [{"kernel": labels[key], "key": key, "device": dev, "dtype": kernels[key].ast.dtype.name, "default_ms": ms(o.default_s),
+           "tuned_ms": ms(o.best_s), "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
            "candidates": 0 if o.cache_hit else sum(o.counts.values()), "cache_hit": o.cache_hit}
           for key in kernels if (o := outcomes.get(key)) is not None]
   return pd.DataFrame(rows, columns=TUNE_COLUMNS).astype(TUNE_DTYPES)

@@ -7,10 +7,12 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
 
+DTYPE_HELP = "what the workload computes in: float32 (default), float16, bfloat16, int32, ... (`tinytune kernels` lists each one's)"
 DB_HELP = "results database: a SQLAlchemy URL or a SQLite file path (default: $TINYTUNE_DB or tinytune.db in the user cache)"
 
 
@@ -70,7 +72,6 @@ def cmd_search(args: argparse.Namespace) -> int:
   from rich.progress import Progress, TextColumn
 
   from tinytune.codegen.opts import opts_to_json
-  from tinytune.dtype import dtypes
   from tinytune.kernels import get_workload
   from tinytune.kernels.workload import schedule
   from tinytune.reports import params_label, render
@@ -81,7 +82,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
   workload = get_workload(args.workload)
   params = workload.params(parse_params(args.param))
-  device, dtype = Device.canonicalize(args.device), dtypes.from_any(args.dtype)
+  device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
   get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
   options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
   if args.worker is not None and args.strategy in ("optuna", "random"): options["seed"] = args.worker  # workers of one study explore apart
@@ -90,6 +91,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                      "add --oversubscribe to start them anyway")
   _check_format(args.format)
   console = Console(stderr=True, quiet=args.quiet or args.format == "json")
+  _runs_on(workload, params, dtype, device)
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   db = Database(args.db)
   started = time.perf_counter()
@@ -110,17 +112,18 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     tuner = Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": args.seconds}, options, args.resume, args.force and not measured,
                   on_result, args.study, str(args.worker or 0))
-    outcomes = tuner.tune_program(items, workload.name, params)
+    outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
   elapsed = time.perf_counter() - started
   cache_hit = all(o.cache_hit for o in outcomes)
-  rows = [{"kernel": o.name, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup, "cache_hit": o.cache_hit,
-           "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)), "key": o.key} for o in outcomes]
-  context = {"workload": workload.name, "params": params, "dtype": args.dtype, "device": device, "fingerprint": tuner.device_hash,
+  rows = [{"kernel": o.name, "dtype": dtype.name, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
+           "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)), "key": o.key}
+          for o in outcomes]
+  context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "fingerprint": tuner.device_hash,
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
   how = "cache hit" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s"
-  title = f"{workload.name} {params_label(params, workload.name)} on {device} ({how})"
+  title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device} ({how})"
   _write(render({"kernels": pd.DataFrame(rows)}, args.format, title, "search", context, {"kernels": title}), None)
   return 0
 
@@ -162,10 +165,54 @@ def _against(text: str) -> list[str]:
   return libs
 
 
-def _roof(gflops: float, gbs: float, peaks: tuple[float, float] | None) -> float | None:
-  """Percent of what the roofline allows at this arithmetic intensity: min(peak GFLOPS, intensity * peak GB/s)."""
-  if peaks is None or not gbs: return None
-  return 100 * gflops / min(peaks[0], gflops / gbs * peaks[1])
+def roof(gflops: float, gbs: float, peaks: tuple[float, float] | None) -> tuple[float | None, str]:
+  """Percent of what the roofline allows at this arithmetic intensity (min(peak GFLOPS, intensity * peak GB/s)), at most 100,
+  and a note where the measurement is above the roof: the stored peak is low, or the data fit in a cache."""
+  from tinytune.reports import roof_pct
+  if peaks is None or not gbs: return None, ""
+  pct = roof_pct(gflops, gflops / gbs, *peaks)
+  if pct <= 100: return pct, ""
+  return 100.0, (f"{pct:.0f}% of the stored roof, shown as 100: the stored peak is low (tinytune devices --probe measures it again) "
+                 "or the data fit in a cache")
+
+
+def tolerance(dtype: Any) -> float:
+  """How far tinytune's output may be from NumPy's (in float64) in `dtype`: a few of its roundings; integers are exact."""
+  import ml_dtypes
+  return max(1e-3, 8 * float(ml_dtypes.finfo(dtype.np).eps)) if dtype.is_float else 0.0
+
+
+def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> None:
+  """Compile the workload's kernels (default opts) for the device: a dtype the device cannot do fails here, in one line, and not
+  in every candidate or timing after."""
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine import compile_kernel
+  from tinytune.kernels.workload import schedule
+  from tinytune.runtime import Device
+  items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
+  try:
+    for item in items:
+      kernel = Kernel(item.ast, Device[device].caps)
+      kernel.apply_opts(default_opts(kernel))
+      compile_kernel(kernel, device)
+  except Exception as e:  # a compiler's complaint, whatever its type
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
+
+
+def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], policy: Any, db: Any, dtype: Any) -> dict[str, Any]:
+  """tinytune's default and tuned kernels, then each baseline of `against`, all in `dtype`. A baseline that cannot compute in it
+  (PyTorch has no integer conv2d on the CPU) costs a one-line note and is dropped from `against`, not the command."""
+  from tinytune.kernels.baselines import measure
+  timings = measure(workload, params, device, ["tinytune-default", "tinytune-tuned"], policy, db, dtype)
+  for lib in list(against):
+    try: timings.update(measure(workload, params, device, [lib], policy, db, dtype))
+    except (RuntimeError, TypeError, ValueError) as e:
+      why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column stays empty", file=sys.stderr)
+      against.remove(lib)
+  return timings
 
 
 def _write(text: str, out: str | None) -> None:
@@ -185,10 +232,11 @@ def _check_format(fmt: str) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
   if param_help(args.workload, args.param): return 0
+  import numpy as np
   import pandas as pd
 
   from tinytune.kernels import get_workload
-  from tinytune.kernels.baselines import measure, store
+  from tinytune.kernels.baselines import store
   from tinytune.kernels.peaks import device_peaks
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
@@ -198,29 +246,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
   _check_format(args.format)
   workload = get_workload(args.workload)
-  params = workload.params(parse_params(args.param))
+  params, dtype = workload.params(parse_params(args.param)), workload.dtype(args.dtype)
   device = Device.canonicalize(args.device)
   db = Database(args.db)  # an unusable database is the one error, before any note
-  libs = ["tinytune-default", "tinytune-tuned", *_against(args.against)]
+  against = _against(args.against)
+  _runs_on(workload, params, dtype, device)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
-  timings = measure(workload, params, device, libs, TimingPolicy(max_repeats=args.repeats), db)
-  ref = workload.reference(params, *workload.arrays(params))
-  flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params), timings["tinytune-tuned"].median_s
+  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats), db, dtype)
+  ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
+  flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
   rows, ok = [], True
   for lib, t in timings.items():
-    if lib.startswith("tinytune") and (t.output is None or t.output.shape != ref.shape or mismatches(t.output, ref, 1e-3).any()): ok = False
-    if not args.no_store: store(db, workload, params, device, t)
+    wrong = t.output is None or t.output.shape != ref.shape or mismatches(t.output, ref, tolerance(dtype)).any()
+    if lib.startswith("tinytune") and wrong: ok = False
+    if not args.no_store: store(db, workload, params, device, t, dtype)
     gflops, gbs = flops / t.median_s / 1e9, nbytes / t.median_s / 1e9
-    rows.append({"implementation": lib, "version": t.version, "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3, "gflops": gflops, "gbs": gbs,
-                 "roof_pct": _roof(gflops, gbs, peaks), "tuned_speedup": t.median_s / tuned_s, "note": t.note})
-  roof = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
-  titles = {"implementations": f"{workload.name} {params_label(params, workload.name)} on {device}{roof}: tuned_speedup above 1: tuned is faster",
+    roof_pct, above = roof(gflops, gbs, peaks)
+    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3,
+                 "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
+                 "note": "; ".join(x for x in (t.note, above) if x)})
+  peak = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
+  what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device}{peak}"
+  titles = {"implementations": f"{what}: tuned_speedup above 1: tuned is faster",
             "kernels": f"the kernels of {workload.name} as tuned (each run in turn per call)"}
-  context = {"workload": workload.name, "params": params, "device": device, "peak_gflops": peaks[0] if peaks else None,
+  context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "peak_gflops": peaks[0] if peaks else None,
              "peak_gbs": peaks[1] if peaks else None}
   frames = {"implementations": pd.DataFrame(rows), "kernels": pd.DataFrame(timings["tinytune-tuned"].kernels)}
   _write(render(frames, args.format, titles["implementations"], "bench", context, titles), None)
-  if not ok: print(f"tinytune: error: {workload.name}: tinytune's output differs from NumPy's", file=sys.stderr)
+  if not ok: print(f"tinytune: error: {workload.name} in {dtype.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
 
 
@@ -248,14 +301,16 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   from tinytune import Kernel
   from tinytune.codegen.heuristic import default_opts
   from tinytune.codegen.opts import opts_from_json
+  from tinytune.dtype import dtypes
   from tinytune.kernels import get_workload
   from tinytune.kernels.workload import schedule
   from tinytune.runtime import Device
   from tinytune.search.evaluate import Evaluator
   if not entry.workload: return "cannot re-run: no workload recorded", None
-  workload = get_workload(entry.workload)
-  out, _ = workload.instantiate(workload.params(json.loads(entry.params)), device=device)
-  kernel = next((k for item in schedule(out, device)[0] if (k := Kernel(item.ast, Device[device].caps)).key == entry.kernel_key), None)
+  workload, params = get_workload(entry.workload), json.loads(entry.params)
+  builds = (workload.instantiate(workload.params(params), dt, device)[0] for dt in dtypes.all if workload.takes(dt))  # the entry's dtype is one
+  kernel = next((k for out in builds for item in schedule(out, device)[0] if (k := Kernel(item.ast, Device[device].caps)).key == entry.kernel_key),
+                None)
   if kernel is None: return "cannot re-run: its workload no longer makes this kernel", None
   opts = tuple(opts_from_json(entry.opts))
   with Evaluator(kernel, device) as ev:
@@ -370,7 +425,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
   import pandas as pd
 
   from tinytune.kernels import get_workload
-  from tinytune.kernels.baselines import measure, store
+  from tinytune.kernels.baselines import store
   from tinytune.kernels.workload import schedule
   from tinytune.reports import render
   from tinytune.results_db import Database
@@ -380,30 +435,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
   _check_format(args.format)
   workload = get_workload(args.workload)
-  base = parse_params(args.param)
+  base, dtype = parse_params(args.param), workload.dtype(args.dtype)
   points = _sweep(args.sweep, workload)
   device = Device.canonicalize(args.device)
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
   rows = []
-  for point in points:
+  for i, point in enumerate(points):
     params = workload.params({**base, **point})
+    if i == 0: _runs_on(workload, params, dtype, device)
     if args.tune:
-      items = schedule(workload.instantiate(params, device=device)[0], device)[0]
-      Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params)
-    timings = measure(workload, params, device, ["tinytune-default", "tinytune-tuned", *against], TimingPolicy(max_repeats=args.repeats), db)
+      items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
+      Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
+    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats), db, dtype)
     if not args.no_store:
-      for t in timings.values(): store(db, workload, params, device, t)
+      for t in timings.values(): store(db, workload, params, device, t, dtype)
     tuned = timings["tinytune-tuned"].median_s
-    row: dict[str, Any] = {"params": params, "tuned_gflops": workload.flops(params) / tuned / 1e9}
+    row: dict[str, Any] = {"params": params, "dtype": dtype.name, "tuned_gflops": workload.flops(params) / tuned / 1e9}
     row.update({f"{lib.removeprefix('tinytune-')}_ms": t.median_s * 1e3 for lib, t in timings.items()})
     row["speedup_vs_default"] = timings["tinytune-default"].median_s / tuned
     row.update({f"speedup_vs_{lib}": timings[lib].median_s / tuned for lib in against})
     row["note"] = timings["tinytune-tuned"].note
     rows.append(row)
-  title = f"{workload.name} on {device}: speedups above 1 mean tinytune's tuned kernels are faster"
-  _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", {"workload": workload.name, "device": device, "against": against},
-                {"sizes": title}), None)
+  title = f"{workload.name} in {dtype.name} on {device}: speedups above 1 mean tinytune's tuned kernels are faster"
+  context = {"workload": workload.name, "dtype": dtype.name, "device": device, "against": against}
+  _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", context, {"sizes": title}), None)
   return 0
 
 
@@ -420,11 +476,16 @@ def cmd_report(args: argparse.Namespace) -> int:
   frames = report_frames(Database(args.db, read_only=True), args.workload, args.device)
   if args.device and frames["devices"].empty:
     raise ValueError(f"no device in the database matches --device {args.device!r}; see `tinytune report --table devices`")
+  if args.kernel:  # one kernel's results: NAME, or NAME#2 where a program has two kernels of that name
+    for t in ("best", "history"): frames[t] = frames[t][frames[t]["kernel"].str.fullmatch(re.escape(args.kernel) + r"(#\d+)?")].reset_index(drop=True)
+    if frames["best"].empty and frames["history"].empty:
+      raise ValueError(f"no tuned kernel or search matches --kernel {args.kernel!r}; see `tinytune report --table best`")
   if args.table:
     if unknown := [t for t in args.table if t not in frames]: raise ValueError(f"unknown table {', '.join(unknown)}; tables: {', '.join(frames)}")
     frames = {t: frames[t] for t in args.table}
-  title = "tinytune report" + (f": {args.workload}" if args.workload else "") + (f" on {args.device}" if args.device else "")
-  _write(render(frames, args.format, title, "report", {"workload": args.workload, "device": args.device}), args.out)
+  title = "tinytune report" + (f": {args.workload}" if args.workload else "") + (f", {args.kernel}" if args.kernel else "") + \
+    (f" on {args.device}" if args.device else "")
+  _write(render(frames, args.format, title, "report", {"workload": args.workload, "kernel": args.kernel, "device": args.device}), args.out)
   return 0
 
 
@@ -458,11 +519,13 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_kernels(args: argparse.Namespace) -> int:
   import pandas as pd
 
+  from tinytune.dtype import dtypes
   from tinytune.kernels import WORKLOADS
   from tinytune.reports import render
 
   _check_format(args.format)
-  rows = [{"workload": w.name, "params": dict(w.defaults), "gflop": w.flops(w.defaults) / 1e9, "torch": w.torch is not None,
+  rows = [{"workload": w.name, "params": dict(w.defaults), "dtypes": [d.name for d in dtypes.all if w.takes(d)], "gflop": w.flops(w.defaults) / 1e9,
+           "torch": w.torch is not None,
            "description": w.doc + "".join(f"; {k}: {v}" for k, v in w.help.items())} for w in WORKLOADS.values()]
   titles = {"workloads": "workloads (params and GFLOP at their defaults)"}
   _write(render({"workloads": pd.DataFrame(rows)}, args.format, titles["workloads"], "kernels", None, titles), None)
@@ -484,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("workload", help="a workload of `tinytune kernels`")
   search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
   search.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
-  search.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16, int32, ...")
+  search.add_argument("--dtype", default="float32", help=DTYPE_HELP)
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
   search.add_argument("--beam-width", type=count, default=4, help="beam: how many of the best candidates each step expands (default 4)")
   search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
@@ -511,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
   compare.add_argument("--budget", type=count, default=40, help="candidates per kernel for --tune (default 40)")
   for p in (bench, compare):
     p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
+    p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
     p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
     p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
     add_format(p)
@@ -520,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
   report = sub.add_parser("report", help="the results database as tables and plots: best results, baselines, search history")
   report.add_argument("--workload", default=None, help="only this workload")
   report.add_argument("--device", default=None, help="only this device: a kind (cpu), a label (CPU:1a2b3c4d) or a fingerprint hash prefix")
+  report.add_argument("--kernel", default=None, help="only this kernel in best and history (NAME also matches NAME#2, NAME#3: same-named kernels)")
   add_format(report, "table (default), csv, md, json, html (one self-contained page with plots)")
   report.add_argument("--table", action="append", default=[], help="only this table: devices, best, baselines, history (repeatable)")
   report.add_argument("--out", default=None, help="write to this file instead of stdout")

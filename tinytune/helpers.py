@@ -25,6 +25,18 @@ def divisors(n: int) -> list[int]: return [d for d in range(1, n + 1) if n % d =
 def ilog2(n: int) -> int: return int(math.log2(n))
 
 
+def unique_names(kernels: Iterable[tuple[Any, str]]) -> dict[Any, str]:
+  """(key, name) pairs of a program's kernels in order -> key: a name unique in the program (the second of two different kernels
+  named r_1024_1_1024 is r_1024_1_1024#2; the same kernel twice keeps one name)."""
+  labels: dict[Any, str] = {}
+  seen: dict[str, int] = {}
+  for key, name in kernels:
+    if key in labels: continue
+    seen[name] = seen.get(name, 0) + 1
+    labels[key] = name if seen[name] == 1 else f"{name}#{seen[name]}"
+  return labels
+
+
 class ContextVar:
   """A knob read once from the environment and changeable with `with Context(NAME=value):`."""
   registry: dict[str, ContextVar] = {}

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tinytune.dtype import DType, dtypes
 from tinytune.kernels.workload import Params, Workload
 from tinytune.search.evaluate import TimingPolicy
 from tinytune.search.worker import timed
@@ -67,14 +68,22 @@ def torch_device(device: str) -> str:
   raise RuntimeError(f"this PyTorch ({torch.__version__}) cannot run on {device}")
 
 
-def torch_baseline(workload: Workload, params: Params, device: str, policy: TimingPolicy | None = None) -> Timing:
-  """PyTorch on the same device, with as many CPU threads as tinytune's kernels use."""
+def torch_dtype(dtype: DType) -> Any:
+  """PyTorch's dtype of the same name (RuntimeError where it has none)."""
+  torch = torch_module()
+  if not isinstance(found := getattr(torch, dtype.name, None), torch.dtype): raise RuntimeError(f"PyTorch has no {dtype.name}")
+  return found
+
+
+def torch_baseline(workload: Workload, params: Params, device: str, policy: TimingPolicy | None = None, dtype: DType = dtypes.float32) -> Timing:
+  """PyTorch on the same device, in the same dtype, with as many CPU threads as tinytune's kernels use."""
   from tinytune.runtime import Device
   torch = torch_module()
   if workload.torch is None: raise RuntimeError(f"{workload.name} has no PyTorch baseline")
-  dev, threads = torch_device(device), Device[device].caps.threads
+  dev, threads, tdt = torch_device(device), Device[device].caps.threads, torch_dtype(dtype)
   torch.set_num_threads(threads)
-  tensors = [torch.from_numpy(a).to(dev) for a in workload.arrays(params)]
+  # the same values as tinytune's inputs; NumPy types PyTorch cannot take (ml_dtypes' bfloat16) pass through float32 exactly
+  tensors = [torch.from_numpy(a if a.dtype.isbuiltin == 1 else a.astype(np.float32)).to(dev, tdt) for a in workload.arrays(params, dtype)]
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
   fn = workload.torch
 
@@ -84,20 +93,21 @@ def torch_baseline(workload: Workload, params: Params, device: str, policy: Timi
     return out
 
   with torch.inference_mode():
-    output = call().cpu().numpy()
+    out = call().cpu()
+    output = (out.float() if out.dtype == torch.bfloat16 else out).numpy()
     times = time_callable(wall(call), policy)
   return Timing("torch", f"{torch.__version__} {threads} threads" if dev == "cpu" else f"{torch.__version__} {dev}", times, output)
 
 
-def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | None = None) -> Timing:
-  """The NumPy reference, timed (always on the CPU)."""
-  arrays = workload.arrays(params)
+def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | None = None, dtype: DType = dtypes.float32) -> Timing:
+  """The NumPy reference on inputs in `dtype`, timed (always on the CPU)."""
+  arrays = workload.arrays(params, dtype)
   times = time_callable(wall(lambda: workload.reference(params, *arrays)), policy)
   return Timing("numpy", np.__version__, times, workload.reference(params, *arrays))
 
 
 def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool, policy: TimingPolicy | None = None, db: Any = None,
-                    default: Timing | None = None) -> Timing:
+                    default: Timing | None = None, dtype: DType = dtypes.float32) -> Timing:
   """tinytune's kernels for the workload, all of them per call, with the tuning cache's opts (`tuned`) or the heuristic defaults.
   A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where every kernel
   runs its default opts the `default` timing, if given, stands for it (the same programs: timing them again would only add noise)."""
@@ -106,23 +116,25 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   from tinytune.codegen.heuristic import default_opts
   from tinytune.codegen.kernel import Kernel
   from tinytune.engine import compile_kernel
+  from tinytune.helpers import unique_names
   from tinytune.kernels.workload import schedule
   from tinytune.results_db.cache import TuningCache
   from tinytune.runtime import Device
   from tinytune.tensor import Tensor
 
-  built, _ = workload.instantiate(params, device=device)
+  built, _ = workload.instantiate(params, dtype, device)
   items, views = schedule(built, device)
   calls, missing, same, kernels = [], 0, 0, []
-  for item in items:
-    kernel = Kernel(item.ast, Device[device].caps)
+  program_kernels = [Kernel(item.ast, Device[device].caps) for item in items]
+  labels = unique_names((k.key, k.name) for k in program_kernels)
+  for item, kernel in zip(items, program_kernels):
     cached = found.opts if tuned and (found := TuningCache(db).lookup(kernel, device)) is not None else None
     missing += tuned and cached is None
     defaults = default_opts(kernel)
     same += cached is None or list(cached) == list(defaults)
     kernel.apply_opts(cached if cached is not None else defaults)
-    kernels.append({"kernel": kernel.name, "flops": kernel.flops, "bytes": kernel.mem_bytes, "opts": [o.to_json() for o in kernel.opts],
-                    "opts_from": "tuning cache" if cached is not None else "defaults"})
+    kernels.append({"kernel": labels[kernel.key], "dtype": kernel.ast.dtype.name, "flops": kernel.flops, "bytes": kernel.mem_bytes,
+                    "opts": [o.to_json() for o in kernel.opts], "opts_from": "tuning cache" if cached is not None else "defaults"})
     program, _ = compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
 
@@ -141,23 +153,25 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
 
 
 def measure(workload: Workload, params: Params, device: str, libraries: list[str], policy: TimingPolicy | None = None,
-            db: Any = None) -> dict[str, Timing]:
-  """Timings for each library asked for, by name (see LIBRARIES); tuned opts come from `db`'s tuning cache (None: the default one)."""
+            db: Any = None, dtype: DType = dtypes.float32) -> dict[str, Timing]:
+  """Timings for each library asked for, by name (see LIBRARIES), all in `dtype`; tuned opts come from `db`'s tuning cache (None:
+  the default one)."""
   done: dict[str, Timing] = {}
   runners: dict[str, Callable[[], Timing]] = {
-    "tinytune-default": lambda: tinytune_timing(workload, params, device, False, policy, db),
-    "tinytune-tuned": lambda: tinytune_timing(workload, params, device, True, policy, db, done.get("tinytune-default")),
-    "torch": lambda: torch_baseline(workload, params, device, policy),
-    "numpy": lambda: numpy_baseline(workload, params, policy),
+    "tinytune-default": lambda: tinytune_timing(workload, params, device, False, policy, db, dtype=dtype),
+    "tinytune-tuned": lambda: tinytune_timing(workload, params, device, True, policy, db, done.get("tinytune-default"), dtype),
+    "torch": lambda: torch_baseline(workload, params, device, policy, dtype),
+    "numpy": lambda: numpy_baseline(workload, params, policy, dtype),
   }
   if unknown := [lib for lib in libraries if lib not in runners]: raise ValueError(f"unknown baseline {', '.join(unknown)}; known: torch, numpy")
   for lib in libraries: done[lib] = runners[lib]()
   return done
 
 
-def store(db: Any, workload: Workload, params: Params, device: str, timing: Timing) -> int | None:
-  """Add a timing to the results database's baselines, under the device it ran on (NumPy: the CPU); an untuned "tuned" timing is skipped."""
+def store(db: Any, workload: Workload, params: Params, device: str, timing: Timing, dtype: DType = dtypes.float32) -> int | None:
+  """Add a timing to the results database's baselines, under the device it ran on (NumPy: the CPU) and its dtype; an untuned
+  "tuned" timing is skipped."""
   from tinytune.runtime import device_fingerprint
   if timing.untuned: return None
   device_id = db.device_id(device_fingerprint("CPU" if timing.library == "numpy" else device))
-  return db.add_baseline(device_id, workload.name, params, timing.library, timing.version, timing.median_s, timing.min_s)
+  return db.add_baseline(device_id, workload.name, params, timing.library, timing.version, timing.median_s, timing.min_s, dtype.name)

@@ -1,7 +1,7 @@
 """A batch of independent matmuls."""
 from __future__ import annotations
 
-from tinytune.kernels.workload import Workload, register
+from tinytune.kernels.workload import Workload, numbers, register
 
 bmm = register(Workload(
   "bmm", "C[i] = A[i] @ B[i] with A (batch, m, k) and B (batch, k, n)", {"batch": 8, "m": 128, "n": 128, "k": 128},
@@ -11,4 +11,5 @@ bmm = register(Workload(
   flops=lambda p: 2 * p["batch"] * p["m"] * p["n"] * p["k"],
   output=lambda p: (p["batch"], p["m"], p["n"]),
   torch=lambda p, a, b: a @ b,
+  takes=numbers,
 ))

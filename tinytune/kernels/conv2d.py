@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from tinytune.kernels.workload import Params, Workload, register
+from tinytune.kernels.workload import Params, Workload, numbers, register
 
 
 def out_size(p: Params) -> int: return (p["size"] + 2 * p["padding"] - p["kernel"]) // p["stride"] + 1
@@ -34,4 +34,5 @@ conv2d = register(Workload(
   torch=_torch,
   help={"cin": "input channels", "cout": "output channels", "size": "input height and width", "kernel": "kernel height and width"},
   may_be_zero=("padding",),
+  takes=numbers,
 ))

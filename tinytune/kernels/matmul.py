@@ -1,7 +1,7 @@
 """C = A @ B."""
 from __future__ import annotations
 
-from tinytune.kernels.workload import Workload, register
+from tinytune.kernels.workload import Workload, numbers, register
 
 matmul = register(Workload(
   "matmul", "C = A @ B with A (m, k) and B (k, n)", {"m": 512, "n": 512, "k": 512},
@@ -11,4 +11,5 @@ matmul = register(Workload(
   flops=lambda p: 2 * p["m"] * p["n"] * p["k"],
   output=lambda p: (p["m"], p["n"]),
   torch=lambda p, a, b: a @ b,
+  takes=numbers,
 ))

@@ -1,7 +1,7 @@
 """Sum over one axis."""
 from __future__ import annotations
 
-from tinytune.kernels.workload import Workload, register
+from tinytune.kernels.workload import Workload, numbers, register
 
 reduce = register(Workload(
   "reduce", "sum over one axis of (rows, cols)", {"rows": 1024, "cols": 1024, "axis": 1},
@@ -13,4 +13,5 @@ reduce = register(Workload(
   torch=lambda p, x: x.sum(p["axis"]),
   help={"axis": "0 sums the rows, 1 the columns"},
   may_be_zero=("axis",),
+  takes=numbers,
 ))

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
+from tinytune.dtype import DType
 from tinytune.kernels.workload import Params, Workload, register
 from tinytune.tensor import Tensor
 
@@ -140,6 +142,11 @@ def flops(p: Params) -> int:
   return 3 * p["batch"] * fwd + 10 * n
 
 
+def holds_eps(dtype: DType) -> bool:
+  """A float whose normal numbers reach down to Adam's eps (float16's stop at 6e-5: its second moments vanish and updates blow up)."""
+  return dtype.is_float and float(ml_dtypes.finfo(dtype.np).tiny) < EPS
+
+
 train_step = register(Workload(
   "train_step", "one training step (forward, cross-entropy, backward, Adam) of an MLP (model=0) or beautiful_mnist's CNN (model=1)",
   {"batch": 128, "din": 784, "hidden": 128, "classes": 10, "model": 0, "size": 28, "channels": 32},
@@ -153,4 +160,5 @@ train_step = register(Workload(
         "size": "CNN image height and width (at least 20)", "channels": "CNN channels of the first two convs (the last two have twice)"},
   may_be_zero=("model",),
   prepare=prepare,
+  takes=holds_eps,
 ))

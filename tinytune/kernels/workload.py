@@ -18,6 +18,10 @@ if TYPE_CHECKING:
   from tinytune.uop import UOp
 
 Params = dict[str, int]
+
+
+def floats(dtype: DType) -> bool: return dtype.is_float
+def numbers(dtype: DType) -> bool: return dtype.is_float or dtype.kind == "i"  # sums and products: floats and signed integers
 Built = Union[Tensor, tuple[Tensor, ...]]  # what a workload's build returns
 
 
@@ -35,6 +39,17 @@ class Workload:
   help: dict[str, str] = field(default_factory=dict)  # what each parameter means, where its name does not say
   may_be_zero: tuple[str, ...] = ()  # flags and offsets; every other parameter is a size, at least 1
   prepare: Callable[[Params, list[np.ndarray]], list[np.ndarray]] | None = None  # the standard normal inputs made the workload's own
+  takes: Callable[[DType], bool] = floats  # the dtypes it computes in (every dtype of `dtypes.all` it accepts, new ones included)
+
+  def dtype(self, name: str | DType) -> DType:
+    """The dtype `name` names, where the workload computes in it (else ValueError, one line saying which it takes): the one way
+    search, bench and compare read --dtype."""
+    dtype = dtypes.from_any(name)
+    if isinstance(name, str) and dtype.name != name:  # from_any reads a NumPy name too: float64 is not float32
+      raise TypeError(f"unsupported dtype {name!r}; use one of {', '.join(d.name for d in dtypes.all)}")
+    if not self.takes(dtype):
+      raise ValueError(f"{self.name} does not compute in {dtype.name}; it takes {', '.join(d.name for d in dtypes.all if self.takes(d))}")
+    return dtype
 
   def params(self, overrides: dict[str, int]) -> Params:
     if unknown := sorted(set(overrides) - set(self.defaults)):
@@ -46,7 +61,7 @@ class Workload:
     return {**self.defaults, **overrides}
 
   def nbytes(self, params: Params, itemsize: int = 4) -> int:
-    """The least memory traffic: every input read once and the output written once."""
+    """The least memory traffic: every input read once and the output written once, `itemsize` bytes each (the dtype's)."""
     shapes = self.inputs(params) + ([self.output(params)] if self.output is not None else [])
     return itemsize * sum(prod(s) for s in shapes)
 

@@ -13,19 +13,22 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import select
 
+from tinytune.helpers import unique_names
 from tinytune.results_db import Baseline, Candidate, Database, Device, KernelRecord, Peak, SearchRun, Tuned
 
-BEST_COLUMNS = ["workload", "params", "param_values", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops",
-                "nbytes", "opts", "key"]
-HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"]
-BASELINE_COLUMNS = ["workload", "params", "param_values", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops",
-                    "nbytes", "created_at"]
+BEST_COLUMNS = ["workload", "params", "param_values", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs",
+                "flops", "nbytes", "opts", "key"]
+HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms",
+                   "opts"]
+BASELINE_COLUMNS = ["workload", "params", "param_values", "dtype", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs",
+                    "flops", "nbytes", "created_at"]
+ROOFLINE_COLUMNS = ["point", "kernel", "workload", "params", "dtype", "device", "flops_per_byte", "gflops", "roof_gflops", "roof_pct", "above_roof"]
 
 
 def _table(db: Database, model: Any) -> pd.DataFrame:
   with db.session(write=False) as session:
     result = session.execute(select(model.__table__))
-    return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+    return pd.DataFrame([tuple(r) for r in result], columns=list(result.keys()))  # tuples: pandas takes a row with a `dtype` column for an array
 
 
 def params_label(params: str | dict[str, Any], workload: str | None = None) -> str:
@@ -46,14 +49,27 @@ def _values(df: pd.DataFrame) -> list[dict[str, Any] | None]:
   return [json.loads(p) if isinstance(p, str) else None for p in df["params"]]
 
 
-def _workload_counts(workload: str, params: str) -> tuple[float, float]:
-  """(FLOPs, bytes) of a catalog workload at these params; NaN where the workload is not in the catalog."""
+def _workload_counts(workload: str, params: str, dtype: str) -> tuple[float, float]:
+  """(FLOPs, bytes) of a catalog workload at these params in this dtype; NaN where the workload is not in the catalog."""
+  from tinytune.dtype import dtypes
   from tinytune.kernels import WORKLOADS
   if (w := WORKLOADS.get(workload)) is None: return math.nan, math.nan
   try:
     p = w.params(json.loads(params))
-    return float(w.flops(p)), float(w.nbytes(p))
-  except (ValueError, KeyError, TypeError): return math.nan, math.nan
+    return float(w.flops(p)), float(w.nbytes(p, dtypes.from_any(dtype).itemsize))
+  except (ValueError, KeyError, TypeError): return math.nan, math.nan  # an unknown dtype too (a newer tinytune's)
+
+
+def _kernel_dtype(dtypes: Any) -> str | None:
+  """A kernel's dtype where all its buffers have one (its record's JSON list of dtype names)."""
+  names = json.loads(dtypes) if isinstance(dtypes, str) else []
+  return names[0] if len(names) == 1 else None
+
+
+def roof_pct(gflops: float, flops_per_byte: float, peak_gflops: float, peak_gbs: float) -> float:
+  """Percent of what the roofline allows at this arithmetic intensity: min(peak GFLOPS, FLOPs per byte * peak GB/s). Over 100
+  means the roof is below the measurement: the stored peak is low, or the data fit in a cache."""
+  return 100 * gflops / min(peak_gflops, flops_per_byte * peak_gbs)
 
 
 def devices_frame(db: Database) -> pd.DataFrame:
@@ -76,13 +92,16 @@ def best_frame(db: Database, workload: str | None = None, device: str | None = N
   """The tuning cache: per kernel and device, the default and tuned times, speedup, throughput and the opts."""
   devices = devices_frame(db)
   devices = devices[_device_filter(devices, device)]
-  kernels = _table(db, KernelRecord)[["key", "name", "flops", "nbytes"]]
-  runs = _table(db, SearchRun)[["id", "strategy"]].rename(columns={"id": "run_id"})  # the entry itself names its workload and params
+  kernels = _table(db, KernelRecord)[["key", "name", "flops", "nbytes", "dtypes"]]
+  runs = _table(db, SearchRun)[["id", "strategy", "dtype"]].rename(columns={"id": "run_id"})  # the entry itself names its workload and params
   df = _table(db, Tuned).merge(devices[["fingerprint_hash", "device"]], left_on="device_hash", right_on="fingerprint_hash")
   df = df.merge(kernels, how="left", left_on="kernel_key", right_on="key").merge(runs, how="left", on="run_id")
   if workload: df = df[df["workload"] == workload]
   if df.empty: return pd.DataFrame(columns=BEST_COLUMNS)
-  df = df.assign(kernel=df["name"].fillna(df["kernel_key"].str[:12]), params=_labels(df), param_values=_values(df),
+  # the name the entry was tuned under (unique in its program: r_1024_1_1024#2), else the kernel's, else its key
+  names = [t or n if isinstance(n, str) else t or k[:12] for t, n, k in zip(df["kernel_name"], df["name"], df["kernel_key"])]
+  dtypes = [d if isinstance(d, str) else _kernel_dtype(k) for d, k in zip(df["dtype"], df["dtypes"])]  # the run's, else the kernel's
+  df = df.assign(kernel=names, dtype=dtypes, params=_labels(df), param_values=_values(df),
                  opts=[json.loads(o) for o in df["opts"]],
                  default_ms=df["default_s"] * 1e3, tuned_ms=df["best_s"] * 1e3, speedup=df["default_s"] / df["best_s"],
                  gflops=df["flops"] / df["best_s"] / 1e9, gbs=df["nbytes"] / df["best_s"] / 1e9, key=df["kernel_key"].str[:12])
@@ -93,7 +112,7 @@ def history_frame(db: Database, workload: str | None = None, device: str | None 
   """Every candidate in the order tried, per run and kernel: its time and the best time so far (failures count, with no time)."""
   devices = devices_frame(db)
   devices = devices[_device_filter(devices, device)]
-  runs = _table(db, SearchRun)[["id", "workload", "params", "strategy"]].rename(columns={"id": "run_id"})
+  runs = _table(db, SearchRun)[["id", "workload", "params", "strategy", "dtype"]].rename(columns={"id": "run_id"})
   kernels = _table(db, KernelRecord)[["id", "name"]].rename(columns={"id": "kernel_id", "name": "kernel"})
   df = _table(db, Candidate).merge(runs, on="run_id").merge(kernels, on="kernel_id")
   df = df.merge(devices[["id", "device"]].rename(columns={"id": "device_id"}), on="device_id")
@@ -101,6 +120,10 @@ def history_frame(db: Database, workload: str | None = None, device: str | None 
   if df.empty: return pd.DataFrame(columns=HISTORY_COLUMNS)
   df = df.sort_values("id").reset_index(drop=True)
   df["params"], df["param_values"], df["opts"] = _labels(df), _values(df), [json.loads(o) for o in df["opts"]]
+  labels: dict[Any, str] = {}  # kernel names unique in each run, in the order it searched them (the second r_1024_1_1024 is r_1024_1_1024#2)
+  for run_id, g in df.drop_duplicates(["run_id", "kernel_id"]).groupby("run_id", sort=False):
+    labels.update({(run_id, k): name for k, name in unique_names(zip(g["kernel_id"], g["kernel"])).items()})
+  df["kernel"] = [labels[(r, k)] for r, k in zip(df["run_id"], df["kernel_id"])]
   df["time_ms"] = pd.to_numeric(df["median_s"]) * 1e3
   group = df.groupby(["run_id", "kernel_id"], sort=False)
   df["tried"] = group.cumcount() + 1
@@ -115,12 +138,12 @@ def baselines_frame(db: Database, workload: str | None = None, device: str | Non
   df = _table(db, Baseline).merge(devices[["id", "device"]].rename(columns={"id": "device_id"}), on="device_id")
   if workload: df = df[df["workload"] == workload]
   if df.empty: return pd.DataFrame(columns=BASELINE_COLUMNS)
-  df = df.sort_values("id").drop_duplicates(["device_id", "workload", "params", "library"], keep="last")
-  counts = [_workload_counts(w, p) for w, p in zip(df["workload"], df["params"])]
+  df = df.sort_values("id").drop_duplicates(["device_id", "workload", "params", "dtype", "library"], keep="last")
+  counts = [_workload_counts(w, p, d) for w, p, d in zip(df["workload"], df["params"], df["dtype"])]
   df["flops"], df["nbytes"] = [c[0] for c in counts], [c[1] for c in counts]
   df = df.assign(median_ms=df["median_s"] * 1e3, min_ms=df["min_s"] * 1e3, gflops=df["flops"] / df["median_s"] / 1e9,
                  gbs=df["nbytes"] / df["median_s"] / 1e9, label=_labels(df), param_values=_values(df))
-  df = df.sort_values(["workload", "flops", "label", "library"]).reset_index(drop=True)
+  df = df.sort_values(["workload", "dtype", "flops", "label", "library"]).reset_index(drop=True)
   return df.drop(columns="params").rename(columns={"label": "params"})[BASELINE_COLUMNS]
 
 
@@ -129,3 +152,18 @@ def report_frames(db: Database, workload: str | None = None, device: str | None 
   devices = devices_frame(db)
   return {"devices": devices[_device_filter(devices, device)].reset_index(drop=True), "best": best_frame(db, workload, device),
           "baselines": baselines_frame(db, workload, device), "history": history_frame(db, workload, device)}
+
+
+def roofline_frame(best: pd.DataFrame, devices: pd.DataFrame) -> pd.DataFrame:
+  """The roofline's points: each tuned kernel with FLOPs and bytes on a device with a stored peak, numbered as the plot draws
+  them, with its roof and % of roof (capped at 100; `above_roof` marks a point the stored peak does not bound)."""
+  peaks = devices.dropna(subset=["peak_gflops", "peak_gbs"]).drop_duplicates("device").set_index("device")
+  df = best.dropna(subset=["gflops"])
+  df = df[df["device"].isin(peaks.index) & (df["nbytes"] > 0)].reset_index(drop=True)
+  if df.empty: return pd.DataFrame(columns=ROOFLINE_COLUMNS)
+  peak_gflops, peak_gbs = df["device"].map(peaks["peak_gflops"]), df["device"].map(peaks["peak_gbs"])
+  df["flops_per_byte"] = df["flops"] / df["nbytes"]
+  df["roof_gflops"] = [min(p, x * b) for p, x, b in zip(peak_gflops, df["flops_per_byte"], peak_gbs)]
+  pct = [roof_pct(g, x, p, b) for g, x, p, b in zip(df["gflops"], df["flops_per_byte"], peak_gflops, peak_gbs)]
+  df["roof_pct"], df["above_roof"], df["point"] = [min(p, 100.0) for p in pct], [p > 100 for p in pct], range(1, len(df) + 1)
+  return df[ROOFLINE_COLUMNS]

@@ -56,37 +56,48 @@ def throughput_plot(baselines: pd.DataFrame) -> bytes | None:
   return _png(fig)
 
 
-def convergence_plot(history: pd.DataFrame, max_kernels: int = 6) -> bytes | None:
-  """Best time so far against candidates tried, one panel per kernel and device, one line per run (labelled by strategy)."""
+MAX_PANELS = 12  # convergence panels drawn; the report says how many more there are
+
+
+def convergence_panels(history: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+  """The convergence plot's panels: one per program (workload, params, dtype), kernel (named uniquely in its program) and device."""
   df = history.dropna(subset=["best_ms"])
-  if df.empty: return None
-  groups = list(df.groupby(["kernel", "device"], sort=False))[:max_kernels]
-  fig, axes = _grid(len(groups))
-  for ax, ((kernel, device), g) in zip(axes, groups):
+  return list(df.groupby(["workload", "params", "dtype", "kernel", "device"], sort=False, dropna=False)) if len(df) else []
+
+
+def convergence_plot(history: pd.DataFrame, max_panels: int = MAX_PANELS) -> bytes | None:
+  """Best time so far against candidates tried, one panel per kernel of each program and device (the first `max_panels`), one
+  line per run (labelled by strategy)."""
+  panels = convergence_panels(history)[:max_panels]
+  if not panels: return None
+  fig, axes = _grid(len(panels))
+  for ax, ((workload, params, dtype, kernel, device), g) in zip(axes, panels):
     for (run_id, strategy), rg in g.groupby(["run_id", "strategy"]):
       ax.step(rg["tried"], rg["best_ms"], where="post", label=f"{strategy} (run {run_id})")
-    ax.set(title=f"{kernel} on {device}", xlabel="candidates tried", ylabel="best ms", yscale="log")
+    program = " ".join(str(x) for x in (workload, params, dtype) if isinstance(x, str) and x)
+    ax.set(xlabel="candidates tried", ylabel="best ms", yscale="log")
+    ax.set_title(f"{kernel} on {device}\n{program}", fontsize=9)
     ax.legend(fontsize=7)
   return _png(fig)
 
 
-def roofline_plot(best: pd.DataFrame, devices: pd.DataFrame) -> bytes | None:
-  """Tuned kernels' GFLOPS against arithmetic intensity (FLOPs per byte) under each device's measured roof."""
-  peaks = devices.dropna(subset=["peak_gflops", "peak_gbs"]).set_index("device")
-  df = best.dropna(subset=["gflops"])
-  df = df[df["device"].isin(peaks.index) & (df["nbytes"] > 0)]
-  if df.empty: return None
+def roofline_plot(points: pd.DataFrame, devices: pd.DataFrame) -> bytes | None:
+  """The points of `roofline_frame` (tuned kernels' GFLOPS against FLOPs per byte) under each device's stored roof, each marked
+  with its number (the table beside the plot names it): numbers, not names, so no label runs over another."""
+  if points.empty: return None
+  peaks = devices.dropna(subset=["peak_gflops", "peak_gbs"]).drop_duplicates("device").set_index("device")
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  intensity = df["flops"] / df["nbytes"]
-  lo, hi = max(min(intensity.min() / 4, 0.05), 1e-3), max(intensity.max() * 4, 64)
+  x = points["flops_per_byte"]
+  lo, hi = max(min(x.min() / 4, 0.05), 1e-3), max(x.max() * 4, 64)
   xs = [lo * (hi / lo) ** (i / 63) for i in range(64)]
-  for device, peak in peaks.iterrows():
-    if device not in set(df["device"]): continue
-    ax.plot(xs, [min(peak["peak_gflops"], x * peak["peak_gbs"]) for x in xs], linestyle="--", label=f"roof {device}")
-    d = df[df["device"] == device]
-    ax.scatter(d["flops"] / d["nbytes"], d["gflops"], zorder=3)
-    for _, row in d.iterrows(): ax.annotate(str(row["kernel"])[:24], (row["flops"] / row["nbytes"], row["gflops"]), fontsize=6)
-  ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="GFLOPS", title="roofline of tuned kernels")
-  ax.legend(fontsize=7)
-  return _png(fig) if not math.isnan(hi) else None
+  for device, d in points.groupby("device", sort=False):
+    peak = peaks.loc[device]
+    line = ax.plot(xs, [min(peak["peak_gflops"], v * peak["peak_gbs"]) for v in xs], linestyle="--",
+                   label=f"roof {device}: {peak['peak_gflops']:.0f} GFLOPS, {peak['peak_gbs']:.1f} GB/s")[0]
+    ax.scatter(d["flops_per_byte"], d["gflops"], zorder=3, color=line.get_color(), label=f"tuned kernels on {device}")
+    for _, row in d.iterrows():
+      ax.annotate(str(row["point"]), (row["flops_per_byte"], row["gflops"]), xytext=(3, 3), textcoords="offset points", fontsize=7)
+  ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="GFLOPS", title="roofline of tuned kernels (numbers: the table below)")
+  ax.legend(fontsize=7, loc="lower right")
+  return _png(fig) if math.isfinite(hi) else None

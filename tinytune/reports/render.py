@@ -10,12 +10,13 @@ import io
 import json
 import math
 import shutil
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tinytune.reports.plots import PLOT_MISSING, convergence_plot, have_matplotlib, roofline_plot, throughput_plot
+from tinytune.reports.frames import roofline_frame
+from tinytune.reports.plots import MAX_PANELS, PLOT_MISSING, convergence_panels, convergence_plot, have_matplotlib, roofline_plot, throughput_plot
 
 FORMATS = ("table", "csv", "md", "json", "html")
 SCHEMA_VERSION = 1
@@ -107,24 +108,54 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}
 img{max-width:100%}.note{color:#a60}"""
 
 
+def _note(text: str) -> str: return f"<p class='note'>{html.escape(text)}</p>"
+
+
+def _table_html(df: pd.DataFrame) -> str:
+  if not len(df): return "<p>(none)</p>"
+  df = _flat(df).map(lambda x: _cell(x) if isinstance(x, (bool, np.bool_)) else x)  # yes and no, as the other tables for people say
+  return df.to_html(index=False, na_rep="-", float_format=_cell, border=0, escape=True)
+
+
+def _convergence(history: pd.DataFrame) -> list[str]:
+  """The convergence panels, and a note naming how many kernels were left out."""
+  parts = [_img(convergence_plot(history, MAX_PANELS), "search convergence: best time against candidates tried, per kernel",
+                "no searches yet (tinytune search)")]
+  if (more := len(convergence_panels(history)) - MAX_PANELS) > 0:
+    parts.append(_note(f"{more} more kernel{'s' if more > 1 else ''} not drawn (the first {MAX_PANELS} are): "
+                       "tinytune report --kernel NAME (or --workload NAME) draws the ones you want"))
+  return parts
+
+
+def _roofline(best: pd.DataFrame, devices: pd.DataFrame, plots: bool) -> list[str]:
+  """The roofline from each device's stored peak, its numbered points as a table, and notes: a device with no stored peak, a
+  point above its roof (shown at 100%)."""
+  points = roofline_frame(best, devices)
+  peaked = set(devices.dropna(subset=["peak_gflops", "peak_gbs"])["device"])
+  parts = [_img(roofline_plot(points, devices), "roofline of tuned kernels under each device's stored peak",
+                "needs tuned kernels and a stored peak for their device")] if plots else []
+  if missing := sorted(set(best["device"]) - peaked):
+    parts.append(_note(f"no stored peak for {', '.join(missing)}: tinytune bench (without --no-peak) or tinytune devices --probe "
+                       "measures and stores one"))
+  if above := int(points["above_roof"].sum()):
+    parts.append(_note(f"{above} point{'s' if above > 1 else ''} above the stored roof, shown as 100%: the stored peak is low (tinytune "
+                       "devices --probe on a quiet machine measures it again; a stored peak only rises) or the data fit in a cache"))
+  if len(points): parts.append(f"<h3>Roofline points</h3>\n{_table_html(points)}")
+  return parts
+
+
 def to_html(frames: dict[str, pd.DataFrame], title: str = "tinytune report", titles: dict[str, str] | None = None) -> str:
   """One page, no network: CSS inline, plots as base64 PNG (or a note saying they need matplotlib)."""
   body = [f"<h1>{html.escape(title)}</h1>"]
-  plots: list[tuple[str, bool, Callable[[], bytes | None], str]] = [
-    ("throughput against size, per implementation", "baselines" in frames, lambda: throughput_plot(frames["baselines"]),
-     "no timings yet (tinytune bench or tinytune compare records them)"),
-    ("search convergence: best time against candidates tried", "history" in frames, lambda: convergence_plot(frames["history"]),
-     "no searches yet (tinytune search)"),
-    ("roofline of tuned kernels (roofs measured by the built-in probe)", "best" in frames and "devices" in frames,
-     lambda: roofline_plot(frames["best"], frames["devices"]), "needs tuned kernels and the device's peaks (tinytune devices --probe)"),
-  ]
-  if any(wanted for _, wanted, _, _ in plots):
-    if not have_matplotlib(): body.append(f"<p class='note'>{html.escape(PLOT_MISSING)}</p>")
-    else: body += [_img(make(), alt, empty) for alt, wanted, make, empty in plots if wanted]
+  plots = have_matplotlib()
+  if not plots and any(name in frames for name in ("baselines", "history", "best")): body.append(_note(PLOT_MISSING))
+  if plots and "baselines" in frames:
+    body.append(_img(throughput_plot(frames["baselines"]), "throughput against size, per implementation",
+                     "no timings yet (tinytune bench or tinytune compare records them)"))
+  if plots and "history" in frames: body += _convergence(frames["history"])
+  if "best" in frames and "devices" in frames: body += _roofline(frames["best"], frames["devices"], plots)
   for name, df in frames.items():
-    df = _shown(name, df)
-    table = _flat(df).to_html(index=False, na_rep="-", float_format=_cell, border=0, escape=True) if len(df) else "<p>(none)</p>"
-    body.append(f"<h2>{html.escape((titles or {}).get(name) or TITLES.get(name, name))}</h2>\n{table}")
+    body.append(f"<h2>{html.escape((titles or {}).get(name) or TITLES.get(name, name))}</h2>\n{_table_html(_shown(name, df))}")
   return f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style></head>\n<body>\n" \
          + "\n".join(body) + "\n</body></html>\n"
 

@@ -112,11 +112,12 @@ class RunRow:
   started_at: datetime
   ended_at: datetime | None
   outcome: str | None
+  dtype: str | None = None
 
   @staticmethod
   def of(r: SearchRun) -> RunRow:
     return RunRow(r.id, r.workload, json.loads(r.params), r.device_id, r.strategy, json.loads(r.settings), json.loads(r.budget), r.signature,
-                  _utc(r.started_at), _utc(r.ended_at) if r.ended_at else None, r.outcome)
+                  _utc(r.started_at), _utc(r.ended_at) if r.ended_at else None, r.outcome, r.dtype)
 
 
 @dataclass(frozen=True)
@@ -148,11 +149,12 @@ class BaselineRow:
   median_s: float
   min_s: float
   created_at: datetime
+  dtype: str = "float32"
 
   @staticmethod
   def of(b: Baseline) -> BaselineRow:
     return BaselineRow(b.id, b.device_id, b.workload, json.loads(b.params), b.library, b.library_version, b.median_s, b.min_s,
-                       _utc(b.created_at))
+                       _utc(b.created_at), b.dtype)
 
 
 @dataclass(frozen=True)
@@ -283,10 +285,10 @@ class Database:
 
   # ***** search runs *****
   def start_run(self, workload: str, params: dict[str, Any], device_id: int, strategy: str, settings: dict[str, Any], budget: dict[str, Any],
-                signature: str) -> int:
+                signature: str, dtype: str | None = None) -> int:
     with self.session() as session:
       run = SearchRun(workload=workload, params=to_json(params), device_id=device_id, strategy=strategy, settings=to_json(settings),
-                      budget=to_json(budget), signature=signature, started_at=utcnow(), worker=f"{socket.gethostname()}:{os.getpid()}")
+                      budget=to_json(budget), signature=signature, started_at=utcnow(), worker=f"{socket.gethostname()}:{os.getpid()}", dtype=dtype)
       session.add(run)
       session.flush()
       return run.id
@@ -409,22 +411,23 @@ class Database:
 
   # ***** baselines *****
   def add_baseline(self, device_id: int, workload: str, params: dict[str, Any], library: str, library_version: str, median_s: float,
-                   min_s: float) -> int:
+                   min_s: float, dtype: str = "float32") -> int:
     with self.session() as session:
       baseline = Baseline(device_id=device_id, workload=workload, params=to_json(params), library=library, library_version=library_version,
-                          median_s=median_s, min_s=min_s, created_at=utcnow())
+                          median_s=median_s, min_s=min_s, created_at=utcnow(), dtype=dtype)
       session.add(baseline)
       session.flush()
       return baseline.id
 
   def baselines(self, device_id: int | None = None, workload: str | None = None, params: dict[str, Any] | None = None,
-                library: str | None = None) -> list[BaselineRow]:
+                library: str | None = None, dtype: str | None = None) -> list[BaselineRow]:
     """Baselines matching every filter given, oldest first."""
     stmt = select(Baseline).order_by(Baseline.id)
     if device_id is not None: stmt = stmt.where(Baseline.device_id == device_id)
     if workload is not None: stmt = stmt.where(Baseline.workload == workload)
     if params is not None: stmt = stmt.where(Baseline.params == to_json(params))
     if library is not None: stmt = stmt.where(Baseline.library == library)
+    if dtype is not None: stmt = stmt.where(Baseline.dtype == dtype)
     with self.session(write=False) as session:
       return [BaselineRow.of(b) for b in session.scalars(stmt)]
 

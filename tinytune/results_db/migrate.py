@@ -11,7 +11,7 @@ from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, insp
 from tinytune.results_db.models import SCHEMA_VERSION, Meta
 
 VERSION_TABLE = "tinytune_alembic_version"  # not alembic_version: optuna keeps its own in the same database
-REVISIONS = ("0001", "0002", "0003")  # the files in migrations/versions, oldest first: revision N is schema version N, zero-padded
+REVISIONS = ("0001", "0002", "0003", "0004")  # the files in migrations/versions, oldest first: revision N is schema version N, zero-padded
 HEAD = REVISIONS[SCHEMA_VERSION - 1]
 version_table = Table(VERSION_TABLE, MetaData(), Column("version_num", String(32), primary_key=True))  # the layout Alembic uses
 

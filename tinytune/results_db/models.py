@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, or_, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-SCHEMA_VERSION = 3  # bump together with a new migration in migrations/versions (see migrate.py)
+SCHEMA_VERSION = 4  # bump together with a new migration in migrations/versions (see migrate.py)
 STATUSES = ("ok", "wrong", "crashed", "timeout", "compile_error", "invalid")
 OUTCOMES = ("done", "interrupted", "failed")
 
@@ -82,6 +82,7 @@ class SearchRun(Base):
   ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
   outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
   worker: Mapped[str] = mapped_column(String(256), default="", server_default="")  # host:pid of the process that ran it
+  dtype: Mapped[str | None] = mapped_column(String(32), nullable=True)  # what the program computes in; NULL: unknown (a run from before schema 4)
 
   @classmethod
   def latest_unfinished(cls, session: Session, signature: str) -> SearchRun | None:
@@ -169,6 +170,7 @@ class Baseline(Base):
   params: Mapped[str] = mapped_column(Text)
   library: Mapped[str] = mapped_column(String(64))
   library_version: Mapped[str] = mapped_column(String(64), default="")
+  dtype: Mapped[str] = mapped_column(String(32), default="float32", server_default="float32")
   median_s: Mapped[float] = mapped_column(Float)
   min_s: Mapped[float] = mapped_column(Float)
   created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -15,7 +15,7 @@ from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
 from tinytune.engine.schedule import ScheduleItem, create_schedule
-from tinytune.helpers import env_count
+from tinytune.helpers import env_count, unique_names
 from tinytune.results_db import CandidateRow, Database, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
@@ -72,31 +72,33 @@ class Tuner:
     """Drop the tuning cache entries of the program's kernels on this device (`search --force --workers N` starts so)."""
     for k in self.kernels(program): self.db.delete_tuned(k.key, self.device_hash)
 
-  def tune_program(self, program: UOp | Sequence[ScheduleItem], workload: str, params: dict[str, Any]) -> list[KernelOutcome]:
-    """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized)."""
+  def tune_program(self, program: UOp | Sequence[ScheduleItem], workload: str, params: dict[str, Any],
+                   dtype: str | None = None) -> list[KernelOutcome]:
+    """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized); `dtype` is what the run records the
+    program computes in (the kernels' keys tell dtypes apart already)."""
     kernels = self.kernels(program)
-    names = [k.name for k in kernels]
-    labels = [name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}" for i, name in enumerate(names)]  # unique per program
-    outcomes: list[KernelOutcome | None] = [self.cached(k) for k in kernels]
+    labels = unique_names((k.key, k.name) for k in kernels)  # names unique in the program: outcomes, the tuning cache and optuna use them
+    outcomes: list[KernelOutcome | None] = [None if (o := self.cached(k)) is None else replace(o, name=labels[k.key]) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
     end = None if self.budget.get("seconds") is None else time.monotonic() + self.budget["seconds"]  # --seconds is for the whole program
-    with self.run(workload, params, settings, signature) as (run_id, device_id, stored):
+    with self.run(workload, params, settings, signature, dtype) as (run_id, device_id, stored):
       for i, k in enumerate(kernels):
         if outcomes[i] is None:
           seconds = None if end is None else max(0.0, end - time.monotonic()) / sum(o is None for o in outcomes[i:])
-          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds, labels[i])
+          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds, labels[k.key])
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
-  def run(self, workload: str, params: dict[str, Any], settings: dict[str, Any], signature: str) -> Iterator[tuple[int, int, list]]:
+  def run(self, workload: str, params: dict[str, Any], settings: dict[str, Any], signature: str,
+          dtype: str | None = None) -> Iterator[tuple[int, int, list]]:
     """A search run in the database: (run id, device id, what it measured before, with --resume); finished as done or interrupted."""
     device_id = self.db.device_id(self.fingerprint)
     run_id = self.db.resumable_run(signature) if self.resume else None
     stored = self.db.run_candidates(run_id) if run_id is not None else []
-    if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, settings, self.budget, signature)
+    if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, settings, self.budget, signature, dtype)
     try: yield run_id, device_id, stored
     except BaseException:
       self.db.finish_run(run_id, "interrupted")
@@ -108,7 +110,7 @@ class Tuner:
     shape as params."""
     if (cached := self.cached(kernel)) is not None: return cached.best
     settings = {"strategy": self.strategy, **self.options}
-    with self.run(kernel.name, kernel_params(kernel), settings, f"on first use: {kernel.key}") as (run_id, device_id, _):
+    with self.run(kernel.name, kernel_params(kernel), settings, f"on first use: {kernel.key}", kernel.ast.dtype.name) as (run_id, device_id, _):
       return self.tune_kernel(kernel, run_id, device_id).best
 
   def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = (),  # type: ignore[assignment]
@@ -135,13 +137,13 @@ class Tuner:
     if math.isfinite(result.best_s):
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
-                        force=self.force and not self.study)
+                        force=self.force and not self.study, kernel_name=label or kernel.name)
       engine.forget()  # programs in this process look the kernel up again
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
-    return KernelOutcome(kernel.key, kernel.name, result.best, result.best_s, result.default_s, False, counts)
+    return KernelOutcome(kernel.key, label or kernel.name, result.best, result.best_s, result.default_s, False, counts)
 
   def optuna_options(self, kernel: Kernel, run_id: int, label: str, default: tuple[Opt, ...]) -> dict[str, Any]:
     """Trials live in optuna's own tables in the same database, in a study named for the workload, kernel and device, and the run
