@@ -97,6 +97,10 @@ def test_search_command_then_cache_hit(tmp_path) -> None:
   assert time.perf_counter() - st < 10 and hit["elapsed_ms"] < 1000
   rows = Database(db).run_candidates(1)
   assert len(rows) == sum(out["kernels"][0]["candidates"].values())
+  stored = Database(db).tuned(out["kernels"][0]["key"], out["fingerprint"])  # the figures printed are the ones stored, then read back
+  assert stored is not None and stored.default_s is not None
+  for k in (out["kernels"][0], hit["kernels"][0]):
+    assert (k["tuned_ms"], k["default_ms"]) == pytest.approx((stored.best_s * 1e3, stored.default_s * 1e3), rel=1e-6)  # JSON rounds ms to 10 decimals
 
 
 def test_tuned_opts_are_used_in_a_fresh_process(tmp_path) -> None:

@@ -113,11 +113,12 @@ class RunRow:
   ended_at: datetime | None
   outcome: str | None
   dtype: str | None = None
+  worker: str = ""  # host:pid
 
   @staticmethod
   def of(r: SearchRun) -> RunRow:
     return RunRow(r.id, r.workload, json.loads(r.params), r.device_id, r.strategy, json.loads(r.settings), json.loads(r.budget), r.signature,
-                  _utc(r.started_at), _utc(r.ended_at) if r.ended_at else None, r.outcome, r.dtype)
+                  _utc(r.started_at), _utc(r.ended_at) if r.ended_at else None, r.outcome, r.dtype, r.worker)
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,11 @@ class Database:
       if (c := Claim.find(session, study, kernel_id, device_id, source_hash)) is None or c.run_id != from_run: return False
       c.run_id, c.claimed_at = run_id, utcnow()
       return True
+
+  def last_candidate_id(self, run_id: int) -> int:
+    """The id of the last candidate `run_id` recorded, 0 before its first: how a run shows it is making progress."""
+    with self.session(write=False) as session:
+      return session.scalar(select(func.max(Candidate.id)).where(Candidate.run_id == run_id)) or 0
 
   def claimed_result(self, run_id: int, kernel_id: int, device_id: int, source_hash: str) -> CandidateRow | None:
     """What `run_id` recorded for this source, once it has."""

@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
@@ -201,23 +202,39 @@ class Claims:
   kernel_id: int
   device_id: int
   run_id: int
-  patience_s: float = 60.0  # how long we wait for another run to record a candidate before measuring it ourselves
+  patience_s: float = 60.0  # how long a run may record nothing while it holds claims before others measure them
+  heard: dict[int, tuple[int, float]] = field(default_factory=dict)  # owner -> (its last candidate id, when we saw it change)
 
   def claim(self, source_hash: str) -> int: return self.db.claim(self.study, self.kernel_id, self.device_id, source_hash, self.run_id)
   def count(self) -> int: return self.db.claim_count(self.study, self.kernel_id, self.device_id)
 
-  def wait(self, source_hash: str, owner: int) -> Result | None:
-    """The result the owning run records (or, if it is ours, recorded before it was killed) for this source; None (and the claim
-    is ours to measure) if ours has none, or the owner ended or took too long."""
-    deadline = time.monotonic() + self.patience_s
+  def alive(self, owner: int) -> bool:
+    """Whether the run that holds a claim may still measure it: not ended, its process not gone (where it ran on this machine),
+    and it recorded something within patience_s."""
+    if (run := self.db.run(owner)) is None or run.outcome is not None: return False
+    host, _, pid = run.worker.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)): return False
+    last, now = self.db.last_candidate_id(owner), time.monotonic()
+    if self.heard.get(owner, (None,))[0] != last: self.heard[owner] = (last, now)
+    return now - self.heard[owner][1] < self.patience_s
+
+  def wait(self, source_hash: str, owner: int, deadline: float | None = None) -> Result | None:
+    """The result the owning run records (or, if it is ours, recorded before it was killed) for this source; None if ours has
+    none, if the owner ended, died or went quiet (the claim is then ours to measure), or once our `deadline` has passed."""
     while (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is None:
-      if owner == self.run_id: return None
-      if time.monotonic() > deadline or (run := self.db.run(owner)) is None or run.outcome is not None:
+      if owner == self.run_id or (deadline is not None and time.monotonic() > deadline): return None
+      if not self.alive(owner):
         if self.db.take_claim(self.study, self.kernel_id, self.device_id, source_hash, owner, self.run_id): return None
         if (owner := self.claim(source_hash)) == self.run_id: return None  # another waiter took it and gave it up again
-        deadline = time.monotonic() + self.patience_s
       time.sleep(0.05)
     return stored_result(row)
+
+
+def _pid_alive(pid: int) -> bool:
+  try: os.kill(pid, 0)
+  except ProcessLookupError: return False
+  except PermissionError: pass  # another user's process
+  return True
 
 
 @dataclass
@@ -253,7 +270,8 @@ class SharedEvaluator(Evaluator):
         else: theirs[digest] = (owner, [opts])
       super().evaluate(mine)
     for digest, (owner, same) in theirs.items():
-      if (result := self.claims.wait(digest, owner)) is not None: self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
+      if (result := self.claims.wait(digest, owner, self.deadline)) is not None:
+        self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
     return super().evaluate(todo)  # read back, or measured now where a claim became ours
 
   def _source(self, opts: tuple[Opt, ...]) -> str | None:
