@@ -609,6 +609,14 @@ class HIPRenderer(_GPURenderer):
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f'extern "C" __attribute__((global)) void __attribute__((amdgpu_flat_work_group_size(1, {threads}))) {name}({", ".join(args)})'
 
+  # float64 exp2, log2 and sin are calls into ROCm's device library (ocml), which hiprtc links; the GPU has no instructions for them
+  ocml = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
+  def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    return f"__ocml_{self.ocml[op]}_f64({args[0]})" if op in self.ocml and dtype == dtypes.float64 else super().code(op, args, dtype)
+  def prelude(self, k: Kernel) -> str:
+    decl = "".join(f'extern "C" __attribute__((device, const)) double __ocml_{f}_f64(double);\n' for f in self.ocml.values())
+    return (decl if dtypes.float64 in _dtypes(k) else "") + super().prelude(k)
+
 
 class OpenCLRenderer(_GPURenderer):
   """OpenCL C. Without the cl_khr_fp16 extension, float16 is a storage type: loaded and stored with vload_half and
