@@ -629,6 +629,11 @@ class OpenCLRenderer(_GPURenderer):
                   dtypes.uint32: "uint", dtypes.uint64: "ulong", dtypes.float16: "half" if fp16 else "float"}
     self.buffer_types = {**self.buffer_types, dtypes.float16: "half"}
   def reinterpret(self, x: str, src: str, dst: str) -> str: return f"as_{dst}({x})"
+  def bitcast(self, x: str, src: DType, dst: DType) -> str:
+    if self.fp16 or dtypes.float16 not in (src, dst): return super().bitcast(x, src, dst)
+    # float16 without cl_khr_fp16 has no half values: its bits go through vstore_half and vload_half on a private ushort
+    if src == dtypes.float16: return super().bitcast(f"({{ ushort tt_h; vstore_half({x}, 0, (__private half*)&tt_h); tt_h; }})", dtypes.uint16, dst)
+    return f"({{ ushort tt_h = {super().bitcast(x, src, dtypes.uint16)}; vload_half(0, (__private half*)&tt_h); }})"
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str:
     return f"vload_half({idx}, {ptr})" if dtype == dtypes.float16 and not self.fp16 else super().load(ptr, idx, dtype)
