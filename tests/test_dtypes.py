@@ -1,5 +1,6 @@
 """Every dtype end to end: promotion, aliases, the settable defaults, and casts, wrap-around arithmetic, comparisons, reductions,
-bitcasts and bitwise ops against PyTorch (NumPy for uint16, uint32 and uint64, where torch has no arithmetic), on each device."""
+bitcasts and bitwise ops against PyTorch (NumPy for uint16, uint32 and uint64, where torch has no arithmetic). The wrap-around,
+cast, bitcast and float64 tests run on each device; the op-by-op oracles on the CPU only, as they exercise the same type tables."""
 from __future__ import annotations
 
 import math
@@ -78,15 +79,14 @@ def _edges(dt: DType, n: int = 12) -> np.ndarray:
 @pytest.mark.parametrize("dt", INTS, ids=lambda d: d.name)
 def test_int_arithmetic_wraps(dt: DType) -> None:
   a, b = _edges(dt), np.roll(_edges(dt), 3)
-  with np.errstate(over="ignore"): want = [a + b, a - b, a * b, -a, np.maximum(a, b), a < b, a == b, a >= b]
+  with np.errstate(over="ignore"): want = [np.stack([a + b, a - b, a * b, -a, np.maximum(a, b)]), np.stack([a < b, a == b, a >= b])]
   x, y = Tensor(a), Tensor(b)
-  got = [x + y, x - y, x * y, -x, x.maximum(y), x < y, x == y, x >= y]
-  for i, (g, w) in enumerate(zip(got, want)):
-    assert g.dtype.np == w.dtype, (i, g.dtype)
-    np.testing.assert_array_equal(g.numpy(), w, err_msg=f"case {i}")
+  got = [Tensor.stack(x + y, x - y, x * y, -x, x.maximum(y)), Tensor.stack(x < y, x == y, x >= y)]  # one kernel each
+  for g, w in zip(got, want):
+    assert g.dtype.np == w.dtype
+    np.testing.assert_array_equal(g.numpy(), w)
 
 
-@pytest.mark.usefixtures("each_device")
 @pytest.mark.parametrize("dt", [d for d in INTS if d in TORCH_ARITH], ids=lambda d: d.name)
 def test_int_ops_match_torch(dt: DType) -> None:
   lo, hi = max(dtypes.min(dt), -1000), min(dtypes.max(dt), 1000)
@@ -95,7 +95,6 @@ def test_int_ops_match_torch(dt: DType) -> None:
                  lambda a: (a.sum(0), a.sum(), a.max(1), a.min(0), a & 0x55, a | 3, a ^ a.flip(0), ~a), dtype=dt, low=lo, high=hi)
 
 
-@pytest.mark.usefixtures("each_device")
 @pytest.mark.parametrize("dt", [dtypes.uint16, dtypes.uint32, dtypes.uint64], ids=lambda d: d.name)
 def test_unsigned_ops_match_numpy(dt: DType) -> None:
   a, b = _edges(dt), np.roll(_edges(dt), 5) | 1
@@ -115,7 +114,6 @@ def test_casts(dt: DType) -> None:
   x = Tensor(vals).cast(dt)
   want = vals.astype(dt.np)
   np.testing.assert_array_equal(x.numpy(), want)
-  np.testing.assert_array_equal(x.cast(dtypes.float32).numpy(), want.astype(np.float32))
   np.testing.assert_array_equal(x.cast(dtypes.bool).numpy(), want != 0)
   np.testing.assert_array_equal(Tensor(np.array([True, False])).cast(dt).numpy(), np.array([1, 0], dt.np))
 

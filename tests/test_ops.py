@@ -463,9 +463,9 @@ def test_random_float_expressions(case: tuple[Expr, list[np.ndarray]]) -> None:
   assert np.all(err <= bound), f"{expr}: at {at} got {out[at]}, expected {ref.v[at]} (error {err[at]:.3g} > bound {bound[at]:.3g})"
 
 
-# ***** random int and bool expressions: exact, with numpy's wrap-around for uint8 *****
+# ***** random int and bool expressions: exact, with numpy's wrap-around for the types narrower than int32 and the unsigned ones *****
 
-INT_TYPES = [dtypes.int32, dtypes.int64, dtypes.uint8]
+INT_TYPES = [dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.uint16, dtypes.uint32]  # uint64 is in test_dtypes
 
 
 INT_BINARY: dict[str, Callable[[Any, Any], Any]] = {
@@ -477,7 +477,7 @@ INT_BINARY: dict[str, Callable[[Any, Any], Any]] = {
 
 
 class IntExprs:
-  """Random int32/int64/uint8/bool expressions; values stay far from int32 overflow (which is undefined in C)."""
+  """Random int and bool expressions; values stay far from int32 and int64 overflow (their reference is computed in int64)."""
 
   def __init__(self, draw: Any, inputs: list[np.ndarray], dts: list[DType]):
     self.draw, self.inputs, self.dts = draw, inputs, dts
@@ -491,7 +491,7 @@ class IntExprs:
     return Expr(f"x{k}", self.inputs[k].shape, lambda i: i[k], lambda i: i[k], self.dts[k])
 
   def const(self, dt: DType) -> Expr:
-    c = self.draw(st.sampled_from([0, 1, 2, 3, 7] if dt == dtypes.uint8 else [-3, -1, 0, 2, 5]))
+    c = self.draw(st.sampled_from([0, 1, 2, 3, 7] if dt.is_unsigned else [-3, -1, 0, 2, 5]))
     return Expr(repr(c), (), lambda i: c, lambda i: c, scalar=True)
 
   def pair(self, depth: int, kind: str) -> tuple[Expr, Expr, tuple[int, ...], DType]:
@@ -572,7 +572,7 @@ def int_exprs(draw: Any) -> tuple[Expr, list[np.ndarray], list[DType]]:
   rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
   shapes = draw(input_shapes())
   dts = [draw(st.sampled_from(INT_TYPES)) for _ in shapes]
-  inputs = [rng.integers(0 if dt == dtypes.uint8 else -20, 40 if dt == dtypes.uint8 else 21, s).astype(dt.np) for s, dt in zip(shapes, dts)]
+  inputs = [rng.integers(0 if dt.is_unsigned else -20, 40 if dt.is_unsigned else 21, s).astype(dt.np) for s, dt in zip(shapes, dts)]
   return IntExprs(draw, inputs, dts).expr(draw(st.integers(1, 4)), draw(st.sampled_from(["int", "int", "bool"]))), inputs, dts
 
 
