@@ -512,7 +512,8 @@ class IntExprs:
     if depth <= 0 or draw(st.integers(0, 5)) == 0:
       if kind == "int": return self.leaf()
       a, b = self.leaf(), self.const(dtypes.int32)
-      return Expr(f"({a} > {b})", a.shape, lambda i: a.tt(i) > b.tt(i), lambda i: a.ref(i) > b.ref(i), dtypes.bool)
+      return Expr(f"({a} > {b})", a.shape, lambda i: a.tt(i) > b.tt(i),  # the constant wraps to a's type first, as in torch
+                  lambda i: a.ref(i) > np.asarray(b.ref(i)).astype(a.dtype.np), dtypes.bool)
     ops = ["unary", "binary", "binary", "where", "movement", "movement", "reduce"] + (["from_bool"] if kind == "int" else ["cmp"])
     op = draw(st.sampled_from(ops))
     if op == "unary":
