@@ -8,8 +8,8 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-
 from oracle import helper_test_op, torch
+
 from tinytune import Tensor, dtypes
 from tinytune.codegen.cstyle import OpenCLRenderer
 from tinytune.codegen.kernel import Kernel
