@@ -63,6 +63,12 @@ def test_default_float_is_settable() -> None:
   np.testing.assert_equal((Tensor([1, 2]) / 3).numpy(), np.array([1, 2]) / 3)  # divided in float64
 
 
+def test_default_int_is_settable() -> None:
+  dtypes.default_int = dtypes.int64
+  try: assert Tensor(3).dtype == Tensor.arange(3).dtype == (Tensor([True]) + 1).dtype == dtypes.int64
+  finally: dtypes.default_int = dtypes.int32
+
+
 def test_numpy_arrays_keep_their_dtype() -> None:
   for dt in dtypes.all: assert Tensor(np.zeros(2, dt.np)).dtype == dt
   assert Tensor(np.random.rand(3)).dtype == dtypes.float64 and Tensor([0.5]).dtype == dtypes.float32 and Tensor([3]).dtype == dtypes.int64
