@@ -12,6 +12,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
@@ -57,6 +58,24 @@ def bf16_kernels() -> list[Kernel]:
   return ret
 
 
+# each dtype with one of the same size to bitcast to
+BITCASTS = {dtypes.float64: dtypes.int64, dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.float16, dtypes.uint16: dtypes.bfloat16,
+            dtypes.uint32: dtypes.float32, dtypes.uint64: dtypes.float64, dtypes.bfloat16: dtypes.int16}
+
+
+def dtype_kernels() -> list[Kernel]:
+  """Kernels of the less common dtypes (arithmetic, a sum, a max, a bitcast; float64 math), with no opts and the default opts."""
+  ret = []
+  for dt, to in BITCASTS.items():
+    a, b = (Tensor(np.arange(64).reshape(8, 8), dtype=dt) for _ in range(2))
+    outs = [(a * b + 3).max(1), (a - b).sum(1, dtype=dt), a.bitcast(to) + b.bitcast(to)]
+    if dt == dtypes.float64: outs.append((a.exp() + a.sqrt() + a.sin() + a.log()) / b)
+    for item in (item for out in outs for item in create_schedule(out.uop, "CPU")[0]):
+      base = Kernel(item.ast, H100)
+      ret += [base, base.copy().apply_opts(hand_coded_optimizations(base))]
+  return ret
+
+
 def _valid(k: Kernel, opt: Opt) -> bool:
   try: k.copy().apply_opt(opt)
   except KernelOptError: return False
@@ -81,7 +100,7 @@ def test_catalog_kernels_cover_workgroup_opts() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_cuda_source_compiles_with_nvcc() -> None:
-  srcs = [CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels()]
+  srcs = [CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels()]
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
@@ -99,7 +118,7 @@ HIP_FLAGS = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--
 
 @pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
 def test_hip_source_compiles_with_clang() -> None:
-  srcs = [HIPRenderer().render(k) for k in catalog_kernels() + bf16_kernels()]
+  srcs = [HIPRenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels()]
   assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
 
 

@@ -251,7 +251,7 @@ def test_loader_order() -> None:
 
 
 def test_loader_batches() -> None:
-  x, y = np.random.rand(9, 1, 4, 4), np.arange(9, dtype=np.uint8)
+  x, y = np.random.rand(9, 1, 4, 4).astype(np.float32), np.arange(9, dtype=np.uint8)
   batches = list(DataLoader(x, y, batch_size=4, seed=0))
   assert [tuple(t.shape for t in b) for b in batches] == [((4, 1, 4, 4), (4,)), ((4, 1, 4, 4), (4,)), ((1, 1, 4, 4), (1,))]
   assert all(b[0].dtype == dtypes.float32 and b[1].dtype == dtypes.uint8 and b[0].device == "CPU" for b in batches)

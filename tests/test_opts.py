@@ -68,12 +68,15 @@ CASES: dict[str, Callable[[], Tensor]] = {
   # bfloat16 loads into float32 lanes, and a cast rounding in the kernel
   "bfloat16": lambda: (_rand(8, 16).cast(dtypes.bfloat16).realize() * _randn(16).cast(dtypes.bfloat16)).sum(-1, dtype=dtypes.float32) + 1,
   "matmul_bf16": lambda: _randn(32, 16).cast(dtypes.bfloat16).realize() @ _randn(16, 48).cast(dtypes.bfloat16).realize(),  # TC on CUDA
+  "float64": lambda: (_randn(8, 16).cast(dtypes.float64) * _randn(16).cast(dtypes.float64)).sum(-1) + 1,  # no SIMD lanes, double math
+  "int8_max": lambda: (_ints(6, 10).cast(dtypes.int8) * 37 + 5).max(-1),  # products wrap in int8
+  "uint32_sum": lambda: (_ints(6, 10, lo=0).cast(dtypes.uint32) * 3_000_000_007).sum(-1, dtype=dtypes.uint32),  # a sum that wraps
 }
 
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
 # for the compiler to contract, where only adding in another order (like unrolling the inner part first) changes a bit;
 # GROUP adds partial sums across threads, so float sums are exact up to rounding there
-EXACT = {"row_sum", "col_sum", "softmax0", "max", "int32", "int32_max", "int64_max"}
+EXACT = {"row_sum", "col_sum", "softmax0", "max", "int32", "int32_max", "int64_max", "int8_max", "uint32_sum"}
 
 
 @dataclass
@@ -125,7 +128,7 @@ def fuzzed_here(name: str, device: str) -> None:
 
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
            "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
-           "bfloat16", "matmul_bf16"]
+           "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum"]
 
 
 def test_kernel_list() -> None:
@@ -173,7 +176,7 @@ def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
   srcs = [dev.renderer.render(k) for k in kernels]
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: libs = list(pool.map(functools.partial(_compile, kc.device), srcs))  # warms the cache
   out = Buffer(kc.device, kc.item.out.size, kc.item.out.dtype)
-  float_tol = {dtypes.float32: 1e-5, dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2}.get(kc.item.out.dtype, 0)
+  float_tol = {dtypes.float32: 1e-5, dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2, dtypes.float64: 1e-12}.get(kc.item.out.dtype, 0)
   failures = []
   for k, lib in zip(kernels, libs):
     if isinstance(lib, Exception):

@@ -20,11 +20,13 @@ from tinytune.dtype import DType
   ([], dtypes.float32, np.zeros(0, np.float32)),
   (np.arange(6, dtype=np.int32).reshape(2, 3), dtypes.int32, np.arange(6).reshape(2, 3)),
   (np.arange(6, dtype=np.uint8), dtypes.uint8, np.arange(6)),
-  (np.array([1.5, -2.5]), dtypes.float32, np.array([1.5, -2.5])),  # float64 comes in as float32
+  (np.array([1.5, -2.5]), dtypes.float64, np.array([1.5, -2.5])),  # an array keeps its dtype, as torch.from_numpy
+  ([1.5, 2.5], dtypes.float32, np.array([1.5, 2.5])),  # a list of floats gives default_float
   (np.array([1.5, -2.5], np.float16), dtypes.float16, np.array([1.5, -2.5])),
   (np.array([1.5, -2.5, 3e38], dtypes.bfloat16.np), dtypes.bfloat16, np.array([1.5, -2.5, 3e38])),
   (dtypes.bfloat16.np(0.1), dtypes.bfloat16, np.array(0.10009765625)),
-  (np.array([1, 2], np.int16), dtypes.int64, np.array([1, 2])),
+  (np.array([1, 2], np.int16), dtypes.int16, np.array([1, 2])),
+  (np.array([1, 2**32 - 1], np.uint32), dtypes.uint32, np.array([1, 2**32 - 1])),
   (3, dtypes.int32, np.array(3)),
   (2 ** 40, dtypes.int64, np.array(2 ** 40)),  # too big for int32
   (-2 ** 31, dtypes.int32, np.array(-2 ** 31)),
@@ -260,8 +262,8 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("getitem list oob", lambda: Tensor.zeros(3)[[0, 3]], IndexError, "index 3 is out of range for dim 0 of size 3"),
   ("getitem float list", lambda: Tensor.zeros(3)[[0.5]], IndexError, "indices are ints or bools, got float64"),
   ("getitem float tensor", lambda: Tensor.zeros(3)[Tensor([0.5])], IndexError, "tensors used as indices must be int or bool tensors"),
-  ("unknown dtype", lambda: Tensor([1.0], dtype="float64x"), TypeError, "unsupported dtype 'float64x'; use one of bool, uint8"),
-  ("numpy dtype", lambda: Tensor([1], dtype=np.int16), TypeError, "unsupported dtype"),
+  ("unknown dtype", lambda: Tensor([1.0], dtype="float64x"), TypeError, "unsupported dtype 'float64x'; use one of bool, int8, uint8"),
+  ("numpy dtype", lambda: Tensor([1], dtype=np.complex64), TypeError, "unsupported dtype"),
   ("cast dtype", lambda: Tensor([1.0]).cast("complex64"), TypeError, "unsupported dtype 'complex64'"),
   ("zeros dtype", lambda: Tensor.zeros(2, dtype="complex128"), TypeError, "unsupported dtype"),
   ("string data", lambda: Tensor("abc"), TypeError, "unsupported dtype"),

@@ -15,7 +15,7 @@ from tinytune.dtype import DType, dtypes
 
 class Ops(Enum):
   # graph leaves and structure
-  BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE = auto(); CAST = auto(); VAR = auto(); CONTIGUOUS = auto()  # noqa: E702
+  BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE = auto(); CAST = auto(); BITCAST = auto(); VAR = auto(); CONTIGUOUS = auto()  # noqa: E702
   # GATHER(x, index), arg d: x read where dim d's index is index's value (index has x's shape but at d; out of range reads 0)
   GATHER = auto()
   # unary
@@ -30,7 +30,7 @@ class Ops(Enum):
 
 UNARY = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP}
 BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
-ALU = UNARY | BINARY | {Ops.WHERE, Ops.CAST}
+ALU = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 
 # python semantics of each ALU op, with floor division (the renderers emit floor division where operands can be negative)
@@ -82,6 +82,9 @@ class UOp:
   @staticmethod
   def const(dtype: DType, v: Any) -> UOp:
     v = bool(v) if dtype.kind == "b" else float(v) if dtype.kind == "f" else int(v)
+    if dtype.is_int and not dtypes.min(dtype) <= v <= dtypes.max(dtype):  # an int wraps to its type's range, as in C
+      bits = 8 * dtype.itemsize
+      v = (v % 2**bits) - (2**bits if dtype.kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
     return UOp(Ops.CONST, dtype, (), v)
 
   @staticmethod
@@ -154,7 +157,7 @@ class UOp:
       return s[0] if 0 <= s[0][0] and s[0][1] < c and s[0][0] // c == s[0][1] // c else (0, c - 1)
     if self.op is Ops.CMPLT: return (int(s[0][1] < s[1][0]), int(s[0][0] < s[1][1]))
     if self.op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
-    if self.op is Ops.CAST and self.dtype.is_int: return s[0]
+    if self.op is Ops.CAST and self.dtype.is_int and dtypes.min(self.dtype) <= s[0][0] and s[0][1] <= dtypes.max(self.dtype): return s[0]
     if self.dtype.kind == "b": return (0, 1)
     return (-math.inf, math.inf)
 

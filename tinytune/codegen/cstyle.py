@@ -32,8 +32,9 @@ class Val:
 
 
 class CStyleRenderer:
-  types = {dtypes.bool: "_Bool", dtypes.uint8: "unsigned char", dtypes.int32: "int", dtypes.int64: "long",
-           dtypes.float16: "_Float16", dtypes.bfloat16: "float", dtypes.float32: "float"}
+  types = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short", dtypes.uint16: "unsigned short",
+           dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long", dtypes.uint64: "unsigned long",
+           dtypes.float16: "_Float16", dtypes.bfloat16: "float", dtypes.float32: "float", dtypes.float64: "double"}
   # where a buffer's element type differs from its value type: bfloat16 is stored as its 16 bits and computed in float32
   buffer_types: dict[DType, str] = {dtypes.bfloat16: "unsigned short"}
   index_type = "long"  # loop variables and index math
@@ -55,6 +56,17 @@ class CStyleRenderer:
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
+
+  def to_bits(self, x: str, dtype: DType) -> str:
+    """A value as its buffer's element type (a 16-bit float computed in float32 rounded to its 16 bits)."""
+    return f"{self.bf16_out}({x})" if dtype == dtypes.bfloat16 else x
+  def from_bits(self, x: str, dtype: DType) -> str: return f"{self.bf16_in}({x})" if dtype == dtypes.bfloat16 else x
+  def reinterpret(self, x: str, src: str, dst: str) -> str:
+    return f"({{ {src} tt_a = {x}; {dst} tt_b; __builtin_memcpy(&tt_b, &tt_a, sizeof tt_b); tt_b; }})"
+  def bitcast(self, x: str, src: DType, dst: DType) -> str:
+    """x's bits, as stored in a buffer of `src`, read as `dst`."""
+    st, dt = (self.buffer_types.get(d, self.types[d]) for d in (src, dst))
+    return self.from_bits(self.reinterpret(self.to_bits(x, src), st, dt), dst)
 
   def bits_prelude(self) -> str:
     """tt_f32_bits and tt_bits_f32: a float32's bits as an unsigned int and back."""
@@ -96,15 +108,16 @@ class CStyleRenderer:
     if dtype == dtypes.bool: return "1" if v else "0"
     if dtype.is_int:  # negative literals in parentheses, so negating one renders (-(-3)), not (--3)
       i = int(v)  # type: ignore[call-overload]
-      text = (f"{i}L" if i > -2**63 else f"{i + 1}L-1") if dtype == dtypes.int64 else str(i)  # -2**63 has no literal
+      if dtype.itemsize == 8: text = f"{i}UL" if dtype.is_unsigned else f"{i}L" if i > -2**63 else f"{i + 1}L-1"  # -2**63 has no literal
+      else: text = f"{i}u" if dtype == dtypes.uint32 else str(i)
       return f"({text})" if i < 0 else text
     f = float(v)  # type: ignore[arg-type]
     if dtype.itemsize == 2:  # a 16-bit float constant is the value it rounds to
       with np.errstate(over="ignore"): f = float(dtype.np(f))
     if math.isnan(f): return self.nan
     if math.isinf(f): return self.inf if f > 0 else f"(-{self.inf})"
-    text = f"{f!r}f"
-    return f"(({self.types[dtype]}){text})" if dtype != dtypes.float32 else f"({text})" if f < 0 else text
+    text = f"{f!r}" if dtype == dtypes.float64 else f"{f!r}f"
+    return f"(({self.types[dtype]}){text})" if dtype.itemsize == 2 else f"({text})" if f < 0 else text
 
   # each op's spelling: {0}, {1}, {2} are the operands, {m} and {s} the float32 math functions' prefix and suffix
   code_table = {
@@ -118,7 +131,7 @@ class CStyleRenderer:
     a = args[0]
     if op is Ops.CAST: return f"{self.bf16_in}({self.bf16_out}((float)({a})))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
     if op is Ops.MAX and dtype.is_float: return f"(({a}>{args[1]}||{a}!={a})?{a}:{args[1]})"  # a NaN in either operand wins, as in numpy
-    return self.code_table[op].format(*args, "", "", m=self.math, s=self.math_suffix)
+    return self.code_table[op].format(*args, "", "", m=self.math, s="" if dtype == dtypes.float64 else self.math_suffix)
 
   def index(self, u: UOp, memo: dict[UOp, str] | None = None) -> str:
     """Render integer index math (each node once, where `memo` keeps them); division and modulo are floor operations where the
@@ -276,6 +289,7 @@ class _KernelRender:
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     ctype = self.r.types[dtype]
     def code(args: list[str]) -> str:  # a 16-bit float computed in float32 rounds each result to its type
+      if op is Ops.BITCAST: return self.r.bitcast(args[0], (src_dtypes or [dtype])[0], dtype)
       expr = self.r.code(op, args, dtype)
       return self.r.code(Ops.CAST, [expr], dtype) if dtype.itemsize == 2 and ctype == "float" and op is not Ops.CAST else expr
     if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, code([s.names[0] for s in srcs])),))
@@ -560,8 +574,10 @@ class _GPURenderer(CStyleRenderer):
 class CUDARenderer(_GPURenderer):
   """CUDA C++. float16 is stored as half and computed in float32 (half's operators mix badly with float), rounded to half
   where the program casts to float16; bfloat16 likewise as __nv_bfloat16."""
-  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "float"}
+  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float"}
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
+  def to_bits(self, x: str, dtype: DType) -> str: return f"__float2half_rn({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
+  def from_bits(self, x: str, dtype: DType) -> str: return f"__half2float({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
   restrict, func_prefix = "__restrict__", "static __device__ inline"
   group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
@@ -599,7 +615,7 @@ class CUDARenderer(_GPURenderer):
 
 class HIPRenderer(_GPURenderer):
   """HIP for AMD GPUs, free of HIP's headers, so device code compiles with a plain clang (-nogpuinc) as well as hiprtc."""
-  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.float16: "_Float16"}
+  types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16"}
   restrict, func_prefix = "__restrict__", "static __attribute__((device)) inline"
   group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared)) "
   barrier = ('__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); '
@@ -610,16 +626,31 @@ class HIPRenderer(_GPURenderer):
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f'extern "C" __attribute__((global)) void __attribute__((amdgpu_flat_work_group_size(1, {threads}))) {name}({", ".join(args)})'
 
+  # float64 exp2, log2 and sin are calls into ROCm's device library (ocml), which hiprtc links; the GPU has no instructions for them
+  ocml = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
+  def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    return f"__ocml_{self.ocml[op]}_f64({args[0]})" if op in self.ocml and dtype == dtypes.float64 else super().code(op, args, dtype)
+  def prelude(self, k: Kernel) -> str:
+    decl = "".join(f'extern "C" __attribute__((device, const)) double __ocml_{f}_f64(double);\n' for f in self.ocml.values())
+    return (decl if dtypes.float64 in _dtypes(k) else "") + super().prelude(k)
+
 
 class OpenCLRenderer(_GPURenderer):
   """OpenCL C. Without the cl_khr_fp16 extension, float16 is a storage type: loaded and stored with vload_half and
   vstore_half, computed in float32."""
   buffer_types = {dtypes.bool: "uchar", dtypes.bfloat16: "ushort"}  # bool has no defined size in OpenCL, so it is not allowed in buffers
 
-  def __init__(self, fp16: bool = True):
-    self.fp16 = fp16
-    self.types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.uint8: "uchar", dtypes.float16: "half" if fp16 else "float"}
+  def __init__(self, fp16: bool = True, fp64: bool = True):
+    self.fp16, self.fp64 = fp16, fp64
+    self.types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.uint16: "ushort",
+                  dtypes.uint32: "uint", dtypes.uint64: "ulong", dtypes.float16: "half" if fp16 else "float"}
     self.buffer_types = {**self.buffer_types, dtypes.float16: "half"}
+  def reinterpret(self, x: str, src: str, dst: str) -> str: return f"as_{dst}({x})"
+  def bitcast(self, x: str, src: DType, dst: DType) -> str:
+    if self.fp16 or dtypes.float16 not in (src, dst): return super().bitcast(x, src, dst)
+    # float16 without cl_khr_fp16 has no half values: its bits go through vstore_half and vload_half on a private ushort
+    if src == dtypes.float16: return super().bitcast(f"({{ ushort tt_h; vstore_half({x}, 0, (__private half*)&tt_h); tt_h; }})", dtypes.uint16, dst)
+    return f"({{ ushort tt_h = {super().bitcast(x, src, dtypes.uint16)}; vload_half(0, (__private half*)&tt_h); }})"
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str:
     return f"vload_half({idx}, {ptr})" if dtype == dtypes.float16 and not self.fp16 else super().load(ptr, idx, dtype)
@@ -643,8 +674,10 @@ class OpenCLRenderer(_GPURenderer):
             f"static inline void {vt}_store(__global float* p, {vt} v) {{ vstore{width}(v, 0, p); }}\n")
 
   def prelude(self, k: Kernel) -> str:
-    half = self.fp16 and any(dt == dtypes.float16 for dt in _dtypes(k))
-    return ("#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" if half else "") + super().prelude(k)
+    used = _dtypes(k)
+    if dtypes.float64 in used and not self.fp64: raise NotImplementedError("this OpenCL device has no float64 (no cl_khr_fp64): use float32")
+    return ("#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" if self.fp16 and dtypes.float16 in used else "") + \
+      ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if dtypes.float64 in used else "") + super().prelude(k)
 
 
 def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}

@@ -19,7 +19,8 @@ from tinytune.dtype import DType
 from tinytune.helpers import cache_dir
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, Program
 
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno")
+# -fwrapv: signed int overflow wraps (two's complement) as in NumPy and torch, where C leaves it undefined
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv")
 
 
 compile_stats = {"hits": 0, "misses": 0}  # on-disk compile cache

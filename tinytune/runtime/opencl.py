@@ -43,7 +43,8 @@ class OpenCLDevice(Compiled):
     self.device = devices[int(os.getenv("TINYTUNE_OPENCL_DEVICE", "0"))]
     self.ctx = cl.Context([self.device])
     self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions)
+    fp64 = "cl_khr_fp64" in self.device.extensions or bool(getattr(self.device, "double_fp_config", 0))
+    self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions, fp64=fp64)
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, vector_registers=64,
                            max_local=min(self.device.max_work_group_size, 1024), shared_bytes=self.device.local_mem_size)
 

@@ -63,7 +63,7 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
   def program(lib: str, name: str, launch: list[int]) -> Any: return dev.program(name, base64.b64decode(lib), (launch[0], launch[1]))
   program(*spec["ref"])(out, *inputs)
   ref = out.numpy_view().copy()
-  tol = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4}.get(ref.dtype.name, 0)
+  tol = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 1e-9}.get(ref.dtype.name, 0)
   sentinel = np.full(ref.size, np.nan if out.dtype.is_float else 0x5A if ref.dtype.kind in "iu" else True, dtype=ref.dtype)
   reply(["ready"])
   for line in requests:

@@ -44,7 +44,9 @@ class Tensor:
     else:
       arr = np.asarray(data)
       if arr.dtype == object: raise TypeError(f"cannot make a Tensor from {type(data).__name__} with ragged or non-numeric items")
-      if dt is None: dt = dtypes.int64 if arr.dtype.kind in "iu" and arr.dtype not in (np.uint8, np.int32) else dtypes.from_any(arr.dtype)
+      if dt is None:  # an array keeps its dtype (as torch.from_numpy); Python lists of floats give default_float, of ints int64
+        dt = dtypes.from_any(arr.dtype) if isinstance(data, (np.ndarray, np.generic)) or arr.dtype.kind not in "fiu" else \
+          dtypes.default_float if arr.dtype.kind == "f" else dtypes.int64
       buf = Buffer(self.device, arr.size, dt).copyin(arr.astype(dt.np))
       self.uop = UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buf),), View.create(arr.shape))
     if requires_grad is not None: self.requires_grad_(requires_grad)
@@ -227,9 +229,9 @@ class Tensor:
 
   def _float(self) -> Tensor: return self if self.dtype.is_float else self.cast(dtypes.default_float)
   def _in_f32(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
-    """fn of self as a float, computed in float32 and cast back: in float16 every step of a composite would round."""
+    """fn of self as a float, a 16-bit float computed in float32 and cast back: in float16 every step of a composite would round."""
     x = self._float()
-    return fn(x) if x.dtype == dtypes.float32 else fn(x.cast(dtypes.float32)).cast(x.dtype)
+    return fn(x) if x.dtype.itemsize >= 4 else fn(x.cast(dtypes.float32)).cast(x.dtype)
 
   def _reduce_axes(self, axis: Any) -> tuple[int, ...]:
     if axis is None: return tuple(range(self.ndim))
@@ -288,7 +290,9 @@ class Tensor:
   pow = elementwise.pow; clamp = elementwise.clip; trunc = elementwise.trunc; floor = elementwise.floor; ceil = elementwise.ceil
   round = elementwise.round; fmod = elementwise.fmod; mod = elementwise.mod; isnan = elementwise.isnan; isinf = elementwise.isinf
   isfinite = elementwise.isfinite; isclose = elementwise.isclose; copysign = elementwise.copysign; lerp = elementwise.lerp
-  float = elementwise.float_; half = elementwise.half; int = elementwise.int_; bool = elementwise.bool_
+  float = elementwise.float_; half = elementwise.half; int = elementwise.int_; bool = elementwise.bool_; double = elementwise.double
+  long = elementwise.long; short = elementwise.short; char = elementwise.char; byte = elementwise.byte; bfloat16 = elementwise.bfloat16
+  bitcast = elementwise.bitcast; signbit = elementwise.signbit
   bitwise_and = elementwise.bitwise_and; bitwise_or = elementwise.bitwise_or; bitwise_xor = elementwise.bitwise_xor
   bitwise_not = elementwise.bitwise_not; lshift = elementwise.lshift; rshift = elementwise.rshift
   tan = elementwise.tan; atan = elementwise.atan; asin = elementwise.asin; acos = elementwise.acos; sinh = elementwise.sinh

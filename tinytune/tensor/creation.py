@@ -93,8 +93,9 @@ def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device:
   """steps evenly spaced values from start to stop, both included: the first half counted from start, the rest from stop."""
   if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace steps is an int >= 0, got {steps!r}")
   dt = dtypes.from_any(dtype) if dtype else dtypes.default_float
-  if steps <= 1: return Tensor([start] * steps, dtype=dtypes.float32, device=device).cast(dt)
-  i, step = Tensor.arange(steps, device=device).cast(dtypes.float32), (stop - start) / (steps - 1)
+  ft = dtypes.float64 if dt == dtypes.float64 else dtypes.float32  # computed in float32, or float64 for a float64 result
+  if steps <= 1: return Tensor([start] * steps, dtype=ft, device=device).cast(dt)
+  i, step = Tensor.arange(steps, device=device).cast(ft), (stop - start) / (steps - 1)
   return (i < steps // 2).where(i * step + start, stop - (steps - 1 - i) * step).cast(dt)
 
 

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tinytune.dtype import dtypes
-from tinytune.uop import Ops
+from tinytune.uop import Ops, UOp
 
 if TYPE_CHECKING:
   from tinytune.tensor import Tensor, TensorLike
@@ -29,7 +29,7 @@ def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str |
   if rounding_mode is not None and not a.dtype.is_float:
     if a.dtype == dtypes.bool: raise TypeError(f"div with rounding_mode {rounding_mode!r} needs int or float tensors, got bool")
     return _int_div(a, b, rounding_mode == "floor")[0]
-  if not a.dtype.is_float: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
+  if not a.dtype.is_float: a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
   if rounding_mode == "floor": return a._in_f32(lambda x: _floor_div(x, b.cast(x.dtype)))
   q = a * b.reciprocal()
   return q if rounding_mode is None else q.trunc()
@@ -39,7 +39,7 @@ def _int_div(a: Tensor, b: Tensor, floor: bool) -> tuple[Tensor, Tensor]:
   """(quotient, remainder) of ints rounded toward zero or down. IDIV and MOD only see operands >= 0, where every rounding agrees."""
   an, bn = a.abs(), (b == 0).where(1, b.abs())  # a zero divisor would trap on the CPU
   q, r = an._alu(Ops.IDIV, bn), an._alu(Ops.MOD, bn)
-  if a.dtype == dtypes.uint8: return q, r
+  if a.dtype.is_unsigned: return q, r
   opposite, neg_a = (a < 0) != (b < 0), a < 0
   if not floor: return opposite.where(-q, q), neg_a.where(-r, r)
   inexact = opposite & (r != 0)  # floor goes one further from zero; the remainder takes the divisor's sign
@@ -89,7 +89,7 @@ def minimum(self: Tensor, y: TensorLike) -> Tensor:
   return take_b.where(b, a)
 
 
-def abs(self: Tensor) -> Tensor: return (self < 0).where(-self, self) if self.dtype not in (dtypes.bool, dtypes.uint8) else self
+def abs(self: Tensor) -> Tensor: return (self < 0).where(-self, self) if self.dtype.kind in "if" else self
 def exp2(self: Tensor) -> Tensor: return self._float()._alu(Ops.EXP2)
 def log2(self: Tensor) -> Tensor: return self._float()._alu(Ops.LOG2)
 def exp(self: Tensor) -> Tensor: return self._in_f32(lambda x: (x * (1 / math.log(2))).exp2())
@@ -154,7 +154,10 @@ def _erf(x: Tensor) -> Tensor:
 def trunc(self: Tensor) -> Tensor:
   """Round toward zero; an int tensor is already whole and comes back as it is."""
   if not self.dtype.is_float: return self
-  return self._in_f32(lambda x: (x.abs() < 2.0 ** 23).where(x.cast(dtypes.int32).cast(dtypes.float32), x))  # from 2**23 up floats are whole
+  def fn(x: Tensor) -> Tensor:  # from 2**23 (2**52 in float64) up floats are whole
+    whole = x.dtype.itemsize * 8 - (12 if x.dtype == dtypes.float64 else 9)
+    return (x.abs() < 2.0 ** whole).where(x.cast(dtypes.int64 if x.dtype == dtypes.float64 else dtypes.int32).cast(x.dtype), x)
+  return self._in_f32(fn)
 
 
 def floor(self: Tensor) -> Tensor:
@@ -231,18 +234,25 @@ def isfinite(self: Tensor) -> Tensor: return (self.isinf() | self.isnan()).logic
 def isclose(self: Tensor, other: TensorLike, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
   """|self - other| <= atol + rtol * |other| where both are finite; equal infinities are close; NaNs only with equal_nan."""
   a, b = self._broadcasted(other)
-  if not a.dtype.is_float: a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
+  if not a.dtype.is_float: a, b = a.cast(dtypes.default_float), b.cast(dtypes.default_float)
   err = (a - b).abs()
   ret = (a == b) | (err.isfinite() & (err <= atol + rtol * b.abs()))
   return ret | (a.isnan() & b.isnan()) if equal_nan else ret
 
 
+def signbit(self: Tensor) -> Tensor:
+  """Whether the sign bit is set: true for -0.0 and a NaN with its sign bit, read through bitcast."""
+  if not self.dtype.is_float: return self < 0 if self.dtype.kind == "i" else self._const_like(False, dtypes.bool)
+  x = self if self.dtype.itemsize >= 4 else self.cast(dtypes.float32)  # a 16-bit float keeps its sign bit in float32
+  return x.bitcast(dtypes.int64 if x.dtype == dtypes.float64 else dtypes.int32) < 0
+
+
 def copysign(self: Tensor, other: TensorLike) -> Tensor:
-  """|self| with the sign of other, in float (-0.0 counts as negative; the sign of a NaN is not seen)."""
+  """|self| with the sign bit of other, in float: -0.0 and NaNs give their sign bits, as in torch."""
   a, b = self._broadcasted(other)
   a, b = a._float(), b._float()
-  mag = a.abs()
-  return ((b < 0) | ((b == 0) & (b.reciprocal() < 0))).where(-mag, mag)
+  mag = a.signbit().where(-a, a)
+  return b.signbit().where(-mag, mag)
 
 
 def lerp(self: Tensor, end: TensorLike, weight: TensorLike) -> Tensor:
@@ -255,8 +265,23 @@ def lerp(self: Tensor, end: TensorLike, weight: TensorLike) -> Tensor:
 # ***** casts *****
 def float_(self: Tensor) -> Tensor: return self.cast(dtypes.float32)
 def half(self: Tensor) -> Tensor: return self.cast(dtypes.float16)
+def bfloat16(self: Tensor) -> Tensor: return self.cast(dtypes.bfloat16)
+def double(self: Tensor) -> Tensor: return self.cast(dtypes.float64)
 def int_(self: Tensor) -> Tensor: return self.cast(dtypes.int32)
+def long(self: Tensor) -> Tensor: return self.cast(dtypes.int64)
+def short(self: Tensor) -> Tensor: return self.cast(dtypes.int16)
+def char(self: Tensor) -> Tensor: return self.cast(dtypes.int8)
+def byte(self: Tensor) -> Tensor: return self.cast(dtypes.uint8)
 def bool_(self: Tensor) -> Tensor: return self.cast(dtypes.bool)
+
+
+def bitcast(self: Tensor, dtype: Any) -> Tensor:
+  """The same bits read as `dtype`, of the same size (a BITCAST in the IR); no gradient flows through it."""
+  dt = dtypes.from_any(dtype)
+  if dt.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast from {self.dtype.name} to {dt.name} changes the item size; cast instead")
+  if dtypes.bool in (dt, self.dtype): raise TypeError("bitcast of bool has no defined bits; cast to or from uint8 instead")
+  if dt == self.dtype: return self
+  return Tensor(UOp(Ops.BITCAST, dt, (self.uop,)), device=self.device)
 
 
 # ***** bits *****
@@ -267,7 +292,7 @@ def bitwise_xor(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor: r
 
 def bitwise_not(self: Tensor) -> Tensor:
   if self.dtype.is_float: raise TypeError(f"bitwise_not needs a bool or int tensor, got {self.dtype.name}")
-  return self.logical_not() if self.dtype == dtypes.bool else self ^ (255 if self.dtype == dtypes.uint8 else -1)
+  return self.logical_not() if self.dtype == dtypes.bool else self ^ -1  # -1 is all ones in every int type
 
 
 def lshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
@@ -279,6 +304,7 @@ def lshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
 def rshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
   """self // 2**y for ints (an arithmetic shift: negative numbers round down); y from 0 to the bit width - 1."""
   a, b = _shift_args(self, y, reverse, ">>")
+  if a.dtype.is_unsigned: return a._alu(Ops.IDIV, _pow2(b))  # no negative numbers: C's division is floor division
   if a.dtype == dtypes.int64: return _int_div(a, _pow2(b), True)[0]
   return _int_div(a.cast(dtypes.int64), _pow2(b.cast(dtypes.int64)), True)[0].cast(a.dtype)  # 2**31 fits in int64
 

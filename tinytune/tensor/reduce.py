@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def sum(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
-  dt = dtypes.from_any(dtype) if dtype else dtypes.int64 if self.dtype in (dtypes.bool, dtypes.uint8, dtypes.int32) else self.dtype
+  dt = dtypes.from_any(dtype) if dtype else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
   if dt.is_float and dt.itemsize == 2:  # a float16 sum stalls at 2048 + 1, a bfloat16 one at 256 + 1
     return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dt)
   return self.cast(dt)._reduce(Ops.ADD, axis, keepdim)
@@ -23,7 +23,7 @@ def sum(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None
 def _flip_order(self: Tensor) -> Tensor:
   """An order-reversing map (its own inverse) used to build min from max."""
   if self.dtype.is_float: return -self
-  return self ^ (True if self.dtype == dtypes.bool else -1 if self.dtype != dtypes.uint8 else 255)
+  return self ^ (True if self.dtype == dtypes.bool else -1)  # -1 is all ones in every int type
 
 
 def max(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
@@ -62,7 +62,7 @@ def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tens
 def prod(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
   """The product along axes, by halving: log2(n) multiplies of the two halves (there is no product reduction)."""
   axes = self._reduce_axes(axis)
-  dt = dtypes.from_any(dtype) if dtype else dtypes.int64 if self.dtype in (dtypes.bool, dtypes.uint8, dtypes.int32) else self.dtype
+  dt = dtypes.from_any(dtype) if dtype else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
   x = self.cast(dtypes.float32 if dt.is_float and dt.itemsize == 2 else dt)
   rest = [i for i in range(self.ndim) if i not in axes]
   x = x.permute(rest + list(axes)).reshape(tuple(self.shape[i] for i in rest) + (prod_(self.shape[i] for i in axes),))
