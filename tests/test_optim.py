@@ -164,3 +164,20 @@ def test_updates_write_in_place_without_copies() -> None:
     opt.step()
   # b1**t, b2**t, m, v and w: each written by its own kernel, straight into its memory (w's update reads the new m and v there)
   assert GlobalCounters.kernel_count - before == 5
+
+
+def test_float64_training_follows_default_float(monkeypatch: pytest.MonkeyPatch) -> None:
+  from tinytune import dtypes, nn
+  from tinytune.nn.data import DataLoader
+  monkeypatch.setattr(dtypes, "default_float", dtypes.float64)
+  lin, bn = nn.Linear(3, 2), nn.BatchNorm(2)
+  assert {lin.weight.dtype, lin.bias.dtype, bn.weight.dtype, bn.running_mean.dtype} == {dtypes.float64}  # they were float32
+  opt = optim.SGD([lin.weight, lin.bias], lr=0.1)
+  w, b = lin.weight.numpy().copy(), lin.bias.numpy().copy()
+  x = np.arange(12.0).reshape(4, 3) / 7
+  lin(Tensor(x)).square().sum().backward()
+  opt.step()
+  assert lin.weight.dtype == dtypes.float64 and opt.lr.dtype == dtypes.float64
+  np.testing.assert_allclose(lin.weight.numpy(), w - 0.1 * 2 * (x @ w.T + b).T @ x, rtol=1e-13)  # float32 anywhere would miss by 1e-7
+  batch = next(iter(DataLoader(np.ones((4, 2), np.float64), np.arange(4, dtype=np.int16), batch_size=2)))
+  assert [t.dtype for t in batch] == [dtypes.float64, dtypes.int16]  # the new int types are kept, as Tensor() keeps them

@@ -45,5 +45,4 @@ class DataLoader:
 def _host(a: Any) -> np.ndarray:
   """`a` as a contiguous numpy array already in the dtype its batches' Tensors take, so a batch converts nothing."""
   arr = a.numpy() if isinstance(a, Tensor) else np.asarray(a)
-  if arr.dtype.kind in "iu" and arr.dtype not in (np.uint8, np.int32): return np.asarray(arr, np.int64, order="C")  # as Tensor() does
   return np.asarray(arr, dtypes.from_any(arr.dtype).np, order="C")

@@ -14,7 +14,7 @@ from tinytune.tensor.autograd import no_grad
 
 
 def _param(t: Tensor) -> Tensor: return t.requires_grad_()
-def _full(shape: tuple[int, ...], value: float) -> Tensor: return _param(Tensor(np.full(shape, value, np.float32)))
+def _full(shape: tuple[int, ...], value: float) -> Tensor: return _param(Tensor(np.full(shape, value, dtypes.default_float.np)))
 def _uniform(shape: tuple[int, ...], bound: float) -> Tensor: return _param(Tensor.uniform(*shape, low=-bound, high=bound))
 
 
@@ -98,8 +98,8 @@ class BatchNorm:
     self.weight: Tensor | None = _full((num_features,), 1) if affine else None
     self.bias: Tensor | None = _full((num_features,), 0) if affine else None
     if track_running_stats:
-      self.running_mean = Tensor(np.zeros(num_features, np.float32))
-      self.running_var = Tensor(np.ones(num_features, np.float32))
+      self.running_mean = Tensor(np.zeros(num_features, dtypes.default_float.np))
+      self.running_var = Tensor(np.ones(num_features, dtypes.default_float.np))
       self.num_batches_tracked = Tensor(np.zeros((), np.int64))
 
   def __call__(self, x: Tensor) -> Tensor:

@@ -22,7 +22,9 @@ class Optimizer:
     self.device = self.params[0].device
     self.lr = self._scalar(lr)
 
-  def _scalar(self, v: float) -> Tensor: return Tensor(v, dtype=dtypes.float32, device=self.device).contiguous().realize()
+  def _scalar(self, v: float) -> Tensor:  # float64 hyperparameters for float64 parameters, else float32
+    dtype = dtypes.float64 if any(p.dtype == dtypes.float64 for p in self.params) else dtypes.float32
+    return Tensor(v, dtype=dtype, device=self.device).contiguous().realize()
   def _state(self, p: Tensor) -> Tensor: return p.zeros_like().contiguous().realize()
 
   def zero_grad(self) -> None:
