@@ -95,7 +95,7 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["report", "--device", "nosuch"], "no device in the database matches --device 'nosuch'"),
   (["search", "matmul", "--workers", "99999"], "add --oversubscribe"),
   (["bench", "softmax", "--dtype", "int32"], "softmax does not compute in int32; it takes float16, bfloat16, float32"),
-  (["compare", "matmul", "--dtype", "nope"], "unsupported dtype 'nope'; use one of bool, uint8, int32"),
+  (["compare", "matmul", "--dtype", "nope"], "unsupported dtype 'nope'; use one of bool, int8, uint8"),
   (["search", "train_step", "--dtype", "float16"], "train_step does not compute in float16; it takes bfloat16, float32"),
   (["report", "--kernel", "r_9_9"], "no tuned kernel or search matches --kernel 'r_9_9'"),
 ])
