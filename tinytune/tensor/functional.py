@@ -86,22 +86,37 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
   if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
   st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
-  # the input's gradient as a transposed convolution of the output's: through the sliding windows it would be a (N, C, *out, *k)
-  # tensor summed back in place, k times the input's size
-  transposed = autograd.tracking(self) and all(b == a >= 0 for b, a in pd)
-  x = (self.detach() if transposed else self).pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
+  # gradients by their own convolutions: the input's a transposed convolution of the output's (through the sliding windows it
+  # would be a (N, C, *out, *k) tensor summed back in place, k times the input's size), the weight's a sum over the batch and
+  # positions with the output's gradient channels-last, so its kernel vectorizes along the output channels
+  custom = autograd.tracking(self, weight) and all(b == a >= 0 for b, a in pd)
+  x = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
-  wt = weight.reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
+  wt = (weight.detach() if custom else weight).reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
   order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
   ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
-  if transposed:
+  if custom:
     size = self.shape[2:]
     extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
-    def rule(g: Tensor) -> tuple[Tensor, Tensor]:
-      return g, g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype)
-    ret = autograd.record(Tensor(ret.uop, device=ret.device), (ret, self), rule)  # ret carries the weight's and bias's gradients
+    def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+      dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
+      return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
+    ret = autograd.record(ret, (self, weight), rule)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
+
+
+def _conv_weight_grad(g: Tensor, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+  """A convolution's weight gradient from its output's gradient g (N, O, *out) and its input windows x (N, G, 1, C/G, *out, *k):
+  a (G, *k, C/G, O/G) sum over the batch and positions of g channels-last (contiguous along the output channels) times the
+  windows, so the kernel's lanes run along O/G and its register rows along C/G."""
+  n, groups, cg, d = x.shape[0], x.shape[1], x.shape[3], len(shape) - 2
+  out, k, og = x.shape[4:4 + d], x.shape[4 + d:], shape[0] // x.shape[1]
+  gl = g.reshape(n, groups, og, *out).permute(1, 0, *range(3, 3 + d), 2).contiguous()  # (G, N, *out, O/G)
+  xs = x.reshape(n, groups, cg, *out, *k).permute(1, *range(3 + d, 3 + 2 * d), 2, 0, *range(3, 3 + d))  # (G, *k, C/G, N, *out)
+  prod_ = xs.unsqueeze(2 + d) * gl.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(groups, *(1,) * (d + 1), og, n, *out)
+  dw = prod_.sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, g.dtype))  # (G, *k, C/G, O/G)
+  return dw.permute(0, 2 + d, 1 + d, *range(1, 1 + d)).reshape(shape)
 
 
 def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, output_padding: Any = 0,
@@ -123,6 +138,7 @@ def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, s
   x = self
   for i, s in enumerate(st): x = autograd._spread(x, 2 + i, s)
   x = x.pad(((0, 0), (0, 0), *((dd * (kk - 1) - b, dd * (kk - 1) - a + o) for kk, dd, (b, a), o in zip(k, dl, pd, op))))
+  if x is not self: x = x.contiguous()  # into memory: the convolution then reads plain rows, not masked loads through two views
   w = weight.reshape(groups, cin // groups, cog, *k).transpose(1, 2).reshape(groups * cog, cin // groups, *k).flip(tuple(range(2, 2 + d)))
   return x.conv2d(w, bias, 1, 0, dl, groups)
 
