@@ -58,6 +58,10 @@ def _windows(self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation
   lead, spatial = self.shape[:-d], self.shape[-d:]
   out = tuple((n - dl * (kk - 1) - 1) // st + 1 for n, kk, st, dl in zip(spatial, k, stride, dilation))
   if any(o <= 0 for o in out): raise ValueError(f"window {k} with dilation {dilation} does not fit input {'x'.join(map(str, spatial))}")
+  if stride == k and all(dl == 1 for dl in dilation):  # windows side by side (a pool): a reshape, whose gradient is one too
+    x = self.shrink((*((0, s) for s in lead), *((0, o * kk) for o, kk in zip(out, k))))
+    x = x.reshape(*lead, *(n for o, kk in zip(out, k) for n in (o, kk)))
+    return x.permute(*range(len(lead)), *(len(lead) + 2 * i for i in range(d)), *(len(lead) + 2 * i + 1 for i in range(d)))
   strides = [prod(self.shape[i + 1:]) for i in range(self.ndim)]
   view = View.create((*lead, *out, *k), (*strides[:len(lead)], *(st * s for st, s in zip(stride, strides[len(lead):])),
                                          *(dl * s for dl, s in zip(dilation, strides[len(lead):]))))
