@@ -94,12 +94,18 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   # would be a (N, C, *out, *k) tensor summed back in place, k times the input's size), the weight's a sum over the batch and
   # positions with the output's gradient channels-last, so its kernel vectorizes along the output channels
   custom = autograd.tracking(self, weight) and all(b == a >= 0 for b, a in pd)
-  x = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
+  src = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))
+  # with unit strides, no padding and no gradient through the graph: the convolution over the rows laid end to end (see _wide)
+  wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and (custom or not autograd.tracking(self, weight))
+  if wide: src, flat = _flat_rows(src, k, dl)
+  x = src._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
   wt = (weight.detach() if custom else weight).reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
-  order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
-  ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
+  if wide: ret = _wide(flat, wt, src.shape, out, k, dl)
+  else:
+    order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
+    ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
   if custom:
     size = self.shape[2:]
     extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
@@ -108,6 +114,35 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
       return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
     ret = autograd.record(ret, (self, weight), rule)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
+
+
+def _flat_rows(x: Tensor, k: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+  """x (N, C, *spatial) in memory, each image's channels flat and the whole followed by the few elements that the wide
+  convolution's last windows reach past its end: (x as a view of that memory, the memory)."""
+  spatial = x.shape[2:]
+  tail = sum((kk - 1) * dl * prod(spatial[i + 1:]) for i, (kk, dl) in enumerate(zip(k, dilation)) if i > 0)
+  flat = x.reshape(-1).pad(((0, tail),)).contiguous()
+  return flat.shrink(((0, prod(x.shape)),)).reshape(x.shape), flat
+
+
+def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...], k: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+  """A stride-1 convolution of the (N, C, *spatial) input held flat in `flat` with wt (1, G, O/G, C/G, *1, *k), computed at every
+  position j < out[0] * (the first spatial dim's stride), with the input at j + the kernel position's offset: the windows are one
+  view linear in j, so the kernel's lanes run along j with plain vector loads however narrow the image; the positions past each
+  row's end are computed and never read."""
+  (n, c), spatial, d = shape[:2], shape[2:], len(k)
+  sstr = [prod(spatial[i + 1:]) for i in range(d)]
+  size, length = prod(spatial), out[0] * sstr[0]
+  view = View.create((n, c, length, *k), (c * size, size, 1, *(dl * s for dl, s in zip(dilation, sstr))))
+  x = Tensor(view_uop(flat.uop, lambda v: View.create(view.shape, view.strides, v.offset) if v.contiguous else None, view.shape), device=flat.device)
+  groups, og, cg = wt.shape[1], wt.shape[2], wt.shape[3]
+  x = x.reshape(n, groups, 1, cg, length, *k)
+  wt = wt.reshape(1, groups, og, cg, 1, *k)
+  ret = (x * wt).permute(0, 1, 2, 4, 3, *range(5, 5 + d)).sum(tuple(range(4, 5 + d)), dtype=least_upper(x.dtype, wt.dtype))
+  ret = ret.reshape(n, groups * og, length).contiguous()
+  shape_out = (n, groups * og, *out)
+  return Tensor(view_uop(ret.uop, lambda v: View.create(shape_out, (groups * og * length, length, *sstr), v.offset) if v.contiguous else None,
+                         shape_out), device=ret.device)
 
 
 def _conv_weight_grad(g: Tensor, x: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -142,7 +177,7 @@ def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, s
   x = self
   for i, s in enumerate(st): x = autograd._spread(x, 2 + i, s)
   x = x.pad(((0, 0), (0, 0), *((dd * (kk - 1) - b, dd * (kk - 1) - a + o) for kk, dd, (b, a), o in zip(k, dl, pd, op))))
-  if x is not self: x = x.contiguous()  # into memory: the convolution then reads plain rows, not masked loads through two views
+
   w = weight.reshape(groups, cin // groups, cog, *k).transpose(1, 2).reshape(groups * cog, cin // groups, *k).flip(tuple(range(2, 2 + d)))
   return x.conv2d(w, bias, 1, 0, dl, groups)
 
