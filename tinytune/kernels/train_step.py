@@ -55,7 +55,7 @@ def forward(model: int, x: Tensor, w: list[Tensor]) -> Tensor:
   if model == 0: return (x @ w[0] + w[1]).relu() @ w[2] + w[3]
 
   def batchnorm(h: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-    return h.batchnorm(scale, shift, h.mean((0, 2, 3)), (h.var((0, 2, 3), correction=0) + 1e-5).rsqrt())
+    return h.batchnorm(scale, shift, h.mean((0, 2, 3)), (h.var((0, 2, 3), correction=0) + 1e-5).rsqrt(), batch=True)
   for i in (0, 6):
     x = x.conv2d(w[i], w[i + 1]).relu().conv2d(w[i + 2], w[i + 3]).relu()
     x = batchnorm(x, w[i + 4], w[i + 5]).max_pool2d(2)  # type: ignore[assignment]

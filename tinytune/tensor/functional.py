@@ -121,8 +121,9 @@ def _flat_rows(x: Tensor, k: tuple[int, ...], dilation: tuple[int, ...]) -> tupl
   convolution's last windows reach past its end: (x as a view of that memory, the memory)."""
   spatial = x.shape[2:]
   tail = sum((kk - 1) * dl * prod(spatial[i + 1:]) for i, (kk, dl) in enumerate(zip(k, dilation)) if i > 0)
-  flat = x.reshape(-1).pad(((0, tail),)).contiguous()
-  return flat.shrink(((0, prod(x.shape)),)).reshape(x.shape), flat
+  size = prod(x.shape)
+  flat = x.reshape(-1).pad(((0, -(-(size + tail) // 64) * 64 - size),)).contiguous()  # a round size, which splits across threads
+  return flat.shrink(((0, size),)).reshape(x.shape), flat
 
 
 def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...], k: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
@@ -288,13 +289,29 @@ def _resize_matrix(n: int, m: int, mode: str, align_corners: bool) -> np.ndarray
   return ret
 
 
-def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis: Any = 1) -> Tensor:
-  """(self - mean) * invstd * weight + bias, with the 1-d statistics and parameters laid along `axis` (an int or a tuple)."""
+def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis: Any = 1,
+              batch: bool = False) -> Tensor:
+  """(self - mean) * invstd * weight + bias, with the 1-d statistics and parameters laid along `axis` (an int or a tuple).
+  batch=True says mean and invstd are self's own mean and 1/sqrt(variance + eps) (correction 0) over the other axes, as in
+  training: the gradient is then its closed form, two sums per channel, instead of the chain rule through both statistics."""
   axes = self._reduce_axes(axis)
   shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
-  x = (self - mean.reshape(shape)) * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
-  if weight is not None: x = x * weight.reshape(shape)
-  return x if bias is None else x + bias.reshape(shape)
+  custom = batch and invstd.ndim == len(axes) and autograd.tracking(self, *(t for t in (weight, bias) if t is not None))
+  x, m, s = (self.detach(), mean.detach(), invstd.detach()) if custom else (self, mean, invstd)
+  xhat = (x - m.reshape(shape)) * (s.reshape(shape) if s.ndim == len(axes) else s)
+  w, b = (weight.detach() if custom and weight is not None else weight), (bias.detach() if custom and bias is not None else bias)
+  y = xhat if w is None else xhat * w.reshape(shape)
+  if b is not None: y = y + b.reshape(shape)
+  if not custom: return y
+  others = tuple(i for i in range(self.ndim) if i not in axes)
+  count = prod(self.shape[i] for i in others)
+  def rule(g: Tensor) -> tuple[Tensor | None, ...]:
+    g = g.contiguous()  # read by both sums and the input's gradient: computed once
+    total, along = g.sum(others), (g * xhat).sum(others)  # per channel: the bias's and the weight's gradients
+    scale = s if w is None else s * w
+    dx = (g - total.reshape(shape) / count - xhat * (along.reshape(shape) / count)) * scale.reshape(shape) if self.requires_grad else None
+    return (dx, *(grad for t, grad in ((weight, along), (bias, total)) if t is not None))
+  return autograd.record(y, (self, *(t for t in (weight, bias) if t is not None)), rule)
 
 
 def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
