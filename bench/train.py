@@ -6,7 +6,7 @@
     under TinyJit against torch eager. The figure is torch's time per step over tinytune's (above 1: tinytune is faster).
 (b) seed 004's beautiful_mnist CNN on 28x28 images, batch 128, Adam: the `train_step` workload's step (model=1, one-hot
     targets, batchnorm by batch statistics) under TinyJit against the same step in torch eager. Its kernels are the workload's,
-    so `tinytune search train_step -p model=1 --seconds 120` tunes them; run this again afterwards for the tuned figure.
+    so `tinytune search train_step -p model=cnn --seconds 120` tunes them; run this again afterwards for the tuned figure.
 Every figure is the median of --rounds rounds of --steps steps; the first steps (compile, capture) are not timed.
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main() -> None:
   steps = max(1, args.steps // 10)  # a CNN step is some ten times an MLP step
   t_tt, t_pt = per_step_s(tt, steps, args.rounds), per_step_s(pt, steps, args.rounds)
   print(f"(b) CNN beautiful_mnist Adam step, batch 128, 28x28: tinytune+TinyJit {t_tt * 1e3:.2f} ms, torch eager {t_pt * 1e3:.2f} ms, "
-        f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 0.7; >= 1.0 after tuning: run `tinytune search train_step -p model=1 "
+        f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 0.7; >= 1.0 after tuning: run `tinytune search train_step -p model=cnn "
         "--seconds 120`, then this again)")
 
 

@@ -35,6 +35,7 @@ class Workload:
   help: dict[str, str] = field(default_factory=dict)  # what each parameter means, where its name does not say
   may_be_zero: tuple[str, ...] = ()  # flags and offsets; every other parameter is a size, at least 1
   prepare: Callable[[Params, list[np.ndarray]], list[np.ndarray]] | None = None  # the standard normal inputs made the workload's own
+  names: dict[str, dict[str, int]] = field(default_factory=dict)  # values a parameter may also be given by name (-p model=cnn)
 
   def params(self, overrides: dict[str, int]) -> Params:
     if unknown := sorted(set(overrides) - set(self.defaults)):
