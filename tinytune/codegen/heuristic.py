@@ -42,7 +42,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif k.reduceop is not None:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
-  elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 4)))
+  elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
   if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
   if tile_row is not None and lane is not None and tile_row < lane:

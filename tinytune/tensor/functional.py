@@ -97,7 +97,7 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   src = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))
   # with unit strides, no padding and no gradient through the graph: the convolution over the rows laid end to end (see _wide)
   wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and (custom or not autograd.tracking(self, weight))
-  if wide: src, flat = _flat_rows(src, k, dl)
+  if wide: src, flat = _flat_rows(src)
   x = src._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
@@ -116,14 +116,11 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
 
 
-def _flat_rows(x: Tensor, k: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-  """x (N, C, *spatial) in memory, each image's channels flat and the whole followed by the few elements that the wide
-  convolution's last windows reach past its end: (x as a view of that memory, the memory)."""
-  spatial = x.shape[2:]
-  tail = sum((kk - 1) * dl * prod(spatial[i + 1:]) for i, (kk, dl) in enumerate(zip(k, dilation)) if i > 0)
-  size = prod(x.shape)
-  flat = x.reshape(-1).pad(((0, -(-(size + tail) // 64) * 64 - size),)).contiguous()  # a round size, which splits across threads
-  return flat.shrink(((0, size),)).reshape(x.shape), flat
+def _flat_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+  """x (N, C, *spatial) in memory with one more image of zeros after it, which the wide convolution's last windows reach into
+  (the copy keeps x's dims, so its kernel indexes without splitting a flat offset): (x as a view of that memory, the memory flat)."""
+  padded = x.pad(((0, 1),) + ((0, 0),) * (x.ndim - 1)).contiguous()
+  return padded.shrink(tuple((0, s) for s in x.shape)), padded.reshape(-1)
 
 
 def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...], k: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
