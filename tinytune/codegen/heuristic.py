@@ -8,7 +8,9 @@ from tinytune.helpers import NOOPT, prod
 from tinytune.shape import strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
-THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
+# below this many element-ops, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
+# milliseconds (the CNN step's 0.3-1.6M element reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found)
+THREAD_MIN_WORK = 1 << 21
 
 
 def _first_valid(k: Kernel, *opts: Opt) -> None:
