@@ -6,8 +6,9 @@
     under TinyJit against torch eager. The figure is torch's time per step over tinytune's (above 1: tinytune is faster).
 (b) seed 004's beautiful_mnist CNN on 28x28 images, batch 128, Adam: the `train_step` workload's step (model=1, one-hot
     targets, batchnorm by batch statistics) under TinyJit against the same step in torch eager. Its kernels are the workload's,
-    so `tinytune search train_step -p model=1 --seconds 120` tunes them; run this again afterwards for the tuned figure.
-Every figure is the median of --rounds rounds of --steps steps; the first steps (compile, capture) are not timed.
+    so `tinytune search train_step -p model=cnn --seconds 120` tunes them; run this again afterwards for the tuned figure.
+Every figure is the median of --rounds rounds of --steps steps, tinytune's and torch's rounds in turn (a load that comes and
+goes falls on both); the first steps (compile, capture) are not timed.
 """
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ from typing import Callable
 import numpy as np
 
 
-def per_step_s(step: Callable[[], object], steps: int, rounds: int) -> float:
-  for _ in range(3): step()  # compile and capture
-  results = []
+def per_step_s(a: Callable[[], object], b: Callable[[], object], steps: int, rounds: int) -> tuple[float, float]:
+  """The median seconds per step of a and of b, their rounds taken in turn, so a shared machine's load falls on both alike."""
+  for _ in range(3): a(), b()  # compile and capture
+  times: tuple[list[float], list[float]] = ([], [])
   for _ in range(rounds):
-    st = time.perf_counter()
-    for _ in range(steps): step()
-    results.append((time.perf_counter() - st) / steps)
-  return statistics.median(results)
+    for step, results in ((a, times[0]), (b, times[1])):
+      st = time.perf_counter()
+      for _ in range(steps): step()
+      results.append((time.perf_counter() - st) / steps)
+  return statistics.median(times[0]), statistics.median(times[1])
 
 
 def mlp_steps(X: np.ndarray, Y: np.ndarray, batch: int) -> tuple[Callable[[], object], Callable[[], object]]:
@@ -119,15 +122,15 @@ def main() -> None:
   rng = np.random.default_rng(0)
   X, Y = rng.random((60000, 784), dtype=np.float32), rng.integers(0, 10, 60000).astype(np.int32)
   tt, pt = mlp_steps(X, Y, 128)
-  t_tt, t_pt = per_step_s(tt, args.steps, args.rounds), per_step_s(pt, args.steps, args.rounds)
+  t_tt, t_pt = per_step_s(tt, pt, args.steps, args.rounds)
   print(f"(a) MLP 784-128-10 Adam step, batch 128: tinytune+TinyJit {t_tt * 1e3:.3f} ms, torch eager {t_pt * 1e3:.3f} ms, "
         f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 1.0)")
   if args.skip_cnn: return
   tt, pt = cnn_steps(128)
   steps = max(1, args.steps // 10)  # a CNN step is some ten times an MLP step
-  t_tt, t_pt = per_step_s(tt, steps, args.rounds), per_step_s(pt, steps, args.rounds)
+  t_tt, t_pt = per_step_s(tt, pt, steps, args.rounds)
   print(f"(b) CNN beautiful_mnist Adam step, batch 128, 28x28: tinytune+TinyJit {t_tt * 1e3:.2f} ms, torch eager {t_pt * 1e3:.2f} ms, "
-        f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 0.7; >= 1.0 after tuning: run `tinytune search train_step -p model=1 "
+        f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 0.7; >= 1.0 after tuning: run `tinytune search train_step -p model=cnn "
         "--seconds 120`, then this again)")
 
 

@@ -21,7 +21,7 @@ SMALL = {
   "elementwise": [{"n": 64}, {"n": 1001}],
   "attention": [{"batch": 1, "heads": 2, "seq": 8, "dim": 4, "causal": 0}, {"batch": 2, "heads": 1, "seq": 9, "dim": 8, "causal": 1}],
   "mlp": [{"batch": 4, "din": 8, "hidden": 16, "dout": 8}, {"batch": 3, "din": 5, "hidden": 7, "dout": 2}],
-  # the MLP (its NumPy reference); the CNN's reference is PyTorch's, and tests/test_train_step.py checks its schedule
+  # the MLP (its NumPy reference); the CNN's reference is PyTorch's: test_cnn_train_step_matches_torch
   "train_step": [{"batch": 8, "din": 12, "hidden": 16, "classes": 4}, {"batch": 5, "din": 7, "hidden": 6, "classes": 3}],
 }
 FAST = TimingPolicy(min_repeats=2, max_repeats=3, max_seconds=0.05, warmup_seconds=0.0)
@@ -40,6 +40,19 @@ def test_builder_matches_reference(name: str, index: int) -> None:
   assert got.shape == ref.shape == w.output(params)  # type: ignore[misc]
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
   assert w.flops(params) > 0 and w.nbytes(params) >= 4 * ref.size
+
+
+def test_cnn_train_step_matches_torch() -> None:
+  """The CNN step (convolutions, batchnorm by batch statistics, max-pools) against PyTorch's autograd and Adam, given by name."""
+  pytest.importorskip("torch")
+  from tinytune.cli import parse_params
+  w = get_workload("train_step")
+  params = w.params(parse_params(["model=cnn", "batch=3", "size=20", "channels=2", "classes=3"], w.names))
+  out, arrays = w.instantiate(params)
+  ref, got = w.reference(params, *arrays), result(out)
+  assert params["model"] == 1 and got.shape == ref.shape == w.output(params)  # type: ignore[misc]
+  np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
+  with pytest.raises(ValueError, match="or one of mlp, cnn"): parse_params(["model=rnn"], w.names)
 
 
 @pytest.mark.parametrize("name", list(SMALL))

@@ -87,3 +87,22 @@ def test_scheduling_without_running_marks_nothing_realized() -> None:
   t = a * 3
   assert kernels(t) == 1 and kernels(t) == 1  # a schedule that never ran must not stand in for the result
   np.testing.assert_allclose(t.numpy(), a.numpy() * 3)
+
+
+def test_shared_copy_of_a_reduce_is_one_kernel() -> None:
+  """A copy into memory (CONTIGUOUS) of a reshaped reduce that two targets read is realized once, with its reduce inside; it used to
+  be the reduce's own kernel and then a copy of it (a wide convolution's output read by the forward and the backward)."""
+  from tinytune.engine.realize import schedule_many
+  x = Tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
+  c = x.sum(1).reshape(2, 2).contiguous()
+  items, _ = schedule_many([(c + 1).uop, (c * 2).uop], "CPU")
+  assert len(items) == 3 and sum(u.op.name == "REDUCE" for u in items[0].ast.toposort) == 1
+
+
+def test_view_of_a_realized_input_is_one_view() -> None:
+  """A pad of a realized tensor indexes its buffer directly: one view, no offset split into the inner shape's dims and joined again."""
+  x = Tensor(np.ones((2, 3, 4), np.float32)).realize()
+  items, _ = create_schedule((x.reshape(6, 4) * 2).contiguous().pad(((1, 1), (2, 0))).uop, "CPU")
+  views = [u for u in items[-1].ast.toposort if u.op.name == "VIEW"]
+  assert views and not any(v.src[0].op.name == "VIEW" for v in views)
+  np.testing.assert_allclose((x.reshape(6, 4) * 2).contiguous().pad(((1, 1), (2, 0))).numpy()[1:-1, 2:], 2.0)

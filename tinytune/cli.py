@@ -22,15 +22,21 @@ def param_help(workload_name: str, pairs: list[str]) -> bool:
   from tinytune.kernels import get_workload
   workload = get_workload(workload_name)
   print(f"{workload.name}: {workload.doc}\nparameters (-p KEY=VALUE), with their defaults:")
-  for k, v in workload.defaults.items(): print(f"  {k}={v}" + (f"  {workload.help[k]}" if k in workload.help else ""))
+  for k, v in workload.defaults.items():
+    named = f" (by name: {', '.join(f'{n}={i}' for n, i in workload.names[k].items())})" if k in workload.names else ""
+    print(f"  {k}={v}" + (f"  {workload.help[k]}" if k in workload.help else "") + named)
   return True
 
 
-def parse_params(pairs: list[str]) -> dict[str, int]:
+def parse_params(pairs: list[str], names: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+  """-p KEY=INTEGER pairs; `names` (a workload's) lets a parameter be given by name too, as -p model=cnn."""
   params = {}
   for p in pairs:
     key, sep, value = p.partition("=")
-    if not sep or not value.lstrip("-").isdigit(): raise ValueError(f"bad parameter {p!r}: write KEY=INTEGER, e.g. -p n=512")
+    if sep and value in (names or {}).get(key, {}): params[key] = (names or {})[key][value]; continue
+    if not sep or not value.lstrip("-").isdigit():
+      named = f" or one of {', '.join((names or {})[key])}" if key in (names or {}) else ""
+      raise ValueError(f"bad parameter {p!r}: write KEY=INTEGER{named}, e.g. -p n=512")
     params[key] = int(value)
   return params
 
@@ -81,7 +87,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   from tinytune.search.tune import Tuner
 
   workload = get_workload(args.workload)
-  params = workload.params(parse_params(args.param))
+  params = workload.params(parse_params(args.param, workload.names))
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
   get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
   options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
@@ -246,7 +252,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
   _check_format(args.format)
   workload = get_workload(args.workload)
-  params, dtype = workload.params(parse_params(args.param)), workload.dtype(args.dtype)
+  params, dtype = workload.params(parse_params(args.param, workload.names)), workload.dtype(args.dtype)
   device = Device.canonicalize(args.device)
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
@@ -435,7 +441,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
   _check_format(args.format)
   workload = get_workload(args.workload)
-  base, dtype = parse_params(args.param), workload.dtype(args.dtype)
+  base, dtype = parse_params(args.param, workload.names), workload.dtype(args.dtype)
   points = _sweep(args.sweep, workload)
   device = Device.canonicalize(args.device)
   db = Database(args.db)  # an unusable database is the one error, before any note

@@ -8,10 +8,10 @@ from tinytune.helpers import NOOPT, prod
 from tinytune.shape import strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
-THREAD_MIN_WORK = 1 << 16  # below this many element-ops, starting threads costs more than it saves
-# a kernel of under one op per element (a copy, a gather) is bound by memory: threads pay off only for a few MB of output, and
-# below that a thread the OS put off stalls the whole kernel (X[idx] of 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores)
-THREAD_MIN_COPY_BYTES = 1 << 22
+# below this many element-ops, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
+# milliseconds (the CNN step's 0.3-1.6M element reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found;
+# X[idx] of 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores)
+THREAD_MIN_WORK = 1 << 21
 
 
 def _first_valid(k: Kernel, *opts: Opt) -> None:
@@ -45,9 +45,8 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif k.reduceop is not None:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
-  elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 4)))
-  copy = k.flops < prod(k.sizes) and prod(k.out_shape) * k.ast.dtype.itemsize < THREAD_MIN_COPY_BYTES
-  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK and not copy:
+  elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
+  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
   if tile_row is not None and lane is not None and tile_row < lane:
     first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache

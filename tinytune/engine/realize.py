@@ -161,14 +161,27 @@ def _reads_in_place(value: UOp, memory: Buffer | None, computed: Callable[[UOp],
 
 
 def shared_reduces(targets: list[UOp]) -> list[UOp]:
-  """The reduces that more than one of the targets computes, sources first: realized once before the targets, they are read
-  by each (a gradient that an optimizer's moment, second moment and parameter updates all use)."""
+  """The reduces and copies into memory (CONTIGUOUS) that more than one of the targets computes, sources first: realized once
+  before the targets, they are read by each (a gradient that an optimizer's moment, second moment and parameter updates all use).
+  A copy counts as a target of its own, so a reduce that only it reads stays in its kernel."""
   if len(targets) < 2: return []
   count: dict[UOp, int] = {}
-  for t in targets:
-    for u in t.toposort:
-      if u.op is Ops.REDUCE and realized(u) is None: count[u] = count.get(u, 0) + 1
-  return [u for u, n in count.items() if n > 1]
+  units, seen = list(targets), set(targets)
+  while units:
+    unit = units.pop()
+    stack, visited = [unit], {unit}
+    while stack:
+      for s in stack.pop().src:
+        if s in visited or realized(s) is not None: continue
+        visited.add(s)
+        if s.op in (Ops.REDUCE, Ops.CONTIGUOUS): count[s] = count.get(s, 0) + 1
+        if s.op is Ops.CONTIGUOUS:
+          if s not in seen: seen.add(s); units.append(s)
+        else: stack.append(s)
+  order: dict[UOp, int] = {}
+  for t in targets:  # one order for all the targets' nodes, sources first
+    for u in t.toposort: order.setdefault(u, len(order))
+  return sorted((u for u, n in count.items() if n > 1), key=lambda u: order[u])
 
 
 def schedule_many(targets: list[UOp], device: str, into: Sequence[Buffer | None] = ()) -> tuple[list[ScheduleItem], list[UOp]]:

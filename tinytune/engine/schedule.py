@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer
 from tinytune.shape import View
-from tinytune.uop import Ops, UOp
+from tinytune.uop import Ops, Pat, Rules, UOp, graph_rewrite
 
 
 @dataclass
@@ -40,6 +40,12 @@ def buffer_view(buf: Buffer, shape: tuple[int, ...], view: View | None = None) -
 
 
 def is_buffer_view(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER
+
+
+# a view of a contiguous view reads the same flat offsets as the inner view's source: one view, so the kernel indexes the buffer
+# directly instead of splitting each offset into the inner shape's dims and joining them again (a realized input under a pad)
+merge_views = Rules([(Pat(Ops.VIEW, (Pat(Ops.VIEW, name="inner"),), name="outer"),
+                      lambda outer, inner: UOp(Ops.VIEW, outer.dtype, inner.src, outer.arg) if inner.arg.contiguous else None)])
 
 
 def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
@@ -76,7 +82,7 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   outputs: dict[UOp, UOp] = {}
   items = []
   for root in order:
-    ast = root.substitute({r: outputs[r] for r in outputs})
+    ast = graph_rewrite(root.substitute({r: outputs[r] for r in outputs}), merge_views)
     buf = into if into is not None and root is target else Buffer(device, prod(root.shape), root.dtype)
     outputs[root] = buffer_view(buf, root.shape)
     items.append(ScheduleItem(ast, buf, root, outputs[root]))

@@ -2,9 +2,9 @@
 realized together (`loss.realize(*opt.schedule_step())`), so a search tunes the backward's and the optimizer's kernels, the
 very ones a jitted training step runs.
 
-model=0 is the MLP din -> hidden -> classes with a ReLU; model=1 seed 004's beautiful_mnist CNN on size x size images: two
-5x5 convs of `channels`, batchnorm, max-pool, two 3x3 convs of 2 * channels, batchnorm, max-pool, a linear layer (ReLU after
-each conv; batchnorm by the batch's statistics: running statistics are not part of the step). The inputs are the batch, its
+model=0 (or model=mlp) is the MLP din -> hidden -> classes with a ReLU; model=1 (model=cnn) seed 004's beautiful_mnist CNN on
+size x size images: two 5x5 convs of `channels`, batchnorm, max-pool, two 3x3 convs of 2 * channels, batchnorm, max-pool, a
+linear layer (ReLU after each conv; batchnorm by the batch's statistics: running statistics are not part of the step). The inputs are the batch, its
 one-hot targets and the parameters (scaled as PyTorch initializes them); the outputs, which the reference gives flattened end
 to end, are the loss, Adam's b1**t and b2**t, then each parameter's first moment, second moment and updated value."""
 from __future__ import annotations
@@ -34,7 +34,7 @@ def param_shapes(p: Params) -> list[tuple[int, ...]]:
 
 
 def input_shapes(p: Params) -> list[tuple[int, ...]]:
-  if p["model"] not in (0, 1): raise ValueError(f"train_step model={p['model']}: 0 is the MLP, 1 the CNN")
+  if p["model"] not in (0, 1): raise ValueError(f"train_step model={p['model']}: 0 (mlp) is the MLP, 1 (cnn) the CNN")
   if p["model"] == 1 and pooled(p) < 1: raise ValueError(f"train_step model=1 needs size >= 20 (two convs and pools), got {p['size']}")
   x = (p["batch"], p["din"]) if p["model"] == 0 else (p["batch"], 1, p["size"], p["size"])
   return [x, (p["batch"], p["classes"]), *param_shapes(p)]
@@ -57,7 +57,7 @@ def forward(model: int, x: Tensor, w: list[Tensor]) -> Tensor:
   if model == 0: return (x @ w[0] + w[1]).relu() @ w[2] + w[3]
 
   def batchnorm(h: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
-    return h.batchnorm(scale, shift, h.mean((0, 2, 3)), (h.var((0, 2, 3), correction=0) + 1e-5).rsqrt())
+    return h.batchnorm(scale, shift, h.mean((0, 2, 3)), (h.var((0, 2, 3), correction=0) + 1e-5).rsqrt(), batch=True)
   for i in (0, 6):
     x = x.conv2d(w[i], w[i + 1]).relu().conv2d(w[i + 2], w[i + 3]).relu()
     x = batchnorm(x, w[i + 4], w[i + 5]).max_pool2d(2)  # type: ignore[assignment]
@@ -156,9 +156,10 @@ train_step = register(Workload(
   flops=flops,
   output=lambda p: (3 + 3 * sum(int(np.prod(s)) for s in param_shapes(p)),),
   torch=torch_step,
-  help={"din": "MLP input features", "hidden": "MLP hidden units", "model": "0: the MLP, 1: the CNN (its reference needs PyTorch)",
+  help={"din": "MLP input features", "hidden": "MLP hidden units", "model": "0 (mlp): the MLP, 1 (cnn): the CNN (its reference needs PyTorch)",
         "size": "CNN image height and width (at least 20)", "channels": "CNN channels of the first two convs (the last two have twice)"},
   may_be_zero=("model",),
   prepare=prepare,
   takes=holds_eps,
+  names={"model": {"mlp": 0, "cnn": 1}},
 ))

@@ -45,11 +45,10 @@ class Workload:
     """The dtype `name` names, where the workload computes in it (else ValueError, one line saying which it takes): the one way
     search, bench and compare read --dtype."""
     dtype = dtypes.from_any(name)
-    if isinstance(name, str) and dtype.name != name:  # from_any reads a NumPy name too: float64 is not float32
-      raise TypeError(f"unsupported dtype {name!r}; use one of {', '.join(d.name for d in dtypes.all)}")
     if not self.takes(dtype):
       raise ValueError(f"{self.name} does not compute in {dtype.name}; it takes {', '.join(d.name for d in dtypes.all if self.takes(d))}")
     return dtype
+  names: dict[str, dict[str, int]] = field(default_factory=dict)  # values a parameter may also be given by name (-p model=cnn)
 
   def params(self, overrides: dict[str, int]) -> Params:
     if unknown := sorted(set(overrides) - set(self.defaults)):

@@ -105,12 +105,12 @@ class BatchNorm:
   def __call__(self, x: Tensor) -> Tensor:
     if x.ndim < 2 or x.shape[1] != self.num_features:
       raise ValueError(f"BatchNorm({self.num_features}) needs a (N, {self.num_features}, ...) input, got {x.shape}")
-    if Tensor.training or not self.track_running_stats:
+    if batch := Tensor.training or not self.track_running_stats:
       axes = tuple(i for i in range(x.ndim) if i != 1)
       mean, var = x.mean(axes), x.var(axes, correction=0)
       if Tensor.training and self.track_running_stats: self._update(mean, var, x.numel() // self.num_features)
     else: mean, var = self.running_mean, self.running_var
-    return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
+    return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt(), batch=batch)
 
   def _update(self, mean: Tensor, var: Tensor, n: int) -> None:
     with no_grad():

@@ -58,6 +58,10 @@ def _windows(self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation
   lead, spatial = self.shape[:-d], self.shape[-d:]
   out = tuple((n - dl * (kk - 1) - 1) // st + 1 for n, kk, st, dl in zip(spatial, k, stride, dilation))
   if any(o <= 0 for o in out): raise ValueError(f"window {k} with dilation {dilation} does not fit input {'x'.join(map(str, spatial))}")
+  if stride == k and all(dl == 1 for dl in dilation):  # windows side by side (a pool): a reshape, whose gradient is one too
+    x = self.shrink((*((0, s) for s in lead), *((0, o * kk) for o, kk in zip(out, k))))
+    x = x.reshape(*lead, *(n for o, kk in zip(out, k) for n in (o, kk)))
+    return x.permute(*range(len(lead)), *(len(lead) + 2 * i for i in range(d)), *(len(lead) + 2 * i + 1 for i in range(d)))
   strides = [prod(self.shape[i + 1:]) for i in range(self.ndim)]
   view = View.create((*lead, *out, *k), (*strides[:len(lead)], *(st * s for st, s in zip(stride, strides[len(lead):])),
                                          *(dl * s for dl, s in zip(dilation, strides[len(lead):]))))
@@ -86,22 +90,70 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
   if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
   st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
-  # the input's gradient as a transposed convolution of the output's: through the sliding windows it would be a (N, C, *out, *k)
-  # tensor summed back in place, k times the input's size
-  transposed = autograd.tracking(self) and all(b == a >= 0 for b, a in pd)
-  x = (self.detach() if transposed else self).pad(((0, 0), (0, 0), *pd))._windows(k, st, dl)  # (N, C, *out, *k)
+  # gradients by their own convolutions: the input's a transposed convolution of the output's (through the sliding windows it
+  # would be a (N, C, *out, *k) tensor summed back in place, k times the input's size), the weight's a sum over the batch and
+  # positions with the output's gradient channels-last, so its kernel vectorizes along the output channels
+  custom = autograd.tracking(self, weight) and all(b == a >= 0 for b, a in pd)
+  src = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))
+  # with unit strides, no padding and no gradient through the graph: the convolution over the rows laid end to end (see _wide)
+  wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and (custom or not autograd.tracking(self, weight))
+  if wide: src, flat = _flat_rows(src)
+  x = src._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
-  wt = weight.reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
-  order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
-  ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
-  if transposed:
+  wt = (weight.detach() if custom else weight).reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
+  if wide: ret = _wide(flat, wt, src.shape, out, k, dl)
+  else:
+    order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
+    ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
+  if custom:
     size = self.shape[2:]
     extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
-    def rule(g: Tensor) -> tuple[Tensor, Tensor]:
-      return g, g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype)
-    ret = autograd.record(Tensor(ret.uop, device=ret.device), (ret, self), rule)  # ret carries the weight's and bias's gradients
+    def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+      dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
+      return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
+    ret = autograd.record(ret, (self, weight), rule)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
+
+
+def _flat_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+  """x (N, C, *spatial) in memory with one more image of zeros after it, which the wide convolution's last windows reach into
+  (the copy keeps x's dims, so its kernel indexes without splitting a flat offset): (x as a view of that memory, the memory flat)."""
+  padded = x.pad(((0, 1),) + ((0, 0),) * (x.ndim - 1)).contiguous()
+  return padded.shrink(tuple((0, s) for s in x.shape)), padded.reshape(-1)
+
+
+def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...], k: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+  """A stride-1 convolution of the (N, C, *spatial) input held flat in `flat` with wt (1, G, O/G, C/G, *1, *k), computed at every
+  position j < out[0] * (the first spatial dim's stride), with the input at j + the kernel position's offset: the windows are one
+  view linear in j, so the kernel's lanes run along j with plain vector loads however narrow the image; the positions past each
+  row's end are computed and never read."""
+  (n, c), spatial, d = shape[:2], shape[2:], len(k)
+  sstr = [prod(spatial[i + 1:]) for i in range(d)]
+  size, length = prod(spatial), out[0] * sstr[0]
+  view = View.create((n, c, length, *k), (c * size, size, 1, *(dl * s for dl, s in zip(dilation, sstr))))
+  x = Tensor(view_uop(flat.uop, lambda v: View.create(view.shape, view.strides, v.offset) if v.contiguous else None, view.shape), device=flat.device)
+  groups, og, cg = wt.shape[1], wt.shape[2], wt.shape[3]
+  x = x.reshape(n, groups, 1, cg, length, *k)
+  wt = wt.reshape(1, groups, og, cg, 1, *k)
+  ret = (x * wt).permute(0, 1, 2, 4, 3, *range(5, 5 + d)).sum(tuple(range(4, 5 + d)), dtype=least_upper(x.dtype, wt.dtype))
+  ret = ret.reshape(n, groups * og, length).contiguous()
+  shape_out = (n, groups * og, *out)
+  return Tensor(view_uop(ret.uop, lambda v: View.create(shape_out, (groups * og * length, length, *sstr), v.offset) if v.contiguous else None,
+                         shape_out), device=ret.device)
+
+
+def _conv_weight_grad(g: Tensor, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+  """A convolution's weight gradient from its output's gradient g (N, O, *out) and its input windows x (N, G, 1, C/G, *out, *k):
+  a (G, *k, C/G, O/G) sum over the batch and positions of g channels-last (contiguous along the output channels) times the
+  windows, so the kernel's lanes run along O/G and its register rows along C/G."""
+  n, groups, cg, d = x.shape[0], x.shape[1], x.shape[3], len(shape) - 2
+  out, k, og = x.shape[4:4 + d], x.shape[4 + d:], shape[0] // x.shape[1]
+  gl = g.reshape(n, groups, og, *out).permute(1, 0, *range(3, 3 + d), 2).contiguous()  # (G, N, *out, O/G)
+  xs = x.reshape(n, groups, cg, *out, *k).permute(1, *range(3 + d, 3 + 2 * d), 2, 0, *range(3, 3 + d))  # (G, *k, C/G, N, *out)
+  prod_ = xs.unsqueeze(2 + d) * gl.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(groups, *(1,) * (d + 1), og, n, *out)
+  dw = prod_.sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, g.dtype))  # (G, *k, C/G, O/G)
+  return dw.permute(0, 2 + d, 1 + d, *range(1, 1 + d)).reshape(shape)
 
 
 def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, output_padding: Any = 0,
@@ -123,6 +175,7 @@ def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, s
   x = self
   for i, s in enumerate(st): x = autograd._spread(x, 2 + i, s)
   x = x.pad(((0, 0), (0, 0), *((dd * (kk - 1) - b, dd * (kk - 1) - a + o) for kk, dd, (b, a), o in zip(k, dl, pd, op))))
+
   w = weight.reshape(groups, cin // groups, cog, *k).transpose(1, 2).reshape(groups * cog, cin // groups, *k).flip(tuple(range(2, 2 + d)))
   return x.conv2d(w, bias, 1, 0, dl, groups)
 
@@ -233,13 +286,29 @@ def _resize_matrix(n: int, m: int, mode: str, align_corners: bool) -> np.ndarray
   return ret
 
 
-def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis: Any = 1) -> Tensor:
-  """(self - mean) * invstd * weight + bias, with the 1-d statistics and parameters laid along `axis` (an int or a tuple)."""
+def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis: Any = 1,
+              batch: bool = False) -> Tensor:
+  """(self - mean) * invstd * weight + bias, with the 1-d statistics and parameters laid along `axis` (an int or a tuple).
+  batch=True says mean and invstd are self's own mean and 1/sqrt(variance + eps) (correction 0) over the other axes, as in
+  training: the gradient is then its closed form, two sums per channel, instead of the chain rule through both statistics."""
   axes = self._reduce_axes(axis)
   shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
-  x = (self - mean.reshape(shape)) * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
-  if weight is not None: x = x * weight.reshape(shape)
-  return x if bias is None else x + bias.reshape(shape)
+  custom = batch and invstd.ndim == len(axes) and autograd.tracking(self, *(t for t in (weight, bias) if t is not None))
+  x, m, s = (self.detach(), mean.detach(), invstd.detach()) if custom else (self, mean, invstd)
+  xhat = (x - m.reshape(shape)) * (s.reshape(shape) if s.ndim == len(axes) else s)
+  w, b = (weight.detach() if custom and weight is not None else weight), (bias.detach() if custom and bias is not None else bias)
+  y = xhat if w is None else xhat * w.reshape(shape)
+  if b is not None: y = y + b.reshape(shape)
+  if not custom: return y
+  others = tuple(i for i in range(self.ndim) if i not in axes)
+  count = prod(self.shape[i] for i in others)
+  def rule(g: Tensor) -> tuple[Tensor | None, ...]:
+    g = g.contiguous()  # read by both sums and the input's gradient: computed once
+    total, along = g.sum(others), (g * xhat).sum(others)  # per channel: the bias's and the weight's gradients
+    scale = s if w is None else s * w
+    dx = (g - total.reshape(shape) / count - xhat * (along.reshape(shape) / count)) * scale.reshape(shape) if self.requires_grad else None
+    return (dx, *(grad for t, grad in ((weight, along), (bias, total)) if t is not None))
+  return autograd.record(y, (self, *(t for t in (weight, bias) if t is not None)), rule)
 
 
 def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
