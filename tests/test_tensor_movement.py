@@ -494,17 +494,21 @@ def test_cumsum_matches_numpy(rows: int, values: list[float], axis: int) -> None
   np.testing.assert_allclose(Tensor(a).cumsum(axis).numpy(), np.cumsum(a, axis), rtol=1e-5, atol=1e-3)
 
 
-@settings(max_examples=examples(15), **FUZZ)
-@given(st.data())
-def test_indexing_matches_numpy(data: st.DataObject) -> None:
+def draw_index(data: st.DataObject) -> tuple[np.ndarray, list[Any], tuple[Any, ...]]:
+  """An int32 array of up to 3 dims, an index of ints, slices and lists for it, and that index with some lists as int Tensors."""
   shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
   a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
   index: list[Any] = []
   for n in shape:
     index.append(data.draw(st.one_of(st.integers(-n, n - 1), st.slices(n), st.lists(st.integers(-n, n - 1), min_size=1, max_size=4))))
-  lists = [i for i in index if isinstance(i, list)]
-  if len(lists) > 1: index = [i if not isinstance(i, list) else i[:1] for i in index]  # several lists must broadcast: one element each
-  tensor_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
+  if sum(isinstance(i, list) for i in index) > 1: index = [i[:1] if isinstance(i, list) else i for i in index]  # lists broadcast: one element each
+  return a, index, tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
+
+
+@settings(max_examples=examples(15), **FUZZ)
+@given(st.data())
+def test_indexing_matches_numpy(data: st.DataObject) -> None:
+  a, index, tensor_index = draw_index(data)
   ints_first = a[tuple(i if isinstance(i, int) else slice(None) for i in index)]  # torch takes ints before lists; numpy mixes them
   np.testing.assert_array_equal(Tensor(a)[tensor_index].numpy(), ints_first[tuple(i for i in index if not isinstance(i, int))])
 
@@ -512,16 +516,10 @@ def test_indexing_matches_numpy(data: st.DataObject) -> None:
 @settings(max_examples=examples(10), **FUZZ)
 @given(st.data())
 def test_setitem_matches_numpy(data: st.DataObject) -> None:
-  shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
-  a = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
-  index: list[Any] = []
-  for n in shape:
-    index.append(data.draw(st.one_of(st.integers(-n, n - 1), st.slices(n), st.lists(st.integers(-n, n - 1), min_size=1, max_size=4))))
-  lists = [i for i in index if isinstance(i, list)]
-  if len(lists) > 1: index = [i if not isinstance(i, list) else i[:1] for i in index]
-  tensor_index = tuple(Tensor(np.array(i, np.int32)) if isinstance(i, list) and data.draw(st.booleans()) else i for i in index)
+  a, index, tensor_index = draw_index(data)
   x = Tensor(a)
-  if lists and any(isinstance(i, int) for i in index): value: Any = -1  # numpy lays out ints beside lists unlike torch: a scalar
+  if any(isinstance(i, list) for i in index) and any(isinstance(i, int) for i in index):
+    value: Any = -1  # numpy lays out ints beside lists unlike torch: a scalar
   else: value = -1 - np.arange(a[tuple(index)].size, dtype=np.int32).reshape(a[tuple(index)].shape)  # distinct: the last write wins
   a[tuple(index)] = value
   x[tensor_index] = Tensor(value) if isinstance(value, np.ndarray) else value
