@@ -18,16 +18,18 @@ from tinytune.uop import Ops, UOp
 
 
 def structure(topo: list[UOp]) -> tuple[tuple, list[Buffer], dict[UOp, int]]:
-  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position."""
+  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position.
+  Dtypes go in by name, which hashes at C speed (the key is hashed on every realize)."""
   index: dict[UOp, int] = {}
   buffers: list[Buffer] = []
   parts = []
   for i, u in enumerate(topo):
     index[u] = i
-    if u.op is Ops.BUFFER:
-      parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
+    if (op := u.op) is Ops.BUFFER:
+      parts.append((op, u.dtype.name, u.arg.size, u.arg.device))
       buffers.append(u.arg)
-    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(index[s] for s in u.src)))
+    elif op is Ops.CONST: parts.append((op, u.dtype.name, repr(u.arg)))
+    else: parts.append((op, u.dtype.name, u.arg, tuple([index[s] for s in u.src])))
   return tuple(parts), buffers, index
 
 
