@@ -22,7 +22,7 @@ def structure(topo: list[UOp]) -> tuple[tuple, list[Buffer], dict[UOp, int]]:
   Dtypes go in by name, which hashes at C speed (the key is hashed on every realize)."""
   index: dict[UOp, int] = {}
   buffers: list[Buffer] = []
-  parts = []
+  parts: list[tuple] = []
   for i, u in enumerate(topo):
     index[u] = i
     if (op := u.op) is Ops.BUFFER:
