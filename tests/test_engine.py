@@ -195,6 +195,13 @@ def test_the_pool_never_hands_out_live_memory() -> None:
   for t, want in kept: np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)
 
 
+def test_cpu_memory_starts_on_a_cache_line() -> None:
+  POOL.clear()
+  for size, dtype in ((1 << 20, dtypes.float32), (3, dtypes.int8), (1000, dtypes.float64)):
+    mem = Buffer("CPU", size, dtype).mem
+    assert mem.__array_interface__["data"][0] % 64 == 0 and mem.size == size and mem.dtype == dtype.np
+
+
 def test_the_pool_is_bounded() -> None:
   from tinytune.runtime import BufferPool
   pool = BufferPool(limit=10_000)
