@@ -120,9 +120,15 @@ class UOp:
     if self.op is Ops.GATHER: return self.src[1].shape
     return self.src[0].shape
 
-  @cached
+  @property
   def toposort(self) -> list[UOp]:
     """Every node under this one (itself last), each once, sources before users (depth first, sources in order)."""
+    return [*self.below, self]
+
+  @cached
+  def below(self) -> list[UOp]:
+    """toposort without the node itself: kept on the node, a list holding the node would make every sorted node a reference
+    cycle that only the garbage collector frees, and with it the buffers its graph reads."""
     order: list[UOp] = []
     done: set[UOp] = set()  # in order, and so are all the nodes under it
     stack = [self]
@@ -130,15 +136,17 @@ class UOp:
       node = stack[-1]
       for s in node.src:
         if s in done: continue
-        if (known := s.__dict__.get("toposort")) is not None:  # a sorted subgraph (a realized input): the nodes not in order yet
+        if (known := s.__dict__.get("below")) is not None:  # a sorted subgraph (a realized input): the nodes not in order yet
           order.extend(x for x in known if x not in done)
           done.update(known)
+          done.add(s); order.append(s)
           continue
         stack.append(s)
         break
       else:
         stack.pop()
         if node not in done: done.add(node); order.append(node)
+    order.pop()  # the node itself
     return order
 
   @cached
