@@ -19,17 +19,21 @@ from tinytune.uop import Ops, UOp
 
 def structure(topo: list[UOp]) -> tuple[tuple, list[Buffer], dict[UOp, int]]:
   """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position.
-  Dtypes go in by name, which hashes at C speed (the key is hashed on every realize)."""
+  A node's own part is kept on it (constants and their views recur in every step's graph); dtypes go in by name, which hashes at C
+  speed (the key is hashed on every realize)."""
   index: dict[UOp, int] = {}
   buffers: list[Buffer] = []
   parts: list[tuple] = []
   for i, u in enumerate(topo):
     index[u] = i
-    if (op := u.op) is Ops.BUFFER:
-      parts.append((op, u.dtype.name, u.arg.size, u.arg.device))
-      buffers.append(u.arg)
-    elif op is Ops.CONST: parts.append((op, u.dtype.name, repr(u.arg)))
-    else: parts.append((op, u.dtype.name, u.arg, tuple([index[s] for s in u.src])))
+    if (part := u.__dict__.get("structure_part")) is None:
+      op = u.op
+      arg = (u.arg.size, u.arg.device) if op is Ops.BUFFER else repr(u.arg) if op is Ops.CONST else u.arg
+      part = u.__dict__["structure_part"] = (op, u.dtype.name, arg)
+    if u.src: parts.append((part, tuple(map(index.__getitem__, u.src))))
+    else:
+      parts.append(part)
+      if part[0] is Ops.BUFFER: buffers.append(u.arg)
   return tuple(parts), buffers, index
 
 
