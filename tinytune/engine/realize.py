@@ -18,22 +18,16 @@ from tinytune.uop import Ops, UOp
 
 
 def structure(topo: list[UOp]) -> tuple[tuple, list[Buffer], dict[UOp, int]]:
-  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position.
-  A node's own part is kept on it (constants and their views recur in every step's graph); dtypes go in by name, which hashes at C
-  speed (the key is hashed on every realize)."""
+  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position."""
   index: dict[UOp, int] = {}
   buffers: list[Buffer] = []
-  parts: list[tuple] = []
+  parts = []
   for i, u in enumerate(topo):
     index[u] = i
-    if (part := u.__dict__.get("structure_part")) is None:
-      op = u.op
-      arg = (u.arg.size, u.arg.device) if op is Ops.BUFFER else repr(u.arg) if op is Ops.CONST else u.arg
-      part = u.__dict__["structure_part"] = (op, u.dtype.name, arg)
-    if u.src: parts.append((part, tuple(map(index.__getitem__, u.src))))
-    else:
-      parts.append(part)
-      if part[0] is Ops.BUFFER: buffers.append(u.arg)
+    if u.op is Ops.BUFFER:
+      parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
+      buffers.append(u.arg)
+    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(index[s] for s in u.src)))
   return tuple(parts), buffers, index
 
 
