@@ -79,6 +79,22 @@ def test_tinyjit_replays_equal_the_plain_run() -> None:
   assert jitted.captured is not None and len(jitted.captured.steps) >= 2
 
 
+def test_tinyjit_captures_kernels_an_earlier_realize_already_ran() -> None:
+  rng = np.random.default_rng(3)
+  w = Tensor(rng.random(8, dtype=np.float32)).realize()
+  def f(x: Tensor) -> Tensor: return (x * w + 1).realize()
+  jitted = TinyJit(f)
+  x = Tensor(rng.random(8, dtype=np.float32)).realize()
+  y = x * w + 1
+  held = y.uop  # the graph node stays alive, realized: the capture's graph over x is this very node
+  y.realize()
+  for _ in range(2): jitted(x)  # the second call captures: it must run the kernel, not reuse the realized node
+  for _ in range(3):
+    xn = rng.random(8, dtype=np.float32)
+    np.testing.assert_allclose(jitted(Tensor(xn)).numpy(), xn * w.numpy() + 1, rtol=1e-6)
+  assert held.__dict__.get("realized_as") is not None
+
+
 def test_tinyjit_on_the_cpu_is_one_native_call() -> None:
   jitted = TinyJit(lambda x: ((x + 1) * 2).sum().realize())
   for v in range(4): assert jitted(Tensor(np.full(8, v, np.float32))).item() == 16 * (v + 1)
