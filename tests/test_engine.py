@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -76,6 +77,22 @@ def test_tinyjit_replays_equal_the_plain_run() -> None:
     np.testing.assert_allclose(out.numpy(), reference(x, w1n, w2n), rtol=1e-4, atol=1e-6)
     if i >= 2: assert GlobalCounters.renders == 0 and GlobalCounters.schedule_hits + GlobalCounters.schedule_misses == 0, "a replay scheduled"
   assert jitted.captured is not None and len(jitted.captured.steps) >= 2
+
+
+def test_tinyjit_captures_kernels_an_earlier_realize_already_ran() -> None:
+  rng = np.random.default_rng(3)
+  w = Tensor(rng.random(8, dtype=np.float32)).realize()
+  def f(x: Tensor) -> Tensor: return (x * w + 1).realize()
+  jitted = TinyJit(f)
+  x = Tensor(rng.random(8, dtype=np.float32)).realize()
+  y = x * w + 1
+  held = y.uop  # the graph node stays alive, realized: the capture's graph over x is this very node
+  y.realize()
+  for _ in range(2): jitted(x)  # the second call captures: it must run the kernel, not reuse the realized node
+  for _ in range(3):
+    xn = rng.random(8, dtype=np.float32)
+    np.testing.assert_allclose(jitted(Tensor(xn)).numpy(), xn * w.numpy() + 1, rtol=1e-6)
+  assert held.__dict__.get("realized_as") is not None
 
 
 def test_tinyjit_on_the_cpu_is_one_native_call() -> None:
@@ -193,6 +210,27 @@ def test_the_pool_never_hands_out_live_memory() -> None:
   addresses = [t.uop.src[0].arg.mem.__array_interface__["data"][0] for t, _ in kept]
   assert len(set(addresses)) == len(addresses)
   for t, want in kept: np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)
+
+
+def test_a_realized_graph_is_freed_without_the_garbage_collector() -> None:
+  (Tensor(np.ones(1000, np.float32)) * 2 + 1).realize()  # compiled (rendering leaves cycles once per kernel), then cached
+  gc.collect()
+  gc.disable()  # reference counting alone must give the buffers back to the pool: a cycle would hold them until a collection
+  try:
+    x = Tensor(np.ones(1000, np.float32)).realize()
+    buffer = weakref.ref(x.uop.src[0].arg)
+    y = (x * 2 + 1).realize()
+    np.testing.assert_allclose(y.numpy(), 3)
+    del x, y
+    assert buffer() is None
+  finally: gc.enable()
+
+
+def test_cpu_memory_starts_on_a_cache_line() -> None:
+  POOL.clear()
+  for size, dtype in ((1 << 20, dtypes.float32), (3, dtypes.int8), (1000, dtypes.float64)):
+    mem = Buffer("CPU", size, dtype).mem
+    assert mem.__array_interface__["data"][0] % 64 == 0 and mem.size == size and mem.dtype == dtype.np
 
 
 def test_the_pool_is_bounded() -> None:

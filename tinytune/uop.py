@@ -120,20 +120,33 @@ class UOp:
     if self.op is Ops.GATHER: return self.src[1].shape
     return self.src[0].shape
 
-  @cached
+  @property
   def toposort(self) -> list[UOp]:
-    """Every node under this one (itself last), each once, sources before users."""
+    """Every node under this one (itself last), each once, sources before users (depth first, sources in order)."""
+    return [*self.below, self]
+
+  @cached
+  def below(self) -> list[UOp]:
+    """toposort without the node itself: kept on the node, a list holding the node would make every sorted node a reference
+    cycle that only the garbage collector frees, and with it the buffers its graph reads."""
     order: list[UOp] = []
-    seen: set[UOp] = set()
-    stack, done = [self], [False]  # done: the node's sources are already in order
+    done: set[UOp] = set()  # in order, and so are all the nodes under it
+    stack = [self]
     while stack:
-      node = stack.pop()
-      if done.pop(): order.append(node); continue
-      if node in seen: continue
-      seen.add(node)
-      stack.append(node); done.append(True)
-      for s in reversed(node.src):
-        if s not in seen: stack.append(s); done.append(False)
+      node = stack[-1]
+      for s in node.src:
+        if s in done: continue
+        if (known := s.__dict__.get("below")) is not None:  # a sorted subgraph (a realized input): the nodes not in order yet
+          order.extend(x for x in known if x not in done)
+          done.update(known)
+          done.add(s); order.append(s)
+          continue
+        stack.append(s)
+        break
+      else:
+        stack.pop()
+        if node not in done: done.add(node); order.append(node)
+    order.pop()  # the node itself
     return order
 
   @cached

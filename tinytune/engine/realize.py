@@ -97,6 +97,9 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
     plan = _plans[key] = make_plan(target, inputs, index, device, into)
   else: GlobalCounters.schedule_hits += 1
   ret = plan.run(topo, inputs, device)
+  # the rewritten graph's nodes hold what its kernels realized: kept while the asked node lives, a later graph that reads them
+  # rebuilds them by hash-consing and finds them computed
+  if asked is not target: asked.__dict__["rewritten"] = target
   if into is None:
     if asked is not target: mark_realized(asked, ret)  # the node that was asked for, and that other graphs hold, not only its rewrite
     return ret

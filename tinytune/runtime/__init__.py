@@ -150,6 +150,7 @@ class _DeviceRegistry:
 
   def canonicalize(self, name: str | None) -> str:
     if name is None: return self.DEFAULT
+    if name in _BACKENDS: return name  # already canonical: every Tensor op asks
     upper = name.upper().split(":")[0]
     upper = _ALIASES.get(upper, upper)
     if upper not in _BACKENDS: raise ValueError(f"unknown device {name!r}; available: {', '.join(_BACKENDS)}")

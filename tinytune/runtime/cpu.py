@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
+from time import perf_counter
 
 import numpy as np
 
@@ -76,14 +76,15 @@ class CPUProgram(Program):
   def __call__(self, *bufs: Buffer) -> float:
     ptrs = [address(b) for b in bufs]
     if self.fxn.argtypes is None: self.fxn.argtypes = [ctypes.c_void_p] * len(ptrs)
-    st = time.perf_counter()
+    st = perf_counter()
     self.fxn(*ptrs)
-    return time.perf_counter() - st
+    return perf_counter() - st
 
 
 def address(buf: Buffer) -> int:
-  """A CPU buffer's address, as a C argument."""
-  return buf.mem.__array_interface__["data"][0]
+  """A CPU buffer's address, as a C argument (kept on the Buffer: its memory never moves)."""
+  if (ret := buf.__dict__.get("address")) is None: ret = buf.__dict__["address"] = buf.mem.__array_interface__["data"][0]
+  return ret
 
 
 class CPUDevice(Compiled):
@@ -100,7 +101,12 @@ class CPUDevice(Compiled):
     threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
     self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers)
 
-  def alloc(self, size: int, dtype: DType) -> np.ndarray: return np.empty(size, dtype=dtype.np)
+  def alloc(self, size: int, dtype: DType) -> np.ndarray:
+    """Memory that starts on a cache line: numpy starts large arrays 16 bytes into one, so every 64-byte vector load would
+    straddle two lines (a streaming kernel ran 4-9% slower)."""
+    raw = np.empty(size * dtype.itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + size * dtype.itemsize].view(dtype.np)
   def retype(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem.view(dtype.np)
   def copyin(self, mem: np.ndarray, data: np.ndarray) -> None: np.copyto(mem, data)
   def copyout(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem

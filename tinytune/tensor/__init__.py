@@ -5,6 +5,7 @@ reduce). The ops live by job in creation, movement, indexing, elementwise, reduc
 lists them. Those modules see `Tensor` as a global set at the bottom of this one."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -19,6 +20,12 @@ from tinytune.uop import Ops, UOp
 
 Scalar = Union[int, float, bool]
 TensorLike = Union["Tensor", Scalar]
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcast_view(shape: tuple[int, ...]) -> View:
+  """The view that reads one constant at every place of `shape`."""
+  return View.create(shape, (0,) * len(shape))
 
 
 class Tensor:
@@ -161,7 +168,8 @@ class Tensor:
       dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
       if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
       c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
-      y = Tensor(UOp(Ops.VIEW, dt, (c,), View.create(x.shape, (0,) * x.ndim)) if x.ndim else c, device=x.device)
+      y = Tensor(UOp(Ops.VIEW, dt, (c,), _broadcast_view(x.shape)) if x.ndim else c, device=x.device)
+      if dt is x.dtype: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
     if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
     dt = least_upper(x.dtype, y.dtype)
     x, y = x.cast(dt), y.cast(dt)
@@ -181,6 +189,7 @@ class Tensor:
     return a._alu(op, b)
 
   def cast(self, dtype: Any) -> Tensor:
+    if dtype is self.dtype: return self
     dt = dtypes.from_any(dtype)
     if dt == self.dtype: return self
     ret = Tensor(self.uop.cast(dt), device=self.device)
