@@ -264,3 +264,14 @@ def test_optuna_stops_with_a_warning_when_the_space_is_used_up(capsys) -> None: 
     result = run_strategy("optuna", k, ev, Budget(50), default_opts(k), patience=20)
   assert sum(result.counts().values()) <= size + 1
   assert "optuna stopped searching E_4 early" in capsys.readouterr().err
+
+
+def test_a_kernel_the_program_runs_twice_is_searched_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.engine.realize import schedule_many
+  from tinytune.search.tune import Tuner
+  a, b = Tensor.rand(64).realize(), Tensor.rand(64).realize()
+  items = schedule_many([(a * 3 + 1).uop, (b * 3 + 1).uop], "CPU")[0]  # one kernel over two pairs of buffers
+  db = Database(f"sqlite:///{tmp_path / 'r.db'}")
+  tuner = Tuner(db, "CPU", "beam", {"candidates": 6, "seconds": None})
+  assert len(items) == 2 and len({k.key for k in tuner.kernels(items)}) == 1
+  assert len(tuner.tune_program(items, "twice", {})) == 1  # it searched the same kernel twice, the second time with half the budget

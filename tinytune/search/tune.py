@@ -77,7 +77,7 @@ class Tuner:
                    dtype: str | None = None) -> list[KernelOutcome]:
     """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized); `dtype` is what the run records the
     program computes in (the kernels' keys tell dtypes apart already)."""
-    kernels = self.kernels(program)
+    kernels = list({k.key: k for k in reversed(self.kernels(program))}.values())[::-1]  # a kernel the program runs twice is tuned once
     labels = unique_names((k.key, k.name) for k in kernels)  # names unique in the program: outcomes, the tuning cache and optuna use them
     outcomes: list[KernelOutcome | None] = [None if (o := self.cached(k)) is None else replace(o, name=labels[k.key]) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
