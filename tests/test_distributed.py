@@ -78,6 +78,7 @@ def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:
   db = Database(url)
   runs, candidates, _ = study_rows(db)
   assert sorted(r.id for r in runs) == [1, 2] and all(r.outcome == "done" for r in runs)  # the killed run went on; one other run
+  assert next(r for r in runs if r.id == 1).worker.endswith(f":{resumed.pid}")  # else the other takes its claims
   assert db.run_candidates(1)[:len(before)] == before
   sources = [c.source_hash for c in candidates]
   assert len(sources) == len(set(sources))

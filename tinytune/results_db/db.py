@@ -300,6 +300,11 @@ class Database:
       run = SearchRun.latest_unfinished(session, signature)
       return run.id if run is not None else None
 
+  def adopt_run(self, run_id: int) -> None:
+    """Mark a resumed run as this process's, so that other workers of its study see its owner alive."""
+    with self.session() as session:
+      if (run := session.get(SearchRun, run_id)) is not None: run.worker = f"{socket.gethostname()}:{os.getpid()}"
+
   def run(self, run_id: int) -> RunRow | None:
     with self.session(write=False) as session:
       run = session.get(SearchRun, run_id)

@@ -77,7 +77,7 @@ class Tuner:
                    dtype: str | None = None) -> list[KernelOutcome]:
     """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized); `dtype` is what the run records the
     program computes in (the kernels' keys tell dtypes apart already)."""
-    kernels = list({k.key: k for k in reversed(self.kernels(program))}.values())[::-1]  # a kernel the program runs twice is tuned once
+    kernels = list({k.key: k for k in self.kernels(program)}.values())  # in program order; a kernel the program runs twice is tuned once
     labels = unique_names((k.key, k.name) for k in kernels)  # names unique in the program: outcomes, the tuning cache and optuna use them
     outcomes: list[KernelOutcome | None] = [None if (o := self.cached(k)) is None else replace(o, name=labels[k.key]) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
@@ -99,6 +99,7 @@ class Tuner:
     device_id = self.db.device_id(self.fingerprint)
     run_id = self.db.resumable_run(signature) if self.resume else None
     stored = self.db.run_candidates(run_id) if run_id is not None else []
+    if run_id is not None: self.db.adopt_run(run_id)  # its old process is gone: others of the study would take over its claims
     if run_id is None: run_id = self.db.start_run(workload, params, device_id, self.strategy, settings, self.budget, signature, dtype)
     try: yield run_id, device_id, stored
     except BaseException:
