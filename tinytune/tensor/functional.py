@@ -175,7 +175,6 @@ def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, s
   x = self
   for i, s in enumerate(st): x = autograd._spread(x, 2 + i, s)
   x = x.pad(((0, 0), (0, 0), *((dd * (kk - 1) - b, dd * (kk - 1) - a + o) for kk, dd, (b, a), o in zip(k, dl, pd, op))))
-
   w = weight.reshape(groups, cin // groups, cog, *k).transpose(1, 2).reshape(groups * cog, cin // groups, *k).flip(tuple(range(2, 2 + d)))
   return x.conv2d(w, bias, 1, 0, dl, groups)
 
