@@ -17,6 +17,7 @@ from conftest import reset_postgres
 from sqlalchemy import select
 
 from tinytune.results_db import Candidate, Claim, Database, SearchRun
+from tinytune.search.tune import Claims
 
 BACKENDS = ["sqlite"] + (["postgresql"] if os.getenv("TINYTUNE_TEST_POSTGRES") else [])
 MATMUL = ["matmul", "-p", "m=32", "-p", "n=32", "-p", "k=32"]
@@ -82,6 +83,28 @@ def test_killed_worker_resumes_its_run(tmp_path: Path) -> None:
   assert db.run_candidates(1)[:len(before)] == before
   sources = [c.source_hash for c in candidates]
   assert len(sources) == len(set(sources))
+
+
+def test_a_claim_recorded_just_before_its_owner_ended_is_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  """The owner records the candidate and ends its run between the waiter's look for a result and its look at the owner: the
+  waiter reads the result back rather than taking the claim and measuring it a second time."""
+  db = Database(f"sqlite:///{tmp_path / 'race.db'}")
+  device = db.device_id({"device": "CPU"})
+  kernel = db.kernel_id("key", "k", "ast", [4], ["float32"], 4, 16)
+  owner, waiter = (db.start_run("matmul", {}, device, "beam", {}, {}, "sig") for _ in range(2))
+  db.claim("s", kernel, device, "src", owner)
+  looks = []
+  def first_look_misses(*args: object) -> object:
+    looks.append(args)
+    if len(looks) == 1:  # the owner records and ends right after the waiter's first look
+      db.record_candidate(owner, kernel, device, "[]", "src", 0.0, "ok", 1e-3, 1e-3, 0.0)
+      db.finish_run(owner, "done")
+      return None
+    return Database.claimed_result(db, *args)  # type: ignore[arg-type]
+  monkeypatch.setattr(db, "claimed_result", first_look_misses)
+  result = Claims(db, "s", kernel, device, waiter).wait("src", owner)
+  assert result is not None and result.median_s == 1e-3
+  assert db.claim("s", kernel, device, "src", waiter) == owner  # the claim stayed the owner's
 
 
 def test_beam_workers_do_not_wait_on_each_other(url: str) -> None:

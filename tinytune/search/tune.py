@@ -225,6 +225,7 @@ class Claims:
     while (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is None:
       if owner == self.run_id or (deadline is not None and time.monotonic() > deadline): return None
       if not self.alive(owner):
+        if (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is not None: break  # recorded, then ended
         if self.db.take_claim(self.study, self.kernel_id, self.device_id, source_hash, owner, self.run_id): return None
         if (owner := self.claim(source_hash)) == self.run_id: return None  # another waiter took it and gave it up again
       time.sleep(0.05)
