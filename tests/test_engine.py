@@ -35,6 +35,23 @@ def test_same_structure_renders_and_compiles_nothing() -> None:
   np.testing.assert_allclose(out.numpy(), reference(x, w1.numpy(), w2.numpy()), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("shapes", [((5, 3), (3, 4)), ((2, 5, 3), (3, 4)), ((5, 3), (2, 3, 4)), ((2, 1, 5, 3), (4, 3, 2)), ((3,), (3, 4)),
+                                    ((5, 3), (3,)), ((1, 1), (1, 7)), ((0, 3), (3, 2))])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matmul_builds_the_graph_the_general_path_builds(shapes: tuple[tuple[int, ...], ...], dtype: str) -> None:
+  """Outside autograd, matmul builds its graph directly: node for node the one the Tensor ops build (so its kernels, and
+  their keys in a tuning cache, are the same), and the same values."""
+  a, b = (Tensor(np.random.rand(*s).astype(dtype)) for s in shapes)
+  fast = a @ b
+  general = a.requires_grad_() @ b  # autograd takes the general path
+  assert fast.uop is general.uop and fast.shape == np.matmul(a.numpy(), b.numpy()).shape
+  if b.ndim < 2: return
+  a.requires_grad_(False)
+  lazy = (a + 0) @ (b.transpose(-1, -2) * 2).transpose(-1, -2)  # computed inputs, and a permuted view that cannot merge
+  assert lazy.uop is ((a + 0).requires_grad_() @ (b.transpose(-1, -2) * 2).transpose(-1, -2)).uop
+  np.testing.assert_allclose(lazy.numpy(), np.matmul(a.numpy(), 2 * b.numpy()), rtol=1e-5, atol=1e-6)
+
+
 def test_a_new_structure_misses_the_schedule_cache_but_reuses_equal_kernels() -> None:
   a = Tensor(np.ones((8, 8), np.float32)).realize()
   (a * 3 + 1).realize()
