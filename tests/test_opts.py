@@ -223,10 +223,10 @@ def test_every_single_opt(name: str, device: str) -> None:
   if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and OptOps.THREAD not in ops
   else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP}
   if kc.kernel().n_reduce: assert OptOps.UNROLL in ops and (OptOps.GROUP in ops) == kc.kernel().caps.has_local
-  if slow_here(device):  # each kind of opt, then 16 more spread over the rest
+  if slow_here(device):  # each kind of opt, then 8 more spread over the rest
     firsts = [o for i, o in enumerate(opts) if o.op not in {p.op for p in opts[:i]}]
     rest = [o for o in opts if o not in firsts]
-    opts = firsts + rest[::max(1, len(rest) // 16)]
+    opts = firsts + rest[::max(1, len(rest) // 8)]
   check_opts(kc, [[o] for o in opts])
 
 
