@@ -33,6 +33,11 @@ def test_nothing_runs_before_realize() -> None:
   (lambda a, b, c: (a @ b) @ c, 2),
   (lambda a, b, c: a.T.contiguous() + 1, 2),
   (lambda a, b, c: a.layernorm(), 3),
+  (lambda a, b, c: (a.relu() + 1) @ b, 1),  # cheap elementwise work stays in the product's kernel
+  (lambda a, b, c: a.exp() @ b, 2),  # an exp the product reads once per output column: computed as vectors once, then read
+  (lambda a, b, c: a.softmax(1) @ b, 4),  # max, sum of exp, the probabilities, the product
+  (lambda a, b, c: a.exp().sum(1), 1),  # an exp read once stays in its reduce
+  (lambda a, b, c: a.scaled_dot_product_attention(b, c), 5),  # scores, max, exp, sum, product divided by the sum
 ])
 def test_fusion_counts(build, count) -> None:
   a, b, c = (Tensor.rand(16, 16).realize() for _ in range(3))
