@@ -11,6 +11,7 @@ from tinytune.helpers import prod
 from tinytune.shape import View
 from tinytune.tensor import autograd
 from tinytune.tensor.movement import view_uop
+from tinytune.uop import Ops
 
 if TYPE_CHECKING:
   from tinytune.tensor import Tensor
@@ -44,9 +45,21 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
   bx, by = x.shape[:-2], y.shape[:-2]
   if any(a != b and 1 not in (a, b) for a, b in zip(bx[::-1], by[::-1])):
     raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {bx} and {by} do not broadcast")
+  if _strided_rows(y): y = y.contiguous()  # pack a transposed B (x @ w.T): its rows would be gathered with a large stride per step
   ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
   if self.ndim == 1: ret = ret.squeeze(-2)
   return ret.squeeze(-1) if w.ndim == 1 else ret
+
+
+PACK_STRIDE, PACK_SIZE = 256, 1 << 16  # B's elements apart along its rows, and its size, from which packing it pays
+
+
+def _strided_rows(y: Tensor) -> bool:
+  """Whether y, B of a matmul, is a large view that is contiguous down its columns but strided along its rows (a transpose): each of the
+  product's vectors along a row of B would gather elements PACK_STRIDE or more apart, from as many cache lines (x @ w.T of nn.Linear)."""
+  u = y.uop
+  if u.op is not Ops.VIEW or u.arg.mask is not None or y.ndim < 2 or prod(y.shape) < PACK_SIZE: return False
+  return u.arg.strides[-2] == 1 and abs(u.arg.strides[-1]) >= PACK_STRIDE and y.shape[-1] > 1
 
 
 def dot(self: Tensor, w: Tensor) -> Tensor: return self.matmul(w)
