@@ -45,13 +45,15 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
   bx, by = x.shape[:-2], y.shape[:-2]
   if any(a != b and 1 not in (a, b) for a, b in zip(bx[::-1], by[::-1])):
     raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {bx} and {by} do not broadcast")
-  if _strided_rows(y): y = y.contiguous()  # pack a transposed B (x @ w.T): its rows would be gathered with a large stride per step
+  if _strided_rows(y) and prod(x.shape[:-1]) >= PACK_ROWS: y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
   if self.ndim == 1: ret = ret.squeeze(-2)
   return ret.squeeze(-1) if w.ndim == 1 else ret
 
 
-PACK_STRIDE, PACK_SIZE = 256, 1 << 16  # B's elements apart along its rows, and its size, from which packing it pays
+# B's elements apart along its rows, its size, and the rows of A that read it, from which a packed copy of B pays (an MLP step's
+# 128 x 784 @ 784 x 128 does not: its extra kernel measured 5-10% of the step)
+PACK_STRIDE, PACK_SIZE, PACK_ROWS = 256, 1 << 16, 256
 
 
 def _strided_rows(y: Tensor) -> bool:
