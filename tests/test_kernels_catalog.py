@@ -137,7 +137,8 @@ STRUCTURE_CASES = [
   ("bmm", {}, [{"tile"}]),
   ("mlp", {}, [{"tile"}, {"tile"}]),  # a size-1 output axis; the second layer's inputs are computed (bias, relu): a wider tile
   ("conv2d", {}, [{"tile"}]),  # an implicit GEMM through a padded view and a reshape
-  ("attention", {"seq": 64}, [{"tile"}, {"rows"}, {"rows"}, {"tile"}]),
+  # scores, their row max, exp(scores - max) as vectors once (not a scalar per tile and step of the product), its row sum, the product
+  ("attention", {"seq": 64}, [{"tile"}, {"rows"}, {"lanes"}, {"rows"}, {"tile"}]),
   ("reduce", {"axis": 1}, [{"rows"}]),
   ("reduce", {"axis": 0}, [{"columns"}]),
   ("elementwise", {}, [{"lanes"}]),

@@ -12,6 +12,7 @@ from tinytune.uop import ALU, Ops, UOp, simplify
 # milliseconds (the CNN step's 0.3-1.6M element reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found;
 # X[idx] of 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores)
 THREAD_MIN_WORK = 1 << 21
+GATHER_STRIDE = 16  # elements apart along the lanes from which each lane of a vector load is its own cache line
 
 
 def _first_valid(k: Kernel, *opts: Opt) -> None:
@@ -29,13 +30,18 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
   tile_row = _tile_row(k, lane, strides)
+  gathered = False
   if lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
   elif tile_row is not None:
     # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
     # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
     computed = sum(u.op in ALU for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
-    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)))
+    # B contiguous along the reduce, not the lanes (Q @ K^T): each vector of B is gathered from as many cache lines, so one vector
+    # serves as many rows as the registers hold, and the rows stay outer: the tile's rows of A stay in L1 while B's columns pass
+    gathered = any(abs(st[lane]) >= GATHER_STRIDE for st in strides)
+    widths = (simd,) if gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
+    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in widths))
     vectors = max(1, k.upcast_size() // simd)
     first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
   elif k.reduceop is not None and any(st[lane] not in (0, 1) for st in strides):
@@ -48,7 +54,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
   if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
-  if tile_row is not None and lane is not None and tile_row < lane:
+  if tile_row is not None and lane is not None and tile_row < lane and not gathered:
     first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
   return k.opts
 

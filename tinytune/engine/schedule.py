@@ -2,7 +2,9 @@
 
 Elementwise work and views are inlined into the kernel that consumes them. A kernel holds at most one reduce, with
 its elementwise inputs before and its elementwise users after. A reduce becomes its own kernel's output (a buffer)
-when it is read through an expanding or padding view or a gather, from inside another reduce, or beside a second reduce."""
+when it is read through an expanding or padding view or a gather, from inside another reduce, or beside a second reduce.
+So does transcendental elementwise work (exp, log, sin) that a reduce reads through an expanding view: softmax's probabilities
+in softmax(x) @ v, computed as vectors once, instead of as one scalar per output tile and reduce step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,9 +50,27 @@ merge_views = Rules([(Pat(Ops.VIEW, (Pat(Ops.VIEW, name="inner"),), name="outer"
                       lambda outer, inner: UOp(Ops.VIEW, outer.dtype, inner.src, outer.arg) if inner.arg.contiguous else None)])
 
 
+TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
+
+
+def _transcendental(u: UOp, roots: set[UOp]) -> bool:
+  """Whether the elementwise work of `u` (down to buffers, reduces and other kernels) computes an exp, log or sin."""
+  stack, seen = [u], {u}
+  while stack:
+    x = stack.pop()
+    if x.op in TRANSCENDENTAL: return True
+    for s in x.src:
+      if s not in seen and s not in roots and s.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE):
+        seen.add(s)
+        stack.append(s)
+  return False
+
+
 def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
-  """Walk one kernel from its root; return the reduces that must become kernel boundaries."""
+  """Walk one kernel from its root; return the reduces (and the transcendental work a reduce reads expanded) that must become
+  kernel boundaries."""
   found: dict[UOp, bool] = {}  # reduce -> may be inlined
+  computed: set[UOp] = set()
   seen: set[tuple[UOp, bool, bool]] = set()
   stack = [(root, False, False)]
   while stack:
@@ -61,12 +81,19 @@ def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
     if u.op is Ops.REDUCE:
       found[u] = found.get(u, True) and not expanded and not in_reduce
       stack.append((u.src[0], False, True))
-    elif u.op is Ops.VIEW: stack.append((u.src[0], expanded or u.arg.expands, in_reduce))
+    elif u.op is Ops.VIEW:
+      if in_reduce and u.arg.expands:
+        src = u.src[0]
+        while src.op is Ops.VIEW and not src.arg.expands and src not in roots: src = src.src[0]
+        if src.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE, Ops.VIEW, Ops.GATHER) and src not in roots and _transcendental(src, roots):
+          computed.add(src)
+          continue
+      stack.append((u.src[0], expanded or u.arg.expands, in_reduce))
     elif u.op is Ops.GATHER: stack += [(u.src[0], True, in_reduce), (u.src[1], expanded, in_reduce)]  # a reduce read at gathered places: a buffer
     else: stack.extend((s, expanded, in_reduce) for s in u.src)
   bad = {r for r, ok in found.items() if not ok}
   rest = sorted((r for r in found if r not in bad), key=lambda r: root.toposort.index(r))
-  return bad | set(rest[:-1])  # keep the outermost reduce in this kernel
+  return bad | set(rest[:-1]) | computed  # keep the outermost reduce in this kernel
 
 
 def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tuple[list[ScheduleItem], UOp]:

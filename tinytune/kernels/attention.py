@@ -11,11 +11,7 @@ from tinytune.tensor import Tensor
 
 
 def build(p: Params, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-  scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(p["dim"]))
-  if p["causal"]:
-    rows, cols = Tensor.arange(p["seq"], device=q.device).reshape(p["seq"], 1), Tensor.arange(p["seq"], device=q.device).reshape(1, p["seq"])
-    scores = (cols > rows).where(-math.inf, scores)
-  return scores.softmax(-1) @ v
+  return q.scaled_dot_product_attention(k, v, is_causal=bool(p["causal"]))
 
 
 def reference(p: Params, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
