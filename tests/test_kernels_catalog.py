@@ -146,10 +146,9 @@ STRUCTURE_CASES = [
 
 @pytest.mark.parametrize("name,params,want", STRUCTURE_CASES, ids=[f"{c[0]}{c[1]}" for c in STRUCTURE_CASES])
 def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int], want: list[set[str]]) -> None:
-  from tinytune.codegen.heuristic import THREAD_MIN_WORK, hand_coded_optimizations, lane_dim
+  from tinytune.codegen.heuristic import THREAD_MIN_SECONDS, hand_coded_optimizations, lane_dim, single_core_seconds
   from tinytune.codegen.kernel import AxisKind, Kernel
   from tinytune.engine.schedule import create_schedule
-  from tinytune.helpers import prod
   from tinytune.runtime import DeviceCaps
   w = get_workload(name)
   out, _ = w.instantiate(w.params(params), device="CPU")
@@ -162,6 +161,6 @@ def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int],
     lane = lane_dim(k)
     kinds = {"tile"} if len(upcast) == 2 and upcast.get(lane, 0) >= 16 else {"rows"} if upcast.get(lane) == 8 and k.reduceop is not None \
       else {"columns"} if upcast.get(lane, 0) >= 64 else {"lanes"} if upcast.get(lane, 0) >= 16 else set(map(str, k.opts))
-    if prod(k.sizes) >= THREAD_MIN_WORK: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
+    if single_core_seconds(k) >= THREAD_MIN_SECONDS: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
     got.append(kinds)
   assert got == want

@@ -356,7 +356,8 @@ class _KernelRender:
     self.partials[name], ret = parts, Val("s", (name,))
     if parts[0].kind == "v":  # the vectors into one first, then its lanes
       vec = parts[0].names[0]
-      for p in parts[1:]: vec = self.r.code(op, [vec, p.names[0]], red.dtype) if op is Ops.ADD else self.r.vector_code(op, [vec, p.names[0]], self.width)
+      for p in parts[1:]:
+        vec = self.r.code(op, [vec, p.names[0]], red.dtype) if op is Ops.ADD else self.r.vector_code(op, [vec, p.names[0]], self.width)
       self.combine.append(f"{self.vt} {name}_v = {vec};")
       parts = [Val("v", (f"{name}_v",), self.r.lane_fmt)]
     lanes = [p.lane(i) for p in parts for i in range(self.width)]
