@@ -159,7 +159,7 @@ def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int],
     k.apply_opts(hand_coded_optimizations(k))
     upcast = {a.dim: a.size for a in k.axes if a.kind is AxisKind.UPCAST}
     lane = lane_dim(k)
-    kinds = {"tile"} if len(upcast) == 2 and upcast.get(lane, 0) >= 16 else {"rows"} if upcast.get(lane) == 8 and k.reduceop is not None \
+    kinds = {"tile"} if len(upcast) == 2 and upcast.get(lane, 0) >= 16 else {"rows"} if any(a.kind is AxisKind.LANES for a in k.axes) \
       else {"columns"} if upcast.get(lane, 0) >= 64 else {"lanes"} if upcast.get(lane, 0) >= 16 else set(map(str, k.opts))
     if single_core_seconds(k) >= THREAD_MIN_SECONDS: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
     got.append(kinds)

@@ -279,6 +279,64 @@ def test_reversed_and_permuted_sums_match_numpy(case: str) -> None:
     np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-5, atol=1e-5, err_msg=f"{case} {opts}")
 
 
+def _lanes_case(case: str) -> tuple[Tensor, np.ndarray]:
+  """A reduce over rows of 37 (no whole vectors: LANES needs PADTO), its NumPy result."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((5, 37)).astype(np.float32)
+  if case == "max_nan":  # a NaN anywhere in a row wins, as in NumPy; a row of -inf stays -inf
+    x[1, 5], x[2, 36], x[3, :] = np.nan, np.nan, -np.inf
+    return Tensor(x).max(-1), x.max(-1)
+  if case == "min": return Tensor(x).min(-1), x.min(-1)
+  if case == "sum": return Tensor(x).sum(-1), x.sum(-1)
+  if case == "full_sum": return Tensor(x).sum(), x.sum()
+  if case == "float64": return Tensor(x.astype(np.float64)).sum(-1), x.astype(np.float64).sum(-1)
+  if case == "bfloat16":
+    b = Tensor(x).cast(dtypes.bfloat16).realize()
+    return b.sum(-1, dtype=dtypes.float32), b.cast(dtypes.float32).numpy().sum(-1)
+  i = rng.integers(-100, 100, x.shape).astype(np.int32)
+  if case == "int32_sum": return Tensor(i).sum(-1, dtype=dtypes.int32), i.sum(-1, dtype=np.int32)
+  assert case == "int8_max"
+  return Tensor(i.astype(np.int8)).max(-1), i.astype(np.int8).max(-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["sum", "max_nan", "min", "full_sum", "float64", "bfloat16", "int32_sum", "int8_max"])
+def test_lanes_match_numpy(case: str, device: str) -> None:
+  """LANES (partial accumulators in SIMD lanes, combined after the loop) over padded rows, with UNROLL, UPCAST and THREAD beside it."""
+  if device == "OPENCL" and case not in ("sum", "max_nan"): pytest.skip("pocl builds slowly: the other dtypes are checked on the CPU")
+  default, Device.DEFAULT = Device.DEFAULT, device
+  try: t, ref = _lanes_case(case)
+  finally: Device.DEFAULT = default
+  (item,), _ = create_schedule(t.uop, device)
+  t_, o = OptOps, Opt
+  seqs = [[o(t_.PADTO, -1, 16), o(t_.LANES, -1, 16)], [o(t_.PADTO, -1, 8), o(t_.LANES, -1, 40)], [o(t_.PADTO, -1, 16), o(t_.LANES, -1, 48)],
+          [o(t_.PADTO, -1, 16), o(t_.LANES, -1, 8), o(t_.UNROLL, -1, 3)], [o(t_.PADTO, -1, 8), o(t_.UNROLL, -1, 2), o(t_.LANES, -1, 4)],
+          [o(t_.PADTO, -1, 32), o(t_.LANES, -1, 16), o(t_.UPCAST, 0, 5)], [o(t_.PADTO, -1, 8), o(t_.LANES, -1, 5), o(t_.THREAD, 0, 5)],
+          [o(t_.PADTO, -1, 32), o(t_.LANES, -1, 32), o(t_.UNROLL, -1, 2)]]
+  done = 0
+  for opts in seqs[:3] if device == "OPENCL" else seqs:
+    base = Kernel(item.ast, caps_for(device))
+    last = {t_.PADTO: len(base.sizes) - 1, t_.LANES: base.n_reduce - 1, t_.UNROLL: base.n_reduce - 1}  # axis -1: the last reduce axis
+    opts = [o(x.op, last[x.op] if x.axis == -1 else x.axis, x.arg) for x in opts]
+    try: k = base.apply_opts(opts)
+    except KernelOptError: continue
+    _fill_sentinel(item.out)
+    program, _ = compile_kernel(k, device)
+    program(item.out, *k.bufs)
+    got = item.out.numpy_view().reshape(np.shape(ref))
+    np.testing.assert_allclose(got, ref, rtol=1e-5 if ref.dtype.kind == "f" else 0, atol=1e-5, err_msg=f"{case} {opts}")
+    done += 1
+  assert done >= 3, f"{case}: too few of the opt lists applied"
+
+
+def test_lanes_rules() -> None:
+  k = kernel_cases()["row_sum"].kernel()  # global 12; reduce 40
+  k.apply_opt(Opt(OptOps.LANES, 0, 8))
+  with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LANES, 0, 5))  # one LANES part per kernel
+  with pytest.raises(KernelOptError): kernel_cases()["elementwise"].kernel().apply_opt(Opt(OptOps.LANES, 0, 2))
+  assert "tt_f8 acc" in Device[DEVICE].renderer.render(k) or CAPS.simd_width < 8  # one vector accumulator of 8 lanes
+
+
 # ***** invalid opts *****
 
 def _state(k: Kernel) -> tuple:

@@ -13,9 +13,10 @@ from tinytune.uop import ALU, Ops, UOp, simplify
 # 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores), and a quiet machine gains nothing below ~50 us either (a vectorized
 # 1024x1024 row sum: 43 us on one thread, 55 us on two)
 THREAD_MIN_SECONDS = 100e-6
-# one core's rates for the estimate: memory (a read from L3 or DRAM, as the row sums measured), float32 element-ops in SIMD lanes,
-# and the element-ops that are calls of vector math (exp2, log2, sin: ~20 vector instructions for 16 lanes, 0.3 ns an element)
-CORE_BYTES_PER_S, CORE_OPS_PER_S, CORE_MATH_PER_S = 50e9, 40e9, 3e9
+# one core's rates for the estimate, as the row sums and softmax measured: memory (L3 or DRAM), float32 element-ops in SIMD lanes
+# (layernorm's variance pass: 4M in 43 us), and the element-ops that are calls of vector math (exp2, log2, sin: ~20 vector
+# instructions for 16 lanes, 0.3 ns an element)
+CORE_BYTES_PER_S, CORE_OPS_PER_S, CORE_MATH_PER_S = 50e9, 100e9, 3e9
 MATH_OPS = {Ops.EXP2, Ops.LOG2, Ops.SIN}
 
 
