@@ -158,6 +158,7 @@ class _KernelRender:
     self.index_text: dict[UOp, str] = {}
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
+    self.unpadded, self.full_body = -1, list[str]()  # a padded dim rendered as if unpadded, and the reduce body so rendered (split_loop)
     self.partials: dict[str, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
     self.combine: list[str] = []  # after the reduce loops: each LANES accumulator from its partials
     self.decls: list[str] = []
@@ -225,14 +226,14 @@ class _KernelRender:
 
   def clamp(self, d: int, e: UOp) -> UOp:
     """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
-    if d not in self.k.padded: return e
+    if d not in self.k.padded or d == self.unpadded: return e
     real = self.k.padded[d]
     return self.simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
 
   def guard(self, dims: list[UOp], which: range) -> UOp:
     g = TRUE
     for d in which:
-      if d in self.k.padded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
+      if d in self.k.padded and d != self.unpadded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
     return self.simplify(g)
 
   def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
@@ -408,20 +409,35 @@ class _KernelRender:
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
       off = self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
       self.store(val, off, self.guard(dims, range(k.n_global)))
-    post, self.lines, self.memo = self.lines, [], {}
+    post, body = self.lines, self.reduce_body()
+    if (split := self.split_loop()) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
+      self.unpadded = k.axes[split].dim
+      self.full_body, self.unpadded = self.reduce_body(), -1
+    return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
+
+  def reduce_body(self) -> list[str]:
+    self.lines, self.memo = [], {}
     for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
       dims = self.dims(inst)
       for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
-    body = self.lines
-    return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
+    return self.lines
+
+  def split_loop(self) -> int | None:
+    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES): its iterations before the
+    padding run a body without clamps and masks, the rest the full one."""
+    k = self.k
+    if self.r.has_local: return None
+    for i, a in enumerate(k.axes):
+      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
+    return None
 
   def assemble(self, body: list[str], post: list[str]) -> str:
-    k, out, depth = self.k, [], 1
-    def loop(i: int) -> None:
+    k, out, depth, split = self.k, [], 1, self.split_loop()
+    def loop(i: int, start: int = 0) -> None:
       nonlocal depth
       if k.axes[i].size != 1:  # a size-0 loop runs no times
-        var = self.loopvars[i].arg[0]
-        out.append("  " * depth + f"for ({self.r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
+        var, end = self.loopvars[i].arg[0], k.axes[i].size if i != split or start else k.padded[k.axes[i].dim] // k.axes[i].stride
+        out.append("  " * depth + f"for ({self.r.index_type} {var} = {start}; {var} < {end}; {var}++) {{")
         depth += 1
     def close(n: int) -> None:
       nonlocal depth
@@ -435,9 +451,17 @@ class _KernelRender:
     opened = sum(k.axes[i].size != 1 for i in loops)
     out += ["  " * depth + line for line in self.decls]
     red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    for i in red_loops: loop(i)
-    out += ["  " * depth + line for line in body]
-    close(sum(k.axes[i].size != 1 for i in red_loops))
+    def nest(loops: list[int], lines: list[str], start: int = 0) -> None:
+      for n, i in enumerate(loops): loop(i, start if n == 0 else 0)
+      out.extend("  " * depth + line for line in lines)
+      close(sum(k.axes[i].size != 1 for i in loops))
+    if split is None: nest(red_loops, body)
+    else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
+      j = red_loops.index(split)
+      for i in red_loops[:j]: loop(i)
+      nest(red_loops[j:], self.full_body)
+      nest(red_loops[j:], body, k.padded[k.axes[split].dim] // k.axes[split].stride)
+      close(sum(k.axes[i].size != 1 for i in red_loops[:j]))
     out += ["  " * depth + line for line in self.combine + post]
     close(opened)
     return self.wrap(out)
