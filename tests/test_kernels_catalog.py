@@ -164,3 +164,22 @@ def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int],
     if single_core_seconds(k) >= THREAD_MIN_SECONDS: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
     got.append(kinds)
   assert got == want
+
+
+@pytest.mark.parametrize("what,shape,threads", [
+  ("sum", (1024, 1024), False),  # 4 MB at cache speed: ~45 us on one core, where waking a second costs more than it saves
+  ("sum", (4096, 4096), True), ("max", (256, 16384), True),  # 16-64 MB
+  ("softmax", (1024, 1024), True),  # an exp of each element: ~0.3 ms
+  ("matmul", (64, 64), False), ("matmul", (512, 512), True),
+])
+def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], threads: bool) -> None:
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  x = Tensor.rand(*shape).realize()
+  out = {"sum": lambda: x.sum(1), "max": lambda: x.max(1), "softmax": lambda: x.softmax(-1), "matmul": lambda: x @ x}[what]()
+  caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
+  k = Kernel(create_schedule(out.uop, "CPU")[0][-1].ast, caps)  # softmax: its last kernel, e / sum e
+  assert any(o.op.name == "THREAD" for o in hand_coded_optimizations(k)) == threads
