@@ -362,9 +362,12 @@ class _KernelRender:
       self.combine.append(f"{self.vt} {name}_v = {vec};")
       parts = [Val("v", (f"{name}_v",), self.r.lane_fmt)]
     lanes = [p.lane(i) for p in parts for i in range(self.width)]
-    while len(lanes) > 1:  # a tree: neighbouring lanes first
-      lanes = [self.r.code(op, lanes[i:i + 2], red.dtype) if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
-    self.combine.append(f"{ctype} {name} = {lanes[0]};")
+    while len(lanes) > 2:  # a tree of named values (an operand may be spelled more than once in an op's code): neighbouring lanes first
+      pairs, lanes = [lanes[i:i + 2] for i in range(0, len(lanes), 2)], []
+      for pair in pairs:
+        lanes.append(f"{name}_c{len(self.combine)}" if len(pair) == 2 else pair[0])
+        if len(pair) == 2: self.combine.append(f"{ctype} {lanes[-1]} = {self.r.code(op, pair, red.dtype)};")
+    self.combine.append(f"{ctype} {name} = {self.r.code(op, lanes, red.dtype) if len(lanes) == 2 else lanes[0]};")
     self.accs.append((red, idx, ret))
     return ret
 
