@@ -183,3 +183,21 @@ def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], thread
   caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
   k = Kernel(create_schedule(out.uop, "CPU")[0][-1].ast, caps)  # softmax: its last kernel, e / sum e
   assert any(o.op.name == "THREAD" for o in hand_coded_optimizations(k)) == threads
+
+
+@pytest.mark.parametrize("cols,dtype,want", [
+  (1024, "float32", "[Opt(LANES, 0, 64)]"),  # 4 vectors of 16 lanes
+  (1000, "float32", "[Opt(PADTO, 1, 64), Opt(LANES, 0, 64)]"),  # whole vectors; the loop's last iteration masks (split_loop)
+  (40, "float32", "[Opt(PADTO, 1, 16), Opt(LANES, 0, 16)]"),  # two whole iterations before the padding
+  (1024, "int32", "[Opt(LANES, 0, 16)]"),  # scalar partials that the compiler vectorizes
+])
+def test_row_reduce_lanes(cols: int, dtype: str, want: str) -> None:
+  from tinytune import Tensor, dtypes
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  x = Tensor.rand(64, cols).cast(getattr(dtypes, dtype)).realize()
+  caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
+  (item,), _ = create_schedule(x.max(1).uop, "CPU")
+  assert str(hand_coded_optimizations(Kernel(item.ast, caps))) == want
