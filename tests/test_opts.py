@@ -338,6 +338,8 @@ def test_lanes_rules() -> None:
   with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LANES, 0, 5))  # one LANES part per kernel
   with pytest.raises(KernelOptError): kernel_cases()["elementwise"].kernel().apply_opt(Opt(OptOps.LANES, 0, 2))
   assert "tt_f8 acc" in Device[DEVICE].renderer.render(k) or CAPS.simd_width < 8  # one vector accumulator of 8 lanes
+  ints = Kernel(create_schedule(_ints(2, 128).max(1).uop, DEVICE)[0][0].ast, CAPS).apply_opts([Opt(OptOps.LANES, 0, 128)])
+  assert len(Device[DEVICE].renderer.render(ints)) < 30_000  # 128 partials combine through named values, not a nested expression
   padded = kernel_cases()["row_sum"].kernel().apply_opts([Opt(OptOps.PADTO, 1, 16), Opt(OptOps.LANES, 0, 16)])  # 40 of 48
   src = Device[DEVICE].renderer.render(padded)  # the two whole iterations of 16 run a body without masks, the last one masks
   assert re.search(r"for \(long (r\d+) = 0; \1 < 2; \1\+\+\)", src) and re.search(r"for \(long (r\d+) = 2; \1 < 3; \1\+\+\)", src)
