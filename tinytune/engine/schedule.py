@@ -53,22 +53,28 @@ merge_views = Rules([(Pat(Ops.VIEW, (Pat(Ops.VIEW, name="inner"),), name="outer"
 TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
-def _transcendental(u: UOp, roots: set[UOp]) -> bool:
-  """Whether the elementwise work of `u` (down to buffers, reduces and other kernels) computes an exp, log or sin."""
-  stack, seen = [u], {u}
+def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduce: bool) -> bool:
+  """Whether elementwise work that a reduce reads expanded is better computed once, in a kernel of its own, than at every place the
+  reduce reads it: where it computes an exp, log or sin (read inside a reduce), or where it is the epilogue of a reduce that nothing
+  else reads (a matmul's bias and relu, read by the next matmul, go to the first matmul's kernel; inlined, the second recomputed
+  them for each of its output columns; a mean's scale goes to its sum's kernel). A statistic read back over its rows stays."""
+  stack, seen = [(u, False)], {(u, False)}
   while stack:
-    x = stack.pop()
-    if x.op in TRANSCENDENTAL: return True
+    x, broadcast = stack.pop()
+    if x.op in TRANSCENDENTAL and in_reduce: return True
+    if x.op is Ops.REDUCE:
+      if not broadcast and users.get(x, set()) <= {y for y, _ in seen}: return True
+      continue
     for s in x.src:
-      if s not in seen and s not in roots and s.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE):
-        seen.add(s)
-        stack.append(s)
+      if (s, b := broadcast or x.op is Ops.VIEW and x.arg.expands) not in seen and s not in roots and s.op not in (Ops.BUFFER, Ops.CONST):
+        seen.add((s, b))
+        stack.append((s, b))
   return False
 
 
-def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
-  """Walk one kernel from its root; return the reduces (and the transcendental work a reduce reads expanded) that must become
-  kernel boundaries."""
+def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> set[UOp]:
+  """Walk one kernel from its root; return the reduces (and the work a reduce reads expanded that is computed once, see
+  _computed_once) that must become kernel boundaries."""
   found: dict[UOp, bool] = {}  # reduce -> may be inlined
   computed: set[UOp] = set()
   seen: set[tuple[UOp, bool, bool]] = set()
@@ -82,10 +88,10 @@ def _kernel_reduces(root: UOp, roots: set[UOp]) -> set[UOp]:
       found[u] = found.get(u, True) and not expanded and not in_reduce
       stack.append((u.src[0], False, True))
     elif u.op is Ops.VIEW:
-      if in_reduce and u.arg.expands:
+      if u.arg.expands:
         src = u.src[0]
         while src.op is Ops.VIEW and not src.arg.expands and src not in roots: src = src.src[0]
-        if src.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE, Ops.VIEW, Ops.GATHER) and src not in roots and _transcendental(src, roots):
+        if src.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE, Ops.VIEW, Ops.GATHER) and src not in roots and _computed_once(src, roots, users, in_reduce):
           computed.add(src)
           continue
       stack.append((u.src[0], expanded or u.arg.expands, in_reduce))
@@ -104,7 +110,10 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return [], target
   if into is not None and (is_buffer_view(target) or target.op is Ops.CONST): target = UOp(Ops.CONTIGUOUS, target.dtype, (target,))  # a copy
   roots: set[UOp] = {target} | {u for u in target.toposort if u.op is Ops.CONTIGUOUS}
-  while new := set().union(*(_kernel_reduces(root, roots) for root in roots)) - roots: roots |= new
+  users: dict[UOp, set[UOp]] = {}
+  for u in target.toposort:
+    for s in u.src: users.setdefault(s, set()).add(u)
+  while new := set().union(*(_kernel_reduces(root, roots, users) for root in roots)) - roots: roots |= new
   order = [u for u in target.toposort if u in roots]
   outputs: dict[UOp, UOp] = {}
   items = []
