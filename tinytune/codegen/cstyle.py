@@ -26,6 +26,7 @@ class Val:
   kind: str
   names: tuple[str, ...]
   lane_fmt: str = "{}[{}]"  # a native vector's lane i
+  padding: bool = False  # a zero that a pad put where its view's mask is false here (a cat's other pieces): adding it is a no-op
 
   def lane(self, i: int) -> str:
     return self.names[0] if self.kind == "s" else self.lane_fmt.format(self.names[0], i) if self.kind == "v" else self.names[i]
@@ -261,8 +262,10 @@ class _KernelRender:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
       else:
-        ret = self.node(src, child)
-        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
+        if valid.op is Ops.CONST and not valid.arg: ret = Val("s", (self.r.literal(0, u.dtype),), padding=True)
+        else:
+          ret = self.node(src, child)
+          if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
@@ -287,6 +290,7 @@ class _KernelRender:
     return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val("s", (r.literal(0, u.dtype),))], [dtypes.bool, u.dtype, u.dtype])
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
+    if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     ctype = self.r.types[dtype]
     def code(args: list[str]) -> str:  # a 16-bit float computed in float32 rounds each result to its type
       if op is Ops.BITCAST: return self.r.bitcast(args[0], (src_dtypes or [dtype])[0], dtype)

@@ -26,6 +26,8 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   k = kernel.copy()
   def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
 
+  if k.reduceop is None:
+    for d, f in stacked_dims(k): first_valid(Opt(OptOps.UPCAST, d, f))
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
   tile_row = _tile_row(k, lane, strides)
@@ -85,6 +87,32 @@ def input_strides(k: Kernel) -> list[list[int]]:
     c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
     return int(c.arg) if c.op is Ops.CONST else -1
   return [[at(off, d) - at(off, -1) if k.sizes[d] > 1 else 0 for d in range(len(k.sizes))] for off in offsets]
+
+
+STACK_MAX = 8  # the most rows of a cat or stack that a kernel computes at once
+
+
+def stacked_dims(k: Kernel) -> list[tuple[int, int]]:
+  """(dim, f) for the output dims whose index mod f (f small) a mask over computed values tests, as a stack of f rows does (Winograd's
+  transforms): an UPCAST of dim by f makes each row's place known when the kernel is built, so the other rows' terms fold away."""
+  dims = tuple(UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(k.out_shape))
+  found: dict[int, int] = {}
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen or u.op is Ops.BUFFER: return
+    seen.add((u, idx))
+    if u.op is Ops.VIEW:
+      off, valid = u.arg.index(idx)
+      if u.arg.mask is not None and u.src[0].op is not Ops.BUFFER:
+        for x in simplify(valid).toposort:
+          if x.op is Ops.VAR and x in dims and k.out_shape[d := dims.index(x)] <= STACK_MAX: found[d] = k.out_shape[d]
+          if x.op is Ops.MOD and x.src[0] in dims and x.src[1].op is Ops.CONST and x.src[1].arg <= STACK_MAX:
+            found.setdefault(dims.index(x.src[0]), x.src[1].arg)
+      off, src = simplify(off), u.src[0]
+      return walk(src, tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape))))
+    for s in u.src: walk(s, idx)
+  walk(k.ast, dims)
+  return sorted(found.items())
 
 
 def _tile_row(k: Kernel, lane: int | None, strides: list[list[int]]) -> int | None:

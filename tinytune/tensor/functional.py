@@ -1,13 +1,16 @@
 """Neural-network functions: matmul, convolution, pooling, normalization, softmax, dropout."""
 from __future__ import annotations
 
+import functools
 import math
+import operator
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tinytune.dtype import dtypes, least_upper
-from tinytune.helpers import prod
+from tinytune.helpers import WINO, prod
 from tinytune.shape import View
 from tinytune.tensor import autograd
 from tinytune.tensor.movement import view_uop
@@ -95,8 +98,13 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   # positions with the output's gradient channels-last, so its kernel vectorizes along the output channels
   custom = autograd.tracking(self, weight) and all(b == a >= 0 for b, a in pd)
   src = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))
+  untracked = custom or not autograd.tracking(self, weight)
+  if untracked and (m := _winograd_tile(self, weight, st, dl, groups)):
+    ret = _winograd(src, weight.detach() if custom else weight, m)
+    if custom: return _conv_grad(self, weight, bias, ret, src._windows(k, st, dl).reshape(n, 1, 1, cin, *ret.shape[2:], *k), st, pd, dl, groups)
+    return ret if bias is None else ret + bias.reshape(1, cout, 1, 1)
   # with unit strides, no padding and no gradient through the graph: the convolution over the rows laid end to end (see _wide)
-  wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and (custom or not autograd.tracking(self, weight))
+  wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and untracked
   if wide: src, flat = _flat_rows(src)
   x = src._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
@@ -106,14 +114,87 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   else:
     order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
     ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
-  if custom:
-    size = self.shape[2:]
-    extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
-    def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
-      dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
-      return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
-    ret = autograd.record(ret, (self, weight), rule)
+  if custom: return _conv_grad(self, weight, bias, ret, x, st, pd, dl, groups)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
+
+
+def _conv_grad(self: Tensor, weight: Tensor, bias: Tensor | None, ret: Tensor, x: Tensor, st: tuple[int, ...], pd: tuple[tuple[int, int], ...],
+               dl: tuple[int, ...], groups: int) -> Tensor:
+  """The convolution's output `ret` (computed from detached inputs) with its gradient rule, plus the bias: the input's gradient by
+  a transposed convolution, the weight's from the input windows x (N, G, 1, C/G, *out, *k)."""
+  k, out = weight.shape[2:], ret.shape[2:]
+  extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(self.shape[2:], pd, dl, k, out, st))
+  def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
+    return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
+  ret = autograd.record(ret, (self, weight), rule)
+  return ret if bias is None else ret + bias.reshape(1, ret.shape[1], *(1,) * len(k))
+
+
+@functools.cache
+def _winograd_matrices(m: int, r: int = 3) -> tuple[list[list[Fraction]], list[list[Fraction]], list[list[Fraction]]]:
+  """Winograd's minimal filtering F(m, r) as (Bt, G, At): a correlation y[i] = sum_k g[k] d[i + k] of a tile d of n = m + r - 1
+  inputs is At ((G g) * (Bt d)). From Toom-Cook: a product of polynomials c = a b (of m and r coefficients) is C ((A a) * (G b)),
+  with A and G evaluating them at n points (here 0, 1, -1, 2, -2, ... and infinity, which takes the leading coefficient) and C the
+  inverse of that evaluation for n coefficients. y is the gradient of sum_l d[l] c[l] with respect to a, so y = A^T ((G g) * (C^T d)).
+  Each column of C is scaled to integers and the row of G divided by the same factor, so only the weight's transform has fractions."""
+  n = m + r - 1
+  points = [Fraction(0)] + [Fraction((i // 2 + 1) * (-1) ** i) for i in range(n - 2)]
+  def evaluate(cols: int) -> list[list[Fraction]]:
+    return [[p ** i for i in range(cols)] for p in points] + [[Fraction(i == cols - 1) for i in range(cols)]]
+  a, g, c = evaluate(m), evaluate(r), _inverse(evaluate(n))
+  scale = [math.lcm(*(c[i][j].denominator for i in range(n))) for j in range(n)]
+  return [[c[i][j] * scale[j] for i in range(n)] for j in range(n)], [[x / s for x in row] for row, s in zip(g, scale)], \
+    [[a[j][i] for j in range(n)] for i in range(m)]
+
+
+def _inverse(mat: list[list[Fraction]]) -> list[list[Fraction]]:
+  """The inverse of an invertible square matrix of Fractions, by Gauss-Jordan elimination."""
+  n = len(mat)
+  rows = [row + [Fraction(i == j) for j in range(n)] for i, row in enumerate(mat)]
+  for col in range(n):
+    pivot = next(r for r in range(col, n) if rows[r][col] != 0)
+    rows[col], rows[pivot] = rows[pivot], rows[col]
+    rows[col] = [x / rows[col][col] for x in rows[col]]
+    for r in range(n):
+      if r != col and rows[r][col] != 0: rows[r] = [x - rows[r][col] * y for x, y in zip(rows[r], rows[col])]
+  return [row[n:] for row in rows]
+
+
+def _transform(t: Tensor, mat: list[list[Fraction]], axis: int) -> Tensor:
+  """mat (rows x t.shape[axis]) times t along axis: each row a sum of t's slices by its nonzero coefficients, the rows stacked (an
+  upcast of the stacked dim makes each row's place known when the kernel is built, so only its own terms are computed)."""
+  parts = [t.shrink(tuple((j, j + 1) if i == axis else None for i in range(t.ndim))) for j in range(t.shape[axis])]
+  def term(j: int, c: Fraction) -> Tensor: return parts[j] if c == 1 else -parts[j] if c == -1 else parts[j] * float(c)
+  rows = [functools.reduce(operator.add, [term(j, c) for j, c in enumerate(row) if c]) for row in mat]
+  return rows[0].cat(*rows[1:], dim=axis)
+
+
+def _winograd_tile(x: Tensor, weight: Tensor, stride: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> int:
+  """The output tile m of Winograd's F(m, 3) for this convolution, or 0 where a direct sum is the better (or the only) way."""
+  if not WINO or weight.shape[2:] != (3, 3) or stride != (1, 1) or dilation != (1, 1) or groups != 1: return 0
+  if x.dtype != dtypes.float32 or weight.dtype != dtypes.float32: return 0
+  return 4
+
+
+def _winograd(x: Tensor, weight: Tensor, m: int) -> Tensor:
+  """A 3x3, stride-1 convolution of the (N, C, H, W) input x (padded already) with the (O, C, 3, 3) weight by Winograd's F(m, 3):
+  the output in m x m tiles, each from an (m + 2) x (m + 2) tile d of the input as At ((G w G^T) * (Bt d B)) A, where the sum over
+  the input channels of the pointwise products is a batched matmul over the (m + 2)^2 tile points, so it gets matmul's tiling."""
+  bt, g, at = _winograd_matrices(m)
+  (n, c, h, w), o, a = x.shape, weight.shape[0], m + 2
+  oh, ow = h - 2, w - 2
+  th, tw = -(-oh // m), -(-ow // m)
+  # padded in memory first: the transform's many loads go unmasked
+  d = x.pad(((0, 0), (0, 0), (0, th * m + 2 - h), (0, tw * m + 2 - w))).contiguous()._windows((a, a), (m, m), (1, 1))  # (N, C, TH, TW, a, a)
+  # the tile points between the channels and the tiles in memory: the transforms read or write a^2 streams, which one channel's
+  # plane (a multiple of 4 KiB) apart would all fall in the same L1 cache sets
+  v = _transform(_transform(d, bt, 4), bt, 5).permute(1, 4, 5, 0, 2, 3).contiguous().reshape(c, a * a, n * th * tw)
+  u = _transform(_transform(weight, g, 2), g, 3).permute(2, 3, 0, 1).contiguous().reshape(a * a, o, 1, c)
+  y = (u.permute(1, 0, 2, 3) * v.permute(1, 2, 0).unsqueeze(0)).sum(-1).contiguous()  # (O, a^2, tiles): a matmul per tile point
+  y = y.reshape(o, a, a, n, th, tw).permute(3, 0, 4, 5, 1, 2)  # (N, O, TH, TW, a, a)
+  y = _transform(_transform(y, at, 4), at, 5).permute(0, 1, 2, 4, 3, 5).reshape(n, o, th * m, tw * m)
+  return y if (th * m, tw * m) == (oh, ow) else y.shrink(((0, n), (0, o), (0, oh), (0, ow)))
 
 
 def _flat_rows(x: Tensor) -> tuple[Tensor, Tensor]:
