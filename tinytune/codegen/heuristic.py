@@ -26,8 +26,13 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   k = kernel.copy()
   def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
 
-  if k.reduceop is None:
-    for d, f in stacked_dims(k): first_valid(Opt(OptOps.UPCAST, d, f))
+  if k.reduceop is None and (stacked := stacked_dims(k)):
+    for d, f in stacked: first_valid(Opt(OptOps.UPCAST, d, f))
+    if (lane := lane_dim(k)) is not None and lane not in dict(stacked) and all(st[lane] in (0, 1) for st in input_strides(k)):
+      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (k.caps.simd_width, 8, 4)))  # contiguous loads: vectors
+    if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK // 4:  # several loads and adds an element: threads pay sooner
+      first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+    return k.opts
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
   tile_row = _tile_row(k, lane, strides)
@@ -48,6 +53,10 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
   elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
+  # batch dims (every input varies along them) outermost, in order: each batch's operands stay in cache
+  batch = [d for d in range(k.n_global) if tile_row is not None and d not in (tile_row, lane) and k.sizes[d] > 1 and all(st[d] for st in strides)]
+  for i, d in enumerate(batch):
+    if (at := k.global_order[i]) != d: first_valid(Opt(OptOps.SWAP, min(at, d), max(at, d)))
   if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
   if tile_row is not None and lane is not None and tile_row < lane:

@@ -180,21 +180,24 @@ def _winograd_tile(x: Tensor, weight: Tensor, stride: tuple[int, ...], dilation:
 def _winograd(x: Tensor, weight: Tensor, m: int) -> Tensor:
   """A 3x3, stride-1 convolution of the (N, C, H, W) input x (padded already) with the (O, C, 3, 3) weight by Winograd's F(m, 3):
   the output in m x m tiles, each from an (m + 2) x (m + 2) tile d of the input as At ((G w G^T) * (Bt d B)) A, where the sum over
-  the input channels of the pointwise products is a batched matmul over the (m + 2)^2 tile points, so it gets matmul's tiling."""
+  the input channels of the pointwise products is a batched matmul over the (m + 2)^2 tile points, so it gets matmul's tiling.
+  The work goes channels last: the transforms' vector lanes run along the channels, and each tile's a^2 points lie together."""
   bt, g, at = _winograd_matrices(m)
   (n, c, h, w), o, a = x.shape, weight.shape[0], m + 2
   oh, ow = h - 2, w - 2
   th, tw = -(-oh // m), -(-ow // m)
-  # padded in memory first: the transform's many loads go unmasked
-  d = x.pad(((0, 0), (0, 0), (0, th * m + 2 - h), (0, tw * m + 2 - w))).contiguous()._windows((a, a), (m, m), (1, 1))  # (N, C, TH, TW, a, a)
-  # the tile points between the channels and the tiles in memory: the transforms read or write a^2 streams, which one channel's
-  # plane (a multiple of 4 KiB) apart would all fall in the same L1 cache sets
-  v = _transform(_transform(d, bt, 4), bt, 5).permute(1, 4, 5, 0, 2, 3).contiguous().reshape(c, a * a, n * th * tw)
-  u = _transform(_transform(weight, g, 2), g, 3).permute(2, 3, 0, 1).contiguous().reshape(a * a, o, 1, c)
-  y = (u.permute(1, 0, 2, 3) * v.permute(1, 2, 0).unsqueeze(0)).sum(-1).contiguous()  # (O, a^2, tiles): a matmul per tile point
-  y = y.reshape(o, a, a, n, th, tw).permute(3, 0, 4, 5, 1, 2)  # (N, O, TH, TW, a, a)
-  y = _transform(_transform(y, at, 4), at, 5).permute(0, 1, 2, 4, 3, 5).reshape(n, o, th * m, tw * m)
-  return y if (th * m, tw * m) == (oh, ow) else y.shrink(((0, n), (0, o), (0, oh), (0, ow)))
+  tw = next((t for t in range(tw, tw + max(1, tw // 4) + 1) if n * th * t % 16 == 0), tw)  # a round count of tiles: the matmul's rows
+  # padded and channels last in memory first: the transform's many loads go unmasked, a vector of channels each
+  xp = x.pad(((0, 0), (0, 0), (0, th * m + 2 - h), (0, tw * m + 2 - w))).permute(0, 2, 3, 1).contiguous()  # (N, H', W', C)
+  d = xp.permute(0, 3, 1, 2)._windows((a, a), (m, m), (1, 1))  # (N, C, TH, TW, a, a)
+  # (a, tiles, a, C): each of the a^2 matmuls reads its tile point's rows from one slab (not a page each), and the transforms
+  # write or read a runs of a rows, not a^2 streams a multiple of 4 KiB apart, which would all fall in the same L1 cache sets
+  v = _transform(_transform(d, bt, 4), bt, 5).permute(4, 0, 2, 3, 5, 1).contiguous().reshape(a, n * th * tw, a, 1, c)
+  u = _transform(_transform(weight, g, 2), g, 3).permute(1, 2, 3, 0).contiguous()  # (C, a, a, O): its a^2 stores a row apart
+  u = u.permute(1, 2, 3, 0).reshape(a, 1, a, o, c)
+  y = (v * u).sum(-1).contiguous().reshape(a, n, th, tw, a, o)  # (a, tiles, a, O): a matmul per tile point
+  y = _transform(_transform(y, at, 0), at, 4).permute(1, 2, 0, 3, 4, 5).contiguous().reshape(n, th * m, tw * m, o)
+  return y.shrink(((0, n), (0, oh), (0, ow), (0, o))).permute(0, 3, 1, 2)  # the tiles can overhang the output
 
 
 def _flat_rows(x: Tensor) -> tuple[Tensor, Tensor]:
