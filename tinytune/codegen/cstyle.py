@@ -258,14 +258,13 @@ class _KernelRender:
     if u.op is Ops.CONST: ret = Val("s", (self.r.literal(u.arg, u.dtype),))
     elif u.op is Ops.VIEW:
       off, valid, child = self.view_index(u, idx)
-      if (src := u.src[0]).op is Ops.BUFFER:
+      if valid.op is Ops.CONST and not valid.arg: ret = Val("s", (self.r.literal(0, u.dtype),), padding=True)
+      elif (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
       else:
-        if valid.op is Ops.CONST and not valid.arg: ret = Val("s", (self.r.literal(0, u.dtype),), padding=True)
-        else:
-          ret = self.node(src, child)
-          if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
+        ret = self.node(src, child)
+        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)

@@ -152,6 +152,7 @@ def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
   by the threads of a workgroup when there are few outputs, and workgroups along the contiguous output dim."""
   k = kernel.copy()
   n, lane = k.n_global, k.n_global - 1
+  for d, f in stacked_dims(k) if k.reduceop is None else (): _first_valid(k, Opt(OptOps.UPCAST, d, f))  # a cat's rows, as on the CPU
   if k.caps.tensor_cores:
     try: tc = find_tensor_core(k)
     except KernelOptError: pass
