@@ -98,3 +98,16 @@ def test_gradients(pad: int) -> None:
     for ours, theirs in ((xx, tx), (ww, tw), (bb, tb)):
       assert ours.grad is not None and theirs.grad is not None
       np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-4 * float(np.abs(theirs.grad.numpy()).max()))
+
+
+@pytest.mark.parametrize("k, pad, dilation, wino", [(3, 1, 1, 0), (5, 2, 1, 1), (3, 2, 2, 1), (1, 0, 1, 1), (3, (1, 2), 1, 0)])
+def test_padded_direct_convs(k: int, pad, dilation: int, wino: int) -> None:
+  """The direct convolution over rows laid end to end, with the padding (and a few columns more, so the rows' span is a multiple
+  of 32) in the copy that lays them out: odd sizes, asymmetric padding, dilation."""
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(k)
+  x, w = rng.standard_normal((2, 16, 9, 11)).astype(np.float32), rng.standard_normal((16, 16, k, k)).astype(np.float32)
+  with Context(WINO=wino): out = Tensor(x).conv2d(Tensor(w), padding=pad, dilation=dilation).numpy()
+  ref = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                                   padding=pad if isinstance(pad, int) else (pad[0], pad[1]), dilation=dilation).numpy()
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)

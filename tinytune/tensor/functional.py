@@ -104,14 +104,18 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     ret = _winograd(src, weight.detach() if custom else weight, m)
     if custom: return _conv_grad(self, weight, bias, ret, src._windows(k, st, dl).reshape(n, 1, 1, cin, *ret.shape[2:], *k), st, pd, dl, groups)
     return ret if bias is None else ret + bias.reshape(1, cout, 1, 1)
-  # with unit strides, no padding and no gradient through the graph: the convolution over the rows laid end to end (see _wide)
-  wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and untracked
-  if wide: src, flat = _flat_rows(src)
+  # with unit strides and no gradient through the graph: the convolution over the rows laid end to end (see _wide), its padding
+  # in the copy that lays them out, with a few more columns of zeros where that makes the rows' span a multiple of 32 (its lanes)
+  if wide := all(s == 1 for s in st) and untracked:
+    span = src.shape[2] - dl[0] * (k[0] - 1)  # the output's rows
+    more = next((e for e in range(src.shape[-1] // 8 + 1) if d > 1 and span * prod(src.shape[3:-1]) * (src.shape[-1] + e) % 32 == 0), 0)
+    padded, flat = _flat_rows(src.pad(((0, 0),) * (src.ndim - 1) + ((0, more),)))
+    src = padded.shrink(tuple((0, sz) for sz in src.shape))
   x = src._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
   wt = (weight.detach() if custom else weight).reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
-  if wide: ret = _wide(flat, wt, src.shape, out, k, dl)
+  if wide: ret = _wide(flat, wt, padded.shape, out, k, dl)
   else:
     order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
     ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
