@@ -100,14 +100,32 @@ def test_gradients(pad: int) -> None:
       np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-4 * float(np.abs(theirs.grad.numpy()).max()))
 
 
-@pytest.mark.parametrize("k, pad, dilation, wino", [(3, 1, 1, 0), (5, 2, 1, 1), (3, 2, 2, 1), (1, 0, 1, 1), (3, (1, 2), 1, 0)])
-def test_padded_direct_convs(k: int, pad, dilation: int, wino: int) -> None:
-  """The direct convolution over rows laid end to end, with the padding (and a few columns more, so the rows' span is a multiple
-  of 32) in the copy that lays them out: odd sizes, asymmetric padding, dilation."""
+@pytest.mark.parametrize("k, pad, dilation, stride, wino", [
+  (3, 1, 1, 1, 0), (5, 2, 1, 1, 1), (3, 2, 2, 1, 1), (1, 0, 1, 1, 1), (3, (1, 2), 1, 1, 0), (3, 1, 1, 2, 1), (5, 2, 1, 2, 1), (1, 0, 1, 2, 1),
+  (3, 1, 2, 3, 1),
+])
+def test_direct_convs(k: int, pad, dilation: int, stride: int, wino: int) -> None:
+  """Stride 1: the direct convolution over rows laid end to end, with the padding (and a few columns more, so the rows' span is a
+  multiple of 32) in the copy that lays them out. Strided: the windows copied out as rows, times the weight channels last. Odd
+  sizes, asymmetric padding, dilation."""
   torch = pytest.importorskip("torch")
   rng = np.random.default_rng(k)
   x, w = rng.standard_normal((2, 16, 9, 11)).astype(np.float32), rng.standard_normal((16, 16, k, k)).astype(np.float32)
-  with Context(WINO=wino): out = Tensor(x).conv2d(Tensor(w), padding=pad, dilation=dilation).numpy()
-  ref = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+  with Context(WINO=wino): out = Tensor(x).conv2d(Tensor(w), padding=pad, dilation=dilation, stride=stride).numpy()
+  ref = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64), stride=stride,
                                    padding=pad if isinstance(pad, int) else (pad[0], pad[1]), dilation=dilation).numpy()
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_strided_gradients() -> None:
+  """A strided convolution's forward by the rows-times-weight matmul, its gradients by their own rules, against torch."""
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(7)
+  x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 9, 10), (16, 3, 3, 3), (16,)))
+  tx, tw, tb = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w, b))
+  torch.nn.functional.conv2d(tx, tw, tb, stride=2, padding=1).square().sum().backward()
+  xx, ww, bb = (Tensor(a, requires_grad=True) for a in (x, w, b))
+  xx.conv2d(ww, bb, stride=2, padding=1).square().sum().backward()
+  for ours, theirs in ((xx, tx), (ww, tw), (bb, tb)):
+    assert ours.grad is not None and theirs.grad is not None
+    np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-4 * float(np.abs(theirs.grad.numpy()).max()))

@@ -116,6 +116,12 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   x = x.reshape(n, groups, 1, cg, *out, *k)
   wt = (weight.detach() if custom else weight).reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
   if wide: ret = _wide(flat, wt, padded.shape, out, k, dl)
+  elif groups == 1 and untracked and d > 1 and cout >= 16 and x.dtype == dtypes.float32 and weight.dtype == dtypes.float32:
+    # strided: a matmul of the windows copied out (a row per output position) by the weight laid out channels last, its lanes along
+    # the output channels (the input's strided rows would give lanes along the output nothing contiguous to load)
+    rows = x.reshape(n, cin, *out, *k).permute(0, *range(2, 2 + d), 1, *range(2 + d, 2 + 2 * d)).contiguous().reshape(n * prod(out), 1, cin, *k)
+    wl = (weight.detach() if custom else weight).permute(*range(1, 2 + d), 0).contiguous().permute(d + 1, *range(d + 1)).unsqueeze(0)
+    ret = (rows * wl).sum(tuple(range(2, 3 + d))).contiguous().reshape(n, *out, cout).permute(0, d + 1, *range(1, d + 1))
   else:
     order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
     ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
