@@ -26,17 +26,15 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   k = kernel.copy()
   def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
 
-  if k.reduceop is None and (stacked := stacked_dims(k)):
-    for d, f in stacked: first_valid(Opt(OptOps.UPCAST, d, f))
-    if (lane := lane_dim(k)) is not None and lane not in dict(stacked) and all(st[lane] in (0, 1) for st in input_strides(k)):
-      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (k.caps.simd_width, 8, 4)))  # contiguous loads: vectors
-    if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK // 4:  # several loads and adds an element: threads pay sooner
-      first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
-    return k.opts
+  stacked = dict(stacked_dims(k)) if k.reduceop is None else {}
+  for d, f in stacked.items(): first_valid(Opt(OptOps.UPCAST, d, f))
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
   tile_row = _tile_row(k, lane, strides)
-  if lane is None:  # a full reduce (or a single element)
+  if stacked:  # a cat's rows, whole: vectors along the lane dim only where its loads are contiguous (up to the upcast limit)
+    if lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides):
+      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (simd, 8, 4)))
+  elif lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
   elif tile_row is not None:
     # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
