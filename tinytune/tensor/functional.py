@@ -107,8 +107,9 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   # with unit strides and no gradient through the graph: the convolution over the rows laid end to end (see _wide), its padding
   # in the copy that lays them out, with a few more columns of zeros where the rows' span is not a multiple of 16 (its lanes)
   if wide := all(s == 1 for s in st) and untracked:
-    rows = (src.shape[2] - dl[0] * (k[0] - 1)) * prod(src.shape[3:-1])  # the output's rows (times any middle dims)
-    more = 0 if rows * src.shape[-1] % 16 == 0 or d == 1 else next((e for e in range(src.shape[-1] // 4) if rows * (src.shape[-1] + e) % 32 == 0), 0)
+    lines = (src.shape[2] - dl[0] * (k[0] - 1)) * prod(src.shape[3:-1])  # the output's rows (times any middle dims)
+    cols = src.shape[-1]
+    more = 0 if lines * cols % 16 == 0 or d == 1 else next((e for e in range(cols // 4) if lines * (cols + e) % 32 == 0), 0)
     padded, flat = _flat_rows(src.pad(((0, 0),) * (src.ndim - 1) + ((0, more),)))
     src = padded.shrink(tuple((0, sz) for sz in src.shape))
   x = src._windows(k, st, dl)  # (N, C, *out, *k)
