@@ -42,7 +42,7 @@ def test_matrices_compute_a_correlation_exactly(m: int) -> None:
 def test_matches_numpy(device: str, n: int, c: int, o: int, h: int, w: int, pad: int, bias: bool) -> None:
   """Odd sizes, sizes that are not a multiple of the tile, padding 0 and 1, batch 1, one input channel, a bias: each within the
   tolerance a searched kernel is verified to (the tiles' transforms round relative to the largest outputs, not to each one)."""
-  if device == "OPENCL" and (c, h) not in ((3, 9), (16, 8)): pytest.skip("pocl builds slowly: two cases on OpenCL")
+  if device == "OPENCL" and (c, h) != (3, 9): pytest.skip("pocl builds slowly: one case on OpenCL")
   rng = np.random.default_rng(n * 100 + c * 10 + h)
   x, wt, b = (rng.standard_normal(s).astype(np.float32) for s in ((n, c, h, w), (o, c, 3, 3), (o,)))
   with Context(WINO=2):
