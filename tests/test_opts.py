@@ -61,6 +61,8 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "softmax": lambda: (_randn(6, 20) * 3).softmax(-1),
   "max": lambda: _randn(10, 30).max(-1),
   "flip_sum": lambda: _randn(6, 8, 4).flip((1, 2)).sum((1, 2)),  # loads that go backwards inside an unrolled sum
+  # a cat's rows (Winograd's transforms), whose masked-out pieces the renderer drops where an upcast fixes the row
+  "stack": lambda: (lambda x: Tensor.stack([x[0] - x[2], x[1] + x[2], x[2] * 2 - x[1]], dim=1))(_randn(3, 5, 8)),
   "int32": lambda: (_ints(6, 10) * 3 - _ints(10) - (-4)).sum(-1, dtype=dtypes.int32),  # -(-4) once rendered as (--4)
   "int32_max": lambda: (_ints(7, 12) - 3).max(-1),
   "int64_max": lambda: (_ints(5, 12).cast(dtypes.int64) * -(2**40)).max(0),  # the identity -2**63 has no C literal
@@ -129,7 +131,7 @@ def fuzzed_here(name: str, device: str) -> None:
 
 
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
-           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
+           "softmax0", "softmax1", "softmax2", "max", "flip_sum", "stack", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
            "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum"]
 
 

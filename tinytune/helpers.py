@@ -55,6 +55,8 @@ class ContextVar:
 DEBUG = ContextVar("DEBUG", 0)
 # NOOPT=1: run every kernel with no opts (the reference the optimized kernels are checked against).
 NOOPT = ContextVar("NOOPT", 0)
+# WINO=0: 3x3 stride-1 convolutions always as direct sums, never by Winograd's transforms; 2: by Winograd's wherever they apply.
+WINO = ContextVar("WINO", 1)
 
 
 def env_count(key: str, least: int) -> int | None:

@@ -26,6 +26,7 @@ class Val:
   kind: str
   names: tuple[str, ...]
   lane_fmt: str = "{}[{}]"  # a native vector's lane i
+  padding: bool = False  # a zero that a pad put where its view's mask is false here (a cat's other pieces): adding it is a no-op
 
   def lane(self, i: int) -> str:
     return self.names[0] if self.kind == "s" else self.lane_fmt.format(self.names[0], i) if self.kind == "v" else self.names[i]
@@ -263,7 +264,8 @@ class _KernelRender:
     if u.op is Ops.CONST: ret = Val("s", (self.r.literal(u.arg, u.dtype),))
     elif u.op is Ops.VIEW:
       off, valid, child = self.view_index(u, idx)
-      if (src := u.src[0]).op is Ops.BUFFER:
+      if valid.op is Ops.CONST and not valid.arg: ret = Val("s", (self.r.literal(0, u.dtype),), padding=True)
+      elif (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
       else:
@@ -293,6 +295,7 @@ class _KernelRender:
     return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val("s", (r.literal(0, u.dtype),))], [dtypes.bool, u.dtype, u.dtype])
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
+    if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     ctype = self.r.types[dtype]
     def code(args: list[str]) -> str:  # a 16-bit float computed in float32 rounds each result to its type
       if op is Ops.BITCAST: return self.r.bitcast(args[0], (src_dtypes or [dtype])[0], dtype)

@@ -43,11 +43,16 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   k = kernel.copy()
   def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
 
+  stacked = dict(stacked_dims(k)) if k.reduceop is None else {}
+  for d, f in stacked.items(): first_valid(Opt(OptOps.UPCAST, d, f))
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
   tile_row = _tile_row(k, lane, strides)
   gathered = False
-  if lane is None:  # a full reduce (or a single element)
+  if stacked:  # a cat's rows, whole: vectors along the lane dim only where its loads are contiguous (up to the upcast limit)
+    if lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides):
+      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (simd, 8, 4)))
+  elif lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce and not _row_lanes(k, strides):
       first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
   elif tile_row is not None:
@@ -71,6 +76,10 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
   elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
+  # batch dims (every input varies along them) outermost, in order: each batch's operands stay in cache
+  batch = [d for d in range(k.n_global) if tile_row is not None and d not in (tile_row, lane) and k.sizes[d] > 1 and all(st[d] for st in strides)]
+  for i, d in enumerate(batch):
+    if (at := k.global_order[i]) != d: first_valid(Opt(OptOps.SWAP, min(at, d), max(at, d)))
   if k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
   if tile_row is not None and lane is not None and tile_row < lane and not gathered:
@@ -131,6 +140,32 @@ def input_strides(k: Kernel) -> list[list[int]]:
   return [[at(off, d) - at(off, -1) if k.sizes[d] > 1 else 0 for d in range(len(k.sizes))] for off in offsets]
 
 
+STACK_MAX = 8  # the most rows of a cat or stack that a kernel computes at once
+
+
+def stacked_dims(k: Kernel) -> list[tuple[int, int]]:
+  """(dim, f) for the output dims whose index mod f (f small) a mask over computed values tests, as a stack of f rows does (Winograd's
+  transforms): an UPCAST of dim by f makes each row's place known when the kernel is built, so the other rows' terms fold away."""
+  dims = tuple(UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(k.out_shape))
+  found: dict[int, int] = {}
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen or u.op is Ops.BUFFER: return
+    seen.add((u, idx))
+    if u.op is Ops.VIEW:
+      off, valid = u.arg.index(idx)
+      if u.arg.mask is not None and u.src[0].op is not Ops.BUFFER:
+        for x in simplify(valid).toposort:
+          if x.op is Ops.VAR and x in dims and k.out_shape[d := dims.index(x)] <= STACK_MAX: found[d] = k.out_shape[d]
+          if x.op is Ops.MOD and x.src[0] in dims and x.src[1].op is Ops.CONST and x.src[1].arg <= STACK_MAX:
+            found.setdefault(dims.index(x.src[0]), x.src[1].arg)
+      off, src = simplify(off), u.src[0]
+      return walk(src, tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape))))
+    for s in u.src: walk(s, idx)
+  walk(k.ast, dims)
+  return sorted(found.items())
+
+
 def _tile_row(k: Kernel, lane: int | None, strides: list[list[int]]) -> int | None:
   """For a kernel that sums products (A @ B in any guise: batched, broadcast, conv as implicit GEMM), the output dim to tile
   alongside the lane dim: one input is constant along the lane dim but not this one (A's rows), another the other way (B)."""
@@ -159,6 +194,7 @@ def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
   by the threads of a workgroup when there are few outputs, and workgroups along the contiguous output dim."""
   k = kernel.copy()
   n, lane = k.n_global, k.n_global - 1
+  for d, f in stacked_dims(k) if k.reduceop is None else (): _first_valid(k, Opt(OptOps.UPCAST, d, f))  # a cat's rows, as on the CPU
   if k.caps.tensor_cores:
     try: tc = find_tensor_core(k)
     except KernelOptError: pass

@@ -91,7 +91,8 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> s
       if u.arg.expands:
         src = u.src[0]
         while src.op is Ops.VIEW and not src.arg.expands and src not in roots: src = src.src[0]
-        if src.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE, Ops.VIEW, Ops.GATHER) and src not in roots and _computed_once(src, roots, users, in_reduce):
+        if src.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE, Ops.VIEW, Ops.GATHER) and src not in roots and \
+           _computed_once(src, roots, users, in_reduce):
           computed.add(src)
           continue
       stack.append((u.src[0], expanded or u.arg.expands, in_reduce))

@@ -1,13 +1,17 @@
 """Neural-network functions: matmul, convolution, pooling, normalization, softmax, dropout."""
 from __future__ import annotations
 
+import functools
 import math
+import operator
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tinytune.dtype import dtypes, least_upper
-from tinytune.helpers import prod
+from tinytune.helpers import WINO, prod
+from tinytune.runtime import Device
 from tinytune.shape import View
 from tinytune.tensor import autograd
 from tinytune.tensor.movement import view_uop
@@ -127,25 +131,121 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   # positions with the output's gradient channels-last, so its kernel vectorizes along the output channels
   custom = autograd.tracking(self, weight) and all(b == a >= 0 for b, a in pd)
   src = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))
-  # with unit strides, no padding and no gradient through the graph: the convolution over the rows laid end to end (see _wide)
-  wide = all(s == 1 for s in st) and all(p == (0, 0) for p in pd) and (custom or not autograd.tracking(self, weight))
-  if wide: src, flat = _flat_rows(src)
+  untracked = custom or not autograd.tracking(self, weight)
+  if untracked and (m := _winograd_tile(self, weight, st, dl, groups)):
+    ret = _winograd(src, weight.detach() if custom else weight, m)
+    if custom: return _conv_grad(self, weight, bias, ret, src._windows(k, st, dl).reshape(n, 1, 1, cin, *ret.shape[2:], *k), st, pd, dl, groups)
+    return ret if bias is None else ret + bias.reshape(1, cout, 1, 1)
+  # with unit strides and no gradient through the graph: the convolution over the rows laid end to end (see _wide), its padding
+  # in the copy that lays them out, with a few more columns of zeros where the rows' span is not a multiple of 16 (its lanes)
+  if wide := all(s == 1 for s in st) and untracked:
+    lines = (src.shape[2] - dl[0] * (k[0] - 1)) * prod(src.shape[3:-1])  # the output's rows (times any middle dims)
+    cols = src.shape[-1]
+    more = 0 if lines * cols % 16 == 0 or d == 1 else next((e for e in range(cols // 4) if lines * (cols + e) % 32 == 0), 0)
+    padded, flat = _flat_rows(src.pad(((0, 0),) * (src.ndim - 1) + ((0, more),)))
+    src = padded.shrink(tuple((0, sz) for sz in src.shape))
   x = src._windows(k, st, dl)  # (N, C, *out, *k)
   out = x.shape[2:2 + d]
   x = x.reshape(n, groups, 1, cg, *out, *k)
   wt = (weight.detach() if custom else weight).reshape(1, groups, cout // groups, cg, *(1,) * d, *k)
-  if wide: ret = _wide(flat, wt, src.shape, out, k, dl)
+  if wide: ret = _wide(flat, wt, padded.shape, out, k, dl)
+  elif groups == 1 and untracked and d > 1 and cout >= 16 and x.dtype == dtypes.float32 and weight.dtype == dtypes.float32:
+    # strided: a matmul of the windows copied out (a row per output position) by the weight laid out channels last, its lanes along
+    # the output channels (the input's strided rows would give lanes along the output nothing contiguous to load)
+    rows = x.reshape(n, cin, *out, *k).permute(0, *range(2, 2 + d), 1, *range(2 + d, 2 + 2 * d)).contiguous().reshape(n * prod(out), 1, cin, *k)
+    wl = (weight.detach() if custom else weight).permute(*range(1, 2 + d), 0).contiguous().permute(d + 1, *range(d + 1)).unsqueeze(0)
+    ret = (rows * wl).sum(tuple(range(2, 3 + d))).contiguous().reshape(n, *out, cout).permute(0, d + 1, *range(1, d + 1))
   else:
     order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
     ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
-  if custom:
-    size = self.shape[2:]
-    extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(size, pd, dl, k, out, st))
-    def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
-      dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
-      return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
-    ret = autograd.record(ret, (self, weight), rule)
+  if custom: return _conv_grad(self, weight, bias, ret, x, st, pd, dl, groups)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
+
+
+def _conv_grad(self: Tensor, weight: Tensor, bias: Tensor | None, ret: Tensor, x: Tensor, st: tuple[int, ...], pd: tuple[tuple[int, int], ...],
+               dl: tuple[int, ...], groups: int) -> Tensor:
+  """The convolution's output `ret` (computed from detached inputs) with its gradient rule, plus the bias: the input's gradient by
+  a transposed convolution, the weight's from the input windows x (N, G, 1, C/G, *out, *k)."""
+  k, out = weight.shape[2:], ret.shape[2:]
+  extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(self.shape[2:], pd, dl, k, out, st))
+  def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
+    return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
+  ret = autograd.record(ret, (self, weight), rule)
+  return ret if bias is None else ret + bias.reshape(1, ret.shape[1], *(1,) * len(k))
+
+
+@functools.cache
+def _winograd_matrices(m: int, r: int = 3) -> tuple[list[list[Fraction]], list[list[Fraction]], list[list[Fraction]]]:
+  """Winograd's minimal filtering F(m, r) as (Bt, G, At): a correlation y[i] = sum_k g[k] d[i + k] of a tile d of n = m + r - 1
+  inputs is At ((G g) * (Bt d)). From Toom-Cook: a product of polynomials c = a b (of m and r coefficients) is C ((A a) * (G b)),
+  with A and G evaluating them at n points (here 0, 1, -1, 2, -2, ... and infinity, which takes the leading coefficient) and C the
+  inverse of that evaluation for n coefficients. y is the gradient of sum_l d[l] c[l] with respect to a, so y = A^T ((G g) * (C^T d)).
+  Each column of C is scaled to integers and the row of G divided by the same factor, so only the weight's transform has fractions."""
+  n = m + r - 1
+  points = [Fraction(0)] + [Fraction((i // 2 + 1) * (-1) ** i) for i in range(n - 2)]
+  def evaluate(cols: int) -> list[list[Fraction]]:
+    return [[p ** i for i in range(cols)] for p in points] + [[Fraction(i == cols - 1) for i in range(cols)]]
+  a, g, c = evaluate(m), evaluate(r), _inverse(evaluate(n))
+  scale = [math.lcm(*(c[i][j].denominator for i in range(n))) for j in range(n)]
+  return [[c[i][j] * scale[j] for i in range(n)] for j in range(n)], [[x / s for x in row] for row, s in zip(g, scale)], \
+    [[a[j][i] for j in range(n)] for i in range(m)]
+
+
+def _inverse(mat: list[list[Fraction]]) -> list[list[Fraction]]:
+  """The inverse of an invertible square matrix of Fractions, by Gauss-Jordan elimination."""
+  n = len(mat)
+  rows = [row + [Fraction(i == j) for j in range(n)] for i, row in enumerate(mat)]
+  for col in range(n):
+    pivot = next(r for r in range(col, n) if rows[r][col] != 0)
+    rows[col], rows[pivot] = rows[pivot], rows[col]
+    rows[col] = [x / rows[col][col] for x in rows[col]]
+    for r in range(n):
+      if r != col and rows[r][col] != 0: rows[r] = [x - rows[r][col] * y for x, y in zip(rows[r], rows[col])]
+  return [row[n:] for row in rows]
+
+
+def _transform(t: Tensor, mat: list[list[Fraction]], axis: int) -> Tensor:
+  """mat (rows x t.shape[axis]) times t along axis: each row a sum of t's slices by its nonzero coefficients, the rows stacked (an
+  upcast of the stacked dim makes each row's place known when the kernel is built, so only its own terms are computed)."""
+  parts = [t.shrink(tuple((j, j + 1) if i == axis else None for i in range(t.ndim))) for j in range(t.shape[axis])]
+  def term(j: int, c: Fraction) -> Tensor: return parts[j] if c == 1 else -parts[j] if c == -1 else parts[j] * float(c)
+  rows = [functools.reduce(operator.add, [term(j, c) for j, c in enumerate(row) if c]) for row in mat]
+  return rows[0].cat(*rows[1:], dim=axis)
+
+
+def _winograd_tile(x: Tensor, weight: Tensor, stride: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> int:
+  """The output tile m of Winograd's F(m, 3) for this convolution, or 0 where a direct sum is the better (or the only) way."""
+  if not WINO or weight.shape[2:] != (3, 3) or stride != (1, 1) or dilation != (1, 1) or groups != 1: return 0
+  if x.dtype != dtypes.float32 or weight.dtype != dtypes.float32: return 0
+  if WINO >= 2: return 4  # WINO=2: wherever it can
+  # its transforms cost a few passes over the input and output, its matmuls a quarter of the direct sum's multiply-adds: with
+  # fewer than 16 channels in or out the passes cost more than they save (measured on a 2-core Zen 4: 8x3x32x32 -> 32 channels
+  # 0.28 ms against 0.13 direct, 16 -> 16 channels 0.33 ms against 0.56); measured on CPUs only, so not on devices with workgroups
+  return 4 if min(x.shape[1], weight.shape[0]) >= 16 and not Device[x.device].caps.has_local else 0
+
+
+def _winograd(x: Tensor, weight: Tensor, m: int) -> Tensor:
+  """A 3x3, stride-1 convolution of the (N, C, H, W) input x (padded already) with the (O, C, 3, 3) weight by Winograd's F(m, 3):
+  the output in m x m tiles, each from an (m + 2) x (m + 2) tile d of the input as At ((G w G^T) * (Bt d B)) A, where the sum over
+  the input channels of the pointwise products is a batched matmul over the (m + 2)^2 tile points, so it gets matmul's tiling.
+  The work goes channels last: the transforms' vector lanes run along the channels, and each tile's a^2 points lie together."""
+  bt, g, at = _winograd_matrices(m)
+  (n, c, h, w), o, a = x.shape, weight.shape[0], m + 2
+  oh, ow = h - 2, w - 2
+  th, tw = -(-oh // m), -(-ow // m)
+  tw = next((t for t in range(tw, tw + max(1, tw // 4) + 1) if n * th * t % 16 == 0), tw)  # a round count of tiles: the matmul's rows
+  # padded and channels last in memory first: the transform's many loads go unmasked, a vector of channels each
+  xp = x.pad(((0, 0), (0, 0), (0, th * m + 2 - h), (0, tw * m + 2 - w))).permute(0, 2, 3, 1).contiguous()  # (N, H', W', C)
+  d = xp.permute(0, 3, 1, 2)._windows((a, a), (m, m), (1, 1))  # (N, C, TH, TW, a, a)
+  # (a, tiles, a, C): each of the a^2 matmuls reads its tile point's rows from one slab (not a page each), and the transforms
+  # write or read a runs of a rows, not a^2 streams a multiple of 4 KiB apart, which would all fall in the same L1 cache sets
+  v = _transform(_transform(d, bt, 4), bt, 5).permute(4, 0, 2, 3, 5, 1).contiguous().reshape(a, n * th * tw, a, 1, c)
+  u = _transform(_transform(weight, g, 2), g, 3).permute(1, 2, 3, 0).contiguous()  # (C, a, a, O): its a^2 stores a row apart
+  u = u.permute(1, 2, 3, 0).reshape(a, 1, a, o, c)
+  y = (v * u).sum(-1).contiguous().reshape(a, n, th, tw, a, o)  # (a, tiles, a, O): a matmul per tile point
+  y = _transform(_transform(y, at, 0), at, 4).permute(1, 2, 0, 3, 4, 5).contiguous().reshape(n, th * m, tw * m, o)
+  return y.shrink(((0, n), (0, oh), (0, ow), (0, o))).permute(0, 3, 1, 2)  # the tiles can overhang the output
 
 
 def _flat_rows(x: Tensor) -> tuple[Tensor, Tensor]:
