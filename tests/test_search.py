@@ -223,6 +223,16 @@ def test_optuna_space_holds_real_amounts_each_valid_by_itself() -> None:
   assert opts_from_params(k, {name: choices[0] for name, choices in space.items()}) == ()
 
 
+def test_k_blocks_are_in_both_search_spaces() -> None:
+  from tinytune.search.space import opts_from_params, parameter_space
+  k = matmul_kernel(256)
+  assert {o.arg for o in actions(k) if o.op is OptOps.KBLOCK} == {64, 128}  # shorter blocks are not worth a candidate
+  assert parameter_space(k)["kblock0"] == (1, 64, 128)
+  opts = opts_from_params(k, {"kblock0": 128, "unroll0": 4})
+  assert opts == (Opt(OptOps.KBLOCK, 0, 128), Opt(OptOps.UNROLL, 0, 4))  # blocks of K first, then the unroll inside a block
+  k.copy().apply_opts(opts)
+
+
 def test_optuna_study_reads_back_through_optunas_api(tmp_path) -> None:  # type: ignore[no-untyped-def]
   import optuna
 
