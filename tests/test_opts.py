@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
 from tinytune.engine import compile_kernel
@@ -287,6 +288,16 @@ def test_reversed_and_permuted_sums_match_numpy(case: str) -> None:
     program, _ = compile_kernel(k, DEVICE)
     program(item.out, *k.bufs)
     np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-5, atol=1e-5, err_msg=f"{case} {opts}")
+
+
+def test_default_k_blocks_match_numpy() -> None:
+  """A product whose rows of A over all of K pass the heuristic's 8 MiB gets K blocks by default; with a bias and relu after it."""
+  rng = np.random.default_rng(2)
+  a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((2048, 2048), (2048, 32), (32,)))
+  out = (Tensor(a) @ Tensor(b) + Tensor(bias)).relu()
+  (item,), _ = create_schedule(out.uop, DEVICE)
+  assert any(o.op is OptOps.KBLOCK for o in hand_coded_optimizations(Kernel(item.ast, Device[DEVICE].caps)))
+  np.testing.assert_allclose(out.numpy(), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-3)
 
 
 # ***** invalid opts *****
