@@ -147,10 +147,9 @@ STRUCTURE_CASES = [
 
 @pytest.mark.parametrize("name,params,want", STRUCTURE_CASES, ids=[f"{c[0]}{c[1]}" for c in STRUCTURE_CASES])
 def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int], want: list[set[str]]) -> None:
-  from tinytune.codegen.heuristic import THREAD_MIN_WORK, hand_coded_optimizations, lane_dim
+  from tinytune.codegen.heuristic import THREAD_MIN_SECONDS, hand_coded_optimizations, lane_dim, single_core_seconds
   from tinytune.codegen.kernel import AxisKind, Kernel
   from tinytune.engine.schedule import create_schedule
-  from tinytune.helpers import prod
   from tinytune.runtime import DeviceCaps
   w = get_workload(name)
   out, _ = w.instantiate(w.params(params), device="CPU")
@@ -161,8 +160,45 @@ def test_default_opts_follow_kernel_structure(name: str, params: dict[str, int],
     k.apply_opts(hand_coded_optimizations(k))
     upcast = {a.dim: a.size for a in k.axes if a.kind is AxisKind.UPCAST}
     lane = lane_dim(k)
-    kinds = {"tile"} if len(upcast) == 2 and upcast.get(lane, 0) >= 16 else {"rows"} if upcast.get(lane) == 8 and k.reduceop is not None \
+    kinds = {"tile"} if len(upcast) == 2 and upcast.get(lane, 0) >= 16 else {"rows"} if any(a.kind is AxisKind.LANES for a in k.axes) \
       else {"columns"} if upcast.get(lane, 0) >= 64 else {"lanes"} if upcast.get(lane, 0) >= 16 else set(map(str, k.opts))
-    if prod(k.sizes) >= THREAD_MIN_WORK: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
+    if single_core_seconds(k) >= THREAD_MIN_SECONDS: assert any(a.kind is AxisKind.THREAD for a in k.axes), f"{k.name}: no threads"
     got.append(kinds)
   assert got == want
+
+
+@pytest.mark.parametrize("what,shape,threads", [
+  ("sum", (1024, 1024), False),  # 4 MB at cache speed: ~45 us on one core, where waking a second costs more than it saves
+  ("sum", (4096, 4096), True), ("max", (256, 16384), True),  # 16-64 MB
+  ("softmax", (1024, 1024), True),  # an exp of each element: ~0.3 ms
+  ("matmul", (64, 64), False), ("matmul", (512, 512), True),
+])
+def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], threads: bool) -> None:
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  x = Tensor.rand(*shape).realize()
+  out = {"sum": lambda: x.sum(1), "max": lambda: x.max(1), "softmax": lambda: x.softmax(-1), "matmul": lambda: x @ x}[what]()
+  caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
+  k = Kernel(create_schedule(out.uop, "CPU")[0][-1].ast, caps)  # softmax: its last kernel, e / sum e
+  assert any(o.op.name == "THREAD" for o in hand_coded_optimizations(k)) == threads
+
+
+@pytest.mark.parametrize("cols,dtype,want", [
+  (1024, "float32", "[Opt(LANES, 0, 64)]"),  # 4 vectors of 16 lanes
+  (1000, "float32", "[Opt(PADTO, 1, 64), Opt(LANES, 0, 64)]"),  # whole vectors; the loop's last iteration masks (split_loop)
+  (40, "float32", "[Opt(PADTO, 1, 16), Opt(LANES, 0, 16)]"),  # two whole iterations before the padding
+  (1024, "int32", "[Opt(LANES, 0, 16)]"),  # scalar partials that the compiler vectorizes
+])
+def test_row_reduce_lanes(cols: int, dtype: str, want: str) -> None:
+  from tinytune import Tensor, dtypes
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  x = Tensor.rand(64, cols).cast(getattr(dtypes, dtype)).realize()
+  caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
+  (item,), _ = create_schedule(x.max(1).uop, "CPU")
+  assert str(hand_coded_optimizations(Kernel(item.ast, caps))) == want

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import os
 import random
+import re
 import subprocess
 import sys
 import zlib
@@ -189,8 +190,8 @@ def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
     program = dev.program(k.name, lib, k.launch_dims)
     _fill_sentinel(out)
     program(out, *k.bufs)
-    # a workgroup adds its partial sums in another order: exact cases are then exact only up to rounding of the sum
-    grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in k.opts)
+    # a workgroup, or LANES, adds its partial sums in another order: exact cases are then exact only up to rounding of the sum
+    grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES) for o in k.opts)
     tol = 0 if kc.name in EXACT and not (grouped and kc.item.out.dtype.is_float) else float_tol
     if k.tc is not None: tol = 10 * float_tol  # tensor cores multiply exactly, where the kernel with no opts rounds products to 16 bits
     atol = tol * float(np.abs(kc.ref).max(initial=1)) if grouped else tol
@@ -204,7 +205,7 @@ def test_candidate_opts() -> None:
   by_op: dict[tuple[OptOps, int], set[int]] = {}
   for o in valid_opts(k): by_op.setdefault((o.op, o.axis), set()).add(o.arg)
   assert by_op == {(OptOps.UPCAST, 0): {2, 3, 4, 6, 8, 12, 24}, (OptOps.UPCAST, 1): {2, 4, 5, 10, 20}, (OptOps.UNROLL, 0): {2, 3, 4, 6, 12},
-                   (OptOps.THREAD, 0): {2, 3, 4, 6, 8}, (OptOps.THREAD, 1): {2, 4, 5}, (OptOps.SWAP, 0): {1},
+                   (OptOps.LANES, 0): {2, 3, 4, 6, 12}, (OptOps.THREAD, 0): {2, 3, 4, 6, 8}, (OptOps.THREAD, 1): {2, 4, 5}, (OptOps.SWAP, 0): {1},
                    (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16},
                    (OptOps.KBLOCK, 0): {2, 3, 4, 6}}
   assert {o.op for o in candidate_opts(k)} == set(OptOps)
@@ -300,6 +301,71 @@ def test_default_k_blocks_match_numpy() -> None:
   np.testing.assert_allclose(out.numpy(), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-3)
 
 
+def _lanes_case(case: str) -> tuple[Tensor, np.ndarray]:
+  """A reduce over rows of 37 (no whole vectors: LANES needs PADTO), its NumPy result."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((5, 37)).astype(np.float32)
+  if case == "max_nan":  # a NaN anywhere in a row wins, as in NumPy; a row of -inf stays -inf
+    x[1, 5], x[2, 36], x[3, :] = np.nan, np.nan, -np.inf
+    return Tensor(x).max(-1), x.max(-1)
+  if case == "min": return Tensor(x).min(-1), x.min(-1)
+  if case == "sum": return Tensor(x).sum(-1), x.sum(-1)
+  if case == "full_sum": return Tensor(x).sum(), x.sum()
+  if case == "float64": return Tensor(x.astype(np.float64)).sum(-1), x.astype(np.float64).sum(-1)
+  if case == "bfloat16":
+    b = Tensor(x).cast(dtypes.bfloat16).realize()
+    return b.sum(-1, dtype=dtypes.float32), b.cast(dtypes.float32).numpy().sum(-1)
+  i = rng.integers(-100, 100, x.shape).astype(np.int32)
+  if case == "int32_sum": return Tensor(i).sum(-1, dtype=dtypes.int32), i.sum(-1, dtype=np.int32)
+  assert case == "int8_max"
+  return Tensor(i.astype(np.int8)).max(-1), i.astype(np.int8).max(-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["sum", "max_nan", "min", "full_sum", "float64", "bfloat16", "int32_sum", "int8_max"])
+def test_lanes_match_numpy(case: str, device: str) -> None:
+  """LANES (partial accumulators in SIMD lanes, combined after the loop) over padded rows, with UNROLL, UPCAST and THREAD beside it."""
+  if device == "OPENCL" and case not in ("sum", "max_nan"): pytest.skip("pocl builds slowly: the other dtypes are checked on the CPU")
+  default, Device.DEFAULT = Device.DEFAULT, device
+  try: t, ref = _lanes_case(case)
+  finally: Device.DEFAULT = default
+  (item,), _ = create_schedule(t.uop, device)
+  t_, o = OptOps, Opt
+  seqs = [[o(t_.PADTO, -1, 16), o(t_.LANES, -1, 16)], [o(t_.PADTO, -1, 8), o(t_.LANES, -1, 40)], [o(t_.PADTO, -1, 16), o(t_.LANES, -1, 48)],
+          [o(t_.PADTO, -1, 16), o(t_.LANES, -1, 8), o(t_.UNROLL, -1, 3)], [o(t_.PADTO, -1, 8), o(t_.UNROLL, -1, 2), o(t_.LANES, -1, 4)],
+          [o(t_.PADTO, -1, 32), o(t_.LANES, -1, 16), o(t_.UPCAST, 0, 5)], [o(t_.PADTO, -1, 8), o(t_.LANES, -1, 5), o(t_.THREAD, 0, 5)],
+          [o(t_.PADTO, -1, 32), o(t_.LANES, -1, 32), o(t_.UNROLL, -1, 2)]]
+  done = 0
+  if caps_for(device).has_local:  # the partials combine before a workgroup's threads share theirs
+    seqs = seqs[:3] + [[o(t_.PADTO, -1, 16), o(t_.LANES, -1, 4), o(t_.GROUP, -1, 4)], [o(t_.PADTO, -1, 8), o(t_.GROUPTOP, -1, 5), o(t_.LANES, -1, 8)]]
+  for opts in seqs:
+    base = Kernel(item.ast, caps_for(device))
+    last = {t_.PADTO: len(base.sizes) - 1, **{op: base.n_reduce - 1 for op in (t_.LANES, t_.UNROLL, t_.GROUP, t_.GROUPTOP)}}  # -1: the last
+    opts = [o(x.op, last[x.op] if x.axis == -1 else x.axis, x.arg) for x in opts]
+    try: k = base.apply_opts(opts)
+    except KernelOptError: continue
+    _fill_sentinel(item.out)
+    program, _ = compile_kernel(k, device)
+    program(item.out, *k.bufs)
+    got = item.out.numpy_view().reshape(np.shape(ref))
+    np.testing.assert_allclose(got, ref, rtol=1e-5 if ref.dtype.kind == "f" else 0, atol=1e-5, err_msg=f"{case} {opts}")
+    done += 1
+  assert done >= 3, f"{case}: too few of the opt lists applied"
+
+
+def test_lanes_rules() -> None:
+  k = kernel_cases()["row_sum"].kernel()  # global 12; reduce 40
+  k.apply_opt(Opt(OptOps.LANES, 0, 8))
+  with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LANES, 0, 5))  # one LANES part per kernel
+  with pytest.raises(KernelOptError): kernel_cases()["elementwise"].kernel().apply_opt(Opt(OptOps.LANES, 0, 2))
+  assert "tt_f8 acc" in Device[DEVICE].renderer.render(k) or CAPS.simd_width < 8  # one vector accumulator of 8 lanes
+  ints = Kernel(create_schedule(_ints(2, 128).max(1).uop, DEVICE)[0][0].ast, CAPS).apply_opts([Opt(OptOps.LANES, 0, 128)])
+  assert len(Device[DEVICE].renderer.render(ints)) < 30_000  # 128 partials combine through named values, not a nested expression
+  padded = kernel_cases()["row_sum"].kernel().apply_opts([Opt(OptOps.PADTO, 1, 16), Opt(OptOps.LANES, 0, 16)])  # 40 of 48
+  src = Device[DEVICE].renderer.render(padded)  # the two whole iterations of 16 run a body without masks, the last one masks
+  assert re.search(r"for \(long (r\d+) = 0; \1 < 2; \1\+\+\)", src) and re.search(r"for \(long (r\d+) = 2; \1 < 3; \1\+\+\)", src)
+
+
 # ***** invalid opts *****
 
 def _state(k: Kernel) -> tuple:
@@ -354,6 +420,8 @@ def _invalid_cases() -> list[tuple[str, list[Opt], Opt]]:
     ("non-dividing kblock", [], o(t.KBLOCK, 0, 5)),
     ("second kblock", [o(t.KBLOCK, 0, 6)], o(t.KBLOCK, 0, 2)),
     ("kblock on a global axis number", [], o(t.KBLOCK, 2, 2)),
+    ("kblock after lanes", [o(t.LANES, 0, 4)], o(t.KBLOCK, 0, 3)),
+    ("lanes after kblock", [o(t.KBLOCK, 0, 6)], o(t.LANES, 0, 2)),
     ("bool axis", [], Opt(t.UPCAST, True, 4)),  # type: ignore[arg-type]
     ("float arg", [], Opt(t.UPCAST, 0, 4.0)),  # type: ignore[arg-type]
     ("not an opt", [], ("UPCAST", 0, 4)),  # type: ignore[list-item]

@@ -213,7 +213,7 @@ def test_optuna_space_holds_real_amounts_each_valid_by_itself() -> None:
   from tinytune.search.space import opts_from_params, parameter_space
   k = matmul_kernel(48)
   space = parameter_space(k)
-  assert set(space) == {"upcast0", "upcast1", "unroll0", "swap"} | ({"thread"} if k.caps.threads > 1 else set())
+  assert set(space) == {"upcast0", "upcast1", "lanes0", "unroll0", "swap"} | ({"thread"} if k.caps.threads > 1 else set())
   assert space["upcast0"][:4] == (1, 2, 3, 4) and all(48 % a == 0 for a in space["upcast0"])  # amounts, not log2 indices
   assert space["swap"] == ("off", "0,1")
   for name, choices in space.items():

@@ -5,5 +5,6 @@ from __future__ import annotations
 # stored per code generator version, so old entries are never applied to code they were not measured on.
 # 2: GPU renderers, MAX keeps NaNs, gcc without loop if-conversion, size-0 loops; 3: bfloat16, 16-bit constants rounded;
 # 4: the C renderer's inline vector math (exp2, log2, sqrt, max, where, comparisons in SIMD lanes), lanes past size-1 dims, 8-wide vectors
-# 5: KBLOCK (K blocks outside the output loops, the sums so far kept in the output), and the heuristics' K blocks for large matmuls
-CODEGEN_VERSION = "5"
+# 5: LANES (a reduce's partial accumulators in SIMD lanes); row reduces default to it, threads by estimated time
+# 6: KBLOCK (K blocks outside the output loops, the sums so far kept in the output), and the heuristics' K blocks for large matmuls
+CODEGEN_VERSION = "6"

@@ -158,13 +158,19 @@ class _KernelRender:
     self.index_text: dict[UOp, str] = {}
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
+    self.unpadded, self.full_body = -1, list[str]()  # a padded dim rendered as if unpadded, and the reduce body so rendered (split_loop)
+    self.partials: dict[str, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
+    self.combine: list[str] = []  # after the reduce loops: each LANES accumulator from its partials
     self.decls: list[str] = []
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
+    # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
     self.width, self.lane_axis = 1, -1
+    self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes):
-      if a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
+      if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
+         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
         self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
         self.lane_axis = i if self.width > 1 else -1
     self.lane = UOp.var("lane", 0, self.width - 1)
@@ -220,14 +226,14 @@ class _KernelRender:
 
   def clamp(self, d: int, e: UOp) -> UOp:
     """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
-    if d not in self.k.padded: return e
+    if d not in self.k.padded or d == self.unpadded: return e
     real = self.k.padded[d]
     return self.simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
 
   def guard(self, dims: list[UOp], which: range) -> UOp:
     g = TRUE
     for d in which:
-      if d in self.k.padded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
+      if d in self.k.padded and d != self.unpadded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
     return self.simplify(g)
 
   def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
@@ -323,6 +329,7 @@ class _KernelRender:
     op, ctype = red.arg[0], self.r.types[red.dtype]
     ident = self.r.literal(0 if op is Ops.ADD else -math.inf if red.dtype.is_float else _dtype_min(red.dtype), red.dtype)
     self.count += 1
+    if self.lanes >= 0: return self.lanes_acc(red, idx, ident)
     if not self.lane_dep(*idx): ret, decl = Val("s", (f"acc{self.count}",)), [f"{ctype} acc{self.count} = {ident};"]
     elif red.dtype == dtypes.float32 and op is Ops.ADD:
       ret, decl = Val("v", (f"acc{self.count}",), self.r.lane_fmt), [f"{self.vt} acc{self.count} = {self.r.vector(self.vt, [ident] * self.width)};"]
@@ -333,7 +340,38 @@ class _KernelRender:
     self.accs.append((red, idx, ret))
     return ret
 
-  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp]) -> None:
+  def vector_acc(self, op: Ops, dtype: DType) -> bool:
+    return self.width > 1 and dtype == dtypes.float32 and op in self.r.vector_ops
+  def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], ident: str) -> Val:
+    """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the dialect has the op, else a scalar per
+    lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
+    op, ctype, name = red.arg[0], self.r.types[red.dtype], f"acc{self.count}"
+    parts = []
+    for j in range(self.k.axes[self.lanes].size // self.width):
+      if self.vector_acc(op, red.dtype):
+        parts.append(Val("v", (f"{name}_{j}",), self.r.lane_fmt))
+        self.decls.append(f"{self.vt} {name}_{j} = {self.r.vector(self.vt, [ident] * self.width)};")
+      else:
+        parts.append(Val("l", tuple(f"{name}_{j}_{i}" for i in range(self.width))))
+        self.decls += [f"{ctype} {n} = {ident};" for n in parts[-1].names]
+    self.partials[name], ret = parts, Val("s", (name,))
+    if parts[0].kind == "v":  # the vectors into one first, then its lanes
+      vec = parts[0].names[0]
+      for p in parts[1:]:
+        vec = self.r.code(op, [vec, p.names[0]], red.dtype) if op is Ops.ADD else self.r.vector_code(op, [vec, p.names[0]], self.width)
+      self.combine.append(f"{self.vt} {name}_v = {vec};")
+      parts = [Val("v", (f"{name}_v",), self.r.lane_fmt)]
+    lanes = [p.lane(i) for p in parts for i in range(self.width)]
+    while len(lanes) > 2:  # a tree of named values (an operand may be spelled more than once in an op's code): neighbouring lanes first
+      pairs, lanes = [lanes[i:i + 2] for i in range(0, len(lanes), 2)], []
+      for pair in pairs:
+        lanes.append(f"{name}_c{len(self.combine)}" if len(pair) == 2 else pair[0])
+        if len(pair) == 2: self.combine.append(f"{ctype} {lanes[-1]} = {self.r.code(op, pair, red.dtype)};")
+    self.combine.append(f"{ctype} {name} = {self.r.code(op, lanes, red.dtype) if len(lanes) == 2 else lanes[0]};")
+    self.accs.append((red, idx, ret))
+    return ret
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
     k = self.k
     in_idx = list(idx)
     for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
@@ -341,6 +379,11 @@ class _KernelRender:
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       ident = self.r.literal(0 if red.arg[0] is Ops.ADD else -math.inf if red.dtype.is_float else _dtype_min(red.dtype), red.dtype)
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val("s", (ident,))])
+    if (parts := self.partials.get(acc.names[0])) is not None:  # the partial of this instance's vector of lanes
+      acc = parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
+      if acc.kind == "v" and red.arg[0] is not Ops.ADD:
+        self.lines.append(f"{acc.names[0]} = {self.r.vector_code(red.arg[0], [acc.names[0], self.splat(val)], self.width)};")
+        return
     if acc.kind == "v": self.lines.append(f"{acc.names[0]} = {self.r.code(red.arg[0], [acc.names[0], self.vec(val)], red.dtype)};")
     else:
       for i, name in enumerate(acc.names): self.lines.append(f"{name} = {self.r.code(red.arg[0], [name, val.lane(i)], red.dtype)};")
@@ -372,12 +415,11 @@ class _KernelRender:
       off = self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
       self.store(val, off, self.guard(dims, range(k.n_global)))
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
-    post, self.lines, self.memo = self.lines, [], {}
+    post, body = self.lines, self.reduce_body()
+    if (split := self.split_loop()) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
+      self.unpadded = k.axes[split].dim
+      self.full_body, self.unpadded = self.reduce_body(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
-    for inst in self.instances((AxisKind.UNROLL,)):
-      dims = self.dims(inst)
-      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims)
-    body = self.lines
     return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
 
   def kblocked(self, post: list[str], partials: list[tuple[Val, UOp, UOp]]) -> list[str]:
@@ -406,13 +448,30 @@ class _KernelRender:
     self.decls += [f"if ({var} != 0) {{", *("  " + line for line in reload), "}"]
     return [f"if ({var} != {last}) {{", *("  " + line for line in stores), "} else {", *("  " + line for line in post), "}"]
 
+  def reduce_body(self) -> list[str]:
+    self.lines, self.memo = [], {}
+    for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
+      dims = self.dims(inst)
+      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
+    return self.lines
+
+  def split_loop(self) -> int | None:
+    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
+    before the padding run a body without clamps and masks, the rest the full one."""
+    k = self.k
+    if self.r.has_local: return None
+    blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
+    for i, a in enumerate(k.axes):
+      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
+    return None
+
   def assemble(self, body: list[str], post: list[str]) -> str:
-    k, out, depth = self.k, [], 1
-    def loop(i: int) -> None:
+    k, out, depth, split = self.k, [], 1, self.split_loop()
+    def loop(i: int, start: int = 0) -> None:
       nonlocal depth
       if k.axes[i].size != 1:  # a size-0 loop runs no times
-        var = self.loopvars[i].arg[0]
-        out.append("  " * depth + f"for ({self.r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
+        var, end = self.loopvars[i].arg[0], k.axes[i].size if i != split or start else k.padded[k.axes[i].dim] // k.axes[i].stride
+        out.append("  " * depth + f"for ({self.r.index_type} {var} = {start}; {var} < {end}; {var}++) {{")
         depth += 1
     def close(n: int) -> None:
       nonlocal depth
@@ -427,10 +486,18 @@ class _KernelRender:
     opened = sum(k.axes[i].size != 1 for i in loops)
     out += ["  " * depth + line for line in self.decls]
     red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    for i in red_loops: loop(i)
-    out += ["  " * depth + line for line in body]
-    close(sum(k.axes[i].size != 1 for i in red_loops))
-    out += ["  " * depth + line for line in post]
+    def nest(loops: list[int], lines: list[str], start: int = 0) -> None:
+      for n, i in enumerate(loops): loop(i, start if n == 0 else 0)
+      out.extend("  " * depth + line for line in lines)
+      close(sum(k.axes[i].size != 1 for i in loops))
+    if split is None: nest(red_loops, body)
+    else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
+      j = red_loops.index(split)
+      for i in red_loops[:j]: loop(i)
+      nest(red_loops[j:], self.full_body)
+      nest(red_loops[j:], body, k.padded[k.axes[split].dim] // k.axes[split].stride)
+      close(sum(k.axes[i].size != 1 for i in red_loops[:j]))
+    out += ["  " * depth + line for line in self.combine + post]
     close(opened)
     return self.wrap(out)
 
@@ -462,6 +529,7 @@ class _KernelRender:
       out.append("  " * (depth + 1) + f"for ({r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
     out += ["  " * (len(red_loops) + 1) + line for line in body]
     out += ["  " * depth + "}" for depth in range(len(red_loops), 0, -1)]
+    out += ["  " + line for line in self.combine]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
       threads = k.launch_dims[1]
       partials = [(red, acc.lane(i) if acc.kind == "v" else name) for red, _, acc in self.accs
@@ -479,7 +547,8 @@ class _KernelRender:
     def ptr(dt: DType) -> str: return f"{r.buffer_prefix}{r.buffer_types.get(dt, r.types[dt])}* {r.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in self.bufs.items()]
     head = r.prelude(k) + (r.vector_prelude(self.width) if self.width > 1 else "")
-    if any(acc.kind != "v" and red.dtype.is_float and red.arg[0] is Ops.ADD for red, _, acc in self.accs): head += r.in_order_reduce_prefix
+    accs = [(red, p) for red, _, acc in self.accs for p in self.partials.get(acc.names[0], [acc])]
+    if any(acc.kind != "v" and red.dtype.is_float and red.arg[0] is Ops.ADD for red, acc in accs): head += r.in_order_reduce_prefix
     return f"{head}{r.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
 

@@ -8,15 +8,31 @@ from tinytune.helpers import NOOPT, divisors, prod
 from tinytune.shape import strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
-# below this many element-ops, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
-# milliseconds (the CNN step's 0.3-1.6M element reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found;
-# X[idx] of 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores)
-THREAD_MIN_WORK = 1 << 21
 GATHER_STRIDE = 16  # elements apart along the lanes from which each lane of a vector load is its own cache line
+# below this estimated time on one core, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
+# milliseconds (the CNN step's small reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found; X[idx] of
+# 128x784 floats: 0.4 ms on one thread, 15 ms on two busy cores), and a quiet machine gains nothing below ~50 us either (a vectorized
+# 1024x1024 row sum: 43 us on one thread, 55 us on two)
+THREAD_MIN_SECONDS = 100e-6
+# one core's rates for the estimate, as the row sums and softmax measured: memory (L3 or DRAM), float32 element-ops in SIMD lanes
+# (layernorm's variance pass: 4M in 43 us), and the element-ops that are calls of vector math (exp2, log2, sin: ~20 vector
+# instructions for 16 lanes, 0.3 ns an element)
+CORE_BYTES_PER_S, CORE_OPS_PER_S, CORE_MATH_PER_S = 50e9, 100e9, 3e9
+MATH_OPS = {Ops.EXP2, Ops.LOG2, Ops.SIN}
 # a tile's rows of A for one K block, all of them, stay in the last-level cache while every column panel of B passes them: past
 # this, K is split into blocks (2048^3: 91 -> 148 GFLOPS with blocks of 1024; 4096^3: 79 -> 195 with 512; 1024^3, 4 MiB of A: slower)
 KBLOCK_BYTES = 8 << 20
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
+
+
+def single_core_seconds(k: Kernel) -> float:
+  """An estimate of the kernel's time on one core: its memory traffic or its arithmetic, whichever takes longer. Each input counts
+  once, but no more than the kernel reads of it (a gather reads a few rows of a large table)."""
+  steps = prod(k.sizes)
+  moved = prod(k.out_shape) * k.ast.dtype.itemsize + sum(min(b.nbytes, steps * b.dtype.itemsize) for b in k.bufs)
+  ops = [(u.op in MATH_OPS, prod(u.shape)) for u in k.ast.toposort if u.op in ALU and u.op is not Ops.CAST]
+  if k.reduceop is not None: ops.append((False, prod(k.reduceop.src[0].shape)))
+  return max(moved / CORE_BYTES_PER_S, sum(n / (CORE_MATH_PER_S if math else CORE_OPS_PER_S) for math, n in ops))
 
 
 def _first_valid(k: Kernel, *opts: Opt) -> None:
@@ -36,7 +52,8 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   tile_row = _tile_row(k, lane, strides)
   gathered = False
   if lane is None:  # a full reduce (or a single element)
-    if k.reduceop is not None and k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+    if k.reduceop is not None and k.n_reduce and not _row_lanes(k, strides):
+      first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
   elif tile_row is not None:
     # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
     # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
@@ -49,14 +66,16 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     vectors = max(1, k.upcast_size() // simd)
     first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
   elif k.reduceop is not None and any(st[lane] not in (0, 1) for st in strides):
-    # a reduce whose inputs are not contiguous along the output (rows of a row sum): independent scalar accumulators, one per row
-    first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8, 4, 2)))
-    if k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+    # a reduce whose inputs are not contiguous along the output (rows of a row sum): vector accumulators along the row where it is
+    # contiguous, else independent scalar accumulators, one per row
+    if not _row_lanes(k, strides):
+      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8, 4, 2)))
+      if k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
   elif k.reduceop is not None:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
   elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
-  if k.caps.threads > 1 and prod(k.sizes) >= THREAD_MIN_WORK:
+  if k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
   if tile_row is not None and lane is not None and tile_row < lane and not gathered:
     first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
@@ -64,6 +83,25 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     rows, red = k.sizes[tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
     if rows * red > KBLOCK_BYTES: first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
   return k.opts
+
+
+def _row_lanes(k: Kernel, strides: list[list[int]]) -> bool:
+  """For a reduce whose last axis is contiguous in memory (a row sum or max, softmax's and layernorm's row passes): that axis as
+  SIMD lanes of a few independent vector accumulators (padded to whole vectors), so each row is read with vector loads and no add
+  waits on the one before; the lanes combine once per row. Other dtypes than float32 get one vector's worth of scalar accumulators,
+  which the C compiler vectorizes (int32 sums and maxes of 1024x1024: 43 us, 58 with a scalar accumulator per row). False where
+  that does not fit."""
+  assert k.reduceop is not None
+  simd, axis = k.caps.simd_width, k.n_reduce - 1
+  if not k.n_reduce: return False
+  red = k.n_global + axis
+  if not any(st[red] == 1 for st in strides) or any(st[red] not in (0, 1) for st in strides): return False
+  if k.sizes[red] < 2 * simd: return False
+  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see split_loop)
+    _first_valid(k, Opt(OptOps.PADTO, red, next(amt for amt in (4 * simd, 2 * simd, simd) if k.sizes[red] // amt >= 2)))
+  before = len(k.opts)
+  _first_valid(k, *(Opt(OptOps.LANES, axis, amt) for amt in ((4 * simd, 2 * simd, simd) if k.reduceop.dtype == dtypes.float32 else (simd,))))
+  return len(k.opts) > before
 
 
 def lane_dim(k: Kernel) -> int | None:

@@ -19,7 +19,7 @@ __all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
 
 
 class AxisKind(Enum):
-  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; GROUP = "gr"; TC = "tc"; KBLOCK = "kb"  # noqa: E702
+  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; LANES = "v"; GROUP = "gr"; TC = "tc"; KBLOCK = "kb"  # noqa: E702
 
 
 LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
@@ -87,6 +87,9 @@ def find_reduce(ast: UOp) -> UOp | None:
   return next(iter(reduces), None)
 
 
+LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
+
+
 class Kernel:
   """The AST's output dims are the global dims, the reduce's dims follow; `axes` are the loops and register parts they split into."""
 
@@ -109,7 +112,7 @@ class Kernel:
   def n_reduce(self) -> int: return len(self.sizes) - self.n_global
   def real_size(self, dim: int) -> int: return self.padded.get(dim, self.sizes[dim])
   def remaining(self, dim: int) -> Axis: return next(a for a in self.axes if a.dim == dim and a.kind in LOOPS)
-  def upcast_size(self) -> int: return prod(a.size for a in self.axes if a.kind in (AxisKind.UPCAST, AxisKind.UNROLL))
+  def upcast_size(self) -> int: return prod(a.size for a in self.axes if a.kind in (AxisKind.UPCAST, AxisKind.UNROLL, AxisKind.LANES))
   def sizes_of(self, *kinds: AxisKind) -> int: return prod(a.size for a in self.axes if a.kind in kinds)
   @property
   def launch_dims(self) -> tuple[int, int]:
@@ -175,7 +178,7 @@ class Kernel:
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis
-    elif op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK):
+    elif op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK):
       check(0 <= opt.axis < self.n_reduce, f"{op.name} axis {opt.axis} is not one of the {self.n_reduce} reduce axes")
       dim = self.n_global + opt.axis
     else:
@@ -190,6 +193,7 @@ class Kernel:
     elif op is OptOps.KBLOCK:
       check(not self.caps.has_local, "KBLOCK needs a CPU: on a device with workgroups each thread keeps its sums in registers")
       check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), "one KBLOCK opt per kernel")
+      check(all(a.kind is not AxisKind.LANES for a in self.axes), LANES_KBLOCK)
       check(1 < arg < rem.size and rem.size % arg == 0, f"KBLOCK {arg} does not split reduce axis {opt.axis} of size {rem.size} into blocks")
       check((why := self.kblock_problem()) is None, f"KBLOCK: {why}")
       self.axes.append(Axis(rem.size // arg, AxisKind.KBLOCK, dim, rem.stride * arg))
@@ -201,7 +205,11 @@ class Kernel:
       self.padded[dim], rem.size, self.sizes[dim] = rem.size, new, new
     else:
       check(arg > 1 and rem.size % arg == 0 and rem.size > 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
-      if op in (OptOps.UPCAST, OptOps.UNROLL):
+      if op is OptOps.LANES:
+        check(self.reduceop is not None and self.reduceop.arg[0] in (Ops.ADD, Ops.MAX), "LANES needs a sum or max")
+        check(all(a.kind is not AxisKind.LANES for a in self.axes), "one LANES opt per kernel")
+        check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
+      if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
         check(self.upcast_size() * arg <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
       if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
@@ -215,7 +223,7 @@ class Kernel:
       if op is OptOps.THREAD:
         check(self.caps.threads > 1 and arg <= 4 * self.caps.threads, f"THREAD {arg} over this device's {self.caps.threads} threads")
         check(all(a.kind is not AxisKind.THREAD for a in self.axes), "one THREAD opt per kernel")
-      kind = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LOCAL: AxisKind.LOCAL,
+      kind = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LANES: AxisKind.LANES, OptOps.LOCAL: AxisKind.LOCAL,
               OptOps.GROUP: AxisKind.GROUP, OptOps.GROUPTOP: AxisKind.GROUP, OptOps.THREAD: AxisKind.THREAD}[op]
       if op in (OptOps.THREAD, OptOps.GROUPTOP):  # outer part
         self.axes.append(Axis(arg, kind, dim, rem.stride * (rem.size // arg)))
@@ -259,7 +267,7 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
       ret += [Opt(OptOps.SWAP, d, o) for o in range(d + 1, k.n_global)]
     else:
-      ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
+      ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
   return ret + [Opt(OptOps.TC, 0, 0)]

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 class OptOps(Enum):
   UPCAST = "UPCAST"  # split a global axis; the inner part is computed per thread in registers
   UNROLL = "UNROLL"  # split a reduce axis; the inner iterations are unrolled
+  LANES = "LANES"  # split a reduce axis; the inner part is independent accumulators (SIMD lanes), combined once after the loop
   LOCAL = "LOCAL"  # split a global axis into the workgroup
   GROUP = "GROUP"  # split a reduce axis across a workgroup (inner part)
   GROUPTOP = "GROUPTOP"  # the same, outer part
