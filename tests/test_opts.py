@@ -449,6 +449,8 @@ def test_kblock_needs_the_output_to_hold_the_sums() -> None:
   with pytest.raises(KernelOptError, match="float32"): k.apply_opt(Opt(OptOps.KBLOCK, 0, 4))
   k = Kernel(kernel_cases()["matmul_odd"].item.ast, WORKGROUP_CAPS)
   with pytest.raises(KernelOptError, match="CPU"): k.apply_opt(Opt(OptOps.KBLOCK, 0, 4))
+  (item,), _ = create_schedule((_randn(24, 12) @ _randn(12, 20)).T.contiguous().uop, DEVICE)  # the sums stored transposed
+  with pytest.raises(KernelOptError, match="reorders"): Kernel(item.ast, CAPS).apply_opt(Opt(OptOps.KBLOCK, 0, 4))
   assert not any(o.op is OptOps.KBLOCK for o in valid_opts(k))
 
 

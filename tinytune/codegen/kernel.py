@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from dataclasses import dataclass
 from enum import Enum
@@ -240,6 +241,7 @@ class Kernel:
     if red is None: return "the kernel has no reduce"
     if red.dtype != self.ast.dtype or red.dtype == dtypes.bfloat16: return f"the sum is {red.dtype.name}, the output {self.ast.dtype.name}"
     if prod(red.shape) != prod(self.out_shape): return "the output reads the reduce's elements more than once"
+    @functools.cache
     def direct(u: UOp) -> bool:  # every path from the output to the reduce passes elementwise ops and reshapes that keep the order
       if u is red: return True
       if u.op is Ops.VIEW:
