@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
 from tinytune.engine import compile_kernel
@@ -74,6 +75,8 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "float64": lambda: (_randn(8, 16).cast(dtypes.float64) * _randn(16).cast(dtypes.float64)).sum(-1) + 1,  # no SIMD lanes, double math
   "int8_max": lambda: (_ints(6, 10).cast(dtypes.int8) * 37 + 5).max(-1),  # products wrap in int8
   "uint32_sum": lambda: (_ints(6, 10, lo=0).cast(dtypes.uint32) * 3_000_000_007).sum(-1, dtype=dtypes.uint32),  # a sum that wraps
+  "matmul_relu": lambda: (_randn(10, 24) @ _randn(24, 12) + _randn(12)).relu(),  # an epilogue that only the last K block runs
+  "matmul_int32": lambda: _ints(6, 16) @ _ints(16, 10),  # K blocks of an integer sum, exact
 }
 
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
@@ -132,7 +135,7 @@ def fuzzed_here(name: str, device: str) -> None:
 
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
            "softmax0", "softmax1", "softmax2", "max", "flip_sum", "stack", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
-           "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum"]
+           "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum", "matmul_relu", "matmul_int32"]
 
 
 def test_kernel_list() -> None:
@@ -205,7 +208,8 @@ def test_candidate_opts() -> None:
   for o in valid_opts(k): by_op.setdefault((o.op, o.axis), set()).add(o.arg)
   assert by_op == {(OptOps.UPCAST, 0): {2, 3, 4, 6, 8, 12, 24}, (OptOps.UPCAST, 1): {2, 4, 5, 10, 20}, (OptOps.UNROLL, 0): {2, 3, 4, 6, 12},
                    (OptOps.LANES, 0): {2, 3, 4, 6, 12}, (OptOps.THREAD, 0): {2, 3, 4, 6, 8}, (OptOps.THREAD, 1): {2, 4, 5}, (OptOps.SWAP, 0): {1},
-                   (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16}}
+                   (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16},
+                   (OptOps.KBLOCK, 0): {2, 3, 4, 6}}
   assert {o.op for o in candidate_opts(k)} == set(OptOps)
   k.apply_opts([Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.THREAD, 1, 2)])
   upcasts = {o.arg for o in valid_opts(k) if o.op is OptOps.UPCAST and o.axis == 0}
@@ -223,8 +227,8 @@ def test_every_single_opt(name: str, device: str) -> None:
   ops = {o.op for o in opts}
   tc = name in ("matmul_f16", "matmul_bf16") and bool(kc.kernel().caps.tensor_cores)
   assert {OptOps.UPCAST, OptOps.PADTO} <= ops and (OptOps.TC in ops) == tc
-  if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and OptOps.THREAD not in ops
-  else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP}
+  if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and not ops & {OptOps.THREAD, OptOps.KBLOCK}
+  else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP} and (OptOps.KBLOCK in ops or name not in ("matmul_relu", "matmul_int32"))
   if kc.kernel().n_reduce: assert OptOps.UNROLL in ops and (OptOps.GROUP in ops) == kc.kernel().caps.has_local
   if slow_here(device):  # each kind of opt, then 8 more spread over the rest
     firsts = [o for i, o in enumerate(opts) if o.op not in {p.op for p in opts[:i]}]
@@ -258,6 +262,13 @@ def test_hand_picked_sequences() -> None:
     [o(t.PADTO, 3, 8), o(t.UPCAST, 3, 8), o(t.PADTO, 4, 4), o(t.UNROLL, 0, 4)],
   ])
   check_opts(kernel_cases()["softmax1"], [[o(t.PADTO, 2, 32), o(t.UNROLL, 0, 16), o(t.UPCAST, 0, 3)]])
+  check_opts(kernel_cases()["matmul_relu"], [  # K blocks with a register tile, threads, padded rows and a padded K
+    [o(t.UPCAST, 1, 4), o(t.UPCAST, 0, 5), o(t.THREAD, 0, 2), o(t.SWAP, 0, 1), o(t.KBLOCK, 0, 8)],
+    [o(t.PADTO, 0, 16), o(t.UPCAST, 0, 8), o(t.UPCAST, 1, 4), o(t.KBLOCK, 0, 6), o(t.UNROLL, 0, 3)],
+    [o(t.PADTO, 2, 32), o(t.KBLOCK, 0, 8), o(t.UNROLL, 0, 4), o(t.UPCAST, 1, 12), o(t.THREAD, 0, 2)],
+    [o(t.UNROLL, 0, 2), o(t.KBLOCK, 0, 3), o(t.UPCAST, 1, 3)],
+  ])
+  check_opts(kernel_cases()["matmul_int32"], [[o(t.UPCAST, 1, 5), o(t.UPCAST, 0, 2), o(t.KBLOCK, 0, 4), o(t.UNROLL, 0, 2)]])
   check_opts(kernel_cases()["row_sum"], [  # bit for bit: two unrolls of one axis must still add in memory order
     [o(t.UNROLL, 0, 2), o(t.UNROLL, 0, 4)], [o(t.UNROLL, 0, 4), o(t.UNROLL, 0, 5), o(t.UPCAST, 0, 4)],
     [o(t.PADTO, 1, 16), o(t.UNROLL, 0, 2), o(t.UNROLL, 0, 3), o(t.UNROLL, 0, 8), o(t.UPCAST, 0, 3)],
@@ -280,6 +291,16 @@ def test_reversed_and_permuted_sums_match_numpy(case: str) -> None:
     program, _ = compile_kernel(k, DEVICE)
     program(item.out, *k.bufs)
     np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-5, atol=1e-5, err_msg=f"{case} {opts}")
+
+
+def test_default_k_blocks_match_numpy() -> None:
+  """A product whose rows of A over all of K pass the heuristic's 8 MiB gets K blocks by default; with a bias and relu after it."""
+  rng = np.random.default_rng(2)
+  a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((2048, 2048), (2048, 32), (32,)))
+  out = (Tensor(a) @ Tensor(b) + Tensor(bias)).relu()
+  (item,), _ = create_schedule(out.uop, DEVICE)
+  assert any(o.op is OptOps.KBLOCK for o in hand_coded_optimizations(Kernel(item.ast, Device[DEVICE].caps)))
+  np.testing.assert_allclose(out.numpy(), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-3)
 
 
 def _lanes_case(case: str) -> tuple[Tensor, np.ndarray]:
@@ -397,6 +418,12 @@ def _invalid_cases() -> list[tuple[str, list[Opt], Opt]]:
     ("swap backwards", [], o(t.SWAP, 1, 0)),
     ("swap twice", [o(t.SWAP, 0, 1)], o(t.SWAP, 0, 1)),
     ("upcast product over max_upcast", [o(t.UPCAST, 0, 24), o(t.UPCAST, 1, 10)], o(t.UNROLL, 0, 2)),
+    ("kblock of one block", [], o(t.KBLOCK, 0, 12)),
+    ("non-dividing kblock", [], o(t.KBLOCK, 0, 5)),
+    ("second kblock", [o(t.KBLOCK, 0, 6)], o(t.KBLOCK, 0, 2)),
+    ("kblock on a global axis number", [], o(t.KBLOCK, 2, 2)),
+    ("kblock after lanes", [o(t.LANES, 0, 4)], o(t.KBLOCK, 0, 3)),
+    ("lanes after kblock", [o(t.KBLOCK, 0, 6)], o(t.LANES, 0, 2)),
     ("bool axis", [], Opt(t.UPCAST, True, 4)),  # type: ignore[arg-type]
     ("float arg", [], Opt(t.UPCAST, 0, 4.0)),  # type: ignore[arg-type]
     ("not an opt", [], ("UPCAST", 0, 4)),  # type: ignore[list-item]
@@ -418,9 +445,20 @@ def test_thread_needs_threads() -> None:
   assert k.opts == []
 
 
+def test_kblock_needs_the_output_to_hold_the_sums() -> None:
+  """The sums wait in the output between K blocks: not where the output is another dtype, nor on devices with workgroups."""
+  k = kernel_cases()["float16"].kernel()  # sums in float32, stores float16
+  with pytest.raises(KernelOptError, match="float32"): k.apply_opt(Opt(OptOps.KBLOCK, 0, 4))
+  k = Kernel(kernel_cases()["matmul_odd"].item.ast, WORKGROUP_CAPS)
+  with pytest.raises(KernelOptError, match="CPU"): k.apply_opt(Opt(OptOps.KBLOCK, 0, 4))
+  (item,), _ = create_schedule((_randn(24, 12) @ _randn(12, 20)).T.contiguous().uop, DEVICE)  # the sums stored transposed
+  with pytest.raises(KernelOptError, match="reorders"): Kernel(item.ast, CAPS).apply_opt(Opt(OptOps.KBLOCK, 0, 4))
+  assert not any(o.op is OptOps.KBLOCK for o in valid_opts(k))
+
+
 def test_reduce_opts_on_an_elementwise_kernel() -> None:
   k = kernel_cases()["elementwise"].kernel()
-  for op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP):
+  for op in (OptOps.UNROLL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK):
     with pytest.raises(KernelOptError): k.apply_opt(Opt(op, 0, 2))
   assert k.opts == [] and not any(o.op is OptOps.UNROLL for o in valid_opts(k))
 

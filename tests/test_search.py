@@ -223,6 +223,30 @@ def test_optuna_space_holds_real_amounts_each_valid_by_itself() -> None:
   assert opts_from_params(k, {name: choices[0] for name, choices in space.items()}) == ()
 
 
+def test_a_worker_that_replaces_one_reads_the_reference_back() -> None:
+  """The kernel with no opts runs once per search: at 2048^3 it takes most of a minute, and a worker replaced after each
+  timeout that ran it again (with only the candidate timeout to do it in) ended the search."""
+  k = matmul_kernel(16)
+  with Evaluator(k, "CPU") as ev:
+    assert ev.evaluate([()])[0].status == "ok"
+    saved = os.path.join(ev.ref_dir.name, "ref.npy")
+    np.save(saved, np.load(saved) + 1)  # a wrong reference, to see which one the next worker uses
+    assert ev.worker is not None
+    ev.worker.kill()
+    ev.worker = None
+    assert ev.evaluate([(Opt(OptOps.UPCAST, 0, 4),)])[0].status == "wrong"
+
+
+def test_k_blocks_are_in_both_search_spaces() -> None:
+  from tinytune.search.space import opts_from_params, parameter_space
+  k = matmul_kernel(256)
+  assert {o.arg for o in actions(k) if o.op is OptOps.KBLOCK} == {64, 128}  # shorter blocks are not worth a candidate
+  assert parameter_space(k)["kblock0"] == (1, 64, 128)
+  opts = opts_from_params(k, {"kblock0": 128, "unroll0": 4})
+  assert opts == (Opt(OptOps.KBLOCK, 0, 128), Opt(OptOps.UNROLL, 0, 4))  # blocks of K first, then the unroll inside a block
+  k.copy().apply_opts(opts)
+
+
 def test_optuna_study_reads_back_through_optunas_api(tmp_path) -> None:  # type: ignore[no-untyped-def]
   import optuna
 

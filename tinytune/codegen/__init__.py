@@ -6,5 +6,6 @@ from __future__ import annotations
 # 2: GPU renderers, MAX keeps NaNs, gcc without loop if-conversion, size-0 loops; 3: bfloat16, 16-bit constants rounded;
 # 4: the C renderer's inline vector math (exp2, log2, sqrt, max, where, comparisons in SIMD lanes), lanes past size-1 dims, 8-wide vectors
 # 5: LANES (a reduce's partial accumulators in SIMD lanes); row reduces default to it, threads by estimated time
-# 6: masked-out view pieces dropped (Winograd's stacks), KBLOCK (a reduce split into blocks outside the output loops)
+# 6: masked-out view pieces dropped (Winograd's stacks); KBLOCK (K blocks outside the output loops, the sums so far kept in the
+#    output), and the heuristics' K blocks for large matmuls
 CODEGEN_VERSION = "6"

@@ -176,7 +176,7 @@ class _KernelRender:
         self.lane_axis = i if self.width > 1 else -1
     self.lane = UOp.var("lane", 0, self.width - 1)
     self.vt = r.vtype(self.width)
-    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q"}
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
     self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                      for i, a in enumerate(k.axes) if a.kind in names}
 
@@ -410,16 +410,46 @@ class _KernelRender:
   def source(self) -> str:
     k = self.k
     out_strides = strides_for(k.out_shape)
+    partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
     for inst in self.instances((AxisKind.UPCAST,)):
       dims = self.dims(inst)
+      n_accs = len(self.accs)
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
       off = self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
       self.store(val, off, self.guard(dims, range(k.n_global)))
+      partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
     post, body = self.lines, self.reduce_body()
     if (split := self.split_loop()) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
       self.full_body, self.unpadded = self.reduce_body(), -1
+    if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
+
+  def kblocked(self, post: list[str], partials: list[tuple[Val, UOp, UOp]]) -> list[str]:
+    """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
+    accumulator, of its dtype). Each block after the first starts from them; each before the last stores them, and only the
+    last runs what follows the reduce."""
+    assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
+    kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
+    var, last = self.loopvars[kb].arg[0], self.k.axes[kb].size - 1
+    self.lines = []
+    for acc, off, guard in partials:
+      base = self.subst_lane(off, 0)
+      if acc.kind == "v" and not self.lane_dep(guard) and self.simplify(off - base) is self.lane and self.vectorizable(base):
+        line = f"{acc.names[0]} = {self.vt}_load(data0+{self.index(base)});"
+        self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
+        continue
+      names = [acc.lane_fmt.format(acc.names[0], i) for i in range(self.width)] if acc.kind == "v" else list(acc.names)
+      offs = [self.subst_lane(off, i) for i in range(len(names))] if acc.kind != "s" else [off]
+      guards = [self.subst_lane(guard, i) for i in range(len(names))] if acc.kind != "s" else [guard]
+      for name, o, g in zip(names, offs, guards):
+        line = f"{name} = {self.r.load('data0', self.index(o), self.k.ast.dtype)};"
+        self.lines.append(line if g is TRUE else f"if ({self.index(g)}) {line}")
+    reload, self.lines = self.lines, []
+    for acc, off, guard in partials: self.store(acc, off, guard)
+    stores, self.lines = self.lines, []
+    self.decls += [f"if ({var} != 0) {{", *("  " + line for line in reload), "}"]
+    return [f"if ({var} != {last}) {{", *("  " + line for line in stores), "} else {", *("  " + line for line in post), "}"]
 
   def reduce_body(self) -> list[str]:
     self.lines, self.memo = [], {}
@@ -429,12 +459,13 @@ class _KernelRender:
     return self.lines
 
   def split_loop(self) -> int | None:
-    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES): its iterations before the
-    padding run a body without clamps and masks, the rest the full one."""
+    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
+    before the padding run a body without clamps and masks, the rest the full one."""
     k = self.k
     if self.r.has_local: return None
+    blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
     for i, a in enumerate(k.axes):
-      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
+      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
     return None
 
   def assemble(self, body: list[str], post: list[str]) -> str:
@@ -452,6 +483,7 @@ class _KernelRender:
         out.append("  " * depth + "}")
     loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
     if loops: out.append("  #pragma omp parallel for schedule(static)")
+    loops += [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]  # inside the threads, which own their outputs
     loops += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
     for i in loops: loop(i)
     opened = sum(k.axes[i].size != 1 for i in loops)

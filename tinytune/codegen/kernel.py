@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from dataclasses import dataclass
 from enum import Enum
@@ -12,13 +13,14 @@ from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
 from tinytune.dtype import dtypes
 from tinytune.helpers import divisors, prod, round_up
 from tinytune.runtime import Buffer, DeviceCaps
+from tinytune.shape import strides_for
 from tinytune.uop import ALU, Ops, UOp
 
 __all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
 
 
 class AxisKind(Enum):
-  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; LANES = "v"; GROUP = "gr"; TC = "tc"  # noqa: E702
+  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; LANES = "v"; GROUP = "gr"; TC = "tc"; KBLOCK = "kb"  # noqa: E702
 
 
 LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
@@ -84,6 +86,9 @@ def find_reduce(ast: UOp) -> UOp | None:
   reduces = {u for u in ast.toposort if u.op is Ops.REDUCE}
   if len(reduces) > 1: raise ValueError("a kernel has at most one reduce; the scheduler splits the rest")
   return next(iter(reduces), None)
+
+
+LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
 
 
 class Kernel:
@@ -174,7 +179,7 @@ class Kernel:
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis
-    elif op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP):
+    elif op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK):
       check(0 <= opt.axis < self.n_reduce, f"{op.name} axis {opt.axis} is not one of the {self.n_reduce} reduce axes")
       dim = self.n_global + opt.axis
     else:
@@ -186,6 +191,14 @@ class Kernel:
       i, j = self.global_order.index(dim), self.global_order.index(arg)
       check(i < j, "SWAP moves an axis inward past a later one; use the earlier axis first")
       self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
+    elif op is OptOps.KBLOCK:
+      check(not self.caps.has_local, "KBLOCK needs a CPU: on a device with workgroups each thread keeps its sums in registers")
+      check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), "one KBLOCK opt per kernel")
+      check(all(a.kind is not AxisKind.LANES for a in self.axes), LANES_KBLOCK)
+      check(1 < arg < rem.size and rem.size % arg == 0, f"KBLOCK {arg} does not split reduce axis {opt.axis} of size {rem.size} into blocks")
+      check((why := self.kblock_problem()) is None, f"KBLOCK: {why}")
+      self.axes.append(Axis(rem.size // arg, AxisKind.KBLOCK, dim, rem.stride * arg))
+      rem.size = arg
     elif op is OptOps.PADTO:
       check(dim not in self.padded and sum(a.dim == dim for a in self.axes) == 1, "PADTO comes before any split of its axis")
       new = round_up(rem.size, arg) if arg > 1 else 0
@@ -196,6 +209,7 @@ class Kernel:
       if op is OptOps.LANES:
         check(self.reduceop is not None and self.reduceop.arg[0] in (Ops.ADD, Ops.MAX), "LANES needs a sum or max")
         check(all(a.kind is not AxisKind.LANES for a in self.axes), "one LANES opt per kernel")
+        check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
         check(self.upcast_size() * arg <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
       if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
@@ -220,6 +234,23 @@ class Kernel:
       rem.size //= arg
     self.opts.append(opt)
 
+  def kblock_problem(self) -> str | None:
+    """Why the reduce's partial sums cannot wait in the output buffer between K blocks (None where they can): that needs each output
+    element to read exactly one element of the reduce, of the output's own dtype, so the output holds the sum so far."""
+    red = self.reduceop
+    if red is None: return "the kernel has no reduce"
+    if red.dtype != self.ast.dtype or red.dtype == dtypes.bfloat16: return f"the sum is {red.dtype.name}, the output {self.ast.dtype.name}"
+    if prod(red.shape) != prod(self.out_shape): return "the output reads the reduce's elements more than once"
+    @functools.cache
+    def direct(u: UOp) -> bool:  # every path from the output to the reduce passes elementwise ops and reshapes that keep the order
+      if u is red: return True
+      if u.op is Ops.VIEW:
+        v = u.arg
+        return v.mask is None and v.offset == 0 and tuple(v.strides) == tuple(strides_for(v.shape)) and prod(u.src[0].shape) == prod(v.shape) \
+          and (red not in u.src[0].toposort or direct(u.src[0]))
+      return u.op not in (Ops.REDUCE, Ops.GATHER) and all(red not in s.toposort or direct(s) for s in u.src)
+    return None if direct(self.ast) else "the output reads the reduce through a view that reorders it"
+
   def __repr__(self) -> str:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
 
@@ -237,6 +268,8 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     if d < k.n_global:
       ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
       ret += [Opt(OptOps.SWAP, d, o) for o in range(d + 1, k.n_global)]
-    else: ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
+    else:
+      ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
+      ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
   return ret + [Opt(OptOps.TC, 0, 0)]

@@ -16,6 +16,7 @@ class OptOps(Enum):
   GROUP = "GROUP"  # split a reduce axis across a workgroup (inner part)
   GROUPTOP = "GROUPTOP"  # the same, outer part
   THREAD = "THREAD"  # split a global axis across CPU cores (outer part)
+  KBLOCK = "KBLOCK"  # split a reduce axis into blocks of arg iterations, looped outside the output loops (CPU)
   SWAP = "SWAP"  # exchange the loop order of two global axes
   PADTO = "PADTO"  # pad an axis up to a multiple of arg, masking the extra elements
   TC = "TC"  # tensor cores

@@ -13,6 +13,7 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -87,6 +88,10 @@ def source_hash(src: str) -> str:
 
 # ***** the evaluator *****
 
+# the slowest the kernel with no opts runs: a 2048^3 matmul, reading B down its columns, took 52 s (0.33 GFLOPS) on a loaded Zen 4
+REF_MIN_FLOPS = 1e8
+
+
 @dataclass
 class Evaluator:
   """Evaluate opt lists for one kernel on one device. `known` maps opts JSON to results already stored (resume)."""
@@ -111,12 +116,14 @@ class Evaluator:
     ref_src = self.dev.renderer.render(self.kernel)  # the reference is always the real kernel with no opts
     self.ref = (_b64(self.dev.compile(ref_src)), self.kernel.name, self.kernel.launch_dims)
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
+    self.ref_dir = tempfile.TemporaryDirectory(prefix="tinytune-ref-")  # the reference output, kept for workers that replace one that died
 
   def _request(self, msg: list) -> list:
     if self.worker is None:
       spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
-              "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:])}
-      self.worker = _Worker(spec, self.timeout_s + 10)
+              "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
+              "ref_file": os.path.join(self.ref_dir.name, "ref.npy")}
+      self.worker = _Worker(spec, self.timeout_s + 10 + self.kernel.flops / REF_MIN_FLOPS)
       if self.worker.ready[0] != "ready": raise RuntimeError(f"the kernel with no opts failed in the worker: {self.worker.ready[1]}")
     reply = self.worker.request(msg, self.timeout_s)
     if reply[0] in ("crashed", "timeout"): self.worker = None
@@ -194,6 +201,7 @@ class Evaluator:
       self.worker.kill()
       self.worker = None
     self.pool.shutdown()
+    self.ref_dir.cleanup()
 
   def __enter__(self) -> Evaluator: return self
   def __exit__(self, *exc: object) -> None: self.close()

@@ -6,14 +6,15 @@ from tinytune.codegen.opts import Opt, OptOps
 
 SEARCH_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # register splits worth compiling; larger ones only bloat the code
 LANES_AMOUNTS = (2, 4, 8, 16, 32, 64, 128)  # partial accumulators: whole vectors of 4, 8 or 16 lanes, up to 4 or 8 of them
+KBLOCK_MIN = 64  # shorter K blocks reload the output's partial sums more often than any cache saves
 
 
 def actions(kernel: Kernel) -> list[Opt]:
   """Every opt that applies to `kernel` as it stands (opts already applied included)."""
   ret = []
   for opt in candidate_opts(kernel):
-    if opt.op in (OptOps.UPCAST, OptOps.UNROLL) and opt.arg not in SEARCH_AMOUNTS or opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS:
-      continue
+    if opt.op in (OptOps.UPCAST, OptOps.UNROLL) and opt.arg not in SEARCH_AMOUNTS: continue
+    if opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS or opt.op is OptOps.KBLOCK and opt.arg < KBLOCK_MIN: continue
     try: kernel.copy().apply_opt(opt)
     except KernelOptError: continue
     ret.append(opt)
@@ -25,14 +26,15 @@ Choice = int | str
 
 def parameter_space(kernel: Kernel) -> dict[str, tuple[Choice, ...]]:
   """The optuna search's parameters, named for the opt they make, with the choices valid on `kernel` one at a time: per global
-  axis an upcast amount, per reduce axis a lanes and an unroll amount (1: none), the axis split across the cores, and a pair of axes to swap
-  ("off": none). A parameter with one choice is left out. Choices can still break a joint limit (an upcast product too large,
-  a thread count that no longer divides): applying the opts finds those before anything is compiled."""
+  axis an upcast amount, per reduce axis a K block length, a lanes and an unroll amount (1: none), the axis split across the
+  cores, and a pair of axes to swap ("off": none). A parameter with one choice is left out. Choices can still break a joint limit
+  (an upcast product too large, a thread count that no longer divides): applying the opts finds those before anything is compiled."""
   valid = actions(kernel)
   def amounts(op: OptOps, axis: int) -> tuple[int, ...]: return (1, *sorted({o.arg for o in valid if o.op is op and o.axis == axis}))
   space: dict[str, tuple[Choice, ...]] = {f"upcast{d}": amounts(OptOps.UPCAST, d) for d in range(kernel.n_global)}
   space.update({f"lanes{r}": amounts(OptOps.LANES, r) for r in range(kernel.n_reduce)})
   space.update({f"unroll{r}": amounts(OptOps.UNROLL, r) for r in range(kernel.n_reduce)})
+  space.update({f"kblock{r}": amounts(OptOps.KBLOCK, r) for r in range(kernel.n_reduce)})
   space["thread"] = ("off", *sorted({o.axis for o in valid if o.op is OptOps.THREAD and o.arg == kernel.caps.threads}))
   big = [d for d in range(kernel.n_global) if kernel.sizes[d] > 1]  # a swap with an axis of size 1 changes nothing
   space["swap"] = ("off", *(f"{o.axis},{o.arg}" for o in valid if o.op is OptOps.SWAP and o.axis in big and o.arg in big))
@@ -42,8 +44,9 @@ def parameter_space(kernel: Kernel) -> dict[str, tuple[Choice, ...]]:
 def opts_from_params(kernel: Kernel, params: dict[str, Choice]) -> tuple[Opt, ...]:
   """The opts a point of parameter_space stands for (a parameter left out is off), not yet checked against the joint limits."""
   opts = [Opt(OptOps.UPCAST, d, int(params.get(f"upcast{d}", 1))) for d in reversed(range(kernel.n_global))]
+  opts += [Opt(OptOps.KBLOCK, r, int(params.get(f"kblock{r}", 1))) for r in range(kernel.n_reduce)]  # the outer part: blocks of K
   opts += [Opt(OptOps.LANES, r, int(params.get(f"lanes{r}", 1))) for r in range(kernel.n_reduce)]  # the inner part: contiguous lanes
   opts += [Opt(OptOps.UNROLL, r, int(params.get(f"unroll{r}", 1))) for r in range(kernel.n_reduce)]
   if (axis := params.get("thread", "off")) != "off": opts.append(Opt(OptOps.THREAD, int(axis), kernel.caps.threads))
   if (pair := params.get("swap", "off")) != "off": opts.append(Opt(OptOps.SWAP, *map(int, str(pair).split(","))))
-  return tuple(o for o in opts if o.op not in (OptOps.UPCAST, OptOps.LANES, OptOps.UNROLL) or o.arg > 1)
+  return tuple(o for o in opts if o.op not in (OptOps.UPCAST, OptOps.LANES, OptOps.UNROLL, OptOps.KBLOCK) or o.arg > 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -61,8 +62,11 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
     inputs.append(Buffer(device, n, dt).copyin(arr))
   out = Buffer(device, spec["out"][0], dtypes.from_any(spec["out"][1]))
   def program(lib: str, name: str, launch: list[int]) -> Any: return dev.program(name, base64.b64decode(lib), (launch[0], launch[1]))
-  program(*spec["ref"])(out, *inputs)
-  ref = out.numpy_view().copy()
+  if (saved := spec.get("ref_file")) and os.path.exists(saved): ref = np.load(saved, allow_pickle=False)  # a restart: computed once
+  else:
+    program(*spec["ref"])(out, *inputs)
+    ref = out.numpy_view().copy()
+    if saved: np.save(saved, ref, allow_pickle=False)
   tol = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 1e-9}.get(ref.dtype.name, 0)
   sentinel = np.full(ref.size, np.nan if out.dtype.is_float else 0x5A if ref.dtype.kind in "iu" else True, dtype=ref.dtype)
   reply(["ready"])
