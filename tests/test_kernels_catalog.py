@@ -191,7 +191,7 @@ def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], thread
 
 @pytest.mark.parametrize("cols,dtype,want", [
   (1024, "float32", "[Opt(LANES, 0, 64)]"),  # 4 vectors of 16 lanes
-  (1000, "float32", "[Opt(PADTO, 1, 64), Opt(LANES, 0, 64)]"),  # whole vectors; the loop's last iteration masks (split_loop)
+  (1000, "float32", "[Opt(PADTO, 1, 64), Opt(LANES, 0, 64)]"),  # whole vectors; the loop's last iteration masks (split)
   (40, "float32", "[Opt(PADTO, 1, 16), Opt(LANES, 0, 16)]"),  # two whole iterations before the padding
   (1024, "int32", "[Opt(LANES, 0, 16)]"),  # scalar partials that the compiler vectorizes
 ])

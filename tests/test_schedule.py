@@ -6,8 +6,8 @@ import pytest
 from conftest import WORKGROUP_DEVICES
 
 from tinytune import GlobalCounters, Tensor
-from tinytune.engine.schedule import create_schedule
-from tinytune.uop import Ops
+from tinytune.engine.schedule import _computed_once, create_schedule
+from tinytune.uop import Ops, UOp
 
 
 def kernels(t: Tensor) -> int:
@@ -55,9 +55,11 @@ def test_a_products_epilogue_goes_with_it_not_into_the_next_product() -> None:
   first, second = create_schedule((h @ d).uop, a.device)[0]
   assert first.node.op is Ops.MAX and not any(u.op is Ops.MAX for u in second.ast.toposort)
   np.testing.assert_allclose((h @ d).numpy(), np.maximum(a.numpy() @ b.numpy() + c.numpy(), 0) @ d.numpy(), rtol=1e-5, atol=1e-5)
-  shared = a @ b
-  items, _ = create_schedule(((shared + c).relu() @ d + shared.sum(1, keepdim=True)).uop, a.device)
-  assert sum(item.node.op is Ops.REDUCE and item.node.shape[:2] == (32, 24) for item in items) == 1
+  epilogue, product = h.uop, next(u for u in h.uop.toposort if u.op is Ops.REDUCE)
+  users = {product: {u for u in epilogue.toposort if product in u.src}}
+  assert _computed_once(epilogue, set(), users, False)
+  users[product].add(UOp(Ops.NEG, product.dtype, (product,)))  # the product read elsewhere too: computed once, in its own kernel
+  assert not _computed_once(epilogue, set(), users, False)
 
 
 def test_transposed_matmul_operand_is_packed() -> None:

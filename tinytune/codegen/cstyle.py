@@ -5,6 +5,7 @@ contiguous output axis becomes SIMD lanes: a value is one scalar for all lanes, 
 scalar per lane, whichever the loads and ops allow."""
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -159,7 +160,7 @@ class _KernelRender:
     self.index_text: dict[UOp, str] = {}
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
-    self.unpadded, self.full_body = -1, list[str]()  # a padded dim rendered as if unpadded, and the reduce body so rendered (split_loop)
+    self.unpadded, self.full_body = -1, list[str]()  # a padded dim rendered as if unpadded, and the reduce body so rendered (split)
     self.partials: dict[str, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
     self.combine: list[str] = []  # after the reduce loops: each LANES accumulator from its partials
     self.decls: list[str] = []
@@ -419,7 +420,7 @@ class _KernelRender:
       self.store(val, off, self.guard(dims, range(k.n_global)))
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
     post, body = self.lines, self.reduce_body()
-    if (split := self.split_loop()) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
+    if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
       self.full_body, self.unpadded = self.reduce_body(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
@@ -458,7 +459,8 @@ class _KernelRender:
       for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
     return self.lines
 
-  def split_loop(self) -> int | None:
+  @functools.cached_property
+  def split(self) -> int | None:
     """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
     before the padding run a body without clamps and masks, the rest the full one."""
     k = self.k
@@ -469,7 +471,7 @@ class _KernelRender:
     return None
 
   def assemble(self, body: list[str], post: list[str]) -> str:
-    k, out, depth, split = self.k, [], 1, self.split_loop()
+    k, out, depth, split = self.k, [], 1, self.split
     def loop(i: int, start: int = 0) -> None:
       nonlocal depth
       if k.axes[i].size != 1:  # a size-0 loop runs no times

@@ -3,8 +3,9 @@
 Elementwise work and views are inlined into the kernel that consumes them. A kernel holds at most one reduce, with
 its elementwise inputs before and its elementwise users after. A reduce becomes its own kernel's output (a buffer)
 when it is read through an expanding or padding view or a gather, from inside another reduce, or beside a second reduce.
-So does transcendental elementwise work (exp, log, sin) that a reduce reads through an expanding view: softmax's probabilities
-in softmax(x) @ v, computed as vectors once, instead of as one scalar per output tile and reduce step."""
+Elementwise work read through an expanding view becomes a kernel's output too where recomputing it at every place costs more
+(see _computed_once): transcendental work a reduce reads (softmax's probabilities in softmax(x) @ v, computed as vectors once),
+and the epilogue of a reduce nothing else reads (a matmul's bias and relu, computed in its kernel, not in the next matmul's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,7 +6,7 @@ from tinytune.codegen.opts import Opt, OptOps
 
 SEARCH_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # register splits worth compiling; larger ones only bloat the code
 LANES_AMOUNTS = (2, 4, 8, 16, 32, 64, 128)  # partial accumulators: whole vectors of 4, 8 or 16 lanes, up to 4 or 8 of them
-KBLOCK_MIN = 64  # shorter K blocks reload the output's partial sums more often than any cache saves
+KBLOCK_SEARCH_MIN = 64  # the search tries K blocks down to half the default's shortest (heuristic.KBLOCK_MIN): shorter ones reload the sums too often
 
 
 def actions(kernel: Kernel) -> list[Opt]:
@@ -14,7 +14,7 @@ def actions(kernel: Kernel) -> list[Opt]:
   ret = []
   for opt in candidate_opts(kernel):
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL) and opt.arg not in SEARCH_AMOUNTS: continue
-    if opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS or opt.op is OptOps.KBLOCK and opt.arg < KBLOCK_MIN: continue
+    if opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS or opt.op is OptOps.KBLOCK and opt.arg < KBLOCK_SEARCH_MIN: continue
     try: kernel.copy().apply_opt(opt)
     except KernelOptError: continue
     ret.append(opt)
