@@ -3,6 +3,7 @@ workgroup limits, and the one-line errors of devices that are absent. OpenCL run
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import re
@@ -27,7 +28,8 @@ from tinytune.runtime import Device, DeviceCaps, device_status
 H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
 
 
-def catalog_kernels() -> list[Kernel]:
+@functools.cache  # built once for the tests that render them; none changes a kernel
+def catalog_kernels() -> tuple[Kernel, ...]:
   """Every kernel of every catalog workload at its default size, with no opts, the default opts and a random opt list."""
   rng, ret = random.Random(0), []
   for w in WORKLOADS.values():
@@ -40,10 +42,11 @@ def catalog_kernels() -> list[Kernel]:
       for _ in range(4):
         if opts := [o for o in candidate_opts(k) if _valid(k, o)]: k.apply_opt(rng.choice(opts))
       ret.append(k)
-  return ret
+  return tuple(ret)
 
 
-def bf16_kernels() -> list[Kernel]:
+@functools.cache  # built once for the tests that render them; none changes a kernel
+def bf16_kernels() -> tuple[Kernel, ...]:
   """bfloat16 catalog kernels (matmul, layernorm, softmax) with no opts, the default opts and one random opt list."""
   rng, ret = random.Random(1), []
   for name in ("matmul", "layernorm", "softmax"):
@@ -55,7 +58,7 @@ def bf16_kernels() -> list[Kernel]:
       for _ in range(4):
         if opts := [o for o in candidate_opts(k) if _valid(k, o)]: k.apply_opt(rng.choice(opts))
       ret += [base, base.copy().apply_opts(hand_coded_optimizations(base)), k]
-  return ret
+  return tuple(ret)
 
 
 # each dtype with one of the same size to bitcast to
@@ -63,7 +66,8 @@ BITCASTS = {dtypes.float64: dtypes.int64, dtypes.int8: dtypes.uint8, dtypes.int1
             dtypes.uint32: dtypes.float32, dtypes.uint64: dtypes.float64, dtypes.bfloat16: dtypes.int16}
 
 
-def dtype_kernels() -> list[Kernel]:
+@functools.cache  # built once for the tests that render them; none changes a kernel
+def dtype_kernels() -> tuple[Kernel, ...]:
   """Kernels of the less common dtypes (arithmetic, a sum, a max, a bitcast; float64 math), with no opts and the default opts."""
   ret = []
   for dt, to in BITCASTS.items():
@@ -73,7 +77,7 @@ def dtype_kernels() -> list[Kernel]:
     for item in (item for out in outs for item in create_schedule(out.uop, "CPU")[0]):
       base = Kernel(item.ast, H100)
       ret += [base, base.copy().apply_opts(hand_coded_optimizations(base))]
-  return ret
+  return tuple(ret)
 
 
 def _valid(k: Kernel, opt: Opt) -> bool:
@@ -171,7 +175,8 @@ def _matmul16(*shapes: tuple[int, ...], transpose_b: bool = False, dtype: DType 
   return Kernel(create_schedule((a @ (b.T if transpose_b else b)).uop, "CPU")[0][0].ast, H100_TC)
 
 
-def tc_kernels() -> list[Kernel]:
+@functools.cache  # built once for the tests that render them; none changes a kernel
+def tc_kernels() -> tuple[Kernel, ...]:
   t, o = OptOps, Opt
   ret = [_matmul16((64, 32), (32, 48)).apply_opts(hand_coded_optimizations(_matmul16((64, 32), (32, 48))))]
   ret += [_matmul16((64, 32), (32, 48)).apply_opts(opts) for opts in [
@@ -181,7 +186,7 @@ def tc_kernels() -> list[Kernel]:
   bf16 = _matmul16((64, 32), (32, 48), dtype=dtypes.bfloat16)
   ret += [bf16.copy().apply_opts(hand_coded_optimizations(bf16)), bf16.copy().apply_opts([o(t.TC, 0, 0), o(t.UPCAST, 0, 2), o(t.UNROLL, 0, 2)])]
   ret.append(_matmul16((48, 32), (64, 32), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 0), o(t.LOCAL, 1, 2)]))
-  return ret
+  return tuple(ret)
 
 
 def test_tensor_core_opt() -> None:
