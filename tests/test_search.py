@@ -333,4 +333,4 @@ def test_a_candidate_far_slower_than_the_best_is_cut_off_not_waited_for() -> Non
     ev.render_source = hang
     st = time.monotonic()
     [res] = ev.evaluate([(Opt(OptOps.UPCAST, 0, 4),)])
-  assert res.status == "timeout" and "cut off after 2.0 s" in res.error and time.monotonic() - st < 10
+  assert res.status == "timeout" and "cut off after 3.0 s" in res.error and time.monotonic() - st < 10

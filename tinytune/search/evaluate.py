@@ -195,7 +195,8 @@ class Evaluator:
     policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
     # a candidate still running long after the cutoff cannot win: stop it there (a new worker costs about a second) rather than
     # at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs for a minute)
-    cut = min(self.timeout_s, max(CUT_MIN_S, 3 * policy["cutoff"])) if policy["cutoff"] else self.timeout_s
+    # (a run that passes the cutoff is timed for up to max_seconds more)
+    cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
     reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
     if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
