@@ -334,3 +334,11 @@ def test_a_candidate_far_slower_than_the_best_is_cut_off_not_waited_for() -> Non
     st = time.monotonic()
     [res] = ev.evaluate([(Opt(OptOps.UPCAST, 0, 4),)])
   assert res.status == "timeout" and "cut off after 3.0 s" in res.error and time.monotonic() - st < 10
+
+
+def test_no_candidate_starts_that_would_end_past_the_deadline() -> None:
+  with Evaluator(matmul_kernel(16), "CPU") as ev:
+    ev.deadline = time.monotonic() + 2
+    assert not ev.past_deadline()
+    ev.run_s = [0.1, 5.0, 4.0]  # candidates take seconds each here: one started now would end after the deadline
+    assert ev.past_deadline() and ev.evaluate([(Opt(OptOps.UPCAST, 0, 4),)]) == []

@@ -131,6 +131,7 @@ class Evaluator:
     self.by_source: dict[str, Result] = {}
     self.worker: _Worker | None = None
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
+    self.run_s: list[float] = []  # the wall time of each candidate's run in the worker
     ref = reference_kernel(self.kernel)
     self.ref = (_b64(self.dev.compile(self.dev.renderer.render(ref))), ref.name, ref.launch_dims)
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
@@ -159,7 +160,11 @@ class Evaluator:
       if len(done) < len(candidates[start:start + chunk]): break
     return results
 
-  def past_deadline(self) -> bool: return self.deadline is not None and time.monotonic() > self.deadline
+  def past_deadline(self) -> bool:
+    """Whether a new candidate would end past the deadline, going by how long the candidates so far took (a 2048^3 matmul's
+    take seconds each, and one started just before the deadline overran a 20 s budget by 4 s)."""
+    typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
+    return self.deadline is not None and time.monotonic() + typical > self.deadline
 
   def _evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
     results: list[Result | None] = [None] * len(candidates)
@@ -178,7 +183,10 @@ class Evaluator:
         if self.past_deadline(): break
         lib, compile_s, error = compiled[h]
         if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
-        else: res = self._run(opts, lib, k, h, compile_s)
+        else:
+          st = time.monotonic()
+          res = self._run(opts, lib, k, h, compile_s)
+          self.run_s.append(time.monotonic() - st)
         self.by_source[h] = res
         self.evaluated += 1
         if self.on_result is not None: self.on_result(res)
