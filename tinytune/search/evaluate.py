@@ -92,9 +92,9 @@ def source_hash(src: str) -> str:
 # the slowest the reference runs, with time to spare: the kernel with no opts ran a 2048^3 matmul, reading B down its columns, in 52 s
 # (0.33 GFLOPS) on a loaded Zen 4
 REF_MIN_FLOPS = 1e8
+CUT_MIN_S = 2.0  # the least time a candidate gets, however fast the best so far
 # opts that move where and when each output is computed (threads, workgroups, registers, loop order) but not how: its sum still adds
 # the same terms one by one in the same order, as the kernel with no opts does
-CUT_MIN_S = 2.0  # the least time a candidate gets, however fast the best so far
 ORDER_KEEPING = {OptOps.THREAD, OptOps.LOCAL, OptOps.UPCAST, OptOps.SWAP}
 
 
@@ -201,9 +201,8 @@ class Evaluator:
   def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
     best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
     policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
-    # a candidate still running long after the cutoff cannot win: stop it there (a new worker costs about a second) rather than
-    # at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs for a minute)
-    # (a run that passes the cutoff is timed for up to max_seconds more)
+    # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
+    # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
     cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
     reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
     if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
