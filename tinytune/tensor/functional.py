@@ -43,17 +43,19 @@ def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
 
 def matmul(self: Tensor, w: Tensor) -> Tensor:
   if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
-  if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors of at least one dim")
-  x, y = (self.unsqueeze(0) if self.ndim == 1 else self), (w.unsqueeze(-1) if w.ndim == 1 else w)
-  if x.shape[-1] != y.shape[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {x.shape[-1]} != {y.shape[-2]})")
-  bx, by = x.shape[:-2], y.shape[:-2]
-  if any(a != b and 1 not in (a, b) for a, b in zip(bx[::-1], by[::-1])):
-    raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {bx} and {by} do not broadcast")
-  if _strided_rows(y) and prod(x.shape[:-1]) >= PACK_ROWS: y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
+  xd, wd = len(self.shape), len(w.shape)
+  if xd == 0 or wd == 0: raise ValueError("matmul needs tensors of at least one dim")
+  x, y = (self.unsqueeze(0) if xd == 1 else self), (w.unsqueeze(-1) if wd == 1 else w)
+  xs, ys = x.shape, y.shape
+  if xs[-1] != ys[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {xs[-1]} != {ys[-2]})")
+  if xd > 2 or wd > 2:
+    if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
+      raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
+  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y): y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   if x.dtype is y.dtype and x.dtype in (dtypes.float32, dtypes.float64) and not autograd.tracking(x, y): ret = _products_summed(x, y)
   else: ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
-  if self.ndim == 1: ret = ret.squeeze(-2)
-  return ret.squeeze(-1) if w.ndim == 1 else ret
+  if xd == 1: ret = ret.squeeze(-2)
+  return ret.squeeze(-1) if wd == 1 else ret
 
 
 def _products_summed(x: Tensor, y: Tensor) -> Tensor:
