@@ -109,7 +109,7 @@ def test_a_claim_recorded_just_before_its_owner_ended_is_read_back(tmp_path: Pat
 
 def test_beam_workers_do_not_wait_on_each_other(url: str) -> None:
   st = time.monotonic()
-  finish(search("--strategy", "beam", "--budget", "40", "--workers", "2", "--oversubscribe", url=url))  # beam claims batches of dozens
+  finish(search("--strategy", "beam", "--budget", "24", "--workers", "2", "--oversubscribe", url=url))  # beam claims batches of dozens
   assert time.monotonic() - st < 100  # each once waited a minute per candidate the other had claimed
   _, candidates, _ = study_rows(Database(url))
   sources = [c.source_hash for c in candidates]
