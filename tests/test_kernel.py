@@ -22,13 +22,17 @@ def kernel_of(t: Tensor) -> Kernel:
   return Kernel(create_schedule(t.uop, t.device)[0][-1].ast, Device[t.device].caps)
 
 
-def key_in_subprocess(m: int) -> str:
-  return subprocess.run([sys.executable, "-c", KEY_SCRIPT.format(m=m)], capture_output=True, text=True, check=True).stdout.strip()
+def keys_in_subprocesses(*ms: int) -> list[str]:
+  """The kernel's key for each m, each in a fresh process; the processes run together."""
+  procs = [subprocess.Popen([sys.executable, "-c", KEY_SCRIPT.format(m=m)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for m in ms]
+  outs = [p.communicate(timeout=120) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+  return [out.strip() for out, _ in outs]
 
 
 def test_key_is_stable_across_processes() -> None:
-  assert key_in_subprocess(8) == key_in_subprocess(8)
-  assert key_in_subprocess(8) != key_in_subprocess(12)
+  first, again, other = keys_in_subprocesses(8, 8, 12)
+  assert first == again and first != other
 
 
 def test_key_ignores_buffers_but_not_shapes_strides_dtypes() -> None:

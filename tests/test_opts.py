@@ -511,10 +511,12 @@ def test_same_opts_same_source_across_processes() -> None:
   seqs, kc = _some_sequences()[:8], kernel_cases()["matmul_odd"]
   here = [hashlib.sha256(Device[DEVICE].renderer.render(kc.kernel().apply_opts(opts)).encode()).hexdigest() for opts in seqs]
   script = RENDER_SCRIPT.format(texts=[opts_to_json(opts) for opts in seqs])
-  for seed in ("1", "2"):
-    env = {**os.environ, "PYTHONHASHSEED": seed}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout.split()
-    assert out == here
+  procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("1", "2")]  # together
+  for proc in procs:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split() == here
 
 
 def test_opts_json_round_trip() -> None:
