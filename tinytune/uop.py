@@ -25,6 +25,10 @@ class Ops(Enum):
   AND = auto(); OR = auto(); XOR = auto()  # noqa: E702
   # ternary
   WHERE = auto()
+  # a lowered program's statements (codegen/lower.py): loops, branches, accumulators, memory, lanes, the workgroup, tensor cores
+  RANGE = auto(); ENDRANGE = auto(); IF = auto(); ELSE = auto(); ENDIF = auto(); EXIT = auto()  # noqa: E702
+  DEFINE_ACC = auto(); ASSIGN = auto(); LOAD = auto(); STORE = auto(); VECTORIZE = auto(); GEP = auto(); FOLD = auto()  # noqa: E702
+  SPECIAL = auto(); DEFINE_VAR = auto(); INRANGE = auto(); DEFINE_LOCAL = auto(); CELL = auto(); BARRIER = auto(); WMMA = auto()  # noqa: E702
   __hash__ = object.__hash__  # members are singletons; enum's own hash is a python call, and UOps hash their op on every construction
 
 
@@ -73,6 +77,13 @@ class UOp:
     ret = super().__new__(cls)
     ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
     UOp._cache[key] = weakref.ref(ret, functools.partial(_forget, key))
+    return ret
+
+  @staticmethod
+  def unique(op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+    """A node never shared with another (a lowered program's statement, which its arg names): built without the hash-consing lookup."""
+    ret = object.__new__(UOp)
+    ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
     return ret
 
   def __reduce__(self): raise TypeError("UOps are not pickled; serialize opts as JSON instead")
