@@ -127,4 +127,4 @@ def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
   k = kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0)])
   assert "wmma::mma_sync" in CUDARenderer().render(k)
   for r in (OpenCLRenderer(), HIPRenderer()):
-    with pytest.raises(NotImplementedError, match="WMMA"): r.render(k)
+    with pytest.raises(NotImplementedError, match="has no WMMA statement"): r.render(k)

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)  # each dtype is one object (the attributes of `dtypes`): equal means the same, a fast identity check
 class DType:
   priority: int  # orders the types: bool, then ints by size (signed first), then floats by size
   itemsize: int

@@ -92,10 +92,11 @@ class UOp:
   # ***** constructors *****
   @staticmethod
   def const(dtype: DType, v: Any) -> UOp:
-    v = bool(v) if dtype.kind == "b" else float(v) if dtype.kind == "f" else int(v)
-    if dtype.is_int and not dtypes.min(dtype) <= v <= dtypes.max(dtype):  # an int wraps to its type's range, as in C
+    if (kind := dtype.kind) == "f": v = float(v)
+    elif kind == "b": v = bool(v)
+    elif not dtypes.min(dtype) <= (v := int(v)) <= dtypes.max(dtype):  # an int wraps to its type's range, as in C
       bits = 8 * dtype.itemsize
-      v = (v % 2**bits) - (2**bits if dtype.kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
+      v = (v % 2**bits) - (2**bits if kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
     return UOp(Ops.CONST, dtype, (), v)
 
   @staticmethod

@@ -130,11 +130,12 @@ class CStyleRenderer:
 
   def spell(self, p: Program) -> str:
     """The program's source: each statement on its line, indented by the loops and branches around it."""
-    k, at, out, depth = p.kernel, _At(p.width), [], 1
+    k, at, out, depth = p.kernel, _At(), [], 1
     statements = self.statements
     for u in p.uops:
       if u.op is Ops.ENDRANGE or u.op is Ops.ENDIF or u.op is Ops.ELSE: depth -= 1
-      if (fn := statements.get(u.op)) is None: raise NotImplementedError(f"{type(self).__name__} cannot spell {u.op.name}")
+      if (fn := statements.get(u.op)) is None:
+        raise NotImplementedError(f"{type(self).__name__} has no {u.op.name} statement: the kernel's opts need a device with more (TC: CUDA)")
       at.depth = depth
       out.append("  " * depth + fn(self, u, at))
       if u.op is Ops.RANGE or u.op is Ops.IF or u.op is Ops.ELSE: depth += 1
@@ -187,7 +188,7 @@ class CStyleRenderer:
     return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
 
   def guarded(self, line: str, guard: UOp, at: _At) -> str: return line if guard is TRUE else f"if ({self.index(guard, at.index)}) {line}"
-  def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`
+  def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`, x without the parentheses that index math has around it
     x = self.index(u.src[0].src[0], at.index)
     return f"{x[1:-1] if x[0] == '(' and x[-1] == ')' else x} != {self.index(u.src[0].src[1], at.index)}"
   def assign(self, u: UOp, at: _At) -> str:
@@ -463,6 +464,6 @@ def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}
 
 
 class _At:
-  """Where one program's spelling is: its SIMD width, and the index math spelled so far (each node once)."""
-  __slots__ = ("width", "index", "depth")
-  def __init__(self, width: int): self.width, self.index, self.depth = width, dict[UOp, str](), 1
+  """Where one program's spelling is: the depth of loops and branches, and the index math spelled so far (each node once)."""
+  __slots__ = ("index", "depth")
+  def __init__(self) -> None: self.index, self.depth = dict[UOp, str](), 1

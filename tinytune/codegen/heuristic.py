@@ -106,7 +106,7 @@ def _row_lanes(k: Kernel, strides: list[list[int]]) -> bool:
   red = k.n_global + axis
   if not any(st[red] == 1 for st in strides) or any(st[red] not in (0, 1) for st in strides): return False
   if k.sizes[red] < 2 * simd: return False
-  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see _KernelRender.split)
+  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see lower.py, _Lowerer.split)
     _first_valid(k, Opt(OptOps.PADTO, red, next(amt for amt in (4 * simd, 2 * simd, simd) if k.sizes[red] // amt >= 2)))
   before = len(k.opts)
   _first_valid(k, *(Opt(OptOps.LANES, axis, amt) for amt in ((4 * simd, 2 * simd, simd) if k.reduceop.dtype == dtypes.float32 else (simd,))))

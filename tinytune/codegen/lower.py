@@ -24,8 +24,6 @@ VALUES = {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DE
           Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
           Ops.AND, Ops.OR, Ops.XOR, Ops.WHERE}
 STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
-
-
 CMP = {Ops.CMPLT, Ops.CMPNE}
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
 
@@ -44,8 +42,8 @@ class Val:
   padding: bool = False  # a zero that a pad put where its view's mask is false here (a cat's other pieces): adding it is a no-op
 
   def lane(self, i: int) -> UOp:
-    return self.items[0] if self.kind is Kind.SCALAR else UOp(Ops.GEP, self.items[0].dtype, self.items[:1], i) if self.kind is Kind.VECTOR \
-      else self.items[i]
+    if self.kind is Kind.VECTOR: return UOp.unique(Ops.GEP, self.items[0].dtype, self.items[:1], i)
+    return self.items[0] if self.kind is Kind.SCALAR else self.items[i]
 
 
 def identity(red: UOp) -> UOp:
@@ -56,7 +54,7 @@ def identity(red: UOp) -> UOp:
 
 @dataclass
 class Program:
-  """A kernel's lowered statements in order, and what its head needs: the SIMD width and whether a float sum adds in order."""
+  """A kernel's lowered statements in order, and the SIMD width of its native vectors (1: none)."""
   kernel: Kernel
   width: int
   uops: list[UOp]
@@ -140,7 +138,7 @@ class _Lowerer:
 
   def splat(self, v: Val) -> UOp:
     """A float32 value as a native vector: a scalar repeated in every lane."""
-    return UOp(Ops.VECTORIZE, dtypes.float32, v.items * self.width) if v.kind is Kind.SCALAR else self.vec(v)
+    return UOp.unique(Ops.VECTORIZE, dtypes.float32, v.items * self.width) if v.kind is Kind.SCALAR else self.vec(v)
 
   def mask(self, v: Val) -> UOp:
     """A bool value as a vector of -1 (true) and 0 lanes."""
