@@ -46,6 +46,7 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
 }
 
 
+_INT_RANGE = {d.name: (dtypes.min(d), dtypes.max(d)) for d in dtypes.all if d.is_int}
 T = TypeVar("T")
 
 
@@ -71,8 +72,8 @@ class UOp:
   _cache: dict[tuple, weakref.ref[UOp]] = {}  # structure -> the live node (a plain dict: WeakValueDictionary.get is slow)
 
   def __new__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-    # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 and 1 from True
-    key = (op, dtype.name, src, repr(arg) if op is Ops.CONST else arg)
+    # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 (an int or bool constant's dtype says which it is)
+    key = (op, dtype.name, src, repr(arg) if op is Ops.CONST and type(arg) is float else arg)
     if (ref := UOp._cache.get(key)) is not None and (ret := ref()) is not None: return ret
     ret = super().__new__(cls)
     ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
@@ -94,7 +95,7 @@ class UOp:
   def const(dtype: DType, v: Any) -> UOp:
     if (kind := dtype.kind) == "f": v = float(v)
     elif kind == "b": v = bool(v)
-    elif not dtypes.min(dtype) <= (v := int(v)) <= dtypes.max(dtype):  # an int wraps to its type's range, as in C
+    elif not (r := _INT_RANGE[dtype.name])[0] <= (v := int(v)) <= r[1]:  # an int wraps to its type's range, as in C
       bits = 8 * dtype.itemsize
       v = (v % 2**bits) - (2**bits if kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
     return UOp(Ops.CONST, dtype, (), v)

@@ -2,15 +2,16 @@
 qualifiers, prefixes and the spelling of the ops they do differently."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from tinytune.codegen.kernel import Kernel
-from tinytune.codegen.lower import ARITH, TRUE, VALUES, Program, lower
+from tinytune.codegen.lower import ARITH, CLOSES, OPENS, TRUE, VALUES, Program, lower
 from tinytune.dtype import DType, dtypes
-from tinytune.uop import Ops, UOp
+from tinytune.uop import ALU, Ops, UOp
 
 
 class CStyleRenderer:
@@ -84,6 +85,14 @@ class CStyleRenderer:
             f"{self.func_prefix} void {vt}_store(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}\n")
 
   def literal(self, v: object, dtype: DType) -> str:
+    """A constant's C spelling (kept per renderer: a kernel spells the same few constants many times)."""
+    key = (dtype, v) if v and v == v else (dtype, repr(v))  # -0.0 is not 0.0, and a NaN is not equal to itself
+    if (ret := self._literals.get(key)) is None:
+      if len(self._literals) > 4096: self._literals.clear()
+      ret = self._literals[key] = self._literal(v, dtype)
+    return ret
+
+  def _literal(self, v: object, dtype: DType) -> str:
     if dtype == dtypes.bool: return "1" if v else "0"
     if dtype.is_int:  # negative literals in parentheses, so negating one renders (-(-3)), not (--3)
       i = int(v)  # type: ignore[call-overload]
@@ -110,7 +119,15 @@ class CStyleRenderer:
     a = args[0]
     if op is Ops.CAST: return f"{self.bf16_in}({self.bf16_out}((float)({a})))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
     if op is Ops.MAX and dtype.is_float: return f"(({a}>{args[1]}||{a}!={a})?{a}:{args[1]})"  # a NaN in either operand wins, as in numpy
-    return self.code_table[op].format(*args, "", "", m=self.math, s="" if dtype == dtypes.float64 else self.math_suffix)
+    if (template := self._templates.get((op, dtype is dtypes.float64))) is None:  # the math functions' prefix and suffix filled in once
+      suffix = "" if dtype is dtypes.float64 else self.math_suffix
+      template = self._templates[(op, dtype is dtypes.float64)] = self.code_table[op].replace("{m}", self.math).replace("{s}", suffix)
+    return template.format(*args)
+
+  @functools.cached_property
+  def _literals(self) -> dict[tuple, str]: return {}
+  @functools.cached_property
+  def _templates(self) -> dict[tuple[Ops, bool], str]: return {}
 
   def index(self, u: UOp, memo: dict[UOp, str] | None = None) -> str:
     """Render integer index math (each node once, where `memo` keeps them); division and modulo are floor operations where the
@@ -130,19 +147,16 @@ class CStyleRenderer:
 
   def spell(self, p: Program) -> str:
     """The program's source: each statement on its line, indented by the loops and branches around it."""
-    k, at, out, depth = p.kernel, _At(), [], 1
-    statements = self.statements
+    k, at, out, indent, statements = p.kernel, _At(), [], "  ", self.statements
     for u in p.uops:
-      if u.op is Ops.ENDRANGE or u.op is Ops.ENDIF or u.op is Ops.ELSE: depth -= 1
-      if (fn := statements.get(u.op)) is None:
-        raise NotImplementedError(f"{type(self).__name__} has no {u.op.name} statement: the kernel's opts need a device with more (TC: CUDA)")
-      at.depth = depth
-      out.append("  " * depth + fn(self, u, at))
-      if u.op is Ops.RANGE or u.op is Ops.IF or u.op is Ops.ELSE: depth += 1
+      if (op := u.op) in CLOSES: at.depth -= 1; indent = "  " * at.depth  # noqa: E702
+      if (fn := statements.get(op)) is None:
+        raise NotImplementedError(f"{type(self).__name__} has no {op.name} statement: the kernel's opts need a device with more (TC: CUDA)")
+      out.append(indent + fn(self, u, at))
+      if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
-    head = self.prelude(k) + (self.vector_prelude(p.width) if p.width > 1 else "")
-    if any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in p.uops): head += self.in_order_reduce_prefix
+    head = self.prelude(k) + (self.vector_prelude(p.width) if p.width > 1 else "") + (self.in_order_reduce_prefix if p.in_order_sum else "")
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
@@ -165,27 +179,29 @@ class CStyleRenderer:
 
   def expr(self, u: UOp, at: _At) -> str:
     """What a value statement (or an inline load, vector or shared element) computes."""
-    op, w = u.op, (u.arg[1] if u.op in VALUES and u.arg is not None else 1)
+    if (op := u.op) in ALU:
+      args, w = [self.operand(s, at) for s in u.src], u.arg[1]
+      if w > 1: return self.code(op, args, u.dtype) if op in ARITH else self.vector_code(op, args, w)
+      if op is Ops.BITCAST: return self.bitcast(args[0], u.src[0].dtype, u.dtype)
+      ret = self.code(op, args, u.dtype)  # a 16-bit float computed in float32 rounds each result to its type
+      return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
     if op is Ops.LOAD:
-      ptr, (idx, valid) = f"data{u.arg[2]}", u.src
+      ptr, (idx, valid), w = f"data{u.arg[2]}", u.src, u.arg[1]
       if w > 1: load, zero = f"{self.vtype(w)}_load({ptr}+{self.index(idx, at.index)})", self.vector(self.vtype(w), ["0.0f"] * w)
       else: load, zero = self.load(ptr, self.index(idx, at.index), u.dtype), self.literal(0, u.dtype)
       return load if valid is TRUE else f"({self.index(valid, at.index)}?{load}:{zero})"
     if op is Ops.DEFINE_ACC:
       ident = self.literal(u.src[0].arg, u.dtype)
-      return ident if w == 1 else self.vector(self.vtype(w), [ident] * w)
+      return ident if u.arg[1] == 1 else self.vector(self.vtype(u.arg[1]), [ident] * u.arg[1])
     if op is Ops.CELL: return f"{u.arg[0]}[{u.arg[1]}]"
     args = [self.operand(s, at) for s in u.src]
     if op is Ops.VECTORIZE:
-      if u.dtype == dtypes.bool: return self.vector(self.mask_type(len(args)), [f"-({a}!=0)" for a in args])
+      if u.dtype is dtypes.bool: return self.vector(self.mask_type(len(args)), [f"-({a}!=0)" for a in args])
       return self.vector(self.vtype(len(args)), args)
-    if op is Ops.FOLD: return self.fold(u.arg[2], args, u.dtype, w)
+    if op is Ops.FOLD: return self.fold(u.arg[2], args, u.dtype, u.arg[1])
     if op is Ops.INRANGE: return f"(0<={args[0]}&&{args[0]}<{u.src[1].arg})"
-    if op is Ops.DEFINE_VAR: return f"({args[0]}?{args[1]}:0)"
-    if w > 1: return self.code(op, args, u.dtype) if op in ARITH else self.vector_code(op, args, w)
-    if op is Ops.BITCAST: return self.bitcast(args[0], u.src[0].dtype, u.dtype)
-    ret = self.code(op, args, u.dtype)  # a 16-bit float computed in float32 rounds each result to its type
-    return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
+    assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
+    return f"({args[0]}?{args[1]}:0)"
 
   def guarded(self, line: str, guard: UOp, at: _At) -> str: return line if guard is TRUE else f"if ({self.index(guard, at.index)}) {line}"
   def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`, x without the parentheses that index math has around it

@@ -11,18 +11,17 @@ import itertools
 import math
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
 from tinytune.shape import strides_for
-from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
+from tinytune.uop import ALU, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
 TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
 # statements that define a named value: arg is (name, width) (width 1: a scalar, else a native vector), DEFINE_ACC adds its reduce op
-VALUES = {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST,
-          Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
-          Ops.AND, Ops.OR, Ops.XOR, Ops.WHERE}
+VALUES = ALU | {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR}
 STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
 CMP = {Ops.CMPLT, Ops.CMPNE}
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
@@ -34,8 +33,7 @@ class Kind(Enum):
   LANES = "lanes"  # one scalar per lane
 
 
-@dataclass(frozen=True)
-class Val:
+class Val(NamedTuple):
   """A lowered value: its kind and its nodes (one, or one per lane)."""
   kind: Kind
   items: tuple[UOp, ...]
@@ -54,10 +52,12 @@ def identity(red: UOp) -> UOp:
 
 @dataclass
 class Program:
-  """A kernel's lowered statements in order, and the SIMD width of its native vectors (1: none)."""
+  """A kernel's lowered statements in order, the SIMD width of its native vectors (1: none), and whether it adds floats into a scalar
+  accumulator in order (which some compilers' vectorizers miscompile)."""
   kernel: Kernel
   width: int
   uops: list[UOp]
+  in_order_sum: bool = False
 
   def __str__(self) -> str:
     depth, out = 0, []
@@ -277,8 +277,8 @@ class _Lowerer:
     lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
     op, vector = red.arg[0], self.width > 1 and red.dtype == dtypes.float32 and red.arg[0] in self.vector_ops
     parts = partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
-             Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
-             for j in range(self.k.axes[self.lanes].size // self.width)]
+                        Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
+                        for j in range(self.k.axes[self.lanes].size // self.width)]
     def fold(name: str, items: tuple[UOp, ...], width: int = 1) -> UOp:
       self.combine.append(u := UOp.unique(Ops.FOLD, red.dtype, items, (name, width, op)))
       return u
@@ -333,7 +333,8 @@ class _Lowerer:
       self.unpadded = k.axes[split].dim
       self.full_body, self.unpadded = self.reduce_body(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
-    return Program(k, self.width, self.workgroups(body, post) if k.caps.has_local else self.loops(body, post))
+    in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
+    return Program(k, self.width, self.workgroups(body, post) if k.caps.has_local else self.loops(body, post), in_order)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
