@@ -128,3 +128,9 @@ def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
   assert "wmma::mma_sync" in CUDARenderer().render(k)
   for r in (OpenCLRenderer(), HIPRenderer()):
     with pytest.raises(NotImplementedError, match="has no WMMA statement"): r.render(k)
+
+
+def test_void_is_no_tensor_dtype() -> None:
+  """Statements that hold no value have dtype void, which no tensor takes."""
+  assert dtypes.void not in dtypes.all and all(u.dtype is dtypes.void for u in lower(kernel(arr(4, 4).sum(-1), CPU, [])).uops if u.op is Ops.RANGE)
+  with pytest.raises(TypeError, match="unsupported dtype"): dtypes.from_any("void")

@@ -86,6 +86,11 @@ def describe(u: UOp) -> str:
   return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else arg}".rstrip()
 
 
+def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
+  """A statement: a node of its own (never shared, as two loops or loads that look alike are still two)."""
+  return UOp.unique(op, dtype, src, arg)
+
+
 def lower(k: Kernel, vector_ops: frozenset[Ops] | set[Ops] = frozenset(), aligned_vectors: bool = False) -> Program:
   """The program of `k` for a target whose native float32 vectors have the ops `vector_ops` (comparisons give masks, WHERE takes
   one), and whose vector loads and stores need addresses aligned to the vector where `aligned_vectors`."""
@@ -124,13 +129,13 @@ class _Lowerer:
   def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
 
   # ***** statements *****
-  def stmt(self, op: Ops, src: tuple[UOp, ...] = (), arg: object = None, dtype: DType = dtypes.void) -> UOp:
+  def emit(self, op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
     self.lines.append(u := UOp.unique(op, dtype, src, arg))
     return u
 
   def value(self, op: Ops, dtype: DType, src: tuple[UOp, ...], width: int = 1, prefix: str = "v") -> UOp:
     self.count += 1
-    return self.stmt(op, src, (f"{prefix}{self.count}", width), dtype)
+    return self.emit(op, *src, arg=(f"{prefix}{self.count}", width), dtype=dtype)
 
   def vec(self, v: Val) -> UOp:
     if v.kind is not Kind.LANES: return v.items[0]  # scalars mix with vectors in the C vector operators
@@ -250,7 +255,7 @@ class _Lowerer:
   def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
     def value(off: UOp, valid: UOp, width: int = 1) -> UOp:
       self.count += 1
-      return self.stmt(Ops.LOAD, (off, valid), (f"v{self.count}", width, self.bufs[buf.arg]), buf.dtype)
+      return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, self.bufs[buf.arg]), dtype=buf.dtype)
     if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
     base = self.subst_lane(off, 0)
     if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and self.contiguous(off, base):
@@ -258,7 +263,7 @@ class _Lowerer:
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
-    self.decls.append(u := UOp.unique(Ops.DEFINE_ACC, red.dtype, (identity(red),), (name, width, red.arg[0])))
+    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=(name, width, red.arg[0]), dtype=red.dtype))
     return u
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
@@ -280,7 +285,7 @@ class _Lowerer:
                         Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
                         for j in range(self.k.axes[self.lanes].size // self.width)]
     def fold(name: str, items: tuple[UOp, ...], width: int = 1) -> UOp:
-      self.combine.append(u := UOp.unique(Ops.FOLD, red.dtype, items, (name, width, op)))
+      self.combine.append(u := stmt(Ops.FOLD, *items, arg=(name, width, op), dtype=red.dtype))
       return u
     if vector: parts = [Val(Kind.VECTOR, (fold(f"{name}_v", tuple(p.items[0] for p in parts), self.width),))]  # the vectors first
     lanes = [p.lane(i) for p in parts for i in range(self.width)]
@@ -300,33 +305,34 @@ class _Lowerer:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     if (parts := self.partials.get(acc.items[0])) is not None:  # the partial of this instance's vector of lanes
       acc = parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
-    if acc.kind is Kind.VECTOR: self.stmt(Ops.ASSIGN, (acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE), op)
+    if acc.kind is Kind.VECTOR: self.emit(Ops.ASSIGN, acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE, arg=op)
     else:
-      for i, u in enumerate(acc.items): self.stmt(Ops.ASSIGN, (u, val.lane(i), TRUE), op)
+      for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
 
   def store(self, val: Val, off: UOp, guard: UOp) -> None:
     dt = self.k.ast.dtype
     if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        self.stmt(Ops.STORE, (base, val.items[0], guard), (self.width, 0), dt)
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, 0), dtype=dt)
         return
-      for i in range(self.width): self.stmt(Ops.STORE, (self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i)), (1, 0), dt)
+      for i in range(self.width): self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, 0), dtype=dt)
       return
-    self.stmt(Ops.STORE, (off, val.lane(0), guard), (1, 0), dt)
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, 0), dtype=dt)
+
+  def out_offset(self, dims: list[UOp]) -> UOp:
+    return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
 
   # ***** the kernel *****
   def program(self) -> Program:
     if self.k.tc is not None: return self.tensor_core()
     k = self.k
-    out_strides = strides_for(k.out_shape)
     partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
     for inst in self.instances((AxisKind.UPCAST,)):
       dims = self.dims(inst)
       n_accs = len(self.accs)
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
-      off = self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
-      self.store(val, off, self.guard(dims, range(k.n_global)))
+      self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)))
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
     post, body = self.lines, self.reduce_body()
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
@@ -343,20 +349,20 @@ class _Lowerer:
     assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
     kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
     var, last, dt, zero = self.loopvars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
-    def load(off: UOp, width: int = 1) -> UOp: return UOp.unique(Ops.LOAD, dt, (off, TRUE), (None, width, 0))
-    self.lines = [UOp.unique(Ops.IF, dtypes.void, (var.alu(Ops.CMPNE, zero),))]
+    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=(None, width, 0), dtype=dt)
+    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
     for acc, off, guard in partials:
       base = self.subst_lane(off, 0)
       if acc.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        self.stmt(Ops.ASSIGN, (acc.items[0], load(base, self.width), guard))
+        self.emit(Ops.ASSIGN, acc.items[0], load(base, self.width), guard)
         continue
-      if acc.kind is Kind.SCALAR: self.stmt(Ops.ASSIGN, (acc.items[0], load(off), guard))
+      if acc.kind is Kind.SCALAR: self.emit(Ops.ASSIGN, acc.items[0], load(off), guard)
       else:
-        for i in range(self.width): self.stmt(Ops.ASSIGN, (acc.lane(i), load(self.subst_lane(off, i)), self.subst_lane(guard, i)))
-    self.decls += [*self.lines, UOp.unique(Ops.ENDIF, dtypes.void)]
-    self.lines = [UOp.unique(Ops.IF, dtypes.void, (var.alu(Ops.CMPNE, UOp.const(dtypes.int64, last)),))]
+        for i in range(self.width): self.emit(Ops.ASSIGN, acc.lane(i), load(self.subst_lane(off, i)), self.subst_lane(guard, i))
+    self.decls += [*self.lines, stmt(Ops.ENDIF)]
+    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, UOp.const(dtypes.int64, last)))]
     for acc, off, guard in partials: self.store(acc, off, guard)
-    return [*self.lines, UOp.unique(Ops.ELSE, dtypes.void), *post, UOp.unique(Ops.ENDIF, dtypes.void)]
+    return [*self.lines, stmt(Ops.ELSE), *post, stmt(Ops.ENDIF)]
 
   def reduce_body(self) -> list[UOp]:
     self.lines, self.memo = [], {}
@@ -383,8 +389,8 @@ class _Lowerer:
     for n, i in enumerate(axes):
       if self.k.axes[i].size == 1: continue
       first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
-      opened.append(UOp.unique(Ops.RANGE, dtypes.void, (), (self.loopvars[i].arg[0], first, last, parallel and n == 0)))
-    return [*opened, *body, *(UOp.unique(Ops.ENDRANGE, dtypes.void) for _ in opened)]
+      opened.append(stmt(Ops.RANGE, arg=(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
+    return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
   def loops(self, body: list[UOp], post: list[UOp]) -> list[UOp]:
     """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
@@ -405,7 +411,7 @@ class _Lowerer:
     out, mult = [], 1
     for n, i in enumerate(reversed(axes)):
       size = self.k.axes[i].size
-      if size > 1: out.append(UOp.unique(Ops.SPECIAL, dtypes.int64, (), (self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      if size > 1: out.append(stmt(Ops.SPECIAL, arg=(self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
       mult *= size
     return out
 
@@ -417,7 +423,7 @@ class _Lowerer:
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
     group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(UOp.unique(Ops.SPECIAL, dtypes.int64, (), ("lid", "local_id", 1, 0)))
+    if local or group: out.append(stmt(Ops.SPECIAL, arg=("lid", "local_id", 1, 0)))
     out += self.unflatten(local + group, "lid")
     out += self.decls + self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body) + self.combine
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
@@ -425,12 +431,12 @@ class _Lowerer:
       partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]
       dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
       def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(UOp.unique(Ops.DEFINE_LOCAL, dt, (), ("partials", len(partials) * threads)))
-      out += [UOp.unique(Ops.ASSIGN, dtypes.void, (cell(j, "lid"), u, TRUE)) for j, (_, u) in enumerate(partials)]
-      out += [UOp.unique(Ops.BARRIER, dtypes.void), UOp.unique(Ops.EXIT, dtypes.void, ((lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)),))]
-      out.append(UOp.unique(Ops.RANGE, dtypes.void, (), ("q", 1, groups, False)))
-      out += [UOp.unique(Ops.ASSIGN, dtypes.void, (u, cell(j, "lid+q"), TRUE), red.arg[0]) for j, (red, u) in enumerate(partials)]
-      out.append(UOp.unique(Ops.ENDRANGE, dtypes.void))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=("partials", len(partials) * threads), dtype=dt))
+      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
+      out.append(stmt(Ops.RANGE, arg=("q", 1, groups, False)))
+      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      out.append(stmt(Ops.ENDRANGE))
     return out + post
 
   def tensor_core(self) -> Program:
@@ -438,7 +444,7 @@ class _Lowerer:
     memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
     k, tc = self.k, self.k.tc
     assert tc is not None
-    def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return UOp.unique(Ops.WMMA, dtypes.void, src, arg)
+    def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
     out = self.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     out.append(wmma("ids"))
     out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
@@ -459,10 +465,9 @@ class _Lowerer:
         a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
         body.append(wmma("mma", j, a, b))
     out += self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
-    out.append(UOp.unique(Ops.DEFINE_LOCAL, dtypes.float32, (), ("tiles", k.sizes_of(AxisKind.LOCAL) * 256)))
+    out.append(stmt(Ops.DEFINE_LOCAL, arg=("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
     row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
     tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
-    out_strides = strides_for(k.out_shape)
     self.lines = []
     for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
       self.lines += [wmma("store", j), wmma("sync")]
@@ -470,7 +475,7 @@ class _Lowerer:
         self.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
         dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
         val = self.node(k.ast, tuple(dims[:k.n_global]))
-        self.store(val, self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0))), TRUE)
+        self.store(val, self.out_offset(dims), TRUE)
       self.lines.append(wmma("sync"))
     return Program(k, self.width, out + self.lines)
 
