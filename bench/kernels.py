@@ -1,8 +1,9 @@
-"""Every catalog workload, default opts (no search): torch_ms / tinytune_ms, and elementwise and reduce as a fraction of a
-STREAM triad compiled and measured in the same run. Ratios are medians over rounds; each round times tinytune and PyTorch
-back to back with the search's timing loop (tinytune/kernels/baselines.py).
+"""Every catalog workload, default opts: torch_ms / tinytune_ms, and elementwise and reduce as a fraction of a STREAM triad
+compiled and measured in the same run. Ratios are medians over rounds; each round times tinytune and PyTorch back to back with
+the search's timing loop (tinytune/kernels/baselines.py). With --search S, each shape is first searched by
+`tinytune search W -p ... --seconds S` into a fresh database, and the tuned kernels are timed beside the defaults.
 
-  OMP_WAIT_POLICY=PASSIVE python bench/kernels.py [--rounds 3] [--only softmax,reduce] [--quick]
+  OMP_WAIT_POLICY=PASSIVE python bench/kernels.py [--rounds 3] [--only softmax,reduce] [--quick] [--search 60]
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ctypes
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -19,6 +21,7 @@ import numpy as np
 
 from tinytune.kernels import get_workload
 from tinytune.kernels.baselines import tinytune_timing, torch_baseline
+from tinytune.results_db import Database
 from tinytune.runtime import Device
 from tinytune.search.evaluate import TimingPolicy
 
@@ -72,6 +75,7 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--only", default="", help="comma-separated workload names")
   ap.add_argument("--quick", action="store_true", help="the issue's shape only")
+  ap.add_argument("--search", type=float, default=0, metavar="S", help="search each shape for S seconds first, and time the tuned kernels too")
   args = ap.parse_args()
   policy = TimingPolicy(min_repeats=3, max_repeats=10, max_seconds=0.5)
   only = set(args.only.split(",")) if args.only else None
@@ -79,24 +83,38 @@ def main() -> None:
   print(f"load average at start: {os.getloadavg()[0]:.2f}  threads: {Device['CPU'].caps.threads}")
   triad = statistics.median(triad_gbs() for _ in range(args.rounds))
   print(f"STREAM triad: {triad:.1f} GB/s")
-  print(f"{'workload':<12} {'params':<40} {'tinytune ms':>11} {'torch ms':>9} {'torch/tt':>8} {'GB/s':>6} {'of triad':>8}  max rel err")
+  tuned_head = f" {'searched s':>10} {'tuned ms':>9} {'torch/tuned':>11}" if args.search else ""
+  print(f"{'workload':<12} {'params':<40} {'tinytune ms':>11} {'torch ms':>9} {'torch/tt':>8} {'GB/s':>6} {'of triad':>8}  max rel err{tuned_head}")
   for name, params in SHAPES:
     if only is not None and name not in only or args.quick and name in seen and name != "matmul": continue
     seen.add(name)
     w = get_workload(name)
     p = w.params(params)
-    tt, th, ratios, err = [], [], [], float("nan")
+    db, searched = None, 0.0
+    if args.search:
+      url = f"sqlite:///{tempfile.mkdtemp()}/bench.db"
+      st = time.perf_counter()
+      subprocess.run([sys.executable, "-m", "tinytune.cli", "search", name, *(f"-p{k}={v}" for k, v in params.items()),
+                      "--seconds", str(args.search), "--db", url], check=True, capture_output=True)
+      searched = time.perf_counter() - st
+      db = Database(url)
+    tt, th, tu, ratios, tuned_ratios, err = [], [], [], [], [], float("nan")
     for _ in range(args.rounds):
       t, b = tinytune_timing(w, p, "CPU", False, policy), torch_baseline(w, p, "CPU", policy)
       tt.append(t.median_s)
       th.append(b.median_s)
       ratios.append(b.median_s / t.median_s)
+      if db is not None:
+        tu.append(tinytune_timing(w, p, "CPU", True, policy, db=db).median_s)
+        tuned_ratios.append(b.median_s / tu[-1])
       if t.output is not None and b.output is not None:
         err = float(np.max(np.abs(t.output - b.output)) / max(1e-30, float(np.max(np.abs(b.output)))))
     t_ms, gbs = statistics.median(tt) * 1e3, w.nbytes(p) / statistics.median(tt) / 1e9
     bw = f"{gbs:6.1f} {gbs / triad:8.2f}" if name in BANDWIDTH else f"{'':6} {'':8}"
     shape = " ".join(f"{k}={v}" for k, v in params.items())
-    print(f"{name:<12} {shape:<40} {t_ms:11.3f} {statistics.median(th) * 1e3:9.3f} {statistics.median(ratios):8.2f} {bw}  {err:.1e}", flush=True)
+    tuned = f" {searched:10.1f} {statistics.median(tu) * 1e3:9.3f} {statistics.median(tuned_ratios):11.2f}" if db is not None else ""
+    ratio = statistics.median(ratios)
+    print(f"{name:<12} {shape:<40} {t_ms:11.3f} {statistics.median(th) * 1e3:9.3f} {ratio:8.2f} {bw}  {err:.1e}{tuned}", flush=True)
   print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinytune import Context, GlobalCounters, Tensor, TinyJit, dtypes, engine
-from tinytune.runtime import POOL, Buffer
+from tinytune.runtime import POOL, Buffer, device_status
 from tinytune.uop import Ops, UOp
 
 
@@ -50,6 +50,50 @@ def test_matmul_builds_the_graph_the_general_path_builds(shapes: tuple[tuple[int
   lazy = (a + 0) @ (b.transpose(-1, -2) * 2).transpose(-1, -2)  # computed inputs, and a permuted view that cannot merge
   assert lazy.uop is ((a + 0).requires_grad_() @ (b.transpose(-1, -2) * 2).transpose(-1, -2)).uop
   np.testing.assert_allclose(lazy.numpy(), np.matmul(a.numpy(), 2 * b.numpy()), rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_of_views_builds_the_general_paths_graph() -> None:
+  """The fast path's views are worked out once per (shapes, input views): equal shapes over other views are other graphs."""
+  rng = np.random.default_rng(2)
+  base = Tensor(rng.random((6, 6), dtype=np.float32)).realize()
+  views = [base, base.T, base.flip(0), base.pad(((1, 0), (0, 0))).shrink(((0, 6), (0, 6))), base[::1, ::1] * 2, base.reshape(36).reshape(6, 6)]
+  for x in views:
+    for y in views:
+      fast = x @ y
+      assert fast.uop is (x.requires_grad_() @ y).uop
+      x.requires_grad_(False)
+      np.testing.assert_allclose(fast.numpy(), x.numpy() @ y.numpy(), rtol=1e-5)
+
+
+def test_the_schedule_cache_tells_dtypes_devices_and_the_tuning_policy_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+  def misses(x: Tensor) -> tuple[int, list]:
+    GlobalCounters.reset()
+    out = (x * 3 + 1).numpy()
+    return GlobalCounters.schedule_misses, out.tolist()
+  ones = np.ones(5)
+  assert misses(Tensor(ones.astype(np.float32))) in ((0, [4.0] * 5), (1, [4.0] * 5))
+  assert misses(Tensor(ones.astype(np.float32))) == (0, [4.0] * 5)
+  assert misses(Tensor(ones.astype(np.float64)))[0] == 1 and misses(Tensor(ones.astype(np.float64)))[0] == 0
+  assert misses(Tensor(ones.astype(np.int32))) == (1, [4] * 5)
+  monkeypatch.setenv("TINYTUNE_TUNE", "0")  # another opts policy: the plan's programs may be others
+  assert misses(Tensor(ones.astype(np.float32))) == (1, [4.0] * 5)
+  monkeypatch.delenv("TINYTUNE_TUNE")
+  assert misses(Tensor(ones.astype(np.float32)))[0] == 0
+  if device_status("OPENCL") is None: assert misses(Tensor(ones.astype(np.float32), device="OPENCL")) == (1, [4.0] * 5)
+
+
+def test_pooled_memory_keeps_its_address_under_another_dtype() -> None:
+  from tinytune.runtime.cpu import address
+  gc.collect()
+  POOL.clear()
+  a = (Tensor(np.arange(1000, dtype=np.float32)) * 2).realize()
+  place = address(a.uop.src[0].arg)
+  del a
+  gc.collect()
+  b = (Tensor(np.arange(1000, dtype=np.int32)) + 5).realize()  # the first input takes the 4000 bytes back
+  buffers = [u.arg for u in b.uop.toposort if u.op is Ops.BUFFER]
+  assert all(address(buf) == buf.mem.__array_interface__["data"][0] for buf in buffers) and place in [address(buf) for buf in buffers]
+  np.testing.assert_equal(b.numpy(), np.arange(1000) + 5)
 
 
 def test_a_new_structure_misses_the_schedule_cache_but_reuses_equal_kernels() -> None:

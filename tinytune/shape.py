@@ -32,6 +32,11 @@ class View:
       if all(m == (0, s) for m, s in zip(mask, shape)): mask = None
     return View(shape, strides, offset, mask)
 
+  def __hash__(self) -> int:
+    """Kept on the view: a graph's node is looked up by a key that holds its view, every time one is built or freed."""
+    if (ret := self.__dict__.get("_hash")) is None: object.__setattr__(self, "_hash", ret := hash((self.shape, self.strides, self.offset, self.mask)))
+    return ret
+
   @property
   def contiguous(self) -> bool: return self.offset == 0 and self.mask is None and self.strides == strides_for(self.shape)
   @property

@@ -17,18 +17,25 @@ from tinytune.shape import View
 from tinytune.uop import Ops, UOp
 
 
-def structure(topo: list[UOp]) -> tuple[tuple, list[Buffer], dict[UOp, int]]:
-  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position."""
+def structure(topo: list[UOp], device: str) -> tuple[tuple, list[Buffer], dict[UOp, int]] | None:
+  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position.
+  None where a node of it was realized before on this device (see _reused)."""
   index: dict[UOp, int] = {}
   buffers: list[Buffer] = []
   parts = []
   for i, u in enumerate(topo):
+    if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
     index[u] = i
     if u.op is Ops.BUFFER:
       parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
       buffers.append(u.arg)
-    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(index[s] for s in u.src)))
+    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(map(index.__getitem__, u.src))))
   return tuple(parts), buffers, index
+
+
+def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
+  """What was realized before, on this device only (constants are one graph everywhere): the VIEW of the buffer that holds it."""
+  return {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}
 
 
 @dataclass(frozen=True)
@@ -81,15 +88,17 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   """Compute `target` on `device`; the VIEW of a buffer that now holds it: `into` where given (it must not be read by target), else
   a new one or, where target is one already, the buffer it views."""
   topo, asked = target.toposort, target
-  # reuse what was realized, on this device only (constants are one graph everywhere); again while the new graph holds nodes that
-  # were realized before (hash-consing makes a substituted node the very node an earlier realize computed)
-  while reuse := {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}:
-    target = target.substitute(reuse)
+  # reuse what was realized; again while the new graph holds nodes that were realized before (hash-consing makes a substituted node
+  # the very node an earlier realize computed)
+  while (found := structure(topo, device)) is None:
+    target = target.substitute(_reused(topo, device))
     topo = target.toposort
   if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
-  key, inputs, index = structure(topo)
-  alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
-  if into is not None: inputs.append(into)
+  key, inputs, index = found
+  alias = -1
+  if into is not None:
+    alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
+    inputs.append(into)
   key = (key, into is not None, alias, device, NOOPT.value, tune_mode())  # the opts policy in force picks the plan's programs
   if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1

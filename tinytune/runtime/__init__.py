@@ -75,7 +75,8 @@ class DeviceMissing(RuntimeError):
 class BufferPool:
   """Device memory that freed Buffers gave back, kept by (device, bytes) for the next Buffer of that size: a steady-state
   program allocates nothing new. Least recently freed memory goes first once over `limit` bytes. Only a Buffer's finalizer
-  gives memory back, so memory that a live Buffer holds is never handed out twice."""
+  gives memory back, so memory that a live Buffer holds is never handed out twice. What the pool holds is (memory, its address
+  where a device found one): the address comes back with the memory, not worked out again."""
 
   def __init__(self, limit: int):
     self.limit, self.held = limit, 0
@@ -117,15 +118,18 @@ class Buffer:
 
   def __repr__(self) -> str: return f"<Buffer {self.uid} {self.device} {self.size} {self.dtype.name}>"
   def __del__(self) -> None:
-    if self._mem is not None and POOL is not None: POOL.give(self.device, self.nbytes, self._mem)  # POOL is None at interpreter exit
+    if self._mem is not None and POOL is not None:  # POOL is None at interpreter exit
+      POOL.give(self.device, self.nbytes, (self._mem, self.__dict__.get("address")))
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def mem(self) -> Any:
     if self._mem is None:
       dev = Device[self.device]
-      pooled = POOL.take(self.device, self.nbytes)
-      self._mem = dev.alloc(self.size, self.dtype) if pooled is None else dev.retype(pooled, self.size, self.dtype)
+      if (pooled := POOL.take(self.device, self.nbytes)) is None: self._mem = dev.alloc(self.size, self.dtype)
+      else:
+        self._mem = dev.retype(pooled[0], self.size, self.dtype)
+        if pooled[1] is not None: self.__dict__["address"] = pooled[1]  # a CPU buffer's (runtime.cpu.address), the same after retype
     return self._mem
 
   def copyin(self, data: np.ndarray) -> Buffer:

@@ -1,4 +1,4 @@
-"""Candidate evaluation: compile in parallel, drop duplicates by source, verify against the kernel with no opts, time.
+"""Candidate evaluation: compile in parallel, drop duplicates by source, verify against the kernel's plain sums, time.
 
 Candidates run in a worker process that holds the buffers, so a candidate that crashes or hangs costs that worker
 (recorded as `crashed` or `timeout`) and the search goes on with a fresh one."""
@@ -19,8 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
-from tinytune.codegen.opts import Opt, opts_to_json
+from tinytune.codegen.opts import Opt, OptOps, opts_to_json
 from tinytune.runtime import Device
 
 STATUSES = ("ok", "wrong", "crashed", "timeout", "compile_error", "invalid")
@@ -88,8 +89,25 @@ def source_hash(src: str) -> str:
 
 # ***** the evaluator *****
 
-# the slowest the kernel with no opts runs: a 2048^3 matmul, reading B down its columns, took 52 s (0.33 GFLOPS) on a loaded Zen 4
+# the slowest the reference runs, with time to spare: the kernel with no opts ran a 2048^3 matmul, reading B down its columns, in 52 s
+# (0.33 GFLOPS) on a loaded Zen 4
 REF_MIN_FLOPS = 1e8
+CUT_MIN_S = 2.0  # the least time a candidate gets, however fast the best so far
+# opts that move where and when each output is computed (threads, workgroups, registers, loop order) but not how: its sum still adds
+# the same terms one by one in the same order, as the kernel with no opts does
+ORDER_KEEPING = {OptOps.THREAD, OptOps.LOCAL, OptOps.UPCAST, OptOps.SWAP}
+
+
+def reference_kernel(kernel: Kernel) -> Kernel:
+  """What candidates are checked against: the kernel with those of its default opts that keep each output's sum as the kernel with
+  no opts adds it, so the reference has the plain kernel's values at a fraction of its time (the plain 2048^3 matmul took 52 s of
+  a 60 s search; with its default register tile and threads, under a second)."""
+  k = kernel.copy()
+  for opt in default_opts(kernel):
+    if opt.op in ORDER_KEEPING:
+      try: k.apply_opt(opt)
+      except KernelOptError: pass  # it needed an opt left out
+  return k
 
 
 @dataclass
@@ -113,19 +131,20 @@ class Evaluator:
     self.by_source: dict[str, Result] = {}
     self.worker: _Worker | None = None
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
-    ref_src = self.dev.renderer.render(self.kernel)  # the reference is always the real kernel with no opts
-    self.ref = (_b64(self.dev.compile(ref_src)), self.kernel.name, self.kernel.launch_dims)
+    self.run_s: list[float] = []  # the wall time of each candidate's run in the worker
+    ref = reference_kernel(self.kernel)
+    self.ref = (_b64(self.dev.compile(self.dev.renderer.render(ref))), ref.name, ref.launch_dims)
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
     self.ref_dir = tempfile.TemporaryDirectory(prefix="tinytune-ref-")  # the reference output, kept for workers that replace one that died
 
-  def _request(self, msg: list) -> list:
+  def _request(self, msg: list, timeout: float | None = None) -> list:
     if self.worker is None:
       spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
               "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
               "ref_file": os.path.join(self.ref_dir.name, "ref.npy")}
       self.worker = _Worker(spec, self.timeout_s + 10 + self.kernel.flops / REF_MIN_FLOPS)
-      if self.worker.ready[0] != "ready": raise RuntimeError(f"the kernel with no opts failed in the worker: {self.worker.ready[1]}")
-    reply = self.worker.request(msg, self.timeout_s)
+      if self.worker.ready[0] != "ready": raise RuntimeError(f"the reference kernel failed in the worker: {self.worker.ready[1]}")
+    reply = self.worker.request(msg, timeout or self.timeout_s)
     if reply[0] in ("crashed", "timeout"): self.worker = None
     return reply
 
@@ -141,7 +160,11 @@ class Evaluator:
       if len(done) < len(candidates[start:start + chunk]): break
     return results
 
-  def past_deadline(self) -> bool: return self.deadline is not None and time.monotonic() > self.deadline
+  def past_deadline(self) -> bool:
+    """Whether a new candidate would end past the deadline, going by how long the candidates so far took (a 2048^3 matmul's
+    take seconds each, and one started just before the deadline overran a 20 s budget by 4 s)."""
+    typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
+    return self.deadline is not None and time.monotonic() + typical > self.deadline
 
   def _evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
     results: list[Result | None] = [None] * len(candidates)
@@ -160,7 +183,10 @@ class Evaluator:
         if self.past_deadline(): break
         lib, compile_s, error = compiled[h]
         if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
-        else: res = self._run(opts, lib, k, h, compile_s)
+        else:
+          st = time.monotonic()
+          res = self._run(opts, lib, k, h, compile_s)
+          self.run_s.append(time.monotonic() - st)
         self.by_source[h] = res
         self.evaluated += 1
         if self.on_result is not None: self.on_result(res)
@@ -175,7 +201,11 @@ class Evaluator:
   def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
     best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
     policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
-    reply = self._request(["run", lib, k.name, k.launch_dims, policy, True])
+    # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
+    # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
+    cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
+    reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
+    if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
     times = reply[1]
     med = statistics.median(times)

@@ -80,7 +80,7 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
       prg(out, *inputs)
       bad = mismatches(out.numpy_view(), ref, tol, spec.get("terms", 1))
       if bad.any():
-        reply(["wrong", f"{int(bad.sum())} of {ref.size} outputs differ from the kernel with no opts, first at {int(np.argmax(bad))}"])
+        reply(["wrong", f"{int(bad.sum())} of {ref.size} outputs differ from the reference, first at {int(np.argmax(bad))}"])
         continue
     reply(["ok", timed(lambda: prg(out, *inputs), policy)])
 

@@ -76,7 +76,10 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
     writes. Returns self."""
-    from tinytune.engine.realize import realize_all
+    from tinytune.engine.realize import realize, realize_all
+    if not others and not self._pending:  # the common case: one value, nothing to write
+      self.uop = realize(self.uop, self.device)
+      return self
     tensors = (self, *others)
     for t, u in zip(tensors, realize_all([(t.uop, t.device, t._memory if t._pending else None) for t in tensors])): t.uop, t._pending = u, False
     return self

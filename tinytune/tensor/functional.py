@@ -14,7 +14,7 @@ from tinytune.helpers import WINO, prod
 from tinytune.runtime import Device
 from tinytune.shape import View
 from tinytune.tensor import autograd
-from tinytune.tensor.movement import view_uop
+from tinytune.tensor.movement import Moves, moved, view_uop
 from tinytune.uop import Ops, UOp
 
 if TYPE_CHECKING:
@@ -43,33 +43,40 @@ def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
 
 def matmul(self: Tensor, w: Tensor) -> Tensor:
   if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
-  if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors of at least one dim")
-  x, y = (self.unsqueeze(0) if self.ndim == 1 else self), (w.unsqueeze(-1) if w.ndim == 1 else w)
-  if x.shape[-1] != y.shape[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {x.shape[-1]} != {y.shape[-2]})")
-  bx, by = x.shape[:-2], y.shape[:-2]
-  if any(a != b and 1 not in (a, b) for a, b in zip(bx[::-1], by[::-1])):
-    raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {bx} and {by} do not broadcast")
-  if _strided_rows(y) and prod(x.shape[:-1]) >= PACK_ROWS: y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
+  xd, wd = len(self.shape), len(w.shape)
+  if xd == 0 or wd == 0: raise ValueError("matmul needs tensors of at least one dim")
+  x, y = (self.unsqueeze(0) if xd == 1 else self), (w.unsqueeze(-1) if wd == 1 else w)
+  xs, ys = x.shape, y.shape
+  if xs[-1] != ys[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {xs[-1]} != {ys[-2]})")
+  if xd > 2 or wd > 2:
+    if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
+      raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
+  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y): y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   if x.dtype is y.dtype and x.dtype in (dtypes.float32, dtypes.float64) and not autograd.tracking(x, y): ret = _products_summed(x, y)
   else: ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
-  if self.ndim == 1: ret = ret.squeeze(-2)
-  return ret.squeeze(-1) if w.ndim == 1 else ret
+  if xd == 1: ret = ret.squeeze(-2)
+  return ret.squeeze(-1) if wd == 1 else ret
 
 
 def _products_summed(x: Tensor, y: Tensor) -> Tensor:
   """The graph the general path of matmul builds, node for node, without its Tensors in between: a matmul's Python cost is that
-  of building its graph, and this builds it in a third of the time."""
-  def move(u: UOp, op: str, arg: tuple[int, ...], shape: tuple[int, ...]) -> UOp:
-    return u if op != "permute" and shape == u.shape else view_uop(u, lambda v: getattr(v, op)(arg), shape)
-  order = (*range(y.ndim - 2), y.ndim - 1, y.ndim - 2)
-  xu = move(x.uop, "reshape", s := (*x.shape[:-1], 1, x.shape[-1]), s)
-  yu = move(u := move(y.uop, "permute", order, tuple(y.shape[i] for i in order)), "reshape", s := (*u.shape[:-2], 1, *u.shape[-2:]), s)
-  nd = max(len(xu.shape), len(yu.shape))
-  xs, ys = (1,) * (nd - len(xu.shape)) + xu.shape, (1,) * (nd - len(yu.shape)) + yu.shape
+  of building its graph, and this builds only its five nodes, with their views worked out once per shapes and views."""
+  xmoves, ymoves, rest, axis = _matmul_moves(x.shape, y.shape)
+  summed = UOp(Ops.REDUCE, x.dtype, (moved(x.uop, xmoves).alu(Ops.MUL, moved(y.uop, ymoves)),), (Ops.ADD, (axis,)))
+  return Tensor(moved(summed, rest), device=x.device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _matmul_moves(xshape: tuple[int, ...], yshape: tuple[int, ...]) -> tuple[Moves, Moves, Moves, int]:
+  """The movements of x and y to (..., M, N, K) whose product is summed over its last axis, and the one from that sum to (..., M, N)."""
+  order = (*range(len(yshape) - 2), len(yshape) - 1, len(yshape) - 2)
+  xr, yt = (*xshape[:-1], 1, xshape[-1]), tuple(yshape[i] for i in order)
+  yr = (*yt[:-2], 1, *yt[-2:])
+  nd = max(len(xr), len(yr))
+  xs, ys = (1,) * (nd - len(xr)) + xr, (1,) * (nd - len(yr)) + yr
   out = tuple(max(a, b) if 0 not in (a, b) else 0 for a, b in zip(xs, ys))
-  xu, yu = (move(move(u, "reshape", s, s), "expand", out, out) for u, s in ((xu, xs), (yu, ys)))
-  summed = UOp(Ops.REDUCE, x.dtype, (xu.alu(Ops.MUL, yu),), (Ops.ADD, (nd - 1,)))
-  return Tensor(move(summed, "reshape", out[:-1], out[:-1]), device=x.device)
+  return ((("reshape", xr, xr), ("reshape", xs, xs), ("expand", out, out)),
+          (("permute", order, yt), ("reshape", yr, yr), ("reshape", ys, ys), ("expand", out, out)), (("reshape", out[:-1], out[:-1]),), nd - 1)
 
 
 # B's elements apart along its rows, its size, and the rows of A that read it, from which a packed copy of B pays (an MLP step's

@@ -2,6 +2,7 @@
 modes, windows, einsum). No data moves but in cat (a sum of padded pieces) and einsum (a product summed); the rest compose views."""
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from tinytune.dtype import dtypes, least_upper
@@ -19,6 +20,35 @@ def view_uop(x: UOp, fn: Callable[[View], Optional[View]], shape: tuple[int, ...
   v = fn(View.create(x.shape))
   assert v is not None and v.shape == shape
   return UOp(Ops.VIEW, x.dtype, (x,), v)
+
+
+Moves = tuple[tuple[str, Any, tuple[int, ...]], ...]  # (View method, its argument, the shape after it) of each movement
+
+
+def moved(x: UOp, moves: Moves) -> UOp:
+  """x after a run of movements, the node view_uop would leave after each in turn (a reshape or expand to the shape x has is
+  none), with the views worked out once per (x's view, moves) and no node built for the steps between: a matmul's graph."""
+  own, views = _view_chain(x.arg if x.op is Ops.VIEW else None, x.shape, moves)
+  src = x.src if own else (x,)
+  for v in views: x = UOp(Ops.VIEW, x.dtype, src, v); src = (x,)
+  return x
+
+
+@functools.lru_cache(maxsize=4096)
+def _view_chain(view: View | None, shape: tuple[int, ...], moves: Moves) -> tuple[bool, tuple[View, ...]]:
+  """Whether the first view composes into `view` (the node's own, None where it is no VIEW), and the views of the nodes left."""
+  own, views = False, list[View]()
+  for op, arg, new in moves:
+    if op != "permute" and new == shape: continue
+    if (cur := views[-1] if views else view) is not None and (v := getattr(cur, op)(arg)) is not None:
+      if views: views[-1] = v
+      else: own = True; views.append(v)
+    else:
+      v = getattr(View.create(shape), op)(arg)
+      assert v is not None and v.shape == new
+      views.append(v)
+    shape = new
+  return own, tuple(views)
 
 
 def reshape(self: Tensor, *shape: Any) -> Tensor:
