@@ -18,6 +18,14 @@ from tinytune.dtype import DType, dtypes
 from tinytune.shape import strides_for
 from tinytune.uop import ALU, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
+# A program's statements, as (src; arg):
+#   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
+#   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
+#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer), VECTORIZE (lanes; name, width)
+#   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
+#   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
+#   DEFINE_LOCAL (; name, size): shared memory, BARRIER, WMMA (src; what, ...): the tensor core statements
+# Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
 TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
 # statements that define a named value: arg is (name, width) (width 1: a scalar, else a native vector), DEFINE_ACC adds its reduce op
