@@ -5,8 +5,8 @@
 
 Every kernel of the opt fuzzer's cases and of the workload catalog (small sizes) is rendered with no opts, the default opts and
 random valid opt lists (plus lists that start with TC or KBLOCK, which random picks rarely reach), on the C renderer with CPU caps
-and on the OpenCL (with and without cl_khr_fp16), CUDA and HIP renderers with workgroup caps. `save` keeps each opt list with its
-source, so `check` renders exactly those lists even where the opt rules changed in between. Run it from the repository root."""
+and on the OpenCL (with and without cl_khr_fp16), CUDA and HIP renderers with workgroup caps (and CUDA with CPU caps). `save` keeps
+each opt list with its source, so `check` renders exactly those lists even where the opt rules changed in between. Run it from the repository root."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +32,8 @@ from tinytune.uop import UOp
 GPU_CAPS = dataclasses.replace(WORKGROUP_CAPS, tensor_cores=("float16", "bfloat16"))
 RENDERERS: dict[str, tuple[CStyleRenderer, DeviceCaps]] = {
   "c": (CRenderer(), CAPS), "opencl": (OpenCLRenderer(), GPU_CAPS), "opencl_nofp16": (OpenCLRenderer(fp16=False), GPU_CAPS),
-  "cuda": (CUDARenderer(), GPU_CAPS), "hip": (HIPRenderer(), GPU_CAPS)}
+  "cuda": (CUDARenderer(), GPU_CAPS), "hip": (HIPRenderer(), GPU_CAPS),
+  "cuda_cpu_caps": (CUDARenderer(), CAPS)}  # as bench/render.py renders CPU kernels: the renderer, not the caps, says workgroups
 
 
 def asts() -> dict[str, UOp]:

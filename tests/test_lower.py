@@ -29,7 +29,7 @@ def test_program_reads_like_the_kernel() -> None:
   """A 4x3 row sum, its 4 rows as SIMD lanes of one vector accumulator, the reduce padded to 4: the loop runs its 3 real
   iterations with no masks, then the padded one masked; one vector store."""
   x = Tensor(np.arange(12, dtype=np.float32).reshape(4, 3))
-  program = lower(kernel(x.sum(-1), CPU, [Opt(U, 0, 4), Opt(P, 1, 4)]), CRenderer.vector_ops)
+  program = lower(kernel(x.sum(-1), CPU, [Opt(U, 0, 4), Opt(P, 1, 4)]), CRenderer())
   assert str(program) == """\
 acc1 = DEFINE_ACC<4>.float32 0.0 ADD
 RANGE r1 0..3
@@ -66,7 +66,7 @@ def structure(p: Program) -> list[tuple[Ops, int]]:
 def test_lowering_decides_loops_lanes_and_vector_loads() -> None:
   a, b = arr(8, 16), arr(16, 8)
   k = kernel(a @ b, CPU, [Opt(U, 1, 8), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.KBLOCK, 0, 4)])
-  p = lower(k, CRenderer.vector_ops)
+  p = lower(k, CRenderer())
   ops = [op for op, _ in structure(p)]
   ranges = [u.arg for u in p.uops if u.op is Ops.RANGE]
   assert [r[0] for r in ranges] == ["t4", "k5", "g0", "r2"] and ranges[0][3] and not any(r[3] for r in ranges[1:])  # threads outermost
@@ -77,7 +77,7 @@ def test_lowering_decides_loops_lanes_and_vector_loads() -> None:
 
 def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:
   x = arr(3, 64)
-  p = lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16)]), CRenderer.vector_ops)
+  p = lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16)]), CRenderer())
   accs = [u for u in p.uops if u.op is Ops.DEFINE_ACC]
   assert [u.arg[1] for u in accs] == [4] * 4  # 16 lanes as 4 vector partials of the max
   folds = [u for u in p.uops if u.op is Ops.FOLD]
@@ -87,7 +87,7 @@ def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:
 
 def test_group_partials_go_through_shared_memory() -> None:
   x = arr(4, 64)
-  p = lower(kernel(x.sum(-1), GPU, [Opt(OptOps.GROUP, 0, 8)]))
+  p = lower(kernel(x.sum(-1), GPU, [Opt(OptOps.GROUP, 0, 8)]), CUDARenderer())
   ops = [op for op, _ in structure(p)]
   assert ops.index(Ops.DEFINE_LOCAL) < ops.index(Ops.BARRIER) < ops.index(Ops.EXIT) < ops.index(Ops.STORE)
   assert [u.arg[:2] for u in p.uops if u.op is Ops.SPECIAL] == [("g0", "group_id"), ("lid", "local_id"), ("q2", "lid")]
@@ -106,7 +106,7 @@ def programs() -> list[tuple[str, Program, Kernel]]:
     ("gpu", kernel(a @ b, GPU, [Opt(U, 1, 4), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUPTOP, 0, 4)])),
     ("tc", kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0), Opt(OptOps.LOCAL, 0, 2)])),
   ]
-  return [(where, lower(k, CRenderer.vector_ops), k) for where, k in cases]
+  return [(where, lower(k, CRenderer() if where == "cpu" else CUDARenderer()), k) for where, k in cases]
 
 
 def test_every_statement_kind_is_lowered_and_spelled_by_every_renderer() -> None:
@@ -132,5 +132,6 @@ def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
 
 def test_void_is_no_tensor_dtype() -> None:
   """Statements that hold no value have dtype void, which no tensor takes."""
-  assert dtypes.void not in dtypes.all and all(u.dtype is dtypes.void for u in lower(kernel(arr(4, 4).sum(-1), CPU, [])).uops if u.op is Ops.RANGE)
+  program = lower(kernel(arr(4, 4).sum(-1), CPU, []), CRenderer())
+  assert dtypes.void not in dtypes.all and all(u.dtype is dtypes.void for u in program.uops if u.op is Ops.RANGE)
   with pytest.raises(TypeError, match="unsupported dtype"): dtypes.from_any("void")

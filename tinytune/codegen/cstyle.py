@@ -143,7 +143,7 @@ class CStyleRenderer:
     return ret
 
   # ***** spelling a lowered program *****
-  def render(self, k: Kernel) -> str: return self.spell(lower(k, self.vector_ops, self.aligned_vectors))
+  def render(self, k: Kernel) -> str: return self.spell(lower(k, self))
 
   def spell(self, p: Program) -> str:
     """The program's source: each statement on its line, indented by the loops and branches around it."""

@@ -11,7 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
@@ -99,15 +99,21 @@ def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> 
   return UOp.unique(op, dtype, src, arg)
 
 
-def lower(k: Kernel, vector_ops: frozenset[Ops] | set[Ops] = frozenset(), aligned_vectors: bool = False) -> Program:
-  """The program of `k` for a target whose native float32 vectors have the ops `vector_ops` (comparisons give masks, WHERE takes
-  one), and whose vector loads and stores need addresses aligned to the vector where `aligned_vectors`."""
-  return _Lowerer(k, vector_ops, aligned_vectors).program()
+class Target(Protocol):
+  """What lowering needs to know of the code it is for (a renderer says)."""
+  vector_ops: set[Ops]  # the ops with native float32 vector code (comparisons give masks, WHERE takes one)
+  aligned_vectors: bool  # vector loads and stores need addresses aligned to the vector
+  has_local: bool  # workgroups: the global loops are workgroups, LOCAL and GROUP parts their threads
+
+
+def lower(k: Kernel, target: Target) -> Program:
+  """The program of `k` (with its opts) for `target`."""
+  return _Lowerer(k, target).program()
 
 
 class _Lowerer:
-  def __init__(self, k: Kernel, vector_ops: frozenset[Ops] | set[Ops], aligned_vectors: bool):
-    self.k, self.count, self.vector_ops, self.aligned = k, 0, vector_ops, aligned_vectors
+  def __init__(self, k: Kernel, target: Target):
+    self.k, self.count, self.vector_ops, self.aligned, self.has_local = k, 0, target.vector_ops, target.aligned_vectors, target.has_local
     self.lines: list[UOp] = []
     self.memo: dict[tuple, Val] = {}
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
@@ -348,7 +354,7 @@ class _Lowerer:
       self.full_body, self.unpadded = self.reduce_body(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
-    return Program(k, self.width, self.workgroups(body, post) if k.caps.has_local else self.loops(body, post), in_order)
+    return Program(k, self.width, self.workgroups(body, post) if self.has_local else self.loops(body, post), in_order)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
@@ -384,7 +390,7 @@ class _Lowerer:
     """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
     before the padding run a body without clamps and masks, the rest the full one."""
     k = self.k
-    if k.caps.has_local: return None
+    if self.has_local: return None
     blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
     for i, a in enumerate(k.axes):
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
