@@ -113,7 +113,7 @@ def lower(k: Kernel, target: Target) -> Program:
 
 class _Lowerer:
   def __init__(self, k: Kernel, target: Target):
-    self.k, self.count, self.vector_ops, self.aligned, self.has_local = k, 0, target.vector_ops, target.aligned_vectors, target.has_local
+    self.k, self.target, self.count = k, target, 0
     self.lines: list[UOp] = []
     self.memo: dict[tuple, Val] = {}
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
@@ -166,7 +166,7 @@ class _Lowerer:
 
   def vectorizable(self, base: UOp) -> bool:
     """Whether a vector access may start at index `base` (aligned where the device needs it: the GPUs' 16-byte accesses)."""
-    return not self.aligned or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
+    return not self.target.aligned_vectors or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
 
   def subst_lane(self, u: UOp, i: int) -> UOp:
     if not (u.dtype.is_int and is_linear(u)): return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
@@ -260,7 +260,7 @@ class _Lowerer:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
     floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
-    if op in self.vector_ops and all(d == dtypes.float32 for d in floats[op is Ops.WHERE:]) and (dtype == dtypes.float32 or op in CMP):
+    if op in self.target.vector_ops and all(d == dtypes.float32 for d in floats[op is Ops.WHERE:]) and (dtype == dtypes.float32 or op in CMP):
       if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
       else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
       return Val(Kind.VECTOR, (self.value(op, dtype, args, self.width),))
@@ -294,7 +294,7 @@ class _Lowerer:
   def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
     """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the device has the op, else a scalar per
     lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
-    op, vector = red.arg[0], self.width > 1 and red.dtype == dtypes.float32 and red.arg[0] in self.vector_ops
+    op, vector = red.arg[0], self.width > 1 and red.dtype == dtypes.float32 and red.arg[0] in self.target.vector_ops
     parts = partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
                         Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
                         for j in range(self.k.axes[self.lanes].size // self.width)]
@@ -354,7 +354,7 @@ class _Lowerer:
       self.full_body, self.unpadded = self.reduce_body(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
-    return Program(k, self.width, self.workgroups(body, post) if self.has_local else self.loops(body, post), in_order)
+    return Program(k, self.width, self.workgroups(body, post) if self.target.has_local else self.loops(body, post), in_order)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
@@ -390,7 +390,7 @@ class _Lowerer:
     """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
     before the padding run a body without clamps and masks, the rest the full one."""
     k = self.k
-    if self.has_local: return None
+    if self.target.has_local: return None
     blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
     for i, a in enumerate(k.axes):
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
