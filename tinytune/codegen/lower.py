@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol
 
@@ -106,9 +106,17 @@ class Target(Protocol):
   has_local: bool  # workgroups: the global loops are workgroups, LOCAL and GROUP parts their threads
 
 
-def lower(k: Kernel, target: Target) -> Program:
-  """The program of `k` (with its opts) for `target`."""
-  return _Lowerer(k, target).program()
+@dataclass
+class PlainTarget:
+  """C's vector operators and nothing more, with workgroups where the kernel's device has them."""
+  has_local: bool
+  vector_ops: set[Ops] = field(default_factory=lambda: set(ARITH))
+  aligned_vectors: bool = False
+
+
+def lower(k: Kernel, target: Target | None = None) -> Program:
+  """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
+  return _Lowerer(k, target or PlainTarget(k.caps.has_local)).program()
 
 
 class _Lowerer:
