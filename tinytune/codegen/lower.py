@@ -143,6 +143,9 @@ class _Lowerer:
          self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
         self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
         self.lane_axis = i if self.width > 1 else -1
+    # a row written after its statistic (see Kernel.reduce_out_dims): its UPCAST along the row in vectors too, beside the reduce's lanes
+    self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
+                          and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype == dtypes.float32), -1)
     self.lane = UOp.var("lane", 0, self.width - 1)
     names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
     self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
@@ -210,8 +213,9 @@ class _Lowerer:
   def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
     """The register parts' values, each dim's outer part first, so an unrolled reduce over one dim adds in memory order."""
     axes = sorted((i for i, a in enumerate(self.k.axes) if a.kind in kinds), key=lambda i: (self.k.axes[i].dim, -self.k.axes[i].stride))
-    ranges = [range(0, self.k.axes[i].size, self.width if i == self.lane_axis else 1) for i in axes]
-    return [{i: UOp.const(dtypes.int64, v) + (self.lane if i == self.lane_axis else 0) for i, v in zip(axes, vals)}
+    lane_axes = (self.lane_axis, self.row_axis)
+    ranges = [range(0, self.k.axes[i].size, self.width if i in lane_axes else 1) for i in axes]
+    return [{i: UOp.const(dtypes.int64, v) + (self.lane if i in lane_axes else 0) for i, v in zip(axes, vals)}
             for vals in itertools.product(*ranges)]
 
   def view_index(self, view: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp, tuple[UOp, ...]]:
@@ -416,17 +420,20 @@ class _Lowerer:
 
   def loops(self, body: list[UOp], post: list[UOp]) -> list[UOp]:
     """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
-    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce."""
+    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
+    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops."""
     k, split = self.k, self.split
     threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
     outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
+    n = len(outer)
     outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
+    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
     if split is None: reduce = self.nest(red, body)
     else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
       j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
       reduce = self.nest(red[:j], self.nest(red[j:], self.full_body, 0, cut) + self.nest(red[j:], body, cut))
-    return self.nest(outer, self.decls + reduce + self.combine + post, parallel=bool(threads))
+    return self.nest(outer[:n], self.decls + reduce + self.combine + self.nest(outer[n:], post), parallel=bool(threads))
 
   def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
     """Each axis's index from one linear id, the last axis fastest."""
