@@ -27,23 +27,25 @@ def test_nothing_runs_before_realize() -> None:
   (lambda a, b, c: (a * b + c).relu().sum(1), 1),
   (lambda a, b, c: a @ b, 1),
   (lambda a, b, c: (a @ b).relu() + c, 1),
-  (lambda a, b, c: a.softmax(1), 3),
-  (lambda a, b, c: a.log_softmax(0), 3),
+  (lambda a, b, c: a.softmax(1), (2, 3)),  # the max; the sum of exp, then the row written with it (on a GPU: the sum, the row)
+  (lambda a, b, c: a.log_softmax(0), 3),  # column statistics: the loops they change along are not outermost
   (lambda a, b, c: (a + b).sum() * 2, 1),
   (lambda a, b, c: a.sum(0) + b.sum(1), 2),
   (lambda a, b, c: (a @ b) @ c, 2),
   (lambda a, b, c: a.T.contiguous() + 1, 2),
-  (lambda a, b, c: a.layernorm(), 3),
+  (lambda a, b, c: a.layernorm(), (2, 3)),
+  (lambda a, b, c: a - a.mean(1, keepdim=True), (1, 2)),
   (lambda a, b, c: (a.relu() + 1) @ b, 1),  # cheap elementwise work stays in the product's kernel
   (lambda a, b, c: a.exp() @ b, 2),  # an exp the product reads once per output column: computed as vectors once, then read
-  (lambda a, b, c: a.softmax(1) @ b, 4),  # max, sum of exp, the probabilities, the product
+  (lambda a, b, c: a.softmax(1) @ b, (3, 4)),  # max, (sum of exp,) the probabilities, the product
   (lambda a, b, c: a.exp().sum(1), 1),  # an exp read once stays in its reduce
-  (lambda a, b, c: a.scaled_dot_product_attention(b, c), 5),  # scores, max, exp, sum, product divided by the sum
+  (lambda a, b, c: a.scaled_dot_product_attention(b, c), (4, 5)),  # scores, max (with exp on the CPU), (exp,) sum, product over sum
 ])
 def test_fusion_counts(build, count) -> None:
+  """Counts as (CPU, devices with workgroups) where they differ: a row statistic stays in the kernel that writes the row on the CPU."""
   a, b, c = (Tensor.rand(16, 16).realize() for _ in range(3))
   out = build(a, b, c)
-  assert kernels(out) == count
+  assert kernels(out) == (count if isinstance(count, int) else count[a.device in WORKGROUP_DEVICES])
 
 
 def test_a_products_epilogue_goes_with_it_not_into_the_next_product() -> None:
@@ -57,9 +59,9 @@ def test_a_products_epilogue_goes_with_it_not_into_the_next_product() -> None:
   np.testing.assert_allclose((h @ d).numpy(), np.maximum(a.numpy() @ b.numpy() + c.numpy(), 0) @ d.numpy(), rtol=1e-5, atol=1e-5)
   epilogue, product = h.uop, next(u for u in h.uop.toposort if u.op is Ops.REDUCE)
   users = {product: {u for u in epilogue.toposort if product in u.src}}
-  assert _computed_once(epilogue, set(), users, False)
+  assert _computed_once(epilogue, set(), users, False, lambda r: False)
   users[product].add(UOp(Ops.NEG, product.dtype, (product,)))  # the product read elsewhere too: computed once, in its own kernel
-  assert not _computed_once(epilogue, set(), users, False)
+  assert not _computed_once(epilogue, set(), users, False, lambda r: False)
 
 
 def test_transposed_matmul_operand_is_packed() -> None:
@@ -136,3 +138,39 @@ def test_view_of_a_realized_input_is_one_view() -> None:
   views = [u for u in items[-1].ast.toposort if u.op.name == "VIEW"]
   assert views and not any(v.src[0].op.name == "VIEW" for v in views)
   np.testing.assert_allclose((x.reshape(6, 4) * 2).contiguous().pad(((1, 1), (2, 0))).numpy()[1:-1, 2:], 2.0)
+
+
+def test_a_row_statistic_is_computed_once_per_row_then_the_row_is_written() -> None:
+  """softmax's sum and layernorm's variance stay in the kernel that writes the row, on the CPU: the reduce runs in the row's loop
+  before the loop over the row's elements (not once per element), its lanes and the row's stores both in vectors."""
+  from tinytune import Device, Kernel
+  from tinytune.codegen.heuristic import default_opts
+  x = np.random.default_rng(0).standard_normal((64, 1000)).astype(np.float32)
+  def softmax(x: np.ndarray) -> np.ndarray: return np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
+  for build, ref in ((lambda t: t.softmax(1), softmax),
+                     (lambda t: t.layernorm(), lambda x: (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5))):
+    out = build(Tensor(x, device="CPU"))
+    first, second = create_schedule(out.uop, "CPU")[0]
+    k = Kernel(second.ast, Device["CPU"].caps)
+    assert k.n_global == 2 and k.reduceop is not None and k.reduce_out_dims == {0}
+    k.apply_opts(opts := default_opts(k))
+    assert {o.op.name for o in opts} >= {"LANES", "UPCAST"}
+    src = Device["CPU"].renderer.render(k)
+    body = src[src.index(f"void {k.name}"):]
+    assert body.index("for (long r") < body.index("for (long g1") and "_store(data0" in body  # the row's reduce, then its vectors
+    np.testing.assert_allclose(out.numpy(), ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_statistic_leaves_where_it_cannot_stay() -> None:
+  """Column statistics, rows too long for the cache, statistics another kernel reads too, and devices with workgroups: a
+  kernel of its own, as before."""
+  from tinytune.engine.schedule import ROW_BYTES
+  a = Tensor.rand(16, 16).realize()
+  assert kernels(a - a.mean(0, keepdim=True)) == 2
+  wide = Tensor.rand(2, ROW_BYTES // 4 + 64).realize()
+  assert kernels(wide - wide.max(1, keepdim=True)) == 2
+  s = a.sum(1, keepdim=True)
+  assert kernels((a / s).contiguous() * 2 + a * s) == 3  # s once, not in both kernels that read it
+  for device in WORKGROUP_DEVICES:
+    b = Tensor.rand(16, 16, device=device).realize()
+    assert kernels(b - b.mean(1, keepdim=True)) == 2

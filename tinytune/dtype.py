@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)  # each dtype is one object (the attributes of `dtypes`): equal means the same, a fast identity check
 class DType:
   priority: int  # orders the types: bool, then ints by size (signed first), then floats by size
   itemsize: int
@@ -40,6 +40,7 @@ class dtypes:
   bfloat16 = DType(10, 2, "bfloat16", ml_dtypes.bfloat16, "f")  # float32's exponent, 8 significant bits: stored as 16 bits, computed in float32
   float32 = DType(11, 4, "float32", np.float32, "f")
   float64 = DType(12, 8, "float64", np.float64, "f")
+  void = DType(-1, 0, "void", None, "v")  # a lowered program's statements that hold no value (loops, stores); no tensor has it
   all = (bool, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64)
   # C's and tinygrad's names
   half, float, double = float16, float32, float64
@@ -52,7 +53,7 @@ class dtypes:
   def from_any(x: Any) -> DType:
     """A DType from a DType, its name (or alias), or a numpy dtype; TypeError for anything else."""
     if isinstance(x, DType): return x
-    if isinstance(x, str) and isinstance(ret := getattr(dtypes, x, None), DType): return ret
+    if isinstance(x, str) and isinstance(ret := getattr(dtypes, x, None), DType) and ret in dtypes.all: return ret
     try: npdt = np.dtype(x)
     except TypeError: npdt = None
     if npdt is not None and npdt.type in _BY_NP: return _BY_NP[npdt.type]

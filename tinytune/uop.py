@@ -25,6 +25,10 @@ class Ops(Enum):
   AND = auto(); OR = auto(); XOR = auto()  # noqa: E702
   # ternary
   WHERE = auto()
+  # a lowered program's statements (codegen/lower.py): loops, branches, accumulators, memory, lanes, the workgroup, tensor cores
+  RANGE = auto(); ENDRANGE = auto(); IF = auto(); ELSE = auto(); ENDIF = auto(); EXIT = auto()  # noqa: E702
+  DEFINE_ACC = auto(); ASSIGN = auto(); LOAD = auto(); STORE = auto(); VECTORIZE = auto(); GEP = auto(); FOLD = auto()  # noqa: E702
+  SPECIAL = auto(); DEFINE_VAR = auto(); INRANGE = auto(); DEFINE_LOCAL = auto(); CELL = auto(); BARRIER = auto(); WMMA = auto()  # noqa: E702
   __hash__ = object.__hash__  # members are singletons; enum's own hash is a python call, and UOps hash their op on every construction
 
 
@@ -42,6 +46,7 @@ PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
 }
 
 
+_INT_RANGE = {d.name: (dtypes.min(d), dtypes.max(d)) for d in dtypes.all if d.is_int}
 T = TypeVar("T")
 
 
@@ -67,12 +72,19 @@ class UOp:
   _cache: dict[tuple, weakref.ref[UOp]] = {}  # structure -> the live node (a plain dict: WeakValueDictionary.get is slow)
 
   def __new__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-    # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 and 1 from True
-    key = (op, dtype.name, src, repr(arg) if op is Ops.CONST else arg)
+    # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 (an int or bool constant's dtype says which it is)
+    key = (op, dtype.name, src, repr(arg) if op is Ops.CONST and type(arg) is float else arg)
     if (ref := UOp._cache.get(key)) is not None and (ret := ref()) is not None: return ret
     ret = super().__new__(cls)
     ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
     UOp._cache[key] = weakref.ref(ret, functools.partial(_forget, key))
+    return ret
+
+  @staticmethod
+  def unique(op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+    """A node never shared with another (a lowered program's statement, which its arg names): built without the hash-consing lookup."""
+    ret = object.__new__(UOp)
+    ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
     return ret
 
   def __reduce__(self): raise TypeError("UOps are not pickled; serialize opts as JSON instead")
@@ -81,10 +93,11 @@ class UOp:
   # ***** constructors *****
   @staticmethod
   def const(dtype: DType, v: Any) -> UOp:
-    v = bool(v) if dtype.kind == "b" else float(v) if dtype.kind == "f" else int(v)
-    if dtype.is_int and not dtypes.min(dtype) <= v <= dtypes.max(dtype):  # an int wraps to its type's range, as in C
+    if (kind := dtype.kind) == "f": v = float(v)
+    elif kind == "b": v = bool(v)
+    elif not (r := _INT_RANGE[dtype.name])[0] <= (v := int(v)) <= r[1]:  # an int wraps to its type's range, as in C
       bits = 8 * dtype.itemsize
-      v = (v % 2**bits) - (2**bits if dtype.kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
+      v = (v % 2**bits) - (2**bits if kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
     return UOp(Ops.CONST, dtype, (), v)
 
   @staticmethod

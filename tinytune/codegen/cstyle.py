@@ -1,36 +1,17 @@
-"""The C-style renderer family: one walk over a kernel emits C; dialects set types, qualifiers and prefixes.
-
-Register parts of the kernel (UPCAST, UNROLL) are expanded into straight-line code. One UPCAST part along the
-contiguous output axis becomes SIMD lanes: a value is one scalar for all lanes, one native vector, or one
-scalar per lane, whichever the loads and ops allow."""
+"""The C-style renderer family: it spells a lowered program (codegen/lower.py) statement by statement; dialects set types,
+qualifiers, prefixes and the spelling of the ops they do differently."""
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
+from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.lower import ARITH, CLOSES, OPENS, TRUE, VALUES, Program, lower
 from tinytune.dtype import DType, dtypes
-from tinytune.shape import strides_for
-from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
-
-TRUE = UOp.const(dtypes.bool, True)
-
-
-@dataclass(frozen=True)
-class Val:
-  """A rendered value: kind "s" (one scalar for every lane), "v" (a native vector), "l" (a scalar per lane)."""
-  kind: str
-  names: tuple[str, ...]
-  lane_fmt: str = "{}[{}]"  # a native vector's lane i
-  padding: bool = False  # a zero that a pad put where its view's mask is false here (a cat's other pieces): adding it is a no-op
-
-  def lane(self, i: int) -> str:
-    return self.names[0] if self.kind == "s" else self.lane_fmt.format(self.names[0], i) if self.kind == "v" else self.names[i]
+from tinytune.uop import ALU, Ops, UOp
 
 
 class CStyleRenderer:
@@ -56,9 +37,6 @@ class CStyleRenderer:
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
-  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
-    return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
-
   def to_bits(self, x: str, dtype: DType) -> str:
     """A value as its buffer's element type (a 16-bit float computed in float32 rounded to its 16 bits)."""
     return f"{self.bf16_out}({x})" if dtype == dtypes.bfloat16 else x
@@ -107,6 +85,14 @@ class CStyleRenderer:
             f"{self.func_prefix} void {vt}_store(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}\n")
 
   def literal(self, v: object, dtype: DType) -> str:
+    """A constant's C spelling (kept per renderer: a kernel spells the same few constants many times)."""
+    key = (dtype, v) if v and v == v else (dtype, repr(v))  # -0.0 is not 0.0, and a NaN is not equal to itself
+    if (ret := self._literals.get(key)) is None:
+      if len(self._literals) > 4096: self._literals.clear()
+      ret = self._literals[key] = self._literal(v, dtype)
+    return ret
+
+  def _literal(self, v: object, dtype: DType) -> str:
     if dtype == dtypes.bool: return "1" if v else "0"
     if dtype.is_int:  # negative literals in parentheses, so negating one renders (-(-3)), not (--3)
       i = int(v)  # type: ignore[call-overload]
@@ -133,7 +119,15 @@ class CStyleRenderer:
     a = args[0]
     if op is Ops.CAST: return f"{self.bf16_in}({self.bf16_out}((float)({a})))" if dtype == dtypes.bfloat16 else f"(({self.types[dtype]})({a}))"
     if op is Ops.MAX and dtype.is_float: return f"(({a}>{args[1]}||{a}!={a})?{a}:{args[1]})"  # a NaN in either operand wins, as in numpy
-    return self.code_table[op].format(*args, "", "", m=self.math, s="" if dtype == dtypes.float64 else self.math_suffix)
+    if (template := self._templates.get((op, dtype is dtypes.float64))) is None:  # the math functions' prefix and suffix filled in once
+      suffix = "" if dtype is dtypes.float64 else self.math_suffix
+      template = self._templates[(op, dtype is dtypes.float64)] = self.code_table[op].replace("{m}", self.math).replace("{s}", suffix)
+    return template.format(*args)
+
+  @functools.cached_property
+  def _literals(self) -> dict[tuple, str]: return {}
+  @functools.cached_property
+  def _templates(self) -> dict[tuple[Ops, bool], str]: return {}
 
   def index(self, u: UOp, memo: dict[UOp, str] | None = None) -> str:
     """Render integer index math (each node once, where `memo` keeps them); division and modulo are floor operations where the
@@ -148,416 +142,99 @@ class CStyleRenderer:
     if memo is not None: memo[u] = ret
     return ret
 
-  def render(self, k: Kernel) -> str: return _KernelRender(self, k).source()
+  # ***** spelling a lowered program *****
+  def render(self, k: Kernel) -> str: return self.spell(lower(k, self))
 
+  def spell(self, p: Program) -> str:
+    """The program's source: each statement on its line, indented by the loops and branches around it."""
+    k, at, out, indent, statements = p.kernel, _At(), [], "  ", self.statements
+    for u in p.uops:
+      if (op := u.op) in CLOSES: at.depth -= 1; indent = "  " * at.depth  # noqa: E702
+      if (fn := statements.get(op)) is None:
+        raise NotImplementedError(f"{type(self).__name__} has no {op.name} statement: the kernel's opts need a device with more (TC: CUDA)")
+      out.append(indent + fn(self, u, at))
+      if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
+    def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
+    args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
+    head = self.prelude(k) + (self.vector_prelude(p.width) if p.width > 1 else "") + (self.in_order_reduce_prefix if p.in_order_sum else "")
+    return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
-class _KernelRender:
-  def __init__(self, r: CStyleRenderer, k: Kernel):
-    self.r, self.k, self.count = r, k, 0
-    self.lines: list[str] = []
-    self.memo: dict[tuple, Val] = {}
-    self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per render, however many lanes and instances share it
-    self.index_text: dict[UOp, str] = {}
-    self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
-    self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
-    self.unpadded, self.full_body = -1, list[str]()  # a padded dim rendered as if unpadded, and the reduce body so rendered (split)
-    self.partials: dict[str, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
-    self.combine: list[str] = []  # after the reduce loops: each LANES accumulator from its partials
-    self.decls: list[str] = []
-    self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
-    # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
-    self.width, self.lane_axis = 1, -1
-    self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
-    lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
-    for i, a in enumerate(k.axes):
-      if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
-         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
-        self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
-        self.lane_axis = i if self.width > 1 else -1
-    self.lane = UOp.var("lane", 0, self.width - 1)
-    self.vt = r.vtype(self.width)
-    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
-    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
-                     for i, a in enumerate(k.axes) if a.kind in names}
+  def ctype(self, u: UOp) -> str:
+    if u.arg[1] > 1: return self.mask_type(u.arg[1]) if u.dtype == dtypes.bool else self.vtype(u.arg[1])
+    return self.index_type if u.op is Ops.DEFINE_VAR else self.types[u.dtype]
 
-  def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
-  def index(self, u: UOp) -> str: return self.r.index(u, self.index_text)
+  def operand(self, u: UOp, at: _At) -> str:
+    """A value where another uses it: its name where a statement defines it, else its expression (a lane, a splat, index math)."""
+    if u.op in VALUES and u.arg is not None and u.arg[0] is not None: return u.arg[0]
+    if u.op is Ops.CONST: return self.literal(u.arg, u.dtype)
+    if u.op is Ops.GEP: return (self.mask_lane_fmt if u.src[0].dtype == dtypes.bool else self.lane_fmt).format(self.operand(u.src[0], at), u.arg)
+    if u.op in (Ops.VECTORIZE, Ops.LOAD, Ops.CELL): return self.expr(u, at)
+    return self.index(u, at.index)
 
-  # ***** emitting *****
-  def emit(self, ctype: str, expr: str, prefix: str = "v") -> str:
-    self.count += 1
-    self.lines.append(f"{ctype} {prefix}{self.count} = {expr};")
-    return f"{prefix}{self.count}"
-
-  def vec(self, v: Val) -> str:
-    if v.kind == "v": return v.names[0]
-    if v.kind == "s": return v.names[0]  # scalars mix with vectors in C vector extensions
-    return self.emit(self.vt, self.r.vector(self.vt, list(v.names)))
-
-  def splat(self, v: Val) -> str:
-    """A float32 value as a native vector: a scalar repeated in every lane."""
-    return self.r.vector(self.vt, [v.names[0]] * self.width) if v.kind == "s" else self.vec(v)
-
-  def mask(self, v: Val) -> str:
-    """A bool value as a vector of -1 (true) and 0 lanes."""
-    if v.kind == "v": return v.names[0]
-    return self.emit(self.r.mask_type(self.width), self.r.vector(self.r.mask_type(self.width), [f"-({v.lane(i)}!=0)" for i in range(self.width)]))
-
-  def vectorizable(self, base: UOp) -> bool:
-    """Whether a vector access may start at index `base` (aligned where the dialect needs it)."""
-    return not self.r.aligned_vectors or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
-
-  def subst_lane(self, u: UOp, i: int) -> UOp:
-    if not (u.dtype.is_int and is_linear(u)): return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
-    terms, c = linear(u)  # the lane's term joins the constant, as simplify would fold it
-    return from_linear(u.dtype, {t: v for t, v in terms.items() if t is not self.lane}, c + terms.get(self.lane, 0) * i)
-  def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
-
-  def index_val(self, u: UOp) -> Val:
-    if not self.lane_dep(u): return Val("s", (self.index(u),))
-    return Val("l", tuple(self.index(self.subst_lane(u, i)) for i in range(self.width)))
-
-  # ***** dims *****
-  def dims(self, inst: dict[int, UOp]) -> list[UOp]:
-    """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
-    zero = UOp.const(dtypes.int64, 0)
-    def parts(d: int) -> list[tuple[UOp, int]]:
-      return [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
-    return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
-
-  def clamp(self, d: int, e: UOp) -> UOp:
-    """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
-    if d not in self.k.padded or d == self.unpadded: return e
-    real = self.k.padded[d]
-    return self.simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
-
-  def guard(self, dims: list[UOp], which: range) -> UOp:
-    g = TRUE
-    for d in which:
-      if d in self.k.padded and d != self.unpadded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
-    return self.simplify(g)
-
-  def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
-    """The register parts' values, each dim's outer part first, so an unrolled reduce over one dim adds in memory order."""
-    axes = sorted((i for i, a in enumerate(self.k.axes) if a.kind in kinds), key=lambda i: (self.k.axes[i].dim, -self.k.axes[i].stride))
-    ranges = [range(0, self.k.axes[i].size, self.width if i == self.lane_axis else 1) for i in axes]
-    return [{i: UOp.const(dtypes.int64, v) + (self.lane if i == self.lane_axis else 0) for i, v in zip(axes, vals)}
-            for vals in itertools.product(*ranges)]
-
-  def view_index(self, view: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp, tuple[UOp, ...]]:
-    """A view's simplified offset and validity at `idx`, and the index of its source (where that is not a buffer), computed once
-    for the indices the view reads (not those of stride 0 and no mask)."""
-    v = view.arg
-    used = tuple(i if st != 0 or (v.mask is not None and v.mask[d] != (0, v.shape[d])) else None for d, (i, st) in enumerate(zip(idx, v.strides)))
-    if (key := (view, used)) not in self.view_indices:
-      valid = TRUE if v.mask is None else self.simplify(v.index(idx)[1])
-      off, src = linear_sum(dtypes.int64, [(i, st) for i, st in zip(idx, v.strides) if st != 0], v.offset, self.simplified), view.src[0]
-      child = () if src.op is Ops.BUFFER else \
-        tuple(self.simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape)))
-      self.view_indices[key] = (off, valid, child)
-    return self.view_indices[key]
-
-  # ***** values *****
-  def node(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
-    key = (u, idx)
-    if key in self.memo: return self.memo[key]
-    if u.op is Ops.CONST: ret = Val("s", (self.r.literal(u.arg, u.dtype),))
-    elif u.op is Ops.VIEW:
-      off, valid, child = self.view_index(u, idx)
-      if valid.op is Ops.CONST and not valid.arg: ret = Val("s", (self.r.literal(0, u.dtype),), padding=True)
-      elif (src := u.src[0]).op is Ops.BUFFER:
-        if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
-        ret = self.memo[lkey]
-      else:
-        ret = self.node(src, child)
-        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val("s", (self.r.literal(0, u.dtype),))])
-    elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
-    elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
-    elif u.op is Ops.GATHER: ret = self.gather(u, idx)
-    else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
-    self.memo[key] = ret
+  def fold(self, op: Ops, args: list[str], dtype: DType, width: int) -> str:
+    """args[0] op args[1] op ..., from the left (native vectors: the vector code where C's operators do not spell it)."""
+    ret = args[0]
+    for a in args[1:]: ret = self.code(op, [ret, a], dtype) if width == 1 or op is Ops.ADD else self.vector_code(op, [ret, a], width)
     return ret
 
-  def gather(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
-    """x at idx but for dim d, whose index is the value of the index expression there: a variable clamped into range, the read
-    zeroed where it was out of range. Where that value differs by lane, each lane reads on its own."""
-    d, n, r = u.arg, u.src[0].shape[u.arg], self.r
-    at = self.node(u.src[1], idx)
-    lanes = [idx] if at.kind == "s" else [tuple(self.subst_lane(e, i) for e in idx) for i in range(self.width)]
-    vals, oks = [], []
-    for i, lane_idx in enumerate(lanes):
-      ok = self.emit(r.types[dtypes.bool], f"(0<={at.lane(i)}&&{at.lane(i)}<{n})")
-      var = UOp.var(self.emit(r.index_type, f"({ok}?{at.lane(i)}:0)", "g"), 0, max(n - 1, 0))
-      vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
-      oks.append(ok)
-    val = vals[0] if at.kind == "s" else Val("l", tuple(v.lane(0) for v in vals))
-    ok_val = Val("s", (oks[0],)) if at.kind == "s" else Val("l", tuple(oks))
-    return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val("s", (r.literal(0, u.dtype),))], [dtypes.bool, u.dtype, u.dtype])
+  def expr(self, u: UOp, at: _At) -> str:
+    """What a value statement (or an inline load, vector or shared element) computes."""
+    if (op := u.op) in ALU:
+      args, w = [self.operand(s, at) for s in u.src], u.arg[1]
+      if w > 1: return self.code(op, args, u.dtype) if op in ARITH else self.vector_code(op, args, w)
+      if op is Ops.BITCAST: return self.bitcast(args[0], u.src[0].dtype, u.dtype)
+      ret = self.code(op, args, u.dtype)  # a 16-bit float computed in float32 rounds each result to its type
+      return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
+    if op is Ops.LOAD:
+      ptr, (idx, valid), w = f"data{u.arg[2]}", u.src, u.arg[1]
+      if w > 1: load, zero = f"{self.vtype(w)}_load({ptr}+{self.index(idx, at.index)})", self.vector(self.vtype(w), ["0.0f"] * w)
+      else: load, zero = self.load(ptr, self.index(idx, at.index), u.dtype), self.literal(0, u.dtype)
+      return load if valid is TRUE else f"({self.index(valid, at.index)}?{load}:{zero})"
+    if op is Ops.DEFINE_ACC:
+      ident = self.literal(u.src[0].arg, u.dtype)
+      return ident if u.arg[1] == 1 else self.vector(self.vtype(u.arg[1]), [ident] * u.arg[1])
+    if op is Ops.CELL: return f"{u.arg[0]}[{u.arg[1]}]"
+    args = [self.operand(s, at) for s in u.src]
+    if op is Ops.VECTORIZE:
+      if u.dtype is dtypes.bool: return self.vector(self.mask_type(len(args)), [f"-({a}!=0)" for a in args])
+      return self.vector(self.vtype(len(args)), args)
+    if op is Ops.FOLD: return self.fold(u.arg[2], args, u.dtype, u.arg[1])
+    if op is Ops.INRANGE: return f"(0<={args[0]}&&{args[0]}<{u.src[1].arg})"
+    assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
+    return f"({args[0]}?{args[1]}:0)"
 
-  def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
-    if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
-    ctype = self.r.types[dtype]
-    def code(args: list[str]) -> str:  # a 16-bit float computed in float32 rounds each result to its type
-      if op is Ops.BITCAST: return self.r.bitcast(args[0], (src_dtypes or [dtype])[0], dtype)
-      expr = self.r.code(op, args, dtype)
-      return self.r.code(Ops.CAST, [expr], dtype) if dtype.itemsize == 2 and ctype == "float" and op is not Ops.CAST else expr
-    if all(s.kind == "s" for s in srcs): return Val("s", (self.emit(ctype, code([s.names[0] for s in srcs])),))
-    floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
-    if op in self.r.vector_ops and op is Ops.WHERE and dtype == dtypes.float32 and floats[1:] == [dtypes.float32] * 2:
-      args = [self.mask(srcs[0])] + [self.splat(s) for s in srcs[1:]]
-      return Val("v", (self.emit(self.vt, self.r.vector_code(op, args, self.width)),), self.r.lane_fmt)
-    if op in self.r.vector_ops and dtype == dtypes.float32 and all(d == dtypes.float32 for d in floats):
-      arith = op in CStyleRenderer.vector_ops  # operators take scalars beside vectors; the vector functions take vectors
-      args = [self.vec(s) if arith else self.splat(s) for s in srcs]
-      expr = self.r.code(op, args, dtype) if arith else self.r.vector_code(op, args, self.width)
-      return Val("v", (self.emit(self.vt, expr),), self.r.lane_fmt)
-    if op in self.r.vector_ops and op in (Ops.CMPLT, Ops.CMPNE) and all(d == dtypes.float32 for d in floats):  # lanes of -1 (true) or 0
-      return Val("v", (self.emit(self.r.mask_type(self.width), self.r.vector_code(op, [self.splat(s) for s in srcs], self.width)),),
-                 self.r.mask_lane_fmt)
-    return Val("l", tuple(self.emit(ctype, code([s.lane(i) for s in srcs])) for i in range(self.width)))
+  def guarded(self, line: str, guard: UOp, at: _At) -> str: return line if guard is TRUE else f"if ({self.index(guard, at.index)}) {line}"
+  def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`, x without the parentheses that index math has around it
+    x = self.index(u.src[0].src[0], at.index)
+    return f"{x[1:-1] if x[0] == '(' and x[-1] == ')' else x} != {self.index(u.src[0].src[1], at.index)}"
+  def assign(self, u: UOp, at: _At) -> str:
+    (target, val, guard), t = u.src, self.operand(u.src[0], at)
+    w = target.arg[1] if target.op is Ops.DEFINE_ACC else 1
+    rhs = self.operand(val, at) if u.arg is None else self.fold(u.arg, [t, self.operand(val, at)], target.dtype, w)
+    return self.guarded(f"{t} = {rhs};", guard, at)
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
+  def store_stmt(self, u: UOp, at: _At) -> str:
+    (idx, val, guard), (w, buf) = u.src, u.arg
+    ptr, i, v = f"data{buf}", self.index(idx, at.index), self.operand(val, at)
+    return self.guarded(f"{self.vtype(w)}_store({ptr}+{i}, {v});" if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
+  def special(self, u: UOp, at: _At) -> str:
+    name, base, mult, mod = u.arg
+    e = base = {"group_id": self.group_id, "local_id": self.local_id}.get(base, base)
+    if mult != 1: e = f"({base}/{mult})"
+    return f"{self.index_type} {name} = {e if not mod else f'{e}%{mod}'};"
+  def loop(self, u: UOp, at: _At) -> str:
+    var, start, end, parallel = u.arg
+    return (self.parallel_prefix + "  " * at.depth if parallel else "") + f"for ({self.index_type} {var} = {start}; {var} < {end}; {var}++) {{"
+  parallel_prefix = ""  # before a loop whose iterations run on the cores
 
-  def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
-    ptr, ctype, zero = f"data{self.bufs[buf.arg]}", self.r.types[buf.dtype], self.r.literal(0, buf.dtype)
-    def scalar(o: UOp, v: UOp) -> str:
-      load = self.r.load(ptr, self.index(o), buf.dtype)
-      return load if v is TRUE else f"({self.index(v)}?{load}:{zero})"
-    if not self.lane_dep(off, valid): return Val("s", (self.emit(ctype, scalar(off, valid)),))
-    base = self.subst_lane(off, 0)
-    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and self.simplify(off - base) is self.lane and self.vectorizable(base):
-      load, zero = f"{self.vt}_load({ptr}+{self.index(base)})", self.r.vector(self.vt, ["0.0f"] * self.width)
-      return Val("v", (self.emit(self.vt, load if valid is TRUE else f"({self.index(valid)}?{load}:{zero})"),), self.r.lane_fmt)
-    return Val("l", tuple(self.emit(ctype, scalar(self.subst_lane(off, i), self.subst_lane(valid, i))) for i in range(self.width)))
-
-  def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
-    op, ctype = red.arg[0], self.r.types[red.dtype]
-    ident = self.r.literal(0 if op is Ops.ADD else -math.inf if red.dtype.is_float else _dtype_min(red.dtype), red.dtype)
-    self.count += 1
-    if self.lanes >= 0: return self.lanes_acc(red, idx, ident)
-    if not self.lane_dep(*idx): ret, decl = Val("s", (f"acc{self.count}",)), [f"{ctype} acc{self.count} = {ident};"]
-    elif red.dtype == dtypes.float32 and op is Ops.ADD:
-      ret, decl = Val("v", (f"acc{self.count}",), self.r.lane_fmt), [f"{self.vt} acc{self.count} = {self.r.vector(self.vt, [ident] * self.width)};"]
-    else:
-      ret = Val("l", tuple(f"acc{self.count}_{i}" for i in range(self.width)))
-      decl = [f"{ctype} {n} = {ident};" for n in ret.names]
-    self.decls += decl
-    self.accs.append((red, idx, ret))
-    return ret
-
-  def vector_acc(self, op: Ops, dtype: DType) -> bool:
-    return self.width > 1 and dtype == dtypes.float32 and op in self.r.vector_ops
-  def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], ident: str) -> Val:
-    """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the dialect has the op, else a scalar per
-    lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
-    op, ctype, name = red.arg[0], self.r.types[red.dtype], f"acc{self.count}"
-    parts = []
-    for j in range(self.k.axes[self.lanes].size // self.width):
-      if self.vector_acc(op, red.dtype):
-        parts.append(Val("v", (f"{name}_{j}",), self.r.lane_fmt))
-        self.decls.append(f"{self.vt} {name}_{j} = {self.r.vector(self.vt, [ident] * self.width)};")
-      else:
-        parts.append(Val("l", tuple(f"{name}_{j}_{i}" for i in range(self.width))))
-        self.decls += [f"{ctype} {n} = {ident};" for n in parts[-1].names]
-    self.partials[name], ret = parts, Val("s", (name,))
-    if parts[0].kind == "v":  # the vectors into one first, then its lanes
-      vec = parts[0].names[0]
-      for p in parts[1:]:
-        vec = self.r.code(op, [vec, p.names[0]], red.dtype) if op is Ops.ADD else self.r.vector_code(op, [vec, p.names[0]], self.width)
-      self.combine.append(f"{self.vt} {name}_v = {vec};")
-      parts = [Val("v", (f"{name}_v",), self.r.lane_fmt)]
-    lanes = [p.lane(i) for p in parts for i in range(self.width)]
-    while len(lanes) > 2:  # a tree of named values (an operand may be spelled more than once in an op's code): neighbouring lanes first
-      pairs, lanes = [lanes[i:i + 2] for i in range(0, len(lanes), 2)], []
-      for pair in pairs:
-        lanes.append(f"{name}_c{len(self.combine)}" if len(pair) == 2 else pair[0])
-        if len(pair) == 2: self.combine.append(f"{ctype} {lanes[-1]} = {self.r.code(op, pair, red.dtype)};")
-    self.combine.append(f"{ctype} {name} = {self.r.code(op, lanes, red.dtype) if len(lanes) == 2 else lanes[0]};")
-    self.accs.append((red, idx, ret))
-    return ret
-
-  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
-    k = self.k
-    in_idx = list(idx)
-    for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
-    val = self.node(red.src[0], tuple(in_idx))
-    if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
-      ident = self.r.literal(0 if red.arg[0] is Ops.ADD else -math.inf if red.dtype.is_float else _dtype_min(red.dtype), red.dtype)
-      val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val("s", (ident,))])
-    if (parts := self.partials.get(acc.names[0])) is not None:  # the partial of this instance's vector of lanes
-      acc = parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
-      if acc.kind == "v" and red.arg[0] is not Ops.ADD:
-        self.lines.append(f"{acc.names[0]} = {self.r.vector_code(red.arg[0], [acc.names[0], self.splat(val)], self.width)};")
-        return
-    if acc.kind == "v": self.lines.append(f"{acc.names[0]} = {self.r.code(red.arg[0], [acc.names[0], self.vec(val)], red.dtype)};")
-    else:
-      for i, name in enumerate(acc.names): self.lines.append(f"{name} = {self.r.code(red.arg[0], [name, val.lane(i)], red.dtype)};")
-
-  def store(self, val: Val, off: UOp, guard: UOp) -> None:
-    ptr = "data0"
-    if self.lane_dep(off) and val.kind != "s" or self.lane_dep(off, guard):
-      base = self.subst_lane(off, 0)
-      if val.kind == "v" and not self.lane_dep(guard) and self.simplify(off - base) is self.lane and self.vectorizable(base):
-        line = f"{self.vt}_store({ptr}+{self.index(base)}, {val.names[0]});"
-        self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
-        return
-      for i in range(self.width):
-        g, line = self.subst_lane(guard, i), self.r.store(ptr, self.index(self.subst_lane(off, i)), val.lane(i), self.k.ast.dtype)
-        self.lines.append(line if g is TRUE else f"if ({self.index(g)}) {line}")
-      return
-    line = self.r.store(ptr, self.index(off), val.names[0] if val.kind == 's' else val.lane(0), self.k.ast.dtype)
-    self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
-
-  # ***** the kernel *****
-  def source(self) -> str:
-    k = self.k
-    out_strides = strides_for(k.out_shape)
-    partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
-    for inst in self.instances((AxisKind.UPCAST,)):
-      dims = self.dims(inst)
-      n_accs = len(self.accs)
-      val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
-      off = self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0)))
-      self.store(val, off, self.guard(dims, range(k.n_global)))
-      partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
-    post, body = self.lines, self.reduce_body()
-    if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
-      self.unpadded = k.axes[split].dim
-      self.full_body, self.unpadded = self.reduce_body(), -1
-    if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
-    return self.assemble_workgroups(body, post) if self.r.has_local else self.assemble(body, post)
-
-  def kblocked(self, post: list[str], partials: list[tuple[Val, UOp, UOp]]) -> list[str]:
-    """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
-    accumulator, of its dtype). Each block after the first starts from them; each before the last stores them, and only the
-    last runs what follows the reduce."""
-    assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
-    kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
-    var, last = self.loopvars[kb].arg[0], self.k.axes[kb].size - 1
-    self.lines = []
-    for acc, off, guard in partials:
-      base = self.subst_lane(off, 0)
-      if acc.kind == "v" and not self.lane_dep(guard) and self.simplify(off - base) is self.lane and self.vectorizable(base):
-        line = f"{acc.names[0]} = {self.vt}_load(data0+{self.index(base)});"
-        self.lines.append(line if guard is TRUE else f"if ({self.index(guard)}) {line}")
-        continue
-      names = [acc.lane_fmt.format(acc.names[0], i) for i in range(self.width)] if acc.kind == "v" else list(acc.names)
-      offs = [self.subst_lane(off, i) for i in range(len(names))] if acc.kind != "s" else [off]
-      guards = [self.subst_lane(guard, i) for i in range(len(names))] if acc.kind != "s" else [guard]
-      for name, o, g in zip(names, offs, guards):
-        line = f"{name} = {self.r.load('data0', self.index(o), self.k.ast.dtype)};"
-        self.lines.append(line if g is TRUE else f"if ({self.index(g)}) {line}")
-    reload, self.lines = self.lines, []
-    for acc, off, guard in partials: self.store(acc, off, guard)
-    stores, self.lines = self.lines, []
-    self.decls += [f"if ({var} != 0) {{", *("  " + line for line in reload), "}"]
-    return [f"if ({var} != {last}) {{", *("  " + line for line in stores), "} else {", *("  " + line for line in post), "}"]
-
-  def reduce_body(self) -> list[str]:
-    self.lines, self.memo = [], {}
-    for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
-      dims = self.dims(inst)
-      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
-    return self.lines
-
-  @functools.cached_property
-  def split(self) -> int | None:
-    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
-    before the padding run a body without clamps and masks, the rest the full one."""
-    k = self.k
-    if self.r.has_local: return None
-    blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
-    for i, a in enumerate(k.axes):
-      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
-    return None
-
-  def assemble(self, body: list[str], post: list[str]) -> str:
-    k, out, depth, split = self.k, [], 1, self.split
-    def loop(i: int, start: int = 0) -> None:
-      nonlocal depth
-      if k.axes[i].size != 1:  # a size-0 loop runs no times
-        var, end = self.loopvars[i].arg[0], k.axes[i].size if i != split or start else k.padded[k.axes[i].dim] // k.axes[i].stride
-        out.append("  " * depth + f"for ({self.r.index_type} {var} = {start}; {var} < {end}; {var}++) {{")
-        depth += 1
-    def close(n: int) -> None:
-      nonlocal depth
-      for _ in range(n):
-        depth -= 1
-        out.append("  " * depth + "}")
-    loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
-    if loops: out.append("  #pragma omp parallel for schedule(static)")
-    loops += [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]  # inside the threads, which own their outputs
-    loops += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
-    for i in loops: loop(i)
-    opened = sum(k.axes[i].size != 1 for i in loops)
-    out += ["  " * depth + line for line in self.decls]
-    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    def nest(loops: list[int], lines: list[str], start: int = 0) -> None:
-      for n, i in enumerate(loops): loop(i, start if n == 0 else 0)
-      out.extend("  " * depth + line for line in lines)
-      close(sum(k.axes[i].size != 1 for i in loops))
-    if split is None: nest(red_loops, body)
-    else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
-      j = red_loops.index(split)
-      for i in red_loops[:j]: loop(i)
-      nest(red_loops[j:], self.full_body)
-      nest(red_loops[j:], body, k.padded[k.axes[split].dim] // k.axes[split].stride)
-      close(sum(k.axes[i].size != 1 for i in red_loops[:j]))
-    out += ["  " * depth + line for line in self.combine + post]
-    close(opened)
-    return self.wrap(out)
-
-  def unflatten(self, axes: list[int], linear: str) -> list[str]:
-    """Declare the index of each axis from one linear id, the last axis fastest."""
-    out, mult = [], 1
-    for n, i in enumerate(reversed(axes)):
-      size = self.k.axes[i].size
-      if size > 1:
-        e = linear if mult == 1 else f"({linear}/{mult})"
-        out.append(f"  {self.r.index_type} {self.loopvars[i].arg[0]} = {e if n == len(axes) - 1 else f'{e}%{size}'};")
-      mult *= size
-    return out
-
-  def assemble_workgroups(self, body: list[str], post: list[str]) -> str:
-    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
-    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores."""
-    k, r = self.k, self.r
-    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], r.group_id)
-    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
-    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(f"  {r.index_type} lid = {r.local_id};")
-    out += self.unflatten(local + group, "lid")
-    out += ["  " + line for line in self.decls]
-    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size != 1]
-    for depth, i in enumerate(red_loops):
-      var = self.loopvars[i].arg[0]
-      out.append("  " * (depth + 1) + f"for ({r.index_type} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
-    out += ["  " * (len(red_loops) + 1) + line for line in body]
-    out += ["  " * depth + "}" for depth in range(len(red_loops), 0, -1)]
-    out += ["  " + line for line in self.combine]
-    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      threads = k.launch_dims[1]
-      partials = [(red, acc.lane(i) if acc.kind == "v" else name) for red, _, acc in self.accs
-                  for i, name in enumerate(acc.names * self.width if acc.kind == "v" else acc.names)]
-      out.append(f"  {r.shared_prefix}{r.types[partials[0][0].dtype]} partials[{len(partials) * threads}];")
-      out += [f"  partials[{j * threads}+lid] = {name};" for j, (_, name) in enumerate(partials)]
-      out += [f"  {r.barrier}", f"  if (lid%{groups} != 0) return;", f"  for ({r.index_type} q = 1; q < {groups}; q++) {{"]
-      out += [f"    {name} = {r.code(red.arg[0], [name, f'partials[{j * threads}+lid+q]'], red.dtype)};" for j, (red, name) in enumerate(partials)]
-      out.append("  }")
-    out += ["  " + line for line in post]
-    return self.wrap(out)
-
-  def wrap(self, out: list[str]) -> str:
-    r, k = self.r, self.k
-    def ptr(dt: DType) -> str: return f"{r.buffer_prefix}{r.buffer_types.get(dt, r.types[dt])}* {r.restrict}"
-    args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in self.bufs.items()]
-    head = r.prelude(k) + (r.vector_prelude(self.width) if self.width > 1 else "")
-    accs = [(red, p) for red, _, acc in self.accs for p in self.partials.get(acc.names[0], [acc])]
-    if any(acc.kind != "v" and red.dtype.is_float and red.arg[0] is Ops.ADD for red, acc in accs): head += r.in_order_reduce_prefix
-    return f"{head}{r.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
-
-
-def _dtype_min(dt: DType) -> int: return int(dtypes.min(dt))
+  statements: dict[Ops, Callable[..., str]] = {
+    Ops.RANGE: loop, Ops.ENDRANGE: lambda r, u, at: "}", Ops.IF: lambda r, u, at: f"if ({r.cond(u, at)}) {{",
+    Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
+    Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special, Ops.BARRIER: lambda r, u, at: r.barrier,
+    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.types[u.dtype]} {u.arg[0]}[{u.arg[1]}];",
+    **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg[0]} = {r.expr(u, at)};" for op in VALUES},
+  }
 
 
 def _f32(x: float) -> str: return f"{float(np.float32(x))!r}f"
@@ -651,6 +328,7 @@ class CRenderer(CStyleRenderer):
   # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
   # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
   in_order_reduce_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
+  parallel_prefix = "#pragma omp parallel for schedule(static)\n"
   vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
@@ -695,7 +373,20 @@ class CUDARenderer(_GPURenderer):
   bf16_in, bf16_out = "__bfloat162float", "__float2bfloat16_rn"
   def bf16_prelude(self) -> str: return ""  # cuda_bf16.h has the conversions
 
-  def render(self, k: Kernel) -> str: return _TensorCoreRender(self, k).source() if k.tc is not None else super().render(k)
+  def wmma(self, u: UOp, at: _At) -> str:
+    """The tensor core statements: each warp's ids, its accumulator fragments, loads of A and B tiles, products, and stores of
+    the accumulators to the warp's 256 floats of shared memory."""
+    what, *arg = u.arg
+    if what == "ids": return f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;"
+    if what == "acc": return f"wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{arg[0]}; wmma::fill_fragment(acc{arg[0]}, 0.0f);"
+    if what == "fragment":
+      name, which, dtype, layout = arg
+      return f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {self.buffer_types[dtype]}, wmma::{layout}> {name};"
+    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, data{arg[1]}+{self.index(u.src[0], at.index)}, {arg[2]});"
+    if what == "mma": return f"wmma::mma_sync(acc{arg[0]}, {arg[1]}, {arg[2]}, acc{arg[0]});"
+    if what == "store": return f"wmma::store_matrix_sync(tiles+warp*256, acc{arg[0]}, 16, wmma::mem_row_major);"
+    return "__syncwarp();"
+  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
   aligned_vectors = True
@@ -788,53 +479,7 @@ class OpenCLRenderer(_GPURenderer):
 def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}
 
 
-class _TensorCoreRender(_KernelRender):
-  """A TC kernel in CUDA's wmma: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A
-  and B straight from memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
-
-  def source(self) -> str:
-    k, r = self.k, self.r
-    tc, it = k.tc, r.index_type
-    assert tc is not None
-    out = self.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], r.group_id)
-    out.append(f"  {it} lid = {r.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;")
-    out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
-    tiles = self.instances((AxisKind.UPCAST,))
-    out += [f"  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{j}; wmma::fill_fragment(acc{j}, 0.0f);" for j in range(len(tiles))]
-    red_loops = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE and a.size != 1]
-    for depth, i in enumerate(red_loops):
-      var = self.loopvars[i].arg[0]
-      out.append("  " * (depth + 1) + f"for ({it} {var} = 0; {var} < {k.axes[i].size}; {var}++) {{")
-    frags: dict[tuple[str, str], str] = {}
-    body: list[str] = []
-    def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-      ptr = f"data{self.bufs[view.src[0].arg]}+{self.index(self.simplify(view.arg.index(tuple(dims))[0]))}"
-      if (which, ptr) not in frags:
-        frags[(which, ptr)] = name = f"{which}{len(frags)}"
-        body.append(f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {r.buffer_types[view.dtype]}, wmma::{layout}> {name};")
-        body.append(f"wmma::load_matrix_sync({name}, {ptr}, {ld});")
-      return frags[(which, ptr)]
-    for unroll in self.instances((AxisKind.UNROLL,)):
-      for j, tile in enumerate(tiles):
-        dims = self.dims({**tile, **unroll})
-        a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
-        body.append(f"wmma::mma_sync(acc{j}, {a}, {b}, acc{j});")
-    out += ["  " * (len(red_loops) + 1) + line for line in body]
-    out += ["  " * depth + "}" for depth in range(len(red_loops), 0, -1)]
-    out.append(f"  __shared__ float tiles[{k.sizes_of(AxisKind.LOCAL) * 256}];")
-    row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-    tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
-    out_strides = strides_for(k.out_shape)
-    self.lines = []
-    for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-      self.lines += [f"wmma::store_matrix_sync(tiles+warp*256, acc{j}, 16, wmma::mem_row_major);", "__syncwarp();"]
-      for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
-        self.cell = f"tiles[warp*256+lane+{32 * t}]"
-        dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
-        val = self.node(k.ast, tuple(dims[:k.n_global]))
-        self.store(val, self.simplify(sum((dims[d] * st for d, st in enumerate(out_strides) if st), UOp.const(dtypes.int64, 0))), TRUE)
-      self.lines.append("__syncwarp();")
-    out += ["  " + line for line in self.lines]
-    return self.wrap(out)
-
-  def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val: return Val("s", (self.cell,))
+class _At:
+  """Where one program's spelling is: the depth of loops and branches, and the index math spelled so far (each node once)."""
+  __slots__ = ("index", "depth")
+  def __init__(self) -> None: self.index, self.depth = dict[UOp, str](), 1

@@ -51,7 +51,8 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   for d, f in stacked.items(): first_valid(Opt(OptOps.UPCAST, d, f))
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
-  tile_row = _tile_row(k, lane, strides)
+  row_statistic = k.reduceop is not None and lane is not None and lane not in k.reduce_out_dims  # see Kernel.reduce_out_dims
+  tile_row = None if row_statistic else _tile_row(k, lane, strides)
   gathered = False
   if stacked:  # a cat's rows, whole: vectors along the lane dim only where its loads are contiguous (up to the upcast limit)
     if lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides):
@@ -59,6 +60,11 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce and not _row_lanes(k, strides):
       first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+  elif row_statistic:
+    # a row written after its statistic (softmax's sum, layernorm's variance): the statistic in SIMD lanes, then the row in vectors
+    # as wide (the renderer vectorizes both only at the same width)
+    width = next((w for w in (simd, 8, 4) if k.sizes[lane] % w == 0), simd)
+    if _row_lanes(k, strides, width) and vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * width, width)))
   elif tile_row is not None:
     # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
     # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
@@ -94,19 +100,19 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   return k.opts
 
 
-def _row_lanes(k: Kernel, strides: list[list[int]]) -> bool:
+def _row_lanes(k: Kernel, strides: list[list[int]], simd: int = 0) -> bool:
   """For a reduce whose last axis is contiguous in memory (a row sum or max, softmax's and layernorm's row passes): that axis as
   SIMD lanes of a few independent vector accumulators (padded to whole vectors), so each row is read with vector loads and no add
   waits on the one before; the lanes combine once per row. Other dtypes than float32 get one vector's worth of scalar accumulators,
   which the C compiler vectorizes (int32 sums and maxes of 1024x1024: 43 us, 58 with a scalar accumulator per row). False where
-  that does not fit."""
+  that does not fit. `simd` narrows the vectors."""
   assert k.reduceop is not None
-  simd, axis = k.caps.simd_width, k.n_reduce - 1
+  simd, axis = simd or k.caps.simd_width, k.n_reduce - 1
   if not k.n_reduce: return False
   red = k.n_global + axis
   if not any(st[red] == 1 for st in strides) or any(st[red] not in (0, 1) for st in strides): return False
   if k.sizes[red] < 2 * simd: return False
-  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see _KernelRender.split)
+  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see lower.py, _Lowerer.split)
     _first_valid(k, Opt(OptOps.PADTO, red, next(amt for amt in (4 * simd, 2 * simd, simd) if k.sizes[red] // amt >= 2)))
   before = len(k.opts)
   _first_valid(k, *(Opt(OptOps.LANES, axis, amt) for amt in ((4 * simd, 2 * simd, simd) if k.reduceop.dtype == dtypes.float32 else (simd,))))

@@ -14,7 +14,7 @@ from tinytune.dtype import dtypes
 from tinytune.helpers import divisors, prod, round_up
 from tinytune.runtime import Buffer, DeviceCaps
 from tinytune.shape import strides_for
-from tinytune.uop import ALU, Ops, UOp
+from tinytune.uop import ALU, Ops, UOp, simplify
 
 __all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
 
@@ -82,6 +82,25 @@ class Axis:
   stride: int  # the dim's index is the sum of stride * value over its axes
 
 
+def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> frozenset[int]:
+  """The dims of `root` along which the index at which it reads `target` changes (through views; not past `stop`)."""
+  dims = tuple(UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(root.shape))
+  found: set[UOp] = set()
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen or u.op in (Ops.BUFFER, Ops.CONST) or u in stop and u is not root: return
+    seen.add((u, idx))
+    if u is target: found.update(v for i in idx for v in i.vars)
+    elif u.op is Ops.VIEW:
+      off, src = simplify(u.arg.index(idx)[0]), u.src[0]
+      walk(src, tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape))))
+    elif u.op is Ops.GATHER: found.update(dims)  # read at data-dependent places: taken to change along every dim
+    elif u.op is not Ops.REDUCE:  # another reduce's dims are not root's
+      for s in u.src: walk(s, idx)
+  walk(root, dims)
+  return frozenset(d for d, v in enumerate(dims) if v in found)
+
+
 def find_reduce(ast: UOp) -> UOp | None:
   reduces = {u for u in ast.toposort if u.op is Ops.REDUCE}
   if len(reduces) > 1: raise ValueError("a kernel has at most one reduce; the scheduler splits the rest")
@@ -113,7 +132,12 @@ class Kernel:
   def n_reduce(self) -> int: return len(self.sizes) - self.n_global
   def real_size(self, dim: int) -> int: return self.padded.get(dim, self.sizes[dim])
   def remaining(self, dim: int) -> Axis: return next(a for a in self.axes if a.dim == dim and a.kind in LOOPS)
-  def upcast_size(self) -> int: return prod(a.size for a in self.axes if a.kind in (AxisKind.UPCAST, AxisKind.UNROLL, AxisKind.LANES))
+  def upcast_size(self, kind: AxisKind | None = None, dim: int = -1, size: int = 1) -> int:
+    """The values one iteration holds in registers, with a new register part of `kind` along `dim` if given: the register parts'
+    product, but a row written after its statistic (see reduce_out_dims) counts the row's UPCASTs apart from the reduce's parts."""
+    parts = [(a.kind, a.dim, a.size) for a in self.axes] + [(kind, dim, size)]
+    reduce_side = prod(n for k, d, n in parts if k in (AxisKind.UNROLL, AxisKind.LANES) or k is AxisKind.UPCAST and d in self.reduce_out_dims)
+    return max(reduce_side, prod(n for k, _, n in parts if k is AxisKind.UPCAST))
   def sizes_of(self, *kinds: AxisKind) -> int: return prod(a.size for a in self.axes if a.kind in kinds)
   @property
   def launch_dims(self) -> tuple[int, int]:
@@ -151,6 +175,12 @@ class Kernel:
       if u.op in ALU and u.op is not Ops.CAST: ops += prod(u.shape)
       if u.op is Ops.REDUCE: ops += prod(u.src[0].shape)
     return ops
+
+  @cached_property
+  def reduce_out_dims(self) -> frozenset[int]:
+    """The output dims along which the reduce's value changes: all of them, but for a row's statistic that the output reads back
+    along its row (softmax's sum, layernorm's variance), which does not change along the row's dims."""
+    return frozenset() if self.reduceop is None else dims_read(self.ast, self.reduceop)
 
   @property
   def mem_bytes(self) -> int: return sum(b.nbytes for b in self.bufs) + prod(self.out_shape) * self.ast.dtype.itemsize
@@ -211,7 +241,7 @@ class Kernel:
         check(all(a.kind is not AxisKind.LANES for a in self.axes), "one LANES opt per kernel")
         check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
-        check(self.upcast_size() * arg <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
+        check(self.upcast_size(AxisKind[op.name], dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
       if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
       if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread

@@ -9,9 +9,11 @@ and the epilogue of a reduce nothing else reads (a matmul's bias and relu, compu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
+from tinytune.codegen.kernel import dims_read
 from tinytune.helpers import prod
-from tinytune.runtime import Buffer
+from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
 from tinytune.uop import Ops, Pat, Rules, UOp, graph_rewrite
 
@@ -54,17 +56,18 @@ merge_views = Rules([(Pat(Ops.VIEW, (Pat(Ops.VIEW, name="inner"),), name="outer"
 TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
-def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduce: bool) -> bool:
+def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduce: bool, row: Callable[[UOp], bool]) -> bool:
   """Whether elementwise work that a reduce reads expanded is better computed once, in a kernel of its own, than at every place the
   reduce reads it: where it computes an exp, log or sin (read inside a reduce), or where it is the epilogue of a reduce that nothing
   else reads (a matmul's bias and relu, read by the next matmul, go to the first matmul's kernel; inlined, the second recomputed
-  them for each of its output columns; a mean's scale goes to its sum's kernel). A statistic read back over its rows stays."""
+  them for each of its output columns; a mean's scale goes to its sum's kernel), unless that reduce stays in the kernel as a row
+  statistic (`row`, see _row_statistics). A statistic read back over its rows stays."""
   stack, seen = [(u, False)], {(u, False)}
   while stack:
     x, broadcast = stack.pop()
     if x.op in TRANSCENDENTAL and in_reduce: return True
     if x.op is Ops.REDUCE:
-      if not broadcast and users.get(x, set()) <= {y for y, _ in seen}: return True
+      if not broadcast and users.get(x, set()) <= {y for y, _ in seen} and (in_reduce or not row(x)): return True
       continue
     for s in x.src:
       if (s, b := broadcast or x.op is Ops.VIEW and x.arg.expands) not in seen and s not in roots and s.op not in (Ops.BUFFER, Ops.CONST):
@@ -73,10 +76,12 @@ def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduc
   return False
 
 
-def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> set[UOp]:
+def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row: Callable[[UOp], bool]) -> set[UOp]:
   """Walk one kernel from its root; return the reduces (and the work a reduce reads expanded that is computed once, see
-  _computed_once) that must become kernel boundaries."""
+  _computed_once) that must become kernel boundaries. A reduce read expanded stays where `row` says so (see _row_statistics), if
+  the kernel has no other reduce."""
   found: dict[UOp, bool] = {}  # reduce -> may be inlined
+  statistics: set[UOp] = set()  # the reduces read expanded
   computed: set[UOp] = set()
   seen: set[tuple[UOp, bool, bool]] = set()
   stack = [(root, False, False)]
@@ -86,22 +91,53 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> s
     seen.add((u, expanded, in_reduce))
     if u is not root and u in roots or u.op in (Ops.BUFFER, Ops.CONST): continue
     if u.op is Ops.REDUCE:
-      found[u] = found.get(u, True) and not expanded and not in_reduce
+      found[u] = found.get(u, True) and (not expanded or row(u)) and not in_reduce
+      if expanded: statistics.add(u)
       stack.append((u.src[0], False, True))
     elif u.op is Ops.VIEW:
       if u.arg.expands:
         src = u.src[0]
         while src.op is Ops.VIEW and not src.arg.expands and src not in roots: src = src.src[0]
         if src.op not in (Ops.BUFFER, Ops.CONST, Ops.REDUCE, Ops.VIEW, Ops.GATHER) and src not in roots and \
-           _computed_once(src, roots, users, in_reduce):
+           _computed_once(src, roots, users, in_reduce, row):
           computed.add(src)
           continue
       stack.append((u.src[0], expanded or u.arg.expands, in_reduce))
     elif u.op is Ops.GATHER: stack += [(u.src[0], True, in_reduce), (u.src[1], expanded, in_reduce)]  # a reduce read at gathered places: a buffer
     else: stack.extend((s, expanded, in_reduce) for s in u.src)
+  inside = set().union(*(c.toposort for c in computed))  # the kernel of work computed once decides about the reduces it reads
+  found = {r: ok for r, ok in found.items() if r not in inside}
   bad = {r for r, ok in found.items() if not ok}
-  rest = sorted((r for r in found if r not in bad), key=lambda r: root.toposort.index(r))
-  return bad | set(rest[:-1]) | computed  # keep the outermost reduce in this kernel
+  # keep the outermost reduce in this kernel, one read at each output (a matmul) before a row statistic
+  rest = sorted((r for r in found if r not in bad), key=lambda r: (r not in statistics, root.toposort.index(r)))
+  return bad | set(rest[:-1]) | computed
+
+
+ROW_BYTES = 256 << 10  # a row statistic stays in the kernel that reads it back where one row of its inputs fits in L2
+
+
+def _row_statistics(roots: set[UOp]) -> set[UOp]:
+  """The reduces that a kernel reads expanded but that cannot stay in it: where it stays, the CPU computes it once per row (the
+  loops it does not change along run after it, as a "reduce, then write the row" kernel: softmax's sum and layernorm's variance
+  with their normalization, the row read again from cache). That needs the dims it changes along to be the kernel's leading ones,
+  one row of its inputs to fit in cache, and no other kernel to read it (it would be computed twice)."""
+  frozen, bad = frozenset(roots), set()
+  regions = {root: [u for u in _region(root, frozen)] for root in roots}
+  for root, region in regions.items():
+    for red in (u for u in region if u.op is Ops.REDUCE and u is not root):
+      dims = dims_read(root, red, frozen)
+      row = prod(red.src[0].shape[a] for a in red.arg[1]) * sum(u.dtype.itemsize for u in red.src[0].toposort if u.op is Ops.VIEW)
+      if dims != frozenset(range(len(dims))) or row > ROW_BYTES or any(red in r for o, r in regions.items() if o is not root): bad.add(red)
+  return bad
+
+
+def _region(root: UOp, roots: frozenset[UOp]) -> set[UOp]:
+  """The nodes of root's kernel: what it reads, up to the other kernels' outputs."""
+  seen, stack = {root}, [root]
+  while stack:
+    for s in stack.pop().src:
+      if s not in seen and s not in roots: seen.add(s); stack.append(s)
+  return seen
 
 
 def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tuple[list[ScheduleItem], UOp]:
@@ -115,7 +151,15 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   users: dict[UOp, set[UOp]] = {}
   for u in target.toposort:
     for s in u.src: users.setdefault(s, set()).add(u)
-  while new := set().union(*(_kernel_reduces(root, roots, users) for root in roots)) - roots: roots |= new
+  # row statistics stay in their kernels on the CPU (a GPU thread per output would compute one once per element), but for those
+  # _row_statistics refuses: the cut is made again without them
+  outputs_only, refused = set(roots), set[UOp]()
+  def row(u: UOp) -> bool: return not Device[device].caps.has_local and u not in refused
+  while True:
+    roots = set(outputs_only)
+    while new := set().union(*(_kernel_reduces(root, roots, users, row) for root in roots)) - roots: roots |= new
+    if not (new := _row_statistics(roots) - refused): break
+    refused |= new
   order = [u for u in target.toposort if u in roots]
   outputs: dict[UOp, UOp] = {}
   items = []

@@ -1,0 +1,138 @@
+"""Lowering: a kernel with its opts as a linear program of UOps (codegen/lower.py), and renderers that spell every statement of it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
+from tinytune.codegen.lower import STATEMENTS, Program, lower
+from tinytune.engine.schedule import create_schedule
+from tinytune.runtime import DeviceCaps
+from tinytune.uop import ALU, Ops
+
+CPU = DeviceCaps(threads=2, simd_width=4)
+GPU = DeviceCaps(has_local=True, max_upcast=64, simd_width=4, max_local=256, shared_bytes=16384, tensor_cores=("float16",))
+RENDERERS: list[CStyleRenderer] = [CRenderer(), OpenCLRenderer(), OpenCLRenderer(fp16=False), CUDARenderer(), HIPRenderer()]
+U, R, P = OptOps.UPCAST, OptOps.UNROLL, OptOps.PADTO
+
+
+def arr(*shape: int, dtype: type = np.float32) -> Tensor: return Tensor(np.ones(shape, dtype=dtype))  # no kernel runs to make it
+
+
+def kernel(t: Tensor, caps: DeviceCaps, opts: list[Opt]) -> Kernel:
+  items, _ = create_schedule(t.uop, "CPU")
+  return Kernel(items[-1].ast, caps).apply_opts(opts)
+
+
+def test_program_reads_like_the_kernel() -> None:
+  """A 4x3 row sum, its 4 rows as SIMD lanes of one vector accumulator, the reduce padded to 4: the loop runs its 3 real
+  iterations with no masks, then the padded one masked; one vector store."""
+  x = Tensor(np.arange(12, dtype=np.float32).reshape(4, 3))
+  program = lower(kernel(x.sum(-1), CPU, [Opt(U, 0, 4), Opt(P, 1, 4)]), CRenderer())
+  assert str(program) == """\
+acc1 = DEFINE_ACC<4>.float32 0.0 ADD
+RANGE r1 0..3
+  v9 = LOAD.float32 data1[r1]
+  v10 = LOAD.float32 data1[(r1+3)]
+  v11 = LOAD.float32 data1[(r1+6)]
+  v12 = LOAD.float32 data1[(r1+9)]
+  v13 = VECTORIZE<4>.float32 v9, v10, v11, v12
+  ASSIGN acc1 ADD= v13
+ENDRANGE
+RANGE r1 3..4
+  v2 = LOAD.float32 data1[WHERE((r1<3), r1, 2)]
+  v3 = LOAD.float32 data1[(WHERE((r1<3), r1, 2)+3)]
+  v4 = LOAD.float32 data1[(WHERE((r1<3), r1, 2)+6)]
+  v5 = LOAD.float32 data1[(WHERE((r1<3), r1, 2)+9)]
+  v6 = VECTORIZE<4>.bool (r1<3), (r1<3), (r1<3), (r1<3)
+  v7 = VECTORIZE<4>.float32 v2, v3, v4, v5
+  v8 = WHERE<4>.float32 v6, v7, VECTORIZE(0.0, 0.0, 0.0, 0.0)
+  ASSIGN acc1 ADD= v8
+ENDRANGE
+STORE<4> data0[0] = acc1"""
+
+
+def structure(p: Program) -> list[tuple[Ops, int]]:
+  """Each statement's op and depth of loops and branches."""
+  depth, ret = 0, []
+  for u in p.uops:
+    depth -= u.op in (Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE)
+    ret.append((u.op, depth))
+    depth += u.op in (Ops.RANGE, Ops.IF, Ops.ELSE)
+  return ret
+
+
+def test_lowering_decides_loops_lanes_and_vector_loads() -> None:
+  a, b = arr(8, 16), arr(16, 8)
+  k = kernel(a @ b, CPU, [Opt(U, 1, 8), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.KBLOCK, 0, 4)])
+  p = lower(k, CRenderer())
+  ops = [op for op, _ in structure(p)]
+  ranges = [u.arg for u in p.uops if u.op is Ops.RANGE]
+  assert [r[0] for r in ranges] == ["t4", "k5", "g0", "r2"] and ranges[0][3] and not any(r[3] for r in ranges[1:])  # threads outermost
+  assert ops.count(Ops.IF) == 2 and ops.count(Ops.ELSE) == 1  # K blocks: reload the sums so far; store them, or finish on the last
+  assert [u.arg[1] for u in p.uops if u.op is Ops.LOAD and u.arg[2] == 2] == [4, 4]  # B's rows as two 4-wide vector loads
+  assert all(d >= 0 for _, d in structure(p)) and structure(p)[-1] == (Ops.ENDRANGE, 0)
+
+
+def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:
+  x = arr(3, 64)
+  p = lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16)]), CRenderer())  # C's vectors have MAX: 4 vector partials
+  assert str(lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16)]))).count("DEFINE_ACC") == 16  # a plain target's have not: 16 scalars
+  accs = [u for u in p.uops if u.op is Ops.DEFINE_ACC]
+  assert [u.arg[1] for u in accs] == [4] * 4  # 16 lanes as 4 vector partials of the max
+  folds = [u for u in p.uops if u.op is Ops.FOLD]
+  assert folds[0].arg[1] == 4 and len(folds[0].src) == 4 and len(folds) == 1 + 2 + 1  # the vectors, then lanes pairwise
+  assert str(p).index("ENDRANGE") < str(p).index(folds[0].arg[0] + " = FOLD")
+
+
+def test_group_partials_go_through_shared_memory() -> None:
+  x = arr(4, 64)
+  p = lower(kernel(x.sum(-1), GPU, [Opt(OptOps.GROUP, 0, 8)]), CUDARenderer())
+  ops = [op for op, _ in structure(p)]
+  assert ops.index(Ops.DEFINE_LOCAL) < ops.index(Ops.BARRIER) < ops.index(Ops.EXIT) < ops.index(Ops.STORE)
+  assert [u.arg[:2] for u in p.uops if u.op is Ops.SPECIAL] == [("g0", "group_id"), ("lid", "local_id"), ("q2", "lid")]
+
+
+def programs() -> list[tuple[str, Program, Kernel]]:
+  """Kernels whose programs hold every statement kind between them."""
+  a, b = arr(8, 16), arr(16, 12)
+  h1, h2 = arr(32, 16, dtype=np.float16), arr(16, 32, dtype=np.float16)
+  x, idx = arr(6, 10), Tensor(np.array([[3, 0, 9, 11]] * 6, dtype=np.int32))
+  cases = [
+    ("cpu", kernel(a @ b, CPU, [Opt(U, 1, 4), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.KBLOCK, 0, 4), Opt(R, 0, 2)])),
+    ("cpu", kernel((x.exp2() * 2).max(-1), CPU, [Opt(P, 1, 16), Opt(OptOps.LANES, 0, 8)])),
+    ("cpu", kernel(x.gather(1, idx), CPU, [Opt(U, 1, 4)])),
+    ("cpu", kernel((x.bitcast(dtypes.int32) + 1).sum(-1), CPU, [])),
+    ("gpu", kernel(a @ b, GPU, [Opt(U, 1, 4), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUPTOP, 0, 4)])),
+    ("tc", kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0), Opt(OptOps.LOCAL, 0, 2)])),
+  ]
+  return [(where, lower(k, CRenderer() if where == "cpu" else CUDARenderer()), k) for where, k in cases]
+
+
+def test_every_statement_kind_is_lowered_and_spelled_by_every_renderer() -> None:
+  made = programs()
+  assert {u.op for _, p, _ in made for u in p.uops} >= STATEMENTS - ALU  # the ALU ops are one table, the renderers' code_table
+  for r in RENDERERS:
+    assert STATEMENTS - {Ops.WMMA} <= set(r.statements), type(r).__name__
+    for where, p, k in made:
+      if where == "tc" and not isinstance(r, CUDARenderer): continue
+      if where == "cpu" and not isinstance(r, CRenderer): continue
+      src = r.spell(p)
+      assert src.count("{") == src.count("}") and f" {k.name}(" in src
+
+
+def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
+  """A TC kernel rendered for a device without tensor cores is refused (it was once rendered as if the TC axes were not there)."""
+  h1, h2 = arr(32, 16, dtype=np.float16), arr(16, 32, dtype=np.float16)
+  k = kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0)])
+  assert "wmma::mma_sync" in CUDARenderer().render(k)
+  for r in (OpenCLRenderer(), HIPRenderer()):
+    with pytest.raises(NotImplementedError, match="has no WMMA statement"): r.render(k)
+
+
+def test_void_is_no_tensor_dtype() -> None:
+  """Statements that hold no value have dtype void, which no tensor takes."""
+  program = lower(kernel(arr(4, 4).sum(-1), CPU, []), CRenderer())
+  assert dtypes.void not in dtypes.all and all(u.dtype is dtypes.void for u in program.uops if u.op is Ops.RANGE)
+  with pytest.raises(TypeError, match="unsupported dtype"): dtypes.from_any("void")

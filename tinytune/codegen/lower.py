@@ -1,0 +1,510 @@
+"""Lowering: a kernel with its opts becomes a linear program of UOps that a renderer only spells.
+
+Register parts of the kernel (UPCAST, UNROLL) are expanded into straight-line code. One UPCAST part along the contiguous output
+axis becomes SIMD lanes: a value is one scalar for all lanes, one native vector, or one scalar per lane, whichever the loads and
+ops allow. Every decision is made here: loop order, the split of a padded reduce loop, K block reloads and stores, LANES partials
+and their combine tree, GROUP partials through shared memory, which loads and stores are vector ones, and the names of values."""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple, Protocol
+
+from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
+from tinytune.dtype import DType, dtypes
+from tinytune.shape import strides_for
+from tinytune.uop import ALU, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
+
+# A program's statements, as (src; arg):
+#   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
+#   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
+#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer), VECTORIZE (lanes; name, width)
+#   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
+#   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
+#   DEFINE_LOCAL (; name, size): shared memory, BARRIER, WMMA (src; what, ...): the tensor core statements
+# Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
+TRUE = UOp.const(dtypes.bool, True)
+OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
+# statements that define a named value: arg is (name, width) (width 1: a scalar, else a native vector), DEFINE_ACC adds its reduce op
+VALUES = ALU | {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR}
+STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
+CMP = {Ops.CMPLT, Ops.CMPNE}
+ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
+
+
+class Kind(Enum):
+  SCALAR = "scalar"  # one scalar for every lane
+  VECTOR = "vector"  # one native vector
+  LANES = "lanes"  # one scalar per lane
+
+
+class Val(NamedTuple):
+  """A lowered value: its kind and its nodes (one, or one per lane)."""
+  kind: Kind
+  items: tuple[UOp, ...]
+  padding: bool = False  # a zero that a pad put where its view's mask is false here (a cat's other pieces): adding it is a no-op
+
+  def lane(self, i: int) -> UOp:
+    if self.kind is Kind.VECTOR: return UOp.unique(Ops.GEP, self.items[0].dtype, self.items[:1], i)
+    return self.items[0] if self.kind is Kind.SCALAR else self.items[i]
+
+
+def identity(red: UOp) -> UOp:
+  """The reduce's start value: 0 for a sum, the least value of its dtype for a max."""
+  dt = red.dtype
+  return UOp.const(dt, 0 if red.arg[0] is Ops.ADD else -math.inf if dt.is_float else int(dtypes.min(dt)))
+
+
+@dataclass
+class Program:
+  """A kernel's lowered statements in order, the SIMD width of its native vectors (1: none), and whether it adds floats into a scalar
+  accumulator in order (which some compilers' vectorizers miscompile)."""
+  kernel: Kernel
+  width: int
+  uops: list[UOp]
+  in_order_sum: bool = False
+
+  def __str__(self) -> str:
+    depth, out = 0, []
+    for u in self.uops:
+      if u.op in CLOSES: depth -= 1
+      out.append("  " * depth + describe(u))
+      if u.op in OPENS: depth += 1
+    return "\n".join(out)
+
+
+def describe(u: UOp) -> str:
+  """One statement as text: `name = OP<width>.dtype operands` for values, `OP operands` for the rest."""
+  def show(x: UOp) -> str:
+    if x.op in VALUES and x.arg is not None and x.arg[0] is not None: return x.arg[0]
+    return f"{show(x.src[0])}[{x.arg}]" if x.op is Ops.GEP else f"{x.arg[0]}[{x.arg[1]}]" if x.op is Ops.CELL else pretty(x)
+  def at(buf: int, idx: UOp, guard: UOp) -> str: return f"data{buf}[{pretty(idx)}]" + ("" if guard is TRUE else f" if {pretty(guard)}")
+  op, src, arg = u.op, u.src, u.arg
+  if op in VALUES:
+    head = f"{arg[0]} = {op.name}{f'<{arg[1]}>' if arg[1] > 1 else ''}.{u.dtype.name}"
+    if op is Ops.LOAD: return f"{head} {at(arg[2], *src)}"
+    return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg[2].name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
+  if op is Ops.RANGE: return f"RANGE {arg[0]} {arg[1]}..{arg[2]}" + (" parallel" if arg[3] else "")
+  if op is Ops.STORE: return f"STORE{f'<{arg[0]}>' if arg[0] > 1 else ''} {at(arg[1], src[0], src[2])} = {show(src[1])}"
+  if op is Ops.ASSIGN:
+    return f"ASSIGN {show(src[0])} {arg.name if arg else ''}= {show(src[1])}" + ("" if src[2] is TRUE else f" if {pretty(src[2])}")
+  return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else arg}".rstrip()
+
+
+def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
+  """A statement: a node of its own (never shared, as two loops or loads that look alike are still two)."""
+  return UOp.unique(op, dtype, src, arg)
+
+
+class Target(Protocol):
+  """What lowering needs to know of the code it is for (a renderer says)."""
+  vector_ops: set[Ops]  # the ops with native float32 vector code (comparisons give masks, WHERE takes one)
+  aligned_vectors: bool  # vector loads and stores need addresses aligned to the vector
+  has_local: bool  # workgroups: the global loops are workgroups, LOCAL and GROUP parts their threads
+
+
+@dataclass
+class PlainTarget:
+  """C's vector operators and nothing more, with workgroups where the kernel's device has them."""
+  has_local: bool
+  vector_ops: set[Ops] = field(default_factory=lambda: set(ARITH))
+  aligned_vectors: bool = False
+
+
+def lower(k: Kernel, target: Target | None = None) -> Program:
+  """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
+  return _Lowerer(k, target or PlainTarget(k.caps.has_local)).program()
+
+
+class _Lowerer:
+  def __init__(self, k: Kernel, target: Target):
+    self.k, self.target, self.count = k, target, 0
+    self.lines: list[UOp] = []
+    self.memo: dict[tuple, Val] = {}
+    self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
+    self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
+    self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
+    self.unpadded, self.full_body = -1, list[UOp]()  # a padded dim lowered as if unpadded, and the reduce body so lowered (split)
+    self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
+    self.combine: list[UOp] = []  # after the reduce loops: each LANES accumulator from its partials
+    self.decls: list[UOp] = []
+    self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
+    self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
+    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
+    # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
+    self.width, self.lane_axis = 1, -1
+    self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
+    lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
+    for i, a in enumerate(k.axes):
+      if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
+         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
+        self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
+        self.lane_axis = i if self.width > 1 else -1
+    # a row written after its statistic (see Kernel.reduce_out_dims): its UPCAST along the row in vectors too, beside the reduce's lanes
+    self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
+                          and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype == dtypes.float32), -1)
+    self.lane = UOp.var("lane", 0, self.width - 1)
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
+    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
+                     for i, a in enumerate(k.axes) if a.kind in names}
+
+  def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
+
+  # ***** statements *****
+  def emit(self, op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
+    self.lines.append(u := UOp.unique(op, dtype, src, arg))
+    return u
+
+  def value(self, op: Ops, dtype: DType, src: tuple[UOp, ...], width: int = 1, prefix: str = "v") -> UOp:
+    self.count += 1
+    return self.emit(op, *src, arg=(f"{prefix}{self.count}", width), dtype=dtype)
+
+  def vec(self, v: Val) -> UOp:
+    if v.kind is not Kind.LANES: return v.items[0]  # scalars mix with vectors in the C vector operators
+    return self.value(Ops.VECTORIZE, dtypes.float32, v.items, self.width)
+
+  def splat(self, v: Val) -> UOp:
+    """A float32 value as a native vector: a scalar repeated in every lane."""
+    return UOp.unique(Ops.VECTORIZE, dtypes.float32, v.items * self.width) if v.kind is Kind.SCALAR else self.vec(v)
+
+  def mask(self, v: Val) -> UOp:
+    """A bool value as a vector of -1 (true) and 0 lanes."""
+    if v.kind is Kind.VECTOR: return v.items[0]
+    return self.value(Ops.VECTORIZE, dtypes.bool, tuple(v.lane(i) for i in range(self.width)), self.width)
+
+  def vectorizable(self, base: UOp) -> bool:
+    """Whether a vector access may start at index `base` (aligned where the device needs it: the GPUs' 16-byte accesses)."""
+    return not self.target.aligned_vectors or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
+
+  def subst_lane(self, u: UOp, i: int) -> UOp:
+    if not (u.dtype.is_int and is_linear(u)): return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+    terms, c = linear(u)  # the lane's term joins the constant, as simplify would fold it
+    return from_linear(u.dtype, {t: v for t, v in terms.items() if t is not self.lane}, c + terms.get(self.lane, 0) * i)
+  def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
+  def contiguous(self, off: UOp, base: UOp) -> bool: return self.simplify(off - base) is self.lane and self.vectorizable(base)
+
+  def index_val(self, u: UOp) -> Val:
+    if not self.lane_dep(u): return Val(Kind.SCALAR, (u,))
+    return Val(Kind.LANES, tuple(self.subst_lane(u, i) for i in range(self.width)))
+
+  # ***** dims *****
+  def dims(self, inst: dict[int, UOp]) -> list[UOp]:
+    """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
+    zero = UOp.const(dtypes.int64, 0)
+    def parts(d: int) -> list[tuple[UOp, int]]:
+      return [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
+    return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
+
+  def clamp(self, d: int, e: UOp) -> UOp:
+    """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
+    if d not in self.k.padded or d == self.unpadded: return e
+    real = self.k.padded[d]
+    return self.simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
+
+  def guard(self, dims: list[UOp], which: range) -> UOp:
+    g = TRUE
+    for d in which:
+      if d in self.k.padded and d != self.unpadded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
+    return self.simplify(g)
+
+  def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
+    """The register parts' values, each dim's outer part first, so an unrolled reduce over one dim adds in memory order."""
+    axes = sorted((i for i, a in enumerate(self.k.axes) if a.kind in kinds), key=lambda i: (self.k.axes[i].dim, -self.k.axes[i].stride))
+    lane_axes = (self.lane_axis, self.row_axis)
+    ranges = [range(0, self.k.axes[i].size, self.width if i in lane_axes else 1) for i in axes]
+    return [{i: UOp.const(dtypes.int64, v) + (self.lane if i in lane_axes else 0) for i, v in zip(axes, vals)}
+            for vals in itertools.product(*ranges)]
+
+  def view_index(self, view: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+    """A view's simplified offset and validity at `idx`, and the index of its source (where that is not a buffer), computed once
+    for the indices the view reads (not those of stride 0 and no mask)."""
+    v = view.arg
+    used = tuple(i if st != 0 or (v.mask is not None and v.mask[d] != (0, v.shape[d])) else None for d, (i, st) in enumerate(zip(idx, v.strides)))
+    if (key := (view, used)) not in self.view_indices:
+      valid = TRUE if v.mask is None else self.simplify(v.index(idx)[1])
+      off, src = linear_sum(dtypes.int64, [(i, st) for i, st in zip(idx, v.strides) if st != 0], v.offset, self.simplified), view.src[0]
+      child = () if src.op is Ops.BUFFER else \
+        tuple(self.simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape)))
+      self.view_indices[key] = (off, valid, child)
+    return self.view_indices[key]
+
+  # ***** values *****
+  def node(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    key = (u, idx)
+    if key in self.memo: return self.memo[key]
+    if u.op is Ops.CONST: ret = Val(Kind.SCALAR, (u,))
+    elif u.op is Ops.VIEW:
+      off, valid, child = self.view_index(u, idx)
+      if valid.op is Ops.CONST and not valid.arg: ret = Val(Kind.SCALAR, (UOp.const(u.dtype, 0),), padding=True)
+      elif (src := u.src[0]).op is Ops.BUFFER:
+        if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
+        ret = self.memo[lkey]
+      else:
+        ret = self.node(src, child)
+        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
+    elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
+    elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
+    elif u.op is Ops.GATHER: ret = self.gather(u, idx)
+    else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
+    self.memo[key] = ret
+    return ret
+
+  def gather(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """x at idx but for dim d, whose index is the value of the index expression there: a variable clamped into range, the read
+    zeroed where it was out of range. Where that value differs by lane, each lane reads on its own."""
+    d, n = u.arg, u.src[0].shape[u.arg]
+    at = self.node(u.src[1], idx)
+    lanes = [idx] if at.kind is Kind.SCALAR else [tuple(self.subst_lane(e, i) for e in idx) for i in range(self.width)]
+    vals, oks = [], []
+    for i, lane_idx in enumerate(lanes):
+      ok = self.value(Ops.INRANGE, dtypes.bool, (at.lane(i), UOp.const(dtypes.int64, n)))
+      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="g").arg[0], 0, max(n - 1, 0))
+      vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
+      oks.append(ok)
+    val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
+    ok_val = Val(Kind.SCALAR, (oks[0],)) if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(oks))
+    return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))], [dtypes.bool, u.dtype, u.dtype])
+
+  def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
+    if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
+    if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
+    floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
+    if op in self.target.vector_ops and all(d == dtypes.float32 for d in floats[op is Ops.WHERE:]) and (dtype == dtypes.float32 or op in CMP):
+      if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
+      else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
+      return Val(Kind.VECTOR, (self.value(op, dtype, args, self.width),))
+    return Val(Kind.LANES, tuple(self.value(op, dtype, tuple(s.lane(i) for s in srcs)) for i in range(self.width)))
+
+  def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
+    def value(off: UOp, valid: UOp, width: int = 1) -> UOp:
+      self.count += 1
+      return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, self.bufs[buf.arg]), dtype=buf.dtype)
+    if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
+    base = self.subst_lane(off, 0)
+    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and self.contiguous(off, base):
+      return Val(Kind.VECTOR, (value(base, valid, self.width),))
+    return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
+
+  def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
+    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=(name, width, red.arg[0]), dtype=red.dtype))
+    return u
+
+  def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
+    if self.cell is not None: return Val(Kind.SCALAR, (self.cell,))
+    self.count += 1
+    name = f"acc{self.count}"
+    if self.lanes >= 0: return self.lanes_acc(red, idx, name)
+    if not self.lane_dep(*idx): ret = Val(Kind.SCALAR, (self.define_acc(red, name),))
+    elif red.dtype == dtypes.float32 and red.arg[0] is Ops.ADD: ret = Val(Kind.VECTOR, (self.define_acc(red, name, self.width),))
+    else: ret = Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{i}") for i in range(self.width)))
+    self.accs.append((red, idx, ret))
+    return ret
+
+  def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
+    """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the device has the op, else a scalar per
+    lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
+    op, vector = red.arg[0], self.width > 1 and red.dtype == dtypes.float32 and red.arg[0] in self.target.vector_ops
+    parts = partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
+                        Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
+                        for j in range(self.k.axes[self.lanes].size // self.width)]
+    def fold(name: str, items: tuple[UOp, ...], width: int = 1) -> UOp:
+      self.combine.append(u := stmt(Ops.FOLD, *items, arg=(name, width, op), dtype=red.dtype))
+      return u
+    if vector: parts = [Val(Kind.VECTOR, (fold(f"{name}_v", tuple(p.items[0] for p in parts), self.width),))]  # the vectors first
+    lanes = [p.lane(i) for p in parts for i in range(self.width)]
+    while len(lanes) > 2:  # a tree of named values (an operand may be spelled more than once in an op's code): neighbouring lanes first
+      lanes = [fold(f"{name}_c{len(self.combine)}", tuple(lanes[i:i + 2])) if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
+    ret = Val(Kind.SCALAR, (fold(name, tuple(lanes)),))
+    self.partials[ret.items[0]] = partials
+    self.accs.append((red, idx, ret))
+    return ret
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    k, op = self.k, red.arg[0]
+    in_idx = list(idx)
+    for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
+    val = self.node(red.src[0], tuple(in_idx))
+    if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
+      val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
+    if (parts := self.partials.get(acc.items[0])) is not None:  # the partial of this instance's vector of lanes
+      acc = parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
+    if acc.kind is Kind.VECTOR: self.emit(Ops.ASSIGN, acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE, arg=op)
+    else:
+      for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
+
+  def store(self, val: Val, off: UOp, guard: UOp) -> None:
+    dt = self.k.ast.dtype
+    if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
+      base = self.subst_lane(off, 0)
+      if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, 0), dtype=dt)
+        return
+      for i in range(self.width): self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, 0), dtype=dt)
+      return
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, 0), dtype=dt)
+
+  def out_offset(self, dims: list[UOp]) -> UOp:
+    return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
+
+  # ***** the kernel *****
+  def program(self) -> Program:
+    if self.k.tc is not None: return self.tensor_core()
+    k = self.k
+    partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
+    for inst in self.instances((AxisKind.UPCAST,)):
+      dims = self.dims(inst)
+      n_accs = len(self.accs)
+      val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
+      self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)))
+      partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
+    post, body = self.lines, self.reduce_body()
+    if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
+      self.unpadded = k.axes[split].dim
+      self.full_body, self.unpadded = self.reduce_body(), -1
+    if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
+    in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
+    return Program(k, self.width, self.workgroups(body, post) if self.target.has_local else self.loops(body, post), in_order)
+
+  def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
+    """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
+    accumulator, of its dtype). Each block after the first starts from them; each before the last stores them, and only the
+    last runs what follows the reduce."""
+    assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
+    kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
+    var, last, dt, zero = self.loopvars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
+    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=(None, width, 0), dtype=dt)
+    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
+    for acc, off, guard in partials:
+      base = self.subst_lane(off, 0)
+      if acc.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
+        self.emit(Ops.ASSIGN, acc.items[0], load(base, self.width), guard)
+        continue
+      if acc.kind is Kind.SCALAR: self.emit(Ops.ASSIGN, acc.items[0], load(off), guard)
+      else:
+        for i in range(self.width): self.emit(Ops.ASSIGN, acc.lane(i), load(self.subst_lane(off, i)), self.subst_lane(guard, i))
+    self.decls += [*self.lines, stmt(Ops.ENDIF)]
+    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, UOp.const(dtypes.int64, last)))]
+    for acc, off, guard in partials: self.store(acc, off, guard)
+    return [*self.lines, stmt(Ops.ELSE), *post, stmt(Ops.ENDIF)]
+
+  def reduce_body(self) -> list[UOp]:
+    self.lines, self.memo = [], {}
+    for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
+      dims = self.dims(inst)
+      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
+    return self.lines
+
+  @functools.cached_property
+  def split(self) -> int | None:
+    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
+    before the padding run a body without clamps and masks, the rest the full one."""
+    k = self.k
+    if self.target.has_local: return None
+    blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
+    for i, a in enumerate(k.axes):
+      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
+    return None
+
+  def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
+    """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
+    bound the outermost loop."""
+    opened = []
+    for n, i in enumerate(axes):
+      if self.k.axes[i].size == 1: continue
+      first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
+      opened.append(stmt(Ops.RANGE, arg=(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
+    return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
+
+  def loops(self, body: list[UOp], post: list[UOp]) -> list[UOp]:
+    """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
+    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
+    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops."""
+    k, split = self.k, self.split
+    threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
+    outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
+    n = len(outer)
+    outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
+    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
+    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    if split is None: reduce = self.nest(red, body)
+    else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
+      j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
+      reduce = self.nest(red[:j], self.nest(red[j:], self.full_body, 0, cut) + self.nest(red[j:], body, cut))
+    return self.nest(outer[:n], self.decls + reduce + self.combine + self.nest(outer[n:], post), parallel=bool(threads))
+
+  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
+    """Each axis's index from one linear id, the last axis fastest."""
+    out, mult = [], 1
+    for n, i in enumerate(reversed(axes)):
+      size = self.k.axes[i].size
+      if size > 1: out.append(stmt(Ops.SPECIAL, arg=(self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      mult *= size
+    return out
+
+  def workgroups(self, body: list[UOp], post: list[UOp]) -> list[UOp]:
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
+    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
+    memory and stores."""
+    k = self.k
+    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
+    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
+    if local or group: out.append(stmt(Ops.SPECIAL, arg=("lid", "local_id", 1, 0)))
+    out += self.unflatten(local + group, "lid")
+    out += self.decls + self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body) + self.combine
+    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
+      threads = k.launch_dims[1]
+      partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]
+      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
+      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=("partials", len(partials) * threads), dtype=dt))
+      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
+      out.append(stmt(Ops.RANGE, arg=("q", 1, groups, False)))
+      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      out.append(stmt(Ops.ENDRANGE))
+    return out + post
+
+  def tensor_core(self) -> Program:
+    """A TC kernel: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B straight from
+    memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
+    k, tc = self.k, self.k.tc
+    assert tc is not None
+    def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
+    out = self.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    out.append(wmma("ids"))
+    out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
+    tiles = self.instances((AxisKind.UPCAST,))
+    out += [wmma("acc", j) for j in range(len(tiles))]
+    frags: dict[tuple[str, UOp, UOp], str] = {}
+    body: list[UOp] = []
+    def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
+      off = self.simplify(view.arg.index(tuple(dims))[0])
+      if (key := (which, view.src[0], off)) not in frags:
+        frags[key] = name = f"{which}{len(frags)}"
+        body.append(wmma("fragment", name, which, view.dtype, layout))
+        body.append(wmma("load", name, self.bufs[view.src[0].arg], ld, src=(off,)))
+      return frags[key]
+    for unroll in self.instances((AxisKind.UNROLL,)):
+      for j, tile in enumerate(tiles):
+        dims = self.dims({**tile, **unroll})
+        a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
+        body.append(wmma("mma", j, a, b))
+    out += self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
+    out.append(stmt(Ops.DEFINE_LOCAL, arg=("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
+    row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
+    tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+    self.lines = []
+    for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
+      self.lines += [wmma("store", j), wmma("sync")]
+      for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
+        self.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
+        dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
+        val = self.node(k.ast, tuple(dims[:k.n_global]))
+        self.store(val, self.out_offset(dims), TRUE)
+      self.lines.append(wmma("sync"))
+    return Program(k, self.width, out + self.lines)
+
