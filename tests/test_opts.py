@@ -38,7 +38,7 @@ DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is No
 
 def caps_for(device: str) -> DeviceCaps:
   return CAPS if device == "CPU" else dataclasses.replace(WORKGROUP_CAPS, tensor_cores=Device[device].caps.tensor_cores)
-SEQUENCES_PER_KERNEL = 16  # with TT_FUZZ_SCALE=2; else 10 on the CPU (250 sequences over 25 kernels, each a 0.1 s compile), 8 on OpenCL
+SEQUENCES_PER_KERNEL = 16  # with TT_FUZZ_SCALE=2; else 10 per kernel on the CPU (each sequence a 0.1 s compile), 8 on OpenCL
 MAX_SEQUENCE = 5
 
 
