@@ -302,9 +302,10 @@ def test_reversed_and_permuted_sums_match_numpy(case: str) -> None:
   """Sums whose unrolled loads are a permutation of consecutive addresses, with no opts and each UNROLL, against NumPy:
   gcc 12.2 vectorized such an in-order float sum into one that counts some elements twice, even with no opts."""
   x = np.random.default_rng(1).standard_normal((6, 16, 4)).astype(np.float32)
-  t, ref = {"flip2": (Tensor(x).flip(2).sum(2), x[:, :, ::-1].sum(2)), "flip_all": (Tensor(x[0]).flip((0, 1)).sum(), x[0].sum()),
-            "transposed": (Tensor(x).permute(0, 2, 1).sum((1, 2)), x.sum((1, 2))),
-            "flip_transposed": (Tensor(x).flip(1).permute(0, 2, 1).sum((1, 2)), x.sum((1, 2)))}[case]
+  xt = Tensor(x, device=DEVICE)  # the kernels run on DEVICE, whatever TINYTUNE_DEVICE makes the default
+  t, ref = {"flip2": (xt.flip(2).sum(2), x[:, :, ::-1].sum(2)), "flip_all": (xt[0].flip((0, 1)).sum(), x[0].sum()),
+            "transposed": (xt.permute(0, 2, 1).sum((1, 2)), x.sum((1, 2))),
+            "flip_transposed": (xt.flip(1).permute(0, 2, 1).sum((1, 2)), x.sum((1, 2)))}[case]
   (item,), _ = create_schedule(t.uop, DEVICE)
   base = Kernel(item.ast, CAPS)
   for opts in [[]] + [[o] for o in valid_opts(base) if o.op is OptOps.UNROLL] + [[Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 0, 2)]]:
