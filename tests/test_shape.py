@@ -122,3 +122,11 @@ def test_compositions_match_numpy(case: tuple[tuple[int, ...], list[tuple[str, A
     v = nv
     assert v.shape == a.shape
   np.testing.assert_array_equal(read(v, source), a)
+
+
+def test_split_offset_gives_back_each_dims_index() -> None:
+  """A flat offset into a contiguous shape splits into the index along each dim, simplified (a view's index into its source)."""
+  from tinytune.shape import split_offset
+  x, y, z = UOp.var("x", 0, 1), UOp.var("y", 0, 2), UOp.var("z", 0, 3)
+  assert split_offset(x * 12 + y * 4 + z, (2, 3, 4)) == (x, y, z)
+  assert split_offset(y * 4 + z, (3, 1, 4)) == (y, UOp.const(dtypes.int64, 0), z)  # a size-1 dim is index 0

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod
-from tinytune.uop import UOp
+from tinytune.uop import UOp, simplify
+
+
+def split_offset(off: UOp, shape: tuple[int, ...], simplified: Callable[[UOp], UOp] = simplify) -> tuple[UOp, ...]:
+  """The index along each dim of a contiguous `shape` of the flat offset `off`, each simplified (a view's index into its source)."""
+  return tuple(simplified((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(shape, strides_for(shape)))
 
 
 def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:

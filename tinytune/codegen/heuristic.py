@@ -5,7 +5,7 @@ from tinytune.codegen.kernel import Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import NOOPT, divisors, prod
-from tinytune.shape import strides_for
+from tinytune.shape import split_offset
 from tinytune.uop import ALU, Ops, UOp, simplify
 
 GATHER_STRIDE = 16  # elements apart along the lanes from which each lane of a vector load is its own cache line
@@ -136,7 +136,7 @@ def input_strides(k: Kernel) -> list[list[int]]:
     if u.op is Ops.VIEW:
       off = simplify(u.arg.index(idx)[0])
       if u.src[0].op is Ops.BUFFER: offsets[off] = None
-      else: walk(u.src[0], tuple(simplify((off // st) % s) if s != 1 else zero for s, st in zip(u.src[0].shape, strides_for(u.src[0].shape))))
+      else: walk(u.src[0], split_offset(off, u.src[0].shape))
       return
     if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
       walk(u.src[1], idx)
@@ -173,7 +173,7 @@ def stacked_dims(k: Kernel) -> list[tuple[int, int]]:
           if x.op is Ops.MOD and x.src[0] in dims and x.src[1].op is Ops.CONST and x.src[1].arg <= STACK_MAX:
             found.setdefault(dims.index(x.src[0]), x.src[1].arg)
       off, src = simplify(off), u.src[0]
-      return walk(src, tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape))))
+      return walk(src, split_offset(off, src.shape))
     for s in u.src: walk(s, idx)
   walk(k.ast, dims)
   return sorted(found.items())

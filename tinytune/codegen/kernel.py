@@ -13,7 +13,7 @@ from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
 from tinytune.dtype import dtypes
 from tinytune.helpers import divisors, prod, round_up
 from tinytune.runtime import Buffer, DeviceCaps
-from tinytune.shape import strides_for
+from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
 __all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
@@ -93,7 +93,7 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
     if u is target: found.update(v for i in idx for v in i.vars)
     elif u.op is Ops.VIEW:
       off, src = simplify(u.arg.index(idx)[0]), u.src[0]
-      walk(src, tuple(simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape))))
+      walk(src, split_offset(off, src.shape))
     elif u.op is Ops.GATHER: found.update(dims)  # read at data-dependent places: taken to change along every dim
     elif u.op is not Ops.REDUCE:  # another reduce's dims are not root's
       for s in u.src: walk(s, idx)

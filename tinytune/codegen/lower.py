@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
-from tinytune.shape import strides_for
+from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
 # A program's statements, as (src; arg):
@@ -226,8 +226,7 @@ class _Lowerer:
     if (key := (view, used)) not in self.view_indices:
       valid = TRUE if v.mask is None else self.simplify(v.index(idx)[1])
       off, src = linear_sum(dtypes.int64, [(i, st) for i, st in zip(idx, v.strides) if st != 0], v.offset, self.simplified), view.src[0]
-      child = () if src.op is Ops.BUFFER else \
-        tuple(self.simplify((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(src.shape, strides_for(src.shape)))
+      child = () if src.op is Ops.BUFFER else split_offset(off, src.shape, self.simplify)
       self.view_indices[key] = (off, valid, child)
     return self.view_indices[key]
 

@@ -122,7 +122,7 @@ def _row_statistics(roots: set[UOp]) -> set[UOp]:
   with their normalization, the row read again from cache). That needs the dims it changes along to be the kernel's leading ones,
   one row of its inputs to fit in cache, and no other kernel to read it (it would be computed twice)."""
   frozen, bad = frozenset(roots), set()
-  regions = {root: [u for u in _region(root, frozen)] for root in roots}
+  regions = {root: _region(root, frozen) for root in roots}
   for root, region in regions.items():
     for red in (u for u in region if u.op is Ops.REDUCE and u is not root):
       dims = dims_read(root, red, frozen)
@@ -153,12 +153,12 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
     for s in u.src: users.setdefault(s, set()).add(u)
   # row statistics stay in their kernels on the CPU (a GPU thread per output would compute one once per element), but for those
   # _row_statistics refuses: the cut is made again without them
-  outputs_only, refused = set(roots), set[UOp]()
-  def row(u: UOp) -> bool: return not Device[device].caps.has_local and u not in refused
+  outputs_only, refused, rows = set(roots), set[UOp](), not Device[device].caps.has_local
+  def row(u: UOp) -> bool: return rows and u not in refused
   while True:
     roots = set(outputs_only)
     while new := set().union(*(_kernel_reduces(root, roots, users, row) for root in roots)) - roots: roots |= new
-    if not (new := _row_statistics(roots) - refused): break
+    if not rows or not (new := _row_statistics(roots) - refused): break
     refused |= new
   order = [u for u in target.toposort if u in roots]
   outputs: dict[UOp, UOp] = {}
