@@ -136,3 +136,31 @@ def test_void_is_no_tensor_dtype() -> None:
   program = lower(kernel(arr(4, 4).sum(-1), CPU, []), CRenderer())
   assert dtypes.void not in dtypes.all and all(u.dtype is dtypes.void for u in program.uops if u.op is Ops.RANGE)
   with pytest.raises(TypeError, match="unsupported dtype"): dtypes.from_any("void")
+
+
+def test_softmax_computes_each_exp_once_in_a_row_array() -> None:
+  """The CPU's softmax kernel: the sum's loop writes exp(x - max) into an array of the row, the row's loop reads it back; one EXP2
+  per element, not two. The kernel's result is NumPy's."""
+  x = np.random.default_rng(0).standard_normal((6, 40)).astype(np.float32)
+  k = kernel(Tensor(x).softmax(-1), CPU, [Opt(U, 1, 8), Opt(OptOps.LANES, 0, 8)])
+  program = str(lower(k, CRenderer()))
+  reduce_loop, row_loop = program.split("RANGE g1")
+  assert "DEFINE_LOCAL" in reduce_loop and "EXP2" in reduce_loop and "STORE<4> row0" in reduce_loop
+  assert "EXP2" not in row_loop and "LOAD<4>.float32 row0" in row_loop
+  e = np.exp(x - x.max(-1, keepdims=True))
+  np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_a_row_read_off_its_statistic_is_recomputed() -> None:
+  """Where the output reads the statistic's source on another row than the statistic's (the sums flipped), no row array holds
+  it: lowering computes it again."""
+  x = np.random.default_rng(1).standard_normal((6, 40)).astype(np.float32)
+  t = Tensor(x)
+  e = (t - t.max(-1, keepdim=True)).exp()
+  out = e * e.sum(-1, keepdim=True).flip(0)
+  items, _ = create_schedule(out.uop, "CPU")
+  assert len(items) == 2  # the flipped sum stays in the output's kernel
+  program = str(lower(Kernel(items[-1].ast, CPU).apply_opts([Opt(U, 1, 8)]), CRenderer()))
+  assert "row0" not in program and "EXP2" in program.split("RANGE g1")[1]
+  en = np.exp(x - x.max(-1, keepdims=True))
+  np.testing.assert_allclose(out.numpy(), en * en.sum(-1, keepdims=True)[::-1], rtol=1e-5)

@@ -186,7 +186,7 @@ class CStyleRenderer:
       ret = self.code(op, args, u.dtype)  # a 16-bit float computed in float32 rounds each result to its type
       return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
     if op is Ops.LOAD:
-      ptr, (idx, valid), w = f"data{u.arg[2]}", u.src, u.arg[1]
+      ptr, (idx, valid), w = self.ptr(u.arg[2]), u.src, u.arg[1]
       if w > 1: load, zero = f"{self.vtype(w)}_load({ptr}+{self.index(idx, at.index)})", self.vector(self.vtype(w), ["0.0f"] * w)
       else: load, zero = self.load(ptr, self.index(idx, at.index), u.dtype), self.literal(0, u.dtype)
       return load if valid is TRUE else f"({self.index(valid, at.index)}?{load}:{zero})"
@@ -203,6 +203,7 @@ class CStyleRenderer:
     assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
     return f"({args[0]}?{args[1]}:0)"
 
+  def ptr(self, buf: int | str) -> str: return buf if isinstance(buf, str) else f"data{buf}"  # a kernel argument or a local array
   def guarded(self, line: str, guard: UOp, at: _At) -> str: return line if guard is TRUE else f"if ({self.index(guard, at.index)}) {line}"
   def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`, x without the parentheses that index math has around it
     x = self.index(u.src[0].src[0], at.index)
@@ -216,7 +217,7 @@ class CStyleRenderer:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
   def store_stmt(self, u: UOp, at: _At) -> str:
     (idx, val, guard), (w, buf) = u.src, u.arg
-    ptr, i, v = f"data{buf}", self.index(idx, at.index), self.operand(val, at)
+    ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
     return self.guarded(f"{self.vtype(w)}_store({ptr}+{i}, {v});" if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
   def special(self, u: UOp, at: _At) -> str:
     name, base, mult, mod = u.arg

@@ -15,16 +15,18 @@ from typing import NamedTuple, Protocol
 
 from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
+from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
 # A program's statements, as (src; arg):
 #   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
 #   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
-#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer), VECTORIZE (lanes; name, width)
+#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer), VECTORIZE (lanes; name, width); a buffer is
+#   the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL
 #   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
 #   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
-#   DEFINE_LOCAL (; name, size): shared memory, BARRIER, WMMA (src; what, ...): the tensor core statements
+#   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER, WMMA (src; what, ...): tensor core statements
 # Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
 TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
@@ -32,6 +34,7 @@ OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELS
 VALUES = ALU | {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR}
 STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
 CMP = {Ops.CMPLT, Ops.CMPNE}
+ROW_KEPT = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
 
 
@@ -81,7 +84,8 @@ def describe(u: UOp) -> str:
   def show(x: UOp) -> str:
     if x.op in VALUES and x.arg is not None and x.arg[0] is not None: return x.arg[0]
     return f"{show(x.src[0])}[{x.arg}]" if x.op is Ops.GEP else f"{x.arg[0]}[{x.arg[1]}]" if x.op is Ops.CELL else pretty(x)
-  def at(buf: int, idx: UOp, guard: UOp) -> str: return f"data{buf}[{pretty(idx)}]" + ("" if guard is TRUE else f" if {pretty(guard)}")
+  def at(buf: int | str, idx: UOp, guard: UOp) -> str:
+    return f"{buf if isinstance(buf, str) else f'data{buf}'}[{pretty(idx)}]" + ("" if guard is TRUE else f" if {pretty(guard)}")
   op, src, arg = u.op, u.src, u.arg
   if op in VALUES:
     head = f"{arg[0]} = {op.name}{f'<{arg[1]}>' if arg[1] > 1 else ''}.{u.dtype.name}"
@@ -116,11 +120,15 @@ class PlainTarget:
 
 def lower(k: Kernel, target: Target | None = None) -> Program:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
-  return _Lowerer(k, target or PlainTarget(k.caps.has_local)).program()
+  target = target or PlainTarget(k.caps.has_local)
+  lowerer = _Lowerer(k, target, rows=True)
+  ret = lowerer.program()
+  # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
+  return ret if lowerer.row_reads <= lowerer.row_writes else _Lowerer(k, target, rows=False).program()
 
 
 class _Lowerer:
-  def __init__(self, k: Kernel, target: Target):
+  def __init__(self, k: Kernel, target: Target, rows: bool):
     self.k, self.target, self.count = k, target, 0
     self.lines: list[UOp] = []
     self.memo: dict[tuple, Val] = {}
@@ -133,6 +141,15 @@ class _Lowerer:
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
+    # the CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
+    # loop writes it, the row's loops read it back (softmax's probabilities, computed once). row_arrays: (reduce, row) -> its name
+    red = k.reduceop
+    self.row_source = red.src[0] if rows and red is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
+      not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in red.src[0].toposort) else None
+    self.row_arrays: dict[tuple[UOp, ...], str] = {}
+    self.row_reads: set[str] = set()
+    self.row_writes: set[str] = set()
+    self.in_body = False
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
     # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
     self.width, self.lane_axis = 1, -1
@@ -245,6 +262,7 @@ class _Lowerer:
         ret = self.node(src, child)
         if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
+    elif u is self.row_source and not self.in_body and self.in_row(idx): ret = self.row_load(idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
@@ -277,13 +295,15 @@ class _Lowerer:
       return Val(Kind.VECTOR, (self.value(op, dtype, args, self.width),))
     return Val(Kind.LANES, tuple(self.value(op, dtype, tuple(s.lane(i) for s in srcs)) for i in range(self.width)))
 
-  def load(self, buf: UOp, off: UOp, valid: UOp) -> Val:
+  def load(self, buf: UOp, off: UOp, valid: UOp) -> Val: return self.read(buf.dtype, self.bufs[buf.arg], off, valid)
+
+  def read(self, dtype: DType, buf: int | str, off: UOp, valid: UOp) -> Val:
     def value(off: UOp, valid: UOp, width: int = 1) -> UOp:
       self.count += 1
-      return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, self.bufs[buf.arg]), dtype=buf.dtype)
+      return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, buf), dtype=dtype)
     if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
     base = self.subst_lane(off, 0)
-    if buf.dtype == dtypes.float32 and not self.lane_dep(valid) and self.contiguous(off, base):
+    if dtype == dtypes.float32 and not self.lane_dep(valid) and self.contiguous(off, base):
       return Val(Kind.VECTOR, (value(base, valid, self.width),))
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
@@ -326,6 +346,10 @@ class _Lowerer:
     in_idx = list(idx)
     for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
     val = self.node(red.src[0], tuple(in_idx))
+    if red.src[0] is self.row_source:
+      name, off = self.row_at(tuple(in_idx))
+      self.row_writes.add(name)
+      self.store(val, off, TRUE, name, red.src[0].dtype)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     if (parts := self.partials.get(acc.items[0])) is not None:  # the partial of this instance's vector of lanes
@@ -334,16 +358,37 @@ class _Lowerer:
     else:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
 
-  def store(self, val: Val, off: UOp, guard: UOp) -> None:
-    dt = self.k.ast.dtype
+  def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None) -> None:
+    dt = dtype or self.k.ast.dtype
     if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, 0), dtype=dt)
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, buf), dtype=dt)
         return
-      for i in range(self.width): self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, 0), dtype=dt)
+      for i in range(self.width): self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, buf), dtype=dt)
       return
-    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, 0), dtype=dt)
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, buf), dtype=dt)
+
+  # ***** a row statistic's source, kept in an array of the row's values *****
+  def row_at(self, idx: tuple[UOp, ...]) -> tuple[str, UOp]:
+    """The array of the row that `idx` is in (its index along the dims the reduce keeps), and idx's offset in it."""
+    red, src = self.k.reduceop, self.row_source
+    assert red is not None and src is not None
+    row = tuple(e for d, e in enumerate(idx) if d not in red.arg[1])
+    if row not in self.row_arrays:
+      self.row_arrays[row] = name = f"row{len(self.row_arrays)}"
+      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=(name, prod(src.shape[d] for d in red.arg[1])), dtype=src.dtype))
+    strides = strides_for(tuple(src.shape[d] for d in red.arg[1]))
+    return self.row_arrays[row], linear_sum(dtypes.int64, [(idx[d], st) for d, st in zip(red.arg[1], strides)], 0, self.simplified)
+
+  def in_row(self, idx: tuple[UOp, ...]) -> bool:
+    assert self.k.reduceop is not None and self.row_source is not None
+    return all(0 <= idx[d].vmin and idx[d].vmax < self.row_source.shape[d] for d in self.k.reduceop.arg[1])
+
+  def row_load(self, idx: tuple[UOp, ...]) -> Val:
+    name, off = self.row_at(idx)
+    self.row_reads.add(name)
+    return self.read(self.row_source.dtype if self.row_source is not None else dtypes.float32, name, off, TRUE)
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
@@ -390,10 +435,11 @@ class _Lowerer:
     return [*self.lines, stmt(Ops.ELSE), *post, stmt(Ops.ENDIF)]
 
   def reduce_body(self) -> list[UOp]:
-    self.lines, self.memo = [], {}
+    self.lines, self.memo, self.in_body = [], {}, True
     for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
       dims = self.dims(inst)
       for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
+    self.in_body = False
     return self.lines
 
   @functools.cached_property
