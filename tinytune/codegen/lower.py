@@ -144,7 +144,7 @@ class _Lowerer:
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
     # the CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
-    # loop writes it, the row's loops read it back (softmax's probabilities, computed once). row_arrays: (reduce, row) -> its name
+    # loop writes it, the row's loops read it back (softmax's probabilities, computed once). row_arrays: a row -> its array's name
     red = k.reduceop
     self.row_source = red.src[0] if rows and red is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
       not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in red.src[0].toposort) else None
@@ -397,7 +397,8 @@ class _Lowerer:
   def row_load(self, idx: tuple[UOp, ...]) -> Val:
     name, off = self.row_at(idx)
     self.row_reads.add(name)
-    return self.read(self.row_source.dtype if self.row_source is not None else dtypes.float32, name, off, TRUE)
+    assert self.row_source is not None
+    return self.read(self.row_source.dtype, name, off, TRUE)
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
