@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
 from tinytune.codegen.lower import STATEMENTS, Program, lower
 from tinytune.engine.schedule import create_schedule
@@ -164,3 +164,13 @@ def test_a_row_read_off_its_statistic_is_recomputed() -> None:
   assert "row0" not in program and "EXP2" in program.split("RANGE g1")[1]
   en = np.exp(x - x.max(-1, keepdims=True))
   np.testing.assert_allclose(out.numpy(), en * en.sum(-1, keepdims=True)[::-1], rtol=1e-5)
+
+
+def test_a_chain_of_statistics_on_workgroups() -> None:
+  """A kernel with softmax's chain of reduces (scheduled for the CPU) on a device with workgroups: each thread runs the max's
+  loop, then the sum's, then writes its element; GROUP, whose partials combine after the loops, is refused."""
+  k = kernel(arr(6, 40).softmax(-1), GPU, [Opt(OptOps.LOCAL, 1, 8)])
+  assert len(k.reduceops) == 2
+  loops = [u.arg[0] for u in lower(k, CUDARenderer()).uops if u.op is Ops.RANGE]
+  assert loops == ["r2", "r2"]
+  with pytest.raises(KernelOptError, match="GROUP needs one reduce"): k.apply_opt(Opt(OptOps.GROUP, 0, 4))

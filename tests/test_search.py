@@ -187,12 +187,12 @@ def test_verification_tolerates_rounding_of_long_sums_but_not_wrong_outputs() ->
 def test_seconds_is_a_hard_budget_for_the_whole_program(tmp_path, strategy: str) -> None:  # type: ignore[no-untyped-def]
   from tinytune.kernels import get_workload
   from tinytune.search.tune import Tuner
-  workload = get_workload("softmax")  # several kernels: the budget is shared, not given to each
-  params = workload.params({"rows": 256, "cols": 512})
+  workload = get_workload("mlp")  # several kernels: the budget is shared, not given to each
+  params = workload.params({"batch": 32, "din": 128, "hidden": 256, "dout": 64})
   out, _ = workload.instantiate(params)
   tuner = Tuner(Database(f"sqlite:///{tmp_path / 'r.db'}"), "CPU", strategy, {"candidates": None, "seconds": 4.0})
   st = time.monotonic()
-  outcomes = tuner.tune_program(out.uop, "softmax", params)
+  outcomes = tuner.tune_program(out.uop, "mlp", params)
   elapsed = time.monotonic() - st
   assert len(outcomes) >= 2 and all(o.best_s > 0 for o in outcomes)
   assert elapsed < 4.0 * 1.1 + 3.0, f"a 4 s search took {elapsed:.1f} s"  # and up to a second per kernel: a candidate timed at the deadline

@@ -209,6 +209,8 @@ class Kernel:
       return
     if self.tc is not None: check(op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP), f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
+    if op in (OptOps.GROUP, OptOps.GROUPTOP):
+      check(len(self.reduceops) <= 1, f"{op.name} needs one reduce: a chain's loop reads the last one's total")
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis

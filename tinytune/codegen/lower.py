@@ -516,8 +516,8 @@ class _Lowerer:
     group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
     if local or group: out.append(stmt(Ops.SPECIAL, arg=("lid", "local_id", 1, 0)))
     out += self.unflatten(local + group, "lid")
-    assert len(bodies) <= 1, "a chain of reduces is the CPU's: each GPU thread would compute its element's row statistics again"
-    out += self.decls + self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], sum(bodies, [])) + sum(self.combine, [])
+    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    out += self.decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + self.combine[stage]]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
       threads = k.launch_dims[1]
       partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]
