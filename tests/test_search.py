@@ -14,12 +14,12 @@ import pytest
 
 from tinytune import Device, Kernel, Tensor
 from tinytune.codegen.heuristic import default_opts
-from tinytune.codegen.opts import Opt, OptOps
+from tinytune.codegen.opts import Opt, OptOps, opts_to_json
 from tinytune.dtype import dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
-from tinytune.search.evaluate import Evaluator
+from tinytune.search.evaluate import Evaluator, Result
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
 
@@ -346,3 +346,34 @@ def test_no_candidate_starts_that_would_end_past_the_deadline() -> None:
     assert not ev.past_deadline()
     ev.run_s = [0.1, 5.0, 4.0]  # candidates take seconds each here: one started now would end after the deadline
     assert ev.past_deadline() and ev.evaluate([(Opt(OptOps.UPCAST, 0, 4),)]) == []
+
+
+class TableEvaluator:
+  """An evaluator that times nothing: each opt list takes its time in `times` (1 s where it has none), so a strategy's choices
+  show in microseconds. Each opt list is a kernel of its own."""
+  def __init__(self, kernel: Kernel, times: dict[tuple[Opt, ...], float]): self.kernel, self.times = kernel, times
+  def kernel_for(self, opts) -> Kernel: return self.kernel.copy().apply_opts(opts)  # type: ignore[no-untyped-def]
+  def time(self, opts) -> float: return self.times.get(tuple(opts), 1.0)  # type: ignore[no-untyped-def]
+  def evaluate(self, candidates) -> list[Result]:  # type: ignore[no-untyped-def]
+    return [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
+  def retime(self, candidates) -> list[float]: return [self.time(o) for o in candidates]  # type: ignore[no-untyped-def]
+
+
+def test_beam_spends_a_budget_in_seconds_on_runners_up_it_would_have_stopped_before() -> None:
+  k = matmul_kernel(16)
+  x, y, z = Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 4)
+  times = {(x,): 0.9, (y,): 0.95, (y, z): 0.5}  # (y, z) is past a runner-up: with width 1, x is expanded, and none of its next opts gains
+  stops = run_strategy("beam", k, TableEvaluator(k, times), Budget(200), (), width=1)
+  assert stops.best == (x,) and sum(stops.counts().values()) < 100  # a budget of candidates: it stops at the first round without gain
+  st = time.monotonic()
+  spends = run_strategy("beam", k, TableEvaluator(k, times), Budget(None, 1.0), (), width=1)
+  elapsed = time.monotonic() - st
+  assert spends.best == (y, z) and 0.85 < elapsed < 1.1, elapsed  # on to the deadline (90% of the budget), and within the budget
+  assert sum(spends.counts().values()) > 2 * sum(stops.counts().values())
+
+
+def test_beam_returns_early_when_nothing_new_is_left_to_try() -> None:
+  k = Kernel(create_schedule((Tensor.rand(4).realize() * 2).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  st = time.monotonic()
+  result = run_strategy("beam", k, TableEvaluator(k, {}), Budget(None, 60.0), ())
+  assert time.monotonic() - st < 5 and result.best == ()
