@@ -377,3 +377,12 @@ def test_beam_returns_early_when_nothing_new_is_left_to_try() -> None:
   st = time.monotonic()
   result = run_strategy("beam", k, TableEvaluator(k, {}), Budget(None, 60.0), ())
   assert time.monotonic() - st < 5 and result.best == ()
+
+
+def test_a_budget_in_seconds_goes_mostly_to_the_kernels_that_run_longest() -> None:
+  from tinytune.search.tune import time_share
+  a = Tensor.rand(256, 256).realize()
+  big, small = matmul_kernel(256), Kernel(create_schedule((a + 1).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  assert time_share(big, [big, small]) + time_share(small, [big, small]) == pytest.approx(1)
+  assert time_share(big, [big, small]) > 0.7 and time_share(small, [big, small]) > 0.25 / 2  # each keeps half of an even share at least
+  assert time_share(small, [small]) == pytest.approx(1)  # the last kernel gets all that is left
