@@ -386,3 +386,11 @@ def test_a_budget_in_seconds_goes_mostly_to_the_kernels_that_run_longest() -> No
   assert time_share(big, [big, small]) + time_share(small, [big, small]) == pytest.approx(1)
   assert time_share(big, [big, small]) > 0.7 and time_share(small, [big, small]) > 0.25 / 2  # each keeps half of an even share at least
   assert time_share(small, [small]) == pytest.approx(1)  # the last kernel gets all that is left
+
+
+def test_search_seconds_alone_end_the_search_and_budget_alone_counts_200() -> None:
+  from tinytune.cli import build_parser, search_budget
+  def budget(*args: str) -> dict: return search_budget(build_parser().parse_args(["search", "matmul", *args]))
+  assert budget("--seconds", "60") == {"candidates": None, "seconds": 60.0}  # 200 candidates used to end a 60 s search early
+  assert budget() == {"candidates": 200, "seconds": None}
+  assert budget("--seconds", "60", "--budget", "50") == {"candidates": 50, "seconds": 60.0}
