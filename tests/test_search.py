@@ -394,3 +394,10 @@ def test_search_seconds_alone_end_the_search_and_budget_alone_counts_200() -> No
   assert budget("--seconds", "60") == {"candidates": None, "seconds": 60.0}  # 200 candidates used to end a 60 s search early
   assert budget() == {"candidates": 200, "seconds": None}
   assert budget("--seconds", "60", "--budget", "50") == {"candidates": 50, "seconds": 60.0}
+
+
+def test_the_search_pads_only_axes_that_do_not_split_into_vectors() -> None:
+  a, b = Tensor.rand(58, 64).realize(), Tensor.rand(64, 1).realize()
+  k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)  # sizes 58 (= 2 * 29), 1, and 64 summed
+  assert k.sizes == [58, 1, 64] and {o.axis for o in actions(k) if o.op is OptOps.PADTO} == {0}
+  assert {o.arg for o in actions(k) if o.op is OptOps.PADTO} >= {4, 8}  # 58 -> 60 or 64: then it splits into vectors of 4 or 8

@@ -15,6 +15,8 @@ def actions(kernel: Kernel) -> list[Opt]:
   for opt in candidate_opts(kernel):
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL) and opt.arg not in SEARCH_AMOUNTS: continue
     if opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS or opt.op is OptOps.KBLOCK and opt.arg < KBLOCK_SEARCH_MIN: continue
+    # a pad only adds work to an axis that splits into vectors already (a third of attention's candidates padded 1024 or 1 to 1026 or 2)
+    if opt.op is OptOps.PADTO and (kernel.sizes[opt.axis] % 4 == 0 or kernel.sizes[opt.axis] == 1): continue
     try: kernel.copy().apply_opt(opt)
     except KernelOptError: continue
     ret.append(opt)
