@@ -39,6 +39,8 @@ def test_actions_are_valid_and_bounded() -> None:
   acts = actions(k)
   assert acts and all(o.op not in (OptOps.LOCAL, OptOps.GROUP, OptOps.TC) for o in acts)
   for o in acts: k.copy().apply_opt(o)
+  kinds = {(o.op, o.axis) for o in acts}
+  assert {(o.op, o.axis) for o in acts[:len(kinds)]} == kinds  # every kind of move before a second amount of any
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
