@@ -139,8 +139,8 @@ STRUCTURE_CASES = [
   # with WINO=0 (Winograd's: tests/test_winograd.py): the padded rows laid end to end (34 wide: no lanes), the implicit GEMM over
   # them, and the output copied out of the rows' junk columns
   ("conv2d", {}, [set(), {"tile"}, {"lanes"}]),
-  # scores, their row max, exp(scores - max) as vectors once (not a scalar per tile and step of the product), its row sum, the product
-  ("attention", {"seq": 64}, [{"tile"}, {"rows"}, {"lanes"}, {"rows"}, {"tile"}]),
+  # scores; the probabilities as vectors once (not a scalar per tile and step of the product), after the row's max and sum; the product
+  ("attention", {"seq": 64}, [{"tile"}, {"rows"}, {"tile"}]),
   ("reduce", {"axis": 1}, [{"rows"}]),
   ("reduce", {"axis": 0}, [{"columns"}]),
   ("elementwise", {}, [{"lanes"}]),

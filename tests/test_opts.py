@@ -59,8 +59,8 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "row_sum": lambda: _wide(12, 40).sum(-1),
   "col_sum": lambda: _wide(40, 12).sum(0),
   "elementwise": lambda: ((_randn(6, 1, 8) * _randn(1, 5, 8) + _randn(8, 5, 6).permute(2, 1, 0)).relu() * 2 - _randn(8)).exp2(),
-  "softmax": lambda: (_randn(6, 20) * 3).softmax(-1),  # on the CPU: the max, then the sum of exp and the row written after it
-  "layernorm": lambda: (_randn(6, 24) * 2 + 1).layernorm(),  # the mean, then the variance and the row written after it
+  "softmax": lambda: (_randn(6, 20) * 3).softmax(-1),  # on the CPU one kernel: the max, the sum of exp, then the row written after them
+  "layernorm": lambda: (_randn(6, 24) * 2 + 1).layernorm(),  # the mean, the variance, then the row
   "max": lambda: _randn(10, 30).max(-1),
   "flip_sum": lambda: _randn(6, 8, 4).flip((1, 2)).sum((1, 2)),  # loads that go backwards inside an unrolled sum
   # a cat's rows (Winograd's transforms), whose masked-out pieces the renderer drops where an upcast fixes the row
@@ -121,7 +121,7 @@ def kernel_cases(device: str = DEVICE) -> dict[str, KernelCase]:
 
 # pocl builds slowly: on OpenCL the suite fuzzes one kernel of each kind (workgroup reduce, conv, column reduce, softmax, ints,
 # 16-bit floats); TT_FUZZ_SCALE=2 or more fuzzes them all there too
-OPENCL_KERNELS = {"matmul_odd", "conv2d", "col_sum", "softmax1", "int32_max", "float16", "bfloat16"}
+OPENCL_KERNELS = {"matmul_odd", "conv2d", "col_sum", "softmax", "softmax1", "int32_max", "float16", "bfloat16"}
 
 
 def slow_here(device: str) -> bool:
@@ -135,24 +135,25 @@ def fuzzed_here(name: str, device: str) -> None:
 
 
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
-           "softmax0", "softmax1", "softmax2", "layernorm0", "layernorm1", "layernorm2",
+           "softmax", "softmax0", "softmax1", "softmax2", "layernorm", "layernorm0", "layernorm1", "layernorm2",
            "max", "flip_sum", "stack", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
            "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum", "matmul_relu", "matmul_int32"]
 
 
-# kernels that the CPU computes inside the one before: a row statistic and the row written after it (see engine/schedule.py)
-WORKGROUP_ONLY = {"softmax2", "layernorm2"}
+# the CPU computes a row's statistics and the row written after them in one kernel (see engine/schedule.py), devices with
+# workgroups one kernel each
+WORKGROUP_ONLY = {"softmax0", "softmax1", "softmax2", "layernorm0", "layernorm1", "layernorm2"}
 
 
 def case(name: str, device: str) -> KernelCase:
-  if name not in (cases := kernel_cases(device)): pytest.skip(f"{name} is part of the kernel before it on {device}")
+  if name not in (cases := kernel_cases(device)): pytest.skip(f"{name} is no kernel of its own on {device}")
   return cases[name]
 
 
 def test_kernel_list() -> None:
   assert list(kernel_cases()) == [k for k in KERNELS if k not in WORKGROUP_ONLY]
   names = {k: kc.kernel().name for k, kc in kernel_cases().items()}
-  assert names["matmul_odd"] == "r_24_20_12" and names["softmax1"] == "r_6_20_20" and names["conv2d"] == "r_2_4_5_5_3_3_3"
+  assert names["matmul_odd"] == "r_24_20_12" and names["softmax"] == "r_6_20_20" and names["conv2d"] == "r_2_4_5_5_3_3_3"
   assert kernel_cases()["int32"].item.out.dtype == dtypes.int32 and kernel_cases()["float16"].item.out.dtype == dtypes.float16
   assert dtypes.bfloat16 in {b.dtype for b in kernel_cases()["bfloat16"].kernel().bufs}
   assert kernel_cases()["matmul_bf16"].item.out.dtype == dtypes.bfloat16
@@ -283,7 +284,7 @@ def test_hand_picked_sequences() -> None:
     [o(t.UPCAST, 3, 5), o(t.UNROLL, 2, 3), o(t.UNROLL, 1, 3), o(t.SWAP, 0, 2), o(t.THREAD, 1, 2)],
     [o(t.PADTO, 3, 8), o(t.UPCAST, 3, 8), o(t.PADTO, 4, 4), o(t.UNROLL, 0, 4)],
   ])
-  check_opts(kernel_cases()["softmax1"], [[o(t.PADTO, 2, 32), o(t.UNROLL, 0, 16), o(t.UPCAST, 0, 3)]])
+  check_opts(kernel_cases()["softmax"], [[o(t.PADTO, 2, 32), o(t.UNROLL, 0, 16), o(t.UPCAST, 0, 3)]])
   check_opts(kernel_cases()["matmul_relu"], [  # K blocks with a register tile, threads, padded rows and a padded K
     [o(t.UPCAST, 1, 4), o(t.UPCAST, 0, 5), o(t.THREAD, 0, 2), o(t.SWAP, 0, 1), o(t.KBLOCK, 0, 8)],
     [o(t.PADTO, 0, 16), o(t.UPCAST, 0, 8), o(t.UPCAST, 1, 4), o(t.KBLOCK, 0, 6), o(t.UNROLL, 0, 3)],

@@ -31,7 +31,7 @@ def single_core_seconds(k: Kernel) -> float:
   steps = prod(k.sizes)
   moved = prod(k.out_shape) * k.ast.dtype.itemsize + sum(min(b.nbytes, steps * b.dtype.itemsize) for b in k.bufs)
   ops = [(u.op in MATH_OPS, prod(u.shape)) for u in k.ast.toposort if u.op in ALU and u.op is not Ops.CAST]
-  if k.reduceop is not None: ops.append((False, prod(k.reduceop.src[0].shape)))
+  ops += [(False, prod(r.src[0].shape)) for r in k.reduceops]
   return max(moved / CORE_BYTES_PER_S, sum(n / (CORE_MATH_PER_S if math else CORE_OPS_PER_S) for math, n in ops))
 
 

@@ -49,7 +49,7 @@ def find_tensor_core(k: Kernel) -> TensorCore:
   check(not k.opts, "TC comes first, before any other opt")
   check(bool(k.caps.tensor_cores), "TC needs a device with tensor cores")
   red = k.reduceop
-  check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1, "TC needs a kernel that sums over one axis")
+  check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1 and len(k.reduceops) == 1, "TC needs a kernel that sums over one axis")
   assert red is not None
   src = red.src[0]
   check(src.shape[:k.n_global] == tuple(k.out_shape) and red.arg[1] == (k.n_global,), "TC needs the sum's axis last, after the output's")
@@ -101,10 +101,12 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
   return frozenset(d for d, v in enumerate(dims) if v in found)
 
 
-def find_reduce(ast: UOp) -> UOp | None:
-  reduces = {u for u in ast.toposort if u.op is Ops.REDUCE}
-  if len(reduces) > 1: raise ValueError("a kernel has at most one reduce; the scheduler splits the rest")
-  return next(iter(reduces), None)
+def find_reduces(ast: UOp) -> list[UOp]:
+  """The kernel's reduces, each after those it reads: one, or a chain of a row's statistics over the same dims (softmax's max, then
+  its sum of exps), which lowering runs one loop after another."""
+  reduces = [u for u in ast.toposort if u.op is Ops.REDUCE]
+  if len({(u.src[0].shape, u.arg[1]) for u in reduces}) > 1: raise ValueError("a kernel's reduces share their dims; the scheduler splits the rest")
+  return reduces
 
 
 LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
@@ -115,7 +117,8 @@ class Kernel:
 
   def __init__(self, ast: UOp, caps: DeviceCaps):
     self.ast, self.caps = ast, caps
-    self.reduceop = find_reduce(ast)
+    self.reduceops = find_reduces(ast)
+    self.reduceop = self.reduceops[-1] if self.reduceops else None  # the last of a chain: what the output reads
     self.out_shape: tuple[int, ...] = ast.shape
     self.n_global = len(self.out_shape)
     self.reduce_axes: tuple[int, ...] = self.reduceop.arg[1] if self.reduceop is not None else ()
@@ -180,7 +183,7 @@ class Kernel:
   def reduce_out_dims(self) -> frozenset[int]:
     """The output dims along which the reduce's value changes: all of them, but for a row's statistic that the output reads back
     along its row (softmax's sum, layernorm's variance), which does not change along the row's dims."""
-    return frozenset() if self.reduceop is None else dims_read(self.ast, self.reduceop)
+    return frozenset().union(*(dims_read(self.ast, r) for r in self.reduceops))
 
   @property
   def mem_bytes(self) -> int: return sum(b.nbytes for b in self.bufs) + prod(self.out_shape) * self.ast.dtype.itemsize
@@ -237,7 +240,7 @@ class Kernel:
     else:
       check(arg > 1 and rem.size % arg == 0 and rem.size > 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
       if op is OptOps.LANES:
-        check(self.reduceop is not None and self.reduceop.arg[0] in (Ops.ADD, Ops.MAX), "LANES needs a sum or max")
+        check(bool(self.reduceops) and all(r.arg[0] in (Ops.ADD, Ops.MAX) for r in self.reduceops), "LANES needs a sum or max")
         check(all(a.kind is not AxisKind.LANES for a in self.axes), "one LANES opt per kernel")
         check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
@@ -269,6 +272,7 @@ class Kernel:
     element to read exactly one element of the reduce, of the output's own dtype, so the output holds the sum so far."""
     red = self.reduceop
     if red is None: return "the kernel has no reduce"
+    if len(self.reduceops) > 1: return "the kernel has a chain of reduces"
     if red.dtype != self.ast.dtype or red.dtype == dtypes.bfloat16: return f"the sum is {red.dtype.name}, the output {self.ast.dtype.name}"
     if prod(red.shape) != prod(self.out_shape): return "the output reads the reduce's elements more than once"
     @functools.cache

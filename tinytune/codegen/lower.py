@@ -135,14 +135,16 @@ class _Lowerer:
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
-    self.unpadded, self.full_body = -1, list[UOp]()  # a padded dim lowered as if unpadded, and the reduce body so lowered (split)
+    self.acc_at: dict[tuple[UOp, tuple[UOp, ...]], Val] = {}
+    self.stage = {r: i for i, r in enumerate(k.reduceops)}  # a chain's reduces run one loop each, in this order
+    self.unpadded, self.full_bodies = -1, list[list[UOp]]()  # a padded dim lowered as if unpadded, and the reduce bodies so lowered (split)
     self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
-    self.combine: list[UOp] = []  # after the reduce loops: each LANES accumulator from its partials
+    self.combine: list[list[UOp]] = [[] for _ in k.reduceops]  # after each reduce loop: each LANES accumulator from its partials
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
     # the CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
-    # loop writes it, the row's loops read it back (softmax's probabilities, computed once). row_arrays: (reduce, row) -> its name
+    # loop writes it, the row's loops read it back (softmax's probabilities, computed once). row_arrays: a row -> its array's name
     red = k.reduceop
     self.row_source = red.src[0] if rows and red is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
       not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in red.src[0].toposort) else None
@@ -313,6 +315,7 @@ class _Lowerer:
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
     if self.cell is not None: return Val(Kind.SCALAR, (self.cell,))
+    if (ret := self.acc_at.get((red, idx))) is not None: return ret  # a chain's earlier statistic, read by a later reduce's loop
     self.count += 1
     name = f"acc{self.count}"
     if self.lanes >= 0: return self.lanes_acc(red, idx, name)
@@ -320,6 +323,7 @@ class _Lowerer:
     elif red.dtype == dtypes.float32 and red.arg[0] is Ops.ADD: ret = Val(Kind.VECTOR, (self.define_acc(red, name, self.width),))
     else: ret = Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{i}") for i in range(self.width)))
     self.accs.append((red, idx, ret))
+    self.acc_at[(red, idx)] = ret
     return ret
 
   def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
@@ -329,16 +333,18 @@ class _Lowerer:
     parts = partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
                         Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
                         for j in range(self.k.axes[self.lanes].size // self.width)]
+    combine = self.combine[self.stage[red]]
     def fold(name: str, items: tuple[UOp, ...], width: int = 1) -> UOp:
-      self.combine.append(u := stmt(Ops.FOLD, *items, arg=(name, width, op), dtype=red.dtype))
+      combine.append(u := stmt(Ops.FOLD, *items, arg=(name, width, op), dtype=red.dtype))
       return u
     if vector: parts = [Val(Kind.VECTOR, (fold(f"{name}_v", tuple(p.items[0] for p in parts), self.width),))]  # the vectors first
     lanes = [p.lane(i) for p in parts for i in range(self.width)]
     while len(lanes) > 2:  # a tree of named values (an operand may be spelled more than once in an op's code): neighbouring lanes first
-      lanes = [fold(f"{name}_c{len(self.combine)}", tuple(lanes[i:i + 2])) if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
+      lanes = [fold(f"{name}_c{len(combine)}", tuple(lanes[i:i + 2])) if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
     ret = Val(Kind.SCALAR, (fold(name, tuple(lanes)),))
     self.partials[ret.items[0]] = partials
     self.accs.append((red, idx, ret))
+    self.acc_at[(red, idx)] = ret
     return ret
 
   def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
@@ -346,7 +352,7 @@ class _Lowerer:
     in_idx = list(idx)
     for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
     val = self.node(red.src[0], tuple(in_idx))
-    if red.src[0] is self.row_source:
+    if red.src[0] is self.row_source and self.row_of(tuple(in_idx)) in self.row_arrays:  # a row the output reads back
       name, off = self.row_at(tuple(in_idx))
       self.row_writes.add(name)
       self.store(val, off, TRUE, name, red.src[0].dtype)
@@ -370,12 +376,15 @@ class _Lowerer:
     self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, buf), dtype=dt)
 
   # ***** a row statistic's source, kept in an array of the row's values *****
+  def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
+    assert self.k.reduceop is not None
+    return tuple(e for d, e in enumerate(idx) if d not in self.k.reduceop.arg[1])
+
   def row_at(self, idx: tuple[UOp, ...]) -> tuple[str, UOp]:
-    """The array of the row that `idx` is in (its index along the dims the reduce keeps), and idx's offset in it."""
+    """The array of the row that `idx` is in, and idx's offset in it."""
     red, src = self.k.reduceop, self.row_source
     assert red is not None and src is not None
-    row = tuple(e for d, e in enumerate(idx) if d not in red.arg[1])
-    if row not in self.row_arrays:
+    if (row := self.row_of(idx)) not in self.row_arrays:
       self.row_arrays[row] = name = f"row{len(self.row_arrays)}"
       self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=(name, prod(src.shape[d] for d in red.arg[1])), dtype=src.dtype))
     strides = strides_for(tuple(src.shape[d] for d in red.arg[1]))
@@ -388,7 +397,8 @@ class _Lowerer:
   def row_load(self, idx: tuple[UOp, ...]) -> Val:
     name, off = self.row_at(idx)
     self.row_reads.add(name)
-    return self.read(self.row_source.dtype if self.row_source is not None else dtypes.float32, name, off, TRUE)
+    assert self.row_source is not None
+    return self.read(self.row_source.dtype, name, off, TRUE)
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
@@ -404,13 +414,13 @@ class _Lowerer:
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
       self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)))
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
-    post, body = self.lines, self.reduce_body()
+    post, bodies = self.lines, self.reduce_bodies()
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
-      self.full_body, self.unpadded = self.reduce_body(), -1
+      self.full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
-    return Program(k, self.width, self.workgroups(body, post) if self.target.has_local else self.loops(body, post), in_order)
+    return Program(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
@@ -434,13 +444,17 @@ class _Lowerer:
     for acc, off, guard in partials: self.store(acc, off, guard)
     return [*self.lines, stmt(Ops.ELSE), *post, stmt(Ops.ENDIF)]
 
-  def reduce_body(self) -> list[UOp]:
-    self.lines, self.memo, self.in_body = [], {}, True
-    for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
-      dims = self.dims(inst)
-      for red, idx, acc in list(self.accs): self.accumulate(red, idx, acc, dims, inst)
+  def reduce_bodies(self) -> list[list[UOp]]:
+    """Each reduce loop's body. A chain's later reduce reads the earlier ones' values: lowered first, it makes their accumulators."""
+    bodies: list[list[UOp]] = [[] for _ in self.k.reduceops]
+    for stage in reversed(range(len(bodies))):
+      self.lines, self.memo, self.in_body = bodies[stage], {}, True
+      for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
+        dims = self.dims(inst)
+        for red, idx, acc in list(self.accs):
+          if self.stage[red] == stage: self.accumulate(red, idx, acc, dims, inst)
     self.in_body = False
-    return self.lines
+    return bodies
 
   @functools.cached_property
   def split(self) -> int | None:
@@ -463,22 +477,25 @@ class _Lowerer:
       opened.append(stmt(Ops.RANGE, arg=(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
     return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
-  def loops(self, body: list[UOp], post: list[UOp]) -> list[UOp]:
+  def loops(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
     """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
     loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
-    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops."""
+    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
+    chain of them (softmax's max, then its sum), one reduce loop after another."""
     k, split = self.k, self.split
     threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
     outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
     n = len(outer)
     outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
     n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
-    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    if split is None: reduce = self.nest(red, body)
-    else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
-      j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
-      reduce = self.nest(red[:j], self.nest(red[j:], self.full_body, 0, cut) + self.nest(red[j:], body, cut))
-    return self.nest(outer[:n], self.decls + reduce + self.combine + self.nest(outer[n:], post), parallel=bool(threads))
+    red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
+    for stage, body in enumerate(bodies):
+      if split is None: reduce += self.nest(red, body)
+      else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
+        j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
+        reduce += self.nest(red[:j], self.nest(red[j:], self.full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
+      reduce += self.combine[stage]
+    return self.nest(outer[:n], self.decls + reduce + self.nest(outer[n:], post), parallel=bool(threads))
 
   def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
     """Each axis's index from one linear id, the last axis fastest."""
@@ -489,7 +506,7 @@ class _Lowerer:
       mult *= size
     return out
 
-  def workgroups(self, body: list[UOp], post: list[UOp]) -> list[UOp]:
+  def workgroups(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
     taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
     memory and stores."""
@@ -499,7 +516,8 @@ class _Lowerer:
     group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
     if local or group: out.append(stmt(Ops.SPECIAL, arg=("lid", "local_id", 1, 0)))
     out += self.unflatten(local + group, "lid")
-    out += self.decls + self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body) + self.combine
+    assert len(bodies) <= 1, "a chain of reduces is the CPU's: each GPU thread would compute its element's row statistics again"
+    out += self.decls + self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], sum(bodies, [])) + sum(self.combine, [])
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
       threads = k.launch_dims[1]
       partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]

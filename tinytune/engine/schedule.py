@@ -56,18 +56,19 @@ merge_views = Rules([(Pat(Ops.VIEW, (Pat(Ops.VIEW, name="inner"),), name="outer"
 TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
-def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduce: bool, row: Callable[[UOp], bool]) -> bool:
+def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduce: UOp | None, row: Callable[[UOp], bool]) -> bool:
   """Whether elementwise work that a reduce reads expanded is better computed once, in a kernel of its own, than at every place the
   reduce reads it: where it computes an exp, log or sin (read inside a reduce), or where it is the epilogue of a reduce that nothing
   else reads (a matmul's bias and relu, read by the next matmul, go to the first matmul's kernel; inlined, the second recomputed
   them for each of its output columns; a mean's scale goes to its sum's kernel), unless that reduce stays in the kernel as a row
-  statistic (`row`, see _row_statistics). A statistic read back over its rows stays."""
+  statistic (`row`, see _row_statistics; inside a reduce, one of the same rows). A statistic read back over its rows stays."""
   stack, seen = [(u, False)], {(u, False)}
   while stack:
     x, broadcast = stack.pop()
-    if x.op in TRANSCENDENTAL and in_reduce: return True
+    if x.op in TRANSCENDENTAL and in_reduce is not None: return True
     if x.op is Ops.REDUCE:
-      if not broadcast and users.get(x, set()) <= {y for y, _ in seen} and (in_reduce or not row(x)): return True
+      stays = row(x) and (in_reduce is None or same_rows(x, in_reduce))
+      if not broadcast and users.get(x, set()) <= {y for y, _ in seen} and not stays: return True
       continue
     for s in x.src:
       if (s, b := broadcast or x.op is Ops.VIEW and x.arg.expands) not in seen and s not in roots and s.op not in (Ops.BUFFER, Ops.CONST):
@@ -83,17 +84,18 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   found: dict[UOp, bool] = {}  # reduce -> may be inlined
   statistics: set[UOp] = set()  # the reduces read expanded
   computed: set[UOp] = set()
-  seen: set[tuple[UOp, bool, bool]] = set()
-  stack = [(root, False, False)]
+  seen: set[tuple[UOp, bool, UOp | None]] = set()
+  stack: list[tuple[UOp, bool, UOp | None]] = [(root, False, None)]  # (node, read expanded, the reduce whose source it is in)
   while stack:
     u, expanded, in_reduce = stack.pop()
     if (u, expanded, in_reduce) in seen: continue
     seen.add((u, expanded, in_reduce))
     if u is not root and u in roots or u.op in (Ops.BUFFER, Ops.CONST): continue
     if u.op is Ops.REDUCE:
-      found[u] = found.get(u, True) and (not expanded or row(u)) and not in_reduce
+      # inside another reduce, only a statistic of the same rows, read expanded: one loop of the chain before the other (see Kernel)
+      found[u] = found.get(u, True) and (not expanded or row(u)) and (in_reduce is None or expanded and same_rows(u, in_reduce))
       if expanded: statistics.add(u)
-      stack.append((u.src[0], False, True))
+      stack.append((u.src[0], False, u))
     elif u.op is Ops.VIEW:
       if u.arg.expands:
         src = u.src[0]
@@ -108,9 +110,14 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   inside = set().union(*(c.toposort for c in computed))  # the kernel of work computed once decides about the reduces it reads
   found = {r: ok for r, ok in found.items() if r not in inside}
   bad = {r for r, ok in found.items() if not ok}
-  # keep the outermost reduce in this kernel, one read at each output (a matmul) before a row statistic
+  # keep the outermost reduce in this kernel, one read at each output (a matmul) before a row statistic; a row statistic keeps the
+  # statistics of its rows with it (a chain)
   rest = sorted((r for r in found if r not in bad), key=lambda r: (r not in statistics, root.toposort.index(r)))
-  return bad | set(rest[:-1]) | computed
+  chain = {r for r in rest if r in statistics and same_rows(r, rest[-1])} if rest and rest[-1] in statistics else set(rest[-1:])
+  return bad | (set(rest) - chain) | computed
+
+
+def same_rows(a: UOp, b: UOp) -> bool: return a.src[0].shape == b.src[0].shape and a.arg[1] == b.arg[1]
 
 
 ROW_BYTES = 256 << 10  # a row statistic stays in the kernel that reads it back where one row of its inputs fits in L2
@@ -127,7 +134,8 @@ def _row_statistics(roots: set[UOp]) -> set[UOp]:
     for red in (u for u in region if u.op is Ops.REDUCE and u is not root):
       dims = dims_read(root, red, frozen)
       row = prod(red.src[0].shape[a] for a in red.arg[1]) * sum(u.dtype.itemsize for u in red.src[0].toposort if u.op is Ops.VIEW)
-      if dims != frozenset(range(len(dims))) or row > ROW_BYTES or any(red in r for o, r in regions.items() if o is not root): bad.add(red)
+      leading = dims | {d for d, s in enumerate(root.shape) if s == 1} >= set(range(max(dims, default=-1) + 1))  # size-1 dims anywhere
+      if not leading or row > ROW_BYTES or any(red in r for o, r in regions.items() if o is not root): bad.add(red)
   return bad
 
 

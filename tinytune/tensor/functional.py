@@ -492,7 +492,5 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
     n, m = scores.shape[-2:]
     attn_mask = Tensor.arange(n, device=self.device).reshape(n, 1) >= Tensor.arange(m, device=self.device).reshape(1, m)
   if attn_mask is not None: scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
-  if dropout_p and Tensor.training: return scores.softmax(-1).dropout(dropout_p).matmul(value)
-  # softmax's division after the product: (seq x dim) divides instead of (seq x seq)
-  e = (scores - scores.detach().max(-1, keepdim=True)).exp()
-  return e.matmul(value) / e.sum(-1, keepdim=True)
+  probs = scores.softmax(-1)  # one kernel on the CPU: the max, the sum of exps and the probabilities, each exp computed once
+  return (probs.dropout(dropout_p) if dropout_p and Tensor.training else probs).matmul(value)
