@@ -165,11 +165,11 @@ class Tuner:
 BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
 
 
+def weight(kernel: Kernel) -> int: return kernel.flops + BYTE_FLOPS * kernel.mem_bytes
 def time_share(kernel: Kernel, left: Sequence[Kernel]) -> float:
   """`kernel`'s part of the time left to the kernels in `left` (it among them): half split evenly, half by how long each likely
-  runs (its flops and bytes), so a conv's matmul gets more of a --seconds budget than its input copy does."""
-  weight = [k.flops + BYTE_FLOPS * k.mem_bytes for k in left]
-  return 0.5 / len(left) + 0.5 * (kernel.flops + BYTE_FLOPS * kernel.mem_bytes) / max(1, sum(weight))
+  runs (its weight: flops and bytes), so a conv's matmul gets more of a --seconds budget than its input copy does."""
+  return 0.5 / len(left) + 0.5 * weight(kernel) / max(1, sum(map(weight, left)))
 
 
 def kernel_params(kernel: Kernel) -> dict[str, Any]:
