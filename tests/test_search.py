@@ -14,12 +14,12 @@ import pytest
 
 from tinytune import Device, Kernel, Tensor
 from tinytune.codegen.heuristic import default_opts
-from tinytune.codegen.opts import Opt, OptOps
+from tinytune.codegen.opts import Opt, OptOps, opts_to_json
 from tinytune.dtype import dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
-from tinytune.search.evaluate import Evaluator
+from tinytune.search.evaluate import Evaluator, Result
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
 
@@ -39,6 +39,8 @@ def test_actions_are_valid_and_bounded() -> None:
   acts = actions(k)
   assert acts and all(o.op not in (OptOps.LOCAL, OptOps.GROUP, OptOps.TC) for o in acts)
   for o in acts: k.copy().apply_opt(o)
+  kinds = {(o.op, o.axis) for o in acts}
+  assert {(o.op, o.axis) for o in acts[:len(kinds)]} == kinds  # every kind of move before a second amount of any
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -196,6 +198,7 @@ def test_seconds_is_a_hard_budget_for_the_whole_program(tmp_path, strategy: str)
   elapsed = time.monotonic() - st
   assert len(outcomes) >= 2 and all(o.best_s > 0 for o in outcomes)
   assert elapsed < 4.0 * 1.1 + 3.0, f"a 4 s search took {elapsed:.1f} s"  # and up to a second per kernel: a candidate timed at the deadline
+  assert strategy != "beam" or elapsed > 4.0 * 0.8, f"a 4 s beam search stopped after {elapsed:.1f} s"  # it spends the time it has
 
 
 def test_evaluation_stops_at_the_deadline() -> None:
@@ -346,3 +349,58 @@ def test_no_candidate_starts_that_would_end_past_the_deadline() -> None:
     assert not ev.past_deadline()
     ev.run_s = [0.1, 5.0, 4.0]  # candidates take seconds each here: one started now would end after the deadline
     assert ev.past_deadline() and ev.evaluate([(Opt(OptOps.UPCAST, 0, 4),)]) == []
+
+
+class TableEvaluator:
+  """An evaluator that times nothing: each opt list takes its time in `times` (1 s where it has none), so a strategy's choices
+  show in microseconds. Each opt list is a kernel of its own."""
+  def __init__(self, kernel: Kernel, times: dict[tuple[Opt, ...], float]): self.kernel, self.times = kernel, times
+  def kernel_for(self, opts) -> Kernel: return self.kernel.copy().apply_opts(opts)  # type: ignore[no-untyped-def]
+  def time(self, opts) -> float: return self.times.get(tuple(opts), 1.0)  # type: ignore[no-untyped-def]
+  def evaluate(self, candidates) -> list[Result]:  # type: ignore[no-untyped-def]
+    return [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
+  def retime(self, candidates) -> list[float]: return [self.time(o) for o in candidates]  # type: ignore[no-untyped-def]
+
+
+def test_beam_spends_a_budget_in_seconds_on_runners_up_it_would_have_stopped_before() -> None:
+  k = matmul_kernel(16)
+  x, y, z = Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 4)
+  times = {(x,): 0.9, (y,): 0.95, (y, z): 0.5}  # (y, z) is past a runner-up: with width 1, x is expanded, and none of its next opts gains
+  stops = run_strategy("beam", k, TableEvaluator(k, times), Budget(200), (), width=1)
+  assert stops.best == (x,) and sum(stops.counts().values()) < 100  # a budget of candidates: it stops at the first round without gain
+  st = time.monotonic()
+  spends = run_strategy("beam", k, TableEvaluator(k, times), Budget(None, 1.0), (), width=1)
+  elapsed = time.monotonic() - st
+  assert spends.best == (y, z) and 0.85 < elapsed < 1.1, elapsed  # on to the deadline (90% of the budget), and within the budget
+  assert sum(spends.counts().values()) > 2 * sum(stops.counts().values())
+
+
+def test_beam_returns_early_when_nothing_new_is_left_to_try() -> None:
+  k = Kernel(create_schedule((Tensor.rand(4).realize() * 2).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  st = time.monotonic()
+  result = run_strategy("beam", k, TableEvaluator(k, {}), Budget(None, 60.0), ())
+  assert time.monotonic() - st < 5 and result.best == ()
+
+
+def test_a_budget_in_seconds_goes_mostly_to_the_kernels_that_run_longest() -> None:
+  from tinytune.search.tune import time_share
+  a = Tensor.rand(256, 256).realize()
+  big, small = matmul_kernel(256), Kernel(create_schedule((a + 1).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  assert time_share(big, [big, small]) + time_share(small, [big, small]) == pytest.approx(1)
+  assert time_share(big, [big, small]) > 0.7 and time_share(small, [big, small]) > 0.25 / 2  # each keeps half of an even share at least
+  assert time_share(small, [small]) == pytest.approx(1)  # the last kernel gets all that is left
+
+
+def test_search_seconds_alone_end_the_search_and_budget_alone_counts_200() -> None:
+  from tinytune.cli import build_parser, search_budget
+  def budget(*args: str) -> dict: return search_budget(build_parser().parse_args(["search", "matmul", *args]))
+  assert budget("--seconds", "60") == {"candidates": None, "seconds": 60.0}  # 200 candidates used to end a 60 s search early
+  assert budget() == {"candidates": 200, "seconds": None}
+  assert budget("--seconds", "60", "--budget", "50") == {"candidates": 50, "seconds": 60.0}
+
+
+def test_the_search_pads_only_axes_that_do_not_split_into_vectors() -> None:
+  a, b = Tensor.rand(58, 64).realize(), Tensor.rand(64, 1).realize()
+  k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)  # sizes 58 (= 2 * 29), 1, and 64 summed
+  assert k.sizes == [58, 1, 64] and {o.axis for o in actions(k) if o.op is OptOps.PADTO} == {0}
+  assert {o.arg for o in actions(k) if o.op is OptOps.PADTO} >= {4, 8}  # 58 -> 60 or 64: then it splits into vectors of 4 or 8

@@ -116,7 +116,7 @@ def cmd_search(args: argparse.Namespace) -> int:
       speedup = f"{s['default'] / s['best']:.2f}x" if s["default"] and math.isfinite(s["best"]) else "-"
       progress.update(task, description=f"[bold]{kernel.name}[/] tried {s['tried']} failed {s['failed']} best {_ms(s['best'])} ms speedup {speedup}")
 
-    tuner = Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": args.seconds}, options, args.resume, args.force and not measured,
+    tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured,
                   on_result, args.study, str(args.worker or 0))
     outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
@@ -134,6 +134,12 @@ def cmd_search(args: argparse.Namespace) -> int:
   return 0
 
 
+def search_budget(args: argparse.Namespace) -> dict[str, Any]:
+  """`search`'s budget: --budget candidates per kernel (200 by default, none with --seconds, which then alone ends the search)."""
+  from tinytune.search.tune import DEFAULT_CANDIDATES
+  return {"candidates": args.budget if args.budget is not None or args.seconds else DEFAULT_CANDIDATES, "seconds": args.seconds}
+
+
 def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[str, int]]:
   """`search --workers N`: N processes of this search share one study (and the database) and its budget.
   Returns the candidates they measured per kernel key."""
@@ -142,7 +148,8 @@ def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[st
   if args.study is None: args.study = f"workers-{uuid.uuid4().hex[:12]}"
   command = [sys.executable, "-m", "tinytune.cli", "search", args.workload, *[x for p in args.param for x in ("-p", p)], "--dtype", args.dtype,
              "--strategy", args.strategy, "--beam-width", str(args.beam_width), "--sampler", args.sampler, "--study", args.study,
-             "--budget", str(args.budget), "--format", "json", "--quiet"]
+             "--format", "json", "--quiet"]
+  command += (["--budget", str(args.budget)] if args.budget is not None else [])
   command += (["--device", args.device] if args.device else []) + (["--seconds", str(args.seconds)] if args.seconds else [])
   command += (["--db", args.db] if args.db else []) + (["--resume"] if args.resume else []) + (["--force"] if args.force else [])
   console.print(f"{args.workers} workers searching {args.workload} together (study {args.study})")
@@ -561,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("--workers", type=count, default=1, help="start N local worker processes sharing one study and its budget (at most the cores)")
   search.add_argument("--oversubscribe", action="store_true", help="allow --workers beyond the number of cores")
   search.add_argument("--worker", type=int, default=None, help="with --study: this process's number (its seed, and the run --resume continues)")
-  search.add_argument("--budget", type=count, default=200, help="candidates per kernel (default 200)")
+  search.add_argument("--budget", type=count, default=None, help="candidates per kernel (default 200; with --seconds, no limit but the time)")
   search.add_argument("--seconds", type=seconds, default=None, help="time limit for the whole search, all kernels together")
   search.add_argument("--db", default=None, help=DB_HELP)
   search.add_argument("--resume", action="store_true", help="continue the last unfinished run with the same arguments")

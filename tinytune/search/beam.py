@@ -1,5 +1,8 @@
-"""BEAM search: expand every entry of the beam by every valid opt, keep the `width` fastest, stop when the gain is small."""
+"""BEAM search: expand every entry of the beam by every valid opt, keep the `width` fastest; when a round gains little, stop, or
+with a budget in seconds, go on from the fastest kernels not expanded yet (runners-up of earlier rounds) until the time is up."""
 from __future__ import annotations
+
+from typing import Iterable
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
@@ -12,16 +15,22 @@ def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Op
   # start from the default and each of its prefixes, which often has more room to grow than the default itself; the
   # default goes first so slower starts are cut off early (the kernel with no opts is last: at large sizes it is very slow)
   history: list[Result] = ev.evaluate(list(dict.fromkeys([default, *(default[:i] for i in range(len(default) - 1, -1, -1))])))
-  beam = sorted((r for r in history if r.status == "ok"), key=lambda r: r.time)[:width]
+  expanded: set[str] = set()  # the kernels (by source) whose every next opt was tried
+  beam = fastest(history, width, expanded)
   best = beam[0].time if beam else float("inf")
   while beam and (left := budget.left(tried(history))):
     seen = {r.opts for r in history}
     candidates = list(dict.fromkeys(r.opts + (a,) for r in beam for a in actions(ev.kernel_for(r.opts)) if r.opts + (a,) not in seen))[:left]
-    if not candidates: break
-    results = ev.evaluate(candidates)
-    history += results
-    beam = sorted((r for r in results if r.status == "ok"), key=lambda r: r.time)
-    beam = list({r.source_hash: r for r in reversed(beam)}.values())[::-1][:width]  # one entry per distinct kernel
-    if not beam or beam[0].time > best * (1 - min_gain): break
-    best = beam[0].time
+    expanded |= {r.source_hash for r in beam}
+    history += (results := ev.evaluate(candidates))
+    beam = fastest(results, width, expanded)
+    if beam and beam[0].time <= best * (1 - min_gain): best = beam[0].time
+    elif budget.seconds is None: break  # a budget of candidates only: stop at the first round that gains little, as always
+    else: beam = fastest(history, width, expanded)  # time is left: restart from the fastest kernels not expanded yet
   return finalize(ev, history, default)
+
+
+def fastest(results: Iterable[Result], width: int, expanded: set[str]) -> list[Result]:
+  """The `width` fastest kernels that ran, one entry per distinct kernel, leaving out those already expanded."""
+  ok = sorted((r for r in results if r.status == "ok" and r.source_hash not in expanded), key=lambda r: r.time)
+  return list({r.source_hash: r for r in reversed(ok)}.values())[::-1][:width]

@@ -10,15 +10,20 @@ KBLOCK_SEARCH_MIN = 64  # the search tries K blocks down to half the default's s
 
 
 def actions(kernel: Kernel) -> list[Opt]:
-  """Every opt that applies to `kernel` as it stands (opts already applied included)."""
-  ret = []
+  """Every opt that applies to `kernel` as it stands (opts already applied included), each kind of move (op and axis) before a
+  second amount of any: a round of BEAM that the deadline cuts short (a big kernel's) has tried a little of everything."""
+  ret: list[tuple[int, Opt]] = []
+  nth: dict[tuple[OptOps, int], int] = {}  # how many amounts of this op on this axis are in already
   for opt in candidate_opts(kernel):
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL) and opt.arg not in SEARCH_AMOUNTS: continue
     if opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS or opt.op is OptOps.KBLOCK and opt.arg < KBLOCK_SEARCH_MIN: continue
+    # a pad only adds work to an axis that splits into vectors already (a third of attention's candidates padded 1024 or 1 to 1026 or 2)
+    if opt.op is OptOps.PADTO and (kernel.sizes[opt.axis] % 4 == 0 or kernel.sizes[opt.axis] == 1): continue
     try: kernel.copy().apply_opt(opt)
     except KernelOptError: continue
-    ret.append(opt)
-  return ret
+    ret.append((nth.setdefault((opt.op, opt.axis), 0), opt))
+    nth[opt.op, opt.axis] += 1
+  return [opt for _, opt in sorted(ret, key=lambda t: t[0])]
 
 
 Choice = int | str

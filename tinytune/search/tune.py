@@ -88,7 +88,8 @@ class Tuner:
     with self.run(workload, params, settings, signature, dtype) as (run_id, device_id, stored):
       for i, k in enumerate(kernels):
         if outcomes[i] is None:
-          seconds = None if end is None else max(0.0, end - time.monotonic()) / sum(o is None for o in outcomes[i:])
+          left = [kk for kk, o in zip(kernels[i:], outcomes[i:]) if o is None]
+          seconds = None if end is None else max(0.0, end - time.monotonic()) * time_share(k, left)
           outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds, labels[k.key])
     return outcomes  # type: ignore[return-value]
 
@@ -159,6 +160,16 @@ class Tuner:
              "device_fingerprint": self.device_hash, "dtype": kernel.ast.dtype.name, "default_opts": " ".join(map(repr, default)) or "none",
              **({"study": self.study} if self.study else {"run": run_id})}
     return {"storage": self.db.url.render_as_string(hide_password=False), "study_name": name, "study_attrs": attrs}
+
+
+BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
+
+
+def weight(kernel: Kernel) -> int: return kernel.flops + BYTE_FLOPS * kernel.mem_bytes
+def time_share(kernel: Kernel, left: Sequence[Kernel]) -> float:
+  """`kernel`'s part of the time left to the kernels in `left` (it among them): half split evenly, half by how long each likely
+  runs (its weight: flops and bytes), so a conv's matmul gets more of a --seconds budget than its input copy does."""
+  return 0.5 / len(left) + 0.5 * weight(kernel) / max(1, sum(map(weight, left)))
 
 
 def kernel_params(kernel: Kernel) -> dict[str, Any]:
