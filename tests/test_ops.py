@@ -725,9 +725,10 @@ def test_vector_math_dense(lo: float, hi: float) -> None:
 
 
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
-def test_exp2_in_avx512_instructions_computes_the_generic_bits(cc: str, tmp_path) -> None:
-  """exp2 on 16 and 8 lanes with AVX-512's vscalefps/vmaxps/vminps and with plain vector code (-mno-avx512f) gives the same bits:
-  a kernel's result does not depend on which CPU compiled it, and the scalar version (the generic one) agrees with its lanes."""
+def test_avx512_vector_math_computes_the_generic_bits(cc: str, tmp_path) -> None:
+  """exp2 and max on 16 and 8 lanes in AVX-512 instructions (vscalefps, vmaxps, vminps) and in plain vector code (-mno-avx512f)
+  give the same bits: a kernel's result does not depend on which CPU compiled it, and the scalar versions (the generic ones)
+  agree with their lanes."""
   import ctypes
   import shutil
   import subprocess
@@ -737,24 +738,26 @@ def test_exp2_in_avx512_instructions_computes_the_generic_bits(cc: str, tmp_path
   if shutil.which(cc) is None or "avx512vl" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
   src = "typedef float tt_f16 __attribute__((vector_size(64)));\ntypedef float tt_f8 __attribute__((vector_size(32)));\n"
   src += vector_math("static inline", 16) + vector_math("static inline", 8)
-  src += "void f(const float* x, float* y, int n) { for (int i = 0; i < n; i += 16) { tt_f16 v; __builtin_memcpy(&v, x + i, 64);\n"
-  src += "  v = tt_exp216(v); __builtin_memcpy(y + i, &v, 64); } }\n"
-  src += "void g(const float* x, float* y, int n) { for (int i = 0; i < n; i += 8) { tt_f8 v; __builtin_memcpy(&v, x + i, 32);\n"
-  src += "  v = tt_exp28(v); __builtin_memcpy(y + i, &v, 32); } }\n"
+  for w in (16, 8):  # y = exp2(x), z = max(x, reversed x)
+    src += f"void f{w}(const float* x, const float* xr, float* y, float* z, int n) {{ for (int i = 0; i < n; i += {w}) {{\n"
+    src += f"  tt_f{w} v, r; __builtin_memcpy(&v, x + i, {4 * w}); __builtin_memcpy(&r, xr + i, {4 * w}); r = tt_max{w}(v, r);\n"
+    src += f"  __builtin_memcpy(z + i, &r, {4 * w}); v = tt_exp2{w}(v); __builtin_memcpy(y + i, &v, {4 * w}); }} }}\n"
   (tmp_path / "e.c").write_text(src)
   x = np.concatenate([EDGES, np.random.default_rng(0).uniform(-160, 140, 4096 - EDGES.size)]).astype(np.float32)
   x[-1024:] = np.random.default_rng(1).uniform(-0.6, 0.6, 1024)
+  xr = np.ascontiguousarray(x[::-1])
   outs = []
   for extra in ([], ["-mno-avx512f"]):
     lib = tmp_path / f"e{len(extra)}.so"
     subprocess.run([cc, "-O3", "-march=native", *extra, "-ffp-contract=fast", "-fPIC", "-shared", "e.c", "-o", str(lib)], cwd=tmp_path, check=True)
-    dll = ctypes.CDLL(str(lib))
-    for fn in (dll.f, dll.g):
-      y = np.empty_like(x)
-      fn(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(x.size))
-      outs.append(y.view(np.uint32))
+    for fn in (getattr(ctypes.CDLL(str(lib)), f"f{w}") for w in (16, 8)):
+      y, z = np.empty_like(x), np.empty_like(x)
+      fn(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, xr, y, z)), ctypes.c_int(x.size))
+      outs.append(np.concatenate([y, z]).view(np.uint32))
   assert all((o == outs[0]).all() for o in outs[1:])
-  with np.errstate(all="ignore"): assert ulps(outs[0].view(np.float32), np.exp2(x)).max() <= VECTOR_ULPS["exp2"][1]
+  y, z = outs[0].view(np.float32)[:x.size], outs[0].view(np.float32)[x.size:]
+  with np.errstate(all="ignore"): assert ulps(y, np.exp2(x)).max() <= VECTOR_ULPS["exp2"][1]
+  assert (ulps(z, np.maximum(x, xr)) == 0).all() and (np.signbit(z) == np.where(x > xr, np.signbit(x), np.signbit(xr)))[~np.isnan(z)].all()
 
 
 @pytest.mark.usefixtures("each_device")

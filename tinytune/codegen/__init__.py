@@ -9,5 +9,6 @@ from __future__ import annotations
 # 6: masked-out view pieces dropped (Winograd's stacks); KBLOCK (K blocks outside the output loops, the sums so far kept in the
 #    output), and the heuristics' K blocks for large matmuls
 # 7: exp2's polynomial of degree 6 (a fit, was Taylor's of degree 7); on AVX-512 it clamps and scales in single instructions;
-#    the CPU keeps a row statistic's transcendental source in an array of the row (softmax's exps computed once)
+#    the CPU keeps a row statistic's transcendental source in an array of the row (softmax's exps computed once); a chain of
+#    statistics over the same dims in one kernel; AVX-512 max in two instructions
 CODEGEN_VERSION = "7"

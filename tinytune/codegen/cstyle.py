@@ -262,12 +262,22 @@ PIO2_LO = math.pi / 2 - PIO2_HI - PIO2_MID + math.sin(math.pi) / 2  # sin(fl(pi)
 SIN_BIG = 4096.0  # past this |x| each lane calls the C library's sinf, which reduces the argument exactly
 # log2(m) = 2 atanh(s) / ln 2 with s = (m-1)/(m+1), |s| < 0.172 for m in [sqrt(1/2), sqrt(2)]: coefficients 2 / ((2j+1) ln 2) of s**(2j+1)
 LOG2_POLY = [_f32(2 / ((2 * j + 1) * math.log(2))) for j in range(6)]
-# AVX-512 (and AVX-512VL for 8 lanes) scales by 2**n in one instruction (vscalefps, rounding once into the denormals) and clamps
-# in one each (vmaxps, vminps). gcc and clang name these builtins apart (immintrin.h would add 0.2 s to every compile):
-# lanes -> (the target's macros, the builtins' width, the arguments of scalef, of max and min in gcc, in clang)
-AVX512 = {16: ("defined(__AVX512F__)", "512", "_mask({0}, {1}, {0}, (unsigned short)-1, 4)", "_mask({0}, {1}, {0}, (unsigned short)-1, 4)",
-               "({0}, {1}, 4)"),
-          8: ("defined(__AVX512F__) && defined(__AVX512VL__)", "256", "_mask({0}, {1}, {0}, (unsigned char)-1)", "({0}, {1})", "({0}, {1})")}
+# AVX-512 (and AVX-512VL for 8 lanes): 2**n scales in one instruction (vscalefps, rounding once into the denormals), max and min
+# are one each (vmaxps: a > b ? a : b, so b where either is NaN), a NaN-keeping max two (vmaxps where a is ordered, else a). gcc
+# and clang name these builtins apart, and immintrin.h would add 0.2 s to every compile: lanes -> (the target's macros,
+# {macro: (its gcc spelling, its clang spelling)})
+_M16, _M8 = "(unsigned short)-1", "(unsigned char)-1"
+_ORD16, _ORD8 = f"__builtin_ia32_cmpps512_mask(a, a, 7, {_M16}, 4)", f"__builtin_ia32_cmpps256_mask(a, a, 7, {_M8})"
+AVX512 = {
+  16: ("defined(__AVX512F__)", {
+    "MAX": (f"__builtin_ia32_maxps512_mask(a, b, a, {_M16}, 4)", "__builtin_ia32_maxps512(a, b, 4)"),
+    "MIN": (f"__builtin_ia32_minps512_mask(a, b, a, {_M16}, 4)", "__builtin_ia32_minps512(a, b, 4)"),
+    "NANMAX": (f"__builtin_ia32_maxps512_mask(a, b, a, {_ORD16}, 4)", f"__builtin_ia32_selectps_512({_ORD16}, __builtin_ia32_maxps512(a, b, 4), a)"),
+    "SCALEF": (f"__builtin_ia32_scalefps512_mask(a, b, a, {_M16}, 4)",) * 2}),
+  8: ("defined(__AVX512F__) && defined(__AVX512VL__)", {
+    "MAX": ("__builtin_ia32_maxps256(a, b)",) * 2, "MIN": ("__builtin_ia32_minps256(a, b)",) * 2,
+    "NANMAX": (f"__builtin_ia32_maxps256_mask(a, b, a, {_ORD8})", f"__builtin_ia32_selectps_256({_ORD8}, __builtin_ia32_maxps256(a, b), a)"),
+    "SCALEF": (f"__builtin_ia32_scalefps256_mask(a, b, a, {_M8})",) * 2})}
 
 
 def horner(x: str, coeffs: list[str]) -> str:
@@ -276,16 +286,16 @@ def horner(x: str, coeffs: list[str]) -> str:
   return f"({p})"
 
 
-def exp2(fp: str, w: int) -> str:
-  """2**x on vectors of `w` float32 lanes: 2**round(x) times a polynomial of the rest, in AVX-512 instructions where the target
-  has them. Both ways compute the same bits: each scales the polynomial exactly by 2**round(x), rounding once."""
+def max_exp2(fp: str, w: int) -> str:
+  """max (a NaN in either operand wins) and 2**x (2**round(x) times a polynomial of the rest) on vectors of `w` float32 lanes, in
+  AVX-512 instructions where the target has them: both ways compute the same bits (exp2 scales the polynomial exactly by
+  2**round(x), rounding once)."""
   F, I, U = f"tt_f{w}", f"tt_i{w}", f"tt_u{w}"
   p = horner("f", EXP2_POLY)
   def splat(v: str) -> str: return f"({F}){{{', '.join([v] * w)}}}"
-  head = f"""{fp} {F} tt_exp2{w}({F} x) {{
-  {F} lo = {splat('-160.0f')}, hi = {splat('130.0f')};  /* beyond these 2**x is 0 or inf */
-"""
-  generic = head + f"""  {F} xc = tt_where{w}(x < lo, lo, tt_where{w}(x > hi, hi, x));
+  head = f"{fp} {F} tt_exp2{w}({F} x) {{\n  {F} lo = {splat('-160.0f')}, hi = {splat('130.0f')};  /* beyond these 2**x is 0 or inf */\n"
+  generic = f"""{fp} {F} tt_max{w}({F} a, {F} b) {{ return tt_where{w}((a > b) | (a != a), a, b); }}
+{head}  {F} xc = tt_where{w}(x < lo, lo, tt_where{w}(x > hi, hi, x));
   {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n;  /* n = round(x) by the 1.5*2**23 trick, |f| <= 1/2 */
   {I} ni = __builtin_convertvector(n, {I}), h = ni >> 1;  /* 2**n in two factors, each a normal float, so denormal results round once */
   {F} r = {p} * ({F})(({U})(h + 127) << 23) * ({F})(({U})(ni - h + 127) << 23);
@@ -293,14 +303,16 @@ def exp2(fp: str, w: int) -> str:
 }}
 """
   if w not in AVX512: return generic
-  target, bits, scalef, gcc_minmax, clang_minmax = AVX512[w]
-  def clamp(args: str) -> str:
-    return f"  {F} xc = __builtin_ia32_minps{bits}" + args.format("hi", f"__builtin_ia32_maxps{bits}" + args.format("lo", "x")) + ";\n"
-  xc = clamp(gcc_minmax) if gcc_minmax == clang_minmax else f"#ifdef __clang__\n{clamp(clang_minmax)}#else\n{clamp(gcc_minmax)}#endif\n"
+  target, macros = AVX512[w]
+  def define(i: int) -> str: return "".join(f"#define TT_{m}{w}(a, b) {spellings[i]}\n" for m, spellings in macros.items())
   return f"""#if {target}
-{head}  /* max(lo, x) and min(hi, x) return x where it is NaN: the polynomial and the scaling pass it on */
-{xc}  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
-  return __builtin_ia32_scalefps{bits}{scalef.format('p', 'n')};
+#ifdef __clang__
+{define(1)}#else
+{define(0)}#endif
+{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}
+{head}  {F} xc = TT_MIN{w}(hi, TT_MAX{w}(lo, x));  /* x where it is NaN: the polynomial and the scaling pass it on */
+  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
+  return TT_SCALEF{w}(p, n);
 }}
 #else
 {generic}#endif
@@ -319,9 +331,8 @@ def vector_math(fp: str, width: int) -> str:
     f"typedef double {D} __attribute__((vector_size({8 * w})));\n"
   code = types + f"""\
 {fp} {F} tt_where{w}({I} m, {F} a, {F} b) {{ return ({F})((({I})a & m) | (({I})b & ~m)); }}
-{fp} {F} tt_max{w}({F} a, {F} b) {{ return tt_where{w}((a > b) | (a != a), a, b); }}
 {fp} {F} tt_sqrt{w}({F} x) {{ {F} r; for (int i = 0; i < {w}; i++) r[i] = __builtin_sqrtf(x[i]); return r; }}
-{exp2(fp, w)}{fp} {F} tt_log2{w}({F} x) {{
+{max_exp2(fp, w)}{fp} {F} tt_log2{w}({F} x) {{
   {I} sub = x < 1.17549435e-38f;  /* denormals (and zero, negatives) scaled by 2**23 first */
   {I} b = ({I})tt_where{w}(sub, x * 8388608.0f, x);
   {I} e = ((b >> 23) & 0xff) - 127 - (sub & 23);
