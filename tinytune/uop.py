@@ -33,6 +33,7 @@ class Ops(Enum):
 
 
 UNARY = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP}
+TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN}  # calls of math code: tens of instructions a value
 BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
 ALU = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}

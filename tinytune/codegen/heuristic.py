@@ -6,7 +6,7 @@ from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import NOOPT, divisors, prod
 from tinytune.shape import split_offset
-from tinytune.uop import ALU, Ops, UOp, simplify
+from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, simplify
 
 GATHER_STRIDE = 16  # elements apart along the lanes from which each lane of a vector load is its own cache line
 # below this estimated time on one core, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
@@ -18,7 +18,6 @@ THREAD_MIN_SECONDS = 100e-6
 # (layernorm's variance pass: 4M in 43 us), and the element-ops that are calls of vector math (exp2, log2, sin: ~20 vector
 # instructions for 16 lanes, 0.3 ns an element)
 CORE_BYTES_PER_S, CORE_OPS_PER_S, CORE_MATH_PER_S = 50e9, 100e9, 3e9
-MATH_OPS = {Ops.EXP2, Ops.LOG2, Ops.SIN}
 # a tile's rows of A for one K block, all of them, stay in the last-level cache while every column panel of B passes them: past
 # this, K is split into blocks (2048^3: 91 -> 148 GFLOPS with blocks of 1024; 4096^3: 79 -> 195 with 512; 1024^3, 4 MiB of A: slower)
 KBLOCK_BYTES = 8 << 20
@@ -30,7 +29,7 @@ def single_core_seconds(k: Kernel) -> float:
   once, but no more than the kernel reads of it (a gather reads a few rows of a large table)."""
   steps = prod(k.sizes)
   moved = prod(k.out_shape) * k.ast.dtype.itemsize + sum(min(b.nbytes, steps * b.dtype.itemsize) for b in k.bufs)
-  ops = [(u.op in MATH_OPS, prod(u.shape)) for u in k.ast.toposort if u.op in ALU and u.op is not Ops.CAST]
+  ops = [(u.op in TRANSCENDENTAL, prod(u.shape)) for u in k.ast.toposort if u.op in ALU and u.op is not Ops.CAST]
   ops += [(False, prod(r.src[0].shape)) for r in k.reduceops]
   return max(moved / CORE_BYTES_PER_S, sum(n / (CORE_MATH_PER_S if math else CORE_OPS_PER_S) for math, n in ops))
 

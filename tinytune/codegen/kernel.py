@@ -101,11 +101,16 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
   return frozenset(d for d, v in enumerate(dims) if v in found)
 
 
+def same_rows(a: UOp, b: UOp) -> bool:
+  """Whether two reduces reduce the same dims of the same shape: one loop nest could run either (a chain's reduces do)."""
+  return a.src[0].shape == b.src[0].shape and a.arg[1] == b.arg[1]
+
+
 def find_reduces(ast: UOp) -> list[UOp]:
   """The kernel's reduces, each after those it reads: one, or a chain of a row's statistics over the same dims (softmax's max, then
   its sum of exps), which lowering runs one loop after another."""
   reduces = [u for u in ast.toposort if u.op is Ops.REDUCE]
-  if len({(u.src[0].shape, u.arg[1]) for u in reduces}) > 1: raise ValueError("a kernel's reduces share their dims; the scheduler splits the rest")
+  if not all(same_rows(r, reduces[0]) for r in reduces): raise ValueError("a kernel's reduces share their dims; the scheduler splits the rest")
   return reduces
 
 

@@ -17,7 +17,7 @@ from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
-from tinytune.uop import ALU, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
+from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
 # A program's statements, as (src; arg):
 #   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
@@ -34,7 +34,7 @@ OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELS
 VALUES = ALU | {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR}
 STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
 CMP = {Ops.CMPLT, Ops.CMPNE}
-ROW_KEPT = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
+ROW_KEPT = TRANSCENDENTAL | {Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tinytune.codegen.kernel import dims_read
+from tinytune.codegen.kernel import dims_read, same_rows
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.uop import Ops, Pat, Rules, UOp, graph_rewrite
+from tinytune.uop import TRANSCENDENTAL, Ops, Pat, Rules, UOp, graph_rewrite
 
 
 @dataclass
@@ -51,9 +51,6 @@ def is_buffer_view(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is O
 # directly instead of splitting each offset into the inner shape's dims and joining them again (a realized input under a pad)
 merge_views = Rules([(Pat(Ops.VIEW, (Pat(Ops.VIEW, name="inner"),), name="outer"),
                       lambda outer, inner: UOp(Ops.VIEW, outer.dtype, inner.src, outer.arg) if inner.arg.contiguous else None)])
-
-
-TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
 def _computed_once(u: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], in_reduce: UOp | None, row: Callable[[UOp], bool]) -> bool:
@@ -116,8 +113,6 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   chain = {r for r in rest if r in statistics and same_rows(r, rest[-1])} if rest and rest[-1] in statistics else set(rest[-1:])
   return bad | (set(rest) - chain) | computed
 
-
-def same_rows(a: UOp, b: UOp) -> bool: return a.src[0].shape == b.src[0].shape and a.arg[1] == b.arg[1]
 
 
 ROW_BYTES = 256 << 10  # a row statistic stays in the kernel that reads it back where one row of its inputs fits in L2
