@@ -174,3 +174,23 @@ def test_a_chain_of_statistics_on_workgroups() -> None:
   loops = [u.arg[0] for u in lower(k, CUDARenderer()).uops if u.op is Ops.RANGE]
   assert loops == ["r2", "r2"]
   with pytest.raises(KernelOptError, match="GROUP needs one reduce"): k.apply_opt(Opt(OptOps.GROUP, 0, 4))
+
+
+def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> None:
+  """STREAM: the output's 16-lane vector stores (a 64-byte line each) go past the caches, and each thread's share ends with a fence;
+  narrower vector stores, scalar stores and the stores of a row array stay cached."""
+  avx512 = DeviceCaps(threads=2, simd_width=16)
+  p = lower(kernel(arr(64, 64).exp() + 1, avx512, [Opt(U, 1, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
+  stores = [u for u in p.uops if u.op is Ops.STORE]
+  assert len(stores) == 2 and all(u.arg == (16, 0, True) for u in stores)
+  ends = [(op, depth) for op, depth in structure(p) if op in (Ops.BARRIER, Ops.ENDRANGE)]
+  assert ends[-3:] == [(Ops.ENDRANGE, 1), (Ops.BARRIER, 1), (Ops.ENDRANGE, 0)]  # the fence last in the thread's loop
+  src = CRenderer().spell(p)
+  assert src.count("tt_f16_stream(data0+") == 2 and "tt_fence();" in src
+  narrow = lower(kernel(arr(64, 64) + 1, CPU, [Opt(U, 1, 8), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
+  assert not any(u.op is Ops.BARRIER or u.op is Ops.STORE and u.arg[2] for u in narrow.uops)
+  softmax = lower(kernel(arr(64, 64).softmax(-1), avx512, [Opt(OptOps.LANES, 0, 32), Opt(U, 1, 32), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
+  assert {u.arg[1:] for u in softmax.uops if u.op is Ops.STORE} == {(0, True), ("row0", False)}
+  with pytest.raises(KernelOptError, match="once per kernel"):
+    kernel(arr(64, 64) + 1, CPU, [Opt(OptOps.STREAM, 0, 0), Opt(OptOps.STREAM, 0, 0)])
+  with pytest.raises(KernelOptError, match="for the CPU"): kernel(arr(64, 64) + 1, GPU, [Opt(OptOps.STREAM, 0, 0)])

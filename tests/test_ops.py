@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, reject, settings
 from hypothesis import strategies as st
 
-from tinytune import Device, Tensor, dtypes
+from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.dtype import DType, least_upper
 
 
@@ -758,6 +758,36 @@ def test_avx512_vector_math_computes_the_generic_bits(cc: str, tmp_path) -> None
   y, z = outs[0].view(np.float32)[:x.size], outs[0].view(np.float32)[x.size:]
   with np.errstate(all="ignore"): assert ulps(y, np.exp2(x)).max() <= VECTOR_ULPS["exp2"][1]
   assert (ulps(z, np.maximum(x, xr)) == 0).all() and (np.signbit(z) == np.where(x > xr, np.signbit(x), np.signbit(xr)))[~np.isnan(z)].all()
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> None:
+  """A STREAM kernel built by gcc and clang, with AVX-512 (non-temporal stores where the line is aligned) and without (plain
+  stores), writes the same values into an output that starts on a cache line and into one that does not."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  from tinytune.runtime.cpu import cpuinfo
+  if shutil.which(cc) is None or "avx512f" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
+  x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+  items, _ = create_schedule(((Tensor(x) + 1) * 2).uop, "CPU")
+  k = Kernel(items[-1].ast, DeviceCaps(threads=2, simd_width=16))
+  k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)])
+  (tmp_path / "s.c").write_text(src := CRenderer().render(k))
+  assert "tt_f16_stream" in src and "tt_fence();" in src
+  for extra in ([], ["-mno-avx512f"]):
+    lib = tmp_path / f"s{len(extra)}.so"
+    subprocess.run([cc, "-O3", "-march=native", *extra, "-fPIC", "-shared", "s.c", "-o", str(lib)], cwd=tmp_path, check=True)
+    fn = getattr(ctypes.CDLL(str(lib)), k.name)
+    for skew in (0, 1):  # the output on a 64-byte line, then 4 bytes past one
+      raw = np.zeros(x.size + 32, np.float32)
+      out = raw[(-raw.ctypes.data % 64) // 4 + skew:][:x.size]
+      fn(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
+      np.testing.assert_array_equal(out, (x + 1) * 2)
 
 
 @pytest.mark.usefixtures("each_device")

@@ -11,4 +11,4 @@ from __future__ import annotations
 # 7: exp2's polynomial of degree 6 (a fit, was Taylor's of degree 7); on AVX-512 it clamps and scales in single instructions;
 #    the CPU keeps a row statistic's transcendental source in an array of the row (softmax's exps computed once); a chain of
 #    statistics over the same dims in one kernel; AVX-512 max in two instructions
-CODEGEN_VERSION = "7"
+CODEGEN_VERSION = "8"

@@ -216,9 +216,11 @@ class CStyleRenderer:
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
   def store_stmt(self, u: UOp, at: _At) -> str:
-    (idx, val, guard), (w, buf) = u.src, u.arg
+    (idx, val, guard), (w, buf, stream) = u.src, u.arg
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
-    return self.guarded(f"{self.vtype(w)}_store({ptr}+{i}, {v});" if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
+    vector = f"{self.vtype(w)}_{'stream' if stream and self.streams else 'store'}({ptr}+{i}, {v});"
+    return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
+  streams = False  # a vector store may go past the caches (tt_f16_stream), with a fence (tt_fence) after the thread's last
   def special(self, u: UOp, at: _At) -> str:
     name, base, mult, mod = u.arg
     e = base = {"group_id": self.group_id, "local_id": self.local_id}.get(base, base)
@@ -232,7 +234,8 @@ class CStyleRenderer:
   statements: dict[Ops, Callable[..., str]] = {
     Ops.RANGE: loop, Ops.ENDRANGE: lambda r, u, at: "}", Ops.IF: lambda r, u, at: f"if ({r.cond(u, at)}) {{",
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
-    Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special, Ops.BARRIER: lambda r, u, at: r.barrier,
+    Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
+    Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();" if r.streams else "",
     Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.types[u.dtype]} {u.arg[0]}[{u.arg[1]}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg[0]} = {r.expr(u, at)};" for op in VALUES},
   }
@@ -278,6 +281,25 @@ AVX512 = {
     "MAX": ("__builtin_ia32_maxps256(a, b)",) * 2, "MIN": ("__builtin_ia32_minps256(a, b)",) * 2,
     "NANMAX": (f"__builtin_ia32_maxps256_mask(a, b, a, {_ORD8})", f"__builtin_ia32_selectps_256({_ORD8}, __builtin_ia32_maxps256(a, b), a)"),
     "SCALEF": (f"__builtin_ia32_scalefps256_mask(a, b, a, {_M8})",) * 2})}
+
+
+# a non-temporal store of a whole 64-byte line (x86's vmovntps, which needs the line's address; elsewhere a plain store), and the
+# fence that orders such stores before the thread's next ones
+STREAM16 = """#if defined(__AVX512F__)
+static inline void tt_f16_stream(float* p, tt_f16 v) {
+  if ((__UINTPTR_TYPE__)p % 64) tt_f16_store(p, v);
+#ifdef __clang__
+  else __builtin_nontemporal_store(v, (tt_f16*)p);
+#else
+  else __builtin_ia32_movntps512(p, v);
+#endif
+}
+#define tt_fence() __builtin_ia32_sfence()
+#else
+#define tt_f16_stream tt_f16_store
+#define tt_fence()
+#endif
+"""
 
 
 def horner(x: str, coeffs: list[str]) -> str:
@@ -386,7 +408,9 @@ class CRenderer(CStyleRenderer):
     if op is Ops.WHERE: return f"tt_where{width}({args[0]}, {args[1]}, {args[2]})"
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
-  def vector_prelude(self, width: int) -> str: return super().vector_prelude(width) + vector_math(self.func_prefix, width)
+  streams = True
+  def vector_prelude(self, width: int) -> str:
+    return super().vector_prelude(width) + vector_math(self.func_prefix, width) + (STREAM16 if width == 16 else "")
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
 

@@ -1,7 +1,7 @@
 """Hand-written default opts: good kernels with no search."""
 from __future__ import annotations
 
-from tinytune.codegen.kernel import Kernel, KernelOptError, find_tensor_core
+from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import NOOPT, divisors, prod
@@ -21,6 +21,9 @@ CORE_BYTES_PER_S, CORE_OPS_PER_S, CORE_MATH_PER_S = 50e9, 100e9, 3e9
 # a tile's rows of A for one K block, all of them, stay in the last-level cache while every column panel of B passes them: past
 # this, K is split into blocks (2048^3: 91 -> 148 GFLOPS with blocks of 1024; 4096^3: 79 -> 195 with 512; 1024^3, 4 MiB of A: slower)
 KBLOCK_BYTES = 8 << 20
+# an output this large goes past the caches (STREAM): it would not stay there for the next kernel, and a cached store first reads
+# the line it writes, a third more memory traffic
+STREAM_BYTES = 8 << 20
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
 
 
@@ -96,6 +99,9 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   if tile_row is not None and not gathered and k.n_reduce == 1:
     rows, red = k.sizes[tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
     if rows * red > KBLOCK_BYTES: first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
+  if vectorize and simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
+     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % simd == 0 for a in k.axes):
+    first_valid(Opt(OptOps.STREAM, 0, 0))
   return k.opts
 
 

@@ -134,6 +134,7 @@ class Kernel:
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
     self.opts: list[Opt] = []
     self.tc: TensorCore | None = None
+    self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.bufs: list[Buffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
 
   @property
@@ -210,6 +211,12 @@ class Kernel:
         self.axes.append(Axis(TC_SIZE, AxisKind.TC, dim, rem.stride))
         rem.stride, rem.size = rem.stride * TC_SIZE, rem.size // TC_SIZE
       self.tc = tc
+      self.opts.append(opt)
+      return
+    if op is OptOps.STREAM:
+      check(opt.axis == 0 and arg == 0, "STREAM takes axis 0 and arg 0")
+      check(not self.caps.has_local and not self.stream, "STREAM is for the CPU, once per kernel")
+      self.stream = True
       self.opts.append(opt)
       return
     if self.tc is not None: check(op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP), f"{op.name} does not combine with TC")
@@ -301,7 +308,7 @@ CANDIDATE_ARGS = (2, 3, 4, 5, 7, 8, 16, 32)
 
 def candidate_opts(k: Kernel) -> list[Opt]:
   """Every opt to try next on this kernel, valid or not (apply_opt on a copy decides): splits by the divisors of each
-  axis's remaining size and a few small amounts, swaps of global axes, pads, and the workgroup and tensor core opts."""
+  axis's remaining size and a few small amounts, swaps of global axes, pads, the workgroup and tensor core opts, and STREAM."""
   ret: list[Opt] = []
   for d in range(len(k.sizes)):
     size = k.remaining(d).size
@@ -313,4 +320,4 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.STREAM, 0, 0)]

@@ -22,11 +22,12 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 # A program's statements, as (src; arg):
 #   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
 #   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
-#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer), VECTORIZE (lanes; name, width); a buffer is
+#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer, past the caches), VECTORIZE (lanes; name, width); a buffer is
 #   the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL
 #   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
 #   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
-#   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER, WMMA (src; what, ...): tensor core statements
+#   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
+#   streaming stores done), WMMA (src; what, ...): tensor core statements
 # Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
 TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
@@ -92,7 +93,7 @@ def describe(u: UOp) -> str:
     if op is Ops.LOAD: return f"{head} {at(arg[2], *src)}"
     return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg[2].name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
   if op is Ops.RANGE: return f"RANGE {arg[0]} {arg[1]}..{arg[2]}" + (" parallel" if arg[3] else "")
-  if op is Ops.STORE: return f"STORE{f'<{arg[0]}>' if arg[0] > 1 else ''} {at(arg[1], src[0], src[2])} = {show(src[1])}"
+  if op is Ops.STORE: return f"STORE{f'<{arg[0]}>' if arg[0] > 1 else ''}{' stream' if arg[2] else ''} {at(arg[1], src[0], src[2])} = {show(src[1])}"
   if op is Ops.ASSIGN:
     return f"ASSIGN {show(src[0])} {arg.name if arg else ''}= {show(src[1])}" + ("" if src[2] is TRUE else f" if {pretty(src[2])}")
   return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else arg}".rstrip()
@@ -152,6 +153,7 @@ class _Lowerer:
     self.row_reads: set[str] = set()
     self.row_writes: set[str] = set()
     self.in_body = False
+    self.streams = False  # a store went past the caches: each thread fences its stores before it ends
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
     # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
     self.width, self.lane_axis = 1, -1
@@ -364,16 +366,19 @@ class _Lowerer:
     else:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
 
-  def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None) -> None:
+  def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None, stream: bool = False) -> None:
+    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line goes past the caches."""
     dt = dtype or self.k.ast.dtype
     if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, buf), dtype=dt)
+        self.streams |= (stream := stream and self.width * dt.itemsize == 64)
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, buf, stream), dtype=dt)
         return
-      for i in range(self.width): self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, buf), dtype=dt)
+      for i in range(self.width):
+        self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, buf, False), dtype=dt)
       return
-    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, buf), dtype=dt)
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, buf, False), dtype=dt)
 
   # ***** a row statistic's source, kept in an array of the row's values *****
   def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
@@ -412,7 +417,7 @@ class _Lowerer:
       dims = self.dims(inst)
       n_accs = len(self.accs)
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
-      self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)))
+      self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)), stream=k.stream)
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
     post, bodies = self.lines, self.reduce_bodies()
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
@@ -495,7 +500,9 @@ class _Lowerer:
         j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
         reduce += self.nest(red[:j], self.nest(red[j:], self.full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
       reduce += self.combine[stage]
-    return self.nest(outer[:n], self.decls + reduce + self.nest(outer[n:], post), parallel=bool(threads))
+    fence = [stmt(Ops.BARRIER, arg="stores")] if self.streams else []  # the thread's streaming stores, visible before the kernel ends
+    if not threads: return self.nest(outer[:n], self.decls + reduce + self.nest(outer[n:], post)) + fence
+    return self.nest(outer[:len(threads)], self.nest(outer[len(threads):n], self.decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
 
   def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
     """Each axis's index from one linear id, the last axis fastest."""

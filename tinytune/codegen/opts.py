@@ -20,6 +20,7 @@ class OptOps(Enum):
   SWAP = "SWAP"  # exchange the loop order of two global axes
   PADTO = "PADTO"  # pad an axis up to a multiple of arg, masking the extra elements
   TC = "TC"  # tensor cores
+  STREAM = "STREAM"  # the CPU writes the output past the caches (non-temporal stores of whole cache lines)
 
 
 class KernelOptError(Exception):
