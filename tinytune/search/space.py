@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from tinytune.codegen.kernel import Kernel, KernelOptError, candidate_opts
 from tinytune.codegen.opts import Opt, OptOps
+from tinytune.dtype import dtypes
+from tinytune.helpers import prod
 
 SEARCH_AMOUNTS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # register splits worth compiling; larger ones only bloat the code
 LANES_AMOUNTS = (2, 4, 8, 16, 32, 64, 128)  # partial accumulators: whole vectors of 4, 8 or 16 lanes, up to 4 or 8 of them
+STREAM_SEARCH_MIN = 1 << 20  # bytes of output from which the search tries STREAM
 KBLOCK_SEARCH_MIN = 64  # the search tries K blocks down to half the default's shortest (heuristic.KBLOCK_MIN): shorter ones reload the sums too often
 
 
@@ -19,6 +22,8 @@ def actions(kernel: Kernel) -> list[Opt]:
     if opt.op is OptOps.LANES and opt.arg not in LANES_AMOUNTS or opt.op is OptOps.KBLOCK and opt.arg < KBLOCK_SEARCH_MIN: continue
     # a pad only adds work to an axis that splits into vectors already (a third of attention's candidates padded 1024 or 1 to 1026 or 2)
     if opt.op is OptOps.PADTO and (kernel.sizes[opt.axis] % 4 == 0 or kernel.sizes[opt.axis] == 1): continue
+    # a small output stays in cache for whatever reads it next, and one that is not float32 has no whole-line vector stores
+    if opt.op is OptOps.STREAM and (kernel.ast.dtype != dtypes.float32 or prod(kernel.out_shape) * 4 < STREAM_SEARCH_MIN): continue
     try: kernel.copy().apply_opt(opt)
     except KernelOptError: continue
     ret.append((nth.setdefault((opt.op, opt.axis), 0), opt))
@@ -32,8 +37,9 @@ Choice = int | str
 def parameter_space(kernel: Kernel) -> dict[str, tuple[Choice, ...]]:
   """The optuna search's parameters, named for the opt they make, with the choices valid on `kernel` one at a time: per global
   axis an upcast amount, per reduce axis a K block length, a lanes and an unroll amount (1: none), the axis split across the
-  cores, and a pair of axes to swap ("off": none). A parameter with one choice is left out. Choices can still break a joint limit
-  (an upcast product too large, a thread count that no longer divides): applying the opts finds those before anything is compiled."""
+  cores, a pair of axes to swap ("off": none), and whether the output goes past the caches. A parameter with one choice is left
+  out. Choices can still break a joint limit (an upcast product too large, a thread count that no longer divides): applying the
+  opts finds those before anything is compiled."""
   valid = actions(kernel)
   def amounts(op: OptOps, axis: int) -> tuple[int, ...]: return (1, *sorted({o.arg for o in valid if o.op is op and o.axis == axis}))
   space: dict[str, tuple[Choice, ...]] = {f"upcast{d}": amounts(OptOps.UPCAST, d) for d in range(kernel.n_global)}
@@ -43,6 +49,7 @@ def parameter_space(kernel: Kernel) -> dict[str, tuple[Choice, ...]]:
   space["thread"] = ("off", *sorted({o.axis for o in valid if o.op is OptOps.THREAD and o.arg == kernel.caps.threads}))
   big = [d for d in range(kernel.n_global) if kernel.sizes[d] > 1]  # a swap with an axis of size 1 changes nothing
   space["swap"] = ("off", *(f"{o.axis},{o.arg}" for o in valid if o.op is OptOps.SWAP and o.axis in big and o.arg in big))
+  space["stream"] = ("off", *(["on"] if any(o.op is OptOps.STREAM for o in valid) else []))
   return {name: choices for name, choices in space.items() if len(choices) > 1}
 
 
@@ -54,4 +61,5 @@ def opts_from_params(kernel: Kernel, params: dict[str, Choice]) -> tuple[Opt, ..
   opts += [Opt(OptOps.UNROLL, r, int(params.get(f"unroll{r}", 1))) for r in range(kernel.n_reduce)]
   if (axis := params.get("thread", "off")) != "off": opts.append(Opt(OptOps.THREAD, int(axis), kernel.caps.threads))
   if (pair := params.get("swap", "off")) != "off": opts.append(Opt(OptOps.SWAP, *map(int, str(pair).split(","))))
+  if params.get("stream", "off") == "on": opts.append(Opt(OptOps.STREAM, 0, 0))
   return tuple(o for o in opts if o.op not in (OptOps.UPCAST, OptOps.LANES, OptOps.UNROLL, OptOps.KBLOCK) or o.arg > 1)
