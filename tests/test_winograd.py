@@ -71,7 +71,8 @@ def test_when_it_is_taken() -> None:
 
 
 def test_kernels() -> None:
-  """The transforms' stacked dims are upcast whole, so their sources hold no masked pieces; the tile points' matmul is one kernel."""
+  """The transforms' stacked dims are upcast (whole where a vector of 16 lanes leaves room), so their masked pieces are vector
+  selects at most, never scalar ones; the tile points' matmul is one kernel."""
   x, w = Tensor.randn(2, 16, 8, 8).realize(), Tensor.randn(16, 16, 3, 3).realize()
   items, _ = create_schedule(x.conv2d(w, padding=1).uop, "CPU")
   kernels = [Kernel(it.ast, Device["CPU"].caps) for it in items]
