@@ -78,6 +78,7 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "uint32_sum": lambda: (_ints(6, 10, lo=0).cast(dtypes.uint32) * 3_000_000_007).sum(-1, dtype=dtypes.uint32),  # a sum that wraps
   "matmul_relu": lambda: (_randn(10, 24) @ _randn(24, 12) + _randn(12)).relu(),  # an epilogue that only the last K block runs
   "matmul_int32": lambda: _ints(6, 16) @ _ints(16, 10),  # K blocks of an integer sum, exact
+  "matmul_wide": lambda: (_randn(6, 48) @ _randn(48, 32) + 1).relu(),  # rows of whole 16-lane vectors: STREAM's stores
 }
 
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
@@ -137,7 +138,7 @@ def fuzzed_here(name: str, device: str) -> None:
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
            "softmax", "softmax0", "softmax1", "softmax2", "layernorm", "layernorm0", "layernorm1", "layernorm2",
            "max", "flip_sum", "stack", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
-           "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum", "matmul_relu", "matmul_int32"]
+           "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum", "matmul_relu", "matmul_int32", "matmul_wide"]
 
 
 # the CPU computes a row's statistics and the row written after them in one kernel (see engine/schedule.py), devices with
@@ -292,6 +293,11 @@ def test_hand_picked_sequences() -> None:
     [o(t.UNROLL, 0, 2), o(t.KBLOCK, 0, 3), o(t.UPCAST, 1, 3)],
   ])
   check_opts(kernel_cases()["matmul_int32"], [[o(t.UPCAST, 1, 5), o(t.UPCAST, 0, 2), o(t.KBLOCK, 0, 4), o(t.UNROLL, 0, 2)]])
+  check_opts(kernel_cases()["matmul_wide"], [  # streaming stores of whole lines: threads, K blocks (whose sums so far stay cached)
+    [o(t.UPCAST, 1, 16), o(t.UPCAST, 0, 3), o(t.STREAM, 0, 0), o(t.THREAD, 0, 2)],
+    [o(t.STREAM, 0, 0), o(t.UPCAST, 1, 32), o(t.KBLOCK, 0, 16), o(t.UNROLL, 0, 4), o(t.SWAP, 0, 1)],
+    [o(t.PADTO, 0, 8), o(t.UPCAST, 0, 8), o(t.UPCAST, 1, 16), o(t.STREAM, 0, 0)],
+  ])
   check_opts(kernel_cases()["row_sum"], [  # bit for bit: two unrolls of one axis must still add in memory order
     [o(t.UNROLL, 0, 2), o(t.UNROLL, 0, 4)], [o(t.UNROLL, 0, 4), o(t.UNROLL, 0, 5), o(t.UPCAST, 0, 4)],
     [o(t.PADTO, 1, 16), o(t.UNROLL, 0, 2), o(t.UNROLL, 0, 3), o(t.UNROLL, 0, 8), o(t.UPCAST, 0, 3)],
