@@ -333,6 +333,17 @@ def test_default_k_blocks_match_numpy() -> None:
   np.testing.assert_allclose(out.numpy(), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-3)
 
 
+def test_default_column_sums_past_the_caches_go_in_blocks_of_rows() -> None:
+  """A column sum over more than 8 MiB sums a few rows at a time into the output; the same sums, in the same order, as NumPy's
+  float64 result rounded; a small one keeps its sums in registers down the whole column."""
+  x = np.random.default_rng(3).standard_normal((1024, 2304)).astype(np.float32)
+  for rows, blocked in ((1024, True), (256, False)):
+    out = Tensor(x[:rows]).sum(0)
+    (item,), _ = create_schedule(out.uop, DEVICE)
+    assert any(o.op is OptOps.KBLOCK for o in hand_coded_optimizations(Kernel(item.ast, Device[DEVICE].caps))) == blocked
+    np.testing.assert_allclose(out.numpy(), x[:rows].astype(np.float64).sum(0), rtol=1e-5, atol=1e-4)
+
+
 def _lanes_case(case: str) -> tuple[Tensor, np.ndarray]:
   """A reduce over rows of 37 (no whole vectors: LANES needs PADTO), its NumPy result."""
   rng = np.random.default_rng(2)

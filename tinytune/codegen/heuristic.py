@@ -61,7 +61,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     room //= amt
   row_statistic = k.reduceop is not None and lane is not None and lane not in k.reduce_out_dims  # see Kernel.reduce_out_dims
   tile_row = None if row_statistic else _tile_row(k, lane, strides)
-  gathered = False
+  gathered = column_sum = False
   if stacked:  # a cat's rows, whole: vectors along the lane dim only where its loads are contiguous (up to the upcast limit)
     if lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides):
       first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (simd, 8, 4)))
@@ -93,6 +93,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif k.reduceop is not None:
     # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
     if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
+    column_sum = True
   elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
   # batch dims (every input varies along them) outermost, in order: each batch's operands stay in cache
   batch = [d for d in range(k.n_global) if tile_row is not None and d not in (tile_row, lane) and k.sizes[d] > 1 and all(st[d] for st in strides)]
@@ -105,6 +106,10 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   if tile_row is not None and not gathered and k.n_reduce == 1:
     rows, red = k.sizes[tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
     if rows * red > KBLOCK_BYTES: first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
+  # a column sum larger than the caches in blocks of a few rows: each block sweeps whole rows (the thread's column strips in turn,
+  # their sums so far reloaded from the output) where one strip down every row steps a page at a time (4096^2: 4.5 -> 1.9 ms)
+  if column_sum and k.reduceop is not None and k.n_reduce == 1 and prod(k.reduceop.src[0].shape) * k.reduceop.src[0].dtype.itemsize > KBLOCK_BYTES:
+    first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in (8, 4, 16)))
   if vectorize and simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
      any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % simd == 0 for a in k.axes):
     first_valid(Opt(OptOps.STREAM, 0, 0))
