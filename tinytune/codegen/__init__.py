@@ -11,4 +11,6 @@ from __future__ import annotations
 # 7: exp2's polynomial of degree 6 (a fit, was Taylor's of degree 7); on AVX-512 it clamps and scales in single instructions;
 #    the CPU keeps a row statistic's transcendental source in an array of the row (softmax's exps computed once); a chain of
 #    statistics over the same dims in one kernel; AVX-512 max in two instructions
+# 8: STREAM (the CPU's whole-line output stores past the caches, a fence per thread); Winograd's stacks leave room for 16 lanes;
+#    column sums past the caches in K blocks of 8 rows
 CODEGEN_VERSION = "8"

@@ -283,8 +283,8 @@ AVX512 = {
     "SCALEF": (f"__builtin_ia32_scalefps256_mask(a, b, a, {_M8})",) * 2})}
 
 
-# a non-temporal store of a whole 64-byte line (x86's vmovntps, which needs the line's address; elsewhere a plain store), and the
-# fence that orders such stores before the thread's next ones
+# a non-temporal store of a whole 64-byte line (AVX-512's vmovntps, which needs the line's address; elsewhere a plain store), and the
+# fence after a thread's last one, so that its stores are visible once the kernel returns
 STREAM16 = """#if defined(__AVX512F__)
 static inline void tt_f16_stream(float* p, tt_f16 v) {
   if ((__UINTPTR_TYPE__)p % 64) tt_f16_store(p, v);
