@@ -189,6 +189,22 @@ def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], thread
   assert any(o.op.name == "THREAD" for o in hand_coded_optimizations(k)) == threads
 
 
+@pytest.mark.parametrize("n,k,swapped", [(1024, 1024, True), (64, 1024, False), (256, 256, False)])
+def test_rows_sweep_column_panels_only_where_b_outgrows_l2(n: int, k: int, swapped: bool) -> None:
+  """A @ B with B of 4 MB sweeps the tile rows inside each column panel (the loops swapped); with B of 256 KB (attention's P.V
+  per head, a 256 matmul) the rows stay outer, each block of them reused from L1 by every column tile."""
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  a, b = Tensor.rand(512, k).realize(), Tensor.rand(k, n).realize()
+  caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
+  (item,), _ = create_schedule((a @ b).uop, "CPU")
+  assert (Opt(OptOps.SWAP, 0, 1) in hand_coded_optimizations(Kernel(item.ast, caps))) == swapped
+
+
 @pytest.mark.parametrize("cols,dtype,want", [
   (1024, "float32", "[Opt(LANES, 0, 64)]"),  # 4 vectors of 16 lanes
   (1000, "float32", "[Opt(PADTO, 1, 64), Opt(LANES, 0, 64)]"),  # whole vectors; the loop's last iteration masks (split)

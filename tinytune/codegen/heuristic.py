@@ -24,6 +24,7 @@ KBLOCK_BYTES = 8 << 20
 # an output this large goes past the caches (STREAM): it would not stay there for the next kernel, and a cached store first reads
 # the line it writes, a third more memory traffic
 STREAM_BYTES = 8 << 20
+PANEL_BYTES = 512 << 10  # a B (columns x K) this small stays in L2 whole: no column panel to sweep the rows inside
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
 
 
@@ -101,8 +102,11 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     if (at := k.global_order[i]) != d: first_valid(Opt(OptOps.SWAP, min(at, d), max(at, d)))
   if k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
     first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
-  if tile_row is not None and lane is not None and tile_row < lane and not gathered:
-    first_valid(Opt(OptOps.SWAP, tile_row, lane))  # sweep the rows inside a column panel, which stays in cache
+  # sweep the rows inside a column panel, which stays in cache; where all of B fits in L2, the rows stay outer and each block of them
+  # serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3% faster)
+  if tile_row is not None and lane is not None and tile_row < lane and not gathered and \
+     k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > PANEL_BYTES:
+    first_valid(Opt(OptOps.SWAP, tile_row, lane))
   if tile_row is not None and not gathered and k.n_reduce == 1:
     rows, red = k.sizes[tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
     if rows * red > KBLOCK_BYTES: first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
