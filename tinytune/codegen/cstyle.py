@@ -218,9 +218,8 @@ class CStyleRenderer:
   def store_stmt(self, u: UOp, at: _At) -> str:
     (idx, val, guard), (w, buf, stream) = u.src, u.arg
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
-    vector = f"{self.vtype(w)}_{'stream' if stream and self.streams else 'store'}({ptr}+{i}, {v});"
+    vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}({ptr}+{i}, {v});"  # streaming: the CPU's (see STREAM16)
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
-  streams = False  # a vector store may go past the caches (tt_f16_stream), with a fence (tt_fence) after the thread's last
   def special(self, u: UOp, at: _At) -> str:
     name, base, mult, mod = u.arg
     e = base = {"group_id": self.group_id, "local_id": self.local_id}.get(base, base)
@@ -235,7 +234,7 @@ class CStyleRenderer:
     Ops.RANGE: loop, Ops.ENDRANGE: lambda r, u, at: "}", Ops.IF: lambda r, u, at: f"if ({r.cond(u, at)}) {{",
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
-    Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();" if r.streams else "",
+    Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
     Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.types[u.dtype]} {u.arg[0]}[{u.arg[1]}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg[0]} = {r.expr(u, at)};" for op in VALUES},
   }
@@ -408,7 +407,6 @@ class CRenderer(CStyleRenderer):
     if op is Ops.WHERE: return f"tt_where{width}({args[0]}, {args[1]}, {args[2]})"
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
-  streams = True
   def vector_prelude(self, width: int) -> str:
     return super().vector_prelude(width) + vector_math(self.func_prefix, width) + (STREAM16 if width == 16 else "")
 

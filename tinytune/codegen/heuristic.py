@@ -53,19 +53,19 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   stacked = dict(stacked_dims(k)) if k.reduceop is None else {}
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
   vectorize = k.ast.dtype == dtypes.float32
-  # the stacks' rows whole where they fit beside a full vector of lanes (whole-line stores): Winograd's 6x6 input transform
-  # with 16 lanes and 6x2 rows took 1.8 ms against 3.0 with 4 lanes and 6x6 rows (16x64x56x56)
-  lanes_fit = stacked and lane is not None and lane not in stacked and k.sizes[lane] % simd == 0 and all(st[lane] in (0, 1) for st in strides)
-  room = k.caps.max_upcast // (simd if lanes_fit else 1)
+  # a cat's rows take vectors along the lane dim where its loads are contiguous, and its stacks' rows are upcast whole where they fit
+  # beside a full vector of those lanes (whole-line stores): Winograd's 6x6 input transform with 16 lanes and 6x2 rows took 1.8 ms
+  # against 3.0 with 4 lanes and 6x6 rows (16x64x56x56)
+  stack_lane = lane if stacked and lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides) else None
+  room = k.caps.max_upcast // (simd if stack_lane is not None and k.sizes[stack_lane] % simd == 0 else 1)
   for d, f in stacked.items():
     if (amt := max(a for a in divisors(f) if a <= room)) > 1: first_valid(Opt(OptOps.UPCAST, d, amt))
     room //= amt
   row_statistic = k.reduceop is not None and lane is not None and lane not in k.reduce_out_dims  # see Kernel.reduce_out_dims
   tile_row = None if row_statistic else _tile_row(k, lane, strides)
   gathered = column_sum = False
-  if stacked:  # a cat's rows, whole: vectors along the lane dim only where its loads are contiguous (up to the upcast limit)
-    if lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides):
-      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (simd, 8, 4)))
+  if stacked:  # a cat's rows, with vectors along the lane dim (up to the upcast limit)
+    if stack_lane is not None: first_valid(*(Opt(OptOps.UPCAST, stack_lane, amt) for amt in (simd, 8, 4)))
   elif lane is None:  # a full reduce (or a single element)
     if k.reduceop is not None and k.n_reduce and not _row_lanes(k, strides):
       first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))

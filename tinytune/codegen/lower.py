@@ -153,7 +153,6 @@ class _Lowerer:
     self.row_reads: set[str] = set()
     self.row_writes: set[str] = set()
     self.in_body = False
-    self.streams = False  # a store went past the caches: each thread fences its stores before it ends
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
     # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
     self.width, self.lane_axis = 1, -1
@@ -367,12 +366,12 @@ class _Lowerer:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
 
   def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None, stream: bool = False) -> None:
-    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line goes past the caches."""
+    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line goes past the caches (the CPU's)."""
     dt = dtype or self.k.ast.dtype
     if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        self.streams |= (stream := stream and self.width * dt.itemsize == 64)
+        stream = stream and self.width * dt.itemsize == 64 and not self.target.has_local
         self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, buf, stream), dtype=dt)
         return
       for i in range(self.width):
@@ -500,9 +499,10 @@ class _Lowerer:
         j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
         reduce += self.nest(red[:j], self.nest(red[j:], self.full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
       reduce += self.combine[stage]
-    fence = [stmt(Ops.BARRIER, arg="stores")] if self.streams else []  # the thread's streaming stores, visible before the kernel ends
-    if not threads: return self.nest(outer[:n], self.decls + reduce + self.nest(outer[n:], post)) + fence
-    return self.nest(outer[:len(threads)], self.nest(outer[len(threads):n], self.decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
+    # the thread's streaming stores, visible before the kernel ends: a fence last in its share
+    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg[2] for u in post) else []
+    t = len(threads)
+    return self.nest(outer[:t], self.nest(outer[t:n], self.decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
 
   def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
     """Each axis's index from one linear id, the last axis fastest."""

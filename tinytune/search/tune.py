@@ -166,6 +166,8 @@ BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, a
 
 
 def weight(kernel: Kernel) -> int: return kernel.flops + BYTE_FLOPS * kernel.mem_bytes
+
+
 def time_share(kernel: Kernel, left: Sequence[Kernel]) -> float:
   """`kernel`'s part of the time left to the kernels in `left` (it among them): half split evenly, half by how long each likely
   runs (its weight: flops and bytes), so a conv's matmul gets more of a --seconds budget than its input copy does."""
