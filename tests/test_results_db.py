@@ -3,6 +3,7 @@
 Runs on SQLite files in tmp_path; set TINYTUNE_TEST_POSTGRES to a PostgreSQL URL to run the contract tests there too."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 from tinytune.results_db import (
   SCHEMA_VERSION,
   Candidate,
+  Claim,
   Database,
   Device,
   KernelRecord,
@@ -264,6 +266,26 @@ def test_claims_have_one_owner(db: Database, ids: tuple[int, int, int]) -> None:
   assert db.claimed_result(owner, kernel, device, "src").opts_json == "[]"  # type: ignore[union-attr]
   assert db.take_claim("study", kernel, device, "src", owner, other) and not db.take_claim("study", kernel, device, "src", owner, other)
   assert db.claim("study", kernel, device, "src", run) == other
+
+
+def test_a_dead_runs_claim_goes_to_one_taker(db: Database, ids: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+  """Several runs take over a dead run's claim at once, each having read it as the dead run's: one of them gets it (two did on
+  PostgreSQL, where the second update waited for the first and then overwrote it, so both measured the candidate)."""
+  device, kernel, dead = ids
+  takers = [db.start_run("matmul", {}, device, "beam", {}, {}, f"w{i}") for i in range(4)]
+  db.claim("study", kernel, device, "src", dead)
+  read_all, find = threading.Barrier(len(takers), timeout=1), Claim.find
+  def find_together(session: Any, *key: Any) -> Claim | None:  # every taker reads the claim before any of them writes
+    row = find(session, *key)
+    with contextlib.suppress(threading.BrokenBarrierError): read_all.wait()  # (SQLite's write lock queues them instead)
+    return row
+  monkeypatch.setattr(Claim, "find", staticmethod(find_together))
+  took: list[int] = []
+  threads = [threading.Thread(target=lambda r=r: db.take_claim("study", kernel, device, "src", dead, r) and took.append(r)) for r in takers]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  monkeypatch.undo()
+  assert len(took) == 1 and db.claim("study", kernel, device, "src", dead) == took[0]
 
 
 # ***** tuning cache and baselines *****

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-from sqlalchemy import create_engine, event, func, make_url, select
+from sqlalchemy import create_engine, event, func, make_url, select, update
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
@@ -401,11 +401,12 @@ class Database:
     with self.session(write=False) as session: return session.scalar(stmt) or 0
 
   def take_claim(self, study: str, kernel_id: int, device_id: int, source_hash: str, from_run: int, run_id: int) -> bool:
-    """Move a claim whose run gave up (killed) to `run_id`; False if another run took it first."""
-    with self.session() as session:
-      if (c := Claim.find(session, study, kernel_id, device_id, source_hash)) is None or c.run_id != from_run: return False
-      c.run_id, c.claimed_at = run_id, utcnow()
-      return True
+    """Move a claim whose run gave up (killed) to `run_id`; False if another run took it first. One conditional UPDATE: read
+    first and then written, two runs taking it at once on PostgreSQL both got it (the second write waits for the first, then
+    overwrites it)."""
+    stmt = update(Claim).where(Claim.study == study, Claim.kernel_id == kernel_id, Claim.device_id == device_id,
+                               Claim.source_hash == source_hash, Claim.run_id == from_run).values(run_id=run_id, claimed_at=utcnow())
+    with self.session() as session: return session.connection().execute(stmt).rowcount == 1
 
   def last_candidate_id(self, run_id: int) -> int:
     """The id of the last candidate `run_id` recorded, 0 before its first: how a run shows it is making progress."""
