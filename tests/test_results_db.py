@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import FrozenInstanceError
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from conftest import reset_postgres
@@ -33,6 +33,7 @@ from tinytune.results_db import (
   Device,
   KernelRecord,
   Meta,
+  Peak,
   SchemaError,
   SearchRun,
   Tuned,
@@ -268,24 +269,51 @@ def test_claims_have_one_owner(db: Database, ids: tuple[int, int, int]) -> None:
   assert db.claim("study", kernel, device, "src", run) == other
 
 
+def read_together(monkeypatch: pytest.MonkeyPatch, model: Any, n: int) -> None:
+  """Make n threads' reads of `model` rows wait for each other before any of them writes (SQLite's write lock, or a row lock,
+  queues them instead: the wait then gives up after a second)."""
+  read_all, find = threading.Barrier(n, timeout=1), model.find
+  def find_together(session: Any, *key: Any, **kw: Any) -> Any:
+    row = find(session, *key, **kw)
+    with contextlib.suppress(threading.BrokenBarrierError): read_all.wait()
+    return row
+  monkeypatch.setattr(model, "find", staticmethod(find_together))
+
+
+def run_together(calls: list[Callable[[], Any]]) -> list[Any]:
+  """Each call in its own thread, at once; what each returned or raised."""
+  out: list[Any] = [None] * len(calls)
+  def one(i: int) -> None:
+    try: out[i] = calls[i]()
+    except Exception as e: out[i] = e
+  threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  return out
+
+
 def test_a_dead_runs_claim_goes_to_one_taker(db: Database, ids: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
   """Several runs take over a dead run's claim at once, each having read it as the dead run's: one of them gets it (two did on
   PostgreSQL, where the second update waited for the first and then overwrote it, so both measured the candidate)."""
   device, kernel, dead = ids
   takers = [db.start_run("matmul", {}, device, "beam", {}, {}, f"w{i}") for i in range(4)]
   db.claim("study", kernel, device, "src", dead)
-  read_all, find = threading.Barrier(len(takers), timeout=1), Claim.find
-  def find_together(session: Any, *key: Any) -> Claim | None:  # every taker reads the claim before any of them writes
-    row = find(session, *key)
-    with contextlib.suppress(threading.BrokenBarrierError): read_all.wait()  # (SQLite's write lock queues them instead)
-    return row
-  monkeypatch.setattr(Claim, "find", staticmethod(find_together))
-  took: list[int] = []
-  threads = [threading.Thread(target=lambda r=r: db.take_claim("study", kernel, device, "src", dead, r) and took.append(r)) for r in takers]
-  for t in threads: t.start()
-  for t in threads: t.join()
+  read_together(monkeypatch, Claim, len(takers))
+  took = run_together([lambda r=r: db.take_claim("study", kernel, device, "src", dead, r) for r in takers])
   monkeypatch.undo()
-  assert len(took) == 1 and db.claim("study", kernel, device, "src", dead) == took[0]
+  assert took.count(True) == 1 and db.claim("study", kernel, device, "src", dead) == takers[took.index(True)]
+
+
+def test_peaks_probed_at_once_keep_the_highest(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Probes storing a device's peaks at once, each having read the row before the others wrote: the first store of a new device
+  does not fail, and no probe's higher value is lost (on PostgreSQL one insert raised IntegrityError and the last write won)."""
+  device = db.device_id(FP)
+  for first in (10.0, 100.0):  # a device with no peaks yet, then one with peaks
+    read_together(monkeypatch, Peak, 4)
+    stored = run_together([lambda i=i: db.set_peak(device, first + i, first + 3 - i, f"probe {i}") for i in range(4)])
+    monkeypatch.undo()
+    peak = db.peak(device)
+    assert stored == [None] * 4 and peak is not None and (peak.gflops, peak.gbs) == (first + 3, first + 3)
 
 
 # ***** tuning cache and baselines *****

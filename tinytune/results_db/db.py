@@ -446,11 +446,17 @@ class Database:
   # ***** device peaks *****
   def set_peak(self, device_id: int, gflops: float, gbs: float, probe: str) -> None:
     """Store the measured peak GFLOPS and GB/s of a device, keeping the higher of the stored and the new value of each:
-    a probe that ran beside other work measures low, and a roof below the kernels it bounds is no roof."""
-    with self.session() as session:
-      if (peak := Peak.find(session, device_id)) is None: session.add(peak := Peak(device_id=device_id, gflops=0.0, gbs=0.0))
-      if gflops > peak.gflops or gbs > peak.gbs: peak.probe, peak.created_at = probe, utcnow()
-      peak.gflops, peak.gbs = max(peak.gflops, gflops), max(peak.gbs, gbs)
+    a probe that ran beside other work measures low, and a roof below the kernels it bounds is no roof. The row is locked while
+    compared (PostgreSQL), and an insert that loses to another process's compares with theirs."""
+    for attempt in range(2):
+      try:
+        with self.session() as session:
+          if (peak := Peak.find(session, device_id, for_update=True)) is None: session.add(peak := Peak(device_id=device_id, gflops=0.0, gbs=0.0))
+          if gflops > peak.gflops or gbs > peak.gbs: peak.probe, peak.created_at = probe, utcnow()
+          peak.gflops, peak.gbs = max(peak.gflops, gflops), max(peak.gbs, gbs)
+        return
+      except IntegrityError:
+        if attempt == 1: raise
 
   def peak(self, device_id: int) -> PeakRow | None:
     with self.session(write=False) as session:

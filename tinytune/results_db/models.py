@@ -187,5 +187,6 @@ class Peak(Base):
   created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
   @classmethod
-  def find(cls, session: Session, device_id: int) -> Peak | None:
-    return session.scalars(select(cls).where(cls.device_id == device_id)).one_or_none()
+  def find(cls, session: Session, device_id: int, for_update: bool = False) -> Peak | None:
+    stmt = select(cls).where(cls.device_id == device_id)
+    return session.scalars(stmt.with_for_update() if for_update else stmt).one_or_none()
