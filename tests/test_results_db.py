@@ -316,6 +316,15 @@ def test_peaks_probed_at_once_keep_the_highest(db: Database, monkeypatch: pytest
     assert stored == [None] * 4 and peak is not None and (peak.gflops, peak.gbs) == (first + 3, first + 3)
 
 
+def test_tuned_entries_stored_at_once_keep_the_fastest(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+  for first in (1e-3, 1e-4):  # a new entry, then one to improve on
+    read_together(monkeypatch, Tuned, 4)
+    stored = run_together([lambda i=i: db.set_tuned("key", "dev", f"[{i}]", first * (4 - i), None, None) for i in range(4)])
+    monkeypatch.undo()
+    entry = db.tuned("key", "dev")
+    assert not any(isinstance(x, Exception) for x in stored) and entry is not None and (entry.opts_json, entry.best_s) == ("[3]", first)
+
+
 # ***** tuning cache and baselines *****
 def test_tuned_upsert(db: Database) -> None:
   h = fingerprint_hash(FP)
