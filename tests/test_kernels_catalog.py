@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,38 @@ def test_builder_matches_reference(name: str, index: int) -> None:
   assert got.shape == ref.shape == w.output(params)  # type: ignore[misc]
   np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
   assert w.flops(params) > 0 and w.nbytes(params) >= 4 * ref.size
+
+
+# one size per workload large enough for the heuristics' vector tiles, lane counts and row passes
+MEDIUM = {
+  "matmul": {"m": 100, "n": 72, "k": 40}, "bmm": {"batch": 3, "m": 64, "n": 48, "k": 80},
+  "conv2d": {"batch": 2, "cin": 8, "cout": 16, "size": 20, "kernel": 3, "stride": 1, "padding": 1},
+  "softmax": {"rows": 33, "cols": 100}, "layernorm": {"rows": 64, "cols": 256}, "reduce": {"rows": 77, "cols": 256, "axis": 0},
+  "elementwise": {"n": 5001}, "attention": {"batch": 1, "heads": 2, "seq": 50, "dim": 16, "causal": 1},
+  "mlp": {"batch": 32, "din": 64, "hidden": 128, "dout": 32}, "train_step": {"batch": 32, "din": 64, "hidden": 64, "classes": 10},
+}
+
+
+@pytest.mark.parametrize("width,flags", [(8, ("-mno-avx512f",)), (4, ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma"))], ids=["avx2", "sse"])
+def test_defaults_on_narrower_cpus(width: int, flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+  """Every workload's default kernels as an AVX2 (8 lanes, 16 registers) or SSE (4 lanes) CPU gets them, compiled for that CPU,
+  against the reference: CI runs on AVX-512, where the heuristics pick 16 lanes."""
+  from tinytune.engine import forget, program
+  from tinytune.runtime import Device
+  cpu = Device["CPU"]
+  monkeypatch.setattr(cpu, "caps", dataclasses.replace(cpu.caps, simd_width=width, vector_registers=16))
+  monkeypatch.setattr(cpu, "flags", cpu.flags + flags)
+  monkeypatch.setattr(program, "_programs", {})  # no kernel compiled for this machine, nor a plan that runs one
+  forget()
+  try:
+    for name, p in MEDIUM.items():
+      w = get_workload(name)
+      params = w.params(p)
+      out, arrays = w.instantiate(params)
+      ref = w.reference(params, *arrays)
+      np.testing.assert_allclose(result(out), ref.ravel() if isinstance(out, tuple) else ref, rtol=1e-3, atol=1e-3, err_msg=name)
+  finally: forget()  # the plans run kernels built for the narrower CPU
+  assert {f"tt_f{width}" in ck.src for ck in program._programs.values()} == {True, False}  # vector kernels, and scalar ones
 
 
 def test_cnn_train_step_matches_torch() -> None:
