@@ -308,3 +308,20 @@ def test_a_read_only_database_in_a_read_only_folder(tmp_path: Path) -> None:
       assert run.returncode == 0 and "Traceback" not in run.stderr, (argv, run.stderr)
   finally: os.chmod(folder, stat.S_IRWXU)
   assert sorted(os.listdir(folder)) == before  # nothing written beside it
+
+
+def test_a_cache_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+  """TINYTUNE_CACHE_DIR naming a file (or a folder under one): every command says so in one line and exits non-zero, and a
+  program's first kernel raises an error that says which variable to change (each was a FileExistsError traceback)."""
+  (blocker := tmp_path / "file").write_text("")
+  env = {**os.environ, "TINYTUNE_CACHE_DIR": str(blocker / "cache")}
+  env.pop("TINYTUNE_DB", None)
+  argvs = (["cache", "list"], ["db", "upgrade"], ["search", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--budget", "1"])
+  procs = [subprocess.Popen([sys.executable, "-m", "tinytune.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+           for args in argvs]
+  for args, proc in zip(argvs, procs):
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1 and "TINYTUNE_CACHE_DIR" in err, (args, err)
+  code = "from tinytune import Tensor\ntry: (Tensor([1.0, 2.0]) * 3).numpy()\nexcept RuntimeError as e: print(e)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+  assert out.returncode == 0 and f"{blocker / 'cache'} cannot be made" in out.stdout and "TINYTUNE_CACHE_DIR" in out.stdout, out

@@ -104,5 +104,7 @@ def cache_dir() -> pathlib.Path:
   """Where tinytune keeps compiled kernels and databases: $TINYTUNE_CACHE_DIR or the user cache dir."""
   base = os.getenv("TINYTUNE_CACHE_DIR") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tinytune")
   path = pathlib.Path(base)
-  path.mkdir(parents=True, exist_ok=True)
+  try: path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:  # a file in the way, a read-only or missing mount
+    raise RuntimeError(f"tinytune's cache folder {path} cannot be made ({e.strerror}): set TINYTUNE_CACHE_DIR to a writable folder") from None
   return path
