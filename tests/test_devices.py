@@ -167,6 +167,19 @@ def test_unknown_device() -> None:
   with pytest.raises(ValueError, match="unknown device 'TPU'; available: CPU, OPENCL, CUDA, AMD"): Device.canonicalize("TPU")
 
 
+@pytest.mark.parametrize("env,message", [
+  ({"TINYTUNE_DEVICE": "TPU"}, "TINYTUNE_DEVICE: unknown device 'TPU'; available: CPU"), ({"TINYTUNE_DEVICE": ""}, None),
+  ({"TINYTUNE_POOL_BYTES": "1GB"}, "TINYTUNE_POOL_BYTES='1GB' is not an integer >= 0"), ({"TINYTUNE_POOL_BYTES": "0"}, None),
+  ({"TINYTUNE_CC": "false"}, "false --version failed (exit 1): it is not a C compiler; set TINYTUNE_CC to one, or unset it")])
+def test_a_bad_environment_variable_is_named_in_the_error(env: dict[str, str], message: str | None, tmp_path) -> None:
+  """A program run under a bad TINYTUNE_* variable raises an error that names it (TINYTUNE_POOL_BYTES failed the import of tinytune
+  with int()'s message, TINYTUNE_CC=false a CalledProcessError); an empty TINYTUNE_DEVICE is the default device."""
+  code = "from tinytune import Tensor\ntry: print((Tensor([1.0, 2.0]) * 3).tolist())\nexcept Exception as e: print(type(e).__name__, e)"
+  env = {**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path), **env}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+  assert out.returncode == 0 and (message or "[3.0, 6.0]") in out.stdout, out
+
+
 H100_TC = dataclasses.replace(H100, tensor_cores=("float16", "bfloat16"))
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tinytune.dtype import DType
-from tinytune.helpers import cache_dir
+from tinytune.helpers import cache_dir, env_count
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,22 @@ class BufferPool:
   gives memory back, so memory that a live Buffer holds is never handed out twice. What the pool holds is (memory, its address
   where a device found one): the address comes back with the memory, not worked out again."""
 
-  def __init__(self, limit: int):
-    self.limit, self.held = limit, 0
+  def __init__(self, limit: int | None = None):
+    self._limit, self.held = limit, 0
     self.free: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+
+  @property
+  def limit(self) -> int:
+    """The given limit, else $TINYTUNE_POOL_BYTES (1 GiB where unset), read at the first buffer: a bad value is an error that
+    names it there, not a traceback from importing tinytune."""
+    if self._limit is None:
+      self._limit = env_count("TINYTUNE_POOL_BYTES", 0)
+      if self._limit is None: self._limit = 1 << 30
+    return self._limit
 
   def take(self, device: str, nbytes: int) -> Any:
     """Pooled memory of this size on this device, or None."""
-    if not (mems := self.free.get((device, nbytes))): return None
+    if nbytes > self.limit or not (mems := self.free.get((device, nbytes))): return None
     self.held -= nbytes
     mem = mems.pop()
     if not mems: del self.free[(device, nbytes)]
@@ -104,7 +113,7 @@ class BufferPool:
   def clear(self) -> None: self.free.clear(); self.held = 0
 
 
-POOL = BufferPool(int(os.getenv("TINYTUNE_POOL_BYTES", str(1 << 30))))
+POOL = BufferPool()
 
 
 class Buffer:
@@ -169,7 +178,9 @@ class _DeviceRegistry:
 
   @property
   def DEFAULT(self) -> str:
-    if self._default is None: self._default = self.canonicalize(os.getenv("TINYTUNE_DEVICE", "CPU"))
+    if self._default is None:
+      try: self._default = self.canonicalize(os.getenv("TINYTUNE_DEVICE") or "CPU")
+      except ValueError as e: raise ValueError(f"TINYTUNE_DEVICE: {e}") from None
     return self._default
 
   @DEFAULT.setter

@@ -47,7 +47,10 @@ def openmp_works(cc: str) -> bool:
 
 @functools.cache
 def compiler_version(cc: str) -> str:
-  return subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+  out = subprocess.run([cc, "--version"], capture_output=True, text=True)
+  if out.returncode or not out.stdout.strip():
+    raise RuntimeError(f"{cc} --version failed (exit {out.returncode}): it is not a C compiler; set TINYTUNE_CC to one, or unset it")
+  return out.stdout.splitlines()[0]
 
 
 @functools.cache
