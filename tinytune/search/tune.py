@@ -11,13 +11,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from tinytune import engine
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
 from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.helpers import env_count, unique_names
-from tinytune.results_db import CandidateRow, Database, fingerprint_hash
+from tinytune.results_db import CandidateRow, Database, SchemaError, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
 from tinytune.search.evaluate import Evaluator, Result, source_hash
@@ -185,8 +187,11 @@ DEFAULT_CANDIDATES = 200
 def first_use_tuner(device: str, strategy: str) -> Tuner:
   """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and BEAM=N
   as the beam's width; it writes a progress line per kernel on stderr."""
-  width = env_count("BEAM", 0) if strategy == "beam" else None
-  return _first_use_tuner(os.getenv("TINYTUNE_DB") or None, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
+  width, db = env_count("BEAM", 0) if strategy == "beam" else None, os.getenv("TINYTUNE_DB") or None
+  try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
+  except (SQLAlchemyError, SchemaError) as e:  # SQLAlchemy's own words name neither the variable nor the URL
+    why = (str(getattr(e, "orig", None) or e).splitlines() or [type(e).__name__])[0]
+    raise RuntimeError(f"TINYTUNE_DB={db or 'unset, the default database'!r} cannot record first-use tuning: {why}") from None
 
 
 @functools.lru_cache(maxsize=None)
