@@ -93,7 +93,7 @@ class BufferPool:
 
   def take(self, device: str, nbytes: int) -> Any:
     """Pooled memory of this size on this device, or None."""
-    if nbytes > self.limit or not (mems := self.free.get((device, nbytes))): return None
+    if nbytes > self.limit or not (mems := self.free.get((device, nbytes))): return None  # (the first buffer reads the limit here)
     self.held -= nbytes
     mem = mems.pop()
     if not mems: del self.free[(device, nbytes)]

@@ -191,7 +191,8 @@ def first_use_tuner(device: str, strategy: str) -> Tuner:
   try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
   except (SQLAlchemyError, SchemaError) as e:  # SQLAlchemy's own words name neither the variable nor the URL
     why = (str(getattr(e, "orig", None) or e).splitlines() or [type(e).__name__])[0]
-    raise RuntimeError(f"TINYTUNE_DB={db or 'unset, the default database'!r} cannot record first-use tuning: {why}") from None
+    where = f"TINYTUNE_DB={db!r}" if db else "the default database (TINYTUNE_DB is unset)"
+    raise RuntimeError(f"{where} cannot record first-use tuning: {why}") from None
 
 
 @functools.lru_cache(maxsize=None)
