@@ -206,9 +206,8 @@ def stacked_dims(k: Kernel) -> list[tuple[int, int]]:
 
 
 def _transpose_tile(k: Kernel, lane: int, strides: list[list[int]]) -> tuple[int, int] | None:
-  """For a kernel with no reduce: (dim, width) where an input gathered along the lane dim is contiguous along that other output dim,
-  and width (8 or 4) splits both."""
-  if k.reduceop is not None: return None
+  """For a kernel with no reduce (the heuristic asks no other): (dim, width) where an input gathered along the lane dim is contiguous
+  along that other output dim, and width (8 or 4) splits both."""
   return next(((d, w) for st in strides if abs(st[lane]) >= GATHER_STRIDE for d in range(k.n_global) if d != lane and st[d] == 1
                for w in (8, 4) if k.sizes[lane] % w == 0 and k.sizes[d] % w == 0), None)
 

@@ -269,6 +269,15 @@ class Database:
         if (row := find(session)) is None: raise
         return value(row)
 
+  def _locked_upsert(self, write: Callable[[Session], Value]) -> Value:
+    """`write` reads a row locked (FOR UPDATE on PostgreSQL; SQLite's writers queue anyway), compares, and updates or inserts it, in
+    one transaction. Where another process inserted the same row between our read and our insert (IntegrityError), once more:
+    the row is then theirs to compare with."""
+    try:
+      with self.session() as session: return write(session)
+    except IntegrityError:
+      with self.session() as session: return write(session)
+
   # ***** devices and kernels *****
   def device_id(self, fingerprint: dict[str, str]) -> int:
     """The id of the device with this fingerprint, added if new."""
@@ -344,20 +353,17 @@ class Database:
     compare: a slower result, from a smaller search or a noisier moment, never replaces a faster verified one, and workers
     that finish in any order leave the same best. `tinytune search --force` re-tunes and replaces. The kernel's name and
     the run's workload and params are filled in from this database where not given."""
-    for attempt in range(2):
-      try:
-        with self.session() as session:
-          entry = Tuned.find(session, kernel_key, device_hash, for_update=True)
-          if entry is not None and not force and entry.best_s <= best_s: return False
-          if not kernel_name and (kernel := KernelRecord.find(session, kernel_key)) is not None: kernel_name = kernel.name
-          if not workload and run_id is not None and (run := session.get(SearchRun, run_id)) is not None: workload, params = run.workload, run.params
-          if entry is None: session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
-          entry.opts, entry.best_s, entry.default_s, entry.run_id, entry.updated_at = opts_json, best_s, default_s, run_id, utcnow()
-          entry.kernel_name, entry.workload, entry.params = kernel_name, workload, params or "{}"
-        return True
-      except IntegrityError:  # another process inserted the same entry first (PostgreSQL): compare with theirs
-        if attempt == 1: raise
-    return False
+    def write(session: Session) -> bool:
+      entry = Tuned.find(session, kernel_key, device_hash, for_update=True)
+      if entry is not None and not force and entry.best_s <= best_s: return False
+      name, work, par = kernel_name, workload, params
+      if not name and (kernel := KernelRecord.find(session, kernel_key)) is not None: name = kernel.name
+      if not work and run_id is not None and (run := session.get(SearchRun, run_id)) is not None: work, par = run.workload, run.params
+      if entry is None: session.add(entry := Tuned(kernel_key=kernel_key, device_hash=device_hash))
+      entry.opts, entry.best_s, entry.default_s, entry.run_id, entry.updated_at = opts_json, best_s, default_s, run_id, utcnow()
+      entry.kernel_name, entry.workload, entry.params = name, work, par or "{}"
+      return True
+    return self._locked_upsert(write)
 
   def tuned(self, kernel_key: str, device_hash: str) -> TunedRow | None:
     with self.session(write=False) as session:
@@ -446,17 +452,12 @@ class Database:
   # ***** device peaks *****
   def set_peak(self, device_id: int, gflops: float, gbs: float, probe: str) -> None:
     """Store the measured peak GFLOPS and GB/s of a device, keeping the higher of the stored and the new value of each:
-    a probe that ran beside other work measures low, and a roof below the kernels it bounds is no roof. The row is locked while
-    compared (PostgreSQL), and an insert that loses to another process's compares with theirs."""
-    for attempt in range(2):
-      try:
-        with self.session() as session:
-          if (peak := Peak.find(session, device_id, for_update=True)) is None: session.add(peak := Peak(device_id=device_id, gflops=0.0, gbs=0.0))
-          if gflops > peak.gflops or gbs > peak.gbs: peak.probe, peak.created_at = probe, utcnow()
-          peak.gflops, peak.gbs = max(peak.gflops, gflops), max(peak.gbs, gbs)
-        return
-      except IntegrityError:
-        if attempt == 1: raise
+    a probe that ran beside other work measures low, and a roof below the kernels it bounds is no roof."""
+    def write(session: Session) -> None:
+      if (peak := Peak.find(session, device_id, for_update=True)) is None: session.add(peak := Peak(device_id=device_id, gflops=0.0, gbs=0.0))
+      if gflops > peak.gflops or gbs > peak.gbs: peak.probe, peak.created_at = probe, utcnow()
+      peak.gflops, peak.gbs = max(peak.gflops, gflops), max(peak.gbs, gbs)
+    self._locked_upsert(write)
 
   def peak(self, device_id: int) -> PeakRow | None:
     with self.session(write=False) as session:
