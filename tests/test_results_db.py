@@ -317,6 +317,8 @@ def test_peaks_probed_at_once_keep_the_highest(db: Database, monkeypatch: pytest
 
 
 def test_tuned_entries_stored_at_once_keep_the_fastest(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Searches storing one kernel's best at once, each having read the entry before the others wrote: no store fails and the
+  fastest stays (set_tuned locked and retried already; this guards the upsert it now shares with set_peak)."""
   for first in (1e-3, 1e-4):  # a new entry, then one to improve on
     read_together(monkeypatch, Tuned, 4)
     stored = run_together([lambda i=i: db.set_tuned("key", "dev", f"[{i}]", first * (4 - i), None, None) for i in range(4)])
