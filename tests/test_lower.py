@@ -131,6 +131,22 @@ def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
     with pytest.raises(NotImplementedError, match="has no WMMA statement"): r.render(k)
 
 
+def test_16_bit_floats_take_float32_lanes_where_the_renderer_has_them() -> None:
+  """The C renderer computes float16 and bfloat16 in float32 vector lanes: vector loads and stores convert, each op rounds to the
+  16-bit type (a max or a negation needs no rounding); a matmul of them multiplies in float32 (exact products) and rounds only its
+  sum. Renderers without such lanes (OpenCL here) keep a lane per scalar."""
+  for dt, name in ((np.float16, "f16"), (dtypes.bfloat16.np, "bf16")):
+    a, b = arr(8, 16, dtype=dt), arr(8, 16, dtype=dt)
+    k = kernel(((a * b).relu() + 1).neg(), CPU, [Opt(U, 1, 8)])
+    program = str(lower(k, CRenderer()))
+    assert program.count(f"LOAD<4>.{dtypes.from_any(dt).name}") == 4 and program.count("STORE<4>") == 2
+    src = CRenderer().render(k).split(f"void {k.name}")[1]
+    assert src.count(f"tt_f4_round_{name}(") == 4 and f"tt_f4_store_{name}(data0" in src  # the product and the sum, twice
+    assert "LOAD<4>" not in str(lower(k, OpenCLRenderer()))
+    mm = kernel(arr(8, 16, dtype=dt) @ arr(16, 8, dtype=dt), CPU, [Opt(U, 1, 8)])
+    assert CRenderer().render(mm).split(f"void {mm.name}")[1].count(f"tt_f4_round_{name}(") == 2  # only the sums, a vector each
+
+
 def test_void_is_no_tensor_dtype() -> None:
   """Statements that hold no value have dtype void, which no tensor takes."""
   program = lower(kernel(arr(4, 4).sum(-1), CPU, []), CRenderer())

@@ -821,6 +821,33 @@ def test_cpu_vector_math_stays_in_lanes() -> None:
   assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
+  """float16 and bfloat16 on the CPU load into float32 vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's
+  conversions), and each op's result rounds to the 16-bit type: the same bits as the scalar code and as NumPy (ml_dtypes) doing
+  one op at a time, with infinities, NaNs, signed zeros, subnormals, the largest finite values and halfway cases."""
+  from tinytune.engine import compile_kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  npd, f16 = dtype.np, dtype == dtypes.float16
+  edges = [np.inf, -np.inf, np.nan, 0.0, -0.0, 65504.0 if f16 else 3.3e38, 2.0 ** -24 if f16 else 2.0 ** -133, 6.1e-5 if f16 else 1.2e-38, 1.0]
+  x = np.concatenate([edges, [1.0, 1.0 + 2.0 ** (-10 if f16 else -7)], rand(256 - len(edges) - 2, lo=-4, hi=4)]).astype(npd)
+  y = np.concatenate([edges[::-1], [2.0 ** (-11 if f16 else -8)] * 2, rand(256 - len(edges) - 2, lo=-4, hi=4, seed=1)]).astype(npd)
+  with np.errstate(all="ignore"):  # x + y halfway between two values at [-11:-9]: to the even one
+    want = np.maximum(x + y, x * y) - np.sqrt(np.where(x < y, np.abs(y), np.abs(x))) * (x.astype(np.float32) * np.float32(0.3)).astype(npd)
+  tx, ty = Tensor(x, dtype=dtype), Tensor(y, dtype=dtype)
+  out = (tx + ty).maximum(tx * ty) - (tx < ty).where(ty.abs(), tx.abs()).sqrt() * (tx.cast(dtypes.float32) * 0.3).cast(dtype)
+  (item,), _ = create_schedule(out.uop, "CPU")
+  for width, opts in [(1, []), *((w, [Opt(OptOps.UPCAST, 0, 2 * w)]) for w in (16, 8, 4))]:
+    kernel = Kernel(item.ast, DeviceCaps(threads=1, simd_width=max(width, 4))).apply_opts(opts)
+    program, src = compile_kernel(kernel, "CPU")
+    assert width == 1 or f"tt_f{width}_load{'_f16' if f16 else '_bf16'}(" in src
+    program(item.out, *kernel.bufs)
+    got = item.out.numpy_view().copy()
+    bad = np.where(np.isnan(want), ~np.isnan(got), got.view(np.uint16) != want.view(np.uint16))
+    assert not bad.any(), f"{width} lanes: {got[bad][:4]}, NumPy: {want[bad][:4]} (x {x[bad][:4]}, y {y[bad][:4]})"
+
+
 # ***** binary ops, broadcasting, python scalars, promotion *****
 
 BINARY_OPS: dict[str, Callable[[Any, Any], Any]] = {

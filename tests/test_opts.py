@@ -73,6 +73,10 @@ CASES: dict[str, Callable[[], Tensor]] = {
   # bfloat16 loads into float32 lanes, and a cast rounding in the kernel
   "bfloat16": lambda: (_rand(8, 16).cast(dtypes.bfloat16).realize() * _randn(16).cast(dtypes.bfloat16)).sum(-1, dtype=dtypes.float32) + 1,
   "matmul_bf16": lambda: _randn(32, 16).cast(dtypes.bfloat16).realize() @ _randn(16, 48).cast(dtypes.bfloat16).realize(),  # TC on CUDA
+  # 16-bit floats in float32 vector lanes, each op rounding its result to their type (the same bits with any opts), and a softmax
+  # row kept in bfloat16 between its statistics' loops and its output's
+  "elementwise_f16": lambda: ((_randn(6, 1, 8).cast(dtypes.float16).realize() * _randn(1, 5, 8).cast(dtypes.float16)).relu().sqrt() * 3 - 1).exp2(),
+  "softmax_bf16": lambda: (_randn(6, 20) * 3).cast(dtypes.bfloat16).realize().softmax(-1),
   "float64": lambda: (_randn(8, 16).cast(dtypes.float64) * _randn(16).cast(dtypes.float64)).sum(-1) + 1,  # no SIMD lanes, double math
   "int8_max": lambda: (_ints(6, 10).cast(dtypes.int8) * 37 + 5).max(-1),  # products wrap in int8
   "uint32_sum": lambda: (_ints(6, 10, lo=0).cast(dtypes.uint32) * 3_000_000_007).sum(-1, dtype=dtypes.uint32),  # a sum that wraps
@@ -84,7 +88,7 @@ CASES: dict[str, Callable[[], Tensor]] = {
 # outputs that every opt must reproduce bit for bit: integers, and float kernels with one reduce dim and no multiply-add
 # for the compiler to contract, where only adding in another order (like unrolling the inner part first) changes a bit;
 # GROUP adds partial sums across threads, so float sums are exact up to rounding there
-EXACT = {"row_sum", "col_sum", "softmax0", "max", "int32", "int32_max", "int64_max", "int8_max", "uint32_sum"}
+EXACT = {"row_sum", "col_sum", "softmax0", "max", "int32", "int32_max", "int64_max", "int8_max", "uint32_sum", "elementwise_f16"}
 
 
 @dataclass
@@ -138,12 +142,13 @@ def fuzzed_here(name: str, device: str) -> None:
 KERNELS = ["matmul_odd", "matmul_pow2", "batched_matmul", "conv2d", "row_sum", "col_sum", "elementwise",
            "softmax", "softmax0", "softmax1", "softmax2", "layernorm", "layernorm0", "layernorm1", "layernorm2",
            "max", "flip_sum", "stack", "int32", "int32_max", "int64_max", "float16", "matmul_f16",
-           "bfloat16", "matmul_bf16", "float64", "int8_max", "uint32_sum", "matmul_relu", "matmul_int32", "matmul_wide"]
+           "bfloat16", "matmul_bf16", "elementwise_f16", "softmax_bf16", "softmax_bf160", "softmax_bf161", "softmax_bf162",
+           "float64", "int8_max", "uint32_sum", "matmul_relu", "matmul_int32", "matmul_wide"]
 
 
 # the CPU computes a row's statistics and the row written after them in one kernel (see engine/schedule.py), devices with
 # workgroups one kernel each
-WORKGROUP_ONLY = {"softmax0", "softmax1", "softmax2", "layernorm0", "layernorm1", "layernorm2"}
+WORKGROUP_ONLY = {"softmax0", "softmax1", "softmax2", "layernorm0", "layernorm1", "layernorm2", "softmax_bf160", "softmax_bf161", "softmax_bf162"}
 
 
 def case(name: str, device: str) -> KernelCase:

@@ -13,6 +13,8 @@ from tinytune.codegen.lower import ARITH, CLOSES, OPENS, TRUE, VALUES, Program, 
 from tinytune.dtype import DType, dtypes
 from tinytune.uop import ALU, Ops, UOp
 
+EXACT = {Ops.NEG, Ops.MAX, Ops.WHERE, Ops.CMPLT, Ops.CMPNE}  # ops whose result needs no rounding to its operands' type
+
 
 class CStyleRenderer:
   types = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short", dtypes.uint16: "unsigned short",
@@ -26,6 +28,7 @@ class CStyleRenderer:
   func_prefix = "static inline"  # helper functions
   in_order_reduce_prefix = ""  # before kernels that add floats into a scalar accumulator, in order
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
+  vector_floats: tuple[DType, ...] = (dtypes.float32,)  # the float dtypes computed in float32 vector lanes
   includes = "#include <math.h>\n"
   inf, nan = "INFINITY", "NAN"
   math, math_suffix = "", "f"  # float32 math functions: exp2f, ...
@@ -68,6 +71,7 @@ class CStyleRenderer:
     return self.includes + bf16 + (f"{fp} {it} tt_fdiv({it} a, {it} b) {{ {it} q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }}\n"
                                    f"{fp} {it} tt_fmod({it} a, {it} b) {{ {it} r = a % b; return r + ((r != 0) && ((r < 0) != (b < 0))) * b; }}\n")
 
+  half_suffix = {dtypes.float16: "_f16", dtypes.bfloat16: "_bf16"}  # a vector load, store or rounding of a 16-bit float
   lane_fmt = "{}[{}]"
   aligned_vectors = False  # vector loads and stores need addresses aligned to the vector
 
@@ -78,7 +82,7 @@ class CStyleRenderer:
     """Vector code for the ops past the arithmetic ones: comparisons give masks, WHERE takes one."""
     raise NotImplementedError(f"{type(self).__name__} has no vector {op.name}")
   def vector(self, vt: str, items: list[str]) -> str: return f"({vt}){{{', '.join(items)}}}"
-  def vector_prelude(self, width: int) -> str:
+  def vector_prelude(self, width: int, used: set[DType]) -> str:
     vt = self.vtype(width)
     return (f"typedef float {vt} __attribute__((vector_size({4 * width})));\n"
             f"{self.func_prefix} {vt} {vt}_load(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}\n"
@@ -156,7 +160,8 @@ class CStyleRenderer:
       if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
-    head = self.prelude(k) + (self.vector_prelude(p.width) if p.width > 1 else "") + (self.in_order_reduce_prefix if p.in_order_sum else "")
+    head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
+    head += self.in_order_reduce_prefix if p.in_order_sum else ""
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
@@ -181,13 +186,18 @@ class CStyleRenderer:
     """What a value statement (or an inline load, vector or shared element) computes."""
     if (op := u.op) in ALU:
       args, w = [self.operand(s, at) for s in u.src], u.arg[1]
-      if w > 1: return self.code(op, args, u.dtype) if op in ARITH else self.vector_code(op, args, w)
+      if w > 1:  # a 16-bit float in float32 lanes rounds each new result to its type, as the scalar code does
+        if op is Ops.CAST: ret = args[0]
+        else: ret = self.code(op, args, u.dtype) if op in ARITH else self.vector_code(op, args, w)
+        return f"{self.vtype(w)}_round{sfx}({ret})" if (sfx := self.half_suffix.get(u.dtype)) and op not in EXACT else ret
       if op is Ops.BITCAST: return self.bitcast(args[0], u.src[0].dtype, u.dtype)
       ret = self.code(op, args, u.dtype)  # a 16-bit float computed in float32 rounds each result to its type
       return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
     if op is Ops.LOAD:
       ptr, (idx, valid), w = self.ptr(u.arg[2]), u.src, u.arg[1]
-      if w > 1: load, zero = f"{self.vtype(w)}_load({ptr}+{self.index(idx, at.index)})", self.vector(self.vtype(w), ["0.0f"] * w)
+      if w > 1:
+        load = f"{self.vtype(w)}_load{self.half_suffix.get(u.dtype, '')}({ptr}+{self.index(idx, at.index)})"
+        zero = self.vector(self.vtype(w), ["0.0f"] * w)
       else: load, zero = self.load(ptr, self.index(idx, at.index), u.dtype), self.literal(0, u.dtype)
       return load if valid is TRUE else f"({self.index(valid, at.index)}?{load}:{zero})"
     if op is Ops.DEFINE_ACC:
@@ -203,6 +213,7 @@ class CStyleRenderer:
     assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
     return f"({args[0]}?{args[1]}:0)"
 
+  def local_type(self, dtype: DType) -> str: return self.types[dtype]  # an array's element type in shared memory
   def ptr(self, buf: int | str) -> str: return buf if isinstance(buf, str) else f"data{buf}"  # a kernel argument or a local array
   def guarded(self, line: str, guard: UOp, at: _At) -> str: return line if guard is TRUE else f"if ({self.index(guard, at.index)}) {line}"
   def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`, x without the parentheses that index math has around it
@@ -218,7 +229,7 @@ class CStyleRenderer:
   def store_stmt(self, u: UOp, at: _At) -> str:
     (idx, val, guard), (w, buf, stream) = u.src, u.arg
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
-    vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}({ptr}+{i}, {v});"  # streaming: the CPU's (see STREAM16)
+    vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see STREAM16
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
   def special(self, u: UOp, at: _At) -> str:
     name, base, mult, mod = u.arg
@@ -235,7 +246,7 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.types[u.dtype]} {u.arg[0]}[{u.arg[1]}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype)} {u.arg[0]}[{u.arg[1]}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg[0]} = {r.expr(u, at)};" for op in VALUES},
   }
 
@@ -280,6 +291,12 @@ AVX512 = {
     "MAX": ("__builtin_ia32_maxps256(a, b)",) * 2, "MIN": ("__builtin_ia32_minps256(a, b)",) * 2,
     "NANMAX": (f"__builtin_ia32_maxps256_mask(a, b, a, {_ORD8})", f"__builtin_ia32_selectps_256({_ORD8}, __builtin_ia32_maxps256(a, b), a)"),
     "SCALEF": (f"__builtin_ia32_scalefps256_mask(a, b, a, {_M8})",) * 2})}
+
+
+# float16 <-> float32 in one instruction: lanes -> (the target's macro, float16 bits to float32, float32 to float16 bits rounded to nearest even)
+HALF_CONVERT = {16: ("defined(__AVX512F__)", "__builtin_ia32_vcvtph2ps512_mask(h, (tt_f16){0}, (unsigned short)-1, 4)",
+                     "__builtin_ia32_vcvtps2ph512_mask(x, 0, (tt_h16){0}, (unsigned short)-1)"),
+                8: ("defined(__F16C__)", "__builtin_ia32_vcvtph2ps256(h)", "__builtin_ia32_vcvtps2ph256(x, 0)")}
 
 
 # a non-temporal store of a whole 64-byte line (AVX-512's vmovntps, which needs the line's address; elsewhere a plain store), and the
@@ -388,6 +405,47 @@ def vector_math(fp: str, width: int) -> str:
   return code
 
 
+def half_vectors(fp: str, w: int, used: set[DType]) -> str:
+  """float16 and bfloat16 buffers read into and written from float32 vectors of `w` lanes, and a float32 vector rounded to either
+  (to nearest even; a NaN to bfloat16 is the quiet NaN of its sign, as the scalar code has it). One op in float32 rounded to a
+  16-bit float is that op in the 16-bit float: float32's 24 bits are at least twice its bits plus 2. The lanes of a 16-bit float
+  vector hold values of its type (loaded, or rounded by the op that made them), so a store only narrows them."""
+  F, U, H, fast = f"tt_f{w}", f"tt_u{w}", f"tt_h{w}", HALF_CONVERT.get(w)
+  code = f"typedef short {H} __attribute__((vector_size({2 * w})));\n" if used & {dtypes.float16, dtypes.bfloat16} else ""
+  if dtypes.float16 in used:  # AVX-512F converts 16 lanes in an instruction, F16C 8; elsewhere the compiler's conversion
+    generic = (f"typedef _Float16 tt_hf{w} __attribute__((vector_size({2 * w})));\n"
+               f"{fp} {F} tt_up{w}({H} h) {{ return __builtin_convertvector((tt_hf{w})h, {F}); }}\n"
+               f"{fp} {H} tt_down{w}({F} x) {{ return ({H})__builtin_convertvector(x, tt_hf{w}); }}\n")
+    code += generic if fast is None else f"""#if {fast[0]}
+{fp} {F} tt_up{w}({H} h) {{ return {fast[1]}; }}
+{fp} {H} tt_down{w}({F} x) {{ return {fast[2]}; }}
+#else
+{generic}#endif
+"""
+    code += (f"{fp} {F} {F}_load_f16(const _Float16* p) {{ {H} h; __builtin_memcpy(&h, p, sizeof h); return tt_up{w}(h); }}\n"
+             f"{fp} void {F}_store_f16(_Float16* p, {F} x) {{ {H} h = tt_down{w}(x); __builtin_memcpy(p, &h, sizeof h); }}\n"
+             f"{fp} {F} {F}_round_f16({F} x) {{ return tt_up{w}(tt_down{w}(x)); }}\n")
+  if dtypes.bfloat16 in used:  # a bfloat16 is a float32's high half: its lanes go to and from the odd shorts (one permute)
+    W = f"tt_w{w}"
+    code += f"""typedef short {W} __attribute__((vector_size({4 * w})));
+{fp} {F} {F}_load_bf16(const unsigned short* p) {{
+  {H} h, z = {{0}};
+  __builtin_memcpy(&h, p, sizeof h);
+  return ({F})__builtin_shufflevector(z, h, {', '.join(f'{i}, {w + i}' for i in range(w))});
+}}
+{fp} {F} {F}_round_bf16({F} x) {{
+  {U} u = ({U})x, nan = ({U})((u & 0x7fffffffu) > 0x7f800000u);
+  return ({F})(((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u & ~nan) | (((u & 0x80000000u) | 0x7fc00000u) & nan));
+}}
+{fp} void {F}_store_bf16(unsigned short* p, {F} x) {{  /* x's lanes are bfloat16 values: each op rounded them */
+  {W} r = ({W})x;
+  {H} h = __builtin_shufflevector(r, r, {', '.join(str(2 * i + 1) for i in range(w))});
+  __builtin_memcpy(p, &h, sizeof h);
+}}
+"""
+  return code
+
+
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
   # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
@@ -398,7 +456,7 @@ class CRenderer(CStyleRenderer):
   vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
-    return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype == dtypes.float32 else super().code(op, args, dtype)
+    return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype in self.vector_floats else super().code(op, args, dtype)
 
   vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
   def vector_code(self, op: Ops, args: Sequence[str], width: int) -> str:
@@ -407,8 +465,12 @@ class CRenderer(CStyleRenderer):
     if op is Ops.WHERE: return f"tt_where{width}({args[0]}, {args[1]}, {args[2]})"
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
-  def vector_prelude(self, width: int) -> str:
-    return super().vector_prelude(width) + vector_math(self.func_prefix, width) + (STREAM16 if width == 16 else "")
+  vector_floats = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+  # a thread's array of a row (see lower.py, row_source) holds its values as a buffer would, loaded and stored the same way
+  def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
+  def vector_prelude(self, width: int, used: set[DType]) -> str:
+    return super().vector_prelude(width, used) + vector_math(self.func_prefix, width) + (STREAM16 if width == 16 else "") + \
+      half_vectors(self.func_prefix, width, used)
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
 
@@ -458,7 +520,7 @@ class CUDARenderer(_GPURenderer):
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
   aligned_vectors = True
   def vector(self, vt: str, items: list[str]) -> str: return f"{vt}{{{{{', '.join(items)}}}}}"
-  def vector_prelude(self, width: int) -> str:
+  def vector_prelude(self, width: int, used: set[DType]) -> str:
     vt, f = self.vtype(width), "__device__ inline"
     def each(expr: str) -> str: return f"{{ {vt} r; for (int i = 0; i < {width}; i++) r.v[i] = {expr}; return r; }}\n"
     return (f"struct {vt} {{ float v[{width}]; {f} float& operator[](int i) {{ return v[i]; }} "
@@ -531,7 +593,7 @@ class OpenCLRenderer(_GPURenderer):
   lane_fmt = "{}.s{:x}"
   def vtype(self, width: int) -> str: return f"float{width}"
   def vector(self, vt: str, items: list[str]) -> str: return f"(({vt})({', '.join(items)}))"
-  def vector_prelude(self, width: int) -> str:
+  def vector_prelude(self, width: int, used: set[DType]) -> str:
     vt = self.vtype(width)
     return (f"static inline {vt} {vt}_load(const __global float* p) {{ return vload{width}(0, p); }}\n"
             f"static inline void {vt}_store(__global float* p, {vt} v) {{ vstore{width}(v, 0, p); }}\n")

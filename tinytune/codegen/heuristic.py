@@ -52,7 +52,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
 
   stacked = dict(stacked_dims(k)) if k.reduceop is None else {}
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
-  vectorize = k.ast.dtype == dtypes.float32
+  vectorize = k.ast.dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # the C renderer's float32 lanes (see CRenderer.vector_floats)
   # a cat's rows take vectors along the lane dim where its loads are contiguous, and its stacks' rows are upcast whole where they fit
   # beside a full vector of those lanes (whole-line stores): Winograd's 6x6 input transform with 16 lanes and 6x2 rows took 1.8 ms
   # against 3.0 with 4 lanes and 6x6 rows (16x64x56x56)
@@ -77,7 +77,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif tile_row is not None:
     # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
     # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
-    computed = sum(u.op in ALU for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
+    computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
     # B contiguous along the reduce, not the lanes (Q @ K^T): each vector of B is gathered from as many cache lines, so one vector
     # serves as many rows as the registers hold, and the rows stay outer: the tile's rows of A stay in L1 while B's columns pass
     gathered = any(abs(st[lane]) >= GATHER_STRIDE for st in strides)
@@ -120,7 +120,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   # their sums so far reloaded from the output) where one strip down every row steps a page at a time (4096^2: 4.5 -> 1.9 ms)
   if column_sum and k.reduceop is not None and k.n_reduce == 1 and prod(k.reduceop.src[0].shape) * k.reduceop.src[0].dtype.itemsize > KBLOCK_BYTES:
     first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in (8, 4, 16)))
-  if vectorize and simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
+  if k.ast.dtype == dtypes.float32 and simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
      any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % simd == 0 for a in k.axes):
     first_valid(Opt(OptOps.STREAM, 0, 0))
   return k.opts

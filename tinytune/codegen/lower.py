@@ -107,6 +107,7 @@ def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> 
 class Target(Protocol):
   """What lowering needs to know of the code it is for (a renderer says)."""
   vector_ops: set[Ops]  # the ops with native float32 vector code (comparisons give masks, WHERE takes one)
+  vector_floats: tuple[DType, ...]  # the float dtypes computed in float32 vector lanes (16-bit ones: converted at loads and stores)
   aligned_vectors: bool  # vector loads and stores need addresses aligned to the vector
   has_local: bool  # workgroups: the global loops are workgroups, LOCAL and GROUP parts their threads
 
@@ -116,6 +117,7 @@ class PlainTarget:
   """C's vector operators and nothing more, with workgroups where the kernel's device has them."""
   has_local: bool
   vector_ops: set[Ops] = field(default_factory=lambda: set(ARITH))
+  vector_floats: tuple[DType, ...] = (dtypes.float32,)
   aligned_vectors: bool = False
 
 
@@ -145,27 +147,30 @@ class _Lowerer:
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
     # the CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
-    # loop writes it, the row's loops read it back (softmax's probabilities, computed once). row_arrays: a row -> its array's name
-    red = k.reduceop
-    self.row_source = red.src[0] if rows and red is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
-      not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in red.src[0].toposort) else None
+    # loop writes it, the row's loops read it back (softmax's probabilities, computed once); a 16-bit float summed in float32 is kept
+    # as it is, before its cast. row_arrays: a row -> its array's name
+    src = None if k.reduceop is None else k.reduceop.src[0]
+    if src is not None and src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
+    self.row_source = src if rows and src is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
+      not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in src.toposort) else None
     self.row_arrays: dict[tuple[UOp, ...], str] = {}
     self.row_reads: set[str] = set()
     self.row_writes: set[str] = set()
     self.in_body = False
-    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for float32 outputs
-    # or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators, combined after the loop
-    self.width, self.lane_axis = 1, -1
+    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
+    # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
+    # combined after the loop
+    self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
     self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes):
       if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
-         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype == dtypes.float32:
+         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype in self.vf:
         self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
         self.lane_axis = i if self.width > 1 else -1
     # a row written after its statistic (see Kernel.reduce_out_dims): its UPCAST along the row in vectors too, beside the reduce's lanes
     self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
-                          and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype == dtypes.float32), -1)
+                          and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype in self.vf), -1)
     self.lane = UOp.var("lane", 0, self.width - 1)
     names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
     self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
@@ -292,7 +297,7 @@ class _Lowerer:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
     floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
-    if op in self.target.vector_ops and all(d == dtypes.float32 for d in floats[op is Ops.WHERE:]) and (dtype == dtypes.float32 or op in CMP):
+    if (op in self.target.vector_ops or op is Ops.CAST) and all(d in self.vf for d in floats[op is Ops.WHERE:]) and (dtype in self.vf or op in CMP):
       if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
       else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
       return Val(Kind.VECTOR, (self.value(op, dtype, args, self.width),))
@@ -306,7 +311,7 @@ class _Lowerer:
       return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, buf), dtype=dtype)
     if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
     base = self.subst_lane(off, 0)
-    if dtype == dtypes.float32 and not self.lane_dep(valid) and self.contiguous(off, base):
+    if dtype in self.vf and not self.lane_dep(valid) and self.contiguous(off, base):
       return Val(Kind.VECTOR, (value(base, valid, self.width),))
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
@@ -330,7 +335,8 @@ class _Lowerer:
   def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
     """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the device has the op, else a scalar per
     lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
-    op, vector = red.arg[0], self.width > 1 and red.dtype == dtypes.float32 and red.arg[0] in self.target.vector_ops
+    op = red.arg[0]  # vectors of 16-bit floats only for a max, which rounds nothing
+    vector = self.width > 1 and (red.dtype == dtypes.float32 or red.dtype in self.vf and op is Ops.MAX) and op in self.target.vector_ops
     parts = partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
                         Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
                         for j in range(self.k.axes[self.lanes].size // self.width)]
@@ -353,10 +359,10 @@ class _Lowerer:
     in_idx = list(idx)
     for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
     val = self.node(red.src[0], tuple(in_idx))
-    if red.src[0] is self.row_source and self.row_of(tuple(in_idx)) in self.row_arrays:  # a row the output reads back
+    if red is k.reduceop and self.row_source is not None and self.row_of(tuple(in_idx)) in self.row_arrays:  # a row the output reads back
       name, off = self.row_at(tuple(in_idx))
       self.row_writes.add(name)
-      self.store(val, off, TRUE, name, red.src[0].dtype)
+      self.store(self.node(self.row_source, tuple(in_idx)), off, TRUE, name, self.row_source.dtype)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     if (parts := self.partials.get(acc.items[0])) is not None:  # the partial of this instance's vector of lanes

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tinytune.dtype import dtypes, least_upper
+from tinytune.dtype import DType, dtypes, least_upper
 from tinytune.helpers import WINO, prod
 from tinytune.runtime import Device
 from tinytune.shape import View
@@ -29,16 +29,20 @@ def dropout(self: Tensor, p: float = 0.5) -> Tensor:
   return self * (Tensor.rand(*self.shape, device=self.device) >= p).cast(self.dtype) * (1 / (1 - p))
 
 
+# softmax, log_softmax and layernorm of 16-bit floats compute in float32 and round once at the end, as PyTorch's do
+
 def softmax(self: Tensor, axis: int = -1) -> Tensor:
-  x = self._float()
-  e = (x - x.detach().max(axis, keepdim=True)).exp()  # the shift cancels: no gradient through it
-  return e / e.sum(axis, keepdim=True)
+  def fn(x: Tensor) -> Tensor:
+    e = (x - x.detach().max(axis, keepdim=True)).exp()  # the shift cancels: no gradient through it
+    return e / e.sum(axis, keepdim=True)
+  return self._in_f32(fn)
 
 
 def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
-  x = self._float()
-  shifted = x - x.detach().max(axis, keepdim=True)  # the shift cancels: no gradient through it
-  return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  def fn(x: Tensor) -> Tensor:
+    shifted = x - x.detach().max(axis, keepdim=True)  # the shift cancels: no gradient through it
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  return self._in_f32(fn)
 
 
 def matmul(self: Tensor, w: Tensor) -> Tensor:
@@ -52,18 +56,30 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
     if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
       raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
   if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y): y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
-  if x.dtype is y.dtype and x.dtype in (dtypes.float32, dtypes.float64) and not autograd.tracking(x, y): ret = _products_summed(x, y)
-  else: ret = (x.unsqueeze(-2) * y.transpose(-1, -2).unsqueeze(-3)).sum(-1, dtype=least_upper(x.dtype, y.dtype))
+  if x.dtype is y.dtype and x.dtype.is_float and not autograd.tracking(x, y): ret = _products_summed(x, y)
+  else: ret = _products(x.unsqueeze(-2), y.transpose(-1, -2).unsqueeze(-3), -1)
   if xd == 1: ret = ret.squeeze(-2)
   return ret.squeeze(-1) if wd == 1 else ret
+
+
+def _products(x: Tensor, w: Tensor, axis: Any, order: tuple[int, ...] | None = None) -> Tensor:
+  """The sum of x * w (permuted by `order`) over `axis`, in their common dtype. 16-bit floats multiply in float32, where their products
+  are exact, and sum there, so only the sum rounds to their type (as NumPy's and PyTorch's matmuls do)."""
+  dt = least_upper(x.dtype, w.dtype)
+  products = x.float() * w.float() if _half(dt) else x * w
+  return (products if order is None else products.permute(order)).sum(axis, dtype=dt)
+
+
+def _half(dt: DType) -> bool: return dt.is_float and dt.itemsize == 2
 
 
 def _products_summed(x: Tensor, y: Tensor) -> Tensor:
   """The graph the general path of matmul builds, node for node, without its Tensors in between: a matmul's Python cost is that
   of building its graph, and this builds only its five nodes, with their views worked out once per shapes and views."""
   xmoves, ymoves, rest, axis = _matmul_moves(x.shape, y.shape)
-  summed = UOp(Ops.REDUCE, x.dtype, (moved(x.uop, xmoves).alu(Ops.MUL, moved(y.uop, ymoves)),), (Ops.ADD, (axis,)))
-  return Tensor(moved(summed, rest), device=x.device)
+  dt = dtypes.float32 if _half(x.dtype) else x.dtype
+  summed = UOp(Ops.REDUCE, dt, (moved(x.uop, xmoves).cast(dt).alu(Ops.MUL, moved(y.uop, ymoves).cast(dt)),), (Ops.ADD, (axis,)))
+  return Tensor(moved(summed, rest).cast(x.dtype), device=x.device)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -164,7 +180,7 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     ret = (rows * wl).sum(tuple(range(2, 3 + d))).contiguous().reshape(n, *out, cout).permute(0, d + 1, *range(1, d + 1))
   else:
     order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
-    ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
+    ret = _products(x, wt, tuple(range(3 + d, 4 + 2 * d)), order).reshape(n, cout, *out)
   if custom: return _conv_grad(self, weight, bias, ret, x, st, pd, dl, groups)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
 
@@ -275,7 +291,7 @@ def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...]
   groups, og, cg = wt.shape[1], wt.shape[2], wt.shape[3]
   x = x.reshape(n, groups, 1, cg, length, *k)
   wt = wt.reshape(1, groups, og, cg, 1, *k)
-  ret = (x * wt).permute(0, 1, 2, 4, 3, *range(5, 5 + d)).sum(tuple(range(4, 5 + d)), dtype=least_upper(x.dtype, wt.dtype))
+  ret = _products(x, wt, tuple(range(4, 5 + d)), (0, 1, 2, 4, 3, *range(5, 5 + d)))
   ret = ret.reshape(n, groups * og, length).contiguous()
   shape_out = (n, groups * og, *out)
   return Tensor(view_uop(ret.uop, lambda v: View.create(shape_out, (groups * og * length, length, *sstr), v.offset) if v.contiguous else None,
@@ -290,8 +306,8 @@ def _conv_weight_grad(g: Tensor, x: Tensor, shape: tuple[int, ...]) -> Tensor:
   out, k, og = x.shape[4:4 + d], x.shape[4 + d:], shape[0] // x.shape[1]
   gl = g.reshape(n, groups, og, *out).permute(1, 0, *range(3, 3 + d), 2).contiguous()  # (G, N, *out, O/G)
   xs = x.reshape(n, groups, cg, *out, *k).permute(1, *range(3 + d, 3 + 2 * d), 2, 0, *range(3, 3 + d))  # (G, *k, C/G, N, *out)
-  prod_ = xs.unsqueeze(2 + d) * gl.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(groups, *(1,) * (d + 1), og, n, *out)
-  dw = prod_.sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, g.dtype))  # (G, *k, C/G, O/G)
+  dw = _products(xs.unsqueeze(2 + d), gl.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(groups, *(1,) * (d + 1), og, n, *out),
+                 tuple(range(3 + d, 4 + 2 * d)))  # (G, *k, C/G, O/G)
   return dw.permute(0, 2 + d, 1 + d, *range(1, 1 + d)).reshape(shape)
 
 
@@ -451,9 +467,11 @@ def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
 
 def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
   x = self._float()
+  dt = functools.reduce(least_upper, [t.dtype for t in (weight, bias) if t is not None], x.dtype)  # the result's dtype
+  if _half(dt): x = x.cast(dtypes.float32)
   y = (x - x.mean(axis, keepdim=True)) * (x.var(axis, keepdim=True, correction=0) + eps).rsqrt()
   if weight is not None: y = y * weight
-  return y if bias is None else y + bias
+  return (y if bias is None else y + bias).cast(dt)
 
 
 def _tuple(x: Any, n: int, lo: int = 0) -> tuple[int, ...]:
