@@ -1397,6 +1397,31 @@ def test_conv2d_int_and_half() -> None:
   check(Tensor(x, dtype=dtypes.bfloat16).conv2d(Tensor(w, dtype=dtypes.bfloat16)), exp.astype(dtypes.bfloat16.np), dtypes.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_16_bit_products_are_summed_exactly_and_rounded_once(dtype: DType) -> None:
+  """A matmul, a convolution (Winograd's 3x3 and a strided one) and a bias of 16-bit floats: their products are exact in float32,
+  so the result is within one of the type's ulps of the float64 sum, give or take float32's rounding of the sum of |terms| (rounding
+  each product to 16 bits first was off by up to 2**-12 (float16) or 2**-9 (bfloat16) of that sum). softmax and layernorm compute
+  in float32 and round once too."""
+  rng = np.random.default_rng(3)
+  def arr(*shape: int) -> tuple[Tensor, np.ndarray]:
+    a = rng.standard_normal(shape).astype(dtype.np)
+    return Tensor(a, dtype=dtype), a.astype(np.float64)
+  (a, a64), (b, b64) = arr(48, 256), arr(256, 40)
+  (x, x64), (w, w64), (bias, bias64) = arr(2, 16, 10, 10), arr(16, 16, 3, 3), arr(16)
+  torch = pytest.importorskip("torch")
+  def conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, stride: int) -> np.ndarray:
+    return torch.nn.functional.conv2d(*(torch.tensor(t) for t in (x, w, bias)), stride=stride, padding=1).numpy()
+  e = np.exp(a64 - a64.max(-1, keepdims=True))
+  norm = (a64 - a64.mean(-1, keepdims=True)) / np.sqrt(a64.var(-1, keepdims=True) + 1e-5)
+  for got, want, terms in [(a @ b, a64 @ b64, np.abs(a64) @ np.abs(b64)), (a.softmax(-1), e / e.sum(-1, keepdims=True), 1.0),
+                           (a.layernorm(), norm, 4.0),
+                           *((x.conv2d(w, bias, stride=s, padding=1), conv(x64, w64, bias64, s), conv(*map(np.abs, (x64, w64, bias64)), s))
+                             for s in (1, 2))]:
+    err = np.abs(got.numpy().astype(np.float64) - want) - np.spacing(np.abs(want).astype(dtype.np)).astype(np.float64)
+    assert got.dtype == dtype and (err <= 2 ** -20 * terms).all(), (err / terms).max()
+
+
 POOL_CASES = [(2, None, 0, 1), (3, 2, 1, 1), ((2, 3), (1, 2), (1, 0), 1), (2, 1, 0, 2), (3, 3, 1, (1, 2)), (1, 1, 0, 1)]
 
 

@@ -148,6 +148,9 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   if cin % groups or cout % groups or cin // groups != cg:
     raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
   if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
+  if _half(dt := functools.reduce(least_upper, [t.dtype for t in (weight, bias) if t is not None], self.dtype)):
+    # 16-bit floats in float32 (exact products, the float32 kernels: Winograd's, the strided one), rounded once, as PyTorch's
+    return self.float().conv2d(weight.float(), None if bias is None else bias.float(), stride, padding, dilation, groups).cast(dt)
   st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
   # gradients by their own convolutions: the input's a transposed convolution of the output's (through the sliding windows it
   # would be a (N, C, *out, *k) tensor summed back in place, k times the input's size), the weight's a sum over the batch and
