@@ -37,7 +37,7 @@ def test_same_structure_renders_and_compiles_nothing() -> None:
 
 @pytest.mark.parametrize("shapes", [((5, 3), (3, 4)), ((2, 5, 3), (3, 4)), ((5, 3), (2, 3, 4)), ((2, 1, 5, 3), (4, 3, 2)), ((3,), (3, 4)),
                                     ((5, 3), (3,)), ((1, 1), (1, 7)), ((0, 3), (3, 2))])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
 def test_matmul_builds_the_graph_the_general_path_builds(shapes: tuple[tuple[int, ...], ...], dtype: str) -> None:
   """Outside autograd, matmul builds its graph directly: node for node the one the Tensor ops build (so its kernels, and
   their keys in a tuning cache, are the same), and the same values."""

@@ -70,6 +70,12 @@ def test_transposed_matmul_operand_is_packed() -> None:
   a, b = Tensor.rand(256, 256).realize(), Tensor.rand(256, 256).realize()
   assert kernels(a @ b.T) == 2 and kernels(a @ b) == 1 and kernels(a[:, :32] @ b[:32, :32].T) == 1 and kernels(a[:128] @ b.T) == 1
   np.testing.assert_allclose((a @ b.T).numpy(), a.numpy() @ b.numpy().T, rtol=1e-5, atol=1e-5)
+  # attention's Q @ K^T, K^T's rows 64 apart: float32 gathers them, a 16-bit float (a load and a conversion a lane) is packed
+  q, k = Tensor.rand(4, 512, 64).realize(), Tensor.rand(4, 512, 64).realize()
+  q16, k16 = q.half().realize(), k.half().realize()
+  assert kernels(q @ k.transpose(-1, -2)) == 1 and kernels(q16 @ k16.transpose(-1, -2)) == 2
+  want = q16.numpy().astype(np.float32) @ k16.numpy().astype(np.float32).transpose(0, 2, 1)
+  np.testing.assert_allclose((q16 @ k16.transpose(-1, -2)).numpy().astype(np.float32), want, rtol=2e-3)
 
 
 def test_matmul_has_no_materialized_broadcast() -> None:

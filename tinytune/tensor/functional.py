@@ -55,19 +55,14 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
   if xd > 2 or wd > 2:
     if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
       raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
-  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y): y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
+  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y, PACK_STRIDE_16 if _half(y.dtype) else PACK_STRIDE):
+    y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   if x.dtype is y.dtype and x.dtype.is_float and not autograd.tracking(x, y): ret = _products_summed(x, y)
-  else: ret = _products(x.unsqueeze(-2), y.transpose(-1, -2).unsqueeze(-3), -1)
+  else:
+    a, b = x.unsqueeze(-2)._broadcasted(y.transpose(-1, -2).unsqueeze(-3))
+    ret = (a.float() * b.float()).sum(-1).cast(a.dtype) if _half(a.dtype) else (a * b).sum(-1, dtype=a.dtype)
   if xd == 1: ret = ret.squeeze(-2)
   return ret.squeeze(-1) if wd == 1 else ret
-
-
-def _products(x: Tensor, w: Tensor, axis: Any, order: tuple[int, ...] | None = None) -> Tensor:
-  """The sum of x * w (permuted by `order`) over `axis`, in their common dtype. 16-bit floats multiply in float32, where their products
-  are exact, and sum there, so only the sum rounds to their type (as NumPy's and PyTorch's matmuls do)."""
-  dt = least_upper(x.dtype, w.dtype)
-  products = x.float() * w.float() if _half(dt) else x * w
-  return (products if order is None else products.permute(order)).sum(axis, dtype=dt)
 
 
 def _half(dt: DType) -> bool: return dt.is_float and dt.itemsize == 2
@@ -75,7 +70,9 @@ def _half(dt: DType) -> bool: return dt.is_float and dt.itemsize == 2
 
 def _products_summed(x: Tensor, y: Tensor) -> Tensor:
   """The graph the general path of matmul builds, node for node, without its Tensors in between: a matmul's Python cost is that
-  of building its graph, and this builds only its five nodes, with their views worked out once per shapes and views."""
+  of building its graph, and this builds only its five nodes, with their views worked out once per shapes and views. 16-bit floats
+  multiply in float32, where their products are exact, and sum there, so only the sum rounds to their type (as NumPy's and
+  PyTorch's matmuls do); their casts come after the views, so the kernel reads A and B straight from memory (TC)."""
   xmoves, ymoves, rest, axis = _matmul_moves(x.shape, y.shape)
   dt = dtypes.float32 if _half(x.dtype) else x.dtype
   summed = UOp(Ops.REDUCE, dt, (moved(x.uop, xmoves).cast(dt).alu(Ops.MUL, moved(y.uop, ymoves).cast(dt)),), (Ops.ADD, (axis,)))
@@ -98,14 +95,17 @@ def _matmul_moves(xshape: tuple[int, ...], yshape: tuple[int, ...]) -> tuple[Mov
 # B's elements apart along its rows, its size, and the rows of A that read it, from which a packed copy of B pays (an MLP step's
 # 128 x 784 @ 784 x 128 does not: its extra kernel measured 5-10% of the step)
 PACK_STRIDE, PACK_SIZE, PACK_ROWS = 256, 1 << 16, 256
+# a 16-bit B gathered costs a scalar load and a conversion per lane: packed from a stride of 16 (attention's K^T, 4x512x64 in
+# float16: Q @ K^T 1.6 -> 0.9 ms with its packing, float32's gathered 0.7)
+PACK_STRIDE_16 = 16
 
 
-def _strided_rows(y: Tensor) -> bool:
+def _strided_rows(y: Tensor, stride: int) -> bool:
   """Whether y, B of a matmul, is a large view that is contiguous down its columns but strided along its rows (a transpose): each of the
-  product's vectors along a row of B would gather elements PACK_STRIDE or more apart, from as many cache lines (x @ w.T of nn.Linear)."""
+  product's vectors along a row of B would gather elements `stride` or more apart, from as many cache lines (x @ w.T of nn.Linear)."""
   u = y.uop
   if u.op is not Ops.VIEW or u.arg.mask is not None or y.ndim < 2 or prod(y.shape) < PACK_SIZE: return False
-  return u.arg.strides[-2] == 1 and abs(u.arg.strides[-1]) >= PACK_STRIDE and y.shape[-1] > 1
+  return u.arg.strides[-2] == 1 and abs(u.arg.strides[-1]) >= stride and y.shape[-1] > 1
 
 
 def dot(self: Tensor, w: Tensor) -> Tensor: return self.matmul(w)
@@ -183,7 +183,7 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
     ret = (rows * wl).sum(tuple(range(2, 3 + d))).contiguous().reshape(n, *out, cout).permute(0, d + 1, *range(1, d + 1))
   else:
     order = (0, 1, 2, *range(4, 4 + d), 3, *range(4 + d, 4 + 2 * d))  # (N, G, O/G, *out, C/G, *k): the reduced axes last
-    ret = _products(x, wt, tuple(range(3 + d, 4 + 2 * d)), order).reshape(n, cout, *out)
+    ret = (x * wt).permute(order).sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, wt.dtype)).reshape(n, cout, *out)
   if custom: return _conv_grad(self, weight, bias, ret, x, st, pd, dl, groups)
   return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
 
@@ -294,7 +294,7 @@ def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...]
   groups, og, cg = wt.shape[1], wt.shape[2], wt.shape[3]
   x = x.reshape(n, groups, 1, cg, length, *k)
   wt = wt.reshape(1, groups, og, cg, 1, *k)
-  ret = _products(x, wt, tuple(range(4, 5 + d)), (0, 1, 2, 4, 3, *range(5, 5 + d)))
+  ret = (x * wt).permute(0, 1, 2, 4, 3, *range(5, 5 + d)).sum(tuple(range(4, 5 + d)), dtype=least_upper(x.dtype, wt.dtype))
   ret = ret.reshape(n, groups * og, length).contiguous()
   shape_out = (n, groups * og, *out)
   return Tensor(view_uop(ret.uop, lambda v: View.create(shape_out, (groups * og * length, length, *sstr), v.offset) if v.contiguous else None,
@@ -309,8 +309,8 @@ def _conv_weight_grad(g: Tensor, x: Tensor, shape: tuple[int, ...]) -> Tensor:
   out, k, og = x.shape[4:4 + d], x.shape[4 + d:], shape[0] // x.shape[1]
   gl = g.reshape(n, groups, og, *out).permute(1, 0, *range(3, 3 + d), 2).contiguous()  # (G, N, *out, O/G)
   xs = x.reshape(n, groups, cg, *out, *k).permute(1, *range(3 + d, 3 + 2 * d), 2, 0, *range(3, 3 + d))  # (G, *k, C/G, N, *out)
-  dw = _products(xs.unsqueeze(2 + d), gl.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(groups, *(1,) * (d + 1), og, n, *out),
-                 tuple(range(3 + d, 4 + 2 * d)))  # (G, *k, C/G, O/G)
+  prod_ = xs.unsqueeze(2 + d) * gl.permute(0, 2 + d, 1, *range(2, 2 + d)).reshape(groups, *(1,) * (d + 1), og, n, *out)
+  dw = prod_.sum(tuple(range(3 + d, 4 + 2 * d)), dtype=least_upper(x.dtype, g.dtype))  # (G, *k, C/G, O/G)
   return dw.permute(0, 2 + d, 1 + d, *range(1, 1 + d)).reshape(shape)
 
 
