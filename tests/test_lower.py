@@ -147,6 +147,16 @@ def test_16_bit_floats_take_float32_lanes_where_the_renderer_has_them() -> None:
     assert CRenderer().render(mm).split(f"void {mm.name}")[1].count(f"tt_f4_round_{name}(") == 2  # only the sums, a vector each
 
 
+def test_a_tile_across_rows_goes_without_the_loop_vectorizer() -> None:
+  """A transpose's 8x8 tile (no reduce, register parts on two dims) is compiled without gcc's loop vectorizer, which took 2-6 s
+  on one with short rows (4x512x64) and made it 10x slower; an elementwise kernel, or a matmul's tile, keeps it."""
+  x = arr(4, 512, 64)
+  tile = kernel(x.transpose(-1, -2).contiguous(), CPU, [Opt(U, 2, 8), Opt(U, 1, 8)])
+  assert lower(tile, CRenderer()).no_loop_vectorizer and "no-tree-loop-vectorize" in CRenderer().render(tile)
+  for k in (kernel(x + 1, CPU, [Opt(U, 2, 8)]), kernel(arr(8, 16) @ arr(16, 8), CPU, [Opt(U, 1, 8), Opt(U, 0, 2)])):
+    assert not lower(k, CRenderer()).no_loop_vectorizer and "no-tree-loop-vectorize" not in CRenderer().render(k)
+
+
 def test_void_is_no_tensor_dtype() -> None:
   """Statements that hold no value have dtype void, which no tensor takes."""
   program = lower(kernel(arr(4, 4).sum(-1), CPU, []), CRenderer())

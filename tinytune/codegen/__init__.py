@@ -14,5 +14,6 @@ from __future__ import annotations
 # 8: STREAM (the CPU's whole-line output stores past the caches, a fence per thread); Winograd's stacks leave room for 16 lanes;
 #    column sums past the caches in K blocks of 8 rows
 # 9: float16 and bfloat16 in the C renderer's float32 vector lanes (converting loads and stores, each op rounded), their scalar
-#    math as the lanes'; a row of a 16-bit float statistic's source kept before its widening cast
+#    math as the lanes'; a row of a 16-bit float statistic's source kept before its widening cast; tiles copied across rows
+#    (transposes) compiled without gcc's loop vectorizer
 CODEGEN_VERSION = "9"

@@ -64,12 +64,13 @@ def identity(red: UOp) -> UOp:
 
 @dataclass
 class Program:
-  """A kernel's lowered statements in order, the SIMD width of its native vectors (1: none), and whether it adds floats into a scalar
-  accumulator in order (which some compilers' vectorizers miscompile)."""
+  """A kernel's lowered statements in order, the SIMD width of its native vectors (1: none), and whether the C compiler's loop
+  vectorizer is better off: where the kernel adds floats into a scalar accumulator in order (which some compilers' vectorizers
+  miscompile), or copies a tile across rows with no reduce (a transpose, whose unrolled tile it spent seconds on for nothing)."""
   kernel: Kernel
   width: int
   uops: list[UOp]
-  in_order_sum: bool = False
+  no_loop_vectorizer: bool = False
 
   def __str__(self) -> str:
     depth, out = 0, []
@@ -430,7 +431,8 @@ class _Lowerer:
       self.full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
-    return Program(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order)
+    tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
+    return Program(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
