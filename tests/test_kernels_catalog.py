@@ -57,7 +57,8 @@ MEDIUM = {
 @pytest.mark.parametrize("width,flags", [(8, ("-mno-avx512f",)), (4, ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma"))], ids=["avx2", "sse"])
 def test_defaults_on_narrower_cpus(width: int, flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
   """Every workload's default kernels as an AVX2 (8 lanes, 16 registers) or SSE (4 lanes) CPU gets them, compiled for that CPU,
-  against the reference: CI runs on AVX-512, where the heuristics pick 16 lanes."""
+  against the reference: CI runs on AVX-512, where the heuristics pick 16 lanes. Then the 16-bit floats' lanes: F16C's conversions
+  (AVX2) and the compiler's (SSE)."""
   from tinytune.engine import forget, program
   from tinytune.runtime import Device
   cpu = Device["CPU"]
@@ -72,8 +73,16 @@ def test_defaults_on_narrower_cpus(width: int, flags: tuple[str, ...], monkeypat
       out, arrays = w.instantiate(params)
       ref = w.reference(params, *arrays)
       np.testing.assert_allclose(result(out), ref.ravel() if isinstance(out, tuple) else ref, rtol=1e-3, atol=1e-3, err_msg=name)
+    for name, dtype in [(n, d) for n in ("elementwise", "softmax", "layernorm", "matmul") for d in (dtypes.float16, dtypes.bfloat16)]:
+      w = get_workload(name)
+      params = w.params(MEDIUM[name])
+      out, arrays = w.instantiate(params, dtype)
+      ref = w.reference(params, *[a.astype(np.float32) for a in arrays])
+      np.testing.assert_allclose(result(out).astype(np.float32), ref, rtol=3e-2, atol=3e-2, err_msg=f"{name} {dtype.name}")
   finally: forget()  # the plans run kernels built for the narrower CPU
   assert {f"tt_f{width}" in ck.src for ck in program._programs.values()} == {True, False}  # vector kernels, and scalar ones
+  assert any(f"tt_f{width}_load_f16(" in ck.src for ck in program._programs.values())
+  assert any(f"tt_f{width}_load_bf16(" in ck.src for ck in program._programs.values())
 
 
 def test_cnn_train_step_matches_torch() -> None:
