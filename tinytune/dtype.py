@@ -21,6 +21,8 @@ class DType:
   @property
   def is_float(self) -> bool: return self.kind == "f"
   @property
+  def is_half(self) -> bool: return self.kind == "f" and self.itemsize == 2  # float16 or bfloat16: a composite of them computes in float32
+  @property
   def is_int(self) -> bool: return self.kind in "iu"
   @property
   def is_unsigned(self) -> bool: return self.kind == "u"

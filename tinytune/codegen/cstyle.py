@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tinytune.codegen.kernel import Kernel
-from tinytune.codegen.lower import ARITH, CLOSES, OPENS, TRUE, VALUES, Program, lower
+from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, Program, lower
 from tinytune.dtype import DType, dtypes
 from tinytune.uop import ALU, Ops, UOp
 
@@ -455,7 +455,7 @@ class CRenderer(CStyleRenderer):
   # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
   no_loop_vectorizer_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
   parallel_prefix = "#pragma omp parallel for schedule(static)\n"
-  vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE}
+  vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.CAST}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
     return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype in self.vector_floats else super().code(op, args, dtype)
@@ -467,7 +467,7 @@ class CRenderer(CStyleRenderer):
     if op is Ops.WHERE: return f"tt_where{width}({args[0]}, {args[1]}, {args[2]})"
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
-  vector_floats = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+  vector_floats = FLOAT_LANES
   # a thread's array of a row (see lower.py, row_source) holds its values as a buffer would, loaded and stored the same way
   def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
   def vector_prelude(self, width: int, used: set[DType]) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core
+from tinytune.codegen.lower import FLOAT_LANES
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
 from tinytune.helpers import NOOPT, divisors, prod
@@ -52,7 +53,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
 
   stacked = dict(stacked_dims(k)) if k.reduceop is None else {}
   simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
-  vectorize = k.ast.dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # the C renderer's float32 lanes (see CRenderer.vector_floats)
+  vectorize = k.ast.dtype in FLOAT_LANES
   # a cat's rows take vectors along the lane dim where its loads are contiguous, and its stacks' rows are upcast whole where they fit
   # beside a full vector of those lanes (whole-line stores): Winograd's 6x6 input transform with 16 lanes and 6x2 rows took 1.8 ms
   # against 3.0 with 4 lanes and 6x6 rows (16x64x56x56)

@@ -37,6 +37,7 @@ STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPE
 CMP = {Ops.CMPLT, Ops.CMPNE}
 ROW_KEPT = TRANSCENDENTAL | {Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
+FLOAT_LANES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # the CPU's C computes these in float32 SIMD lanes (CRenderer)
 
 
 class Kind(Enum):
@@ -298,7 +299,7 @@ class _Lowerer:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
     floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
-    if (op in self.target.vector_ops or op is Ops.CAST) and all(d in self.vf for d in floats[op is Ops.WHERE:]) and (dtype in self.vf or op in CMP):
+    if op in self.target.vector_ops and all(d in self.vf for d in floats[op is Ops.WHERE:]) and (dtype in self.vf or op in CMP):
       if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
       else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
       return Val(Kind.VECTOR, (self.value(op, dtype, args, self.width),))

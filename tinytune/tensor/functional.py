@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tinytune.dtype import DType, dtypes, least_upper
+from tinytune.dtype import dtypes, least_upper
 from tinytune.helpers import WINO, prod
 from tinytune.runtime import Device
 from tinytune.shape import View
@@ -55,17 +55,14 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
   if xd > 2 or wd > 2:
     if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
       raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
-  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y, PACK_STRIDE_16 if _half(y.dtype) else PACK_STRIDE):
+  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y, PACK_STRIDE_16 if y.dtype.is_half else PACK_STRIDE):
     y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   if x.dtype is y.dtype and x.dtype.is_float and not autograd.tracking(x, y): ret = _products_summed(x, y)
   else:
     a, b = x.unsqueeze(-2)._broadcasted(y.transpose(-1, -2).unsqueeze(-3))
-    ret = (a.float() * b.float()).sum(-1).cast(a.dtype) if _half(a.dtype) else (a * b).sum(-1, dtype=a.dtype)
+    ret = (a.float() * b.float()).sum(-1).cast(a.dtype) if a.dtype.is_half else (a * b).sum(-1, dtype=a.dtype)
   if xd == 1: ret = ret.squeeze(-2)
   return ret.squeeze(-1) if wd == 1 else ret
-
-
-def _half(dt: DType) -> bool: return dt.is_float and dt.itemsize == 2
 
 
 def _products_summed(x: Tensor, y: Tensor) -> Tensor:
@@ -74,7 +71,7 @@ def _products_summed(x: Tensor, y: Tensor) -> Tensor:
   multiply in float32, where their products are exact, and sum there, so only the sum rounds to their type (as NumPy's and
   PyTorch's matmuls do); their casts come after the views, so the kernel reads A and B straight from memory (TC)."""
   xmoves, ymoves, rest, axis = _matmul_moves(x.shape, y.shape)
-  dt = dtypes.float32 if _half(x.dtype) else x.dtype
+  dt = dtypes.float32 if x.dtype.is_half else x.dtype
   summed = UOp(Ops.REDUCE, dt, (moved(x.uop, xmoves).cast(dt).alu(Ops.MUL, moved(y.uop, ymoves).cast(dt)),), (Ops.ADD, (axis,)))
   return Tensor(moved(summed, rest).cast(x.dtype), device=x.device)
 
@@ -148,7 +145,7 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   if cin % groups or cout % groups or cin // groups != cg:
     raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
   if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
-  if _half(dt := functools.reduce(least_upper, [t.dtype for t in (weight, bias) if t is not None], self.dtype)):
+  if (dt := least_upper(self.dtype, *(t.dtype for t in (weight, bias) if t is not None))).is_half:
     # 16-bit floats in float32 (exact products, the float32 kernels: Winograd's, the strided one), rounded once, as PyTorch's
     return self.float().conv2d(weight.float(), None if bias is None else bias.float(), stride, padding, dilation, groups).cast(dt)
   st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
@@ -470,8 +467,8 @@ def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
 
 def layernorm(self: Tensor, axis: Any = -1, eps: float = 1e-5, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
   x = self._float()
-  dt = functools.reduce(least_upper, [t.dtype for t in (weight, bias) if t is not None], x.dtype)  # the result's dtype
-  if _half(dt): x = x.cast(dtypes.float32)
+  dt = least_upper(x.dtype, *(t.dtype for t in (weight, bias) if t is not None))  # the result's dtype
+  if dt.is_half: x = x.cast(dtypes.float32)
   y = (x - x.mean(axis, keepdim=True)) * (x.var(axis, keepdim=True, correction=0) + eps).rsqrt()
   if weight is not None: y = y * weight
   return (y if bias is None else y + bias).cast(dt)

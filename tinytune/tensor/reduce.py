@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def sum(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
   dt = dtypes.from_any(dtype) if dtype else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
-  if dt.is_float and dt.itemsize == 2:  # a float16 sum stalls at 2048 + 1, a bfloat16 one at 256 + 1
+  if dt.is_half:  # a float16 sum stalls at 2048 + 1, a bfloat16 one at 256 + 1
     return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dt)
   return self.cast(dt)._reduce(Ops.ADD, axis, keepdim)
 
@@ -63,7 +63,7 @@ def prod(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = Non
   """The product along axes, by halving: log2(n) multiplies of the two halves (there is no product reduction)."""
   axes = self._reduce_axes(axis)
   dt = dtypes.from_any(dtype) if dtype else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
-  x = self.cast(dtypes.float32 if dt.is_float and dt.itemsize == 2 else dt)
+  x = self.cast(dtypes.float32 if dt.is_half else dt)
   rest = [i for i in range(self.ndim) if i not in axes]
   x = x.permute(rest + list(axes)).reshape(tuple(self.shape[i] for i in rest) + (prod_(self.shape[i] for i in axes),))
   if x.shape[-1] == 0: x = x.pad(((0, 0),) * (x.ndim - 1) + ((0, 1),), value=1)
