@@ -15,6 +15,7 @@ CPU = DeviceCaps(threads=2, simd_width=4)
 GPU = DeviceCaps(has_local=True, max_upcast=64, simd_width=4, max_local=256, shared_bytes=16384, tensor_cores=("float16",))
 RENDERERS: list[CStyleRenderer] = [CRenderer(), OpenCLRenderer(), OpenCLRenderer(fp16=False), CUDARenderer(), HIPRenderer()]
 U, R, P = OptOps.UPCAST, OptOps.UNROLL, OptOps.PADTO
+CPU_BF16, BF16 = DeviceCaps(threads=2, simd_width=16, vector_registers=32, tensor_cores=("bfloat16",)), dtypes.bfloat16.np
 
 
 def arr(*shape: int, dtype: type = np.float32) -> Tensor: return Tensor(np.ones(shape, dtype=dtype))  # no kernel runs to make it
@@ -106,6 +107,7 @@ def programs() -> list[tuple[str, Program, Kernel]]:
     ("cpu", kernel((x.bitcast(dtypes.int32) + 1).sum(-1), CPU, [])),
     ("gpu", kernel(a @ b, GPU, [Opt(U, 1, 4), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUPTOP, 0, 4)])),
     ("tc", kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0), Opt(OptOps.LOCAL, 0, 2)])),
+    ("cpu", kernel(arr(8, 16, dtype=BF16) @ arr(16, 8, dtype=BF16), CPU_BF16, [Opt(OptOps.TC, 0, 0), Opt(U, 1, 8)])),
   ]
   return [(where, lower(k, CRenderer() if where == "cpu" else CUDARenderer()), k) for where, k in cases]
 
@@ -129,6 +131,29 @@ def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
   assert "wmma::mma_sync" in CUDARenderer().render(k)
   for r in (OpenCLRenderer(), HIPRenderer()):
     with pytest.raises(NotImplementedError, match="has no WMMA statement"): r.render(k)
+
+
+def test_cpu_tensor_cores_add_bfloat16_pairs() -> None:
+  """On a CPU with bfloat16 dot products, a bfloat16 matmul's defaults put K in pairs first (TC). Each pass of its loop makes each
+  row's pair of A once and each vector's pair of B rows once, and adds each accumulator's products in one dot product. TC refuses
+  what the instruction cannot take, and other CPUs get no TC by default."""
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  tc = [Opt(OptOps.TC, 0, 0)]
+  mm = kernel(arr(64, 128, dtype=BF16) @ arr(128, 64, dtype=BF16), CPU_BF16, [])
+  opts = hand_coded_optimizations(mm)
+  assert opts[:1] == tc and Opt(U, 1, 32) in opts
+  for other in (kernel(arr(64, 128) @ arr(128, 64), CPU_BF16, []), kernel(arr(64, 128, dtype=BF16) @ arr(128, 64, dtype=BF16), CPU, [])):
+    assert tc[0] not in hand_coded_optimizations(other)  # float32, or a CPU without the instruction
+  p = lower(mm.apply_opts(opts), CRenderer())
+  rows, vectors = next(o.arg for o in opts if o.op is U and o.axis == 0), 2
+  wmma = [u.arg[0] if u.arg[0] == "dot" else u.arg[4] for u in p.uops if u.op is Ops.WMMA]  # "dot", or whether a pair is A's
+  assert wmma.count("dot") == rows * vectors and (wmma.count(True), wmma.count(False)) == (rows, vectors)
+  assert "tt_dot16(acc" in CRenderer().spell(p)
+  a, b = arr(8, 16, dtype=BF16), arr(16, 16, dtype=BF16)
+  for t, why in [(arr(8, 16, dtype=np.float16) @ arr(16, 16, dtype=np.float16), "bfloat16 inputs"),
+                 (arr(8, 7, dtype=BF16) @ arr(7, 16, dtype=BF16), "even length"), (a @ b.T, "B contiguous along its rows")]:
+    with pytest.raises(KernelOptError, match=why): kernel(t, CPU_BF16, tc)
+  with pytest.raises(KernelOptError, match="LANES does not combine with TC"): kernel(a @ b, CPU_BF16, tc + [Opt(OptOps.LANES, 0, 2)])
 
 
 def test_16_bit_floats_take_float32_lanes_where_the_renderer_has_them() -> None:

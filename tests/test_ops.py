@@ -790,6 +790,48 @@ def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> 
       np.testing.assert_array_equal(out, (x + 1) * 2)
 
 
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
+  """The CPU's TC (bfloat16 pairs along K in vdpbf16ps) built by gcc and clang three ways: the compiler's builtin, the instruction
+  in assembly (compilers whose builtin types changed), and float32 math (CPUs without AVX512_BF16). Matmuls with A's pairs adjacent
+  and not (A transposed), a batch, padded columns, an UNROLL and vectors of 8 lanes, against float64 on the same inputs."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  from tinytune.runtime.cpu import address, cpuinfo
+  if shutil.which(cc) is None or "avx512_bf16" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and a CPU with AVX512_BF16")
+  caps, rng, T, U = DeviceCaps(threads=2, simd_width=16, tensor_cores=("bfloat16",)), np.random.default_rng(0), OptOps.TC, OptOps.UPCAST
+  def bf16(*shape: int) -> Tensor: return Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtypes.bfloat16).realize()
+  a, at, b, b48, batch = bf16(40, 64), bf16(64, 40), bf16(64, 40), bf16(64, 48), bf16(3, 8, 64)
+  # (A, B, opts, the dot products in the loop: a row's A pair by a vector's B pair): columns padded to a vector read B lane by lane,
+  # a sum of products as without TC
+  cases = [(a, b, [Opt(T, 0, 0), Opt(U, 1, 8), Opt(U, 0, 4), Opt(OptOps.THREAD, 0, 2)], ("tt_dot8(acc", 4)),
+           (at.T, b48, [Opt(T, 0, 0), Opt(OptOps.PADTO, 0, 16), Opt(U, 1, 16), Opt(U, 0, 3), Opt(OptOps.UNROLL, 0, 4)], ("tt_dot16(acc", 12)),
+           (batch, b48, [Opt(T, 0, 0), Opt(U, 2, 16), Opt(U, 1, 4), Opt(OptOps.SWAP, 0, 1)], ("tt_dot16(acc", 4)),
+           (a, b, [Opt(T, 0, 0), Opt(OptOps.PADTO, 1, 16), Opt(U, 1, 16)], ("tt_dot", 0))]
+  for i, (x, y, opts, (dot, n)) in enumerate(cases):
+    items, _ = create_schedule((x @ y).uop, "CPU")
+    k = Kernel(items[-1].ast, caps).apply_opts(opts)
+    src = CRenderer().render(k)
+    assert src.count(dot) == n
+    asm = src.replace("__GNUC__ <= 12", "__GNUC__ <= 0").replace("__clang_major__ <= 14", "__clang_major__ <= 0")
+    ref = np.matmul(x.float().numpy().astype(np.float64), y.float().numpy().astype(np.float64))
+    outs = []
+    for j, (text, extra) in enumerate([(src, []), (asm, []), (src, ["-mno-avx512bf16"])]):
+      (tmp_path / f"k{i}{j}.c").write_text(text)
+      lib = tmp_path / f"k{i}{j}.so"
+      subprocess.run([cc, "-O2", "-march=native", *extra, "-fPIC", "-shared", f"k{i}{j}.c", "-o", str(lib)], cwd=tmp_path, check=True)
+      out = np.zeros(ref.shape, dtypes.bfloat16.np)
+      getattr(ctypes.CDLL(str(lib)), k.name)(*(ctypes.c_void_p(x) for x in (out.ctypes.data, *(address(buf) for buf in k.bufs))))
+      outs.append(out.astype(np.float32))
+      np.testing.assert_allclose(outs[-1], ref, rtol=2 ** -8, atol=1e-5, err_msg=f"case {i}, build {j}")
+    assert (outs[0] == outs[1]).all()  # the same instruction
+
+
 @pytest.mark.usefixtures("each_device")
 @settings(max_examples=examples(15), **FUZZ)
 @given(values=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=2, max_size=64))

@@ -31,7 +31,8 @@ from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.runtime import Buffer, DeviceCaps, device_status
 
 DEVICE = "CPU"
-CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2)  # the same valid opts on every machine
+# the same valid opts on every machine: bfloat16 dot products (TC) compile to float32 math where the CPU has none
+CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2, tensor_cores=("bfloat16",))
 WORKGROUP_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, max_local=256, shared_bytes=16384)
 DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is None]  # OPENCL runs in CI through pocl
 
@@ -72,7 +73,7 @@ CASES: dict[str, Callable[[], Tensor]] = {
   "matmul_f16": lambda: _randn(32, 16).cast(dtypes.float16).realize() @ _randn(16, 48).cast(dtypes.float16).realize(),  # TC on CUDA
   # bfloat16 loads into float32 lanes, and a cast rounding in the kernel
   "bfloat16": lambda: (_rand(8, 16).cast(dtypes.bfloat16).realize() * _randn(16).cast(dtypes.bfloat16)).sum(-1, dtype=dtypes.float32) + 1,
-  "matmul_bf16": lambda: _randn(32, 16).cast(dtypes.bfloat16).realize() @ _randn(16, 48).cast(dtypes.bfloat16).realize(),  # TC on CUDA
+  "matmul_bf16": lambda: _randn(32, 16).cast(dtypes.bfloat16).realize() @ _randn(16, 48).cast(dtypes.bfloat16).realize(),  # TC on CUDA and CPUs
   # 16-bit floats in float32 vector lanes, each op rounding its result to their type (the same bits with any opts), and a softmax
   # row kept in bfloat16 between its statistics' loops and its output's
   "elementwise_f16": lambda: ((_randn(6, 1, 8).cast(dtypes.float16).realize() * _randn(1, 5, 8).cast(dtypes.float16)).relu().sqrt() * 3 - 1).exp2(),
@@ -243,7 +244,7 @@ def test_every_single_opt(name: str, device: str) -> None:
   kc = case(name, device)
   opts = valid_opts(kc.kernel())
   ops = {o.op for o in opts}
-  tc = name in ("matmul_f16", "matmul_bf16") and bool(kc.kernel().caps.tensor_cores)
+  tc = {"matmul_f16": "float16", "matmul_bf16": "bfloat16"}.get(name) in kc.kernel().caps.tensor_cores
   assert {OptOps.UPCAST, OptOps.PADTO} <= ops and (OptOps.TC in ops) == tc
   if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and not ops & {OptOps.THREAD, OptOps.KBLOCK}
   else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP} and (OptOps.KBLOCK in ops or name not in ("matmul_relu", "matmul_int32"))

@@ -37,6 +37,7 @@ class CStyleRenderer:
   group_id, local_id, barrier, shared_prefix = "", "", "", ""
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
+  def dot_prelude(self, width: int) -> str: return ""  # the CPU's TC (CRenderer)
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
@@ -161,6 +162,7 @@ class CStyleRenderer:
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
+    head += self.dot_prelude(p.width) if k.tc is not None and not k.caps.has_local and any(u.op is Ops.WMMA for u in p.uops) else ""
     head += self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else ""
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
@@ -446,6 +448,46 @@ def half_vectors(fp: str, w: int, used: set[DType]) -> str:
   return code
 
 
+# the CPU's TC: AVX512_BF16's vdpbf16ps adds two bfloat16 products into each float32 lane (exact products, denormals flushed). The
+# builtins of the compilers tested, whose operand types later versions changed (to __bf16 vectors); elsewhere the instruction in
+# assembly (which cannot fold A's broadcast into it: 10% slower); without the instruction, the same sum in float32
+DOT = {16: ("__builtin_ia32_dpbf16ps_v16sf(acc, a, b)", "__builtin_ia32_dpbf16ps_512(acc, (tt_i16)a, (tt_i16)b)", "defined(__AVX512BF16__)"),
+       8: ("__builtin_ia32_dpbf16ps_v8sf(acc, a, b)", "__builtin_ia32_dpbf16ps_256(acc, (tt_i8)a, (tt_i8)b)",
+           "defined(__AVX512BF16__) && defined(__AVX512VL__)")}
+
+
+def dot_pairs(fp: str, w: int) -> str:
+  """bfloat16 pairs in vectors of `w` lanes (a pair in each 32-bit lane: two rows' elements interleaved, or two elements in every
+  lane) and acc += the products of two of them, lane by lane."""
+  F, U, H, P = f"tt_f{w}", f"tt_u{w}", f"tt_h{w}", f"tt_p{w}"
+  generic = f"  {U} x = ({U})a, y = ({U})b;\n  return acc + ({F})(x << 16) * ({F})(y << 16) + ({F})(x & 0xffff0000u) * ({F})(y & 0xffff0000u);\n"
+  if w in DOT:
+    gcc, clang, target = DOT[w]
+    asm = '  __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));\n  return acc;\n'
+    generic = f"""#if {target} && !defined(__clang__) && __GNUC__ >= 10 && __GNUC__ <= 12
+  return {gcc};
+#elif {target} && defined(__clang__) && __clang_major__ >= 9 && __clang_major__ <= 14
+  return {clang};
+#elif {target}
+{asm}#else
+{generic}#endif
+"""
+  return f"""typedef short {P} __attribute__((vector_size({4 * w})));
+{fp} {P} tt_pair{w}(const unsigned short* p, const unsigned short* q) {{
+  {H} a, b;
+  __builtin_memcpy(&a, p, sizeof a);
+  __builtin_memcpy(&b, q, sizeof b);
+  return __builtin_shufflevector(a, b, {', '.join(f'{i}, {w + i}' for i in range(w))});
+}}
+{fp} {P} tt_pair{w}s(const unsigned short* p, const unsigned short* q) {{
+  unsigned int u = *p | (unsigned int)*q << 16;
+  return ({P})({U}){{{', '.join(['u'] * w)}}};
+}}
+{fp} {F} tt_dot{w}({F} acc, {P} a, {P} b) {{
+{generic}}}
+"""
+
+
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
   # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
@@ -475,6 +517,17 @@ class CRenderer(CStyleRenderer):
       half_vectors(self.func_prefix, width, used)
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
+  def dot_prelude(self, width: int) -> str: return dot_pairs(self.func_prefix, width)
+
+  def wmma(self, u: UOp, at: _At) -> str:
+    """The TC statements: bfloat16 pairs (see dot_pairs) and the dot products that add them into an accumulator."""
+    what, *arg = u.arg
+    if what == "pair":
+      name, w, buf, splat = arg
+      return f"tt_p{w} {name} = tt_pair{w}{'s' if splat else ''}({', '.join(f'data{buf}+{self.index(s, at.index)}' for s in u.src)});"
+    acc = self.operand(u.src[0], at)
+    return f"{acc} = tt_dot{arg[0]}({acc}, {arg[1]}, {arg[2]});"
+  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
 
 

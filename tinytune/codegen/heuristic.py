@@ -76,6 +76,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     width = next((w for w in (simd, 8, 4) if k.sizes[lane] % w == 0), simd)
     if _row_lanes(k, strides, width) and vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * width, width)))
   elif tile_row is not None:
+    if k.caps.tensor_cores: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
     # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
     # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
     computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False

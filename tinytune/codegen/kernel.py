@@ -28,8 +28,10 @@ LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
 
 @dataclass(frozen=True)
 class TensorCore:
-  """A matmul on the matrix units: each warp computes 16x16 output tiles of C = A @ B from 16x16 tiles of A and B (float16 or bfloat16),
-  adding in float32. `a` and `b` are the views of A and B; a layout is "row_major" where the tile's rows are contiguous."""
+  """A matmul on the matrix units. On a GPU each warp computes 16x16 output tiles of C = A @ B from 16x16 tiles of A and B (float16
+  or bfloat16), adding in float32. On a CPU with bfloat16 dot products (AVX512_BF16) each instruction adds a pair of products along K
+  into every float32 lane: a pair of A's elements times the pair of B's in that lane's column. `a` and `b` are the views of A and B; a
+  layout is "row_major" where the tile's rows are contiguous."""
   row: int  # the output dim of A's rows (M)
   col: int  # the output dim of B's columns (N)
   a: UOp
@@ -41,6 +43,7 @@ class TensorCore:
 
 
 TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
+TC_PAIR = 2  # the CPU's: products along K that one dot-product instruction adds into a lane
 
 
 def find_tensor_core(k: Kernel) -> TensorCore:
@@ -58,6 +61,8 @@ def find_tensor_core(k: Kernel) -> TensorCore:
   check(all(v.src[0].op is Ops.BUFFER and v.arg.mask is None for v in views), "TC needs inputs read straight from memory")
   check(views[0].dtype == views[1].dtype and views[0].dtype.name in k.caps.tensor_cores, f"TC needs {' or '.join(k.caps.tensor_cores)} inputs")
   check(any(u.op is Ops.MUL for u in src.toposort) and src.dtype == dtypes.float32, "TC needs a product summed in float32")
+  if not k.caps.has_local:  # the CPU's dot products multiply exactly: A and B widened to float32, then multiplied
+    check(src.op is Ops.MUL and all(s.op is Ops.CAST and s.src[0] in views for s in src.src), "TC needs a product of two widened inputs")
   kd, n = k.n_global, k.n_global
   for col in range(n - 1, -1, -1):
     for row in range(n):
@@ -66,12 +71,16 @@ def find_tensor_core(k: Kernel) -> TensorCore:
       b = next((v for v in views if v.arg.strides[row] == 0 and v.arg.strides[col] != 0), None)
       if a is None or b is None or a is b: continue
       (sam, sak), (sbk, sbn) = (a.arg.strides[row], a.arg.strides[kd]), (b.arg.strides[kd], b.arg.strides[col])
+      if not k.caps.has_local:  # each lane's column of B in a vector: B contiguous along its rows
+        if sbn != 1: continue
+        check(k.sizes[kd] % TC_PAIR == 0, f"TC on the CPU needs a sum over an even length (pairs), not {k.sizes[kd]}")
+        return TensorCore(row, col, a, b, "row_major" if sak == 1 else "col_major", "row_major", sam if sak == 1 else sak, sbk)
       if not (sak == 1 or sam == 1) or not (sbn == 1 or sbk == 1): continue
       (al, ald), (bl, bld) = ("row_major", sam) if sak == 1 else ("col_major", sak), ("row_major", sbk) if sbn == 1 else ("col_major", sbn)
       check(all(k.sizes[d] % TC_SIZE == 0 for d in (row, col, kd)), f"TC needs the matmul's sizes to be multiples of {TC_SIZE}")
       check(ald % 8 == 0 and bld % 8 == 0 and a.arg.offset % 8 == 0 and b.arg.offset % 8 == 0, "TC needs rows aligned to 16 bytes")
       return TensorCore(row, col, a, b, al, bl, ald, bld)
-  raise KernelOptError("TC needs inputs contiguous along a matrix dim")
+  raise KernelOptError("TC needs inputs contiguous along a matrix dim" if k.caps.has_local else "TC on the CPU needs B contiguous along its rows")
 
 
 @dataclass
@@ -151,7 +160,7 @@ class Kernel:
   @property
   def launch_dims(self) -> tuple[int, int]:
     """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
-    return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None else 1)
+    return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None and self.caps.has_local else 1)
   def copy(self) -> Kernel:
     ret = copy.copy(self)
     ret.axes, ret.sizes, ret.global_order = [copy.copy(a) for a in self.axes], list(self.sizes), list(self.global_order)
@@ -206,10 +215,10 @@ class Kernel:
     if op is OptOps.TC:
       check(opt.axis == 0 and arg == 0, "TC takes axis 0 and arg 0: the kernel's matmul picks its axes")
       tc = find_tensor_core(self)
-      for dim in (tc.row, tc.col, self.n_global):
-        rem = self.remaining(dim)
-        self.axes.append(Axis(TC_SIZE, AxisKind.TC, dim, rem.stride))
-        rem.stride, rem.size = rem.stride * TC_SIZE, rem.size // TC_SIZE
+      for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
+        rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
+        self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
+        rem.stride, rem.size = rem.stride * size, rem.size // size
       self.tc = tc
       self.opts.append(opt)
       return
@@ -219,7 +228,10 @@ class Kernel:
       self.stream = True
       self.opts.append(opt)
       return
-    if self.tc is not None: check(op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP), f"{op.name} does not combine with TC")
+    if self.tc is not None:
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP) if self.caps.has_local else \
+        (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK)
+      check(op in combine, f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
     if op in (OptOps.GROUP, OptOps.GROUPTOP):
       check(len(self.reduceops) <= 1, f"{op.name} needs one reduce: a chain's loop reads the last one's total")

@@ -27,7 +27,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
 #   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
 #   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done), WMMA (src; what, ...): tensor core statements
+#   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (off0, off1; "pair", name, width, buffer, splat):
+#   bfloat16 pairs, two elements (splat in every lane) or two vectors interleaved, WMMA (acc; "dot", width, a, b): acc += the pairs' products
 # Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
 TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
@@ -137,6 +138,7 @@ class _Lowerer:
     self.k, self.target, self.count = k, target, 0
     self.lines: list[UOp] = []
     self.memo: dict[tuple, Val] = {}
+    self.pairs: dict[tuple[UOp, ...], str] = {}  # the CPU's TC: the names of bfloat16 pairs in the reduce body (see pair)
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
@@ -164,6 +166,7 @@ class _Lowerer:
     # combined after the loop
     self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
     self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
+    self.pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes):
       if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
@@ -356,15 +359,50 @@ class _Lowerer:
     self.acc_at[(red, idx)] = ret
     return ret
 
-  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
-    k, op = self.k, red.arg[0]
+  def reduce_index(self, idx: tuple[UOp, ...], dims: list[UOp]) -> tuple[UOp, ...]:
+    """The reduce's source index: the output's `idx` with the reduce dims at `dims`."""
     in_idx = list(idx)
-    for j, a in enumerate(k.reduce_axes): in_idx[a] = self.clamp(k.n_global + j, dims[k.n_global + j])
-    val = self.node(red.src[0], tuple(in_idx))
-    if red is k.reduceop and self.row_source is not None and self.row_of(tuple(in_idx)) in self.row_arrays:  # a row the output reads back
-      name, off = self.row_at(tuple(in_idx))
+    for j, a in enumerate(self.k.reduce_axes): in_idx[a] = self.clamp(self.k.n_global + j, dims[self.k.n_global + j])
+    return tuple(in_idx)
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    if self.pair_axis >= 0:  # the CPU's TC: the two instances of a pair along K at once, in a dot product where it can be one
+      if self.simplify(inst[self.pair_axis]).arg: return
+      pair = [inst, {**inst, self.pair_axis: UOp.const(dtypes.int64, 1)}]
+      if not self.dot(idx, acc, [self.dims(i) for i in pair]):
+        for i in pair: self.add(red, idx, acc, self.dims(i), i)
+      return
+    self.add(red, idx, acc, dims, inst)
+
+  def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:
+    """acc += A's pair of elements times B's pair in each lane's column, in one bfloat16 dot product (see TensorCore), where acc is a
+    vector, B's lanes are contiguous, A's elements the same in every lane and no padding is masked; False where not."""
+    k, tc = self.k, self.k.tc
+    assert tc is not None
+    if acc.kind is not Kind.VECTOR or any(self.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
+    offs = [[self.view_index(v, self.reduce_index(idx, dims))[0] for dims in pair] for v in (tc.a, tc.b)]
+    if self.lane_dep(*offs[0]) or not all(self.contiguous(off, self.subst_lane(off, 0)) for off in offs[1]): return False
+    a, b = (self.pair(v, [self.subst_lane(off, 0) for off in o], splat) for v, o, splat in zip((tc.a, tc.b), offs, (True, False)))
+    self.emit(Ops.WMMA, acc.items[0], arg=("dot", self.width, a, b))
+    return True
+
+  def pair(self, view: UOp, offs: list[UOp], splat: bool) -> str:
+    """The name of a pair of `view`'s elements (splat: in every lane) or vectors, interleaved; made once per reduce body."""
+    if (key := (view.src[0], *offs)) not in self.pairs:
+      self.count += 1
+      self.pairs[key] = name = f"p{self.count}"
+      self.emit(Ops.WMMA, *offs, arg=("pair", name, self.width, self.bufs[view.src[0].arg], splat))
+    return self.pairs[key]
+
+  def add(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    """acc op= the reduce's source at the reduce dims' `dims` (`inst`: the register parts' values)."""
+    k, op = self.k, red.arg[0]
+    in_idx = self.reduce_index(idx, dims)
+    val = self.node(red.src[0], in_idx)
+    if red is k.reduceop and self.row_source is not None and self.row_of(in_idx) in self.row_arrays:  # a row the output reads back
+      name, off = self.row_at(in_idx)
       self.row_writes.add(name)
-      self.store(self.node(self.row_source, tuple(in_idx)), off, TRUE, name, self.row_source.dtype)
+      self.store(self.node(self.row_source, in_idx), off, TRUE, name, self.row_source.dtype)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     if (parts := self.partials.get(acc.items[0])) is not None:  # the partial of this instance's vector of lanes
@@ -417,7 +455,7 @@ class _Lowerer:
 
   # ***** the kernel *****
   def program(self) -> Program:
-    if self.k.tc is not None: return self.tensor_core()
+    if self.k.tc is not None and self.k.caps.has_local: return self.tensor_core()
     k = self.k
     partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
     for inst in self.instances((AxisKind.UPCAST,)):
@@ -461,8 +499,8 @@ class _Lowerer:
     """Each reduce loop's body. A chain's later reduce reads the earlier ones' values: lowered first, it makes their accumulators."""
     bodies: list[list[UOp]] = [[] for _ in self.k.reduceops]
     for stage in reversed(range(len(bodies))):
-      self.lines, self.memo, self.in_body = bodies[stage], {}, True
-      for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES)):
+      self.lines, self.memo, self.pairs, self.in_body = bodies[stage], {}, {}, True
+      for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES, AxisKind.TC)):
         dims = self.dims(inst)
         for red, idx, acc in list(self.accs):
           if self.stage[red] == stage: self.accumulate(red, idx, acc, dims, inst)

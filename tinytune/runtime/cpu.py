@@ -102,7 +102,8 @@ class CPUDevice(Compiled):
     self.flags = FLAGS + (("-fopenmp",) if openmp else ()) + (("-fno-tree-loop-if-convert",) if gcc else ())
     width, registers = simd()
     threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
-    self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers)
+    bf16 = ("bfloat16",) if "avx512_bf16" in cpuinfo().get("flags", "").split() else ()  # TC: its dot products (see TensorCore)
+    self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers, tensor_cores=bf16)
 
   def alloc(self, size: int, dtype: DType) -> np.ndarray:
     """Memory that starts on a cache line: numpy starts large arrays 16 bytes into one, so every 64-byte vector load would
