@@ -135,25 +135,27 @@ def test_tensor_cores_only_where_a_renderer_spells_them() -> None:
 
 def test_cpu_tensor_cores_add_bfloat16_pairs() -> None:
   """On a CPU with bfloat16 dot products, a bfloat16 matmul's defaults put K in pairs first (TC). Each pass of its loop makes each
-  row's pair of A once and each vector's pair of B rows once, and adds each accumulator's products in one dot product. TC refuses
-  what the instruction cannot take, and other CPUs get no TC by default."""
+  row's pair of A once (in every lane) and each vector's pair of B rows once, and adds each accumulator's products in one dot
+  product. x @ W.T with a long K takes LANES along K, whose pairs are neighbours in both inputs. TC refuses what is no bfloat16
+  matmul with pairs, and other CPUs and dtypes get no TC by default."""
   from tinytune.codegen.heuristic import hand_coded_optimizations
   tc = [Opt(OptOps.TC, 0, 0)]
+  def made(k: Kernel) -> list[str]:  # the loop's WMMA statements: "dot" or the kind of pair
+    p = lower(k.apply_opts(hand_coded_optimizations(k)), CRenderer())
+    return [u.arg[0] if u.arg[0] == "dot" else u.arg[4] for u in p.uops if u.op is Ops.WMMA]
   mm = kernel(arr(64, 128, dtype=BF16) @ arr(128, 64, dtype=BF16), CPU_BF16, [])
-  opts = hand_coded_optimizations(mm)
-  assert opts[:1] == tc and Opt(U, 1, 32) in opts
+  assert hand_coded_optimizations(mm)[:1] == tc and Opt(U, 1, 32) in hand_coded_optimizations(mm)
+  rows = next(o.arg for o in hand_coded_optimizations(mm) if o.op is U and o.axis == 0)
+  assert sorted(made(mm)) == sorted(["dot"] * rows * 2 + ["splat"] * rows + ["rows"] * 2) and "tt_dot16(acc" in CRenderer().render(mm)
+  linear = kernel(arr(8, 1024, dtype=BF16) @ arr(64, 1024, dtype=BF16).T, CPU_BF16, [])  # 4x4 outputs, each a vector of partial sums
+  assert sorted(made(linear)) == sorted(["dot"] * 16 + ["neighbours"] * 8) and linear.opts[:2] == tc + [Opt(OptOps.LANES, 0, 16)]
   for other in (kernel(arr(64, 128) @ arr(128, 64), CPU_BF16, []), kernel(arr(64, 128, dtype=BF16) @ arr(128, 64, dtype=BF16), CPU, [])):
     assert tc[0] not in hand_coded_optimizations(other)  # float32, or a CPU without the instruction
-  p = lower(mm.apply_opts(opts), CRenderer())
-  rows, vectors = next(o.arg for o in opts if o.op is U and o.axis == 0), 2
-  wmma = [u.arg[0] if u.arg[0] == "dot" else u.arg[4] for u in p.uops if u.op is Ops.WMMA]  # "dot", or whether a pair is A's
-  assert wmma.count("dot") == rows * vectors and (wmma.count(True), wmma.count(False)) == (rows, vectors)
-  assert "tt_dot16(acc" in CRenderer().spell(p)
-  a, b = arr(8, 16, dtype=BF16), arr(16, 16, dtype=BF16)
   for t, why in [(arr(8, 16, dtype=np.float16) @ arr(16, 16, dtype=np.float16), "bfloat16 inputs"),
-                 (arr(8, 7, dtype=BF16) @ arr(7, 16, dtype=BF16), "even length"), (a @ b.T, "B contiguous along its rows")]:
+                 (arr(8, 7, dtype=BF16) @ arr(7, 16, dtype=BF16), "even length"), ((arr(8, 16, dtype=BF16) + 1).sum(-1), "product")]:
     with pytest.raises(KernelOptError, match=why): kernel(t, CPU_BF16, tc)
-  with pytest.raises(KernelOptError, match="LANES does not combine with TC"): kernel(a @ b, CPU_BF16, tc + [Opt(OptOps.LANES, 0, 2)])
+  with pytest.raises(KernelOptError, match="GROUP does not combine with TC"):
+    kernel(arr(8, 16, dtype=BF16) @ arr(16, 16, dtype=BF16), CPU_BF16, tc + [Opt(OptOps.GROUP, 0, 2)])
 
 
 def test_16_bit_floats_take_float32_lanes_where_the_renderer_has_them() -> None:

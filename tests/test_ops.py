@@ -794,7 +794,8 @@ def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> 
 def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
   """The CPU's TC (bfloat16 pairs along K in vdpbf16ps) built by gcc and clang three ways: the compiler's builtin, the instruction
   in assembly (compilers whose builtin types changed), and float32 math (CPUs without AVX512_BF16). Matmuls with A's pairs adjacent
-  and not (A transposed), a batch, padded columns, an UNROLL and vectors of 8 lanes, against float64 on the same inputs."""
+  and not (A transposed), a batch, padded columns, an UNROLL, vectors of 8 lanes, and x @ W.T with LANES along K (both inputs'
+  pairs neighbours), against float64 on the same inputs."""
   import ctypes
   import shutil
   import subprocess
@@ -812,7 +813,9 @@ def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
   cases = [(a, b, [Opt(T, 0, 0), Opt(U, 1, 8), Opt(U, 0, 4), Opt(OptOps.THREAD, 0, 2)], ("tt_dot8(acc", 4)),
            (at.T, b48, [Opt(T, 0, 0), Opt(OptOps.PADTO, 0, 16), Opt(U, 1, 16), Opt(U, 0, 3), Opt(OptOps.UNROLL, 0, 4)], ("tt_dot16(acc", 12)),
            (batch, b48, [Opt(T, 0, 0), Opt(U, 2, 16), Opt(U, 1, 4), Opt(OptOps.SWAP, 0, 1)], ("tt_dot16(acc", 4)),
-           (a, b, [Opt(T, 0, 0), Opt(OptOps.PADTO, 1, 16), Opt(U, 1, 16)], ("tt_dot", 0))]
+           (a, b, [Opt(T, 0, 0), Opt(OptOps.PADTO, 1, 16), Opt(U, 1, 16)], ("tt_dot", 0)),
+           (a, a.T, [Opt(T, 0, 0), Opt(OptOps.LANES, 0, 16), Opt(U, 1, 4), Opt(U, 0, 2)], ("tt_dot16(acc", 8)),  # x @ W.T: neighbours
+           (a, a.T, [Opt(T, 0, 0), Opt(OptOps.LANES, 0, 8), Opt(U, 1, 2), Opt(OptOps.THREAD, 0, 2)], ("tt_dot8(acc", 2))]
   for i, (x, y, opts, (dot, n)) in enumerate(cases):
     items, _ = create_schedule((x @ y).uop, "CPU")
     k = Kernel(items[-1].ast, caps).apply_opts(opts)

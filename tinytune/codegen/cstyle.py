@@ -457,8 +457,8 @@ DOT = {16: ("__builtin_ia32_dpbf16ps_v16sf(acc, a, b)", "__builtin_ia32_dpbf16ps
 
 
 def dot_pairs(fp: str, w: int) -> str:
-  """bfloat16 pairs in vectors of `w` lanes (a pair in each 32-bit lane: two rows' elements interleaved, or two elements in every
-  lane) and acc += the products of two of them, lane by lane."""
+  """bfloat16 pairs in vectors of `w` lanes (a pair in each 32-bit lane: two rows' elements interleaved, two elements in every lane,
+  or neighbours) and acc += the products of two of them, lane by lane."""
   F, U, H, P = f"tt_f{w}", f"tt_u{w}", f"tt_h{w}", f"tt_p{w}"
   generic = f"  {U} x = ({U})a, y = ({U})b;\n  return acc + ({F})(x << 16) * ({F})(y << 16) + ({F})(x & 0xffff0000u) * ({F})(y & 0xffff0000u);\n"
   if w in DOT:
@@ -473,16 +473,17 @@ def dot_pairs(fp: str, w: int) -> str:
 {generic}#endif
 """
   return f"""typedef short {P} __attribute__((vector_size({4 * w})));
-{fp} {P} tt_pair{w}(const unsigned short* p, const unsigned short* q) {{
+{fp} {P} tt_rows{w}(const unsigned short* p, const unsigned short* q) {{
   {H} a, b;
   __builtin_memcpy(&a, p, sizeof a);
   __builtin_memcpy(&b, q, sizeof b);
   return __builtin_shufflevector(a, b, {', '.join(f'{i}, {w + i}' for i in range(w))});
 }}
-{fp} {P} tt_pair{w}s(const unsigned short* p, const unsigned short* q) {{
+{fp} {P} tt_splat{w}(const unsigned short* p, const unsigned short* q) {{
   unsigned int u = *p | (unsigned int)*q << 16;
   return ({P})({U}){{{', '.join(['u'] * w)}}};
 }}
+{fp} {P} tt_neighbours{w}(const unsigned short* p) {{ {P} r; __builtin_memcpy(&r, p, sizeof r); return r; }}
 {fp} {F} tt_dot{w}({F} acc, {P} a, {P} b) {{
 {generic}}}
 """
@@ -523,8 +524,8 @@ class CRenderer(CStyleRenderer):
     """The TC statements: bfloat16 pairs (see dot_pairs) and the dot products that add them into an accumulator."""
     what, *arg = u.arg
     if what == "pair":
-      name, w, buf, splat = arg
-      return f"tt_p{w} {name} = tt_pair{w}{'s' if splat else ''}({', '.join(f'data{buf}+{self.index(s, at.index)}' for s in u.src)});"
+      name, w, buf, kind = arg
+      return f"tt_p{w} {name} = tt_{kind}{w}({', '.join(f'data{buf}+{self.index(s, at.index)}' for s in u.src)});"
     acc = self.operand(u.src[0], at)
     return f"{acc} = tt_dot{arg[0]}({acc}, {arg[1]}, {arg[2]});"
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}

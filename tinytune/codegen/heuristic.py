@@ -27,6 +27,10 @@ KBLOCK_BYTES = 8 << 20
 STREAM_BYTES = 8 << 20
 PANEL_BYTES = 512 << 10  # a B (columns x K) this small stays in L2 whole: no column panel to sweep the rows inside
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
+# from this K, a matmul whose B is gathered (x @ W.T) takes dot products along K: float32 64x1024 @ (1024x1024).T 3.37 -> 0.76 ms,
+# 128x3072 @ (768x3072).T 13.1 -> 3.4, 16x4096 @ (4096x4096).T; at K 512 as fast as the tile, at 256 and 768 15% slower (each
+# output's 16 partial sums combine once). Row strides of 4 KiB put the gathered lanes in one L1 set
+DOT_MIN_K = 1024
 
 
 def single_core_seconds(k: Kernel) -> float:
@@ -76,17 +80,28 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     width = next((w for w in (simd, 8, 4) if k.sizes[lane] % w == 0), simd)
     if _row_lanes(k, strides, width) and vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * width, width)))
   elif tile_row is not None:
-    if k.caps.tensor_cores: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
-    # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
-    # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes
-    computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
-    # B contiguous along the reduce, not the lanes (Q @ K^T): each vector of B is gathered from as many cache lines, so one vector
-    # serves as many rows as the registers hold, and the rows stay outer: the tile's rows of A stay in L1 while B's columns pass
+    # B contiguous along the reduce, not the lanes (Q @ K^T, x @ W.T): each vector of B is gathered from as many cache lines
     gathered = any(abs(st[lane]) >= GATHER_STRIDE for st in strides)
-    widths = (simd,) if gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
-    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in widths))
-    vectors = max(1, k.upcast_size() // simd)
-    first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
+    red = len(k.sizes) - 1
+    if gathered and k.n_reduce == 1 and k.sizes[red] >= DOT_MIN_K and sum(st[red] == 1 for st in strides) >= 2:
+      # a long K that both inputs are contiguous along: dot products, each output's partial sums in a vector along K (combined once
+      # after the loop), a few rows by a few columns, the columns outer, so each row of B passes once while A stays in cache
+      if k.caps.tensor_cores and k.sizes[red] % (2 * simd) == 0: first_valid(Opt(OptOps.TC, 0, 0))  # its pairs are neighbours
+      first_valid(Opt(OptOps.LANES, 0, simd))
+      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (4, 2)))
+      first_valid(*(Opt(OptOps.UPCAST, tile_row, amt) for amt in (4, 3, 5, 2)))
+      if tile_row < lane: first_valid(Opt(OptOps.SWAP, tile_row, lane))
+    else:
+      if k.caps.tensor_cores: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
+      # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
+      # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes. A
+      # gathered B: one vector serves as many rows as the registers hold, and the rows stay outer (the tile's rows of A stay in L1
+      # while B's columns pass them)
+      computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
+      widths = (simd,) if gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
+      if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in widths))
+      vectors = max(1, k.upcast_size() // simd)
+      first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
   elif k.reduceop is not None and any(st[lane] not in (0, 1) for st in strides):
     # a reduce whose inputs are not contiguous along the output (rows of a row sum): vector accumulators along the row where it is
     # contiguous, else independent scalar accumulators, one per row

@@ -71,16 +71,15 @@ def find_tensor_core(k: Kernel) -> TensorCore:
       b = next((v for v in views if v.arg.strides[row] == 0 and v.arg.strides[col] != 0), None)
       if a is None or b is None or a is b: continue
       (sam, sak), (sbk, sbn) = (a.arg.strides[row], a.arg.strides[kd]), (b.arg.strides[kd], b.arg.strides[col])
-      if not k.caps.has_local:  # each lane's column of B in a vector: B contiguous along its rows
-        if sbn != 1: continue
-        check(k.sizes[kd] % TC_PAIR == 0, f"TC on the CPU needs a sum over an even length (pairs), not {k.sizes[kd]}")
-        return TensorCore(row, col, a, b, "row_major" if sak == 1 else "col_major", "row_major", sam if sak == 1 else sak, sbk)
-      if not (sak == 1 or sam == 1) or not (sbn == 1 or sbk == 1): continue
       (al, ald), (bl, bld) = ("row_major", sam) if sak == 1 else ("col_major", sak), ("row_major", sbk) if sbn == 1 else ("col_major", sbn)
+      if not k.caps.has_local:  # lowering takes each pair as the lanes allow (see _Lowerer.dot)
+        check(k.sizes[kd] % TC_PAIR == 0, f"TC on the CPU needs a sum over an even length (pairs), not {k.sizes[kd]}")
+        return TensorCore(row, col, a, b, al, bl, ald, bld)
+      if not (sak == 1 or sam == 1) or not (sbn == 1 or sbk == 1): continue
       check(all(k.sizes[d] % TC_SIZE == 0 for d in (row, col, kd)), f"TC needs the matmul's sizes to be multiples of {TC_SIZE}")
       check(ald % 8 == 0 and bld % 8 == 0 and a.arg.offset % 8 == 0 and b.arg.offset % 8 == 0, "TC needs rows aligned to 16 bytes")
       return TensorCore(row, col, a, b, al, bl, ald, bld)
-  raise KernelOptError("TC needs inputs contiguous along a matrix dim" if k.caps.has_local else "TC on the CPU needs B contiguous along its rows")
+  raise KernelOptError("TC needs inputs contiguous along a matrix dim" if k.caps.has_local else "TC needs a matmul: A constant along B's columns")
 
 
 @dataclass
@@ -230,7 +229,7 @@ class Kernel:
       return
     if self.tc is not None:
       combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP) if self.caps.has_local else \
-        (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK)
+        (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
     if op in (OptOps.GROUP, OptOps.GROUPTOP):

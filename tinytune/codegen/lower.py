@@ -27,8 +27,9 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
 #   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
 #   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (off0, off1; "pair", name, width, buffer, splat):
-#   bfloat16 pairs, two elements (splat in every lane) or two vectors interleaved, WMMA (acc; "dot", width, a, b): acc += the pairs' products
+#   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
+#   bfloat16 pairs, of two elements in every lane ("splat"), two vectors interleaved ("rows") or neighbours ("neighbours": one offset),
+#   WMMA (acc; "dot", width, a, b): acc += the pairs' products
 # Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
 TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
@@ -369,29 +370,42 @@ class _Lowerer:
     if self.pair_axis >= 0:  # the CPU's TC: the two instances of a pair along K at once, in a dot product where it can be one
       if self.simplify(inst[self.pair_axis]).arg: return
       pair = [inst, {**inst, self.pair_axis: UOp.const(dtypes.int64, 1)}]
-      if not self.dot(idx, acc, [self.dims(i) for i in pair]):
+      if not self.dot(idx, self.partial(acc, inst), [self.dims(i) for i in pair]):
         for i in pair: self.add(red, idx, acc, self.dims(i), i)
       return
     self.add(red, idx, acc, dims, inst)
 
+  def partial(self, acc: Val, inst: dict[int, UOp]) -> Val:
+    """The accumulator an instance adds into: with LANES, the partial of its vector of lanes."""
+    if (parts := self.partials.get(acc.items[0])) is None: return acc
+    return parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
+
   def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:
-    """acc += A's pair of elements times B's pair in each lane's column, in one bfloat16 dot product (see TensorCore), where acc is a
-    vector, B's lanes are contiguous, A's elements the same in every lane and no padding is masked; False where not."""
+    """acc += A's pair times B's pair in each lane, in one bfloat16 dot product (see TensorCore), where acc is a vector, each input's
+    pair in a lane is the same in every lane, its two rows' contiguous lanes, or a pair of neighbours (LANES along K), and no padding
+    is masked; False where not."""
     k, tc = self.k, self.k.tc
     assert tc is not None
     if acc.kind is not Kind.VECTOR or any(self.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
-    offs = [[self.view_index(v, self.reduce_index(idx, dims))[0] for dims in pair] for v in (tc.a, tc.b)]
-    if self.lane_dep(*offs[0]) or not all(self.contiguous(off, self.subst_lane(off, 0)) for off in offs[1]): return False
-    a, b = (self.pair(v, [self.subst_lane(off, 0) for off in o], splat) for v, o, splat in zip((tc.a, tc.b), offs, (True, False)))
-    self.emit(Ops.WMMA, acc.items[0], arg=("dot", self.width, a, b))
+    names = []
+    for view in (tc.a, tc.b):
+      offs = [self.view_index(view, self.reduce_index(idx, dims))[0] for dims in pair]
+      base = [self.subst_lane(off, 0) for off in offs]
+      if not self.lane_dep(*offs): kind = "splat"
+      elif all(self.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
+      elif self.simplify(offs[1] - offs[0]) is UOp.const(dtypes.int64, 1) and self.simplify(offs[0] - self.lane * 2) is base[0] and \
+           self.vectorizable(base[0]): kind, base = "neighbours", base[:1]
+      else: return False
+      names.append(self.pair(view, base, kind))
+    self.emit(Ops.WMMA, acc.items[0], arg=("dot", self.width, *names))
     return True
 
-  def pair(self, view: UOp, offs: list[UOp], splat: bool) -> str:
-    """The name of a pair of `view`'s elements (splat: in every lane) or vectors, interleaved; made once per reduce body."""
+  def pair(self, view: UOp, offs: list[UOp], kind: str) -> str:
+    """The name of a vector of pairs of `view`'s elements (see dot), made once per reduce body."""
     if (key := (view.src[0], *offs)) not in self.pairs:
       self.count += 1
       self.pairs[key] = name = f"p{self.count}"
-      self.emit(Ops.WMMA, *offs, arg=("pair", name, self.width, self.bufs[view.src[0].arg], splat))
+      self.emit(Ops.WMMA, *offs, arg=("pair", name, self.width, self.bufs[view.src[0].arg], kind))
     return self.pairs[key]
 
   def add(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
@@ -405,8 +419,7 @@ class _Lowerer:
       self.store(self.node(self.row_source, in_idx), off, TRUE, name, self.row_source.dtype)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
-    if (parts := self.partials.get(acc.items[0])) is not None:  # the partial of this instance's vector of lanes
-      acc = parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
+    acc = self.partial(acc, inst)
     if acc.kind is Kind.VECTOR: self.emit(Ops.ASSIGN, acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE, arg=op)
     else:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
