@@ -66,9 +66,12 @@ def test_a_products_epilogue_goes_with_it_not_into_the_next_product() -> None:
 
 def test_transposed_matmul_operand_is_packed() -> None:
   """x @ w.T (nn.Linear) with a large w copies w.T into rows first: read in place, each vector of the product gathered 16 elements
-  a row apart (1024 x 1024: 246 ms, packed 23 ms). A small or already contiguous B, or one few rows read, is read in place."""
+  a row apart (1024 x 1024: 246 ms, packed 23 ms). A small or already contiguous B, or one few rows read, is read in place, as is
+  one whose K is over 4 times the rows (dot products along K)."""
   a, b = Tensor.rand(256, 256).realize(), Tensor.rand(256, 256).realize()
   assert kernels(a @ b.T) == 2 and kernels(a @ b) == 1 and kernels(a[:, :32] @ b[:32, :32].T) == 1 and kernels(a[:128] @ b.T) == 1
+  x, w = Tensor.rand(512, 2048).realize(), Tensor.rand(64, 2048).realize()
+  assert kernels(x @ w.T) == 2 and kernels(x[:256] @ w.T) == 1
   np.testing.assert_allclose((a @ b.T).numpy(), a.numpy() @ b.numpy().T, rtol=1e-5, atol=1e-5)
   # attention's Q @ K^T, K^T's rows 64 apart: float32 gathers them, a 16-bit float (a load and a conversion a lane) is packed
   q, k = Tensor.rand(4, 512, 64).realize(), Tensor.rand(4, 512, 64).realize()

@@ -55,7 +55,7 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
   if xd > 2 or wd > 2:
     if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
       raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
-  if prod(xs[:-1]) >= PACK_ROWS and _strided_rows(y, PACK_STRIDE_16 if y.dtype.is_half else PACK_STRIDE):
+  if prod(xs[:-1]) >= max(PACK_ROWS, xs[-1] // PACK_K_PER_ROW) and _strided_rows(y, PACK_STRIDE_16 if y.dtype.is_half else PACK_STRIDE):
     y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   if x.dtype is y.dtype and x.dtype.is_float and not autograd.tracking(x, y): ret = _products_summed(x, y)
   else:
@@ -92,6 +92,10 @@ def _matmul_moves(xshape: tuple[int, ...], yshape: tuple[int, ...]) -> tuple[Mov
 # B's elements apart along its rows, its size, and the rows of A that read it, from which a packed copy of B pays (an MLP step's
 # 128 x 784 @ 784 x 128 does not: its extra kernel measured 5-10% of the step)
 PACK_STRIDE, PACK_SIZE, PACK_ROWS = 256, 1 << 16, 256
+# ... and no fewer rows than K / this: with fewer, dot products along K on B as it is beat the copy and the tile (x @ W.T, float32,
+# 256x4096 @ (4096^2).T 64.7 -> 48.5 ms, 256x2048 @ (2048^2).T 17.6 -> 12.3, bfloat16 48.8 -> 26.1 and 10.2 -> 6.4; 1024x4096 @
+# (1024x4096).T: 44.5 packed, 72.5 not)
+PACK_K_PER_ROW = 4
 # a 16-bit B gathered costs a scalar load and a conversion per lane: packed from a stride of 16 (attention's K^T, 4x512x64 in
 # float16: Q @ K^T 1.6 -> 0.9 ms with its packing, float32's gathered 0.7)
 PACK_STRIDE_16 = 16
