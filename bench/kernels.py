@@ -30,6 +30,7 @@ SHAPES: list[tuple[str, dict[str, int]]] = [
   *[("matmul", {"m": n, "n": n, "k": n}) for n in (256, 512, 1024, 2048)],
   ("bmm", {"batch": 8, "m": 128, "n": 128, "k": 128}), ("bmm", {"batch": 16, "m": 256, "n": 256, "k": 64}),
   ("bmm", {"batch": 4, "m": 512, "n": 512, "k": 512}),
+  ("linear", {"m": 64, "n": 1024, "k": 1024}), ("linear", {"m": 16, "n": 4096, "k": 4096}), ("linear", {"m": 256, "n": 4096, "k": 4096}),
   ("conv2d", {"batch": 16, "cin": 64, "cout": 64, "size": 56}), ("conv2d", {"batch": 4, "cin": 32, "cout": 32, "size": 32}),
   ("conv2d", {"batch": 8, "cin": 128, "cout": 128, "size": 28}),
   ("attention", {"batch": 1, "heads": 8, "seq": 1024, "dim": 64}), ("attention", {"batch": 1, "heads": 4, "seq": 256, "dim": 64}),

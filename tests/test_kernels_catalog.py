@@ -15,6 +15,7 @@ from tinytune.search.evaluate import TimingPolicy
 SMALL = {
   "matmul": [{"m": 16, "n": 8, "k": 12}, {"m": 33, "n": 17, "k": 5}],
   "bmm": [{"batch": 2, "m": 8, "n": 8, "k": 8}, {"batch": 3, "m": 5, "n": 7, "k": 9}],
+  "linear": [{"m": 4, "n": 8, "k": 16}, {"m": 5, "n": 7, "k": 1030}],
   "conv2d": [{"batch": 1, "cin": 2, "cout": 3, "size": 8, "kernel": 3, "stride": 1, "padding": 1},
              {"batch": 2, "cin": 3, "cout": 2, "size": 9, "kernel": 3, "stride": 2, "padding": 0}],
   "softmax": [{"rows": 4, "cols": 16}, {"rows": 7, "cols": 33}],
@@ -46,7 +47,7 @@ def test_builder_matches_reference(name: str, index: int) -> None:
 
 # one size per workload large enough for the heuristics' vector tiles, lane counts and row passes
 MEDIUM = {
-  "matmul": {"m": 100, "n": 72, "k": 40}, "bmm": {"batch": 3, "m": 64, "n": 48, "k": 80},
+  "matmul": {"m": 100, "n": 72, "k": 40}, "bmm": {"batch": 3, "m": 64, "n": 48, "k": 80}, "linear": {"m": 24, "n": 40, "k": 1024},
   "conv2d": {"batch": 2, "cin": 8, "cout": 16, "size": 20, "kernel": 3, "stride": 1, "padding": 1},
   "softmax": {"rows": 33, "cols": 100}, "layernorm": {"rows": 64, "cols": 256}, "reduce": {"rows": 77, "cols": 256, "axis": 0},
   "elementwise": {"n": 5001}, "attention": {"batch": 1, "heads": 2, "seq": 50, "dim": 16, "causal": 1},
@@ -178,6 +179,7 @@ def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyp
 # kernel's structure (which inputs vary along which dims), not its workload
 STRUCTURE_CASES = [
   ("bmm", {}, [{"tile"}]),
+  ("linear", {"k": 512}, [{"tile"}]), ("linear", {}, [{"rows"}]),  # a long K: dot products along it (each output's sums in lanes)
   ("mlp", {}, [{"tile"}, {"tile"}]),  # a size-1 output axis; the second layer's inputs are computed (bias, relu): a wider tile
   # with WINO=0 (Winograd's: tests/test_winograd.py): the padded rows laid end to end (34 wide: no lanes), the implicit GEMM over
   # them, and the output copied out of the rows' junk columns
