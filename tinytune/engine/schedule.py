@@ -2,7 +2,8 @@
 
 Elementwise work and views are inlined into the kernel that consumes them. A kernel holds at most one reduce, with
 its elementwise inputs before and its elementwise users after. A reduce becomes its own kernel's output (a buffer)
-when it is read through an expanding or padding view or a gather, from inside another reduce, or beside a second reduce.
+when it is read through an expanding or padding view or a gather, from inside another reduce, or beside a second reduce; the
+elementwise work after it that nothing else reads goes with it (see _epilogue).
 Elementwise work read through an expanding view becomes a kernel's output too where recomputing it at every place costs more
 (see _computed_once): transcendental work a reduce reads (softmax's probabilities in softmax(x) @ v, computed as vectors once),
 and the epilogue of a reduce nothing else reads (a matmul's bias and relu, computed in its kernel, not in the next matmul's)."""
@@ -15,7 +16,7 @@ from tinytune.codegen.kernel import dims_read, same_rows
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.uop import TRANSCENDENTAL, Ops, Pat, Rules, UOp, graph_rewrite
+from tinytune.uop import ALU, TRANSCENDENTAL, Ops, Pat, Rules, UOp, graph_rewrite
 
 
 @dataclass
@@ -111,7 +112,20 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   # statistics of its rows with it (a chain)
   rest = sorted((r for r in found if r not in bad), key=lambda r: (r not in statistics, root.toposort.index(r)))
   chain = {r for r in rest if r in statistics and same_rows(r, rest[-1])} if rest and rest[-1] in statistics else set(rest[-1:])
-  return bad | (set(rest) - chain) | computed
+  return {_epilogue(r, roots, users) for r in bad | (set(rest) - chain)} | computed
+
+
+def _epilogue(red: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> UOp:
+  """What a reduce that becomes a kernel's output hands on: the end of its elementwise epilogue that nothing else reads, up to a
+  widening cast (attention's scores cast to bfloat16 and scaled go out as that, rounded once, in half the bytes; read by the
+  next kernel as the sum, they were rounded again in each of its passes). Its other operands are constants and buffers."""
+  x = ret = red
+  while len(us := users.get(x, set())) == 1 and (y := next(iter(us))) not in roots:
+    if y.op is Ops.VIEW and y.arg.contiguous and prod(y.shape) == prod(x.shape): x = y  # a reshape
+    elif y.op in ALU and y.shape == x.shape and y.dtype.itemsize <= x.dtype.itemsize and \
+         all(s is x or s.op is Ops.CONST or s.op is Ops.VIEW and s.src[0].op in (Ops.CONST, Ops.BUFFER) for s in y.src): x = ret = y
+    else: break
+  return ret
 
 
 
