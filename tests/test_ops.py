@@ -820,7 +820,8 @@ def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
     items, _ = create_schedule((x @ y).uop, "CPU")
     k = Kernel(items[-1].ast, caps).apply_opts(opts)
     src = CRenderer().render(k)
-    assert src.count(dot) == n
+    body = src.split(f"void {k.name}(")[1]  # A's pairs: one 32-bit word in every lane, but two elements where A is transposed
+    assert src.count(dot) == n and ("tt_splat2" in body) == (i == 1) and ("tt_splat" in body) == (i < 3)
     asm = src.replace("__GNUC__ <= 12", "__GNUC__ <= 0").replace("__clang_major__ <= 14", "__clang_major__ <= 0")
     ref = np.matmul(x.float().numpy().astype(np.float64), y.float().numpy().astype(np.float64))
     outs = []

@@ -457,8 +457,8 @@ DOT = {16: ("__builtin_ia32_dpbf16ps_v16sf(acc, a, b)", "__builtin_ia32_dpbf16ps
 
 
 def dot_pairs(fp: str, w: int) -> str:
-  """bfloat16 pairs in vectors of `w` lanes (a pair in each 32-bit lane: two rows' elements interleaved, two elements in every lane,
-  or neighbours) and acc += the products of two of them, lane by lane."""
+  """bfloat16 pairs in vectors of `w` lanes (a pair in each 32-bit lane: two neighbours or two elements in every lane, two rows'
+  elements interleaved, or neighbours) and acc += the products of two of them, lane by lane."""
   F, U, H, P = f"tt_f{w}", f"tt_u{w}", f"tt_h{w}", f"tt_p{w}"
   generic = f"  {U} x = ({U})a, y = ({U})b;\n  return acc + ({F})(x << 16) * ({F})(y << 16) + ({F})(x & 0xffff0000u) * ({F})(y & 0xffff0000u);\n"
   if w in DOT:
@@ -479,7 +479,12 @@ def dot_pairs(fp: str, w: int) -> str:
   __builtin_memcpy(&b, q, sizeof b);
   return __builtin_shufflevector(a, b, {', '.join(f'{i}, {w + i}' for i in range(w))});
 }}
-{fp} {P} tt_splat{w}(const unsigned short* p, const unsigned short* q) {{
+{fp} {P} tt_splat{w}(const unsigned short* p) {{
+  unsigned int u;
+  __builtin_memcpy(&u, p, 4);
+  return ({P})({U}){{{', '.join(['u'] * w)}}};
+}}
+{fp} {P} tt_splat2{w}(const unsigned short* p, const unsigned short* q) {{
   unsigned int u = *p | (unsigned int)*q << 16;
   return ({P})({U}){{{', '.join(['u'] * w)}}};
 }}

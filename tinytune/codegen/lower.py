@@ -28,7 +28,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
 #   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
-#   bfloat16 pairs, of two elements in every lane ("splat"), two vectors interleaved ("rows") or neighbours ("neighbours": one offset),
+#   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
+#   neighbours along the lanes ("neighbours": one offset),
 #   WMMA (acc; "dot", width, a, b): acc += the pairs' products
 # Inside them: index math, CONST, GEP (vector; lane), VECTORIZE (a splat), CELL (; array, index text), LOAD (KBLOCK's reload).
 TRUE = UOp.const(dtypes.bool, True)
@@ -391,9 +392,10 @@ class _Lowerer:
     for view in (tc.a, tc.b):
       offs = [self.view_index(view, self.reduce_index(idx, dims))[0] for dims in pair]
       base = [self.subst_lane(off, 0) for off in offs]
-      if not self.lane_dep(*offs): kind = "splat"
+      one = UOp.const(dtypes.int64, 1)
+      if not self.lane_dep(*offs): kind, base = ("splat", base[:1]) if self.simplify(offs[1] - offs[0]) is one else ("splat2", base)
       elif all(self.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
-      elif self.simplify(offs[1] - offs[0]) is UOp.const(dtypes.int64, 1) and self.simplify(offs[0] - self.lane * 2) is base[0] and \
+      elif self.simplify(offs[1] - offs[0]) is one and self.simplify(offs[0] - self.lane * 2) is base[0] and \
            self.vectorizable(base[0]): kind, base = "neighbours", base[:1]
       else: return False
       names.append(self.pair(view, base, kind))
