@@ -92,7 +92,7 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
       first_valid(*(Opt(OptOps.UPCAST, tile_row, amt) for amt in (4, 3, 5, 2)))
       if tile_row < lane: first_valid(Opt(OptOps.SWAP, tile_row, lane))
     else:
-      if k.caps.tensor_cores: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
+      if k.caps.tensor_cores and not gathered: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
       # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
       # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes. A
       # gathered B: one vector serves as many rows as the registers hold, and the rows stay outer (the tile's rows of A stay in L1
