@@ -16,5 +16,6 @@ from __future__ import annotations
 # 9: float16 and bfloat16 in the C renderer's float32 vector lanes (converting loads and stores, each op rounded), their scalar
 #    math as the lanes'; a row of a 16-bit float statistic's source kept before its widening cast; tiles copied across rows
 #    (transposes) compiled without gcc's loop vectorizer
-# 10: TC on CPUs with AVX512_BF16 (bfloat16 matmuls' K in pairs, vdpbf16ps), first in their default opts
+# 10: TC on CPUs with AVX512_BF16 (bfloat16 matmuls' K in pairs, vdpbf16ps), first in their default opts; x @ W.T with a long K
+#     as dot products along K (LANES); a reduce's kernel takes along the elementwise work after it that nothing else reads
 CODEGEN_VERSION = "10"

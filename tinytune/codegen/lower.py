@@ -388,11 +388,10 @@ class _Lowerer:
     k, tc = self.k, self.k.tc
     assert tc is not None
     if acc.kind is not Kind.VECTOR or any(self.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
-    names = []
+    names, one = [], UOp.const(dtypes.int64, 1)
     for view in (tc.a, tc.b):
       offs = [self.view_index(view, self.reduce_index(idx, dims))[0] for dims in pair]
       base = [self.subst_lane(off, 0) for off in offs]
-      one = UOp.const(dtypes.int64, 1)
       if not self.lane_dep(*offs): kind, base = ("splat", base[:1]) if self.simplify(offs[1] - offs[0]) is one else ("splat2", base)
       elif all(self.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
       elif self.simplify(offs[1] - offs[0]) is one and self.simplify(offs[0] - self.lane * 2) is base[0] and \
