@@ -347,3 +347,6 @@ def test_bench_above_a_low_stored_peak_says_so(capsys: pytest.CaptureFixture[str
                      db.url.render_as_string(), "--json")
   rows = table(out, "implementations")
   assert code == 0 and all(r["roof_pct"] == 100 and "% of the stored roof, shown as 100: the stored peak is low" in r["note"] for r in rows)
+  code, out, _ = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
+                     db.url.render_as_string(), "--json", "--dtype", "bfloat16")  # a peak of float32's, which bfloat16 may outrun
+  assert code == 0 and all("the roof is float32's, which bfloat16 instructions can outrun" in r["note"] for r in table(out, "implementations"))
