@@ -149,6 +149,10 @@ def test_cpu_tensor_cores_add_bfloat16_pairs() -> None:
   assert sorted(made(mm)) == sorted(["dot"] * rows * 2 + ["splat"] * rows + ["rows"] * 2) and "tt_dot16(acc" in CRenderer().render(mm)
   linear = kernel(arr(8, 1024, dtype=BF16) @ arr(64, 1024, dtype=BF16).T, CPU_BF16, [])  # 4x4 outputs, each a vector of partial sums
   assert sorted(made(linear)) == sorted(["dot"] * 16 + ["neighbours"] * 8) and linear.opts[:2] == tc + [Opt(OptOps.LANES, 0, 16)]
+  # a gathered 16-bit B costs a conversion a lane: dot products from a K of 256 (float32's from 1024), float16's without TC
+  assert "neighbours" in made(kernel(arr(8, 256, dtype=BF16) @ arr(64, 256, dtype=BF16).T, CPU_BF16, []))
+  half, single = (hand_coded_optimizations(kernel(arr(8, 256, dtype=dt) @ arr(64, 256, dtype=dt).T, CPU_BF16, [])) for dt in (np.float16, np.float32))
+  assert Opt(OptOps.LANES, 0, 16) in half and tc[0] not in half and not any(o.op is OptOps.LANES for o in single)
   for other in (kernel(arr(64, 128) @ arr(128, 64), CPU_BF16, []), kernel(arr(64, 128, dtype=BF16) @ arr(128, 64, dtype=BF16), CPU, []),
                 kernel(arr(64, 64, dtype=BF16) @ arr(64, 64, dtype=BF16).T, CPU_BF16, [])):
     assert tc[0] not in hand_coded_optimizations(other)  # float32, a CPU without the instruction, or B gathered along a short K

@@ -31,6 +31,9 @@ KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial 
 # 128x3072 @ (768x3072).T 13.1 -> 3.4, 16x4096 @ (4096x4096).T; at K 512 as fast as the tile, at 256 and 768 15% slower (each
 # output's 16 partial sums combine once). Row strides of 4 KiB put the gathered lanes in one L1 set
 DOT_MIN_K = 1024
+# a gathered 16-bit B costs a load and a conversion a lane: dot products from a K of 256 (bfloat16 64x256 @ (1024x256).T 0.34 ->
+# 0.22 ms, 128x768 @ (3072x768).T 6.3 -> 2.2; float16 0.40 -> 0.29 and 7.0 -> 3.7; at 128, 32x128 @ (512x128).T, as fast as the tile)
+DOT_MIN_K_16 = 256
 
 
 def single_core_seconds(k: Kernel) -> float:
@@ -82,8 +85,8 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   elif tile_row is not None:
     # B contiguous along the reduce, not the lanes (Q @ K^T, x @ W.T): each vector of B is gathered from as many cache lines
     gathered = any(abs(st[lane]) >= GATHER_STRIDE for st in strides)
-    red = len(k.sizes) - 1
-    if gathered and k.n_reduce == 1 and k.sizes[red] >= DOT_MIN_K and sum(st[red] == 1 for st in strides) >= 2:
+    red, half = len(k.sizes) - 1, k.reduceop is not None and any(u.op is Ops.VIEW and u.dtype.is_half for u in k.reduceop.src[0].toposort)
+    if gathered and k.n_reduce == 1 and k.sizes[red] >= (DOT_MIN_K_16 if half else DOT_MIN_K) and sum(st[red] == 1 for st in strides) >= 2:
       # a long K that both inputs are contiguous along: dot products, each output's partial sums in a vector along K (combined once
       # after the loop), a few rows by a few columns, the columns outer, so each row of B passes once while A stays in cache
       if k.caps.tensor_cores and k.sizes[red] % (2 * simd) == 0: first_valid(Opt(OptOps.TC, 0, 0))  # its pairs are neighbours
