@@ -179,7 +179,7 @@ def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyp
 # kernel's structure (which inputs vary along which dims), not its workload
 STRUCTURE_CASES = [
   ("bmm", {}, [{"tile"}]),
-  ("linear", {"k": 512}, [{"tile"}]), ("linear", {}, [{"rows"}]),  # a long K: dot products along it (each output's sums in lanes)
+  ("linear", {"k": 256}, [{"tile"}]), ("linear", {"k": 512}, [{"rows"}]),  # a long K: dot products along it (each output's sums in lanes)
   ("mlp", {}, [{"tile"}, {"tile"}]),  # a size-1 output axis; the second layer's inputs are computed (bias, relu): a wider tile
   # with WINO=0 (Winograd's: tests/test_winograd.py): the padded rows laid end to end (34 wide: no lanes), the implicit GEMM over
   # them, and the output copied out of the rows' junk columns

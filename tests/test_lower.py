@@ -85,6 +85,10 @@ def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:
   folds = [u for u in p.uops if u.op is Ops.FOLD]
   assert folds[0].arg[1] == 4 and len(folds[0].src) == 4 and len(folds) == 1 + 2 + 1  # the vectors, then lanes pairwise
   assert str(p).index("ENDRANGE") < str(p).index(folds[0].arg[0] + " = FOLD")
+  # 3 rows at once (an UPCAST): their lanes fold together, one transposing fold whose lane j is row j's max, then each row reads its lane
+  p = lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16), Opt(U, 0, 3)]), CRenderer())
+  folds = [u for u in p.uops if u.op is Ops.FOLD]
+  assert [len(u.arg) for u in folds] == [3] * 3 + [4] + [3] * 3 and len(folds[3].src) == 3 and all(u.src[0].src[0] is folds[3] for u in folds[4:])
 
 
 def test_group_partials_go_through_shared_memory() -> None:
@@ -149,7 +153,7 @@ def test_cpu_tensor_cores_add_bfloat16_pairs() -> None:
   assert sorted(made(mm)) == sorted(["dot"] * rows * 2 + ["splat"] * rows + ["rows"] * 2) and "tt_dot16(acc" in CRenderer().render(mm)
   linear = kernel(arr(8, 1024, dtype=BF16) @ arr(64, 1024, dtype=BF16).T, CPU_BF16, [])  # 4x4 outputs, each a vector of partial sums
   assert sorted(made(linear)) == sorted(["dot"] * 16 + ["neighbours"] * 8) and linear.opts[:2] == tc + [Opt(OptOps.LANES, 0, 16)]
-  # a gathered 16-bit B costs a conversion a lane: dot products from a K of 256 (float32's from 1024), float16's without TC
+  # a gathered 16-bit B costs a conversion a lane: dot products from a K of 256 (float32's from 512), float16's without TC
   assert "neighbours" in made(kernel(arr(8, 256, dtype=BF16) @ arr(64, 256, dtype=BF16).T, CPU_BF16, []))
   half, single = (hand_coded_optimizations(kernel(arr(8, 256, dtype=dt) @ arr(64, 256, dtype=dt).T, CPU_BF16, [])) for dt in (np.float16, np.float32))
   assert Opt(OptOps.LANES, 0, 16) in half and tc[0] not in half and not any(o.op is OptOps.LANES for o in single)

@@ -791,6 +791,33 @@ def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> 
 
 
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path) -> None:
+  """tt_fold_add and tt_fold_max of 16, 8 and 4 vectors (LANES accumulators after their loop, as many at once as a vector has
+  lanes): lane j holds vector j's sum (to float32 rounding, in another order) or max (exactly; a NaN wins), built by gcc and clang."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import fold_functions, vector_math
+  if shutil.which(cc) is None: pytest.skip(f"needs {cc}")
+  src = "".join(f"typedef float tt_f{w} __attribute__((vector_size({4 * w})));\n" + vector_math("static inline", w) +
+                fold_functions("static inline", w) +
+                f"void f{w}(const float* x, float* s, float* m) {{ tt_f{w} v[{w}], r; __builtin_memcpy(v, x, sizeof v);\n"
+                f"  r = tt_fold_add{w}(v); __builtin_memcpy(s, &r, sizeof r); r = tt_fold_max{w}(v); __builtin_memcpy(m, &r, sizeof r); }}\n"
+                for w in (16, 8, 4))
+  (tmp_path / "f.c").write_text(src)
+  subprocess.run([cc, "-O2", "-march=native", "-fPIC", "-shared", "f.c", "-o", "f.so"], cwd=tmp_path, check=True)
+  lib = ctypes.CDLL(str(tmp_path / "f.so"))
+  for w in (16, 8, 4):
+    x = np.random.default_rng(w).standard_normal((w, w)).astype(np.float32)
+    x[1, 3] = np.nan
+    s, m = np.empty(w, np.float32), np.empty(w, np.float32)
+    getattr(lib, f"f{w}")(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, s, m)))
+    np.testing.assert_allclose(s, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(m, x.max(1))
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
 def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
   """The CPU's TC (bfloat16 pairs along K in vdpbf16ps) built by gcc and clang three ways: the compiler's builtin, the instruction
   in assembly (compilers whose builtin types changed), and float32 math (CPUs without AVX512_BF16). Matmuls with A's pairs adjacent

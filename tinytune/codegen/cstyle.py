@@ -178,6 +178,8 @@ class CStyleRenderer:
     if u.op in (Ops.VECTORIZE, Ops.LOAD, Ops.CELL): return self.expr(u, at)
     return self.index(u, at.index)
 
+  lane_folds = False  # lane_fold: a vector whose lane j folds the lanes of vector j
+  def lane_fold(self, op: Ops, args: list[str], width: int) -> str: raise NotImplementedError(f"{type(self).__name__} folds no lanes")
   def fold(self, op: Ops, args: list[str], dtype: DType, width: int) -> str:
     """args[0] op args[1] op ..., from the left (native vectors: the vector code where C's operators do not spell it)."""
     ret = args[0]
@@ -210,7 +212,7 @@ class CStyleRenderer:
     if op is Ops.VECTORIZE:
       if u.dtype is dtypes.bool: return self.vector(self.mask_type(len(args)), [f"-({a}!=0)" for a in args])
       return self.vector(self.vtype(len(args)), args)
-    if op is Ops.FOLD: return self.fold(u.arg[2], args, u.dtype, u.arg[1])
+    if op is Ops.FOLD: return self.fold(u.arg[2], args, u.dtype, u.arg[1]) if len(u.arg) == 3 else self.lane_fold(u.arg[2], args, u.arg[1])
     if op is Ops.INRANGE: return f"(0<={args[0]}&&{args[0]}<{u.src[1].arg})"
     assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
     return f"({args[0]}?{args[1]}:0)"
@@ -456,6 +458,39 @@ DOT = {16: ("__builtin_ia32_dpbf16ps_v16sf(acc, a, b)", "__builtin_ia32_dpbf16ps
            "defined(__AVX512BF16__) && defined(__AVX512VL__)")}
 
 
+def fold_functions(fp: str, w: int) -> str:
+  """tt_fold_add{w} and tt_fold_max{w}: of `w` vectors, the vector whose lane j folds vector j's lanes. Each step combines pairs of
+  vectors that hold blocks of lanes of as many vectors, the low half of every block beside the high half: blocks half as wide,
+  twice as many. Blocks of 128 bits or more move whole (vshuff32x4 and the like), smaller ones within each 128 bits (vshufps):
+  shuffles by constants, none by an index vector held in a register (gcc kept those live through the reduce loop before, short of
+  registers for its loads). Which vector's fold ends in which lane follows; the inputs go in so that vector j's is lane j."""
+  owner, c, steps = [[i] * w for i in range(w)], w, []  # owner: for each vector of the step, the input each lane holds part of
+  while c > 1:
+    if c > 4:  # x's blocks, then y's, each block's halves whole 128-bit lanes or more
+      lo = [b * c + i for b in range(w // c) for i in range(c // 2)]
+      lo += [w + x for x in lo]
+    else:  # within each 128 bits: x's halves of its blocks there, then y's
+      lo = [q * 4 + b * c + i + side * w for q in range(w // 4) for side in (0, 1) for b in range(4 // c) for i in range(c // 2)]
+    hi = [x + c // 2 for x in lo]
+    steps.append((lo, hi))
+    pairs = list(zip(owner[::2], owner[1::2]))
+    owner = [[(x + y)[i] for i in lo] for x, y in pairs]
+    assert owner == [[(x + y)[i] for i in hi] for x, y in pairs]  # each lane adds two parts of one input
+    c //= 2
+  slot = {o: j for j, o in enumerate(owner[0][k] for k in range(w))}  # input slot -> the vector that goes in it
+  out = ""
+  for name, fn in (("add", "{}+{}"), ("max", f"tt_max{w}({{}}, {{}})")):
+    vs, lines = [f"v[{slot[i]}]" for i in range(w)], []
+    for n, (lo, hi) in enumerate(steps):
+      nxt = [f"s{n}_{i // 2}" for i in range(0, len(vs), 2)]
+      for i, x in zip(range(0, len(vs), 2), nxt):
+        pick = [f"__builtin_shufflevector({vs[i]}, {vs[i + 1]}, {', '.join(map(str, idx))})" for idx in (lo, hi)]
+        lines.append(f"  tt_f{w} {x} = {fn.format(*pick)};")
+      vs = nxt
+    out += f"{fp} tt_f{w} tt_fold_{name}{w}(const tt_f{w}* v) {{\n" + "\n".join(lines) + f"\n  return {vs[0]};\n}}\n"
+  return out
+
+
 def dot_pairs(fp: str, w: int) -> str:
   """bfloat16 pairs in vectors of `w` lanes (a pair in each 32-bit lane: two neighbours or two elements in every lane, two rows'
   elements interleaved, or neighbours) and acc += the products of two of them, lane by lane."""
@@ -520,10 +555,13 @@ class CRenderer(CStyleRenderer):
   def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     return super().vector_prelude(width, used) + vector_math(self.func_prefix, width) + (STREAM16 if width == 16 else "") + \
-      half_vectors(self.func_prefix, width, used)
+      half_vectors(self.func_prefix, width, used) + fold_functions(self.func_prefix, width)
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def dot_prelude(self, width: int) -> str: return dot_pairs(self.func_prefix, width)
+  lane_folds = True
+  def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
+    return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"
 
   def wmma(self, u: UOp, at: _At) -> str:
     """The TC statements: bfloat16 pairs (see dot_pairs) and the dot products that add them into an accumulator."""

@@ -27,10 +27,10 @@ KBLOCK_BYTES = 8 << 20
 STREAM_BYTES = 8 << 20
 PANEL_BYTES = 512 << 10  # a B (columns x K) this small stays in L2 whole: no column panel to sweep the rows inside
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
-# from this K, a matmul whose B is gathered (x @ W.T) takes dot products along K: float32 64x1024 @ (1024x1024).T 3.37 -> 0.76 ms,
-# 128x3072 @ (768x3072).T 13.1 -> 3.4, 16x4096 @ (4096x4096).T; at K 512 as fast as the tile, at 256 and 768 15% slower (each
-# output's 16 partial sums combine once). Row strides of 4 KiB put the gathered lanes in one L1 set
-DOT_MIN_K = 1024
+# from this K, a matmul whose B is gathered (x @ W.T) takes dot products along K: float32 64x1024 @ (1024x1024).T 3.37 -> 0.6 ms,
+# 128x3072 @ (768x3072).T 13.1 -> 3.4, 64x512 @ (1024x512).T 0.35 -> 0.31; at K 256 the tile is faster (0.17-0.19 ms against 0.26),
+# at 768 as fast. Row strides of 4 KiB put the gathered lanes in one L1 set
+DOT_MIN_K = 512
 # a gathered 16-bit B costs a load and a conversion a lane: dot products from a K of 256 (bfloat16 64x256 @ (1024x256).T 0.34 ->
 # 0.22 ms, 128x768 @ (3072x768).T 6.3 -> 2.2; float16 0.40 -> 0.29 and 7.0 -> 3.7; at 128, 32x128 @ (512x128).T, as fast as the tile)
 DOT_MIN_K_16 = 256

@@ -24,7 +24,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
 #   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer, past the caches), VECTORIZE (lanes; name, width); a buffer is
 #   the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL
-#   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ..., INRANGE (x, n; name): 0 <= x < n
+#   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ... (with a 4th arg, True: lane j of
+#   the result folds the lanes of values[j]), INRANGE (x, n; name): 0 <= x < n
 #   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
 #   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
@@ -115,6 +116,7 @@ class Target(Protocol):
   vector_floats: tuple[DType, ...]  # the float dtypes computed in float32 vector lanes (16-bit ones: converted at loads and stores)
   aligned_vectors: bool  # vector loads and stores need addresses aligned to the vector
   has_local: bool  # workgroups: the global loops are workgroups, LOCAL and GROUP parts their threads
+  lane_folds: bool  # FOLD (vectors; name, width, op, True): a vector whose lane j folds vector j's lanes
 
 
 @dataclass
@@ -124,6 +126,7 @@ class PlainTarget:
   vector_ops: set[Ops] = field(default_factory=lambda: set(ARITH))
   vector_floats: tuple[DType, ...] = (dtypes.float32,)
   aligned_vectors: bool = False
+  lane_folds: bool = False
 
 
 def lower(k: Kernel, target: Target | None = None) -> Program:
@@ -149,6 +152,7 @@ class _Lowerer:
     self.unpadded, self.full_bodies = -1, list[list[UOp]]()  # a padded dim lowered as if unpadded, and the reduce bodies so lowered (split)
     self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
     self.combine: list[list[UOp]] = [[] for _ in k.reduceops]  # after each reduce loop: each LANES accumulator from its partials
+    self.unfolded: list[list[tuple[UOp, UOp]]] = [[] for _ in k.reduceops]  # LANES accumulators (named) and their lanes' vector, to fold
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
@@ -341,25 +345,49 @@ class _Lowerer:
 
   def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
     """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the device has the op, else a scalar per
-    lane), each reading its own elements; after the loop the partials combine lane by lane into the one scalar accumulator."""
-    op = red.arg[0]  # vectors of 16-bit floats only for a max, which rounds nothing
+    lane), each reading its own elements; after the loop the partials combine into the one scalar accumulator: the vectors into
+    one, whose lanes fold with the other accumulators' (see fold_lanes), or the scalars in a tree."""
+    op, stage = red.arg[0], self.stage[red]  # vectors of 16-bit floats only for a max, which rounds nothing
     vector = self.width > 1 and (red.dtype == dtypes.float32 or red.dtype in self.vf and op is Ops.MAX) and op in self.target.vector_ops
-    parts = partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
-                        Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
-                        for j in range(self.k.axes[self.lanes].size // self.width)]
-    combine = self.combine[self.stage[red]]
-    def fold(name: str, items: tuple[UOp, ...], width: int = 1) -> UOp:
-      combine.append(u := stmt(Ops.FOLD, *items, arg=(name, width, op), dtype=red.dtype))
-      return u
-    if vector: parts = [Val(Kind.VECTOR, (fold(f"{name}_v", tuple(p.items[0] for p in parts), self.width),))]  # the vectors first
-    lanes = [p.lane(i) for p in parts for i in range(self.width)]
-    while len(lanes) > 2:  # a tree of named values (an operand may be spelled more than once in an op's code): neighbouring lanes first
-      lanes = [fold(f"{name}_c{len(combine)}", tuple(lanes[i:i + 2])) if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
-    ret = Val(Kind.SCALAR, (fold(name, tuple(lanes)),))
-    self.partials[ret.items[0]] = partials
+    partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
+                Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
+                for j in range(self.k.axes[self.lanes].size // self.width)]
+    if vector:  # the vectors first; the accumulator named now, defined once its lanes fold
+      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=(f"{name}_v", self.width, op), dtype=red.dtype))
+      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), (name, 1, op)), v))
+    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], (name, 1, op), red.dtype)
+    ret = Val(Kind.SCALAR, (acc,))
+    self.partials[acc] = partials
     self.accs.append((red, idx, ret))
     self.acc_at[(red, idx)] = ret
     return ret
+
+  def tree(self, stage: int, lanes: list[UOp], arg: tuple, dtype: DType) -> UOp:
+    """A fold of `lanes` (a statement named by `arg`) after a stage's loop, in a tree of named values, neighbouring lanes first (an
+    operand may be spelled more than once in an op's code)."""
+    while len(lanes) > 2:
+      lanes = [self.fold(stage, lanes[i:i + 2], (f"{arg[0]}_c{len(self.combine[stage])}", 1, arg[2]), dtype) if i + 1 < len(lanes) else lanes[i]
+               for i in range(0, len(lanes), 2)]
+    return self.fold(stage, lanes, arg, dtype)
+
+  def fold(self, stage: int, items: list[UOp], arg: tuple, dtype: DType) -> UOp:
+    self.combine[stage].append(u := stmt(Ops.FOLD, *items, arg=arg, dtype=dtype))
+    return u
+
+  def fold_lanes(self) -> None:
+    """Each stage's LANES accumulators (see lanes_acc) from their vectors: where the target folds lanes across vectors, as many
+    accumulators as a vector has lanes at once, in one statement whose lane j folds vector j's lanes (a transpose as it adds: 15
+    shuffles and adds of pairs for 16 vectors, where each vector's tree took 15 extracts and 15 scalar adds), each then reading
+    its lane; a lone one, or any on other targets, in a tree."""
+    for stage, pending in enumerate(self.unfolded):
+      group = self.width if self.target.lane_folds else 1
+      for at in range(0, len(pending), group):
+        (first, _), chunk = pending[at], pending[at:at + group]
+        if len(chunk) > 1:
+          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], (f"{first.arg[0]}_l", self.width, first.arg[2], True), first.dtype),))
+          for j, (acc, _) in enumerate(chunk): self.fold(stage, [lanes.lane(j)], acc.arg, acc.dtype)
+        else: self.tree(stage, [Val(Kind.VECTOR, (chunk[0][1],)).lane(i) for i in range(self.width)], first.arg, first.dtype)
+    self.unfolded = [[] for _ in self.k.reduceops]
 
   def reduce_index(self, idx: tuple[UOp, ...], dims: list[UOp]) -> tuple[UOp, ...]:
     """The reduce's source index: the output's `idx` with the reduce dims at `dims`."""
@@ -483,6 +511,7 @@ class _Lowerer:
       self.unpadded = k.axes[split].dim
       self.full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
+    self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
     return Program(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
