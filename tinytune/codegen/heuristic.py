@@ -97,10 +97,13 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
     else:
       if k.caps.tensor_cores and not gathered: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
       # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
-      # the inputs are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes. A
+      # A's values are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes. A
       # gathered B: one vector serves as many rows as the registers hold, and the rows stay outer (the tile's rows of A stay in L1
       # while B's columns pass them)
       computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
+      # so is each 16-bit element of A, converted on its own, where K is long (float16 1024^3 12.4 -> 11.1 ms, 2048^3 104 -> 91; at K 784 a
+      # tie, and a train step's K of 10 lost 7 us)
+      computed |= half and k.tc is None and k.sizes[red] >= 1024
       widths = (simd,) if gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
       if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in widths))
       vectors = max(1, k.upcast_size() // simd)
