@@ -214,7 +214,6 @@ def check_opts(kc: KernelCase, seqs: list[list[Opt]]) -> None:
     # a workgroup, or LANES, adds its partial sums in another order: exact cases are then exact only up to rounding of the sum
     grouped = any(o.op in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES) for o in k.opts)
     tol = 0 if kc.name in EXACT and not (grouped and kc.item.out.dtype.is_float) else float_tol
-    if k.tc is not None: tol = 10 * float_tol  # tensor cores multiply exactly, where the kernel with no opts rounds products to 16 bits
     atol = tol * float(np.abs(kc.ref).max(initial=1)) if grouped else tol
     try: np.testing.assert_allclose(out.numpy_view(), kc.ref, rtol=tol, atol=atol)
     except AssertionError as e: failures.append(f"{k.opts}: {str(e).strip().splitlines()[2:4]}")

@@ -37,7 +37,7 @@ class CStyleRenderer:
   group_id, local_id, barrier, shared_prefix = "", "", "", ""
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
-  def dot_prelude(self, width: int) -> str: return ""  # the CPU's TC (CRenderer)
+  def program_prelude(self, p: Program) -> str: return ""  # helpers only some programs' statements call (CRenderer's)
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
@@ -162,8 +162,7 @@ class CStyleRenderer:
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
-    head += self.dot_prelude(p.width) if k.tc is not None and not k.caps.has_local and any(u.op is Ops.WMMA for u in p.uops) else ""
-    head += self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else ""
+    head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
@@ -555,10 +554,14 @@ class CRenderer(CStyleRenderer):
   def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     return super().vector_prelude(width, used) + vector_math(self.func_prefix, width) + (STREAM16 if width == 16 else "") + \
-      half_vectors(self.func_prefix, width, used) + fold_functions(self.func_prefix, width)
+      half_vectors(self.func_prefix, width, used)
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
-  def dot_prelude(self, width: int) -> str: return dot_pairs(self.func_prefix, width)
+  def program_prelude(self, p: Program) -> str:
+    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
+    dots = folds = False
+    for u in p.uops: dots, folds = dots or u.op is Ops.WMMA, folds or u.op is Ops.FOLD and len(u.arg) > 3
+    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
     return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"

@@ -377,17 +377,16 @@ class _Lowerer:
   def fold_lanes(self) -> None:
     """Each stage's LANES accumulators (see lanes_acc) from their vectors: where the target folds lanes across vectors, as many
     accumulators as a vector has lanes at once, in one statement whose lane j folds vector j's lanes (a transpose as it adds: 15
-    shuffles and adds of pairs for 16 vectors, where each vector's tree took 15 extracts and 15 scalar adds), each then reading
-    its lane; a lone one, or any on other targets, in a tree."""
+    adds of shuffled halves, 30 shuffles, for 16 vectors, where each vector's tree took 15 extracts and 15 scalar adds), each then
+    reading its lane; a lone one, or any on other targets, in a tree."""
+    group = self.width if self.target.lane_folds else 1
     for stage, pending in enumerate(self.unfolded):
-      group = self.width if self.target.lane_folds else 1
       for at in range(0, len(pending), group):
         (first, _), chunk = pending[at], pending[at:at + group]
         if len(chunk) > 1:
           lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], (f"{first.arg[0]}_l", self.width, first.arg[2], True), first.dtype),))
           for j, (acc, _) in enumerate(chunk): self.fold(stage, [lanes.lane(j)], acc.arg, acc.dtype)
         else: self.tree(stage, [Val(Kind.VECTOR, (chunk[0][1],)).lane(i) for i in range(self.width)], first.arg, first.dtype)
-    self.unfolded = [[] for _ in self.k.reduceops]
 
   def reduce_index(self, idx: tuple[UOp, ...], dims: list[UOp]) -> tuple[UOp, ...]:
     """The reduce's source index: the output's `idx` with the reduce dims at `dims`."""
@@ -398,9 +397,10 @@ class _Lowerer:
   def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
     if self.pair_axis >= 0:  # the CPU's TC: the two instances of a pair along K at once, in a dot product where it can be one
       if self.simplify(inst[self.pair_axis]).arg: return
-      pair = [inst, {**inst, self.pair_axis: UOp.const(dtypes.int64, 1)}]
-      if not self.dot(idx, self.partial(acc, inst), [self.dims(i) for i in pair]):
-        for i in pair: self.add(red, idx, acc, self.dims(i), i)
+      second = {**inst, self.pair_axis: UOp.const(dtypes.int64, 1)}
+      pair = [(inst, dims), (second, self.dims(second))]
+      if not self.dot(idx, self.partial(acc, inst), [d for _, d in pair]):
+        for i, d in pair: self.add(red, idx, acc, d, i)
       return
     self.add(red, idx, acc, dims, inst)
 
