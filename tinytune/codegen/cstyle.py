@@ -408,6 +408,13 @@ def vector_math(fp: str, width: int) -> str:
   return code
 
 
+# AVX512_BF16's vcvtneps2bf16 rounds float32 lanes to bfloat16 (to nearest even) but reads subnormals as zero and keeps a NaN's
+# payload: vectors with neither (vfpclassps: 0x01 quiet NaN, 0x20 subnormal, 0x80 signalling NaN) take it, the rest the integer code
+BF16_ROUND = {16: ("defined(__AVX512BF16__) && defined(__AVX512DQ__)", "__builtin_ia32_fpclassps512_mask(x, 0xa1, (unsigned short)-1)"),
+              8: ("defined(__AVX512BF16__) && defined(__AVX512DQ__) && defined(__AVX512VL__)",
+                  "__builtin_ia32_fpclassps256_mask(x, 0xa1, (unsigned char)-1)")}
+
+
 def half_vectors(fp: str, w: int, used: set[DType]) -> str:
   """float16 and bfloat16 buffers read into and written from float32 vectors of `w` lanes, and a float32 vector rounded to either
   (to nearest even; a NaN to bfloat16 is the quiet NaN of its sign, as the scalar code has it). One op in float32 rounded to a
@@ -429,14 +436,22 @@ def half_vectors(fp: str, w: int, used: set[DType]) -> str:
              f"{fp} void {F}_store_f16(_Float16* p, {F} x) {{ {H} h = tt_down{w}(x); __builtin_memcpy(p, &h, sizeof h); }}\n"
              f"{fp} {F} {F}_round_f16({F} x) {{ return tt_up{w}(tt_down{w}(x)); }}\n")
   if dtypes.bfloat16 in used:  # a bfloat16 is a float32's high half: its lanes go to and from the odd shorts (one permute)
-    W = f"tt_w{w}"
+    W, widen = f"tt_w{w}", f"__builtin_shufflevector(z, h, {', '.join(f'{i}, {w + i}' for i in range(w))})"
+    fast_round = "" if w not in BF16_ROUND else f"""
+#if {BF16_ROUND[w][0]}
+  if (!{BF16_ROUND[w][1]}) {{  /* no NaN or subnormal lane: the instruction rounds the rest to nearest even */
+    {H} h, z = {{0}};
+    __asm__("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(x));
+    return ({F}){widen};
+  }}
+#endif"""
     code += f"""typedef short {W} __attribute__((vector_size({4 * w})));
 {fp} {F} {F}_load_bf16(const unsigned short* p) {{
   {H} h, z = {{0}};
   __builtin_memcpy(&h, p, sizeof h);
-  return ({F})__builtin_shufflevector(z, h, {', '.join(f'{i}, {w + i}' for i in range(w))});
+  return ({F}){widen};
 }}
-{fp} {F} {F}_round_bf16({F} x) {{
+{fp} {F} {F}_round_bf16({F} x) {{{fast_round}
   {U} u = ({U})x, nan = ({U})((u & 0x7fffffffu) > 0x7f800000u);
   return ({F})(((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u & ~nan) | (((u & 0x80000000u) | 0x7fc00000u) & nan));
 }}
