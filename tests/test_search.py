@@ -15,7 +15,7 @@ import pytest
 from tinytune import Device, Kernel, Tensor
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.opts import Opt, OptOps, opts_to_json
-from tinytune.dtype import dtypes
+from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
@@ -24,8 +24,8 @@ from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
 
 
-def matmul_kernel(n: int = 64) -> Kernel:
-  a, b = Tensor.rand(n, n).realize(), Tensor.rand(n, n).realize()
+def matmul_kernel(n: int = 64, dtype: DType = dtypes.float32) -> Kernel:
+  a, b = Tensor.rand(n, n).cast(dtype).realize(), Tensor.rand(n, n).cast(dtype).realize()
   return Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)
 
 
@@ -78,6 +78,16 @@ def test_broken_candidates_are_recorded_and_search_goes_on(body: str, status: st
     results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
   assert [r.status for r in results] == [status, "ok", "ok"]
   assert results[0].error and seen[0].status == status
+
+
+@pytest.mark.parametrize("dtype", [dtypes.bfloat16, dtypes.float16, dtypes.int32], ids=lambda d: d.name)
+def test_a_worker_restarted_after_a_crash_still_verifies(dtype: DType) -> None:
+  """A new worker reads the reference its first one saved: a bfloat16 one came back from the file as raw bytes (numpy's 'V2'), so
+  every candidate after a crash crashed too and the search ended early."""
+  k, bad = matmul_kernel(32, dtype), Opt(OptOps.UPCAST, 0, 2)
+  with Evaluator(k, "CPU", timeout_s=2.0, render=_inject(bad, "*(volatile int*)0 = 1;")) as ev:
+    results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
+  assert [r.status for r in results] == ["crashed", "ok", "ok"], [r.error for r in results]
 
 
 def test_duplicates_by_source_are_timed_once() -> None:
