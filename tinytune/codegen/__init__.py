@@ -18,4 +18,5 @@ from __future__ import annotations
 #    (transposes) compiled without gcc's loop vectorizer
 # 10: TC on CPUs with AVX512_BF16 (bfloat16 matmuls' K in pairs, vdpbf16ps), first in their default opts; x @ W.T with a long K
 #     as dot products along K (LANES); a reduce's kernel takes along the elementwise work after it that nothing else reads
+# 11: bfloat16 rounding in vector lanes through AVX512_BF16's vcvtneps2bf16 where no lane is a NaN or subnormal
 CODEGEN_VERSION = "11"
