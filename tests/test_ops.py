@@ -1152,16 +1152,17 @@ def test_bfloat16_cast_rounds_like_ml_dtypes() -> None:
   special = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F808001, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7F800000, 0xFF800000, 0x7FC00000,
                       0xFFC00001, 0x7F800001, 0xFFFFFFFF, 0x00000000, 0x80000000, 0x00000001, 0x00008000, 0x00018000, 0x007FFFFF,
                       0x807F8000, 0x00800000], np.uint32)
-  mag = special & 0x7FFFFFFF
-  plain = special[(mag <= 0x7F800000) & ((mag == 0) | (mag >= 0x00800000))]  # no NaN or subnormal: vectors of these take AVX512_BF16's
-  bits = np.concatenate([special, np.tile(plain, 4), np.random.default_rng(0).integers(0, 2 ** 32, 2000, dtype=np.uint32)])
-  x = bits.view(np.float32)
-  with np.errstate(invalid="ignore", over="ignore"): exp = x.astype(dtypes.bfloat16.np)
-  got = Tensor(x).cast(dtypes.bfloat16).numpy()
-  assert got.dtype == exp.dtype
-  np.testing.assert_array_equal(got.view(np.uint16), exp.view(np.uint16))
-  np.testing.assert_array_equal(Tensor(exp).cast(dtypes.float32).numpy().view(np.uint32), exp.astype(np.float32).view(np.uint32))
-  np.testing.assert_array_equal((Tensor(x) * 1).cast(dtypes.bfloat16).numpy().view(np.uint16), exp.view(np.uint16))
+  rand, mag = np.random.default_rng(0).integers(0, 2 ** 32, 2000, dtype=np.uint32), special & 0x7FFFFFFF
+  plain = special[(mag <= 0x7F800000) & ((mag == 0) | (mag >= 0x00800000))]  # no NaN or subnormal
+  # an odd length runs the scalar code; 2048 vector lanes, where a vector of plain values takes AVX512_BF16's instruction
+  for bits in (np.concatenate([special, rand]), np.concatenate([special, np.tile(plain, 4), rand])[:2048]):
+    x = bits.view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"): exp = x.astype(dtypes.bfloat16.np)
+    got = Tensor(x).cast(dtypes.bfloat16).numpy()
+    assert got.dtype == exp.dtype
+    np.testing.assert_array_equal(got.view(np.uint16), exp.view(np.uint16))
+    np.testing.assert_array_equal(Tensor(exp).cast(dtypes.float32).numpy().view(np.uint32), exp.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal((Tensor(x) * 1).cast(dtypes.bfloat16).numpy().view(np.uint16), exp.view(np.uint16))
 
 
 # ***** reductions *****
