@@ -574,8 +574,7 @@ class CRenderer(CStyleRenderer):
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def program_prelude(self, p: Program) -> str:
     """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
-    dots = folds = False
-    for u in p.uops: dots, folds = dots or u.op is Ops.WMMA, folds or u.op is Ops.FOLD and len(u.arg) > 3
+    dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and len(u.arg) > 3 for u in p.uops)
     return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
