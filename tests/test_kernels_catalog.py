@@ -118,6 +118,24 @@ def test_torch_baseline_matches_reference(name: str) -> None:
   assert 0 < timing.min_s <= timing.median_s and timing.library == "torch" and timing.version
 
 
+def test_torch_baseline_runs_on_the_targets_isa(monkeypatch: pytest.MonkeyPatch) -> None:
+  """PyTorch is held to the CPU target's ISA (ATEN_CPU_CAPABILITY, DNNL_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS, read as it loads), in a
+  process of its own, whatever this process imported: an AVX2 target's baseline runs AVX2 on an AVX-512 host."""
+  torch = pytest.importorskip("torch")
+  from tinytune.runtime import Device
+  from tinytune.runtime.cpu import CPUDevice, cannot_run, cpu_target
+  if cannot_run(cpu_target("x86-64-v3")): pytest.skip("needs an x86 CPU with AVX2")
+  for name in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"): monkeypatch.delenv(name, raising=False)
+  w = get_workload("matmul")
+  params = w.params(SMALL["matmul"][0])
+  monkeypatch.setitem(Device._opened, "CPU", CPUDevice("x86-64-v3"))
+  timing = torch_baseline(w, params, "CPU", FAST)
+  assert timing.version.endswith(" avx2") and f"{Device['CPU'].caps.threads} threads" in timing.version, timing.version
+  np.testing.assert_allclose(timing.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-4)
+  monkeypatch.setitem(Device._opened, "CPU", CPUDevice("native"))
+  assert torch_baseline(w, params, "CPU", FAST).version.endswith(" " + torch.backends.cpu.get_cpu_capability().lower())
+
+
 def test_numpy_baseline_and_timing() -> None:
   w = get_workload("matmul")
   timing = numpy_baseline(w, w.params(SMALL["matmul"][0]), FAST)
