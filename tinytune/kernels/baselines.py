@@ -195,7 +195,8 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
 
   built, _ = workload.instantiate(params, dtype, device)
   items, views = schedule(built, device)
-  calls, missing, same, kernels = [], 0, 0, []
+  calls: list[tuple[Callable[..., float], tuple]] = []  # each program with its buffers (Kernel.bufs holds runtime Buffers)
+  missing, same, kernels = 0, 0, []
   program_kernels = [Kernel(item.ast, Device[device].caps) for item in items]
   labels = unique_names((k.key, k.name) for k in program_kernels)
   for item, kernel in zip(items, program_kernels):
