@@ -10,7 +10,7 @@ import numpy as np
 
 from tinytune.codegen.clib import dot_pairs, fold_functions, vector_library, vector_math
 from tinytune.codegen.kernel import Kernel
-from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, Program, lower
+from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, LinearProgram, lower
 from tinytune.dtype import DType, dtypes
 from tinytune.uop import ALU, Ops, UOp
 
@@ -27,7 +27,7 @@ class CStyleRenderer:
   restrict = "restrict"
   buffer_prefix = ""  # an address space for buffers
   func_prefix = "static inline"  # helper functions
-  no_loop_vectorizer_prefix = ""  # before kernels better off without the compiler's loop vectorizer (see Program)
+  no_loop_vectorizer_prefix = ""  # before kernels better off without the compiler's loop vectorizer (see LinearProgram)
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
   vector_floats: tuple[DType, ...] = (dtypes.float32,)  # the float dtypes computed in float32 vector lanes
   includes = "#include <math.h>\n"
@@ -38,7 +38,7 @@ class CStyleRenderer:
   group_id, local_id, barrier, shared_prefix = "", "", "", ""
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
-  def program_prelude(self, p: Program) -> str: return ""  # helpers only some programs' statements call (CRenderer's)
+  def program_prelude(self, p: LinearProgram) -> str: return ""  # helpers only some programs' statements call (CRenderer's)
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
@@ -151,7 +151,7 @@ class CStyleRenderer:
   # ***** spelling a lowered program *****
   def render(self, k: Kernel) -> str: return self.spell(lower(k, self))
 
-  def spell(self, p: Program) -> str:
+  def spell(self, p: LinearProgram) -> str:
     """The program's source: each statement on its line, indented by the loops and branches around it."""
     k, at, out, indent, statements = p.kernel, _At(), [], "  ", self.statements
     for u in p.uops:
@@ -283,7 +283,7 @@ class CRenderer(CStyleRenderer):
     return super().vector_prelude(width, used) + vector_library(self.func_prefix, width, used)
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
-  def program_prelude(self, p: Program) -> str:
+  def program_prelude(self, p: LinearProgram) -> str:
     """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
     dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and len(u.arg) > 3 for u in p.uops)
     return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
