@@ -57,9 +57,6 @@ def seconds(text: str) -> float:
   return s
 
 
-def _ms(s: float | None) -> str: return f"{s * 1e3:.3f}" if s is not None and math.isfinite(s) else "-"
-
-
 def ms(s: float | None) -> float | None:
   """Seconds -> milliseconds for JSON: None where nothing was measured (a failure is inf)."""
   return s * 1e3 if s is not None and math.isfinite(s) else None
@@ -73,18 +70,17 @@ def add_format(p: argparse.ArgumentParser, formats: str = "table (default), csv,
 
 def cmd_search(args: argparse.Namespace) -> int:
   if param_help(args.workload, args.param): return 0
-  import pandas as pd
   from rich.console import Console
-  from rich.progress import Progress, TextColumn
 
-  from tinytune.codegen.opts import opts_to_json
+  from tinytune import engine
   from tinytune.kernels import get_workload
   from tinytune.kernels.workload import schedule
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
+  from tinytune.search.progress import ProgressLine
   from tinytune.search.strategy import get_strategy
-  from tinytune.search.tune import Tuner
+  from tinytune.search.tune import Tuner, outcome_frame
 
   workload = get_workload(args.workload)
   params = workload.params(parse_params(args.param, workload.names))
@@ -103,34 +99,22 @@ def cmd_search(args: argparse.Namespace) -> int:
   started = time.perf_counter()
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
   measured = _search_workers(args, console) if args.workers > 1 else None
-  with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
-    task = progress.add_task("starting", total=None)
-    state: dict[str, Any] = {}
-
-    def on_result(kernel: Any, r: Any) -> None:
-      s = state.setdefault(kernel.key, {"tried": 0, "failed": 0, "best": math.inf, "default": None})
-      s["tried"] += 1
-      s["failed"] += r.status != "ok"
-      s["best"] = min(s["best"], r.time)
-      if s["default"] is None and r.status == "ok": s["default"] = r.time
-      speedup = f"{s['default'] / s['best']:.2f}x" if s["default"] and math.isfinite(s["best"]) else "-"
-      progress.update(task, description=f"[bold]{kernel.name}[/] tried {s['tried']} failed {s['failed']} best {_ms(s['best'])} ms speedup {speedup}")
-
-    tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured,
-                  on_result, args.study, str(args.worker or 0))
-    outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
+  progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
+                          quiet=args.quiet or args.format == "json")
+  tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
+                str(args.worker or 0))
+  try: outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
+  finally: progress.done()
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
   elapsed = time.perf_counter() - started
   cache_hit = all(o.cache_hit for o in outcomes)
-  rows = [{"kernel": o.name, "dtype": dtype.name, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
-           "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)), "key": o.key}
-          for o in outcomes]
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "fingerprint": tuner.device_hash,
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
   how = "cache hit" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s"
   title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device} ({how})"
-  _write(render({"kernels": pd.DataFrame(rows)}, args.format, title, "search", context, {"kernels": title}), None)
+  frame = outcome_frame(outcomes, lambda o: {"dtype": dtype.name})
+  _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
   return 0
 
 
@@ -200,17 +184,11 @@ def tolerance(dtype: Any) -> float:
 def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> None:
   """Compile the workload's kernels (default opts) for the device: a dtype the device cannot do fails here, in one line, and not
   in every candidate or timing after."""
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.codegen.kernel import Kernel
-  from tinytune.engine import compile_kernel
+  from tinytune import engine
   from tinytune.kernels.workload import schedule
-  from tinytune.runtime import Device
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   try:
-    for item in items:
-      kernel = Kernel(item.ast, Device[device].caps)
-      kernel.apply_opts(default_opts(kernel))
-      compile_kernel(kernel, device)
+    for _, kernel in engine.kernels(items, device): engine.compile_kernel(kernel.apply_opts(engine.kernel_opts(kernel, device, "default")), device)
   except Exception as e:  # a compiler's complaint, whatever its type
     why = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
@@ -313,24 +291,21 @@ def add_db_parser(sub: Any) -> None:
 
 def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   """Build an entry's kernel from its workload, check its opts verify here and time them against the default: (verdict, speedup)."""
-  from tinytune import Kernel
-  from tinytune.codegen.heuristic import default_opts
+  from tinytune import engine
   from tinytune.codegen.opts import opts_from_json
   from tinytune.dtype import dtypes
   from tinytune.kernels import get_workload
   from tinytune.kernels.workload import schedule
-  from tinytune.runtime import Device
   from tinytune.search.evaluate import Evaluator
   if not entry.workload: return "cannot re-run: no workload recorded", None
   workload, params = get_workload(entry.workload), json.loads(entry.params)
   builds = (workload.instantiate(workload.params(params), dt, device)[0] for dt in dtypes.all if workload.takes(dt))  # the entry's dtype is one
-  kernel = next((k for out in builds for item in schedule(out, device)[0] if (k := Kernel(item.ast, Device[device].caps)).key == entry.kernel_key),
-                None)
+  kernel = next((k for out in builds for _, k in engine.kernels(schedule(out, device)[0], device) if k.key == entry.kernel_key), None)
   if kernel is None: return "cannot re-run: its workload no longer makes this kernel", None
   opts = tuple(opts_from_json(entry.opts))
   with Evaluator(kernel, device) as ev:
     if (result := ev.evaluate([opts])[0]).status != "ok": return f"FAILED: {result.status} {result.error}".strip(), None
-    default_s, tuned_s = ev.retime([default_opts(kernel), opts])
+    default_s, tuned_s = ev.retime([engine.kernel_opts(kernel, device, "default"), opts])
   return ("ok" if tuned_s <= default_s * 1.05 else "SLOWER than the default"), default_s / tuned_s
 
 

@@ -9,16 +9,16 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from tinytune import engine
-from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
-from tinytune.engine.schedule import ScheduleItem, create_schedule
-from tinytune.helpers import env_count, unique_names
+from tinytune.engine.program import register_first_use_tuner
+from tinytune.engine.schedule import ScheduleItem
+from tinytune.helpers import env_count
 from tinytune.results_db import CandidateRow, Database, SchemaError, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
@@ -26,6 +26,9 @@ from tinytune.search.evaluate import Evaluator, Result, source_hash
 from tinytune.search.progress import ProgressLine
 from tinytune.search.strategy import Budget, get_strategy, run_strategy
 from tinytune.uop import UOp
+
+if TYPE_CHECKING:
+  import pandas as pd
 
 
 @dataclass
@@ -66,21 +69,16 @@ class Tuner:
     if self.force or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, found.opts, found.best_s, found.default_s, True)
 
-  def kernels(self, program: UOp | Sequence[ScheduleItem]) -> list[Kernel]:
-    """The kernels of a program: a lazy graph's (its schedule), or those of a schedule (a workload's outputs realized together)."""
-    items = create_schedule(program, self.device)[0] if isinstance(program, UOp) else program
-    return [Kernel(item.ast, Device[self.device].caps) for item in items]
-
   def forget(self, program: UOp | Sequence[ScheduleItem]) -> None:
     """Drop the tuning cache entries of the program's kernels on this device (`search --force --workers N` starts so)."""
-    for k in self.kernels(program): self.db.delete_tuned(k.key, self.device_hash)
+    for _, k in engine.kernels(program, self.device): self.db.delete_tuned(k.key, self.device_hash)
 
   def tune_program(self, program: UOp | Sequence[ScheduleItem], workload: str, params: dict[str, Any],
                    dtype: str | None = None) -> list[KernelOutcome]:
     """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized); `dtype` is what the run records the
     program computes in (the kernels' keys tell dtypes apart already)."""
-    kernels = list({k.key: k for k in self.kernels(program)}.values())  # in program order; a kernel the program runs twice is tuned once
-    labels = unique_names((k.key, k.name) for k in kernels)  # names unique in the program: outcomes, the tuning cache and optuna use them
+    labelled = {k.key: (label, k) for label, k in engine.kernels(program, self.device)}  # a kernel the program runs twice is tuned once
+    kernels, labels = [k for _, k in labelled.values()], {key: label for key, (label, _) in labelled.items()}
     outcomes: list[KernelOutcome | None] = [None if (o := self.cached(k)) is None else replace(o, name=labels[k.key]) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
@@ -133,7 +131,7 @@ class Tuner:
 
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
-    default = tuple(default_opts(kernel))
+    default = engine.kernel_opts(kernel, self.device, "default")
     options = {**(self.optuna_options(kernel, run_id, label or kernel.name, default) if self.strategy == "optuna" else {}), **self.options}
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
@@ -162,6 +160,17 @@ class Tuner:
              "device_fingerprint": self.device_hash, "dtype": kernel.ast.dtype.name, "default_opts": " ".join(map(repr, default)) or "none",
              **({"study": self.study} if self.study else {"run": run_id})}
     return {"storage": self.db.url.render_as_string(hide_password=False), "study_name": name, "study_attrs": attrs}
+
+
+def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutcome], dict[str, Any]] = lambda o: {}) -> pd.DataFrame:
+  """One row per kernel outcome, as `tune()` and `tinytune search` report them: kernel (its label), the `extra` columns, default_ms
+  and tuned_ms (None where nothing was measured), speedup, cache_hit, candidates (measured by status), opts ([op, axis, arg] lists)
+  and key."""
+  import pandas as pd
+  def ms(s: float | None) -> float | None: return s * 1e3 if s is not None and math.isfinite(s) else None
+  return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
+                        "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)),
+                        "key": o.key} for o in outcomes])
 
 
 BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
@@ -202,12 +211,15 @@ def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int
 
 
 def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
-  """What the engine calls (engine.program.FIRST_USE_TUNER) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
+  """What the engine calls (registered below) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
   get_strategy(strategy)  # TINYTUNE_TUNE=bem fails with the names it could be, before anything is recorded
   tuner = first_use_tuner(device, strategy)
   try: return tuner.tune_on_first_use(kernel)
   finally:
     if isinstance(tuner.on_result, ProgressLine): tuner.on_result.done()
+
+
+register_first_use_tuner(tune_on_first_use)
 
 
 def stored_result(c: CandidateRow) -> Result:
