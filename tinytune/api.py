@@ -42,12 +42,12 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   from tinytune.results_db import Database
   from tinytune.runtime import Device
   from tinytune.search.progress import ProgressLine
-  from tinytune.search.strategy import get_strategy
+  from tinytune.search.strategy import check_options
   from tinytune.search.tune import DEFAULT_CANDIDATES, KernelOutcome, Tuner, outcome_frame
 
   outputs, workload, params = _outputs(program, example_inputs)
   if not isinstance(strategy, str): raise TypeError(f"strategy must be a name (beam, optuna, random), not {type(strategy).__name__}")
-  get_strategy(strategy)  # an unknown name, or a missing optional dependency, fails before anything runs
+  check_options(strategy, dict(options or {}))  # an unknown name or option, or a missing optional dependency, fails before anything runs
   if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)): raise TypeError(f"budget must be an int, not {budget!r}")
   if budget is not None and budget < 1: raise ValueError(f"budget must be at least 1 candidate per kernel, not {budget}")
   if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):

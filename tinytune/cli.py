@@ -71,6 +71,10 @@ def add_format(p: argparse.ArgumentParser, formats: str = "table (default), csv,
 
 def cmd_search(args: argparse.Namespace) -> int:
   if param_help(args.workload, args.param): return 0
+  if "help" in args.option:
+    from tinytune.search.strategy import options_help
+    print("each strategy's options (--option KEY=VALUE), with their defaults:\n" + options_help())
+    return 0
   from rich.console import Console
 
   from tinytune import engine
@@ -80,15 +84,13 @@ def cmd_search(args: argparse.Namespace) -> int:
   from tinytune.results_db import Database
   from tinytune.runtime import Device
   from tinytune.search.progress import ProgressLine
-  from tinytune.search.strategy import get_strategy
+  from tinytune.search.strategy import check_options
   from tinytune.search.tune import Tuner, outcome_frame
 
   workload = get_workload(args.workload)
   params = workload.params(parse_params(args.param, workload.names))
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
-  get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
-  options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
-  if args.worker is not None and args.strategy in ("optuna", "random"): options["seed"] = args.worker  # workers of one study explore apart
+  options = check_options(args.strategy, search_options(args))  # fail early on a bad name, option or missing optional dependency
   if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
     raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
                      "add --oversubscribe to start them anyway")
@@ -99,7 +101,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   db = Database(args.db)
   started = time.perf_counter()
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
-  measured = _search_workers(args, console) if args.workers > 1 else None
+  measured = _search_workers(args, options, console) if args.workers > 1 else None
   progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
                           quiet=args.quiet or args.format == "json")
   tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
@@ -119,20 +121,31 @@ def cmd_search(args: argparse.Namespace) -> int:
   return 0
 
 
+def search_options(args: argparse.Namespace) -> dict[str, str]:
+  """--option KEY=VALUE pairs (repeatable), after the aliases --beam-width (width) and --sampler: the strategy's options as text."""
+  pairs = ([f"width={args.beam_width}"] if args.beam_width is not None else []) + ([f"sampler={args.sampler}"] if args.sampler is not None else [])
+  options = {}
+  for pair in pairs + args.option:
+    key, sep, value = pair.partition("=")
+    if not sep or not key or not value: raise ValueError(f"bad --option {pair!r}: write KEY=VALUE, e.g. --option width=8 (--option help lists them)")
+    options[key] = value
+  return options
+
+
 def search_budget(args: argparse.Namespace) -> dict[str, Any]:
   """`search`'s budget: --budget candidates per kernel (200 by default, none with --seconds, which then alone ends the search)."""
   from tinytune.search.tune import DEFAULT_CANDIDATES
   return {"candidates": args.budget if args.budget is not None or args.seconds else DEFAULT_CANDIDATES, "seconds": args.seconds}
 
 
-def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[str, int]]:
+def _search_workers(args: argparse.Namespace, options: dict[str, Any], console: Any) -> dict[str, dict[str, int]]:
   """`search --workers N`: N processes of this search share one study (and the database) and its budget.
   Returns the candidates they measured per kernel key."""
   import subprocess
   import uuid
   if args.study is None: args.study = f"workers-{uuid.uuid4().hex[:12]}"
   command = [sys.executable, "-m", "tinytune.cli", "search", args.workload, *[x for p in args.param for x in ("-p", p)], "--dtype", args.dtype,
-             "--strategy", args.strategy, "--beam-width", str(args.beam_width), "--sampler", args.sampler, "--study", args.study,
+             "--strategy", args.strategy, *[x for k, v in options.items() for x in ("--option", f"{k}={v}")], "--study", args.study,
              "--format", "json", "--quiet"]
   command += (["--budget", str(args.budget)] if args.budget is not None else [])
   command += (["--device", args.device] if args.device else []) + (["--seconds", str(args.seconds)] if args.seconds else [])
@@ -541,8 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
   search.add_argument("--dtype", default="float32", help=DTYPE_HELP)
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
-  search.add_argument("--beam-width", type=count, default=4, help="beam: how many of the best candidates each step expands (default 4)")
-  search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
+  search.add_argument("--option", action="append", default=[], help="KEY=VALUE: an option of the strategy (repeatable; --option help lists them)")
+  search.add_argument("--beam-width", type=count, default=None, help="beam: --option width=N, how many of the best candidates each step expands")
+  search.add_argument("--sampler", default=None, help="optuna: --option sampler=NAME: tpe (default), cmaes, gp")
   search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, on one budget")
   search.add_argument("--workers", type=count, default=1, help="start N local worker processes sharing one study and its budget (at most the cores)")
   search.add_argument("--oversubscribe", action="store_true", help="allow --workers beyond the number of cores")

@@ -23,7 +23,7 @@ from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
 from tinytune.search.evaluate import Result
 from tinytune.search.progress import ProgressLine
-from tinytune.search.strategy import get_strategy, run_strategy
+from tinytune.search.strategy import SearchContext, check_options, env_options, get_strategy, run_strategy
 from tinytune.search.study import Claims, SharedEvaluator, StudyBudget, stored_result
 from tinytune.uop import UOp
 
@@ -62,6 +62,7 @@ class Tuner:
 
   def __post_init__(self) -> None:
     self.device = Device.canonicalize(self.device)
+    self.options = check_options(self.strategy, self.options)
     self.fingerprint = device_fingerprint(self.device)
     self.device_hash = fingerprint_hash(self.fingerprint)
 
@@ -90,7 +91,7 @@ class Tuner:
         if outcomes[i] is None:
           left = [kk for kk, o in zip(kernels[i:], outcomes[i:]) if o is None]
           seconds = None if end is None else max(0.0, end - time.monotonic()) * time_share(k, left)
-          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds, labels[k.key])
+          outcomes[i] = self.tune_kernel(k, self.context(run_id, workload, params, labels[k.key]), device_id, stored, seconds)
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
@@ -113,13 +114,20 @@ class Tuner:
     shape as params."""
     if (cached := self.cached(kernel)) is not None: return cached.best
     settings = {"strategy": self.strategy, **self.options}
-    with self.run(kernel.name, kernel_params(kernel), settings, f"on first use: {kernel.key}", kernel.ast.dtype.name) as (run_id, device_id, _):
-      return self.tune_kernel(kernel, run_id, device_id).best
+    params = kernel_params(kernel)
+    with self.run(kernel.name, params, settings, f"on first use: {kernel.key}", kernel.ast.dtype.name) as (run_id, device_id, _):
+      return self.tune_kernel(kernel, self.context(run_id, kernel.name, params, kernel.name), device_id).best
 
-  def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = (),  # type: ignore[assignment]
-                  seconds: float | None = None, label: str | None = None) -> KernelOutcome:
-    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own). `label` names the kernel
-    uniquely in its program (the second of two kernels named r_1024_1_1024 is r_1024_1_1024#2)."""
+  def context(self, run_id: int, workload: str, params: dict[str, Any], label: str) -> SearchContext:
+    """What a strategy may know of this search (see SearchContext): `label` names the kernel uniquely in its program."""
+    return SearchContext(self.db.url.render_as_string(hide_password=False), run_id, workload, params, label, self.device, self.device_hash,
+                         self.study, int(self.worker or 0))
+
+  def tune_kernel(self, kernel: Kernel, context: SearchContext, device_id: int, stored: list = (),  # type: ignore[assignment]
+                  seconds: float | None = None) -> KernelOutcome:
+    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own), in the context's run."""
+    run_id, label = context.run_id, context.label
+    assert run_id is not None, "a Tuner's search has a run"
     dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
     kernel_id = self.db.kernel_id(kernel.key, kernel.name, kernel.ast_text, kernel.sizes, dtypes, kernel.flops, kernel.mem_bytes)
     known = {c.opts_json: stored_result(c) for c in stored if c.kernel_id == kernel_id}
@@ -132,34 +140,20 @@ class Tuner:
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
     default = engine.kernel_opts(kernel, self.device, "default")
-    options = {**(self.optuna_options(kernel, run_id, label or kernel.name, default) if self.strategy == "optuna" else {}), **self.options}
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
       if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
-      result = run_strategy(self.strategy, kernel, ev, budget, default, **options)
+      result = run_strategy(self.strategy, kernel, ev, budget, default, context, **self.options)
     if math.isfinite(result.best_s):
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
-                        force=self.force and not self.study, kernel_name=label or kernel.name)
+                        force=self.force and not self.study, kernel_name=label)
       engine.forget()  # programs in this process look the kernel up again
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
-    return KernelOutcome(kernel.key, label or kernel.name, result.best, result.best_s, result.default_s, False, counts)
-
-  def optuna_options(self, kernel: Kernel, run_id: int, label: str, default: tuple[Opt, ...]) -> dict[str, Any]:
-    """Trials live in optuna's own tables in the same database, in a study named for the workload, kernel and device, and the run
-    (a resumed run continues it), e.g. softmax-r_1024_1024-CPU-run4; a study of workers has their name and the device's fingerprint
-    instead, so machines that differ never share one. Its user attributes say what it tunes."""
-    run = self.db.run(run_id)
-    workload, params = (run.workload, run.params) if run else ("", {})
-    parts = list(dict.fromkeys([workload, label]))  # a kernel tuned on first use is its own workload
-    name = "-".join([self.study, *parts, self.device, self.device_hash[:8]] if self.study else [*parts, self.device, f"run{run_id}"])
-    attrs = {"workload": workload, "params": params, "kernel": label, "kernel_key": kernel.key, "device": self.device,
-             "device_fingerprint": self.device_hash, "dtype": kernel.ast.dtype.name, "default_opts": " ".join(map(repr, default)) or "none",
-             **({"study": self.study} if self.study else {"run": run_id})}
-    return {"storage": self.db.url.render_as_string(hide_password=False), "study_name": name, "study_attrs": attrs}
+    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts)
 
 
 def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutcome], dict[str, Any]] = lambda o: {}) -> pd.DataFrame:
@@ -194,10 +188,10 @@ DEFAULT_CANDIDATES = 200
 
 
 def first_use_tuner(device: str, strategy: str) -> Tuner:
-  """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and BEAM=N
-  as the beam's width; it writes a progress line per kernel on stderr."""
-  width, db = env_count("BEAM", 0) if strategy == "beam" else None, os.getenv("TINYTUNE_DB") or None
-  try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
+  """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and the
+  strategy's options that environment variables set (BEAM=N, the beam's width); it writes a progress line per kernel on stderr."""
+  db, options = os.getenv("TINYTUNE_DB") or None, tuple(env_options(strategy).items())
+  try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, options)
   except (SQLAlchemyError, SchemaError) as e:  # SQLAlchemy's own words name neither the variable nor the URL
     why = (str(getattr(e, "orig", None) or e).splitlines() or [type(e).__name__])[0]
     where = f"TINYTUNE_DB={db!r}" if db else "the default database (TINYTUNE_DB is unset)"
@@ -205,9 +199,9 @@ def first_use_tuner(device: str, strategy: str) -> Tuner:
 
 
 @functools.lru_cache(maxsize=None)
-def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int, width: int | None) -> Tuner:
-  return Tuner(Database(db), device, strategy, {"candidates": candidates, "seconds": None},
-               {} if width is None else {"width": width}, on_result=ProgressLine(strategy, candidates))
+def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int, options: tuple[tuple[str, Any], ...]) -> Tuner:
+  return Tuner(Database(db), device, strategy, {"candidates": candidates, "seconds": None}, dict(options),
+               on_result=ProgressLine(strategy, candidates))
 
 
 def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
