@@ -189,4 +189,3 @@ def device_status(name: str) -> str | None:
   except DeviceMissing as e: return str(e)
   except Exception as e: return f"{name} failed to open: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
   return None
-Runner = Callable[..., float]
