@@ -199,3 +199,30 @@ def test_aarch64_kernels_run_under_qemu(tmp_path) -> None:  # type: ignore[no-un
     assert run.returncode == 0, (name, run.stderr)
     got = np.fromfile(tmp_path / f"{name}.out", item.out.dtype.np).reshape(np.shape(ref))
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64"])
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (128, 3072, 768), (64, 1024, 512), (100, 64, 32)])
+def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+  """A matmul's default register tile, from the target's caps: accumulators (rows x vectors) within the registers less 4 (for B's
+  vectors and a broadcast of A), and at least 12 of them where rows padded by at most 1/16 allow it (AVX2's 6x16: FMAs enough in
+  flight for two units), never a row count that pads more."""
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import AxisKind, Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  monkeypatch.setattr(cpu_module, "find_compiler", lambda t: "cc")
+  caps = CPUDevice(target).caps
+  (item,), _ = create_schedule((Tensor(np.ones((m, k), np.float32)) @ Tensor(np.ones((k, n), np.float32))).uop, "CPU")
+  kernel = Kernel(item.ast, caps)
+  opts = default_opts(kernel)
+  kernel.apply_opts(opts)
+  tile = {a.dim: a.size for a in kernel.axes if a.kind is AxisKind.UPCAST}
+  rows, vectors = tile.get(0, 1), tile.get(1, 1) // caps.simd_width
+  assert vectors >= 1 and rows * vectors <= caps.vector_registers - 4, (opts, caps)
+  padded = kernel.sizes[0] - m
+  assert padded * 16 <= m and (padded == 0) == all(o.op is not OptOps.PADTO for o in opts)
+  if caps.vector_registers == 16 and (m % 6 == 0 or (-m % 6) * 16 <= m): assert rows * vectors == 12, opts
