@@ -226,7 +226,7 @@ def test_candidate_opts() -> None:
   for o in valid_opts(k): by_op.setdefault((o.op, o.axis), set()).add(o.arg)
   assert by_op == {(OptOps.UPCAST, 0): {2, 3, 4, 6, 8, 12, 24}, (OptOps.UPCAST, 1): {2, 4, 5, 10, 20}, (OptOps.UNROLL, 0): {2, 3, 4, 6, 12},
                    (OptOps.LANES, 0): {2, 3, 4, 6, 12}, (OptOps.THREAD, 0): {2, 3, 4, 6, 8}, (OptOps.THREAD, 1): {2, 4, 5}, (OptOps.SWAP, 0): {1},
-                   (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16},
+                   (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 6, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16},
                    (OptOps.KBLOCK, 0): {2, 3, 4, 6}, (OptOps.STREAM, 0): {0}}
   assert {o.op for o in candidate_opts(k)} == set(OptOps)
   k.apply_opts([Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.THREAD, 1, 2)])
