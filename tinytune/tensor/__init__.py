@@ -122,7 +122,7 @@ class Tensor:
       val, hit = x, x._const_like(True, dtypes.bool)
       for base, op, arg, _ in chain:  # each movement undone, as its gradient is: a slice's places padded back with False
         undo = autograd.move_rule(op, base, arg)
-        val, hit = undo(val)[0], undo(hit)[0]
+        val, hit = undo(val)[0], undo(hit)[0]  # type: ignore[assignment]  # a movement's rule always gives its input's
       t.assign(hit.where(val, t)).realize()
       for base, op, arg, shape in reversed(chain): t = t._move(op, arg, shape)
     self.uop = t.uop
