@@ -74,6 +74,7 @@ def dtype_kernels() -> tuple[Kernel, ...]:
     a, b = (Tensor(np.arange(64).reshape(8, 8), dtype=dt) for _ in range(2))
     outs = [(a * b + 3).max(1), (a - b).sum(1, dtype=dt), a.bitcast(to) + b.bitcast(to)]
     if dt == dtypes.float64: outs.append((a.exp() + a.sqrt() + a.sin() + a.log()) / b)
+    if dt in (dtypes.float64, dtypes.bfloat16): outs.append(a.copysign(-b))
     for item in (item for out in outs for item in create_schedule(out.uop, "CPU")[0]):
       base = Kernel(item.ast, H100)
       ret += [base, base.copy().apply_opts(hand_coded_optimizations(base))]
@@ -225,6 +226,24 @@ def test_tensor_core_source_compiles_with_nvcc() -> None:
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: CUDA's bfloat16 rounding is not checked here")
+def test_cuda_bfloat16_rounding_matches_ml_dtypes(tmp_path) -> None:
+  """The CUDA renderer's float32 -> bfloat16 conversion, built for the host by nvcc (its helper is the device code, made __host__ too),
+  gives ml_dtypes' bits: cuda_bf16.h's __float2bfloat16_rn alone makes every NaN 0x7fff, not the quiet NaN of its sign."""
+  r = CUDARenderer()
+  bits = np.array([0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFFFFFFF, 0x3F808000, 0x3F818000, 0x7F7FFFFF, 0xFF800000, 0x80000000, 0x00018000,
+                   *np.random.default_rng(0).integers(0, 2 ** 32, 64, dtype=np.uint32)], np.uint32)
+  src = ("#include <cuda_bf16.h>\n#include <cstdio>\n#include <cstring>\n" + r.bf16_prelude().replace("__device__", "__host__ __device__")
+         + "int main() { unsigned int u[] = {" + ", ".join(f"{b}u" for b in bits) + "};\n"
+         f"  for (unsigned int x : u) {{ float f; memcpy(&f, &x, 4); __nv_bfloat16 b = {r.bf16_out}(f); unsigned short h; memcpy(&h, &b, 2); "
+         'printf("%u\\n", h); } }\n')
+  (tmp_path / "t.cu").write_text(src)
+  subprocess.run(["nvcc", "t.cu", "-o", "t"], cwd=tmp_path, check=True, capture_output=True, timeout=300)
+  got = np.array(subprocess.run(["./t"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split(), np.uint16)
+  with np.errstate(invalid="ignore", over="ignore"): exp = bits.view(np.float32).astype(dtypes.bfloat16.np).view(np.uint16)
+  np.testing.assert_array_equal(got, exp)
+
+
 def _nvrtc_missing() -> str | None:
   try:
     from cuda.bindings import nvrtc
@@ -235,14 +254,15 @@ def _nvrtc_missing() -> str | None:
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=str(_nvrtc_missing()))
 def test_cuda_source_compiles_with_nvrtc() -> None:
-  """The CUDA device's own compile path, NVRTC through cuda-bindings with the headers it finds, needs no GPU: every catalog and TC kernel."""
+  """The CUDA device's own compile path, NVRTC through cuda-bindings with the headers it finds, needs no GPU: every catalog, TC and
+  dtype kernel (bitcasts and copysign included: nvcc takes GNU statement expressions, NVRTC does not)."""
   from tinytune.runtime import CompileError
   from tinytune.runtime.cuda import _nvrtc
   def one(src: str) -> str:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + tc_kernels())
+  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + tc_kernels() + dtype_kernels())
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 
 

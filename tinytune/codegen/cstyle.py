@@ -615,8 +615,13 @@ class CUDARenderer(_GPURenderer):
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
     return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
-  bf16_in, bf16_out = "__bfloat162float", "__float2bfloat16_rn"
-  def bf16_prelude(self) -> str: return ""  # cuda_bf16.h has the conversions
+  bf16_in = "__bfloat162float"
+  def bf16_prelude(self) -> str:
+    """cuda_bf16.h rounds to nearest even, but makes every NaN 0x7fff: ml_dtypes (and the CPU) give the quiet NaN of its sign."""
+    return (f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ "
+            "return f != f ? __ushort_as_bfloat16(signbit(f) ? 0xffc0 : 0x7fc0) : __float2bfloat16_rn(f); }\n")
+  # NVRTC refuses GNU statement expressions: a bitcast is a call of a template
+  def reinterpret(self, x: str, src: str, dst: str) -> str: return f"tt_bitcast<{dst}>({x})"
 
   def wmma(self, u: UOp, at: _At) -> str:
     """The tensor core statements: each warp's ids, its accumulator fragments, loads of A and B tiles, products, and stores of
@@ -650,8 +655,10 @@ class CUDARenderer(_GPURenderer):
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
     mma = "#include <mma.h>\nusing namespace nvcuda;\n" if k.tc is not None else ""
+    bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
+               if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
-      + mma + super().prelude(k)
+      + mma + bitcast + super().prelude(k)
 
 
 class HIPRenderer(_GPURenderer):
