@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
@@ -246,3 +247,44 @@ def test_a_locked_database_is_waited_for_then_one_line(tmp_path: Path) -> None:
   finally:
     holder.kill()
     holder.wait()
+
+
+# ***** what cache export, merge and prune write over *****
+def _device(p: Path) -> None: os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a /dev/null of our own
+
+
+OUTPUTS: dict[str, Callable[[Path], None]] = {
+  "character device": _device, "FIFO": lambda p: os.mkfifo(p), "folder": lambda p: p.mkdir(),
+  "symlink": lambda p: p.symlink_to(p.with_name("target.ttc")), "dangling symlink": lambda p: p.symlink_to(p.with_name("nowhere")),
+  "read-only file": lambda p: (cache_file(p), os.chmod(p, 0o444)),
+}
+
+
+@pytest.mark.parametrize("name", list(OUTPUTS))
+def test_an_output_that_is_not_ours_to_replace_is_refused(tmp_path: Path, good: Path, name: str) -> None:
+  """merge --out and prune of a path that is a device, FIFO, folder, link or read-only file: one line, exit 2, the path as it was."""
+  if name == "character device" and os.geteuid() != 0: pytest.skip("mknod of a device needs root")
+  (target := tmp_path / "target.ttc").write_bytes(b"the link's target")
+  out = tmp_path / "out.ttc"
+  OUTPUTS[name](out)
+  before = os.lstat(out)
+  code = textwrap.dedent(f"""
+    from tinytune.cli import main
+    print(main(["cache", "merge", {str(good)!r}, {str(good)!r}, "--out", {str(out)!r}]), flush=True)
+    print(main(["cache", "prune", {str(out)!r}]), flush=True)
+  """)
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
+  assert run.stdout.split() == ["2", "2"] and "Traceback" not in run.stderr, (run.stdout, run.stderr[-600:])
+  assert all(one_line(line, "error") for line in run.stderr.strip().splitlines()), run.stderr
+  after = os.lstat(out)
+  assert (after.st_mode, after.st_ino, after.st_size) == (before.st_mode, before.st_ino, before.st_size)
+  assert target.read_bytes() == b"the link's target" and sorted(p.name for p in tmp_path.iterdir()) == ["out.ttc", "target.ttc"]
+
+
+def test_a_rewritten_file_keeps_its_mode(tmp_path: Path, good: Path) -> None:
+  from tinytune.cli import main
+  out = tmp_path / "out.ttc"
+  assert main(["cache", "merge", str(good), str(good), "--out", str(out)]) == 0
+  os.chmod(out, 0o600)
+  assert main(["cache", "prune", str(out)]) == 0 and main(["cache", "merge", str(good), str(good), "--out", str(out)]) == 0
+  assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
