@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -288,3 +289,19 @@ def test_a_rewritten_file_keeps_its_mode(tmp_path: Path, good: Path) -> None:
   os.chmod(out, 0o600)
   assert main(["cache", "prune", str(out)]) == 0 and main(["cache", "merge", str(good), str(good), "--out", str(out)]) == 0
   assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv to drop the override of file modes")
+def test_an_unwritable_cache_folder_is_one_warning(tmp_path: Path) -> None:
+  """TINYTUNE_CACHE_DIR naming a folder that is there but read-only: a program warns once and compiles into a temporary folder
+  (it was a PermissionError traceback)."""
+  (folder := tmp_path / "cache").mkdir()
+  os.chmod(folder, 0o555)
+  caps = "-dac_override,-dac_read_search"  # root that obeys file modes, as an unprivileged user would
+  code = "import numpy as np\nfrom tinytune import Tensor\nassert np.allclose((Tensor([1.0, 2.0]) * 7).numpy(), [7, 14])"
+  try:
+    run = subprocess.run(["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=TIMEOUT, env={**os.environ, "TINYTUNE_CACHE_DIR": str(folder), "TINYTUNE_DB": str(tmp_path / "none.db")})
+  finally: os.chmod(folder, 0o755)
+  assert run.returncode == 0 and one_line(run.stderr, "warning") and "cannot be written" in run.stderr, run.stderr[-600:]
+  assert list(folder.iterdir()) == []

@@ -9,6 +9,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 from typing import Any, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -147,11 +148,33 @@ def warn_once(message: str) -> None:
     print(f"tinytune: warning: {message}", file=sys.stderr)
 
 
-def cache_dir() -> pathlib.Path:
-  """Where tinytune keeps compiled kernels and databases: $TINYTUNE_CACHE_DIR or the user cache dir."""
+def cache_dir(writable: bool = True) -> pathlib.Path:
+  """Where tinytune keeps compiled kernels and databases: $TINYTUNE_CACHE_DIR or the user cache dir, made if missing. `writable`:
+  a folder that is there but cannot be written (read-only, full) costs one warning and a temporary folder instead."""
   base = os.getenv("TINYTUNE_CACHE_DIR") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tinytune")
+  return _writable(base) if writable else _made(base)
+
+
+def _made(base: str) -> pathlib.Path:
   path = pathlib.Path(base)
   try: path.mkdir(parents=True, exist_ok=True)
   except OSError as e:  # a file in the way, a read-only or missing mount
     raise RuntimeError(f"tinytune's cache folder {path} cannot be made ({e.strerror}): set TINYTUNE_CACHE_DIR to a writable folder") from None
   return path
+
+
+@functools.lru_cache(maxsize=None)
+def _writable(base: str) -> pathlib.Path:
+  path = _made(base)
+  try:  # a page written and synced: what a full disk or a read-only folder refuses
+    with tempfile.TemporaryFile(dir=path) as f:
+      f.write(bytes(4096))
+      f.flush()
+      os.fsync(f.fileno())
+    return path
+  except OSError as e:
+    fallback = pathlib.Path(tempfile.gettempdir()) / f"tinytune-{os.getuid()}"
+    fallback.mkdir(mode=0o700, exist_ok=True)
+    if fallback.is_symlink() or fallback.stat().st_uid != os.getuid(): fallback = pathlib.Path(tempfile.mkdtemp(prefix="tinytune-"))  # not ours
+    warn_once(f"tinytune's cache folder {path} cannot be written ({e.strerror}): using {fallback} for now; set TINYTUNE_CACHE_DIR to fix it")
+    return fallback

@@ -56,7 +56,7 @@ Value = TypeVar("Value")
 
 def default_url() -> str:
   """$TINYTUNE_DB, or a SQLite file in tinytune's cache directory."""
-  return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir() / 'tinytune.db'}"
+  return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir(writable=False) / 'tinytune.db'}"
 
 
 def database_url(url: str | None) -> URL:
