@@ -138,45 +138,56 @@ def test_the_good_file_runs_clean(tmp_path: Path, good: Path) -> None:
 
 
 # ***** rows already in a results database, from before imports were checked *****
-BAD_ROWS: dict[str, dict[str, Any]] = {
-  "200,000-deep opts": {"opts": "[" * 200_000 + "]" * 200_000},
-  "million-entry opts": {"opts": json.dumps([["SWAP", 0, 1]] * 1_000_000)},
-  "not JSON": {"opts": "not json"},
-  "text best time": {"best_s": "fast"},
-  "negative time": {"best_s": -1.0},
-  "101 opts": {"opts": json.dumps([["UPCAST", 0, 2]] * 101)},
-  "blob params": {"params": b"\x00\x01"},
+BAD_ROWS: dict[str, tuple[str, dict[str, Any]]] = {  # (table, new values): a tuned row is the one keyed "bad", other tables' every row
+  "200,000-deep opts": ("tuned", {"opts": "[" * 200_000 + "]" * 200_000}),
+  "million-entry opts": ("tuned", {"opts": json.dumps([["SWAP", 0, 1]] * 1_000_000)}),
+  "not JSON": ("tuned", {"opts": "not json"}),
+  "text best time": ("tuned", {"best_s": "fast"}),
+  "negative time": ("tuned", {"best_s": -1.0}),
+  "101 opts": ("tuned", {"opts": json.dumps([["UPCAST", 0, 2]] * 101)}),
+  "blob params": ("tuned", {"params": b"\x00\x01"}),
+  "candidate opts 10 MB": ("candidates", {"opts": json.dumps(["x" * 10_000_000])}),
+  "run params deep": ("runs", {"params": "[" * 200_000 + "]" * 200_000}),
+  "kernel dtypes not JSON": ("kernels", {"dtypes": "float32"}),
+  "baseline time text": ("baselines", {"median_s": "slow"}),
+  "device fingerprint a list": ("devices", {"fingerprint": "[1, 2]"}),
 }
 
 
 @pytest.mark.parametrize("name", list(BAD_ROWS))
 def test_a_bad_row_in_a_database_is_skipped(tmp_path: Path, name: str) -> None:
-  """`report`, `cache list` and `cache export` of a database holding a bad tuned row (and a candidate with the same opts) warn
-  once and go on with the good rows."""
+  """`report`, `cache list` and `cache export` of a database holding a bad row (in the tuning cache, or any table a report
+  reads) warn once and go on with the good rows."""
   path = tmp_path / "r.db"
   db = Database(f"sqlite:///{path}")
   fp = device_fingerprint("CPU")
-  db.device_id(fp)
-  for key in ("good", "bad"): db.set_tuned(key, fingerprint_hash(fp), GOOD_OPTS, 1e-3, 2e-3, None, workload="matmul", params='{"m":32}')
+  device = db.device_id(fp)
+  kernel = db.kernel_id("good", "r_32_32_32", "ast", [32, 32, 32], ["float32"], 65536, 12288)
+  run = db.start_run("matmul", {"m": 32}, device, "beam", {}, {"candidates": 1}, "sig", "float32")
+  db.record_candidate(run, kernel, device, GOOD_OPTS, "h", 0.1, "ok", 1e-3, 1e-3, 0.0)
+  db.add_baseline(device, "matmul", {"m": 32, "n": 32, "k": 32}, "numpy", "2", 1e-3, 1e-3)
+  for key in ("good", "bad"): db.set_tuned(key, fingerprint_hash(fp), GOOD_OPTS, 1e-3, 2e-3, run, workload="matmul", params='{"m":32}')
   db.close()
-  columns = BAD_ROWS[name]
+  table, columns = BAD_ROWS[name]
   with sqlite3.connect(path) as conn:
-    conn.execute(f"UPDATE tuned SET {', '.join(f'{c} = ?' for c in columns)} WHERE kernel_key = 'bad'", list(columns.values()))
+    conn.execute(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in columns)}" + (" WHERE kernel_key = 'bad'" if table == "tuned" else ""),
+                 list(columns.values()))
   conn.close()
   code = textwrap.dedent(f"""
     import sys
     from tinytune import helpers
     from tinytune.cli import main
-    for argv in (["report", "--table", "best"], ["cache", "list"], ["cache", "export", "--all", "--out", {str(tmp_path / 'out.ttc')!r}]):
+    for argv in (["report"], ["cache", "list"], ["cache", "export", "--all", "--out", {str(tmp_path / 'out.ttc')!r}]):
       helpers._warned.clear()  # each command warns as a process of its own would
       rc = main([*argv, "--db", {str(path)!r}])
       print("rc", rc, flush=True)
       print("--", file=sys.stderr, flush=True)
   """)
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
-  assert run.stdout.count("rc 0") == 3 and "Traceback" not in run.stderr, run.stderr[-600:]
-  for err in run.stderr.split("--\n")[:3]: assert one_line(err, "warning"), run.stderr[-600:]
-  assert "good" in run.stdout
+  run_ = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
+  assert run_.stdout.count("rc 0") == 3 and "Traceback" not in run_.stderr, run_.stderr[-600:]
+  errs = run_.stderr.split("--\n")[:3]
+  assert all(err == "" or one_line(err, "warning") for err in errs) and any(errs), run_.stderr[-600:]
+  assert "r_32_32_32" in run_.stdout  # the good rows are shown
 
 
 # ***** results databases that are not ours *****

@@ -227,15 +227,26 @@ def _check_file(path: pathlib.Path, frozen: bool, timeout: float) -> None:
 def _positive(x: Any) -> bool: return type(x) in (int, float) and math.isfinite(x) and x > 0
 
 
+# what each JSON column holds
+JSON_COLUMNS: dict[str, dict[str, type]] = {
+  "tuned": {"params": dict}, "runs": {"params": dict, "settings": dict, "budget": dict}, "baselines": {"params": dict},
+  "kernels": {"sizes": list, "dtypes": list}, "devices": {"fingerprint": dict}}
+TIMES = {"tuned": ("best_s", "default_s"), "baselines": ("median_s", "min_s")}  # positive seconds (default_s may be NULL)
+
+
 def row_problem(table: str, row: Any) -> str | None:
-  """Why a row read from the tuned or candidates table cannot be used (a wrong type, opts that are no short JSON list, a value too large or
-  too deeply nested to parse), or None: each value is checked before it is parsed, since a database may hold rows from before
-  imports were checked, or rows written by something else."""
-  if table == "candidates": return untrusted.opts_problem(row.opts, strict=False)
-  if table != "tuned": return None
-  if not (isinstance(row.kernel_key, str) and isinstance(row.device_hash, str)): return "its key is not text"
-  if not (_positive(row.best_s) and (row.default_s is None or _positive(row.default_s))): return "its time is not a positive number"
-  return untrusted.entry_problem(row.opts, row.params, strict=False)
+  """Why a row read from a table cannot be used (a wrong type, opts that are no short JSON list, JSON too large or too deeply
+  nested to parse, a time that is no positive number), or None: each value is checked before it is parsed, since a database may
+  hold rows from before imports were checked, or rows written by something else."""
+  if table in ("candidates", "tuned") and (why := untrusted.opts_problem(row.opts, strict=False)): return why
+  if table == "tuned" and not (isinstance(row.kernel_key, str) and isinstance(row.device_hash, str)): return "its key is not text"
+  for column in TIMES.get(table, ()):
+    if not (_positive(t := getattr(row, column)) or (t is None and column == "default_s")): return f"{column} is not a positive number"
+  for column, kind in JSON_COLUMNS.get(table, {}).items():
+    try: value = untrusted.loads(getattr(row, column), column)
+    except (ValueError, RecursionError) as e: return str(e)[:100] or type(e).__name__
+    if not isinstance(value, kind): return f"{column} is not a JSON {'object' if kind is dict else 'list'}"
+  return None
 
 
 def skipping(rows: list[Any], table: str, where: str) -> list[Any]:
@@ -444,7 +455,8 @@ class Database:
 
   def fingerprints(self) -> dict[str, dict[str, str]]:
     """Device fingerprint hash -> fingerprint, for every device this database knows."""
-    with self.session(write=False) as session: return {d.fingerprint_hash: json.loads(d.fingerprint) for d in session.scalars(select(Device))}
+    with self.session(write=False) as session:
+      return {d.fingerprint_hash: json.loads(d.fingerprint) for d in skipping(list(session.scalars(select(Device))), "devices", repr(self))}
 
   def prune_tuned(self, keep_codegen: str | None = None, before: datetime | None = None) -> int:
     """Drop tuning cache entries of devices with another codegen version (or unknown devices), or updated before `before`; how many."""
