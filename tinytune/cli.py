@@ -611,8 +611,12 @@ def main(argv: list[str] | None = None) -> int:
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
+
+  from tinytune.helpers import check_environment
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
-  try: return commands[args.command](args)
+  try:
+    check_environment()
+    return commands[args.command](args)
   except (ValueError, TypeError, RuntimeError, LookupError, SQLAlchemyError) as e:
     # database errors (unreachable server, locked or unreadable file) are one line too, in every command
     why = f"database error: {getattr(e, 'orig', None) or e}" if isinstance(e, SQLAlchemyError) else str(e) or type(e).__name__
