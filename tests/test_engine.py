@@ -140,6 +140,22 @@ def test_tinyjit_replays_equal_the_plain_run() -> None:
   assert jitted.captured is not None and len(jitted.captured.steps) >= 2
 
 
+@pytest.mark.usefixtures("each_device")
+def test_tinyjit_replays_a_function_with_no_tensor_arguments() -> None:
+  """A step that samples its own batch has no Tensor arguments: its replay finds the device from the kernels' buffers (off the CPU
+  it read the first Tensor argument's, an IndexError), and draws new numbers each call as the plain run does."""
+  w = Tensor(np.arange(4, dtype=np.float32)).realize()
+  def step() -> Tensor: return (Tensor.rand(4) + w * 2).realize()
+  Tensor.manual_seed(5)
+  plain = [step().numpy() for _ in range(5)]
+  Tensor.manual_seed(5)
+  jitted = TinyJit(step)
+  replayed = [jitted().numpy() for _ in range(5)]
+  assert jitted.captured is not None and jitted.calls == 5
+  for a, b in zip(plain, replayed): np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert len({tuple(r) for r in replayed}) == 5
+
+
 def test_tinyjit_captures_kernels_an_earlier_realize_already_ran() -> None:
   rng = np.random.default_rng(3)
   w = Tensor(rng.random(8, dtype=np.float32)).realize()

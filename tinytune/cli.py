@@ -267,7 +267,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
-  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats), db, dtype)
+  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
   rows, ok = [], True
@@ -462,7 +462,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.tune:
       items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
       Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
-    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats), db, dtype)
+    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
     if not args.no_store:
       for t in timings.values(): store(db, workload, params, device, t, dtype)
     tuned = timings["tinytune-tuned"].median_s
@@ -592,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
     p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
     p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
+    p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
     add_format(p)
     p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
