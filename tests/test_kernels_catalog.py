@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -55,16 +53,17 @@ MEDIUM = {
 }
 
 
-@pytest.mark.parametrize("width,flags", [(8, ("-mno-avx512f",)), (4, ("-mno-avx512f", "-mno-avx2", "-mno-avx", "-mno-fma"))], ids=["avx2", "sse"])
-def test_defaults_on_narrower_cpus(width: int, flags: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
-  """Every workload's default kernels as an AVX2 (8 lanes, 16 registers) or SSE (4 lanes) CPU gets them, compiled for that CPU,
-  against the reference: CI runs on AVX-512, where the heuristics pick 16 lanes. Then the 16-bit floats' lanes: F16C's conversions
-  (AVX2) and the compiler's (SSE)."""
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])
+def test_defaults_on_narrower_cpus(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Every workload's default kernels for an AVX2 target (8 lanes, 16 registers) or an SSE one (4 lanes), compiled for it, against
+  the reference: CI runs on AVX-512, where the heuristics pick 16 lanes. Then the 16-bit floats' lanes: F16C's conversions (AVX2)
+  and the compiler's (SSE)."""
   from tinytune.engine import forget, program
   from tinytune.runtime import Device
-  cpu = Device["CPU"]
-  monkeypatch.setattr(cpu, "caps", dataclasses.replace(cpu.caps, simd_width=width, vector_registers=16))
-  monkeypatch.setattr(cpu, "flags", cpu.flags + flags)
+  from tinytune.runtime.cpu import CPUDevice, cannot_run, cpu_target
+  if why := cannot_run(cpu_target(target)): pytest.skip(why)
+  monkeypatch.setitem(Device._opened, "CPU", cpu := CPUDevice(target))
+  width = cpu.caps.simd_width
   monkeypatch.setattr(program, "_programs", {})  # no kernel compiled for this machine, nor a plan that runs one
   forget()
   try:
@@ -117,6 +116,24 @@ def test_torch_baseline_matches_reference(name: str) -> None:
   timing = torch_baseline(w, params, "CPU", FAST)
   np.testing.assert_allclose(timing.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-4)
   assert 0 < timing.min_s <= timing.median_s and timing.library == "torch" and timing.version
+
+
+def test_torch_baseline_runs_on_the_targets_isa(monkeypatch: pytest.MonkeyPatch) -> None:
+  """PyTorch is held to the CPU target's ISA (ATEN_CPU_CAPABILITY, DNNL_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS, read as it loads), in a
+  process of its own, whatever this process imported: an AVX2 target's baseline runs AVX2 on an AVX-512 host."""
+  torch = pytest.importorskip("torch")
+  from tinytune.runtime import Device
+  from tinytune.runtime.cpu import CPUDevice, cannot_run, cpu_target
+  if cannot_run(cpu_target("x86-64-v3")): pytest.skip("needs an x86 CPU with AVX2")
+  for name in ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"): monkeypatch.delenv(name, raising=False)
+  w = get_workload("matmul")
+  params = w.params(SMALL["matmul"][0])
+  monkeypatch.setitem(Device._opened, "CPU", CPUDevice("x86-64-v3"))
+  timing = torch_baseline(w, params, "CPU", FAST)
+  assert timing.version.endswith(" avx2") and f"{Device['CPU'].caps.threads} threads" in timing.version, timing.version
+  np.testing.assert_allclose(timing.output, w.reference(params, *w.arrays(params)), rtol=1e-4, atol=1e-4)
+  monkeypatch.setitem(Device._opened, "CPU", CPUDevice("native"))
+  assert torch_baseline(w, params, "CPU", FAST).version.endswith(" " + torch.backends.cpu.get_cpu_capability().lower())
 
 
 def test_numpy_baseline_and_timing() -> None:

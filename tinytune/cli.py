@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 DTYPE_HELP = "what the workload computes in: float32 (default), float16, bfloat16, int32, ... (`tinytune kernels` lists each one's)"
+TARGET_HELP = "what CPU kernels are built for: native (this CPU; default: $TINYTUNE_CPU_TARGET), x86-64-v2, x86-64-v3 (AVX2), x86-64-v4, aarch64"
 DB_HELP = "results database: a SQLAlchemy URL or a SQLite file path (default: $TINYTUNE_DB or tinytune.db in the user cache)"
 
 
@@ -404,7 +405,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
   return 0
 
 
-def add_cache_parser(sub: Any) -> None:
+def add_cache_parser(sub: Any) -> argparse.ArgumentParser:
   cache = sub.add_parser("cache", help="tuning cache files for deployments: export, import, merge, list, verify, prune")
   cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"], help="what to do (see the README's cache files)")
   cache.add_argument("files", nargs="*", help="cache file(s): import FILE, merge A B, list [FILE], verify FILE, prune [FILE] (else the database)")
@@ -418,6 +419,7 @@ def add_cache_parser(sub: Any) -> None:
                       help="prune: also drop entries updated before this date (YYYY-MM-DD); those of other codegen versions always go")
   cache.add_argument("--db", default=None, help=DB_HELP)
   add_format(cache, "list: table (default), csv, md, json, html")
+  return cache
 
 
 def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
@@ -611,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
   devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again; each stored peak only rises")
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
   add_db_parser(sub)
-  add_cache_parser(sub)
+  cache = add_cache_parser(sub)
+  for p in (search, bench, compare, cache): p.add_argument("--target", default=None, help=TARGET_HELP)
   return ap
 
 
@@ -620,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
+  if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
   try: return commands[args.command](args)
   except (ValueError, TypeError, RuntimeError, LookupError, SQLAlchemyError) as e:
     # database errors (unreachable server, locked or unreadable file) are one line too, in every command

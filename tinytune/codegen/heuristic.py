@@ -1,6 +1,9 @@
 """Hand-written default opts: good kernels with no search."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.lower import FLOAT_LANES
 from tinytune.codegen.opts import Opt, OptOps
@@ -53,100 +56,205 @@ def _first_valid(k: Kernel, *opts: Opt) -> None:
     except KernelOptError: pass
 
 
-def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
-  if kernel.caps.has_local: return workgroup_optimizations(kernel)
-  k = kernel.copy()
-  def first_valid(*opts: Opt) -> None: _first_valid(k, *opts)
+@dataclass
+class Plan:
+  """A kernel on a CPU being planned, and what its planners read of it, found once before any opt is applied."""
+  k: Kernel
+  lane: int | None  # see lane_dim
+  strides: list[list[int]]  # see input_strides
+  stacked: dict[int, int]  # see stacked_dims (kernels without a reduce)
+  tile_row: int | None  # see _tile_row (matmul-like kernels)
+  planner: Callable[[Plan], bool] | None = None  # the one that took the kernel
 
-  stacked = dict(stacked_dims(k)) if k.reduceop is None else {}
-  simd, lane, strides = k.caps.simd_width, lane_dim(k), input_strides(k)
-  vectorize = k.ast.dtype in FLOAT_LANES
-  # a cat's rows take vectors along the lane dim where its loads are contiguous, and its stacks' rows are upcast whole where they fit
-  # beside a full vector of those lanes (whole-line stores): Winograd's 6x6 input transform with 16 lanes and 6x2 rows took 1.8 ms
-  # against 3.0 with 4 lanes and 6x6 rows (16x64x56x56)
-  stack_lane = lane if stacked and lane is not None and lane not in stacked and all(st[lane] in (0, 1) for st in strides) else None
+  @staticmethod
+  def of(k: Kernel) -> Plan:
+    lane, strides = lane_dim(k), input_strides(k)
+    row_statistic = k.reduceop is not None and lane is not None and lane not in k.reduce_out_dims  # see Kernel.reduce_out_dims
+    return Plan(k, lane, strides, dict(stacked_dims(k)) if k.reduceop is None else {}, None if row_statistic else _tile_row(k, lane, strides))
+
+  @property
+  def simd(self) -> int: return self.k.caps.simd_width
+  @property
+  def vectorize(self) -> bool: return self.k.ast.dtype in FLOAT_LANES
+  @property
+  def gathered(self) -> bool:
+    """A matmul whose B is contiguous along the reduce, not the lanes (Q @ K^T, x @ W.T): each vector of B is gathered from as many
+    cache lines."""
+    return self.tile_row is not None and any(abs(st[self.lane]) >= GATHER_STRIDE for st in self.strides if self.lane is not None)
+  def first_valid(self, *opts: Opt) -> None: _first_valid(self.k, *opts)
+  def upcast(self, dim: int, *amts: int) -> None: self.first_valid(*(Opt(OptOps.UPCAST, dim, amt) for amt in amts))
+
+
+# one planner per kernel shape: each returns False where the kernel is not its shape (having applied nothing), else plans it from
+# the device's caps and returns True. The first that takes a kernel plans it; the shared tail (cpu_tail) follows.
+
+def plan_stack(p: Plan) -> bool:
+  """A cat's rows take vectors along the lane dim where its loads are contiguous, and its stacks' rows are upcast whole where they fit
+  beside a full vector of those lanes (whole-line stores): Winograd's 6x6 input transform with 16 lanes and 6x2 rows took 1.8 ms
+  against 3.0 with 4 lanes and 6x6 rows (16x64x56x56)."""
+  if not p.stacked: return False
+  k, lane, simd = p.k, p.lane, p.simd
+  stack_lane = lane if lane is not None and lane not in p.stacked and all(st[lane] in (0, 1) for st in p.strides) else None
   room = k.caps.max_upcast // (simd if stack_lane is not None and k.sizes[stack_lane] % simd == 0 else 1)
-  for d, f in stacked.items():
-    if (amt := max(a for a in divisors(f) if a <= room)) > 1: first_valid(Opt(OptOps.UPCAST, d, amt))
+  for d, f in p.stacked.items():
+    if (amt := max(a for a in divisors(f) if a <= room)) > 1: p.upcast(d, amt)
     room //= amt
-  row_statistic = k.reduceop is not None and lane is not None and lane not in k.reduce_out_dims  # see Kernel.reduce_out_dims
-  tile_row = None if row_statistic else _tile_row(k, lane, strides)
-  gathered = column_sum = False
-  if stacked:  # a cat's rows, with vectors along the lane dim (up to the upcast limit)
-    if stack_lane is not None: first_valid(*(Opt(OptOps.UPCAST, stack_lane, amt) for amt in (simd, 8, 4)))
-  elif lane is None:  # a full reduce (or a single element)
-    if k.reduceop is not None and k.n_reduce and not _row_lanes(k, strides):
-      first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
-  elif row_statistic:
-    # a row written after its statistic (softmax's sum, layernorm's variance): the statistic in SIMD lanes, then the row in vectors
-    # as wide (the renderer vectorizes both only at the same width)
-    width = next((w for w in (simd, 8, 4) if k.sizes[lane] % w == 0), simd)
-    if _row_lanes(k, strides, width) and vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * width, width)))
-  elif tile_row is not None:
-    # B contiguous along the reduce, not the lanes (Q @ K^T, x @ W.T): each vector of B is gathered from as many cache lines
-    gathered = any(abs(st[lane]) >= GATHER_STRIDE for st in strides)
-    red, half = len(k.sizes) - 1, k.reduceop is not None and any(u.op is Ops.VIEW and u.dtype.is_half for u in k.reduceop.src[0].toposort)
-    if gathered and k.n_reduce == 1 and k.sizes[red] >= (DOT_MIN_K_16 if half else DOT_MIN_K) and sum(st[red] == 1 for st in strides) >= 2:
-      # a long K that both inputs are contiguous along: dot products, each output's partial sums in a vector along K (combined once
-      # after the loop), a few rows by a few columns, the columns outer, so each row of B passes once while A stays in cache
-      if k.caps.tensor_cores and k.sizes[red] % (2 * simd) == 0: first_valid(Opt(OptOps.TC, 0, 0))  # its pairs are neighbours
-      first_valid(Opt(OptOps.LANES, 0, simd))
-      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (4, 2)))
-      first_valid(*(Opt(OptOps.UPCAST, tile_row, amt) for amt in (4, 3, 5, 2)))
-      if tile_row < lane: first_valid(Opt(OptOps.SWAP, tile_row, lane))
-    else:
-      if k.caps.tensor_cores and not gathered: first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
-      # a register tile like BLIS's micro-kernel: rows x (2 vectors) of accumulators, each loaded vector reused by every row; where
-      # A's values are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more lanes. A
-      # gathered B: one vector serves as many rows as the registers hold, and the rows stay outer (the tile's rows of A stay in L1
-      # while B's columns pass them)
-      computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1 if k.reduceop is not None else False
-      # so is each 16-bit element of A, converted on its own, where K is long (float16 1024^3 12.4 -> 11.1 ms, 2048^3 104 -> 91; at K 784 a
-      # tie, and a train step's K of 10 lost 7 us)
-      computed |= half and k.tc is None and k.sizes[red] >= 1024
-      widths = (simd,) if gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
-      if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in widths))
-      vectors = max(1, k.upcast_size() // simd)
-      first_valid(*(Opt(OptOps.UPCAST, tile_row, r) for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
-  elif k.reduceop is not None and any(st[lane] not in (0, 1) for st in strides):
-    # a reduce whose inputs are not contiguous along the output (rows of a row sum): vector accumulators along the row where it is
-    # contiguous, else independent scalar accumulators, one per row
-    if not _row_lanes(k, strides):
-      first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8, 4, 2)))
-      if k.n_reduce: first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
-  elif k.reduceop is not None:
-    # a column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators
-    if vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (8 * simd, 4 * simd, 2 * simd, simd, 4)))
-    column_sum = True
-  elif (tile := _transpose_tile(k, lane, strides)) is not None:
-    # a transpose (an input contiguous along another output dim than the lanes): a square tile, lanes by as many rows of that dim,
-    # so each input line is read in runs rather than one element of it per output vector. 8x8, for any dtype: a float32 1024^2
-    # transpose 2.2 ms untiled, 0.58 with 16x16, 0.38 with 8x8; 4096^2 61.7, 12.4, 10.4; int32 1024^2 1.65 -> 0.39, float16 2.19 -> 0.18
-    first_valid(Opt(OptOps.UPCAST, lane, tile[1]))
-    first_valid(Opt(OptOps.UPCAST, tile[0], tile[1]))
-  elif vectorize: first_valid(*(Opt(OptOps.UPCAST, lane, amt) for amt in (2 * simd, simd, 8, 4)))
-  # batch dims (every input varies along them) outermost, in order: each batch's operands stay in cache
-  batch = [d for d in range(k.n_global) if tile_row is not None and d not in (tile_row, lane) and k.sizes[d] > 1 and all(st[d] for st in strides)]
+  if stack_lane is not None: p.upcast(stack_lane, simd, 8, 4)  # vectors along the lane dim (up to the upcast limit)
+  return True
+
+
+def plan_full_reduce(p: Plan) -> bool:
+  """A full reduce (or a single element): its row in SIMD lanes, else unrolled."""
+  if p.lane is not None: return False
+  k = p.k
+  if k.reduceop is not None and k.n_reduce and not _row_lanes(k, p.strides):
+    p.first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+  return True
+
+
+def plan_row_statistic(p: Plan) -> bool:
+  """A row written after its statistic (softmax's sum, layernorm's variance): the statistic in SIMD lanes, then the row in vectors
+  as wide (the renderer vectorizes both only at the same width)."""
+  k, lane = p.k, p.lane
+  if k.reduceop is None or lane is None or lane in k.reduce_out_dims: return False
+  width = next((w for w in (p.simd, 8, 4) if k.sizes[lane] % w == 0), p.simd)
+  if _row_lanes(k, p.strides, width) and p.vectorize: p.upcast(lane, 2 * width, width)
+  return True
+
+
+def plan_dot(p: Plan) -> bool:
+  """A matmul with a long K that both inputs are contiguous along, B gathered: dot products, each output's partial sums in a vector
+  along K (combined once after the loop), a few rows by a few columns, the columns outer, so each row of B passes once while A stays
+  in cache."""
+  k, lane, row, red = p.k, p.lane, p.tile_row, len(p.k.sizes) - 1
+  if row is None or lane is None or not p.gathered or k.n_reduce != 1 or sum(st[red] == 1 for st in p.strides) < 2 or \
+     k.sizes[red] < (DOT_MIN_K_16 if _half_inputs(k) else DOT_MIN_K): return False
+  if k.caps.tensor_cores and k.sizes[red] % (2 * p.simd) == 0: p.first_valid(Opt(OptOps.TC, 0, 0))  # its pairs are neighbours
+  p.first_valid(Opt(OptOps.LANES, 0, p.simd))
+  p.upcast(lane, 4, 2)
+  p.upcast(row, 4, 3, 5, 2)
+  if row < lane: p.first_valid(Opt(OptOps.SWAP, row, lane))
+  return True
+
+
+def plan_register_tile(p: Plan) -> bool:
+  """A matmul in any guise: a register tile like BLIS's micro-kernel, rows x (2 vectors) of accumulators, each loaded vector reused by
+  every row; where A's values are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more
+  lanes. A gathered B: one vector serves as many rows as the registers hold, and the rows stay outer (the tile's rows of A stay in L1
+  while B's columns pass them)."""
+  k, lane, row, simd = p.k, p.lane, p.tile_row, p.simd
+  if row is None or lane is None or k.reduceop is None: return False
+  if k.caps.tensor_cores and not p.gathered: p.first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
+  computed = sum(u.op in ALU and u.op is not Ops.CAST for u in k.reduceop.src[0].toposort) > 1
+  # so is each 16-bit element of A, converted on its own, where K is long (float16 1024^3 12.4 -> 11.1 ms, 2048^3 104 -> 91; at K 784
+  # a tie, and a train step's K of 10 lost 7 us)
+  computed |= _half_inputs(k) and k.tc is None and k.sizes[-1] >= 1024
+  if p.vectorize: p.upcast(lane, *((simd,) if p.gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)))
+  vectors = max(1, k.upcast_size() // simd)
+  p.upcast(row, *(r for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4))
+  return True
+
+
+def plan_row_reduce(p: Plan) -> bool:
+  """A reduce whose inputs are not contiguous along the output (rows of a row sum): vector accumulators along the row where it is
+  contiguous, else independent scalar accumulators, one per row."""
+  k, lane = p.k, p.lane
+  if k.reduceop is None or lane is None or all(st[lane] in (0, 1) for st in p.strides): return False
+  if not _row_lanes(k, p.strides):
+    p.upcast(lane, 8, 4, 2)
+    if k.n_reduce: p.first_valid(*(Opt(OptOps.UNROLL, k.n_reduce - 1, amt) for amt in (4, 2)))
+  return True
+
+
+def plan_column_sum(p: Plan) -> bool:
+  """A column sum: each pass over the reduce reads a wide contiguous strip of every row into several vector accumulators."""
+  if p.k.reduceop is None or p.lane is None: return False
+  if p.vectorize: p.upcast(p.lane, 8 * p.simd, 4 * p.simd, 2 * p.simd, p.simd, 4)
+  return True
+
+
+def plan_transpose(p: Plan) -> bool:
+  """A transpose (an input contiguous along another output dim than the lanes): a square tile, lanes by as many rows of that dim, so
+  each input line is read in runs rather than one element of it per output vector. 8x8, for any dtype: a float32 1024^2 transpose
+  2.2 ms untiled, 0.58 with 16x16, 0.38 with 8x8; 4096^2 61.7, 12.4, 10.4; int32 1024^2 1.65 -> 0.39, float16 2.19 -> 0.18."""
+  if p.lane is None or (tile := _transpose_tile(p.k, p.lane, p.strides)) is None: return False
+  p.upcast(p.lane, tile[1])
+  p.upcast(tile[0], tile[1])
+  return True
+
+
+def plan_elementwise(p: Plan) -> bool:
+  """Anything else: vectors along the lane dim."""
+  if p.vectorize and p.lane is not None: p.upcast(p.lane, 2 * p.simd, p.simd, 8, 4)
+  return True
+
+
+CPU_PLANNERS: tuple[Callable[[Plan], bool], ...] = (plan_stack, plan_full_reduce, plan_row_statistic, plan_dot, plan_register_tile,
+                                                     plan_row_reduce, plan_column_sum, plan_transpose, plan_elementwise)
+
+
+def batch_outer(p: Plan) -> None:
+  """Batch dims (every input varies along them) outermost, in order: each batch's operands stay in cache."""
+  k = p.k
+  if p.tile_row is None: return
+  batch = [d for d in range(k.n_global) if d not in (p.tile_row, p.lane) and k.sizes[d] > 1 and all(st[d] for st in p.strides)]
   for i, d in enumerate(batch):
-    if (at := k.global_order[i]) != d: first_valid(Opt(OptOps.SWAP, min(at, d), max(at, d)))
+    if (at := k.global_order[i]) != d: p.first_valid(Opt(OptOps.SWAP, min(at, d), max(at, d)))
+
+
+def threads(p: Plan) -> None:
+  """The device's cores, where the kernel is long enough for them (THREAD_MIN_SECONDS)."""
+  k = p.k
   if k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
-    first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
-  # sweep the rows inside a column panel, which stays in cache; where all of B fits in L2, the rows stay outer and each block of them
-  # serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3% faster)
-  if tile_row is not None and lane is not None and tile_row < lane and not gathered and \
+    p.first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+
+
+def column_panels(p: Plan) -> None:
+  """Sweep a matmul's rows inside a column panel, which stays in cache; where all of B fits in L2, the rows stay outer and each block
+  of them serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3% faster)."""
+  k, row, lane = p.k, p.tile_row, p.lane
+  if row is not None and lane is not None and row < lane and not p.gathered and \
      k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > PANEL_BYTES:
-    first_valid(Opt(OptOps.SWAP, tile_row, lane))
-  if tile_row is not None and not gathered and k.n_reduce == 1:
-    rows, red = k.sizes[tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
-    if rows * red > KBLOCK_BYTES: first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
-  # a column sum larger than the caches in blocks of a few rows: each block sweeps whole rows (the thread's column strips in turn,
-  # their sums so far reloaded from the output) where one strip down every row steps a page at a time (4096^2: 4.5 -> 1.9 ms)
-  if column_sum and k.reduceop is not None and k.n_reduce == 1 and prod(k.reduceop.src[0].shape) * k.reduceop.src[0].dtype.itemsize > KBLOCK_BYTES:
-    first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in (8, 4, 16)))
-  if k.ast.dtype == dtypes.float32 and simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
-     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % simd == 0 for a in k.axes):
-    first_valid(Opt(OptOps.STREAM, 0, 0))
-  return k.opts
+    p.first_valid(Opt(OptOps.SWAP, row, lane))
+
+
+def k_blocks(p: Plan) -> None:
+  """K in blocks where a matmul's rows of A for one block would not stay in the last-level cache (KBLOCK_BYTES); a column sum larger
+  than the caches in blocks of a few rows: each block sweeps whole rows (the thread's column strips in turn, their sums so far
+  reloaded from the output) where one strip down every row steps a page at a time (4096^2: 4.5 -> 1.9 ms)."""
+  k = p.k
+  if p.tile_row is not None and not p.gathered and k.n_reduce == 1:
+    rows, red = k.sizes[p.tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
+    if rows * red > KBLOCK_BYTES:
+      p.first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
+  if p.planner is plan_column_sum and k.reduceop is not None and k.n_reduce == 1 and \
+     prod(k.reduceop.src[0].shape) * k.reduceop.src[0].dtype.itemsize > KBLOCK_BYTES:
+    p.first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in (8, 4, 16)))
+
+
+def streaming_stores(p: Plan) -> None:
+  """An AVX-512 float32 output past the caches (STREAM_BYTES) stored around them, where its lanes are whole vectors."""
+  k, lane = p.k, p.lane
+  if k.ast.dtype == dtypes.float32 and p.simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
+     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % p.simd == 0 for a in k.axes):
+    p.first_valid(Opt(OptOps.STREAM, 0, 0))
+
+
+CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_panels, k_blocks, streaming_stores)
+
+
+def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
+  """The first of CPU_PLANNERS that takes the kernel, then each step of CPU_TAIL (devices with workgroups: workgroup_optimizations)."""
+  if kernel.caps.has_local: return workgroup_optimizations(kernel)
+  p = Plan.of(kernel.copy())
+  p.planner = next(planner for planner in CPU_PLANNERS if planner(p))
+  for step in CPU_TAIL: step(p)
+  return p.k.opts
+
+
+def _half_inputs(k: Kernel) -> bool:
+  """True if the reduce reads a 16-bit float buffer."""
+  return k.reduceop is not None and any(u.op is Ops.VIEW and u.dtype.is_half for u in k.reduceop.src[0].toposort)
 
 
 def _row_lanes(k: Kernel, strides: list[list[int]], simd: int = 0) -> bool:
@@ -258,31 +366,47 @@ BIG_TILE_OUTPUTS = 1 << 22  # from 2048x2048 outputs there are enough 256x64 til
 GROUP_MAX_OUTPUTS = 1 << 15  # with fewer outputs than this, a GPU has idle threads unless a reduce is shared by a workgroup
 
 
-def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
-  """Devices with workgroups: a 4x4 register tile in a 16x16 workgroup for matmul-like kernels; otherwise a reduce shared
-  by the threads of a workgroup when there are few outputs, and workgroups along the contiguous output dim."""
-  k = kernel.copy()
+def gpu_tensor_cores(k: Kernel) -> bool:
+  """A matmul the device's matrix units take: each warp a 64x64 tile of 16x16 tensor core tiles, 2x2 warps a workgroup."""
+  if not k.caps.tensor_cores: return False
+  try: tc = find_tensor_core(k)
+  except KernelOptError: return False
+  k.apply_opt(Opt(OptOps.TC, 0, 0))
+  for opt in (Opt(OptOps.UPCAST, tc.row, 4), Opt(OptOps.UPCAST, tc.col, 4), Opt(OptOps.LOCAL, tc.row, 2), Opt(OptOps.LOCAL, tc.col, 2),
+              Opt(OptOps.UNROLL, 0, 2)): _first_valid(k, opt)
+  return True
+
+
+def gpu_register_tile(k: Kernel) -> bool:
+  """A matmul-like kernel: a 4x4 register tile in a 16x16 workgroup."""
+  lane = k.n_global - 1
+  if k.reduceop is None or (row := next((d for d in reversed(range(lane)) if _broadcasts_along(k, lane, d)), None)) is None: return False
+  for d in (lane, row): _first_valid(k, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2)))
+  for d in (lane, row): _first_valid(k, *(Opt(OptOps.LOCAL, d, amt) for amt in (16, 8, 4, 2)))
+  _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, 4))
+  if prod(k.out_shape) >= BIG_TILE_OUTPUTS: _first_valid(k, Opt(OptOps.UPCAST, row, 4))  # 16x4 per thread: found by BEAM on an H100
+  return True
+
+
+def gpu_workgroups(k: Kernel) -> bool:
+  """Anything else: a reduce shared by the threads of a workgroup when there are few outputs, and workgroups along the contiguous
+  output dim."""
   n, lane = k.n_global, k.n_global - 1
-  for d, f in stacked_dims(k) if k.reduceop is None else (): _first_valid(k, Opt(OptOps.UPCAST, d, f))  # a cat's rows, as on the CPU
-  if k.caps.tensor_cores:
-    try: tc = find_tensor_core(k)
-    except KernelOptError: pass
-    else:  # each warp a 64x64 tile of 16x16 tensor core tiles, 2x2 warps a workgroup
-      k.apply_opt(Opt(OptOps.TC, 0, 0))
-      for opt in (Opt(OptOps.UPCAST, tc.row, 4), Opt(OptOps.UPCAST, tc.col, 4), Opt(OptOps.LOCAL, tc.row, 2), Opt(OptOps.LOCAL, tc.col, 2),
-                  Opt(OptOps.UNROLL, 0, 2)): _first_valid(k, opt)
-      return k.opts
-  tile_row = next((d for d in reversed(range(n - 1)) if _broadcasts_along(k, lane, d)), None) if k.reduceop is not None else None
-  if tile_row is not None:
-    for d in (lane, tile_row): _first_valid(k, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2)))
-    for d in (lane, tile_row): _first_valid(k, *(Opt(OptOps.LOCAL, d, amt) for amt in (16, 8, 4, 2)))
-    _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, 4))
-    if prod(k.out_shape) >= BIG_TILE_OUTPUTS: _first_valid(k, Opt(OptOps.UPCAST, tile_row, 4))  # 16x4 per thread: found by BEAM on an H100
-    return k.opts
   if k.reduceop is not None and k.n_reduce and prod(k.out_shape) < GROUP_MAX_OUTPUTS:
     _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4)))
   elif k.reduceop is None and n and k.ast.dtype == dtypes.float32: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))  # 16-byte accesses
   if n: _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
+  return True
+
+
+GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_register_tile, gpu_workgroups)
+
+
+def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
+  """Devices with workgroups: a cat's rows upcast as on the CPU, then the first of GPU_PLANNERS that takes the kernel."""
+  k = kernel.copy()
+  for d, f in stacked_dims(k) if k.reduceop is None else (): _first_valid(k, Opt(OptOps.UPCAST, d, f))
+  next(planner for planner in GPU_PLANNERS if planner(k))
   return k.opts
 
 

@@ -4,7 +4,13 @@ Every timing goes through the same loop as the search's worker (warm-up, then re
 cap is hit) with the same `TimingPolicy`, so the numbers compare like with like."""
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
@@ -75,19 +81,66 @@ def torch_dtype(dtype: DType) -> Any:
   return found
 
 
+# PyTorch held to a CPU target's ISA (read once, as PyTorch loads): what the baseline of a target narrower than the host runs on
+TORCH_ISA = {"x86-64-v2": {"ATEN_CPU_CAPABILITY": "default", "DNNL_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+             "x86-64-v3": {"ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+             "x86-64-v4": {"ATEN_CPU_CAPABILITY": "avx512", "DNNL_MAX_CPU_ISA": "AVX512_CORE", "MKL_ENABLE_INSTRUCTIONS": "AVX512"}}
+
+
+def torch_env(target: str) -> dict[str, str]:
+  """The environment of the process PyTorch's CPU baselines run in: this one's, with PyTorch's ISA held to the target's where the
+  user has not set those variables."""
+  return {**os.environ, **{k: v for k, v in TORCH_ISA.get(target, {}).items() if k not in os.environ}}
+
+
+class TorchProcess:
+  """A `python -m tinytune.kernels.baselines` process that times PyTorch's CPU baselines: PyTorch's OpenMP threads never spin on
+  the cores while tinytune's kernels run (nor the reverse: in one process the two libgomps, or the one they share, wait by
+  spinning after every parallel region), and PyTorch loads there with the target's ISA. Speaks JSON lines; outputs come back
+  as .npy files."""
+
+  def __init__(self, target: str):
+    self.proc = subprocess.Popen([sys.executable, "-m", "tinytune.kernels.baselines"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, env=torch_env(target))
+
+  def time(self, request: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
+    with tempfile.TemporaryDirectory() as tmp:
+      assert self.proc.stdin is not None and self.proc.stdout is not None
+      self.proc.stdin.write(json.dumps({**request, "out": os.path.join(tmp, "out.npy")}) + "\n")
+      self.proc.stdin.flush()
+      if not (line := self.proc.stdout.readline()): raise RuntimeError(f"PyTorch's baseline process died (exit {self.proc.wait()})")
+      if (reply := json.loads(line)).get("error"): raise RuntimeError(reply["error"])
+      return reply, np.load(os.path.join(tmp, "out.npy"))
+
+
+_torch_processes: dict[str, TorchProcess] = {}
+
+
 def torch_baseline(workload: Workload, params: Params, device: str, policy: TimingPolicy | None = None, dtype: DType = dtypes.float32) -> Timing:
-  """PyTorch on the same device, in the same dtype, with as many CPU threads as tinytune's kernels use. On a GPU timed as tinytune is:
-  CUDA events around the call, after an L2 flush unless policy.warm_cache; float32 with TF32 off (cuDNN and cuBLAS would otherwise
-  use TF32 tensor cores, which is not float32 arithmetic)."""
+  """PyTorch on the same device, in the same dtype, with as many CPU threads as tinytune's kernels use; on the CPU in a process of
+  its own (TorchProcess), held to the CPU target's ISA. On a GPU timed as tinytune is: CUDA events around the call, after an L2 flush
+  unless policy.warm_cache; float32 with TF32 off (cuDNN and cuBLAS would otherwise use TF32 tensor cores, not float32 arithmetic)."""
   from tinytune.runtime import Device
-  torch = torch_module()
+  if importlib.util.find_spec("torch") is None: raise RuntimeError(TORCH_MISSING)
   if workload.torch is None: raise RuntimeError(f"{workload.name} has no PyTorch baseline")
-  dev, threads, tdt = torch_device(device), Device[device].caps.threads, torch_dtype(dtype)
+  request: dict[str, Any] = {"workload": workload.name, "params": params, "dtype": dtype.name, "policy": asdict(policy or TimingPolicy())}
+  if device != "CPU": return torch_timing(**request, device=device, threads=1)
+  target = getattr(Device[device], "target").name
+  if (proc := _torch_processes.get(target)) is None or proc.proc.poll() is not None: proc = _torch_processes[target] = TorchProcess(target)
+  reply, output = proc.time({**request, "threads": Device[device].caps.threads})
+  return Timing("torch", reply["version"], reply["times"], output)
+
+
+def torch_timing(workload: str, params: Params, dtype: str, policy: dict[str, Any], device: str, threads: int) -> Timing:
+  """PyTorch's baseline timed in this process; on the CPU its version names the ISA PyTorch runs on."""
+  from tinytune.kernels import get_workload
+  torch, w, dt = torch_module(), get_workload(workload), dtypes.from_any(dtype)
+  dev, tdt, fn = torch_device(device), torch_dtype(dt), w.torch
+  assert fn is not None
   torch.set_num_threads(threads)
   # the same values as tinytune's inputs; NumPy types PyTorch cannot take (ml_dtypes' bfloat16) pass through float32 exactly
-  tensors = [torch.from_numpy(a if a.dtype.isbuiltin == 1 else a.astype(np.float32)).to(dev, tdt) for a in workload.arrays(params, dtype)]
+  tensors = [torch.from_numpy(a if a.dtype.isbuiltin == 1 else a.astype(np.float32)).to(dev, tdt) for a in w.arrays(params, dt)]
   sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-  fn = workload.torch
 
   def call() -> Any:
     out = fn(params, *tensors)
@@ -96,17 +149,19 @@ def torch_baseline(workload: Workload, params: Params, device: str, policy: Timi
 
   run, note = wall(call), ""
   if dev == "cuda":
-    run, note = _cuda_events(torch, lambda: fn(params, *tensors), policy is not None and policy.warm_cache), "CUDA events"
-    if dtype == dtypes.float32: note += "; cudnn.allow_tf32 and cuda.matmul.allow_tf32 False: float32 arithmetic, not TF32"
+    run, note = _cuda_events(torch, lambda: fn(params, *tensors), policy.get("warm_cache", False)), "CUDA events"
+    if dt == dtypes.float32: note += "; cudnn.allow_tf32 and cuda.matmul.allow_tf32 False: float32 arithmetic, not TF32"
   tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
   try:
-    if dtype == dtypes.float32: torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if dt == dtypes.float32: torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     with torch.inference_mode():
       out = call().cpu()
       output = (out.float() if out.dtype == torch.bfloat16 else out).numpy()
-      times = time_callable(run, policy)
+      times = time_callable(run, TimingPolicy(**policy))
   finally: torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
-  return Timing("torch", f"{torch.__version__} {threads} threads" if dev == "cpu" else f"{torch.__version__} {dev}", times, output, note)
+  isa = torch.backends.cpu.get_cpu_capability().lower()
+  version = f"{torch.__version__} {threads} threads {isa}" if dev == "cpu" else f"{torch.__version__} {dev}"
+  return Timing("torch", version, times, output, note)
 
 
 def _cuda_events(torch: Any, fn: Callable[[], Any], warm_cache: bool) -> Callable[[], float]:
@@ -123,6 +178,21 @@ def _cuda_events(torch: Any, fn: Callable[[], Any], warm_cache: bool) -> Callabl
     end.synchronize()
     return start.elapsed_time(end) * 1e-3
   return run
+
+
+def torch_process() -> None:
+  """The loop of a TorchProcess: a request a line in, a reply a line out."""
+  for line in sys.stdin:
+    request = json.loads(line)
+    out = request.pop("out")
+    try:
+      timing = torch_timing(**request, device="CPU")
+      assert timing.output is not None
+      np.save(out, timing.output)
+      reply: dict[str, Any] = {"times": timing.times, "version": timing.version}
+    except Exception as e: reply = {"error": (str(e).strip().splitlines() or [type(e).__name__])[0]}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
 
 
 def numpy_baseline(workload: Workload, params: Params, policy: TimingPolicy | None = None, dtype: DType = dtypes.float32) -> Timing:
@@ -209,3 +279,7 @@ def store(db: Any, workload: Workload, params: Params, device: str, timing: Timi
   if timing.untuned: return None
   device_id = db.device_id(device_fingerprint("CPU" if timing.library == "numpy" else device))
   return db.add_baseline(device_id, workload.name, params, timing.library, timing.version, timing.median_s, timing.min_s, dtype.name)
+
+
+if __name__ == "__main__":
+  torch_process()

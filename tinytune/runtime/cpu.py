@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import glob
 import hashlib
 import os
 import platform
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable
 
@@ -17,22 +19,87 @@ import numpy as np
 
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import DType
-from tinytune.helpers import cache_dir
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, Program, Steps
+from tinytune.helpers import cache_dir, warn_once
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps
 
-# -fwrapv: signed int overflow wraps (two's complement) as in NumPy and torch, where C leaves it undefined
+# -fwrapv: signed int overflow wraps (two's complement) as in NumPy and torch, where C leaves it undefined. -march is the target's
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv")
+CROSS_CC = {"aarch64": "aarch64-linux-gnu-gcc"}  # Debian's cross compilers (apt-get install gcc-aarch64-linux-gnu)
+
+
+@dataclass(frozen=True)
+class CPUTarget:
+  """An instruction set CPU kernels are compiled for: its -march, the vector lanes and registers a kernel may plan with, and the
+  /proc/cpuinfo flags a CPU needs to run its code."""
+  name: str
+  machine: str  # platform.machine() of the CPUs that run it
+  march: str
+  lanes: int  # float32 lanes of one vector register
+  registers: int
+  needs: tuple[str, ...] = ()
+  dot: tuple[str, ...] = ()  # input dtypes of its dot-product instructions (the CPU's TC)
+
+
+TARGETS = {t.name: t for t in (
+  CPUTarget("x86-64-v2", "x86_64", "-march=x86-64-v2", 4, 16, ("ssse3", "sse4_1", "sse4_2", "popcnt")),
+  CPUTarget("x86-64-v3", "x86_64", "-march=x86-64-v3", 8, 16, ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe")),
+  CPUTarget("x86-64-v4", "x86_64", "-march=x86-64-v4", 16, 32, ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+  CPUTarget("aarch64", "aarch64", "-march=armv8-a", 4, 32))}
+TARGET_NAMES = ("native", *TARGETS)
+
+
+def cpu_target(name: str | None = None) -> CPUTarget:
+  """The target named (else $TINYTUNE_CPU_TARGET, else native: this CPU as it is), a ValueError naming the choices for any other."""
+  name = name or os.getenv("TINYTUNE_CPU_TARGET", "").strip() or "native"
+  if name == "native":
+    flags, machine = cpuinfo().get("flags", "").split(), normal_machine(platform.machine())
+    lanes, registers = (16, 32) if "avx512f" in flags else (8, 16) if "avx" in flags else (4, 32) if machine == "aarch64" else (4, 16)
+    return CPUTarget("native", machine, "-march=native", lanes, registers, dot=("bfloat16",) if "avx512_bf16" in flags else ())
+  if name not in TARGETS: raise ValueError(f"{name!r} is not a CPU target (TINYTUNE_CPU_TARGET, --target); choose one of {', '.join(TARGET_NAMES)}")
+  return TARGETS[name]
+
+
+def normal_machine(machine: str) -> str: return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower())
+
+
+def cannot_run(target: CPUTarget) -> str | None:
+  """None where this CPU runs the target's code, else why not (one line)."""
+  if target.machine != (here := normal_machine(platform.machine())): return f"this is an {here} CPU"
+  flags = cpuinfo().get("flags", "").split()
+  if flags and (lacks := [f for f in target.needs if f not in flags]): return f"this CPU lacks {' '.join(lacks)}"
+  return None
+
+
+@functools.cache
+def cache_sizes() -> tuple[int, int]:
+  """(L1 data, L2) bytes of one core, from sysfs or getconf; 32 KiB and 512 KiB where neither says."""
+  found: dict[str, int] = {}
+  for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+    try:
+      level, kind, size = (open(os.path.join(index, f)).read().strip() for f in ("level", "type", "size"))
+      if kind in ("Data", "Unified") and size[:-1].isdigit(): found.setdefault(level, int(size[:-1]) << {"K": 10, "M": 20}.get(size[-1], 0))
+    except OSError: pass
+  for level, key in (("1", "LEVEL1_DCACHE_SIZE"), ("2", "LEVEL2_CACHE_SIZE")):
+    if level not in found and shutil.which("getconf"):
+      out = subprocess.run(["getconf", key], capture_output=True, text=True).stdout.strip()
+      if out.isdigit() and int(out): found[level] = int(out)
+  return found.get("1", 32 << 10), found.get("2", 512 << 10)
 
 
 compile_stats = {"hits": 0, "misses": 0}  # on-disk compile cache
 
 
 @functools.cache
-def find_compiler() -> str:
-  """TINYTUNE_CC, else the first of clang, cc, gcc that builds with OpenMP, else the first present."""
+def find_compiler(target: CPUTarget | None = None) -> str:
+  """TINYTUNE_CC, else (for another machine's target) its cross compiler, else the first of clang, cc, gcc that builds with OpenMP,
+  else the first present: a compiler that cannot build OpenMP is never chosen over one that can."""
+  target = target or cpu_target()
   if cc := os.getenv("TINYTUNE_CC"):
     if shutil.which(cc) is None: raise RuntimeError(f"TINYTUNE_CC={cc!r} is not a command: install it or unset TINYTUNE_CC")
     return cc
+  if target.machine != normal_machine(platform.machine()):
+    if shutil.which(cc := CROSS_CC.get(target.machine, "")): return cc
+    raise RuntimeError(f"no compiler for {target.name} here: apt-get install gcc-{target.machine}-linux-gnu, or set TINYTUNE_CC")
   found = [cc for cc in ("clang", "cc", "gcc") if shutil.which(cc)]
   if not found: raise RuntimeError("no C compiler found: install one (apt-get install gcc) or set TINYTUNE_CC")
   return next((cc for cc in found if openmp_works(cc)), found[0])
@@ -43,7 +110,14 @@ def openmp_works(cc: str) -> bool:
   """Whether `cc -fopenmp` builds a shared object here (clang needs libomp installed for it)."""
   with tempfile.TemporaryDirectory() as tmp:
     with open(os.path.join(tmp, "t.c"), "w") as f: f.write("void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n")
-    return subprocess.run([cc, *FLAGS, "-fopenmp", "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
+    flags = [f for f in FLAGS if not f.startswith("-march=")]  # any target's compiler
+    return subprocess.run([cc, *flags, "-fopenmp", "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
+
+
+def one_thread_note(cc: str) -> str:
+  """What to do where `cc` cannot build OpenMP."""
+  fix = "apt-get install libomp-dev (or unset TINYTUNE_CC for gcc)" if "clang" in compiler_version(cc) else "use gcc, or clang with libomp-dev"
+  return f"{cc} cannot build OpenMP here, so CPU kernels run on one thread: {fix}"
 
 
 @functools.cache
@@ -61,14 +135,6 @@ def cpuinfo() -> dict[str, str]:
     with open("/proc/cpuinfo") as f: lines = f.read().split("\n\n")[0].splitlines()
   except OSError: return {}
   return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-
-
-def simd() -> tuple[int, int]:
-  """(float32 lanes, vector registers) of this CPU as -march=native compiles for it."""
-  flags = cpuinfo().get("flags", "").split()
-  if "avx512f" in flags: return 16, 32
-  if "avx2" in flags or "avx" in flags: return 8, 16
-  return 4, 16
 
 
 class CPUProgram(Program):
@@ -94,17 +160,19 @@ def address(buf: Buffer) -> int:
 class CPUDevice(Compiled):
   name = "CPU"
 
-  def __init__(self) -> None:
-    self.cc = find_compiler()
+  def __init__(self, target: str | None = None) -> None:
+    self.target = cpu_target(target)
+    self.cc = find_compiler(self.target)
     self.renderer = CRenderer()
-    openmp = openmp_works(self.cc)
+    if not (openmp := openmp_works(self.cc)): warn_once(one_thread_note(self.cc))
     # gcc 12's if-conversion with AVX-512 masks miscompiles some selects (a masked subtract with the wrong mask)
     gcc = "clang" not in compiler_version(self.cc)
-    self.flags = FLAGS + (("-fopenmp",) if openmp else ()) + (("-fno-tree-loop-if-convert",) if gcc else ())
-    width, registers = simd()
+    self.flags = tuple(self.target.march if f.startswith("-march=") else f for f in FLAGS) + (("-fopenmp",) if openmp else ()) + \
+      (("-fno-tree-loop-if-convert",) if gcc else ())
     threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
-    bf16 = ("bfloat16",) if "avx512_bf16" in cpuinfo().get("flags", "").split() else ()  # TC: its dot products (see TensorCore)
-    self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=width, vector_registers=registers, tensor_cores=bf16)
+    l1, l2 = cache_sizes()
+    self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=self.target.lanes, vector_registers=self.target.registers,
+                           tensor_cores=self.target.dot, l1_bytes=l1, l2_bytes=l2)  # TC: the target's dot products (see TensorCore)
 
   def alloc(self, size: int, dtype: DType) -> np.ndarray:
     """Memory that starts on a cache line: numpy starts large arrays 16 bytes into one, so every 64-byte vector load would
@@ -135,13 +203,18 @@ class CPUDevice(Compiled):
         sofile.unlink(missing_ok=True)
     return str(path).encode()
 
-  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CPUProgram(name, lib.decode())
+  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program:
+    if why := cannot_run(self.target):
+      raise DeviceMissing(f"CPU kernels built for {self.target.name} cannot run here ({why}): set TINYTUNE_CPU_TARGET (or --target) to native")
+    return CPUProgram(name, lib.decode())
 
   def fingerprint(self) -> dict[str, str]:
-    info = cpuinfo()
+    """native: this CPU (its model and exact ISA); a named target: the target alone, so a cache tuned for it is found on every CPU
+    that runs it."""
+    info, common = cpuinfo(), {"kind": "CPU", "compiler": self.cc, "compiler_version": compiler_version(self.cc), "flags": " ".join(self.flags)}
+    if self.target.name != "native": return {**common, "name": self.target.name, "arch": self.target.machine, "target": self.target.name}
     isa = hashlib.sha256(info.get("flags", "").encode()).hexdigest()[:12]  # -march=native code depends on the exact ISA
-    return {"kind": "CPU", "name": info.get("model name", platform.processor()), "arch": f"{platform.machine()}-{isa}", "compiler": self.cc,
-            "compiler_version": compiler_version(self.cc), "flags": " ".join(self.flags)}
+    return {**common, "name": info.get("model name", platform.processor()), "arch": f"{platform.machine()}-{isa}"}
 
   def batch(self, steps: Steps) -> Callable[[list[Buffer]], None] | None:
     """One C function that calls each kernel in turn, through the kernels' own addresses, with its buffers' addresses from one array:

@@ -1,0 +1,133 @@
+"""The CPU device's targets (TINYTUNE_CPU_TARGET, --target): caps and fingerprints from the target, not the host; kernels built
+for each target the host runs, and a one-line error for one it cannot; the compiler rule and its note where OpenMP is missing."""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tinytune import helpers
+from tinytune.cli import main
+from tinytune.results_db import fingerprint_hash
+from tinytune.runtime import Device, DeviceMissing
+from tinytune.runtime import cpu as cpu_module
+from tinytune.runtime.cpu import CPUDevice, cannot_run, cpu_target, normal_machine
+
+X86 = normal_machine(platform.machine()) == "x86_64"
+HOST_FLAGS = cpu_module.cpuinfo().get("flags", "").split()
+AVX512_HOST = "avx512f amd avx512bw avx512cd avx512dq avx512vl avx2 avx fma bmi1 bmi2 f16c movbe ssse3 sse4_1 sse4_2 popcnt".split()
+AVX2_HOST = [f for f in AVX512_HOST if not f.startswith("avx512")]
+
+
+def runnable(target: str) -> bool: return cannot_run(cpu_target(target)) is None
+
+
+@pytest.mark.parametrize("target,lanes,registers", [("x86-64-v2", 4, 16), ("x86-64-v3", 8, 16), ("x86-64-v4", 16, 32), ("aarch64", 4, 32)])
+def test_caps_come_from_the_target(target: str, lanes: int, registers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.setattr(cpu_module, "find_compiler", lambda t: "cc")  # caps need no cross compiler
+  caps = CPUDevice(target).caps
+  assert (caps.simd_width, caps.vector_registers, caps.tensor_cores) == (lanes, registers, ())
+  assert caps.l1_bytes >= 16 << 10 and caps.l2_bytes >= caps.l1_bytes
+
+
+def test_native_caps_follow_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+  for flags, lanes, registers, dot in [(AVX512_HOST + ["avx512_bf16"], 16, 32, ("bfloat16",)), (AVX2_HOST, 8, 16, ())]:
+    monkeypatch.setattr(cpu_module, "cpuinfo", lambda flags=flags: {"flags": " ".join(flags), "model name": "some CPU"})
+    target = cpu_target("native")
+    assert (target.lanes, target.registers, target.dot, target.march) == (lanes, registers, dot, "-march=native")
+
+
+def test_cache_sizes_are_read_from_the_machine() -> None:
+  l1, l2 = cpu_module.cache_sizes()
+  out = subprocess.run(["getconf", "LEVEL1_DCACHE_SIZE"], capture_output=True, text=True).stdout.strip() if shutil.which("getconf") else ""
+  if out.isdigit() and int(out): assert l1 == int(out)
+  assert l2 > l1
+
+
+def test_fingerprint_names_the_target_and_not_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Each target has its own fingerprint; a named target's is the same on every CPU (a cache tuned for x86-64-v3 is found on any
+  AVX2 machine), where native's follows the CPU."""
+  monkeypatch.setattr(cpu_module, "find_compiler", lambda t: "cc")
+  hashes = {t: fingerprint_hash(CPUDevice(t).fingerprint()) for t in ("native", "x86-64-v2", "x86-64-v3", "x86-64-v4")}
+  assert len(set(hashes.values())) == 4
+  assert CPUDevice("x86-64-v3").fingerprint()["target"] == "x86-64-v3"
+  monkeypatch.setattr(cpu_module, "cpuinfo", lambda: {"flags": " ".join(AVX2_HOST), "model name": "AMD EPYC 7B13"})
+  assert fingerprint_hash(CPUDevice("x86-64-v3").fingerprint()) == hashes["x86-64-v3"]
+  assert fingerprint_hash(CPUDevice("native").fingerprint()) != hashes["native"]
+
+
+CHECK = """
+import numpy as np
+from tinytune import Tensor
+from tinytune.runtime import Device
+rng = np.random.default_rng(0)
+a, b, x = rng.standard_normal((67, 45), np.float32), rng.standard_normal((45, 133), np.float32), rng.standard_normal((37, 300), np.float32)
+np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+e = np.exp(x - x.max(1, keepdims=True))
+np.testing.assert_allclose(Tensor(x).softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose((Tensor(x).exp() * 2 + 1).sum(0).numpy(), (np.exp(x) * 2 + 1).sum(0), rtol=1e-4)
+print(Device["CPU"].target.name, Device["CPU"].caps.simd_width)
+"""
+
+
+@pytest.mark.parametrize("target", ["native", "x86-64-v2", "x86-64-v3"])
+def test_kernels_run_correctly_for_each_target(target: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+  if not X86 or not runnable(target): pytest.skip(f"this CPU does not run {target}")
+  env = {**os.environ, "TINYTUNE_CPU_TARGET": target, "TINYTUNE_CACHE_DIR": str(tmp_path)}
+  out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == [target, str(cpu_target(target).lanes)]
+
+
+def test_a_target_this_cpu_cannot_run_compiles_but_does_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+  """aarch64 code on x86 (with the cross compiler) and AVX-512 code on an AVX2 CPU: rendered and compiled, then a one-line error."""
+  monkeypatch.setattr(cpu_module, "cpuinfo", lambda: {"flags": " ".join(AVX2_HOST), "model name": "an AVX2 CPU"})
+  assert "lacks avx512f avx512bw" in str(cannot_run(cpu_target("x86-64-v4")))
+  assert cannot_run(cpu_target("x86-64-v3")) is None and cannot_run(cpu_target("x86-64-v2")) is None
+  targets = ["x86-64-v4"] + (["aarch64"] if shutil.which("aarch64-linux-gnu-gcc") or not X86 else [])
+  for target in targets:
+    dev = CPUDevice(target)
+    lib = dev.compile("void k(float* x) { x[0] = 1.0f; }")
+    with open(lib.decode(), "rb") as f: machine = int.from_bytes(f.read(20)[18:20], "little")  # the ELF header's e_machine
+    assert machine == {"x86-64-v4": 62, "aarch64": 183}[target]
+    with pytest.raises(DeviceMissing, match=f"built for {target} cannot run here .*TINYTUNE_CPU_TARGET") as e: dev.program("k", lib)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv,env", [(["--target", "avx9"], {}), ([], {"TINYTUNE_CPU_TARGET": "x86-64-v9"})])
+def test_a_bad_target_is_a_one_line_error(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+  monkeypatch.setenv("TINYTUNE_CPU_TARGET", "native")  # and put back as it was after main() sets it
+  for k, v in env.items(): monkeypatch.setenv(k, v)
+  monkeypatch.setattr(Device, "_opened", {})  # the CPU device opens again, for the target asked
+  assert main(["bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--no-store", "--no-peak", *argv]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "is not a CPU target" in err and "x86-64-v3" in err, err
+
+
+def test_a_compiler_without_openmp_is_not_chosen_over_one_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.delenv("TINYTUNE_CC", raising=False)
+  monkeypatch.setattr(shutil, "which", lambda cc: f"/usr/bin/{cc}")
+  monkeypatch.setattr(cpu_module, "openmp_works", lambda cc: cc == "gcc")
+  cpu_module.find_compiler.cache_clear()
+  try: assert cpu_module.find_compiler(cpu_target("native")) == "gcc"
+  finally: cpu_module.find_compiler.cache_clear()
+
+
+def test_one_thread_without_openmp_is_said_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+  """TINYTUNE_CC=clang where clang has no libomp (Debian's clang 14): the kernels lose their threads, and the device says so once,
+  with the fix."""
+  if not shutil.which("clang"): pytest.skip("needs clang")
+  monkeypatch.setenv("TINYTUNE_CC", "clang")
+  monkeypatch.setattr(cpu_module, "openmp_works", lambda cc: False)
+  monkeypatch.setattr(helpers, "_warned", set())
+  cpu_module.find_compiler.cache_clear()
+  try: devices = [CPUDevice() for _ in range(2)]
+  finally: cpu_module.find_compiler.cache_clear()
+  err = capsys.readouterr().err
+  assert err.count("tinytune: warning: clang cannot build OpenMP here, so CPU kernels run on one thread: apt-get install libomp-dev") == 1, err
+  assert all(d.caps.threads == 1 and "-fopenmp" not in d.flags for d in devices)
