@@ -88,8 +88,8 @@ def cmd_search(args: argparse.Namespace) -> int:
   from tinytune.search.tune import Tuner
 
   workload = get_workload(args.workload)
-  params = workload.params(parse_params(args.param, workload.names))
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
+  params = workload.params(parse_params(args.param, workload.names), device)
   get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
   options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
   if args.worker is not None and args.strategy in ("optuna", "random"): options["seed"] = args.worker  # workers of one study explore apart
@@ -262,8 +262,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
   _check_format(args.format)
   workload = get_workload(args.workload)
-  params, dtype = workload.params(parse_params(args.param, workload.names)), workload.dtype(args.dtype)
   device = Device.canonicalize(args.device)
+  params, dtype = workload.params(parse_params(args.param, workload.names), device), workload.dtype(args.dtype)
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
@@ -541,10 +541,11 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   from tinytune.reports import render
 
   _check_format(args.format)
-  rows = [{"workload": w.name, "params": dict(w.defaults), "dtypes": [d.name for d in dtypes.all if w.takes(d)], "gflop": w.flops(w.defaults) / 1e9,
+  rows = [{"workload": w.name, "params": dict(w.defaults), "gpu_params": w.params({}, "GPU"),
+           "dtypes": [d.name for d in dtypes.all if w.takes(d)], "gflop": w.flops(w.defaults) / 1e9,
            "torch": w.torch is not None,
            "description": w.doc + "".join(f"; {k}: {v}" for k, v in w.help.items())} for w in WORKLOADS.values()]
-  titles = {"workloads": "workloads (params and GFLOP at their defaults)"}
+  titles = {"workloads": "workloads (params and GFLOP at their defaults; gpu_params: the defaults on a GPU, where no -p is given)"}
   _write(render({"workloads": pd.DataFrame(rows)}, args.format, titles["workloads"], "kernels", None, titles), None)
   return 0
 

@@ -4,6 +4,7 @@ waits for the kernels before it. Timing records CUDA events around the timed wor
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 from typing import Any, Callable
 
@@ -193,10 +194,12 @@ def _nvrtc(src: str, arch: str) -> bytes:
 
 
 def _include_dirs() -> list[str]:
-  """CUDA's headers (cuda_fp16.h), where a toolkit or the nvidia-cuda-runtime wheel has them."""
+  """CUDA's headers (cuda_fp16.h), where a toolkit or an NVIDIA runtime wheel has them (12.x: nvidia/cuda_runtime/include; 13 wheels
+  may nest them one folder deeper)."""
   dirs = [os.path.join(os.getenv("CUDA_HOME", "/usr/local/cuda"), "include")]
   try:
-    import nvidia.cuda_runtime  # type: ignore[import-not-found]
-    dirs += [os.path.join(p, "include") for p in nvidia.cuda_runtime.__path__]
+    import nvidia  # type: ignore[import-not-found]
+    dirs += sorted(os.path.dirname(h) for p in nvidia.__path__ for pattern in ("*/include/cuda_fp16.h", "*/*/include/cuda_fp16.h")
+                   for h in glob.glob(os.path.join(p, pattern)))
   except ImportError: pass
-  return [d for d in dirs if os.path.exists(os.path.join(d, "cuda_fp16.h"))]
+  return [d for d in dict.fromkeys(dirs) if os.path.exists(os.path.join(d, "cuda_fp16.h"))]
