@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import operator
 import os
 import pathlib
