@@ -166,13 +166,18 @@ def _search_workers(args: argparse.Namespace, options: dict[str, Any], console: 
 
 
 def _against(text: str) -> list[str]:
-  """--against torch,numpy -> the baselines that can run here; a missing PyTorch costs a one-line note, not the command."""
-  from tinytune.kernels.baselines import TORCH_MISSING
+  """--against torch,numpy -> the baselines asked for; a name we do not know is the error."""
   libs = [x.strip() for x in text.split(",") if x.strip()]
   if bad := [x for x in libs if x not in ("torch", "numpy")]: raise ValueError(f"unknown baseline {', '.join(bad)}; --against takes torch, numpy")
+  return libs
+
+
+def _installed(libs: list[str]) -> list[str]:
+  """The baselines of `libs` that can run here: a missing PyTorch costs a one-line note, after any error that ends the command."""
+  from tinytune.kernels.baselines import TORCH_MISSING
   if "torch" in libs and importlib.util.find_spec("torch") is None:
-    print(f"tinytune: note: {TORCH_MISSING}; its column stays empty", file=sys.stderr)
-    libs.remove("torch")
+    print(f"tinytune: note: {TORCH_MISSING}; its column is left out", file=sys.stderr)
+    return [x for x in libs if x != "torch"]
   return libs
 
 
@@ -217,7 +222,7 @@ def _timings(workload: Any, params: dict[str, int], device: str, against: list[s
     try: timings.update(measure(workload, params, device, [lib], policy, db, dtype))
     except (RuntimeError, TypeError, ValueError) as e:
       why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column stays empty", file=sys.stderr)
+      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column is left out", file=sys.stderr)
       against.remove(lib)
   return timings
 
@@ -258,6 +263,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
+  against = _installed(against)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
   timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
@@ -448,7 +454,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
   rows = []
   for i, point in enumerate(points):
     params = workload.params({**base, **point})
-    if i == 0: _runs_on(workload, params, dtype, device)
+    if i == 0:
+      _runs_on(workload, params, dtype, device)
+      against = _installed(against)
     if args.tune:
       items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
       Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
