@@ -153,3 +153,25 @@ def test_progress_line_redraws_on_a_terminal_and_ends_each_kernel() -> None:
   assert "\rtuning r_8 (beam): 2/10 candidates, best 1 ms (2.00x the default 2 ms)" in text
   assert "\rtuned r_8 (beam): 3 candidates, 1 failed, best 1 ms (2.00x the default 2 ms)\x1b[K\n" in text
   assert text.endswith("\rtuned r_8#2 (beam): 1 candidates, best 4 ms (1.00x the default 4 ms)\x1b[K\n")
+
+
+def test_one_number_per_measurement_and_nothing_noisy_stored(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+  out = (Tensor.rand(14, 30).realize() + 1).sum(1)
+  capsys.readouterr()
+  frame = tune(out, budget=3, db=db_path)
+  err = capsys.readouterr().err  # the final line shows the re-time the frame and the tuning cache keep, and says so
+  (row,) = frame.to_dict("records")
+  assert f"best {row['tuned_ms']:.3g} ms" in err and "re-timed: median of " in err and f"the default {row['default_ms']:.3g} ms" in err
+  assert 0 <= row["spread"] < 1 and row["note"] == ""
+  from tinytune.results_db.cache import TuningCache
+  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  assert TuningCache(Database(db_path)).lookup(kernel, "CPU").best_s == pytest.approx(row["tuned_ms"] / 1e3)  # type: ignore[union-attr]
+
+  import tinytune.search.strategy as strategy
+  monkeypatch.setattr(strategy, "noisy", lambda times, searched, winner: True)  # a machine too busy to trust
+  other = (Tensor.rand(14, 34).realize() + 1).sum(1)
+  (row,) = tune(other, budget=3, db=db_path).to_dict("records")
+  assert row["note"].startswith("noisy: the machine was busy (load ") and np.isnan(row["speedup"])
+  assert "noisy: the machine was busy" in capsys.readouterr().err
+  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(other.uop, "CPU")[0]]
+  assert TuningCache(Database(db_path)).lookup(kernel, "CPU") is None  # not stored

@@ -450,3 +450,35 @@ def test_option_help_lists_every_strategys_options(capsys) -> None:  # type: ign
   assert main(["search", "matmul", "--option", "help"]) == 0
   out = capsys.readouterr().out
   assert all(f"{name}:" in out for name in STRATEGIES) and "  width=4  " in out and "(one of tpe, cmaes, gp)" in out
+
+
+def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.delenv("TINYTUNE_NOISE_CHECK", raising=False)
+  from tinytune.search.evaluate import Timing
+  from tinytune.search.strategy import finalize
+  default, up = (), (Opt(OptOps.UPCAST, 0, 4),)
+  history = [Result(default, "ok", 4.5e-4, 4.7e-4, source_hash="d"), Result(up, "ok", 2.3e-4, 2.4e-4, source_hash="u")]
+
+  class Retimes:  # the re-times a busy machine gives: the default 16x its search median (the 7.87 ms against 0.470 ms)
+    def __init__(self, *rounds: list[Timing]) -> None: self.rounds, self.calls = list(rounds), 0
+    def retime(self, candidates: list) -> list[Timing]:
+      self.calls += 1
+      return self.rounds.pop(0)
+  outlier, quiet = [Timing(7.87e-3, 0.05, 25), Timing(2.4e-4, 0.02, 25)], [Timing(4.8e-4, 0.02, 25), Timing(2.4e-4, 0.03, 25)]
+  ev = Retimes(outlier, quiet)
+  result = finalize(ev, history, default)  # type: ignore[arg-type]
+  assert ev.calls == 2 and result.note == "" and result.best == up and result.speedup == pytest.approx(2.0) and result.repeats == 25
+  ev = Retimes(outlier, [Timing(4.8e-4, 0.8, 25), Timing(2.4e-4, 0.03, 25)])  # still disturbed: its spread now
+  result = finalize(ev, history, default)  # type: ignore[arg-type]
+  assert ev.calls == 2 and result.note.startswith("noisy: the machine was busy (load ") and math.isnan(result.speedup)
+  ev = Retimes(quiet)
+  assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  monkeypatch.setenv("TINYTUNE_NOISE_CHECK", "0")  # trust every re-time
+  ev = Retimes(outlier)
+  assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  monkeypatch.delenv("TINYTUNE_NOISE_CHECK", raising=False)
+  ev = Retimes([Timing(9.4e-4, 0.1, 25), Timing(4.8e-4, 0.1, 25)])  # a load that slowed both alike: no matter
+  assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  ev = Retimes([Timing(2.4e-4, 0.1, 25), Timing(2.4e-3, 0.9, 25)])  # the default still wins: no speedup claimed, nothing to doubt
+  assert finalize(ev, history, default).best == default and ev.calls == 1  # type: ignore[arg-type]
+

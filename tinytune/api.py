@@ -12,8 +12,9 @@ if TYPE_CHECKING:
 
   from tinytune.results_db import Database
 
-TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
-TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "speedup": "float64", "candidates": "int64", "cache_hit": "bool"}  # also when empty
+TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "opts", "candidates", "cache_hit", "note"]
+TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "spread": "float64", "speedup": "float64",  # also when empty
+               "candidates": "int64", "cache_hit": "bool"}
 
 
 def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_inputs: Any, strategy: str = "beam", budget: int | None = None,

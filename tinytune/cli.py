@@ -325,7 +325,7 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   opts = tuple(opts_from_json(entry.opts))
   with Evaluator(kernel, device) as ev:
     if (result := ev.evaluate([opts])[0]).status != "ok": return f"FAILED: {result.status} {result.error}".strip(), None
-    default_s, tuned_s = ev.retime([engine.kernel_opts(kernel, device, "default"), opts])
+    default_s, tuned_s = (t.median for t in ev.retime([engine.kernel_opts(kernel, device, "default"), opts]))
   return ("ok" if tuned_s <= default_s * 1.05 else "SLOWER than the default"), default_s / tuned_s
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
@@ -43,6 +43,13 @@ class Result:
   def time(self) -> float: return self.median_s if self.status == "ok" else math.inf
   @property
   def opts_json(self) -> str: return opts_to_json(self.opts)
+
+
+class Timing(NamedTuple):
+  """A re-time of one candidate: the median of its `n` runs and their spread, (median - min) / median."""
+  median: float
+  spread: float
+  n: int
 
 
 @dataclass
@@ -212,8 +219,8 @@ class Evaluator:
     med = statistics.median(times)
     return Result(opts, "ok", min(times), med, (med - min(times)) / med if med else 0.0, compile_s, source_hash)
 
-  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[float]:
-    """Time candidates again, interleaved round by round so drift hits all alike; the median per candidate."""
+  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[Timing]:
+    """Time candidates again, interleaved round by round so drift hits all alike; the median and spread per candidate."""
     libs = []
     for opts in candidates:
       k = self.kernel_for(opts)
@@ -225,7 +232,7 @@ class Evaluator:
       for j, (lib, name, launch) in enumerate(libs):
         reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
-    return [statistics.median(s) for s in samples]
+    return [Timing(med := statistics.median(s), (med - min(s)) / med if math.isfinite(med) and med else 0.0, len(s)) for s in samples]
 
   def close(self) -> None:
     if self.worker is not None:

@@ -40,9 +40,11 @@ class KernelOutcome:
   default_s: float | None
   cache_hit: bool
   counts: dict[str, int] = field(default_factory=dict)
+  spread: float | None = None  # of the tuned kernel's final re-time (None: read from the cache)
+  note: str = ""  # "noisy: ...": the re-time was disturbed, so there is no speedup and nothing was stored
 
   @property
-  def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 else None
+  def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 and not self.note else None
 
 
 @dataclass
@@ -144,7 +146,8 @@ class Tuner:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
       if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
       result = run_strategy(self.strategy, kernel, ev, budget, default, context, **self.options)
-    if math.isfinite(result.best_s):
+    if isinstance(self.on_result, ProgressLine): self.on_result.settle(kernel, result)  # its final line: the re-time's figures
+    if math.isfinite(result.best_s) and not result.note:  # a noisy re-time is not stored, lest it beat a quiet one
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
                         force=(self.force or retune()) and not self.study, kernel_name=label)
@@ -153,18 +156,19 @@ class Tuner:
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
-    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts)
+    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts, result.spread, result.note)
 
 
 def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutcome], dict[str, Any]] = lambda o: {}) -> pd.DataFrame:
   """One row per kernel outcome, as `tune()` and `tinytune search` report them: kernel (its label), the `extra` columns, default_ms
-  and tuned_ms (None where nothing was measured), speedup, cache_hit, candidates (measured by status), opts ([op, axis, arg] lists)
-  and key."""
+  and tuned_ms (the final interleaved re-time's medians, or the cache's; None where nothing was measured), spread (the tuned kernel's
+  re-time, (median - min) / median), speedup (None where the re-time was noisy), cache_hit, candidates (measured by status), opts
+  ([op, axis, arg] lists), key and note ("noisy: ..." where the machine was too busy to trust the figures)."""
   import pandas as pd
   def ms(s: float | None) -> float | None: return s * 1e3 if s is not None and math.isfinite(s) else None
-  return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
-                        "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)),
-                        "key": o.key} for o in outcomes])
+  return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "spread": o.spread,
+                        "speedup": o.speedup, "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())),
+                        "opts": json.loads(opts_to_json(o.best)), "key": o.key, "note": o.note} for o in outcomes])
 
 
 BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
