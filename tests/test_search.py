@@ -482,3 +482,50 @@ def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: p
   ev = Retimes([Timing(2.4e-4, 0.1, 25), Timing(2.4e-3, 0.9, 25)])  # the default still wins: no speedup claimed, nothing to doubt
   assert finalize(ev, history, default).best == default and ev.calls == 1  # type: ignore[arg-type]
 
+
+
+def _group(pgid: int) -> list[int]:
+  """The live processes of a process group (zombies are gone already: they run nothing)."""
+  pids = []
+  for entry in os.listdir("/proc"):
+    try:
+      with open(f"/proc/{entry}/stat") as f: fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError): continue
+    if entry.isdigit() and int(fields[2]) == pgid and fields[0] != "Z": pids.append(int(entry))
+  return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stopped_search_records_stops_its_workers_and_resumes(tmp_path, signum: int) -> None:  # type: ignore[no-untyped-def]
+  db = f"sqlite:///{tmp_path}/t.db"
+  args = ["search", "matmul", "-p", "m=96", "-p", "n=96", "-p", "k=96", "--budget", "40", "--quiet", "--json"]
+  proc = subprocess.Popen([sys.executable, "-m", "tinytune.cli", *args], env={**os.environ, "TINYTUNE_DB": db}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own group, as a shell's job is
+  deadline = time.time() + 120
+  while time.time() < deadline and proc.poll() is None:
+    time.sleep(0.3)
+    if os.path.exists(f"{tmp_path}/t.db") and len(Database(db).run_candidates(1)) >= 4: break
+  os.killpg(proc.pid, signum)  # a terminal's Ctrl-C or hangup reaches the whole group; a scheduler's SIGTERM too
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signum and "Traceback" not in err and "interrupted" in err, err
+  assert _group(proc.pid) == []  # none of its workers is left running
+  assert Database(db).run(1).outcome == "interrupted" and len(before := Database(db).run_candidates(1)) >= 4
+  resumed = tinytune(*args, "--resume", db=db)
+  assert resumed.returncode == 0, resumed.stderr
+  assert Database(db).run_candidates(1)[:len(before)] == before and Database(db).run(1).outcome == "done"
+
+
+def test_a_search_with_workers_stopped_by_its_scheduler_stops_them_all(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  db = f"sqlite:///{tmp_path}/t.db"
+  args = ["search", "matmul", "-p", "m=96", "-p", "n=96", "-p", "k=96", "--budget", "40", "--quiet", "--json", "--workers", "2", "--oversubscribe"]
+  proc = subprocess.Popen([sys.executable, "-m", "tinytune.cli", *args, "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  deadline = time.time() + 120
+  while time.time() < deadline and proc.poll() is None:
+    time.sleep(0.3)
+    if os.path.exists(f"{tmp_path}/t.db") and sum(len(Database(db).run_candidates(i)) for i in (1, 2)) >= 4: break
+  proc.send_signal(signal.SIGTERM)  # to the search alone, as a scheduler does: it stops the processes it started
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+  assert _group(proc.pid) == []
+  assert {Database(db).run(i).outcome for i in (1, 2)} == {"interrupted"}  # type: ignore[union-attr]

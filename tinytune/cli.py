@@ -8,7 +8,9 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -152,9 +154,14 @@ def _search_workers(args: argparse.Namespace, options: dict[str, Any], console: 
   command += (["--db", args.db] if args.db else []) + (["--resume"] if args.resume else []) + (["--force"] if args.force else [])
   console.print(f"{args.workers} workers searching {args.workload} together (study {args.study})")
   procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(args.workers)]
+  try: outputs = [proc.communicate() for proc in procs]
+  except BaseException:  # stopped: each worker records what it finished and stops its own workers before we exit
+    for proc in procs:
+      if proc.poll() is None: proc.terminate()
+    for proc in procs: proc.wait()
+    raise
   counts: dict[str, dict[str, int]] = {}
-  for i, proc in enumerate(procs):
-    stdout, stderr = proc.communicate()
+  for i, (proc, (stdout, stderr)) in enumerate(zip(procs, outputs)):
     if proc.returncode != 0:
       lines = stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
       why = next((x for x in lines if x.startswith("tinytune: error: ")), lines[-1]).removeprefix("tinytune: error: ")
@@ -616,8 +623,18 @@ def build_parser() -> argparse.ArgumentParser:
   return ap
 
 
+class Stopped(KeyboardInterrupt):
+  """A SIGTERM or SIGHUP, raised where the program is like Ctrl-C's KeyboardInterrupt, so a search records what it finished."""
+  def __init__(self, signum: int) -> None: self.signum = signum
+
+
+def _stop(signum: int, frame: Any) -> None: raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
+  if threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGTERM, signal.SIGHUP): signal.signal(signum, _stop)
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
@@ -635,9 +652,9 @@ def main(argv: list[str] | None = None) -> int:
   except MemoryError:
     print("tinytune: error: out of memory; try smaller sizes (-p)", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as e:
     print("tinytune: interrupted; what was measured is stored (continue with --resume)", file=sys.stderr)
-    return 130
+    return 128 + (e.signum if isinstance(e, Stopped) else signal.SIGINT)
 
 
 if __name__ == "__main__":
