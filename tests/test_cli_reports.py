@@ -38,6 +38,7 @@ def test_kernels_every_format(capsys: pytest.CaptureFixture[str]) -> None:
   code, out, _ = run(capsys, "kernels", "--format", "json")
   by_name = {r["workload"]: r for r in table(out, "workloads")}
   assert code == 0 and list(by_name) == list(WORKLOADS) and by_name["matmul"]["params"]["m"] == 512 and run(capsys, "kernels", "--json")[1] == out
+  assert by_name["matmul"]["gpu_params"] == {"m": 4096, "n": 4096, "k": 4096} and by_name["softmax"]["gpu_params"]["rows"] == 8192
   assert set(pd.read_csv(io.StringIO(run(capsys, "kernels", "--format", "csv")[1]))["workload"]) == set(WORKLOADS)
   assert "| conv2d |" in run(capsys, "kernels", "--format", "md")[1]
   assert "attention" in run(capsys, "kernels")[1] and "<table" in run(capsys, "kernels", "--format", "html")[1]

@@ -88,8 +88,8 @@ def cmd_search(args: argparse.Namespace) -> int:
   from tinytune.search.tune import Tuner, outcome_frame
 
   workload = get_workload(args.workload)
-  params = workload.params(parse_params(args.param, workload.names))
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
+  params = workload.params(parse_params(args.param, workload.names), device)
   options = check_options(args.strategy, search_options(args))  # fail early on a bad name, option or missing optional dependency
   if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
     raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
@@ -253,13 +253,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
   _check_format(args.format)
   workload = get_workload(args.workload)
-  params, dtype = workload.params(parse_params(args.param, workload.names)), workload.dtype(args.dtype)
   device = Device.canonicalize(args.device)
+  params, dtype = workload.params(parse_params(args.param, workload.names), device), workload.dtype(args.dtype)
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
-  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats), db, dtype)
+  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
   rows, ok = [], True
@@ -452,7 +452,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.tune:
       items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
       Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
-    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats), db, dtype)
+    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
     if not args.no_store:
       for t in timings.values(): store(db, workload, params, device, t, dtype)
     tuned = timings["tinytune-tuned"].median_s
@@ -529,10 +529,11 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   from tinytune.reports import render
 
   _check_format(args.format)
-  rows = [{"workload": w.name, "params": dict(w.defaults), "dtypes": [d.name for d in dtypes.all if w.takes(d)], "gflop": w.flops(w.defaults) / 1e9,
+  rows = [{"workload": w.name, "params": dict(w.defaults), "gpu_params": w.params({}, "GPU"),
+           "dtypes": [d.name for d in dtypes.all if w.takes(d)], "gflop": w.flops(w.defaults) / 1e9,
            "torch": w.torch is not None,
            "description": w.doc + "".join(f"; {k}: {v}" for k, v in w.help.items())} for w in WORKLOADS.values()]
-  titles = {"workloads": "workloads (params and GFLOP at their defaults)"}
+  titles = {"workloads": "workloads (params and GFLOP at their defaults; gpu_params: the defaults on a GPU, where no -p is given)"}
   _write(render({"workloads": pd.DataFrame(rows)}, args.format, titles["workloads"], "kernels", None, titles), None)
   return 0
 
@@ -583,6 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
     p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
     p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
+    p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
     add_format(p)
     p.add_argument("--db", default=None, help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
@@ -611,8 +613,12 @@ def main(argv: list[str] | None = None) -> int:
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
+
+  from tinytune.helpers import check_environment
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
-  try: return commands[args.command](args)
+  try:
+    check_environment()
+    return commands[args.command](args)
   except (ValueError, TypeError, RuntimeError, LookupError, SQLAlchemyError) as e:
     # database errors (unreachable server, locked or unreadable file) are one line too, in every command
     why = f"database error: {getattr(e, 'orig', None) or e}" if isinstance(e, SQLAlchemyError) else str(e) or type(e).__name__

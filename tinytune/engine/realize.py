@@ -233,11 +233,12 @@ def capturing() -> Iterator[Captured]:
 
 
 def run_kernel(kernel: CompiledKernel, bufs: list[Buffer], device: str) -> None:
-  seconds = kernel.program(*bufs)
+  seconds = kernel.program(*bufs, wait=DEBUG >= 2)  # an asynchronous device's launch returns at once, with no time unless asked
   if _captured is not None: _captured.append((kernel, bufs))
   GlobalCounters.kernel_count += 1
   GlobalCounters.global_ops += kernel.flops
   GlobalCounters.global_mem += kernel.mem_bytes
+  if seconds is None: return
   GlobalCounters.time_sum_s += seconds
   if DEBUG >= 2:
     gflops, gbs = (kernel.flops / seconds / 1e9, kernel.mem_bytes / seconds / 1e9) if seconds else (0.0, 0.0)
