@@ -19,7 +19,7 @@ from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.evaluate import Evaluator, Result, Timing
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
 
@@ -371,7 +371,7 @@ class TableEvaluator:
   def time(self, opts) -> float: return self.times.get(tuple(opts), 1.0)  # type: ignore[no-untyped-def]
   def evaluate(self, candidates) -> list[Result]:  # type: ignore[no-untyped-def]
     return [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
-  def retime(self, candidates) -> list[float]: return [self.time(o) for o in candidates]  # type: ignore[no-untyped-def]
+  def retime(self, candidates) -> list[Timing]: return [Timing(self.time(o), 0.0, 1) for o in candidates]  # type: ignore[no-untyped-def]
 
 
 def test_beam_spends_a_budget_in_seconds_on_runners_up_it_would_have_stopped_before() -> None:
@@ -454,7 +454,6 @@ def test_option_help_lists_every_strategys_options(capsys) -> None:  # type: ign
 
 def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
   monkeypatch.delenv("TINYTUNE_NOISE_CHECK", raising=False)
-  from tinytune.search.evaluate import Timing
   from tinytune.search.strategy import finalize
   default, up = (), (Opt(OptOps.UPCAST, 0, 4),)
   history = [Result(default, "ok", 4.5e-4, 4.7e-4, source_hash="d"), Result(up, "ok", 2.3e-4, 2.4e-4, source_hash="u")]
@@ -529,3 +528,22 @@ def test_a_search_with_workers_stopped_by_its_scheduler_stops_them_all(tmp_path)
   assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
   assert _group(proc.pid) == []
   assert {Database(db).run(i).outcome for i in (1, 2)} == {"interrupted"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("workload,seconds", [("mlp", 10.0), ("conv2d", 12.0)])
+def test_seconds_is_the_whole_commands_wall_time_beside_a_cpu_hog(tmp_path, workload: str, seconds: float) -> None:  # type: ignore[no-untyped-def]
+  hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy core beside the search
+  try:
+    st = time.monotonic()
+    found = tinytune("search", workload, "--seconds", str(seconds), "--json", "--quiet", db=f"sqlite:///{tmp_path}/t.db")
+    wall = time.monotonic() - st
+  finally: hog.kill(); hog.wait()
+  assert found.returncode == 0, found.stderr
+  elapsed = json.loads(found.stdout)["elapsed_ms"] / 1e3  # from the process's start (imports, setup, re-time and writing included)
+  assert elapsed <= seconds * 1.1 + 1, f"a {seconds} s search of {workload} took {elapsed:.1f} s ({wall:.1f} s with the interpreter's start)"
+  assert elapsed > seconds * 0.5, f"a {seconds} s search of {workload} stopped after {elapsed:.1f} s"
+
+
+def test_a_budget_too_small_for_the_setup_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  found = tinytune("search", "conv2d", "--seconds", "0.01", "--quiet", db=f"sqlite:///{tmp_path}/t.db")
+  assert found.returncode == 2 and found.stderr.count("\n") == 1 and "s after the setup" in found.stderr, found.stderr

@@ -14,6 +14,17 @@ import threading
 import time
 from typing import Any
 
+
+def _process_age() -> float:
+  """Seconds since this process started (Linux's /proc; 0 elsewhere): a command's --seconds counts its imports too."""
+  try:
+    with open("/proc/self/stat") as f: ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f: return max(0.0, float(f.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+  except (OSError, ValueError, IndexError): return 0.0
+
+
+STARTED = time.monotonic() - _process_age()  # when `python -m tinytune.cli` started
+
 DTYPE_HELP = "what the workload computes in: float32 (default), float16, bfloat16, int32, ... (`tinytune kernels` lists each one's)"
 TARGET_HELP = "what CPU kernels are built for: native (this CPU; default: $TINYTUNE_CPU_TARGET), x86-64-v2, x86-64-v3 (AVX2), x86-64-v4, aarch64"
 DB_HELP = "results database: a SQLAlchemy URL or a SQLite file path (default: $TINYTUNE_DB or tinytune.db in the user cache)"
@@ -101,18 +112,17 @@ def cmd_search(args: argparse.Namespace) -> int:
   _runs_on(workload, params, dtype, device)
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   db = Database(args.db)
-  started = time.perf_counter()
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
   measured = _search_workers(args, options, console) if args.workers > 1 else None
   progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
                           quiet=args.quiet or args.format == "json")
   tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
-                str(args.worker or 0))
+                str(args.worker or 0), args.started)
   try: outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
   finally: progress.done()
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
-  elapsed = time.perf_counter() - started
+  elapsed = time.monotonic() - args.started  # the whole command's, as --seconds counts it
   cache_hit = all(o.cache_hit for o in outcomes)
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "fingerprint": tuner.device_hash,
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
@@ -633,6 +643,7 @@ def _stop(signum: int, frame: Any) -> None: raise Stopped(signum)
 
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
+  args.started = STARTED if argv is None else time.monotonic()  # the command line's process, or a call from Python now
   if threading.current_thread() is threading.main_thread():
     for signum in (signal.SIGTERM, signal.SIGHUP): signal.signal(signum, _stop)
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,

@@ -209,9 +209,12 @@ class Evaluator:
   def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
     best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
     policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
+    if self.end is not None:  # near the budget's end, time each candidate for a part of what is left
+      policy["max_seconds"] = min(policy["max_seconds"], max(0.05, (self.end - time.monotonic()) / 4))
     # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
     # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
     cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
+    if self.end is not None and math.isfinite(best): cut = min(cut, max(CUT_MIN_S, self.end - time.monotonic()))  # none runs far past the end
     reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
     if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])

@@ -45,7 +45,8 @@ class ProgressLine:
     """The search of `kernel` ended: its final line shows the re-time's figures (those the tables and the cache keep), not the search's."""
     if kernel.key != self.key: return
     self.default_s, self.best_s = result.default_s, result.best_s
-    self.retimed = result.note or f"re-timed: median of {result.repeats}, spread {result.spread:.0%}"
+    how = f"re-timed: median of {result.repeats}" if result.repeats else "nothing beat it: the search's timing"
+    self.retimed = result.note or f"{how}, spread {result.spread:.0%}"
 
   def line(self, final: bool = False) -> str:
     done = f"{self.tried}/{self.budget}" if self.budget is not None and not final else str(self.tried)

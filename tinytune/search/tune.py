@@ -61,6 +61,8 @@ class Tuner:
   on_result: Callable[[Kernel, Result], None] | None = None
   study: str | None = None  # workers with the same study name and database tune together (see SharedEvaluator)
   worker: str = ""  # which worker of the study this is: part of what `resume` matches on
+  started: float | None = None  # time.monotonic() when the budget's seconds began (a command's start: its setup counts), else now
+  fixed_s: float = field(default=0.0, init=False)  # the most a kernel's search took before its first candidate (worker, reference, default)
 
   def __post_init__(self) -> None:
     self.device = Device.canonicalize(self.device)
@@ -87,13 +89,22 @@ class Tuner:
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
-    end = None if self.budget.get("seconds") is None else time.monotonic() + self.budget["seconds"]  # --seconds is for the whole program
+    end = None if self.budget.get("seconds") is None else (self.started or time.monotonic()) + self.budget["seconds"]  # all kernels' time
+    if end is not None and end - time.monotonic() < SETUP_LEFT * self.budget["seconds"]:
+      setup = time.monotonic() - end + self.budget["seconds"]
+      raise ValueError(f"a {self.budget['seconds']:g} s budget leaves {max(0.0, end - time.monotonic()):.1f} s after the setup (imports, scheduling, "
+                       f"compiling the default kernels took {setup:.1f} s): give it more seconds")
     with self.run(workload, params, settings, signature, dtype) as (run_id, device_id, stored):
-      for i, k in enumerate(kernels):
-        if outcomes[i] is None:
-          left = [kk for kk, o in zip(kernels[i:], outcomes[i:]) if o is None]
-          seconds = None if end is None else max(0.0, end - time.monotonic()) * time_share(k, left)
-          outcomes[i] = self.tune_kernel(k, self.context(run_id, workload, params, labels[k.key]), device_id, stored, seconds)
+      for i in sorted(range(len(kernels)), key=lambda i: -weight(kernels[i])):  # the heaviest first: a budget that runs out skips light ones
+        if outcomes[i] is not None: continue
+        k, started = kernels[i], time.monotonic()
+        if end is not None and end - started < 1.5 * self.fixed_s:  # too little time left to time its default and re-time: not searched
+          outcomes[i] = KernelOutcome(k.key, labels[k.key], engine.kernel_opts(k, self.device, "default"), math.inf, None, False,
+                                      note="not searched: the --seconds budget ran out")
+          continue
+        left = [kk for kk, o in zip(kernels, outcomes) if o is None]
+        seconds = None if end is None else max(0.0, end - started) * time_share(k, left)
+        outcomes[i] = self.tune_kernel(k, self.context(run_id, workload, params, labels[k.key]), device_id, stored, seconds)
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
@@ -141,10 +152,11 @@ class Tuner:
 
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
-    default = engine.kernel_opts(kernel, self.device, "default")
+    default, started = engine.kernel_opts(kernel, self.device, "default"), time.monotonic()
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
       if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
+      self.fixed_s = max(self.fixed_s, time.monotonic() - started)
       result = run_strategy(self.strategy, kernel, ev, budget, default, context, **self.options)
     if isinstance(self.on_result, ProgressLine): self.on_result.settle(kernel, result)  # its final line: the re-time's figures
     if math.isfinite(result.best_s) and not result.note:  # a noisy re-time is not stored, lest it beat a quiet one
@@ -170,6 +182,8 @@ def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutc
                         "speedup": o.speedup, "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())),
                         "opts": json.loads(opts_to_json(o.best)), "key": o.key, "note": o.note} for o in outcomes])
 
+
+SETUP_LEFT = 0.25  # a --seconds budget the setup left less than this part of is too small: said at once, not overrun
 
 BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
 
