@@ -19,13 +19,11 @@ def prod(xs: Iterable[int]) -> int: return functools.reduce(operator.mul, xs, 1)
 def argfix(*x: Any) -> tuple:
   """Accept both f(1, 2) and f((1, 2))."""
   return tuple(x[0]) if len(x) == 1 and isinstance(x[0], (tuple, list)) else tuple(x)
-def all_same(xs: list) -> bool: return all(x == xs[0] for x in xs)
 def round_up(x: int, m: int) -> int: return -(-x // m) * m
 def getenv(key: str, default: Any = 0) -> Any:
   """An environment knob of `default`'s type: integers (the usual kind) parsed by env_int, which names the variable when it is wrong."""
   return env_int(key, default) if type(default) is int else type(default)(os.getenv(key, default))
 def divisors(n: int) -> list[int]: return [d for d in range(1, n + 1) if n % d == 0]
-def ilog2(n: int) -> int: return int(math.log2(n))
 
 
 def unique_names(kernels: Iterable[tuple[Any, str]]) -> dict[Any, str]:

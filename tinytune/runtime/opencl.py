@@ -24,9 +24,10 @@ class OpenCLProgram(Program):
     self.dev, self.launch = dev, launch
     with BUILDS: self.kernel = getattr(cl.Program(dev.ctx, [dev.device], [binary]).build(), name)
 
-  def __call__(self, *bufs: Buffer) -> float:
+  def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     groups, threads = self.launch
     event = self.kernel(self.dev.queue, (groups * threads,), (threads,), *[b.mem for b in bufs])
+    if not wait: return None
     event.wait()
     return (event.profile.end - event.profile.start) * 1e-9
 
@@ -47,6 +48,9 @@ class OpenCLDevice(Compiled):
     self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions, fp64=fp64)
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, vector_registers=64,
                            max_local=min(self.device.max_work_group_size, 1024), shared_bytes=self.device.local_mem_size)
+
+  asynchronous = True  # one in-order queue: a launch is queued, and blocking copies wait for what is before them
+  def synchronize(self) -> None: self.queue.finish()
 
   def alloc(self, size: int, dtype: DType) -> Any: return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, size) * dtype.itemsize)
   def copyin(self, mem: Any, data: np.ndarray) -> None:
