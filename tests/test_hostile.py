@@ -369,3 +369,16 @@ def test_an_unwritable_cache_folder_is_one_warning(tmp_path: Path) -> None:
   finally: os.chmod(folder, 0o755)
   assert run.returncode == 0 and one_line(run.stderr, "warning") and "cannot be written" in run.stderr, run.stderr[-600:]
   assert list(folder.iterdir()) == []
+
+
+def test_a_query_past_its_bound_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+  """The backstop behind the schema check: any query on an untrusted connection stops at QUERY_SECONDS."""
+  import time
+
+  from tinytune.results_db import untrusted
+  monkeypatch.setattr(untrusted, "QUERY_SECONDS", 0.2)
+  conn = sqlite3.connect(":memory:", factory=untrusted.Hardened)
+  start = time.monotonic()
+  with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+    conn.execute("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c").fetchall()
+  assert time.monotonic() - start < 5 and conn.execute("PRAGMA trusted_schema").fetchone() == (0,)
