@@ -231,6 +231,9 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases.append({"id": f"foreign:{name}", "env": {"TINYTUNE_DB": str(db)}, "steps": [
       *[(" ".join(argv), "cli", [*argv, "--db", str(db)]) for argv in (["report"], ["cache", "list"], ["db", "version"])],
       ("program", "code", PROGRAM)]})
+  os.mkfifo(fifo := root / "fifo.db")
+  cases.append({"id": "fifo database", "env": {}, "steps": [(" ".join(argv), "cli", [*argv, "--db", str(fifo)])
+                                                            for argv in (["report"], ["db", "version"], ["cache", "list"])]})
   cases += [{"id": f"env:{var}={value}", "env": {var: value}, "steps": [("kernels", "cli", ["kernels"])]} for var, value in ENVIRONMENTS]
   cases += [{"id": f"url:{url}", "env": {"TINYTUNE_DB": url}, "steps": [("db version", "cli", ["db", "version", "--db", url]),
                                                                         ("report", "cli", ["report", "--db", url]), ("tune()", "code", TUNE)]}
@@ -313,6 +316,10 @@ def test_a_database_with_views_or_triggers_is_refused(suite: dict[str, Any], nam
   for step in ("report", "cache list", "db version"):
     assert done[step][0] == 2 and one_line(done[step][1], "error") and "not a tinytune" in done[step][1], (step, done[step])
   assert done["program"][0] == 0 and one_line(done["program"][1], "warning"), done["program"]
+
+
+def test_a_database_that_is_a_fifo_is_one_line(suite: dict[str, Any]) -> None:
+  for step, (rc, err) in steps(suite, "fifo database").items(): assert rc == 2 and one_line(err, "error") and "not a regular file" in err, (step, err)
 
 
 @pytest.mark.parametrize("var, value", ENVIRONMENTS)
