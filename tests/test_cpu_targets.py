@@ -202,11 +202,12 @@ def test_aarch64_kernels_run_under_qemu(tmp_path) -> None:  # type: ignore[no-un
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64"])
-@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (128, 3072, 768), (64, 1024, 512), (100, 64, 32)])
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (128, 3072, 768), (64, 1024, 512), (100, 64, 32), (97, 61, 80), (37, 70, 45),
+                                   (1000, 1000, 8)])
 def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
   """A matmul's default register tile, from the target's caps: accumulators (rows x vectors) within the registers less 4 (for B's
   vectors and a broadcast of A), and at least 12 of them where rows padded by at most 1/16 allow it (AVX2's 6x16: FMAs enough in
-  flight for two units), never a row count that pads more."""
+  flight for two units); odd sizes (97x61) in whole vectors, padded by at most 1/8, never scalar."""
   import numpy as np
 
   from tinytune import Tensor
@@ -221,8 +222,8 @@ def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, 
   opts = default_opts(kernel)
   kernel.apply_opts(opts)
   tile = {a.dim: a.size for a in kernel.axes if a.kind is AxisKind.UPCAST}
-  rows, vectors = tile.get(0, 1), tile.get(1, 1) // caps.simd_width
-  assert vectors >= 1 and rows * vectors <= caps.vector_registers - 4, (opts, caps)
-  padded = kernel.sizes[0] - m
-  assert padded * 16 <= m and (padded == 0) == all(o.op is not OptOps.PADTO for o in opts)
+  rows, vectors = tile.get(0, 1), -(-tile.get(1, 1) // caps.simd_width)
+  assert tile.get(1, 1) >= 4 and rows > 1 and rows * vectors <= caps.vector_registers - 4, (opts, caps)
+  assert (kernel.sizes[0] - m) * 8 <= m and (kernel.sizes[1] - n) * 8 <= n
+  assert (kernel.sizes[:2] == [m, n]) == all(o.op is not OptOps.PADTO for o in opts)
   if caps.vector_registers == 16 and (m % 6 == 0 or (-m % 6) * 16 <= m): assert rows * vectors == 12, opts
