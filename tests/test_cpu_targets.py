@@ -227,3 +227,27 @@ def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, 
   assert (kernel.sizes[0] - m) * 8 <= m and (kernel.sizes[1] - n) * 8 <= n
   assert (kernel.sizes[:2] == [m, n]) == all(o.op is not OptOps.PADTO for o in opts)
   if caps.vector_registers == 16 and (m % 6 == 0 or (-m % 6) * 16 <= m): assert rows * vectors == 12, opts
+
+
+def test_a_cache_tuned_for_a_target_is_exported_for_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """`search --target x86-64-v3` stores its opts under the target's fingerprint, and `cache export --target x86-64-v3` ships them
+  (native's export has none of them): the cache a fleet of AVX2 machines reads."""
+  import json
+
+  from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.engine import forget, program
+  if not runnable("x86-64-v3"): pytest.skip("needs an x86 CPU with AVX2")
+  monkeypatch.setenv("TINYTUNE_CPU_TARGET", "native")  # and put back as it was after main() sets it
+  monkeypatch.setattr(Device, "_opened", {})
+  monkeypatch.setattr(program, "_programs", {})
+  db, small = str(tmp_path / "t.db"), ["-p", "m=16", "-p", "n=16", "-p", "k=16"]
+  try:
+    assert main(["search", "matmul", *small, "--budget", "3", "--db", db, "--target", "x86-64-v3", "--json"]) == 0
+    v3 = json.loads(capsys.readouterr().out)["fingerprint"]
+    assert v3 == fingerprint_hash({**CPUDevice("x86-64-v3").fingerprint(), "codegen_version": CODEGEN_VERSION})
+    for target, entries in (("x86-64-v3", 1), ("native", 0)):
+      monkeypatch.setattr(Device, "_opened", {})
+      assert main(["cache", "export", "--db", db, "--target", target, "--out", str(tmp_path / f"{target}.db")]) == 0
+      assert f": {entries} entries" in capsys.readouterr().out
+  finally: forget()
