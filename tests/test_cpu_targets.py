@@ -251,3 +251,22 @@ def test_a_cache_tuned_for_a_target_is_exported_for_it(monkeypatch: pytest.Monke
       assert main(["cache", "export", "--db", db, "--target", target, "--out", str(tmp_path / f"{target}.db")]) == 0
       assert f": {entries} entries" in capsys.readouterr().out
   finally: forget()
+
+
+def test_column_panels_follow_the_l2_size() -> None:
+  """A matmul whose B (384 KB) fits in half of a 1 MB L2 keeps its rows outer; with a 512 KB L2 (Zen 3) its rows are swept inside
+  each column panel."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  (item,), _ = create_schedule((Tensor(np.ones((512, 384), np.float32)) @ Tensor(np.ones((384, 256), np.float32))).uop, "CPU")
+  avx2 = cpu_target("x86-64-v3")
+  for l2, swapped in ((1 << 20, False), (512 << 10, True)):
+    kernel = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, simd_width=avx2.lanes, vector_registers=avx2.registers, l2_bytes=l2))
+    assert any(o.op is OptOps.SWAP for o in default_opts(kernel)) == swapped, l2

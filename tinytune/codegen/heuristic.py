@@ -28,7 +28,6 @@ KBLOCK_BYTES = 8 << 20
 # an output this large goes past the caches (STREAM): it would not stay there for the next kernel, and a cached store first reads
 # the line it writes, a third more memory traffic
 STREAM_BYTES = 8 << 20
-PANEL_BYTES = 512 << 10  # a B (columns x K) this small stays in L2 whole: no column panel to sweep the rows inside
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
 # from this K, a matmul whose B is gathered (x @ W.T) takes dot products along K: float32 64x1024 @ (1024x1024).T 3.37 -> 0.6 ms,
 # 128x3072 @ (768x3072).T 13.1 -> 3.4, 64x512 @ (1024x512).T 0.35 -> 0.31; at K 256 the tile is faster (0.17-0.19 ms against 0.26),
@@ -225,11 +224,12 @@ def threads(p: Plan) -> None:
 
 
 def column_panels(p: Plan) -> None:
-  """Sweep a matmul's rows inside a column panel, which stays in cache; where all of B fits in L2, the rows stay outer and each block
-  of them serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3% faster)."""
+  """Sweep a matmul's rows inside a column panel, which stays in cache; where all of B fits in half the target's L2 (512 KB of a Zen 4's
+  1 MB), the rows stay outer and each block of them serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3%
+  faster)."""
   k, row, lane = p.k, p.tile_row, p.lane
   if row is not None and lane is not None and row < lane and not p.gathered and \
-     k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > PANEL_BYTES:
+     k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > k.caps.l2_bytes // 2:
     p.first_valid(Opt(OptOps.SWAP, row, lane))
 
 
