@@ -270,3 +270,21 @@ def test_column_panels_follow_the_l2_size() -> None:
   for l2, swapped in ((1 << 20, False), (512 << 10, True)):
     kernel = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, simd_width=avx2.lanes, vector_registers=avx2.registers, l2_bytes=l2))
     assert any(o.op is OptOps.SWAP for o in default_opts(kernel)) == swapped, l2
+
+
+def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
+  family refused in one line."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("bench_kernels", pathlib.Path(__file__).parents[1] / "bench" / "kernels.py")
+  assert spec is not None and spec.loader is not None
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  table = ["| workload | params | tinytune ms | torch ms | torch/tt | GB/s |", "| --- | --- | --- | --- | --- | --- |",
+           "| matmul | m=256 n=256 k=256 | 1.0 | 2.0 | 2.00 |  |", "| softmax | rows=4096 cols=4096 | 1.0 | 1.5 | 1.50 | 30.0 |"]
+  (path := tmp_path / "same.md").write_text("\n".join([f"# {bench.family()}", "", *table]) + "\n")
+  lines = bench.compare(str(path), {("matmul", "m=256 n=256 k=256"): 1.7, ("softmax", "rows=4096 cols=4096"): 1.45, ("reduce", "rows=1"): 1.0})
+  assert lines == [f"against {path}: 1 regressed (ratio below 90% of the file's)", "matmul m=256 n=256 k=256: torch/tinytune 2.00 -> 1.70"]
+  (other := tmp_path / "other.md").write_text("\n".join(["# cpu-intel-6-85-avx512", "", *table]) + "\n")
+  with pytest.raises(SystemExit, match="holds figures of cpu-intel-6-85-avx512, this is cpu-"): bench.compare(str(other), {})
