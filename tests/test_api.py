@@ -155,6 +155,21 @@ def test_progress_line_redraws_on_a_terminal_and_ends_each_kernel() -> None:
   assert text.endswith("\rtuned r_8#2 (beam): 1 candidates, best 4 ms (1.00x the default 4 ms)\x1b[K\n")
 
 
+def test_print_tuning_lists_each_candidate_with_its_part_of_the_best(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.codegen.opts import Opt, OptOps
+  from tinytune.search.evaluate import Result
+  monkeypatch.setenv("TINYTUNE_PRINT_TUNING", "1")  # Triton's TRITON_PRINT_AUTOTUNING; `tinytune search --verbose`
+  line, kernel = ProgressLine("beam", 10), SimpleNamespace(key="k", name="r_8")
+  for r in (Result((), "ok", 2e-3, 2e-3), Result((Opt(OptOps.UPCAST, 0, 4),), "ok", 1e-3, 1e-3), Result((), "crashed", error="exit -11")):
+    line(kernel, r)  # type: ignore[arg-type]
+  err = capsys.readouterr().err.splitlines()
+  assert err == ["  r_8 #1 (none): 2 ms, 100% of the best", "  r_8 #2 UPCAST:0:4: 1 ms, 100% of the best", "  r_8 #3 (none): crashed (exit -11)"]
+  monkeypatch.delenv("TINYTUNE_PRINT_TUNING")
+  line = ProgressLine("beam", 10)
+  line(kernel, Result((), "ok", 2e-3, 2e-3))  # type: ignore[arg-type]
+  assert capsys.readouterr().err == ""
+
+
 def test_one_number_per_measurement_and_nothing_noisy_stored(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
   out = (Tensor.rand(14, 30).realize() + 1).sum(1)
   capsys.readouterr()

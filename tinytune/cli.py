@@ -115,7 +115,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
   measured = _search_workers(args, options, console) if args.workers > 1 else None
   progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
-                          quiet=args.quiet or args.format == "json")
+                          quiet=args.quiet or args.format == "json", **({"verbose": True} if args.verbose else {}))
   tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
                 str(args.worker or 0), args.started)
   try: outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
@@ -594,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("--force", action="store_true", help="search even where the tuning cache has an entry")
   add_format(search)
   search.add_argument("--quiet", action="store_true", help="no progress bar")
+  search.add_argument("--verbose", action="store_true", help="a line per candidate as measured, with its %% of the best (TINYTUNE_PRINT_TUNING=1)")
   bench = sub.add_parser("bench", help="time a workload with its default and tuned opts beside PyTorch and NumPy")
   bench.add_argument("workload", help="a workload of `tinytune kernels`")
   bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from tinytune.codegen.kernel import Kernel
+from tinytune.helpers import env_int
 from tinytune.search.evaluate import Result
 from tinytune.search.strategy import SearchResult
 
@@ -22,6 +23,7 @@ class ProgressLine:
   labels: dict[str, str] = field(default_factory=dict)
   stream: TextIO | None = None  # None: sys.stderr as it is when something is written (pytest's capsys swaps it)
   quiet: bool = False
+  verbose: bool = field(default_factory=lambda: bool(env_int("TINYTUNE_PRINT_TUNING", 0, 0)))  # a line per candidate as it is measured
   key: str | None = None
   label: str = ""
   tried = failed = 0
@@ -39,7 +41,14 @@ class ProgressLine:
     self.tried += 1
     self.failed += result.status != "ok"
     if result.status == "ok": self.best_s = min(self.best_s, result.time)
+    if self.verbose: self._write(("\r\x1b[K" if self._tty() else "") + self.candidate(result) + "\n")
     if self._tty(): self._write("\r" + self._fit(self.line()) + "\x1b[K")
+
+  def candidate(self, result: Result) -> str:
+    """One candidate as measured (--verbose, TINYTUNE_PRINT_TUNING=1): its opts, its time and its part of the best so far, or why it failed."""
+    opts = " ".join(f"{o.op.name}:{o.axis}:{o.arg}" for o in result.opts) or "(none)"
+    if result.status != "ok": return f"  {self.label} #{self.tried} {opts}: {result.status}" + (f" ({result.error})" if result.error else "")
+    return f"  {self.label} #{self.tried} {opts}: {_ms(result.time)} ms, {100 * self.best_s / result.time:.3g}% of the best"
 
   def settle(self, kernel: Kernel, result: SearchResult) -> None:
     """The search of `kernel` ended: its final line shows the re-time's figures (those the tables and the cache keep), not the search's."""
