@@ -115,7 +115,8 @@ def cmd_search(args: argparse.Namespace) -> int:
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
   measured = _search_workers(args, options, console) if args.workers > 1 else None
   progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
-                          quiet=args.quiet or args.format == "json", **({"verbose": True} if args.verbose else {}))
+                          quiet=args.quiet or args.format == "json")
+  progress.verbose |= args.verbose
   tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
                 str(args.worker or 0), args.started)
   try: outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
