@@ -190,3 +190,23 @@ def test_one_number_per_measurement_and_nothing_noisy_stored(db_path: str, monke
   assert "noisy: the machine was busy" in capsys.readouterr().err
   (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(other.uop, "CPU")[0]]
   assert TuningCache(Database(db_path)).lookup(kernel, "CPU") is None  # not stored
+
+
+def test_debug_2_names_where_each_kernels_opts_came_from(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.helpers import Context
+  out = (Tensor.rand(10, 22).realize() * 3).sum(1)
+  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  def source() -> str:
+    engine.forget()
+    with Context(DEBUG=2): engine.kernel_opts(kernel, "CPU")
+    return capsys.readouterr().out
+  capsys.readouterr()
+  assert source() == "r_10_22 on CPU: opts from the heuristic defaults (not in the tuning cache)\n"
+  tune(out, budget=2, db=db_path, quiet=True)
+  assert source().startswith("r_10_22 on CPU: opts from the tuning cache (sqlite:///") and "tune.db)" in source()
+  monkeypatch.setenv("TINYTUNE_TUNE", "0")
+  assert source() == "r_10_22 on CPU: opts from the heuristic defaults (TINYTUNE_TUNE=0)\n"
+  monkeypatch.setenv("TINYTUNE_TUNE", "beam")
+  monkeypatch.setenv("TINYTUNE_RETUNE", "1")
+  monkeypatch.setenv("TINYTUNE_BUDGET", "2")
+  assert "r_10_22 on CPU: opts from a first-use beam search\n" in source()

@@ -11,7 +11,7 @@ from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.engine.schedule import ScheduleItem, create_schedule
-from tinytune.helpers import NOOPT, env_count, tune_mode, unique_names
+from tinytune.helpers import DEBUG, NOOPT, env_count, tune_mode, unique_names
 from tinytune.runtime import Device, Program
 from tinytune.uop import UOp
 
@@ -69,10 +69,12 @@ def kernel_opts(kernel: Kernel, device: str, policy: Policy = "run", db: Any = N
   mode = tune_mode()
   key = (kernel.key, device, mode, NOOPT.value)
   if (opts := opts_memo.get(key)) is None:
-    if NOOPT or mode == "0": opts = tuple(default_opts(kernel))
-    elif not (retune() and mode not in ("1", "")) and (tuned := _tuning_cache().lookup(kernel, device)) is not None: opts = tuned.opts
-    elif mode not in ("1", ""): opts = _tuner()(kernel, device, mode)
-    else: opts = tuple(default_opts(kernel))
+    if NOOPT or mode == "0": opts, source = tuple(default_opts(kernel)), f"the heuristic defaults ({'NOOPT' if NOOPT else 'TINYTUNE_TUNE=0'})"
+    elif not (retune() and mode not in ("1", "")) and (tuned := _tuning_cache().lookup(kernel, device)) is not None:
+      opts, source = tuned.opts, f"the tuning cache ({tuned.where})"
+    elif mode not in ("1", ""): opts, source = _tuner()(kernel, device, mode), f"a first-use {mode} search"
+    else: opts, source = tuple(default_opts(kernel)), "the heuristic defaults (not in the tuning cache)"
+    if DEBUG >= 2: print(f"{kernel.name} on {device}: opts from {source}")
     opts_memo[key] = opts
   return opts
 
