@@ -172,7 +172,8 @@ def test_unknown_device() -> None:
   ({"TINYTUNE_DEVICE": "TPU"}, "TINYTUNE_DEVICE: unknown device 'TPU'; available: CPU"), ({"TINYTUNE_DEVICE": ""}, None),
   ({"TINYTUNE_POOL_BYTES": "1GB"}, "TINYTUNE_POOL_BYTES='1GB' is not an integer >= 0"), ({"TINYTUNE_POOL_BYTES": "0"}, None),
   ({"TINYTUNE_CC": "false"}, "false --version failed (exit 1): it is not a C compiler; set TINYTUNE_CC to one, or unset it"),
-  ({"TINYTUNE_TUNE": "beam", "TINYTUNE_DB": "garbage://x"}, "TINYTUNE_DB='garbage://x' cannot record first-use tuning: Can't load plugin")])
+  ({"TINYTUNE_TUNE": "beam", "TINYTUNE_DB": "garbage://x"},
+   "TINYTUNE_DB='garbage://x' cannot record first-use tuning: Database('garbage://x'): Can't load plugin")])
 def test_a_bad_environment_variable_is_named_in_the_error(env: dict[str, str], message: str | None, tmp_path) -> None:
   """A program run under a bad TINYTUNE_* variable raises an error that names it (TINYTUNE_POOL_BYTES failed the import of tinytune
   with int()'s message, TINYTUNE_CC=false a CalledProcessError); an empty TINYTUNE_DEVICE is the default device."""
