@@ -19,15 +19,13 @@ from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
-# A program's statements, as (src; arg):
-#   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
-#   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
-#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer, past the caches), VECTORIZE (lanes; name, width); a buffer is
-#   the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL
-#   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ... (with a 4th arg, True: lane j of
-#   the result folds the lanes of values[j]), INRANGE (x, n; name): 0 <= x < n
-#   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
-#   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
+# A program's statements, as (src; arg), each arg of several fields a NamedTuple below:
+#   RANGE (; LoopArg) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
+#   DEFINE_ACC (identity; AccArg), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
+#   LOAD (index, valid; LoadArg), STORE (index, value, guard; StoreArg), VECTORIZE (lanes; ValueArg)
+#   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
+#   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
+#   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -42,6 +40,65 @@ CMP = {Ops.CMPLT, Ops.CMPNE}
 ROW_KEPT = TRANSCENDENTAL | {Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
 FLOAT_LANES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # the CPU's C computes these in float32 SIMD lanes (CRenderer)
+
+
+# a buffer (LoadArg, StoreArg) is the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL; a width is 1
+# for a scalar, else the lanes of a native vector
+class ValueArg(NamedTuple):  # an ALU op, VECTORIZE, INRANGE, DEFINE_VAR
+  name: str
+  width: int
+
+
+class AccArg(NamedTuple):  # DEFINE_ACC
+  name: str
+  width: int
+  op: Ops  # the reduce op
+
+
+class LoadArg(NamedTuple):  # LOAD
+  name: str | None  # None: inline where used (KBLOCK's reload)
+  width: int
+  buf: int | str
+
+
+class StoreArg(NamedTuple):  # STORE
+  width: int
+  buf: int | str
+  stream: bool  # a whole 64-byte line past the caches
+
+
+class FoldArg(NamedTuple):  # FOLD
+  name: str
+  width: int
+  op: Ops
+  across: bool = False  # lane j of the result folds the lanes of values[j]
+
+
+class LoopArg(NamedTuple):  # RANGE
+  var: str
+  start: int
+  end: int
+  parallel: bool  # iterations across the cores
+
+
+class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modulus where 0)
+  var: str
+  id: str
+  divisor: int
+  modulus: int
+
+
+class LocalArg(NamedTuple):  # DEFINE_LOCAL
+  name: str
+  size: int
+
+
+# the args that every lowering makes many of, made once (a NamedTuple costs several times a tuple to make; names repeat across kernels)
+@functools.cache
+def value_arg(prefix: str, n: int, width: int) -> ValueArg: return ValueArg(f"{prefix}{n}", width)
+@functools.cache
+def load_arg(n: int, width: int, buf: int | str) -> LoadArg: return LoadArg(f"v{n}", width, buf)
+store_arg = functools.cache(StoreArg)
 
 
 class Kind(Enum):
@@ -89,20 +146,21 @@ class LinearProgram:
 def describe(u: UOp) -> str:
   """One statement as text: `name = OP<width>.dtype operands` for values, `OP operands` for the rest."""
   def show(x: UOp) -> str:
-    if x.op in VALUES and x.arg is not None and x.arg[0] is not None: return x.arg[0]
+    if x.op in VALUES and x.arg is not None and x.arg.name is not None: return x.arg.name
     return f"{show(x.src[0])}[{x.arg}]" if x.op is Ops.GEP else f"{x.arg[0]}[{x.arg[1]}]" if x.op is Ops.CELL else pretty(x)
   def at(buf: int | str, idx: UOp, guard: UOp) -> str:
     return f"{buf if isinstance(buf, str) else f'data{buf}'}[{pretty(idx)}]" + ("" if guard is TRUE else f" if {pretty(guard)}")
   op, src, arg = u.op, u.src, u.arg
   if op in VALUES:
-    head = f"{arg[0]} = {op.name}{f'<{arg[1]}>' if arg[1] > 1 else ''}.{u.dtype.name}"
-    if op is Ops.LOAD: return f"{head} {at(arg[2], *src)}"
-    return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg[2].name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
-  if op is Ops.RANGE: return f"RANGE {arg[0]} {arg[1]}..{arg[2]}" + (" parallel" if arg[3] else "")
-  if op is Ops.STORE: return f"STORE{f'<{arg[0]}>' if arg[0] > 1 else ''}{' stream' if arg[2] else ''} {at(arg[1], src[0], src[2])} = {show(src[1])}"
+    head = f"{arg.name} = {op.name}{f'<{arg.width}>' if arg.width > 1 else ''}.{u.dtype.name}"
+    if op is Ops.LOAD: return f"{head} {at(arg.buf, *src)}"
+    return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg.op.name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
+  if op is Ops.RANGE: return f"RANGE {arg.var} {arg.start}..{arg.end}" + (" parallel" if arg.parallel else "")
+  if op is Ops.STORE:
+    return f"STORE{f'<{arg.width}>' if arg.width > 1 else ''}{' stream' if arg.stream else ''} {at(arg.buf, src[0], src[2])} = {show(src[1])}"
   if op is Ops.ASSIGN:
     return f"ASSIGN {show(src[0])} {arg.name if arg else ''}= {show(src[1])}" + ("" if src[2] is TRUE else f" if {pretty(src[2])}")
-  return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else arg}".rstrip()
+  return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else tuple(arg) if isinstance(arg, tuple) else arg}".rstrip()
 
 
 def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
@@ -196,7 +254,7 @@ class _Lowerer:
 
   def value(self, op: Ops, dtype: DType, src: tuple[UOp, ...], width: int = 1, prefix: str = "v") -> UOp:
     self.count += 1
-    return self.emit(op, *src, arg=(f"{prefix}{self.count}", width), dtype=dtype)
+    return self.emit(op, *src, arg=value_arg(prefix, self.count, width), dtype=dtype)
 
   def vec(self, v: Val) -> UOp:
     if v.kind is not Kind.LANES: return v.items[0]  # scalars mix with vectors in the C vector operators
@@ -297,7 +355,7 @@ class _Lowerer:
     vals, oks = [], []
     for i, lane_idx in enumerate(lanes):
       ok = self.value(Ops.INRANGE, dtypes.bool, (at.lane(i), UOp.const(dtypes.int64, n)))
-      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="g").arg[0], 0, max(n - 1, 0))
+      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="g").arg.name, 0, max(n - 1, 0))
       vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
       oks.append(ok)
     val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
@@ -319,7 +377,7 @@ class _Lowerer:
   def read(self, dtype: DType, buf: int | str, off: UOp, valid: UOp) -> Val:
     def value(off: UOp, valid: UOp, width: int = 1) -> UOp:
       self.count += 1
-      return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, buf), dtype=dtype)
+      return self.emit(Ops.LOAD, off, valid, arg=load_arg(self.count, width, buf), dtype=dtype)
     if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
     base = self.subst_lane(off, 0)
     if dtype in self.vf and not self.lane_dep(valid) and self.contiguous(off, base):
@@ -327,7 +385,7 @@ class _Lowerer:
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
-    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=(name, width, red.arg[0]), dtype=red.dtype))
+    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
     return u
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
@@ -353,24 +411,24 @@ class _Lowerer:
                 Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
                 for j in range(self.k.axes[self.lanes].size // self.width)]
     if vector:  # the vectors first; the accumulator named now, defined once its lanes fold
-      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=(f"{name}_v", self.width, op), dtype=red.dtype))
-      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), (name, 1, op)), v))
-    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], (name, 1, op), red.dtype)
+      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=FoldArg(f"{name}_v", self.width, op), dtype=red.dtype))
+      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), FoldArg(name, 1, op)), v))
+    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], FoldArg(name, 1, op), red.dtype)
     ret = Val(Kind.SCALAR, (acc,))
     self.partials[acc] = partials
     self.accs.append((red, idx, ret))
     self.acc_at[(red, idx)] = ret
     return ret
 
-  def tree(self, stage: int, lanes: list[UOp], arg: tuple, dtype: DType) -> UOp:
+  def tree(self, stage: int, lanes: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
     """A fold of `lanes` (a statement named by `arg`) after a stage's loop, in a tree of named values, neighbouring lanes first (an
     operand may be spelled more than once in an op's code)."""
     while len(lanes) > 2:
-      lanes = [self.fold(stage, lanes[i:i + 2], (f"{arg[0]}_c{len(self.combine[stage])}", 1, arg[2]), dtype) if i + 1 < len(lanes) else lanes[i]
-               for i in range(0, len(lanes), 2)]
+      lanes = [self.fold(stage, lanes[i:i + 2], FoldArg(f"{arg.name}_c{len(self.combine[stage])}", 1, arg.op), dtype)
+               if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
     return self.fold(stage, lanes, arg, dtype)
 
-  def fold(self, stage: int, items: list[UOp], arg: tuple, dtype: DType) -> UOp:
+  def fold(self, stage: int, items: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
     self.combine[stage].append(u := stmt(Ops.FOLD, *items, arg=arg, dtype=dtype))
     return u
 
@@ -384,7 +442,8 @@ class _Lowerer:
       for at in range(0, len(pending), group):
         (first, _), chunk = pending[at], pending[at:at + group]
         if len(chunk) > 1:
-          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], (f"{first.arg[0]}_l", self.width, first.arg[2], True), first.dtype),))
+          across = FoldArg(f"{first.arg.name}_l", self.width, first.arg.op, True)
+          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], across, first.dtype),))
           for j, (acc, _) in enumerate(chunk): self.fold(stage, [lanes.lane(j)], acc.arg, acc.dtype)
         else: self.tree(stage, [Val(Kind.VECTOR, (chunk[0][1],)).lane(i) for i in range(self.width)], first.arg, first.dtype)
 
@@ -460,12 +519,12 @@ class _Lowerer:
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
         stream = stream and self.width * dt.itemsize == 64 and not self.target.has_local
-        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, buf, stream), dtype=dt)
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=store_arg(self.width, buf, stream), dtype=dt)
         return
       for i in range(self.width):
-        self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, buf, False), dtype=dt)
+        self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=store_arg(1, buf, False), dtype=dt)
       return
-    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, buf, False), dtype=dt)
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=store_arg(1, buf, False), dtype=dt)
 
   # ***** a row statistic's source, kept in an array of the row's values *****
   def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
@@ -478,7 +537,7 @@ class _Lowerer:
     assert red is not None and src is not None
     if (row := self.row_of(idx)) not in self.row_arrays:
       self.row_arrays[row] = name = f"row{len(self.row_arrays)}"
-      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=(name, prod(src.shape[d] for d in red.arg[1])), dtype=src.dtype))
+      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(src.shape[d] for d in red.arg[1])), dtype=src.dtype))
     strides = strides_for(tuple(src.shape[d] for d in red.arg[1]))
     return self.row_arrays[row], linear_sum(dtypes.int64, [(idx[d], st) for d, st in zip(red.arg[1], strides)], 0, self.simplified)
 
@@ -512,7 +571,7 @@ class _Lowerer:
       self.full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
-    in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
+    in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
     return LinearProgram(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
 
@@ -523,7 +582,7 @@ class _Lowerer:
     assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
     kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
     var, last, dt, zero = self.loopvars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
-    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=(None, width, 0), dtype=dt)
+    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=LoadArg(None, width, 0), dtype=dt)
     self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
     for acc, off, guard in partials:
       base = self.subst_lane(off, 0)
@@ -568,7 +627,7 @@ class _Lowerer:
     for n, i in enumerate(axes):
       if self.k.axes[i].size == 1: continue
       first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
-      opened.append(stmt(Ops.RANGE, arg=(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
+      opened.append(stmt(Ops.RANGE, arg=LoopArg(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
     return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
   def loops(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
@@ -590,7 +649,7 @@ class _Lowerer:
         reduce += self.nest(red[:j], self.nest(red[j:], self.full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
       reduce += self.combine[stage]
     # the thread's streaming stores, visible before the kernel ends: a fence last in its share
-    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg[2] for u in post) else []
+    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
     t = len(threads)
     return self.nest(outer[:t], self.nest(outer[t:n], self.decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
 
@@ -599,7 +658,7 @@ class _Lowerer:
     out, mult = [], 1
     for n, i in enumerate(reversed(axes)):
       size = self.k.axes[i].size
-      if size > 1: out.append(stmt(Ops.SPECIAL, arg=(self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
       mult *= size
     return out
 
@@ -611,7 +670,7 @@ class _Lowerer:
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
     group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(stmt(Ops.SPECIAL, arg=("lid", "local_id", 1, 0)))
+    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
     out += self.unflatten(local + group, "lid")
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
     out += self.decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + self.combine[stage]]
@@ -620,10 +679,10 @@ class _Lowerer:
       partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]
       dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
       def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=("partials", len(partials) * threads), dtype=dt))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
       out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
       out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
-      out.append(stmt(Ops.RANGE, arg=("q", 1, groups, False)))
+      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
       out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
       out.append(stmt(Ops.ENDRANGE))
     return out + post
@@ -654,7 +713,7 @@ class _Lowerer:
         a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
         body.append(wmma("mma", j, a, b))
     out += self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
-    out.append(stmt(Ops.DEFINE_LOCAL, arg=("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
+    out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
     row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
     tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
     self.lines = []
