@@ -120,7 +120,10 @@ def vector_math(fp: str, width: int) -> str:
   """Float32 math on GCC/clang vectors of `width` lanes that the compiler keeps in vector registers: where (select by a mask of
   -1 and 0 lanes), max (a NaN in either operand wins), exp2, log2, sin and sqrt (inf, NaN, zero and denormal inputs as NumPy has them).
   Width 0: scalar versions (tt_exp2s, ...) computed the same way on one-lane vectors, so every lane and scalar agree."""
-  w = width or 1
+  w, scalar_fp = width or 1, fp
+  # one-lane vectors are passed in memory: a call that is not inlined pushed its argument, and gcc 12 never popped it inside a
+  # long unrolled loop, so the thread's stack overflowed (softmax 1024^2 with UPCAST 1 32, UPCAST 0 8, UNROLL 0 8, SWAP)
+  if width == 0: fp += " __attribute__((always_inline))"
   F, I, U, D = f"tt_f{w}", f"tt_i{w}", f"tt_u{w}", f"tt_d{w}"
   def splat(v: str) -> str: return f"({F}){{{', '.join([v] * w)}}}"
   types = (f"typedef float {F} __attribute__((vector_size({4 * w})));\n" if width == 0 else "") + \
@@ -159,8 +162,8 @@ def vector_math(fp: str, width: int) -> str:
 }}
 """
   if width == 0:
-    code += "".join(f"{fp} float tt_{f}s(float x) {{ {F} v = {{x}}; return tt_{f}1(v)[0]; }}\n" for f in ("exp2", "log2", "sqrt", "sin"))
-    code += f"{fp} float tt_maxs(float a, float b) {{ {F} x = {{a}}, y = {{b}}; return tt_max1(x, y)[0]; }}\n"  # no branch to mispredict
+    code += "".join(f"{scalar_fp} float tt_{f}s(float x) {{ {F} v = {{x}}; return tt_{f}1(v)[0]; }}\n" for f in ("exp2", "log2", "sqrt", "sin"))
+    code += f"{scalar_fp} float tt_maxs(float a, float b) {{ {F} x = {{a}}, y = {{b}}; return tt_max1(x, y)[0]; }}\n"  # no branch to mispredict
   return code
 
 

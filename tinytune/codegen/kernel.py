@@ -323,7 +323,7 @@ class Kernel:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
 
 
-CANDIDATE_ARGS = (2, 3, 4, 5, 7, 8, 16, 32)
+CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
 
 
 def candidate_opts(k: Kernel) -> list[Opt]:
