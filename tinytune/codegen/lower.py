@@ -196,6 +196,85 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   return ret if lowerer.row_reads <= lowerer.row_writes else _Lowerer(k, target, rows=False).program()
 
 
+class LoopNest:
+  """The loops around a program's statements: each loop axis's variable, and the statement lists placed in the CPU's loop nest or
+  in a GPU's workgroups and threads."""
+  def __init__(self, k: Kernel):
+    self.k = k
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
+    self.vars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
+                 for i, a in enumerate(k.axes) if a.kind in names}
+
+  def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
+    """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
+    bound the outermost loop."""
+    opened = []
+    for n, i in enumerate(axes):
+      if self.k.axes[i].size == 1: continue
+      first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
+      opened.append(stmt(Ops.RANGE, arg=LoopArg(self.vars[i].arg[0], first, last, parallel and n == 0)))
+    return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
+
+  def cpu(self, bodies: list[list[UOp]], full_bodies: list[list[UOp]], split: int | None, combine: list[list[UOp]], decls: list[UOp],
+          post: list[UOp]) -> list[UOp]:
+    """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
+    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
+    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
+    chain of them (softmax's max, then its sum), one reduce loop after another."""
+    k = self.k
+    threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
+    outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
+    n = len(outer)
+    outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
+    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
+    red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
+    for stage, body in enumerate(bodies):
+      if split is None: reduce += self.nest(red, body)
+      else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
+        j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
+        reduce += self.nest(red[:j], self.nest(red[j:], full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
+      reduce += combine[stage]
+    # the thread's streaming stores, visible before the kernel ends: a fence last in its share
+    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
+    t = len(threads)
+    return self.nest(outer[:t], self.nest(outer[t:n], decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
+
+  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
+    """Each axis's index from one linear id, the last axis fastest."""
+    out, mult = [], 1
+    for n, i in enumerate(reversed(axes)):
+      size = self.k.axes[i].size
+      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      mult *= size
+    return out
+
+  def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
+                 width: int, post: list[UOp]) -> list[UOp]:
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
+    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
+    memory and stores."""
+    k = self.k
+    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
+    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
+    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
+    out += self.unflatten(local + group, "lid")
+    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
+    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
+      threads = k.launch_dims[1]
+      partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
+      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
+      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
+      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
+      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
+      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      out.append(stmt(Ops.ENDRANGE))
+    return out + post
+
+
 class _Lowerer:
   def __init__(self, k: Kernel, target: Target, rows: bool):
     self.k, self.target, self.count = k, target, 0
@@ -207,7 +286,7 @@ class _Lowerer:
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
     self.acc_at: dict[tuple[UOp, tuple[UOp, ...]], Val] = {}
     self.stage = {r: i for i, r in enumerate(k.reduceops)}  # a chain's reduces run one loop each, in this order
-    self.unpadded, self.full_bodies = -1, list[list[UOp]]()  # a padded dim lowered as if unpadded, and the reduce bodies so lowered (split)
+    self.unpadded = -1  # a padded dim lowered as if unpadded (split)
     self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
     self.combine: list[list[UOp]] = [[] for _ in k.reduceops]  # after each reduce loop: each LANES accumulator from its partials
     self.unfolded: list[list[tuple[UOp, UOp]]] = [[] for _ in k.reduceops]  # LANES accumulators (named) and their lanes' vector, to fold
@@ -241,9 +320,7 @@ class _Lowerer:
     self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
                           and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype in self.vf), -1)
     self.lane = UOp.var("lane", 0, self.width - 1)
-    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
-    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
-                     for i, a in enumerate(k.axes) if a.kind in names}
+    self.nesting = LoopNest(k)
 
   def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
 
@@ -289,7 +366,7 @@ class _Lowerer:
     """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
     zero = UOp.const(dtypes.int64, 0)
     def parts(d: int) -> list[tuple[UOp, int]]:
-      return [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
+      return [(self.nesting.vars[i] if i in self.nesting.vars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
     return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
 
   def clamp(self, d: int, e: UOp) -> UOp:
@@ -565,15 +642,17 @@ class _Lowerer:
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
       self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)), stream=k.stream)
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
-    post, bodies = self.lines, self.reduce_bodies()
+    post, bodies, full_bodies = self.lines, self.reduce_bodies(), list[list[UOp]]()
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
-      self.full_bodies, self.unpadded = self.reduce_bodies(), -1
+      full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
-    return LinearProgram(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
+    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post)
+    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post)
+    return LinearProgram(k, self.width, uops, in_order or tile)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
@@ -581,7 +660,7 @@ class _Lowerer:
     last runs what follows the reduce."""
     assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
     kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
-    var, last, dt, zero = self.loopvars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
+    var, last, dt, zero = self.nesting.vars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
     def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=LoadArg(None, width, 0), dtype=dt)
     self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
     for acc, off, guard in partials:
@@ -620,82 +699,15 @@ class _Lowerer:
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
     return None
 
-  def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
-    """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
-    bound the outermost loop."""
-    opened = []
-    for n, i in enumerate(axes):
-      if self.k.axes[i].size == 1: continue
-      first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
-      opened.append(stmt(Ops.RANGE, arg=LoopArg(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
-    return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
-
-  def loops(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
-    """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
-    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
-    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
-    chain of them (softmax's max, then its sum), one reduce loop after another."""
-    k, split = self.k, self.split
-    threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
-    outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
-    n = len(outer)
-    outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
-    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
-    red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
-    for stage, body in enumerate(bodies):
-      if split is None: reduce += self.nest(red, body)
-      else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
-        j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
-        reduce += self.nest(red[:j], self.nest(red[j:], self.full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
-      reduce += self.combine[stage]
-    # the thread's streaming stores, visible before the kernel ends: a fence last in its share
-    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
-    t = len(threads)
-    return self.nest(outer[:t], self.nest(outer[t:n], self.decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
-
-  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
-    """Each axis's index from one linear id, the last axis fastest."""
-    out, mult = [], 1
-    for n, i in enumerate(reversed(axes)):
-      size = self.k.axes[i].size
-      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
-      mult *= size
-    return out
-
-  def workgroups(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
-    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
-    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores."""
-    k = self.k
-    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
-    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
-    out += self.unflatten(local + group, "lid")
-    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    out += self.decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + self.combine[stage]]
-    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      threads = k.launch_dims[1]
-      partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
-      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
-      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
-      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-      out.append(stmt(Ops.ENDRANGE))
-    return out + post
-
   def tensor_core(self) -> LinearProgram:
     """A TC kernel: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B straight from
     memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
     k, tc = self.k, self.k.tc
     assert tc is not None
     def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
-    out = self.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    out = self.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     out.append(wmma("ids"))
-    out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
+    out += self.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
     tiles = self.instances((AxisKind.UPCAST,))
     out += [wmma("acc", j) for j in range(len(tiles))]
     frags: dict[tuple[str, UOp, UOp], str] = {}
@@ -712,7 +724,7 @@ class _Lowerer:
         dims = self.dims({**tile, **unroll})
         a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
         body.append(wmma("mma", j, a, b))
-    out += self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
+    out += self.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
     out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
     row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
     tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
