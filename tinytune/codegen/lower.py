@@ -191,6 +191,7 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
+  if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
   # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
   return ret if lowerer.row_reads <= lowerer.row_writes else _Lowerer(k, target, rows=False).program()
@@ -633,7 +634,6 @@ class _Lowerer:
 
   # ***** the kernel *****
   def program(self) -> LinearProgram:
-    if self.k.tc is not None and self.k.caps.has_local: return self.tensor_core()
     k = self.k
     partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
     for inst in self.instances((AxisKind.UPCAST,)):
@@ -699,43 +699,44 @@ class _Lowerer:
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
     return None
 
-  def tensor_core(self) -> LinearProgram:
-    """A TC kernel: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B straight from
-    memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
-    k, tc = self.k, self.k.tc
-    assert tc is not None
-    def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
-    out = self.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    out.append(wmma("ids"))
-    out += self.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
-    tiles = self.instances((AxisKind.UPCAST,))
-    out += [wmma("acc", j) for j in range(len(tiles))]
-    frags: dict[tuple[str, UOp, UOp], str] = {}
-    body: list[UOp] = []
-    def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-      off = self.simplify(view.arg.index(tuple(dims))[0])
-      if (key := (which, view.src[0], off)) not in frags:
-        frags[key] = name = f"{which}{len(frags)}"
-        body.append(wmma("fragment", name, which, view.dtype, layout))
-        body.append(wmma("load", name, self.bufs[view.src[0].arg], ld, src=(off,)))
-      return frags[key]
-    for unroll in self.instances((AxisKind.UNROLL,)):
-      for j, tile in enumerate(tiles):
-        dims = self.dims({**tile, **unroll})
-        a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
-        body.append(wmma("mma", j, a, b))
-    out += self.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
-    out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
-    row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-    tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
-    self.lines = []
-    for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-      self.lines += [wmma("store", j), wmma("sync")]
-      for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
-        self.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
-        dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
-        val = self.node(k.ast, tuple(dims[:k.n_global]))
-        self.store(val, self.out_offset(dims), TRUE)
-      self.lines.append(wmma("sync"))
-    return LinearProgram(k, self.width, out + self.lines)
 
+def tensor_cores(lw: _Lowerer) -> LinearProgram:
+  """The pass for a GPU's TC: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B
+  straight from memory in the K loop, then goes through shared memory, where the lowerer's values (`lw.cell` for the sum) apply
+  what follows the sum and store."""
+  k, tc = lw.k, lw.k.tc
+  assert tc is not None
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
+  out = lw.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+  out.append(wmma("ids"))
+  out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
+  tiles = lw.instances((AxisKind.UPCAST,))
+  out += [wmma("acc", j) for j in range(len(tiles))]
+  frags: dict[tuple[str, UOp, UOp], str] = {}
+  body: list[UOp] = []
+  def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
+    off = lw.simplify(view.arg.index(tuple(dims))[0])
+    if (key := (which, view.src[0], off)) not in frags:
+      frags[key] = name = f"{which}{len(frags)}"
+      body.append(wmma("fragment", name, which, view.dtype, layout))
+      body.append(wmma("load", name, lw.bufs[view.src[0].arg], ld, src=(off,)))
+    return frags[key]
+  for unroll in lw.instances((AxisKind.UNROLL,)):
+    for j, tile in enumerate(tiles):
+      dims = lw.dims({**tile, **unroll})
+      a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
+      body.append(wmma("mma", j, a, b))
+  out += lw.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
+  out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
+  row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
+  tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+  lw.lines = []
+  for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
+    lw.lines += [wmma("store", j), wmma("sync")]
+    for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
+      lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
+      dims = lw.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
+      val = lw.node(k.ast, tuple(dims[:k.n_global]))
+      lw.store(val, lw.out_offset(dims), TRUE)
+    lw.lines.append(wmma("sync"))
+  return LinearProgram(k, lw.width, out + lw.lines)
