@@ -281,7 +281,6 @@ class _Lowerer:
     self.k, self.target, self.count = k, target, 0
     self.lines: list[UOp] = []
     self.memo: dict[tuple, Val] = {}
-    self.pairs: dict[tuple[UOp, ...], str] = {}  # the CPU's TC: the names of bfloat16 pairs in the reduce body (see pair)
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
@@ -310,7 +309,8 @@ class _Lowerer:
     # combined after the loop
     self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
     self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
-    self.pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
+    pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
+    self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes):
       if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
@@ -532,47 +532,13 @@ class _Lowerer:
     return tuple(in_idx)
 
   def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
-    if self.pair_axis >= 0:  # the CPU's TC: the two instances of a pair along K at once, in a dot product where it can be one
-      if self.simplify(inst[self.pair_axis]).arg: return
-      second = {**inst, self.pair_axis: UOp.const(dtypes.int64, 1)}
-      pair = [(inst, dims), (second, self.dims(second))]
-      if not self.dot(idx, self.partial(acc, inst), [d for _, d in pair]):
-        for i, d in pair: self.add(red, idx, acc, d, i)
-      return
-    self.add(red, idx, acc, dims, inst)
+    if self.dot_pairs is not None: self.dot_pairs.accumulate(red, idx, acc, dims, inst)
+    else: self.add(red, idx, acc, dims, inst)
 
   def partial(self, acc: Val, inst: dict[int, UOp]) -> Val:
     """The accumulator an instance adds into: with LANES, the partial of its vector of lanes."""
     if (parts := self.partials.get(acc.items[0])) is None: return acc
     return parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
-
-  def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:
-    """acc += A's pair times B's pair in each lane, in one bfloat16 dot product (see TensorCore), where acc is a vector, each input's
-    pair in a lane is the same in every lane, its two rows' contiguous lanes, or a pair of neighbours (LANES along K), and no padding
-    is masked; False where not."""
-    k, tc = self.k, self.k.tc
-    assert tc is not None
-    if acc.kind is not Kind.VECTOR or any(self.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
-    names, one = [], UOp.const(dtypes.int64, 1)
-    for view in (tc.a, tc.b):
-      offs = [self.view_index(view, self.reduce_index(idx, dims))[0] for dims in pair]
-      base = [self.subst_lane(off, 0) for off in offs]
-      if not self.lane_dep(*offs): kind, base = ("splat", base[:1]) if self.simplify(offs[1] - offs[0]) is one else ("splat2", base)
-      elif all(self.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
-      elif self.simplify(offs[1] - offs[0]) is one and self.simplify(offs[0] - self.lane * 2) is base[0] and \
-           self.vectorizable(base[0]): kind, base = "neighbours", base[:1]
-      else: return False
-      names.append(self.pair(view, base, kind))
-    self.emit(Ops.WMMA, acc.items[0], arg=("dot", self.width, *names))
-    return True
-
-  def pair(self, view: UOp, offs: list[UOp], kind: str) -> str:
-    """The name of a vector of pairs of `view`'s elements (see dot), made once per reduce body."""
-    if (key := (view.src[0], *offs)) not in self.pairs:
-      self.count += 1
-      self.pairs[key] = name = f"p{self.count}"
-      self.emit(Ops.WMMA, *offs, arg=("pair", name, self.width, self.bufs[view.src[0].arg], kind))
-    return self.pairs[key]
 
   def add(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
     """acc op= the reduce's source at the reduce dims' `dims` (`inst`: the register parts' values)."""
@@ -680,7 +646,8 @@ class _Lowerer:
     """Each reduce loop's body. A chain's later reduce reads the earlier ones' values: lowered first, it makes their accumulators."""
     bodies: list[list[UOp]] = [[] for _ in self.k.reduceops]
     for stage in reversed(range(len(bodies))):
-      self.lines, self.memo, self.pairs, self.in_body = bodies[stage], {}, {}, True
+      self.lines, self.memo, self.in_body = bodies[stage], {}, True
+      if self.dot_pairs is not None: self.dot_pairs.names.clear()  # pairs are made once per reduce body
       for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES, AxisKind.TC)):
         dims = self.dims(inst)
         for red, idx, acc in list(self.accs):
@@ -698,6 +665,53 @@ class _Lowerer:
     for i, a in enumerate(k.axes):
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
     return None
+
+
+class DotPairs:
+  """The CPU's TC (bfloat16 pairs along K in one dot product instruction, see TensorCore), a pass of the reduce bodies: it owns
+  the names of the vectors of pairs made in the body."""
+  def __init__(self, lw: _Lowerer, axis: int):
+    self.lw, self.axis = lw, axis  # the TC axis: the pair's two instances along K
+    self.names: dict[tuple[UOp, ...], str] = {}
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    """The two instances of a pair along K at once, in a dot product where it can be one, else each added as without TC."""
+    lw = self.lw
+    if lw.simplify(inst[self.axis]).arg: return
+    second = {**inst, self.axis: UOp.const(dtypes.int64, 1)}
+    pair = [(inst, dims), (second, lw.dims(second))]
+    if not self.dot(idx, lw.partial(acc, inst), [d for _, d in pair]):
+      for i, d in pair: lw.add(red, idx, acc, d, i)
+
+  def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:
+    """acc += A's pair times B's pair in each lane, in one bfloat16 dot product (see TensorCore), where acc is a vector, each input's
+    pair in a lane is the same in every lane, its two rows' contiguous lanes, or a pair of neighbours (LANES along K), and no padding
+    is masked; False where not."""
+    lw = self.lw
+    k, tc = lw.k, lw.k.tc
+    assert tc is not None
+    if acc.kind is not Kind.VECTOR or any(lw.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
+    names, one = [], UOp.const(dtypes.int64, 1)
+    for view in (tc.a, tc.b):
+      offs = [lw.view_index(view, lw.reduce_index(idx, dims))[0] for dims in pair]
+      base = [lw.subst_lane(off, 0) for off in offs]
+      if not lw.lane_dep(*offs): kind, base = ("splat", base[:1]) if lw.simplify(offs[1] - offs[0]) is one else ("splat2", base)
+      elif all(lw.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
+      elif lw.simplify(offs[1] - offs[0]) is one and lw.simplify(offs[0] - lw.lane * 2) is base[0] and \
+           lw.vectorizable(base[0]): kind, base = "neighbours", base[:1]
+      else: return False
+      names.append(self.pair(view, base, kind))
+    lw.emit(Ops.WMMA, acc.items[0], arg=("dot", lw.width, *names))
+    return True
+
+  def pair(self, view: UOp, offs: list[UOp], kind: str) -> str:
+    """The name of a vector of pairs of `view`'s elements (see dot), made once per reduce body."""
+    lw = self.lw
+    if (key := (view.src[0], *offs)) not in self.names:
+      lw.count += 1
+      self.names[key] = name = f"p{lw.count}"
+      lw.emit(Ops.WMMA, *offs, arg=("pair", name, lw.width, lw.bufs[view.src[0].arg], kind))
+    return self.names[key]
 
 
 def tensor_cores(lw: _Lowerer) -> LinearProgram:
