@@ -277,7 +277,7 @@ class CRenderer(CStyleRenderer):
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
   vector_floats = FLOAT_LANES
-  # a thread's array of a row (see lower.py, row_source) holds its values as a buffer would, loaded and stored the same way
+  # a thread's array of a row (see lower.py, RowArrays) holds its values as a buffer would, loaded and stored the same way
   def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     return super().vector_prelude(width, used) + vector_library(self.func_prefix, width, used)

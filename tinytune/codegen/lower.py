@@ -194,7 +194,7 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
   # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
-  return ret if lowerer.row_reads <= lowerer.row_writes else _Lowerer(k, target, rows=False).program()
+  return ret if lowerer.rows is None or lowerer.rows.reads <= lowerer.rows.writes else _Lowerer(k, target, rows=False).program()
 
 
 class LoopNest:
@@ -293,16 +293,7 @@ class _Lowerer:
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    # the CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
-    # loop writes it, the row's loops read it back (softmax's probabilities, computed once); a 16-bit float summed in float32 is kept
-    # as it is, before its cast. row_arrays: a row -> its array's name
-    src = None if k.reduceop is None else k.reduceop.src[0]
-    if src is not None and src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
-    self.row_source = src if rows and src is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
-      not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in src.toposort) else None
-    self.row_arrays: dict[tuple[UOp, ...], str] = {}
-    self.row_reads: set[str] = set()
-    self.row_writes: set[str] = set()
+    self.rows = RowArrays.of(self) if rows and not target.has_local else None
     self.in_body = False
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
@@ -417,7 +408,7 @@ class _Lowerer:
         ret = self.node(src, child)
         if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
-    elif u is self.row_source and not self.in_body and self.in_row(idx): ret = self.row_load(idx)
+    elif self.rows is not None and u is self.rows.source and not self.in_body and self.rows.holds(idx): ret = self.rows.load(idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
@@ -545,10 +536,7 @@ class _Lowerer:
     k, op = self.k, red.arg[0]
     in_idx = self.reduce_index(idx, dims)
     val = self.node(red.src[0], in_idx)
-    if red is k.reduceop and self.row_source is not None and self.row_of(in_idx) in self.row_arrays:  # a row the output reads back
-      name, off = self.row_at(in_idx)
-      self.row_writes.add(name)
-      self.store(self.node(self.row_source, in_idx), off, TRUE, name, self.row_source.dtype)
+    if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     acc = self.partial(acc, inst)
@@ -569,31 +557,6 @@ class _Lowerer:
         self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=store_arg(1, buf, False), dtype=dt)
       return
     self.emit(Ops.STORE, off, val.lane(0), guard, arg=store_arg(1, buf, False), dtype=dt)
-
-  # ***** a row statistic's source, kept in an array of the row's values *****
-  def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
-    assert self.k.reduceop is not None
-    return tuple(e for d, e in enumerate(idx) if d not in self.k.reduceop.arg[1])
-
-  def row_at(self, idx: tuple[UOp, ...]) -> tuple[str, UOp]:
-    """The array of the row that `idx` is in, and idx's offset in it."""
-    red, src = self.k.reduceop, self.row_source
-    assert red is not None and src is not None
-    if (row := self.row_of(idx)) not in self.row_arrays:
-      self.row_arrays[row] = name = f"row{len(self.row_arrays)}"
-      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(src.shape[d] for d in red.arg[1])), dtype=src.dtype))
-    strides = strides_for(tuple(src.shape[d] for d in red.arg[1]))
-    return self.row_arrays[row], linear_sum(dtypes.int64, [(idx[d], st) for d, st in zip(red.arg[1], strides)], 0, self.simplified)
-
-  def in_row(self, idx: tuple[UOp, ...]) -> bool:
-    assert self.k.reduceop is not None and self.row_source is not None
-    return all(0 <= idx[d].vmin and idx[d].vmax < self.row_source.shape[d] for d in self.k.reduceop.arg[1])
-
-  def row_load(self, idx: tuple[UOp, ...]) -> Val:
-    name, off = self.row_at(idx)
-    self.row_reads.add(name)
-    assert self.row_source is not None
-    return self.read(self.row_source.dtype, name, off, TRUE)
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
@@ -665,6 +628,52 @@ class _Lowerer:
     for i, a in enumerate(k.axes):
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
     return None
+
+
+class RowArrays:
+  """The CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
+  loop writes it, the row's loops read it back (softmax's probabilities, computed once); a 16-bit float summed in float32 is kept
+  as it is, before its cast. A pass of the reduce bodies and what follows them, owning the arrays and which were read and written."""
+  def __init__(self, lw: _Lowerer, source: UOp, red: UOp):
+    self.lw, self.source, self.dims = lw, source, red.arg[1]  # the dims the reduce sums: a row's
+    self.arrays: dict[tuple[UOp, ...], str] = {}  # a row -> its array's name
+    self.reads, self.writes = set[str](), set[str]()
+
+  @staticmethod
+  def of(lw: _Lowerer) -> RowArrays | None:
+    k = lw.k
+    if (red := k.reduceop) is None: return None
+    src = red.src[0]
+    if src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
+    keep = k.reduce_out_dims != set(range(k.n_global)) and not any(a.kind is AxisKind.KBLOCK for a in k.axes) and \
+      any(u.op in ROW_KEPT for u in src.toposort)
+    return RowArrays(lw, src, red) if keep else None
+
+  def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
+    return tuple(e for d, e in enumerate(idx) if d not in self.dims)
+
+  def at(self, idx: tuple[UOp, ...]) -> tuple[str, UOp]:
+    """The array of the row that `idx` is in, and idx's offset in it."""
+    src = self.source
+    if (row := self.row_of(idx)) not in self.arrays:
+      self.arrays[row] = name = f"row{len(self.arrays)}"
+      self.lw.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(src.shape[d] for d in self.dims)), dtype=src.dtype))
+    strides = strides_for(tuple(src.shape[d] for d in self.dims))
+    return self.arrays[row], linear_sum(dtypes.int64, [(idx[d], st) for d, st in zip(self.dims, strides)], 0, self.lw.simplified)
+
+  def holds(self, idx: tuple[UOp, ...]) -> bool:
+    return all(0 <= idx[d].vmin and idx[d].vmax < self.source.shape[d] for d in self.dims)
+
+  def load(self, idx: tuple[UOp, ...]) -> Val:
+    name, off = self.at(idx)
+    self.reads.add(name)
+    return self.lw.read(self.source.dtype, name, off, TRUE)
+
+  def write(self, idx: tuple[UOp, ...]) -> None:
+    """The reduce loop stores the source's value at `idx` into its row's array."""
+    name, off = self.at(idx)
+    self.writes.add(name)
+    self.lw.store(self.lw.node(self.source, idx), off, TRUE, name, self.source.dtype)
 
 
 class DotPairs:
