@@ -110,8 +110,8 @@ def check_environment() -> None:
 
 
 def db_timeout() -> float:
-  """How long to wait for a database another process holds locked: $TINYTUNE_DB_TIMEOUT seconds, default 30."""
-  return env_seconds("TINYTUNE_DB_TIMEOUT", 30.0)
+  """How long to wait for a database another process holds locked: $TINYTUNE_DB_TIMEOUT seconds, default 60."""
+  return env_seconds("TINYTUNE_DB_TIMEOUT", 60.0)
 
 
 def tune_mode() -> str:

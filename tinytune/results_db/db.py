@@ -251,9 +251,9 @@ def row_problem(table: str, row: Any) -> str | None:
 
 def skipping(rows: list[Any], table: str, where: str) -> list[Any]:
   """The rows of `table` that row_problem passes; one warning for the others."""
-  bad = [(r, why) for r in rows if (why := row_problem(table, r))]
-  if bad: warn_once(f"skipping {len(bad)} bad row(s) of the {table} table in {where} (the first: {bad[0][1]})")
-  return [r for r in rows if not row_problem(table, r)] if bad else rows
+  problems = [row_problem(table, r) for r in rows]
+  if bad := [why for why in problems if why]: warn_once(f"skipping {len(bad)} bad row(s) of the {table} table in {where} (the first: {bad[0]})")
+  return [r for r, why in zip(rows, problems) if not why]
 
 
 class Database:
@@ -284,7 +284,9 @@ class Database:
       # a file we cannot write (a deployed image) is read as immutable: WAL mode would need a -shm file beside it
       frozen = on_disk and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
       self.read_only = read_only = read_only or frozen
-      if on_disk and path.exists(): _check_file(path, frozen, busy_timeout)
+      if on_disk and path.exists():
+        if not path.is_file(): raise RuntimeError(f"database error: {path} is not a regular file")  # a FIFO would block SQLite's open
+        _check_file(path, frozen, busy_timeout)
       if on_disk and read_only:
         engine_url = self.url.set(database=f"file:{path}", query={"mode": "ro", "uri": "true", **({"immutable": "1"} if frozen else {})})
       elif on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
