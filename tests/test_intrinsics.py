@@ -66,7 +66,7 @@ def test_avx512_vector_math_computes_the_generic_bits(cc: str, tmp_path) -> None
   import shutil
   import subprocess
 
-  from tinytune.codegen.cstyle import vector_math
+  from tinytune.codegen.clib import vector_math
   from tinytune.runtime.cpu import cpuinfo
   if shutil.which(cc) is None or "avx512vl" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
   src = "typedef float tt_f16 __attribute__((vector_size(64)));\ntypedef float tt_f8 __attribute__((vector_size(32)));\n"
@@ -131,7 +131,7 @@ def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path) -> None
   import shutil
   import subprocess
 
-  from tinytune.codegen.cstyle import fold_functions, vector_math
+  from tinytune.codegen.clib import fold_functions, vector_math
   if shutil.which(cc) is None: pytest.skip(f"needs {cc}")
   src = "".join(f"typedef float tt_f{w} __attribute__((vector_size({4 * w})));\n" + vector_math("static inline", w) +
                 fold_functions("static inline", w) +
