@@ -586,3 +586,24 @@ def test_setitem_into_a_view_writes_through() -> None:
   a[0][1] = 9.0
   ta[0][1] = 9.0
   np.testing.assert_array_equal(a.numpy(), ta.numpy())
+
+
+@pytest.mark.parametrize("name, torch_fn, fn, error", [
+  ("max of nothing", lambda: torch.zeros(0).max(), lambda: Tensor.zeros(0).max(), RuntimeError),
+  ("min of nothing", lambda: torch.zeros(0).min(), lambda: Tensor.zeros(0).min(), RuntimeError),
+  ("argmax of nothing", lambda: torch.zeros(0).argmax(), lambda: Tensor.zeros(0).argmax(), IndexError),
+  ("int to a negative power", lambda: torch.tensor([2]) ** -2, lambda: Tensor([2]) ** -2, RuntimeError),
+  ("linspace of bool", lambda: torch.linspace(5, 10, 3, dtype=torch.bool), lambda: Tensor.linspace(5, 10, 3, dtype="bool"), NotImplementedError),
+  ("sum to no dtype", lambda: torch.ones(2).sum(dtype=""), lambda: Tensor.ones(2).sum(dtype=""), TypeError),
+])
+def test_raises_where_torch_raises(name: str, torch_fn, fn, error: type) -> None:
+  """Each gave a value (-inf, -2**31, 0.25, True, a sum in float32) where torch raises."""
+  with pytest.raises(error): torch_fn()
+  with pytest.raises(error): fn()
+
+
+def test_forward_forms_as_torch_and_tinygrad() -> None:
+  helper_test_op([(1, 3, 1, 2)], lambda x: x.squeeze((0, 2)))
+  helper_test_op([(4, 3, 2)], lambda x: x.reshape(4, 3, 2) if isinstance(x, torch.Tensor) else x.reshape(None, 3, -1))
+  helper_test_op([(1, 4), (4,)], lambda x, y: x.squeeze(0) * y)
+  assert Tensor.arange(2**31, 2**31 + 3).tolist() == torch.arange(2**31, 2**31 + 3).tolist()  # int64 past int32, as torch

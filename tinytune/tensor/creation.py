@@ -37,7 +37,9 @@ def ones(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
 def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None, device: str | None = None) -> Tensor:
   if stop is None: start, stop = 0, start
   if step == 0: raise ValueError("arange step must not be zero")
-  dt = dtypes.from_any(dtype) if dtype else dtypes.default_int if all(isinstance(x, int) for x in (start, stop, step)) else dtypes.default_float
+  whole = all(isinstance(x, int) for x in (start, stop, step))
+  big = whole and not all(-2**31 <= x < 2**31 for x in (start, stop))  # as torch: ints past int32's range in int64
+  dt = dtypes.from_any(dtype) if dtype else (dtypes.int64 if big else dtypes.default_int) if whole else dtypes.default_float
   return Tensor(np.arange(start, stop, step, dtype=dt.np), dtype=dt, device=device)
 
 
@@ -93,6 +95,7 @@ def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device:
   """steps evenly spaced values from start to stop, both included: the first half counted from start, the rest from stop."""
   if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace steps is an int >= 0, got {steps!r}")
   dt = dtypes.from_any(dtype) if dtype else dtypes.default_float
+  if dt == dtypes.bool: raise NotImplementedError("linspace of bool is not implemented, as in torch; make it in another dtype and cast")
   ft = dtypes.float64 if dt == dtypes.float64 else dtypes.float32  # computed in float32, or float64 for a float64 result
   if steps <= 1: return Tensor([start] * steps, dtype=ft, device=device).cast(dt)
   i, step = Tensor.arange(steps, device=device).cast(ft), (stop - start) / (steps - 1)

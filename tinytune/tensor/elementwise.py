@@ -180,6 +180,7 @@ def gelu(self: Tensor, approximate: str = "none") -> Tensor:
 def pow(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
   if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool) and math.isfinite(y) and y == int(y):
     base = self if isinstance(y, int) else self._float()  # an int tensor to an int power stays int, like torch
+    if y < 0 and not base.dtype.is_float: raise RuntimeError("Integers to negative integer powers are not allowed.")
     ret, sq, n = None, base, -int(y) if y < 0 else int(y)
     while n:  # square and multiply: exact for ints, one rounding per multiply for floats
       if n & 1: ret = sq if ret is None else ret * sq
