@@ -42,6 +42,15 @@ def _seed() -> None:
   np.random.seed(0)
 
 
+@pytest.fixture
+def on_cpu() -> Iterator[None]:
+  """The CPU as the default device, for a test of something true of the CPU alone (its memory, its one native call, its kernels'
+  C source), whatever TINYTUNE_DEVICE the suite runs under (`@pytest.mark.usefixtures("on_cpu")`)."""
+  default, Device.DEFAULT = Device.DEFAULT, "CPU"
+  try: yield
+  finally: Device.DEFAULT = default
+
+
 @pytest.fixture(params=["CPU", *WORKGROUP_DEVICES])
 def each_device(request: pytest.FixtureRequest) -> Iterator[str]:
   """Run a test once per device, with tensors made on it by default (`@pytest.mark.usefixtures("each_device")`)."""

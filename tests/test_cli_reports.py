@@ -38,6 +38,7 @@ def test_kernels_every_format(capsys: pytest.CaptureFixture[str]) -> None:
   code, out, _ = run(capsys, "kernels", "--format", "json")
   by_name = {r["workload"]: r for r in table(out, "workloads")}
   assert code == 0 and list(by_name) == list(WORKLOADS) and by_name["matmul"]["params"]["m"] == 512 and run(capsys, "kernels", "--json")[1] == out
+  assert by_name["matmul"]["gpu_params"] == {"m": 4096, "n": 4096, "k": 4096} and by_name["softmax"]["gpu_params"]["rows"] == 8192
   assert set(pd.read_csv(io.StringIO(run(capsys, "kernels", "--format", "csv")[1]))["workload"]) == set(WORKLOADS)
   assert "| conv2d |" in run(capsys, "kernels", "--format", "md")[1]
   assert "attention" in run(capsys, "kernels")[1] and "<table" in run(capsys, "kernels", "--format", "html")[1]
@@ -98,6 +99,11 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["compare", "matmul", "--dtype", "nope"], "unsupported dtype 'nope'; use one of bool, int8, uint8"),
   (["search", "train_step", "--dtype", "float16"], "train_step does not compute in float16; it takes bfloat16, float32"),
   (["report", "--kernel", "r_9_9"], "no tuned kernel or search matches --kernel 'r_9_9'"),
+  (["search", "matmul", "--strategy", "optuna", "--sampler", "nonsense"], "optuna option sampler='nonsense' is not one of tpe, cmaes, gp"),
+  (["search", "matmul", "--option", "depth=3"], "beam has no option 'depth'; it takes width, min_gain"),
+  (["search", "matmul", "--option", "width=wide"], "beam option width='wide' is not a whole number"),
+  (["search", "matmul", "--option", "width"], "bad --option 'width': write KEY=VALUE"),
+  (["search", "matmul", "--strategy", "random", "--beam-width", "2"], "random has no option 'width'"),
 ])
 def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, argv: list[str], message: str) -> None:
   code, out, err = run(capsys, *argv, *(["--db", report_db] if argv[0] != "kernels" else []))

@@ -289,3 +289,50 @@ def test_threads_compiling_the_same_kernel(tmp_path, monkeypatch) -> None:  # ty
   src = "void same(float* restrict a) { a[0] = 1.0f; }\n"
   with ThreadPoolExecutor(8) as pool: paths = set(pool.map(lambda _: Device["CPU"].compile(src), range(16)))
   assert len(paths) == 1 and sorted(p.name for p in (tmp_path / "cpu").iterdir()) == [os.path.basename(paths.pop().decode())]
+
+
+class _FakeDriver:
+  """The driver calls CUDAGraph makes, recorded: each kernel node's argument addresses are read when given, as the driver copies them."""
+  def __init__(self, cu: object):
+    self.CUDA_KERNEL_NODE_PARAMS, self.calls, self.nodes = cu.CUDA_KERNEL_NODE_PARAMS, [], []  # type: ignore[attr-defined]
+
+  @staticmethod
+  def _addresses(p: object) -> list[int]:
+    import ctypes
+    n = int(p.func)  # type: ignore[attr-defined]  # the fake programs' function handle is their argument count
+    return [ctypes.c_void_p.from_address(a).value or 0 for a in (ctypes.c_void_p * n).from_address(p.kernelParams)]  # type: ignore[attr-defined]
+  def cuGraphCreate(self, flags: int) -> tuple: return (0, "graph")
+  def cuGraphAddKernelNode(self, graph: str, deps: list, n: int, p: object) -> tuple:
+    assert deps == self.nodes[-1:] and n == len(deps) and (p.gridDimX, p.blockDimX, p.gridDimY, p.blockDimZ) == (3, 32, 1, 1)  # type: ignore[attr-defined]
+    self.nodes.append(f"node{len(self.nodes)}")
+    self.calls.append(("add", self._addresses(p)))
+    return (0, self.nodes[-1])
+  def cuGraphInstantiate(self, graph: str, flags: int) -> tuple: self.calls.append(("instantiate",)); return (0, "exec")
+  def cuGraphDestroy(self, graph: str) -> tuple: return (0,)
+  def cuGraphExecDestroy(self, graph: str) -> tuple: return (0,)
+  def cuGraphExecKernelNodeSetParams(self, exe: str, node: str, p: object) -> tuple: self.calls.append(("set", node, self._addresses(p))); return (0,)
+  def cuGraphLaunch(self, exe: str, stream: int) -> tuple: self.calls.append(("launch",)); return (0,)
+
+
+def test_tinyjit_cuda_graph_is_built_once_and_relaunched_with_moved_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+  """With a recording fake of the driver: the graph chains the kernels with their buffers' addresses, is built at the first replay,
+  sets again only the nodes whose input moved, and launches once per replay."""
+  cuda = pytest.importorskip("tinytune.runtime.cuda")
+  if cuda.cu is None: pytest.skip("no cuda-bindings here: pip install -e '.[cuda]'")
+  fake = _FakeDriver(cuda.cu)
+  class Mem:
+    def __init__(self, mem: int): self.mem = mem
+  def program(nargs: int) -> object:
+    p = object.__new__(cuda.CUDAProgram)
+    p.function, p.launch = cuda.cu.CUfunction(nargs), (3, 32)
+    return p
+  steps = [(program(2), [Mem(0x1000), 0]), (program(2), [1, Mem(0x1000)]), (program(1), [Mem(0x1000)])]
+  monkeypatch.setattr(cuda, "cu", fake)
+  graph = cuda.CUDAGraph(steps)
+  graph([Mem(0x2000), Mem(0x3000)])
+  assert fake.calls == [("add", [0x1000, 0x2000]), ("add", [0x3000, 0x1000]), ("add", [0x1000]), ("instantiate",), ("launch",)]
+  fake.calls.clear()
+  graph([Mem(0x2000), Mem(0x4000)])  # input 1 moved: only the node that reads it is set again
+  graph([Mem(0x2000), Mem(0x4000)])
+  assert fake.calls == [("set", "node1", [0x4000, 0x1000]), ("launch",), ("launch",)]
+  del graph  # destroyed by the fake

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tinytune import Context, GlobalCounters, Tensor, TinyJit, dtypes, engine
-from tinytune.runtime import POOL, Buffer, device_status
+from tinytune.runtime import POOL, Buffer, Device, device_status
 from tinytune.uop import Ops, UOp
 
 
@@ -65,6 +65,7 @@ def test_matmul_of_views_builds_the_general_paths_graph() -> None:
       np.testing.assert_allclose(fast.numpy(), x.numpy() @ y.numpy(), rtol=1e-5)
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_the_schedule_cache_tells_dtypes_devices_and_the_tuning_policy_apart(monkeypatch: pytest.MonkeyPatch) -> None:
   def misses(x: Tensor) -> tuple[int, list]:
     GlobalCounters.reset()
@@ -82,6 +83,7 @@ def test_the_schedule_cache_tells_dtypes_devices_and_the_tuning_policy_apart(mon
   if device_status("OPENCL") is None: assert misses(Tensor(ones.astype(np.float32), device="OPENCL")) == (1, [4.0] * 5)
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_pooled_memory_keeps_its_address_under_another_dtype() -> None:
   from tinytune.runtime.cpu import address
   gc.collect()
@@ -140,6 +142,22 @@ def test_tinyjit_replays_equal_the_plain_run() -> None:
   assert jitted.captured is not None and len(jitted.captured.steps) >= 2
 
 
+@pytest.mark.usefixtures("each_device")
+def test_tinyjit_replays_a_function_with_no_tensor_arguments() -> None:
+  """A step that samples its own batch has no Tensor arguments: its replay finds the device from the kernels' buffers (off the CPU
+  it read the first Tensor argument's, an IndexError), and draws new numbers each call as the plain run does."""
+  w = Tensor(np.arange(4, dtype=np.float32)).realize()
+  def step() -> Tensor: return (Tensor.rand(4) + w * 2).realize()
+  Tensor.manual_seed(5)
+  plain = [step().numpy() for _ in range(5)]
+  Tensor.manual_seed(5)
+  jitted = TinyJit(step)
+  replayed = [jitted().numpy() for _ in range(5)]
+  assert jitted.captured is not None and jitted.calls == 5
+  for a, b in zip(plain, replayed): np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert len({tuple(r) for r in replayed}) == 5
+
+
 def test_tinyjit_captures_kernels_an_earlier_realize_already_ran() -> None:
   rng = np.random.default_rng(3)
   w = Tensor(rng.random(8, dtype=np.float32)).realize()
@@ -156,6 +174,7 @@ def test_tinyjit_captures_kernels_an_earlier_realize_already_ran() -> None:
   assert held.__dict__.get("realized_as") is not None
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_tinyjit_on_the_cpu_is_one_native_call() -> None:
   jitted = TinyJit(lambda x: ((x + 1) * 2).sum().realize())
   for v in range(4): assert jitted(Tensor(np.full(8, v, np.float32))).item() == 16 * (v + 1)
@@ -165,7 +184,7 @@ def test_tinyjit_on_the_cpu_is_one_native_call() -> None:
 def test_tinyjit_refuses_other_shapes_dtypes_and_arguments() -> None:
   jitted = TinyJit(lambda x, scale: (x * scale).realize())
   for _ in range(3): jitted(Tensor(np.ones(4, np.float32)), 2.0)
-  with pytest.raises(ValueError, match=r"captured by TinyJit with Tensor arguments \(4,\) float32 on CPU, not \(5,\) float32"):
+  with pytest.raises(ValueError, match=rf"captured by TinyJit with Tensor arguments \(4,\) float32 on {Device.DEFAULT}, not \(5,\) float32"):
     jitted(Tensor(np.ones(5, np.float32)), 2.0)
   with pytest.raises(ValueError, match="not \\(4,\\) int32"): jitted(Tensor(np.ones(4, np.int32)), 2.0)
   with pytest.raises(ValueError, match="other arguments"): jitted(Tensor(np.ones(4, np.float32)), 3.0)
@@ -258,6 +277,7 @@ def test_the_pool_reuses_freed_memory() -> None:
   assert b.mem.__array_interface__["data"][0] == address and b.mem.dtype == np.int32
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_the_pool_never_hands_out_live_memory() -> None:
   POOL.clear()
   rng = np.random.default_rng(4)
@@ -325,3 +345,48 @@ def test_capture_records_kernels_with_their_buffers() -> None:
   ((kernel, bufs),) = captured
   assert bufs[0] is out.uop.src[0].arg and kernel.name.startswith("E_")
   assert isinstance(out.uop, UOp) and out.uop.op is Ops.VIEW
+
+
+def test_kernels_of_a_program_in_order_with_labels_unique_in_it() -> None:
+  a, b = Tensor.rand(16, 20).realize(), Tensor.rand(16, 20).realize()
+  items = engine.schedule_many([a.sum(1).uop, b.sum(1).uop, (a * 2).sum(1).uop], "CPU")[0]
+  labelled = engine.kernels(items, "CPU")
+  assert [label for label, _ in labelled] == ["r_16_20", "r_16_20", "r_16_20#2"]  # the same kernel twice keeps its label
+  assert labelled[0][1].key == labelled[1][1].key != labelled[2][1].key
+  graph = (a * 2).sum(1).uop
+  assert [(label, k.key) for label, k in engine.kernels(graph, "CPU")] == [("r_16_20", labelled[2][1].key)]  # a graph: its schedule
+
+
+def test_kernel_opts_by_policy(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+  from tinytune.results_db import Database, fingerprint_hash
+  from tinytune.runtime import device_fingerprint
+  monkeypatch.setenv("TINYTUNE_DB", path := str(tmp_path / "t.db"))
+  for key in ("TINYTUNE_TUNE", "BEAM", "TINYTUNE_CACHE"): monkeypatch.delenv(key, raising=False)
+  engine.forget()
+  [(_, kernel)] = engine.kernels((Tensor.rand(64, 64).realize() * 3).sum(1).uop, "CPU")
+  default = tuple(default_opts(kernel))
+  assert engine.kernel_opts(kernel, "CPU", "default") == default == engine.kernel_opts(kernel, "CPU")  # nothing tuned: the run's are the defaults
+  assert engine.kernel_opts(kernel, "CPU", "tuned") is None
+  tuned = (Opt(OptOps.UNROLL, 0, 4),)
+  Database(path).set_tuned(kernel.key, fingerprint_hash(device_fingerprint("CPU")), opts_to_json(tuned), 1e-6, 2e-6, None)
+  assert engine.kernel_opts(kernel, "CPU", "tuned") == tuned and engine.kernel_opts(kernel, "CPU", "tuned", Database(path)) == tuned
+  assert engine.kernel_opts(kernel, "CPU") == default  # the run's are read once per process ...
+  engine.forget()
+  assert engine.kernel_opts(kernel, "CPU") == tuned  # ... until forget()
+  monkeypatch.setenv("TINYTUNE_TUNE", "0")
+  assert engine.kernel_opts(kernel, "CPU") == default  # the cache skipped
+  with pytest.raises(ValueError, match="unknown opts policy 'best'"): engine.kernel_opts(kernel, "CPU", "best")  # type: ignore[call-overload]
+  engine.forget()
+
+
+def test_the_run_path_loads_no_search_and_the_search_registers_its_tuner() -> None:
+  import os
+  import subprocess
+  import sys
+  code = ("import sys; from tinytune import Tensor; from tinytune.engine import program; (Tensor.ones(4) + 1).numpy()\n"
+          "assert 'tinytune.search.tune' not in sys.modules and program._first_use_tuner is None\n"
+          "from tinytune.search.tune import tune_on_first_use; assert program._first_use_tuner is tune_on_first_use")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TINYTUNE_TUNE": "1"})
+  assert proc.returncode == 0, proc.stderr

@@ -144,6 +144,17 @@ def test_numpy_baseline_and_timing() -> None:
   assert 2 <= len(times) <= 3 and times[0] == 1e-3
 
 
+def test_gpu_defaults_outgrow_the_l2() -> None:
+  """On a GPU with no parameters given, each workload but the training step takes its GPU defaults: the data at least an H100's
+  50 MB L2, so a figure is not launch overhead; any -p given means the CPU defaults with it, as everywhere."""
+  for w in WORKLOADS.values():
+    if w.name == "train_step": continue
+    p = w.params({}, "CUDA")
+    assert p != w.params({}) and w.params({}, "CPU") == w.defaults, w.name
+    assert w.nbytes(p) >= 50e6, (w.name, w.nbytes(p))
+  assert get_workload("matmul").params({"m": 64}, "CUDA") == {"m": 64, "n": 512, "k": 512}
+
+
 def test_bad_parameters() -> None:
   with pytest.raises(ValueError, match="has no parameter"): get_workload("matmul").params({"q": 1})
   with pytest.raises(ValueError, match="unknown workload"): get_workload("nope")

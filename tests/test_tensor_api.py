@@ -5,10 +5,11 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from test_ops import check, oob_guard, rand  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+from ops_support import check, oob_guard, rand  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
 from tinytune import Tensor, dtypes
 from tinytune.dtype import DType
+from tinytune.runtime import Device
 
 # ***** creation *****
 
@@ -37,7 +38,7 @@ from tinytune.dtype import DType
 ])
 def test_tensor_from_data(data: Any, dtype: DType, expected: np.ndarray) -> None:
   t = Tensor(data)
-  assert t.dtype == dtype and t.shape == expected.shape and t.device == "CPU"
+  assert t.dtype == dtype and t.shape == expected.shape and t.device == Device.DEFAULT
   check(t, expected.astype(dtype.np), dtype)
 
 
@@ -63,7 +64,7 @@ def test_tensor_from_tensor_and_truncating_casts() -> None:
 def test_tensor_device() -> None:
   assert Tensor([1.0], device="cpu").device == "CPU"
   assert Tensor([1.0], device="CPU:0").device == "CPU"
-  t = Tensor([1.0, 2.0])
+  t = Tensor([1.0, 2.0], device="CPU")
   assert t.to("cpu") is t
   check(t.to("CPU"), [1.0, 2.0])
 
@@ -147,8 +148,8 @@ def test_properties() -> None:
   t = Tensor(rand(2, 3, 4))
   assert t.shape == (2, 3, 4) and t.ndim == 3 and t.numel() == 24 and len(t) == 2
   assert t.size() == (2, 3, 4) and t.size(1) == 3 and t.size(-1) == 4
-  assert t.dtype == dtypes.float32 and t.device == "CPU"
-  assert repr(t) == "<Tensor (2, 3, 4) float32 on CPU>"
+  assert t.dtype == dtypes.float32 and t.device == Device.DEFAULT
+  assert repr(t) == f"<Tensor (2, 3, 4) float32 on {Device.DEFAULT}>"
   s = Tensor(1.5)
   assert s.shape == () and s.ndim == 0 and s.numel() == 1
 

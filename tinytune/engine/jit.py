@@ -1,10 +1,8 @@
 """TinyJit: capture the kernels a function runs, then replay them on new inputs with no graph building, scheduling or
-per-kernel Python. On the CPU a replay is one native call into a generated C function that calls every kernel in turn."""
+per-kernel Python. The device's own batch replays them where it has one (runtime: one native call on the CPU, a graph on CUDA)."""
 from __future__ import annotations
 
-import ctypes
 import functools
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -37,6 +35,7 @@ class _Captured:
   others: tuple  # the non-Tensor arguments, which the captured kernels may have baked in
   ret: Any
   draws: list[tuple[Buffer, int]]  # random number state buffers to refill before each replay
+  device: str  # where the kernels run (a function with no Tensor arguments has only its kernels' buffers to say)
   batch: Callable[[list[Buffer]], None] | None = None
 
 
@@ -59,12 +58,13 @@ class TinyJit(Generic[R]):
     self.calls += 1
     if self.captured is not None: return self._replay(tensors, inputs, others)
     if self.calls == 1: return self._realized(self.fn(*args, **kwargs))
-    schedule.writes[0] += 1  # forget what earlier realizes computed: a kernel the capture skipped for it would be missing from every replay
+    schedule.forget_realized()  # forget what earlier realizes computed: a kernel the capture skipped for it would be missing from every replay
     with capturing() as captured, rng.recording() as draws: ret = self._realized(self.fn(*args, **kwargs))
     where = {id(b): i for i, b in enumerate(inputs)}
     steps = [(kernel, [where.get(id(b), b) for b in bufs]) for kernel, bufs in captured]
-    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], others, ret, draws)
-    if steps and all(isinstance(k.program, _cpu_program()) for k, _ in steps): self.captured.batch = _cpu_batch(steps)
+    device = next((b.device for _, bufs in captured for b in bufs), tensors[0].device if tensors else Device.DEFAULT)
+    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], others, ret, draws, device)
+    if steps: self.captured.batch = Device[device].batch([(k.program, bufs) for k, bufs in steps])
     return ret
 
   @staticmethod
@@ -84,45 +84,17 @@ class TinyJit(Generic[R]):
       raise ValueError(f"{self.fn.__name__} was captured by TinyJit with the other arguments {cap.others!r:.200}, not {others!r:.200}: "
                        "the kernels may have them baked in; pass them as Tensors, or reset() the jit")
     rng.refill(cap.draws)
-    if cap.batch is not None:
-      st = time.perf_counter()
-      cap.batch(inputs)
+    if (batch := cap.batch) is not None:
+      dev = Device[cap.device]
       GlobalCounters.kernel_count += len(cap.steps)
-      GlobalCounters.time_sum_s += (seconds := time.perf_counter() - st)
+      # the device's time: an asynchronous device waits for it only under DEBUG=2
+      if DEBUG >= 2 or not dev.asynchronous: GlobalCounters.time_sum_s += (seconds := dev.timed(lambda: batch(inputs)))
+      else: batch(inputs)
       if DEBUG >= 2: print(f"TinyJit {self.fn.__name__}: {len(cap.steps)} kernels in one call, {seconds * 1e6:.1f} us")
     else:
-      for kernel, bufs in cap.steps: run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], tensors[0].device)
+      for kernel, bufs in cap.steps: run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], cap.device)
     return cap.ret
 
 
 def _show(inputs: list[tuple[tuple[int, ...], Any, str]]) -> str:
   return ", ".join(f"{shape} {dtype.name} on {device}" for shape, dtype, device in inputs) or "none"
-
-
-def _cpu_program() -> type:
-  from tinytune.runtime.cpu import CPUProgram
-  return CPUProgram
-
-
-def _cpu_batch(steps: list[tuple[CompiledKernel, list[Buffer | int]]]) -> Callable[[list[Buffer]], None]:
-  """One C function that calls each captured CPU kernel in turn, through the kernels' own addresses, with its buffers' addresses
-  from one array: the inputs' entries are refreshed per call, the rest are fixed (TinyJit holds those buffers)."""
-  from tinytune.runtime.cpu import address
-  places: dict[tuple[str, int], int] = {}  # ("in", argument) or ("buf", id) -> place in the address table
-  def place(b: Buffer | int) -> int: return places.setdefault(("in", b) if isinstance(b, int) else ("buf", id(b)), len(places))
-  calls = [[place(b) for b in bufs] for _, bufs in steps]
-  lines = [f"  ((void (*)({', '.join(['void*'] * len(args))}))fns[{i}])({', '.join(f'b[{a}]' for a in args)});" for i, args in enumerate(calls)]
-  fn = ctypes.CDLL(Device["CPU"].compile("void tt_jit(void** fns, void** b) {\n" + "\n".join(lines) + "\n}\n").decode()).tt_jit
-  fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-  fns = (ctypes.c_void_p * len(steps))(*[k.program.address for k, _ in steps])  # type: ignore[attr-defined]
-  table = (ctypes.c_void_p * len(places))()
-  held = {id(b): b for _, bufs in steps for b in bufs if not isinstance(b, int)}  # alive as long as the batch: their addresses stay
-  for (kind, key), at in places.items():
-    if kind == "buf": table[at] = address(held[key])
-  inputs = [(at, key) for (kind, key), at in places.items() if kind == "in"]
-
-  def run(new_inputs: list[Buffer]) -> None:
-    for at, i in inputs: table[at] = address(new_inputs[i])
-    fn(fns, table)
-  run.held = held  # type: ignore[attr-defined]
-  return run

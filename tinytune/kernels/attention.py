@@ -41,4 +41,4 @@ attention = register(Workload(
   torch=_torch,
   help={"causal": "1 masks out later positions"},
   may_be_zero=("causal",),
-))
+  gpu={"batch": 4, "heads": 16, "seq": 1024, "dim": 64}))

@@ -118,7 +118,8 @@ _torch_processes: dict[str, TorchProcess] = {}
 
 def torch_baseline(workload: Workload, params: Params, device: str, policy: TimingPolicy | None = None, dtype: DType = dtypes.float32) -> Timing:
   """PyTorch on the same device, in the same dtype, with as many CPU threads as tinytune's kernels use; on the CPU in a process of
-  its own (TorchProcess), held to the CPU target's ISA."""
+  its own (TorchProcess), held to the CPU target's ISA. On a GPU timed as tinytune is: CUDA events around the call, after an L2 flush
+  unless policy.warm_cache; float32 with TF32 off (cuDNN and cuBLAS would otherwise use TF32 tensor cores, not float32 arithmetic)."""
   from tinytune.runtime import Device
   if importlib.util.find_spec("torch") is None: raise RuntimeError(TORCH_MISSING)
   if workload.torch is None: raise RuntimeError(f"{workload.name} has no PyTorch baseline")
@@ -146,13 +147,37 @@ def torch_timing(workload: str, params: Params, dtype: str, policy: dict[str, An
     sync()
     return out
 
-  with torch.inference_mode():
-    out = call().cpu()
-    output = (out.float() if out.dtype == torch.bfloat16 else out).numpy()
-    times = time_callable(wall(call), TimingPolicy(**policy))
+  run, note = wall(call), ""
+  if dev == "cuda":
+    run, note = _cuda_events(torch, lambda: fn(params, *tensors), policy.get("warm_cache", False)), "CUDA events"
+    if dt == dtypes.float32: note += "; cudnn.allow_tf32 and cuda.matmul.allow_tf32 False: float32 arithmetic, not TF32"
+  tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+  try:
+    if dt == dtypes.float32: torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.inference_mode():
+      out = call().cpu()
+      output = (out.float() if out.dtype == torch.bfloat16 else out).numpy()
+      times = time_callable(run, TimingPolicy(**policy))
+  finally: torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
   isa = torch.backends.cpu.get_cpu_capability().lower()
   version = f"{torch.__version__} {threads} threads {isa}" if dev == "cpu" else f"{torch.__version__} {dev}"
-  return Timing("torch", version, times, output)
+  return Timing("torch", version, times, output, note)
+
+
+def _cuda_events(torch: Any, fn: Callable[[], Any], warm_cache: bool) -> Callable[[], float]:
+  """`fn` as a run for time_callable on a GPU: seconds between CUDA events around it, after writing twice the L2 (at least 64 MiB)
+  unless warm_cache, as tinytune's CUDA device times its programs."""
+  l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+  scratch = None if warm_cache else torch.empty(max(2 * l2, 64 << 20), dtype=torch.int8, device="cuda")
+  start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+  def run() -> float:
+    if scratch is not None: scratch.zero_()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3
+  return run
 
 
 def torch_process() -> None:
@@ -183,30 +208,25 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where every kernel
   runs its default opts the `default` timing, if given, stands for it (the same programs: timing them again would only add noise)."""
   import tinytune
+  from tinytune import engine
   from tinytune.codegen import CODEGEN_VERSION
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.codegen.kernel import Kernel
-  from tinytune.engine import compile_kernel
-  from tinytune.helpers import unique_names
   from tinytune.kernels.workload import schedule
-  from tinytune.results_db.cache import TuningCache
-  from tinytune.runtime import Device
+  from tinytune.runtime import Device, Program
   from tinytune.tensor import Tensor
 
   built, _ = workload.instantiate(params, dtype, device)
   items, views = schedule(built, device)
-  calls, missing, same, kernels = [], 0, 0, []
-  program_kernels = [Kernel(item.ast, Device[device].caps) for item in items]
-  labels = unique_names((k.key, k.name) for k in program_kernels)
-  for item, kernel in zip(items, program_kernels):
-    cached = found.opts if tuned and (found := TuningCache(db).lookup(kernel, device)) is not None else None
+  calls: list[tuple[Program, tuple]] = []  # each program with its buffers
+  missing, same, kernels = 0, 0, []
+  for item, (label, kernel) in zip(items, engine.kernels(items, device)):
+    cached = engine.kernel_opts(kernel, device, "tuned", db) if tuned else None
     missing += tuned and cached is None
-    defaults = default_opts(kernel)
-    same += cached is None or list(cached) == list(defaults)
+    defaults = engine.kernel_opts(kernel, device, "default")
+    same += cached is None or cached == defaults
     kernel.apply_opts(cached if cached is not None else defaults)
-    kernels.append({"kernel": labels[kernel.key], "dtype": kernel.ast.dtype.name, "flops": kernel.flops, "bytes": kernel.mem_bytes,
+    kernels.append({"kernel": label, "dtype": kernel.ast.dtype.name, "flops": kernel.flops, "bytes": kernel.mem_bytes,
                     "opts": [o.to_json() for o in kernel.opts], "opts_from": "tuning cache" if cached is not None else "defaults"})
-    program, _ = compile_kernel(kernel, device)
+    program, _ = engine.compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
 
   note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""
@@ -214,9 +234,17 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
     return replace(default, library="tinytune-tuned", note=(note + ": " if note else "") + "the defaults", untuned=missing == len(items),
                    kernels=tuple(kernels))
 
-  def run() -> float: return sum(program(*bufs) for program, bufs in calls)  # device seconds, as the search counts them
+  dev, warm = Device[device], policy is not None and policy.warm_cache
+  def launch() -> None:
+    for program, bufs in calls: program(*bufs)
+  def run() -> float:
+    """Device seconds: on a GPU between events around the whole program (gaps between kernels count), after an L2 flush unless
+    warm_cache; on the CPU the sum of its kernels' times, as the search counts them."""
+    if not dev.asynchronous: return sum(program.timed(*bufs) for program, bufs in calls)
+    if not warm: dev.flush_cache()
+    return dev.timed(launch)
 
-  run()
+  launch()
   values = [Tensor(view, device=device).numpy() for view in views]  # the buffers the kernels filled, as `result` joins them
   output = (values[0] if isinstance(built, Tensor) else np.concatenate([v.ravel() for v in values])) if items else None
   return Timing("tinytune-tuned" if tuned else "tinytune-default", f"{tinytune.__version__} codegen {CODEGEN_VERSION}", time_callable(run, policy),

@@ -35,4 +35,4 @@ conv2d = register(Workload(
   help={"cin": "input channels", "cout": "output channels", "size": "input height and width", "kernel": "kernel height and width"},
   may_be_zero=("padding",),
   takes=numbers,
-))
+  gpu={"batch": 32, "cin": 64, "cout": 64, "size": 56}))

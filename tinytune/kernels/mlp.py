@@ -22,4 +22,4 @@ mlp = register(Workload(
   flops=lambda p: 2 * p["batch"] * (p["din"] * p["hidden"] + p["hidden"] * p["dout"]) + 2 * p["batch"] * p["hidden"] + p["batch"] * p["dout"],
   output=lambda p: (p["batch"], p["dout"]),
   torch=_torch,
-))
+  gpu={"batch": 4096, "din": 1024, "hidden": 4096, "dout": 1024}))

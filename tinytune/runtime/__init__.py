@@ -6,34 +6,29 @@ import importlib
 import itertools
 import os
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from tinytune.codegen.caps import DeviceCaps
 from tinytune.dtype import DType
 from tinytune.helpers import cache_dir, env_count
 
 
-@dataclass(frozen=True)
-class DeviceCaps:
-  """What a device's kernels may use; the opt checks read these."""
-  has_local: bool = False  # workgroups (LOCAL, GROUP)
-  threads: int = 1  # cores a THREAD opt can split across
-  max_upcast: int = 256  # elements computed per thread in registers
-  simd_width: int = 8  # float32 lanes of one vector register
-  vector_registers: int = 16
-  max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
-  shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
-  tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
-  l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
-  l2_bytes: int = 512 << 10
-
-
 class Program:
-  """A compiled kernel: `program(*buffers) -> seconds` of device time."""
-  def __call__(self, *bufs: Buffer) -> float: raise NotImplementedError
+  """A compiled kernel. `program(*buffers)` launches it and returns; `wait=True` waits for it and returns its seconds of device time.
+  A synchronous device (the CPU) waits always and always returns the seconds."""
+  def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None: raise NotImplementedError
+  def timed(self, *bufs: Buffer) -> float:
+    """Run it, wait, and return its seconds of device time."""
+    if (seconds := self(*bufs, wait=True)) is None: raise RuntimeError(f"{type(self).__name__} returned no time when waited for")
+    return seconds
+
+
+# the kernels of a TinyJit capture, in order, each with its buffers: an int is the place of an input among the call's arguments
+Steps = list[tuple[Program, list["Buffer | int"]]]
 
 
 class Compiled:
@@ -52,6 +47,23 @@ class Compiled:
     """`launch` is (workgroups, threads per workgroup) on devices with workgroups."""
     raise NotImplementedError
   def fingerprint(self) -> dict[str, str]: raise NotImplementedError
+
+  asynchronous = False  # launches return before the kernel has run: copyout, synchronize() and timing wait
+  def synchronize(self) -> None:
+    """Wait for every kernel launched so far."""
+  def timed(self, run: Callable[[], Any]) -> float:
+    """Seconds of device time that what `run` launches takes, all of it (gaps between kernels included); the host clock here."""
+    self.synchronize()
+    st = time.perf_counter()
+    run()
+    self.synchronize()
+    return time.perf_counter() - st
+  def flush_cache(self) -> None:
+    """Evict the device's last-level cache, so the next timing starts cold (GPUs: writes a buffer larger than L2)."""
+  def batch(self, steps: Steps) -> Callable[[list[Buffer]], None] | None:
+    """TinyJit's replay of `steps` as one native call (the CPU) or graph launch (CUDA), given the new input buffers; None where this
+    device has no such thing, and the steps replay one by one."""
+    return None
 
 
 class CompileError(RuntimeError):
@@ -204,4 +216,3 @@ def device_status(name: str) -> str | None:
   except DeviceMissing as e: return str(e)
   except Exception as e: return f"{name} failed to open: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
   return None
-Runner = Callable[..., float]

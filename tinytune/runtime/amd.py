@@ -6,12 +6,13 @@ import ctypes
 import ctypes.util
 import os
 import subprocess
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from tinytune.codegen.cstyle import HIPRenderer
 from tinytune.dtype import DType
+from tinytune.helpers import env_int
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
 
 
@@ -47,17 +48,15 @@ class AMDProgram(Program):
     dev.check(dev.hip.hipModuleLoadData(ctypes.byref(self.module), code), "hipModuleLoadData")
     dev.check(dev.hip.hipModuleGetFunction(ctypes.byref(self.function), self.module, name.encode()), "hipModuleGetFunction")
 
-  def __call__(self, *bufs: Buffer) -> float:
+  def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     hip, (groups, threads) = self.dev.hip, self.launch
     values = [ctypes.c_void_p(b.mem.value) for b in bufs]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    self.dev.check(hip.hipEventRecord(self.dev.start, None), "hipEventRecord")
-    self.dev.check(hip.hipModuleLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, None, params, None), "hipModuleLaunchKernel")
-    self.dev.check(hip.hipEventRecord(self.dev.end, None), "hipEventRecord")
-    self.dev.check(hip.hipEventSynchronize(self.dev.end), "the kernel")
-    ms = ctypes.c_float()
-    self.dev.check(hip.hipEventElapsedTime(ctypes.byref(ms), self.dev.start, self.dev.end), "hipEventElapsedTime")
-    return ms.value * 1e-3
+    def launch() -> None:
+      self.dev.check(hip.hipModuleLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, None, params, None), "hipModuleLaunchKernel")
+    if wait: return self.dev.timed(launch)
+    launch()
+    return None
 
 
 class AMDDevice(Compiled):
@@ -68,7 +67,7 @@ class AMDDevice(Compiled):
     count = ctypes.c_int()
     if self.hip.hipGetDeviceCount(ctypes.byref(count)) != 0 or count.value == 0:
       raise DeviceMissing("AMD found no GPU: it needs an AMD GPU and ROCm's driver")
-    self.ordinal = int(os.getenv("TINYTUNE_AMD_DEVICE", "0"))
+    self.ordinal = env_int("TINYTUNE_AMD_DEVICE", 0, 0)
     self.check(self.hip.hipSetDevice(self.ordinal), "hipSetDevice")
     prop = _DeviceProp()
     get_props = getattr(self.hip, "hipGetDevicePropertiesR0600", None) or self.hip.hipGetDeviceProperties
@@ -93,6 +92,18 @@ class AMDDevice(Compiled):
   def _attr(self, attr: int) -> int:
     value = ctypes.c_int()
     return value.value if self.hip.hipDeviceGetAttribute(ctypes.byref(value), attr, self.ordinal) == 0 else 0
+
+  asynchronous = True  # launches and copies on the null stream, in order: a copy out waits for the kernels before it
+  def synchronize(self) -> None: self.check(self.hip.hipDeviceSynchronize(), "the kernels")
+  def timed(self, run: Callable[[], Any]) -> float:
+    """Device seconds between events recorded before and after what `run` launches."""
+    self.check(self.hip.hipEventRecord(self.start, None), "hipEventRecord")
+    run()
+    self.check(self.hip.hipEventRecord(self.end, None), "hipEventRecord")
+    self.check(self.hip.hipEventSynchronize(self.end), "the kernels")
+    ms = ctypes.c_float()
+    self.check(self.hip.hipEventElapsedTime(ctypes.byref(ms), self.start, self.end), "hipEventElapsedTime")
+    return ms.value * 1e-3
 
   def alloc(self, size: int, dtype: DType) -> Any:
     ptr = ctypes.c_void_p()

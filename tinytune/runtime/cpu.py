@@ -13,13 +13,14 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from time import perf_counter
+from typing import Callable
 
 import numpy as np
 
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import cache_dir, warn_once
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps
 
 # -fwrapv: signed int overflow wraps (two's complement) as in NumPy and torch, where C leaves it undefined. -march is the target's
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv")
@@ -142,7 +143,7 @@ class CPUProgram(Program):
     self.fxn = getattr(self.lib, name)
     self.address = ctypes.cast(self.fxn, ctypes.c_void_p).value  # for TinyJit's batched calls
 
-  def __call__(self, *bufs: Buffer) -> float:
+  def __call__(self, *bufs: Buffer, wait: bool = False) -> float:
     ptrs = [address(b) for b in bufs]
     if self.fxn.argtypes is None: self.fxn.argtypes = [ctypes.c_void_p] * len(ptrs)
     st = perf_counter()
@@ -214,3 +215,26 @@ class CPUDevice(Compiled):
     if self.target.name != "native": return {**common, "name": self.target.name, "arch": self.target.machine, "target": self.target.name}
     isa = hashlib.sha256(info.get("flags", "").encode()).hexdigest()[:12]  # -march=native code depends on the exact ISA
     return {**common, "name": info.get("model name", platform.processor()), "arch": f"{platform.machine()}-{isa}"}
+
+  def batch(self, steps: Steps) -> Callable[[list[Buffer]], None] | None:
+    """One C function that calls each kernel in turn, through the kernels' own addresses, with its buffers' addresses from one array:
+    the inputs' entries are refreshed per call, the rest are fixed (the batch holds those buffers)."""
+    if not all(isinstance(p, CPUProgram) for p, _ in steps): return None
+    places: dict[tuple[str, int], int] = {}  # ("in", argument) or ("buf", id) -> place in the address table
+    def place(b: Buffer | int) -> int: return places.setdefault(("in", b) if isinstance(b, int) else ("buf", id(b)), len(places))
+    calls = [[place(b) for b in bufs] for _, bufs in steps]
+    lines = [f"  ((void (*)({', '.join(['void*'] * len(args))}))fns[{i}])({', '.join(f'b[{a}]' for a in args)});" for i, args in enumerate(calls)]
+    fn = ctypes.CDLL(self.compile("void tt_jit(void** fns, void** b) {\n" + "\n".join(lines) + "\n}\n").decode()).tt_jit
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fns = (ctypes.c_void_p * len(steps))(*[p.address for p, _ in steps])  # type: ignore[attr-defined]
+    table = (ctypes.c_void_p * len(places))()
+    held = {id(b): b for _, bufs in steps for b in bufs if not isinstance(b, int)}  # alive as long as the batch: their addresses stay
+    for (kind, key), at in places.items():
+      if kind == "buf": table[at] = address(held[key])
+    inputs = [(at, key) for (kind, key), at in places.items() if kind == "in"]
+
+    def run(new_inputs: list[Buffer]) -> None:
+      for at, i in inputs: table[at] = address(new_inputs[i])
+      fn(fns, table)
+    run.held = held  # type: ignore[attr-defined]
+    return run

@@ -1,16 +1,19 @@
 """The CUDA device: kernels compiled by NVRTC to cubin for this GPU, loaded and launched through the driver API
-(NVIDIA's cuda-bindings), timed with CUDA events."""
+(NVIDIA's cuda-bindings) on the legacy default stream, which orders launches and copies: a launch returns at once, a copy out
+waits for the kernels before it. Timing records CUDA events around the timed work only; TinyJit replays a CUDA graph."""
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.dtype import DType
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
+from tinytune.helpers import DEBUG
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps, disk_cached
 
 try:
   from cuda.bindings import driver as cu
@@ -33,15 +36,77 @@ class CUDAProgram(Program):
     self.module = _check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
     self.function = _check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
 
-  def __call__(self, *bufs: Buffer) -> float:
+  def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     groups, threads = self.launch
-    values = [ctypes.c_void_p(int(b.mem)) for b in bufs]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    _check(cu.cuEventRecord(self.dev.start, 0), "cuEventRecord")
-    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, 0, ctypes.addressof(params), 0), "cuLaunchKernel")
+    args = _arguments([int(b.mem) for b in bufs])
+    if wait: _check(cu.cuEventRecord(self.dev.start, 0), "cuEventRecord")
+    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, 0, ctypes.addressof(args), 0), "cuLaunchKernel")
+    if not wait: return None
     _check(cu.cuEventRecord(self.dev.end, 0), "cuEventRecord")
     _check(cu.cuEventSynchronize(self.dev.end), "the kernel")
     return _check(cu.cuEventElapsedTime(self.dev.start, self.dev.end), "cuEventElapsedTime") * 1e-3
+
+
+def _arguments(addresses: list[int]) -> ctypes.Array:
+  """A kernel's parameters as the driver takes them: an array of pointers to each argument (the pointed-to values ride along)."""
+  values = [ctypes.c_void_p(a) for a in addresses]
+  args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+  args.values = values  # type: ignore[attr-defined]  # alive as long as the array
+  return args
+
+
+class CUDAGraph:
+  """TinyJit's kernels as one CUDA graph, in a chain: built at the first replay, then per replay the kernel nodes whose input buffers
+  moved get their arguments set again, and one cuGraphLaunch runs them all. Where the graph cannot be built, the kernels launch one
+  by one (DEBUG=1 says why); `graph` tells which."""
+
+  def __init__(self, steps: Steps):
+    self.steps, self.graph = steps, True
+    self.exec: Any = None
+    self.nodes: list[Any] = []
+    self.last: list[int] = []  # the input addresses the nodes were last given
+
+  def _params(self, program: CUDAProgram, args: ctypes.Array) -> Any:
+    p = cu.CUDA_KERNEL_NODE_PARAMS()
+    p.func, (p.gridDimX, p.blockDimX) = program.function, program.launch
+    p.gridDimY = p.gridDimZ = p.blockDimY = p.blockDimZ = 1
+    p.sharedMemBytes, p.kernelParams, p.extra = 0, ctypes.addressof(args), 0
+    return p
+
+  def _args(self, bufs: list[Buffer | int], inputs: list[int]) -> ctypes.Array:
+    return _arguments([inputs[b] if isinstance(b, int) else int(b.mem) for b in bufs])
+
+  def _build(self, inputs: list[int]) -> None:
+    graph = _check(cu.cuGraphCreate(0), "cuGraphCreate")
+    for program, bufs in self.steps:
+      args = self._args(bufs, inputs)
+      self.nodes.append(_check(cu.cuGraphAddKernelNode(graph, self.nodes[-1:], len(self.nodes[-1:]), self._params(program, args)),  # type: ignore[arg-type]
+                               "cuGraphAddKernelNode"))
+    self.exec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")  # the executable graph is a copy
+
+  def __call__(self, new_inputs: list[Buffer]) -> None:
+    inputs = [int(b.mem) for b in new_inputs]
+    if not self.graph:
+      for program, bufs in self.steps: program(*[new_inputs[b] if isinstance(b, int) else b for b in bufs])
+      return
+    if self.exec is None:
+      try: self._build(inputs)
+      except Exception as e:
+        if DEBUG >= 1: print(f"TinyJit: no CUDA graph ({str(e).splitlines()[0]}): the kernels launch one by one")
+        self.graph = False
+        return self(new_inputs)
+    else:
+      moved = {i for i, (a, b) in enumerate(zip(inputs, self.last)) if a != b}
+      for node, (program, bufs) in zip(self.nodes, self.steps):
+        if moved.intersection(b for b in bufs if isinstance(b, int)):
+          args = self._args(bufs, inputs)
+          _check(cu.cuGraphExecKernelNodeSetParams(self.exec, node, self._params(program, args)), "cuGraphExecKernelNodeSetParams")  # type: ignore[arg-type]
+    self.last = inputs
+    _check(cu.cuGraphLaunch(self.exec, 0), "cuGraphLaunch")
+
+  def __del__(self) -> None:
+    if self.exec is not None and cu is not None: cu.cuGraphExecDestroy(self.exec)
 
 
 class CUDADevice(Compiled):
@@ -63,10 +128,30 @@ class CUDADevice(Compiled):
     self.driver = str(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
     self.nvrtc_version = ".".join(map(str, _check(nvrtc.nvrtcVersion(), "nvrtcVersion")))
     self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+    self.scratch: Any = None  # flush_cache's buffer
     self.renderer = CUDARenderer()
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
                            max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
                            tensor_cores=("float16", "bfloat16") if self.cc >= (8, 0) else ())
+
+  asynchronous = True
+  def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")
+  def timed(self, run: Callable[[], Any]) -> float:
+    """Device seconds between events recorded before and after what `run` launches."""
+    _check(cu.cuEventRecord(self.start, 0), "cuEventRecord")
+    run()
+    _check(cu.cuEventRecord(self.end, 0), "cuEventRecord")
+    _check(cu.cuEventSynchronize(self.end), "the kernels")
+    return _check(cu.cuEventElapsedTime(self.start, self.end), "cuEventElapsedTime") * 1e-3
+  def flush_cache(self) -> None:
+    """Write twice the L2's size of memory (at least 64 MiB) on the stream."""
+    if self.scratch is None:
+      l2 = int(_check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, self.device), "cuDeviceGetAttribute"))
+      self.scratch_bytes = max(2 * l2, 64 << 20)
+      self.scratch = _check(cu.cuMemAlloc(self.scratch_bytes), "cuMemAlloc")
+    _check(cu.cuMemsetD8Async(self.scratch, 0, self.scratch_bytes, 0), "cuMemsetD8Async")
+  def batch(self, steps: Steps) -> Callable[[list[Buffer]], None] | None:
+    return CUDAGraph(steps) if all(isinstance(p, CUDAProgram) for p, _ in steps) else None
 
   def alloc(self, size: int, dtype: DType) -> Any: return _check(cu.cuMemAlloc(max(1, size * dtype.itemsize)), "cuMemAlloc")
   def copyin(self, mem: Any, data: np.ndarray) -> None:
@@ -109,10 +194,12 @@ def _nvrtc(src: str, arch: str) -> bytes:
 
 
 def _include_dirs() -> list[str]:
-  """CUDA's headers (cuda_fp16.h), where a toolkit or the nvidia-cuda-runtime wheel has them."""
+  """CUDA's headers (cuda_fp16.h), where a toolkit or an NVIDIA runtime wheel has them (12.x: nvidia/cuda_runtime/include; 13 wheels
+  may nest them one folder deeper)."""
   dirs = [os.path.join(os.getenv("CUDA_HOME", "/usr/local/cuda"), "include")]
   try:
-    import nvidia.cuda_runtime  # type: ignore[import-not-found]
-    dirs += [os.path.join(p, "include") for p in nvidia.cuda_runtime.__path__]
+    import nvidia  # type: ignore[import-not-found]
+    dirs += sorted(os.path.dirname(h) for p in nvidia.__path__ for pattern in ("*/include/cuda_fp16.h", "*/*/include/cuda_fp16.h")
+                   for h in glob.glob(os.path.join(p, pattern)))
   except ImportError: pass
-  return [d for d in dirs if os.path.exists(os.path.join(d, "cuda_fp16.h"))]
+  return [d for d in dict.fromkeys(dirs) if os.path.exists(os.path.join(d, "cuda_fp16.h"))]

@@ -1,7 +1,6 @@
 """The OpenCL device through pyopencl: any OpenCL platform, pocl on the CPU included, so workgroup opts run without a GPU."""
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -9,6 +8,7 @@ import numpy as np
 
 from tinytune.codegen.cstyle import OpenCLRenderer
 from tinytune.dtype import DType
+from tinytune.helpers import env_int
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
 
 try:
@@ -24,9 +24,10 @@ class OpenCLProgram(Program):
     self.dev, self.launch = dev, launch
     with BUILDS: self.kernel = getattr(cl.Program(dev.ctx, [dev.device], [binary]).build(), name)
 
-  def __call__(self, *bufs: Buffer) -> float:
+  def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     groups, threads = self.launch
     event = self.kernel(self.dev.queue, (groups * threads,), (threads,), *[b.mem for b in bufs])
+    if not wait: return None
     event.wait()
     return (event.profile.end - event.profile.start) * 1e-9
 
@@ -40,13 +41,16 @@ class OpenCLDevice(Compiled):
     except cl.Error as e: devices, why = [], str(e)
     else: why = "no platform has a device"
     if not devices: raise DeviceMissing(f"OPENCL found no device ({why}): install a driver, e.g. apt-get install pocl-opencl-icd")
-    self.device = devices[int(os.getenv("TINYTUNE_OPENCL_DEVICE", "0"))]
+    self.device = devices[env_int("TINYTUNE_OPENCL_DEVICE", 0, 0)]
     self.ctx = cl.Context([self.device])
     self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     fp64 = "cl_khr_fp64" in self.device.extensions or bool(getattr(self.device, "double_fp_config", 0))
     self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions, fp64=fp64)
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, vector_registers=64,
                            max_local=min(self.device.max_work_group_size, 1024), shared_bytes=self.device.local_mem_size)
+
+  asynchronous = True  # one in-order queue: a launch is queued, and blocking copies wait for what is before them
+  def synchronize(self) -> None: self.queue.finish()
 
   def alloc(self, size: int, dtype: DType) -> Any: return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(1, size) * dtype.itemsize)
   def copyin(self, mem: Any, data: np.ndarray) -> None:

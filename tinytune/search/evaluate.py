@@ -53,6 +53,7 @@ class TimingPolicy:
   settle: float = 0.03  # stop once (median - min) / median is below this
   warmup_seconds: float = 0.02
   cutoff_ratio: float = 3.0  # a candidate whose first run is this many times slower than the best so far is timed no further
+  warm_cache: bool = False  # benchmarks on a GPU: no L2 flush between repeats (the search's own timing never flushes)
 
 
 class _Worker:

@@ -1,0 +1,303 @@
+"""One command that checks a GPU: the tests on it, the catalog at GPU sizes against PyTorch, matmul 4096^3 in three dtypes
+before and after a search, the MLP training step under TinyJit against torch eager, a one-kernel step's overhead, and search
+rates. Writes bench/results/<gpu>-<date>.md and, beside it, a junit file of its sections (and pytest's of the tests). Each
+section runs alone: one that fails is recorded with its error and the next one runs. How each figure is taken: bench/METHOD.md;
+setting up a GPU machine with no network: bench/HOPPER.md.
+
+  python bench/gpu_suite.py                         # CUDA, within 8 minutes on an H100/H200
+  python bench/gpu_suite.py --quick --device OPENCL  # the script itself, at small sizes, on any machine (pocl, or CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+from xml.sax.saxutils import escape
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUDGET_S = 470  # the whole run, under 8 minutes
+
+
+class Suite:
+  """The report being written: Markdown lines, and each section's outcome for the junit file."""
+
+  def __init__(self, args: argparse.Namespace):
+    self.args, self.lines, self.cases = args, [], []
+    self.started = time.monotonic()
+
+  def left(self) -> float: return BUDGET_S - (time.monotonic() - self.started)
+  def out(self, line: str = "") -> None:
+    print(line, flush=True)
+    self.lines.append(line)
+
+  def section(self, title: str, fn: Callable[[], None]) -> None:
+    """Run one section; an exception is recorded (its last line in the report, the traceback in the junit file) and the suite goes on."""
+    self.out(f"\n## {title}\n")
+    st = time.monotonic()
+    try:
+      fn()
+      self.cases.append((title, time.monotonic() - st, None))
+    except Exception as e:
+      self.out(f"**failed**: `{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}`")
+      self.cases.append((title, time.monotonic() - st, traceback.format_exc()))
+    self.out(f"\n({time.monotonic() - st:.1f} s)")
+
+  def junit(self, path: pathlib.Path) -> None:
+    failures = sum(err is not None for _, _, err in self.cases)
+    cases = "".join(f'  <testcase classname="gpu_suite" name="{escape(name)}" time="{s:.2f}">'
+                    + (f'<failure message="section failed">{escape(err)}</failure>' if err else "") + "</testcase>\n" for name, s, err in self.cases)
+    path.write_text(f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="gpu_suite" tests="{len(self.cases)}" failures="{failures}">\n'
+                    f"{cases}</testsuite>\n")
+
+
+def torch_cuda() -> Any:
+  """PyTorch where it can see a GPU, else None."""
+  if importlib.util.find_spec("torch") is None: return None
+  import torch
+  return torch if torch.cuda.is_available() else None
+
+
+def versions(suite: Suite, dev: str) -> None:
+  from tinytune import __version__
+  from tinytune.runtime import Device, device_fingerprint
+  fp = device_fingerprint(dev)
+  torch = torch_cuda()
+  try: commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  except OSError: commit = ""
+  d: Any = Device[dev]
+  suite.out(f"- device: {fp.get('name')} ({dev}, {fp.get('arch')}), compiler {fp.get('compiler')} {fp.get('compiler_version')}")
+  if dev == "CUDA": suite.out(f"- driver {d.driver}, NVRTC {d.nvrtc_version}, cuda-bindings {_version('cuda-bindings')}")
+  suite.out(f"- tinytune {__version__} at {commit or 'an unknown commit'}, codegen {fp['codegen_version']}; Python {sys.version.split()[0]}, "
+            f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent or without a GPU'}")
+  suite.out(f"- command: `python bench/gpu_suite.py {' '.join(sys.argv[1:])}`; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+
+def _version(dist: str) -> str:
+  from importlib.metadata import PackageNotFoundError, version
+  try: return version(dist)
+  except PackageNotFoundError: return "absent"
+
+
+def tests(suite: Suite, dev: str, junit: pathlib.Path) -> None:
+  """The whole test suite with the device as the default (`-n auto` where pytest-xdist is installed), under a time cap."""
+  cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+  if importlib.util.find_spec("xdist") is not None: cmd += ["-n", "auto"]
+  cmd += suite.args.tests.split() if suite.args.tests else ["tests"]
+  cap = max(30.0, min(suite.args.tests_seconds, suite.left() - 240))
+  env = {**os.environ, "TINYTUNE_DEVICE": dev, "TINYTUNE_CACHE_DIR": tempfile.mkdtemp(prefix="tt-suite-")}
+  suite.out(f"`TINYTUNE_DEVICE={dev} python {' '.join(cmd[1:])}` (at most {cap:.0f} s)\n")
+  try: res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cap)
+  except subprocess.TimeoutExpired as e:
+    tail = (e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or "").strip().splitlines()[-3:]
+    raise RuntimeError(f"the tests ran past {cap:.0f} s; last lines: {' / '.join(tail)}") from None
+  lines = res.stdout.strip().splitlines()
+  failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+  suite.out("```\n" + "\n".join(failed[:40] + lines[-1:]) + "\n```")
+  if res.returncode not in (0, 1): raise RuntimeError(f"pytest exited {res.returncode}: {' / '.join(lines[-3:] or res.stderr.splitlines()[-3:])}")
+  if failed: raise RuntimeError(f"{len(failed)} tests failed")
+
+
+def catalog(suite: Suite, dev: str) -> None:
+  """Each workload at its GPU defaults: tinytune's default opts against PyTorch, both by events around the whole program after an
+  L2 flush, medians; the output checked against PyTorch's."""
+  from tinytune.dtype import dtypes
+  from tinytune.kernels import WORKLOADS
+  from tinytune.kernels.baselines import tinytune_timing, torch_baseline
+  from tinytune.search.evaluate import TimingPolicy
+  from tinytune.search.worker import mismatches
+  policy = TimingPolicy(min_repeats=3, max_repeats=10 if not suite.args.quick else 3, max_seconds=0.5)
+  torch = torch_cuda()
+  names = ["elementwise", "softmax", "matmul"] if suite.args.quick else [n for n in WORKLOADS if n != "train_step"]
+  suite.out("| workload | params | kernels | tinytune ms | torch ms | torch/tinytune | GB/s | TFLOPS | output | note |")
+  suite.out("| --- " * 10 + "|")
+  for name in names:
+    if suite.left() < 200: suite.out(f"| {name} | skipped: the time left goes to the later sections |"); continue
+    w = WORKLOADS[name]
+    p = w.params({}) if suite.args.quick else w.params({}, dev)
+    label = " ".join(f"{k}={v}" for k, v in p.items())
+    try:
+      t = tinytune_timing(w, p, dev, False, policy)
+      b = torch_baseline(w, p, dev, policy) if torch is not None and w.torch is not None else None
+    except Exception as e:
+      suite.out(f"| {name} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+      continue
+    ok = "-" if b is None or t.output is None or b.output is None else \
+      "ok" if t.output.shape == b.output.shape and not mismatches(t.output, b.output, 2e-3).any() else "**differs**"
+    s = t.median_s
+    suite.out(f"| {name} | {label} | {len(t.kernels)} | {s * 1e3:.3f} | {b.median_s * 1e3 if b else float('nan'):.3f} | "
+              f"{b.median_s / s if b else float('nan'):.2f} | {w.nbytes(p, dtypes.float32.itemsize) / s / 1e9:.0f} | "
+              f"{w.flops(p) / s / 1e12:.2f} | {ok} | {b.note if b else 'no PyTorch on this device'} |")
+
+
+def matmul(suite: Suite, dev: str) -> None:
+  """matmul n^3 in float32, float16 and bfloat16: the default opts, then after a BEAM search of the given seconds (in one process, the
+  search's own evaluator), against torch.matmul; and the search's rate."""
+  from tinytune import Kernel, Tensor, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.baselines import torch_baseline
+  from tinytune.runtime import Device
+  from tinytune.search.evaluate import Evaluator, TimingPolicy
+  from tinytune.search.strategy import Budget, run_strategy
+  n = 256 if suite.args.quick else 4096
+  w, torch = get_workload("matmul"), torch_cuda()
+  suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | opts |")
+  suite.out("| --- " * 9 + "|")
+  tf = lambda s: 2 * n ** 3 / s / 1e12  # noqa: E731
+  for dt in ("float32", "float16", "bfloat16"):
+    seconds = max(5.0, min(suite.args.search_seconds, (suite.left() - 40) / 3))
+    try:
+      dtype = dtypes.from_any(dt)
+      a, b = (Tensor.rand(n, n, device=dev).cast(dtype).realize() for _ in range(2))
+      kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
+      st = time.monotonic()
+      with Evaluator(kernel, dev) as ev:
+        result = run_strategy("beam", kernel, ev, Budget(None, seconds), default_opts(kernel))
+        wall = time.monotonic() - st
+        searched_s, default_s = ev.retime([result.best, result.default], rounds=5)
+      tried = sum(result.counts().values())
+      th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
+      suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
+                f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {list(result.best)} |")
+    except Exception as e:
+      suite.out(f"| {dt} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+
+
+def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
+  """Median seconds per step over rounds of `steps` steps, each round ended by a synchronize."""
+  for _ in range(3): step()
+  sync()
+  times = []
+  for _ in range(rounds):
+    st = time.perf_counter()
+    for _ in range(steps): step()
+    sync()
+    times.append((time.perf_counter() - st) / steps)
+  return statistics.median(times)
+
+
+def overhead(suite: Suite, dev: str) -> None:
+  """A one-kernel Tensor step, `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager's `t * 0.999 + 0.001`; and a
+  TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's."""
+  from tinytune import Tensor, TinyJit
+  from tinytune.runtime import Device
+  torch = torch_cuda()
+  state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
+  def tt_step() -> None: state["t"] = (state["t"] * 0.999 + 0.001).realize()
+  tt = _per_step(tt_step, Device[dev].synchronize, 200)
+  rng = np.random.default_rng(0)
+  w1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32) * 0.05, device=dev).realize() for s in ((784, 128), (128, 10)))
+  x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device=dev).realize()
+  forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
+  fw = _per_step(lambda: forward(x), Device[dev].synchronize, 200)
+  graph = getattr(forward.captured.batch, "graph", forward.captured.batch is not None) if forward.captured else False
+  pt = pf = float("nan")
+  if torch is not None:
+    tstate = {"t": torch.zeros(4096, device="cuda")}
+    def pt_step() -> None: tstate["t"] = tstate["t"] * 0.999 + 0.001
+    pt = _per_step(pt_step, torch.cuda.synchronize, 200)
+    tw1, tw2, tx = (torch.from_numpy(v.numpy()).cuda() for v in (w1, w2, x))
+    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, 200)
+  suite.out("| step | tinytune µs | torch eager µs | tinytune / torch |\n| --- | --- | --- | --- |")
+  suite.out(f"| one-kernel step, 4096 floats | {tt * 1e6:.1f} | {pt * 1e6:.1f} | {tt / pt:.2f} |")
+  suite.out(f"| MLP 784-128-10 forward, TinyJit ({'one graph launch' if graph else 'kernel by kernel'}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
+            f"{fw / pf:.2f} |")
+
+
+def training(suite: Suite, dev: str) -> None:
+  """The MLP 784-128-10 Adam step, batch 128, under TinyJit (the batch sampled on the host and passed in) against torch eager."""
+  from tinytune import Tensor, TinyJit
+  from tinytune.nn import optim
+  from tinytune.runtime import Device
+  torch = torch_cuda()
+  rng = np.random.default_rng(0)
+  X, Y = rng.standard_normal((8192, 784), dtype=np.float32), rng.integers(0, 10, 8192).astype(np.int32)
+  w1, w2 = (rng.uniform(-1, 1, (784, 128)) / 28).astype(np.float32), (rng.uniform(-1, 1, (128, 10)) / 11).astype(np.float32)
+  b1, b2 = np.zeros(128, np.float32), np.zeros(10, np.float32)
+  params = [Tensor(p, device=dev, requires_grad=True) for p in (w1, b1, w2, b2)]
+  opt, classes = optim.Adam(params, lr=1e-3), Tensor.arange(10, device=dev)
+
+  @TinyJit
+  def step(x: Tensor, y: Tensor) -> Tensor:
+    opt.zero_grad()
+    logits = (x @ params[0] + params[1]).relu() @ params[2] + params[3]
+    loss = -(logits.log_softmax(-1) * (y.unsqueeze(-1) == classes).cast(logits.dtype)).sum(-1).mean()
+    loss.backward()
+    return loss.realize(*opt.schedule_step())
+  def tt() -> object:
+    idx = rng.integers(0, len(X), 128)
+    return step(Tensor(X[idx], device=dev), Tensor(Y[idx], device=dev))
+  first = float(tt().item())
+  t = _per_step(tt, Device[dev].synchronize, 50)
+  last = float(tt().item())
+  pt = float("nan")
+  if torch is not None:
+    tp = [torch.tensor(p, device="cuda", requires_grad=True) for p in (w1, b1, w2, b2)]
+    topt, TX, TY = torch.optim.Adam(tp, lr=1e-3), torch.from_numpy(X).cuda(), torch.from_numpy(Y.astype(np.int64)).cuda()
+    def pt_step() -> object:
+      idx = torch.randint(0, len(TX), (128,), device="cuda")
+      topt.zero_grad()
+      loss = torch.nn.functional.cross_entropy((TX[idx] @ tp[0] + tp[1]).relu() @ tp[2] + tp[3], TY[idx])
+      loss.backward()
+      topt.step()
+      return loss
+    pt = _per_step(pt_step, torch.cuda.synchronize, 50)
+  suite.out(f"tinytune + TinyJit {t * 1e3:.3f} ms/step, torch eager {pt * 1e3:.3f} ms/step: tinytune {pt / t:.2f}x torch's speed; "
+            f"loss {first:.3f} -> {last:.3f} over {3 + 5 * 50 + 2} steps")
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--device", default="CUDA", help="the device checked (default CUDA)")
+  ap.add_argument("--quick", action="store_true", help="small sizes and a few tests: proves the script on any machine in a few minutes")
+  ap.add_argument("--search-seconds", type=float, default=None, help="seconds of each matmul search (default 60; --quick 5)")
+  ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
+  ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training")
+  ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
+  args = ap.parse_args()
+  if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
+  if args.quick and args.tests is None: args.tests = "tests/test_engine.py -k tinyjit"
+  sys.path.insert(0, str(ROOT))  # tinytune from this checkout, here and in the processes it starts (tests, search workers)
+  os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+  from tinytune.runtime import Device, device_status
+  dev = Device.canonicalize(args.device)
+  if why := device_status(dev): raise SystemExit(f"gpu_suite.py: error: {why}")
+  Device.DEFAULT = dev
+  suite = Suite(args)
+  name = Device[dev].fingerprint().get("name", dev)
+  stem = f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}-{datetime.date.today():%Y-%m-%d}" + ("-quick" if args.quick else "")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  suite.out(f"# tinytune on {name}: `bench/gpu_suite.py`{' --quick' if args.quick else ''}\n")
+  suite.section("Versions", lambda: versions(suite, dev))
+  skip = set(args.skip.split(","))
+  sections: list[tuple[str, str, Callable[[], None]]] = [
+    ("tests", f"Tests with TINYTUNE_DEVICE={dev}", lambda: tests(suite, dev, out / f"{stem}-tests.junit.xml")),
+    ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
+    ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
+    ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
+    ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
+  for key, title, fn in sections:
+    if key not in skip: suite.section(title, fn)
+  suite.out(f"\ntotal {time.monotonic() - suite.started:.0f} s")
+  (out / f"{stem}.md").write_text("\n".join(suite.lines) + "\n")
+  suite.junit(out / f"{stem}.junit.xml")
+  print(f"gpu_suite.py: wrote {out / stem}.md and {stem}.junit.xml", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  main()
