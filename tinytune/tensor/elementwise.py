@@ -201,7 +201,7 @@ def _float_pow(base: Tensor, exp: Tensor) -> Tensor:
   mag = (exp * base.abs().log2()).exp2()
   is_int = exp == exp.cast(dtypes.int64).cast(exp.dtype)
   odd = (exp * 0.5) != (exp * 0.5).cast(dtypes.int64).cast(exp.dtype)
-  neg = (base < 0).where(is_int.where(odd.where(-mag, mag), math.nan), mag)
+  neg = (base < 0).where(is_int.where(odd.where(-mag, mag), (base == -math.inf).where(mag, math.nan)), mag)  # -inf ** y: IEEE's, no NaN
   return (exp == 0).where(1.0, neg)
 
 
