@@ -37,6 +37,11 @@ def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str |
   return q if rounding_mode is None else q.trunc()
 
 
+def idiv(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
+  """Integer division rounded toward zero (tinygrad's name for div(y, rounding_mode="trunc"))."""
+  return self.div(y, reverse, rounding_mode="trunc")
+
+
 def _int_div(a: Tensor, b: Tensor, floor: bool) -> tuple[Tensor, Tensor]:
   """(quotient, remainder) of ints rounded toward zero or down. IDIV and MOD only see operands >= 0, where every rounding agrees.
   A zero divisor raises RuntimeError as torch's does (at the call, or at the next realize where b is lazy: see tinytune.tensor.checks)."""

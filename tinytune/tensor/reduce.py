@@ -50,7 +50,8 @@ def mean(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
 def var(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
   n = prod_(s for i, s in enumerate(self.shape) if i in self._reduce_axes(axis))
   sq = (self._float() - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-  return sq * (1 / (n - correction) if n - correction > 0 else math.nan)
+  # no degrees of freedom left: divided by 0 as torch does (inf, or NaN where the squares sum to 0)
+  return sq * (1 / (n - correction)) if n - correction > 0 else sq / 0.0
 
 
 def std(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
@@ -77,6 +78,7 @@ def prod(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = Non
   axes = self._reduce_axes(axis)
   dt = dtypes.from_any(dtype) if dtype is not None else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
   x = self.cast(dtypes.float32 if dt.is_half else dt)
+  if not self.ndim: return x.cast(dt)
   rest = [i for i in range(self.ndim) if i not in axes]
   x = x.permute(rest + list(axes)).reshape(tuple(self.shape[i] for i in rest) + (prod_(self.shape[i] for i in axes),))
   if x.shape[-1] == 0: x = x.pad(((0, 0),) * (x.ndim - 1) + ((0, 1),), value=1)
