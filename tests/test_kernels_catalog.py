@@ -53,6 +53,7 @@ MEDIUM = {
 }
 
 
+@pytest.mark.usefixtures("on_cpu")  # a CPU target's kernels
 @pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])
 def test_defaults_on_narrower_cpus(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
   """Every workload's default kernels for an AVX2 target (8 lanes, 16 registers) or an SSE one (4 lanes), compiled for it, against
