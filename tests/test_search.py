@@ -119,18 +119,19 @@ def test_search_command_then_cache_hit(tmp_path) -> None:
 
 def test_tuned_opts_are_used_in_a_fresh_process(tmp_path) -> None:
   db = f"sqlite:///{tmp_path}/t.db"
-  found = tinytune("search", "matmul", "-p", "m=48", "-p", "n=48", "-p", "k=48", "--budget", "6", "--json", db=db)
+  found = tinytune("search", "matmul", "-p", "m=48", "-p", "n=48", "-p", "k=48", "--budget", "6", "--json", "--device", "CPU", db=db)
   assert found.returncode == 0, found.stderr
   script = ("from tinytune import Tensor, Context\nimport numpy as np\n"
             "a, b = Tensor.rand(48, 48), Tensor.rand(48, 48)\nwith Context(DEBUG=3): c = (a @ b).numpy()\n"
             "assert np.allclose(c, a.numpy() @ b.numpy(), atol=1e-4)\n")
   stored = json.loads(found.stdout)["kernels"][0]["opts"]  # what the search stored (a later search reads the same back: test above)
-  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "TINYTUNE_DB": db}, timeout=120)
+  env = {**os.environ, "TINYTUNE_DB": db, "TINYTUNE_DEVICE": "CPU"}  # the CPU's opts, under any TINYTUNE_DEVICE the suite runs with
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
   assert run.returncode == 0, run.stderr
   expected = repr([Opt(OptOps[o[0]], o[1], o[2]) for o in stored])
   assert f"opts {expected}" in run.stdout
   off = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "TINYTUNE_DB": db, "TINYTUNE_TUNE": "0"})
+                       env={**env, "TINYTUNE_TUNE": "0"})
   assert off.returncode == 0, off.stderr
   assert f"opts {list(default_opts(matmul_kernel(48)))}" in off.stdout  # TINYTUNE_TUNE=0: the heuristic defaults, whatever is stored
 
