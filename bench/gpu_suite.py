@@ -81,6 +81,9 @@ def versions(suite: Suite, dev: str) -> None:
   if dev == "CUDA": suite.out(f"- driver {d.driver}, NVRTC {d.nvrtc_version}, cuda-bindings {_version('cuda-bindings')}")
   suite.out(f"- tinytune {__version__} at {commit or 'an unknown commit'}, codegen {fp['codegen_version']}; Python {sys.version.split()[0]}, "
             f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent or without a GPU'}")
+  needed = ("ml_dtypes", "sqlalchemy", "alembic", "optuna", "pandas", "rich", "safetensors", "pytest", "hypothesis")
+  if missing := [m for m in needed if importlib.util.find_spec(m) is None]:
+    suite.out(f"- **missing modules**: {', '.join(missing)} (bench/HOPPER.md says how to bring them as wheels)")
   suite.out(f"- command: `python bench/gpu_suite.py {' '.join(sys.argv[1:])}`; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
@@ -203,7 +206,8 @@ def overhead(suite: Suite, dev: str) -> None:
   x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device=dev).realize()
   forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
   fw = _per_step(lambda: forward(x), Device[dev].synchronize, 200)
-  graph = getattr(forward.captured.batch, "graph", forward.captured.batch is not None) if forward.captured else False
+  batch = forward.captured.batch if forward.captured else None
+  how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
   pt = pf = float("nan")
   if torch is not None:
     tstate = {"t": torch.zeros(4096, device="cuda")}
@@ -213,7 +217,7 @@ def overhead(suite: Suite, dev: str) -> None:
     with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, 200)
   suite.out("| step | tinytune µs | torch eager µs | tinytune / torch |\n| --- | --- | --- | --- |")
   suite.out(f"| one-kernel step, 4096 floats | {tt * 1e6:.1f} | {pt * 1e6:.1f} | {tt / pt:.2f} |")
-  suite.out(f"| MLP 784-128-10 forward, TinyJit ({'one graph launch' if graph else 'kernel by kernel'}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
+  suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
             f"{fw / pf:.2f} |")
 
 
