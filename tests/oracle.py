@@ -43,15 +43,16 @@ def compare(got: np.ndarray, want: Any, dtype_name: str, atol: float | None, rto
 def helper_test_op(shapes: Sequence[tuple[int, ...]] | None, torch_fn: Callable[..., Any], tinytune_fn: Callable[..., Any] | None = None, *,
                    vals: Sequence[Any] | None = None, dtype: DType = dtypes.float32, low: float = -2.0, high: float = 2.0,
                    atol: float | None = None, rtol: float | None = None, seed: int = 0, grad: bool = True,
-                   grad_atol: float | None = None, grad_rtol: float | None = None) -> None:
+                   grad_atol: float | None = None, grad_rtol: float | None = None, untracked: bool = False) -> None:
   """Run torch_fn on torch tensors and tinytune_fn (torch_fn where None) on Tensors of the same inputs; compare the outputs
   (a tensor or a tuple of them) in value and shape. With grad, where the inputs are floats, compare too the gradients of
-  sum(output * random cotangent) with respect to each input."""
+  sum(output * random cotangent) with respect to each input: by backward() on inputs that require grad, or (untracked) by
+  loss.gradient(*inputs) on inputs made without requires_grad, as tinygrad's users write it."""
   rng = np.random.default_rng(seed)
   inputs = [np.asarray(v, dtype=dtype.np) for v in vals] if vals is not None else [random_input(s, dtype, low, high, rng) for s in shapes or ()]
   grad = grad and dtype.is_float
   torch_inputs = [to_torch(x, grad) for x in inputs]
-  tt_inputs = [Tensor(x, dtype=dtype, requires_grad=grad or None) for x in inputs]
+  tt_inputs = [Tensor(x, dtype=dtype, requires_grad=(grad and not untracked) or None) for x in inputs]
   want = torch_fn(*torch_inputs)
   got = (tinytune_fn or torch_fn)(*tt_inputs)
   wants, gots = (want, got) if isinstance(want, (tuple, list)) else ((want,), (got,))
@@ -68,10 +69,16 @@ def helper_test_op(shapes: Sequence[tuple[int, ...]] | None, torch_fn: Callable[
   except RuntimeError as e:  # torch has no derivative for some ops (scatter): nothing to compare
     if "not implemented" in str(e): return
     raise
-  assert all(g.requires_grad for _, g in pairs), "torch's output requires grad, tinytune's does not"
-  sum((g.cast(dtypes.float32) * Tensor(c)).sum() for (_, g), c in zip(pairs, cotangents)).backward()  # type: ignore[union-attr]
-  for i, (tx, tt) in enumerate(zip(torch_inputs, tt_inputs)):
+  if untracked:  # realized, a tensor that does not require grad dropped its graph (as in tinygrad): the output again
+    again = (tinytune_fn or torch_fn)(*tt_inputs)
+    pairs = [(w, g) for w, g in zip(wants, again if isinstance(want, (tuple, list)) else (again,)) if isinstance(w, torch.Tensor) and w.requires_grad]
+  loss = sum((g.cast(dtypes.float32) * Tensor(c)).sum() for (_, g), c in zip(pairs, cotangents))
+  if untracked: got_grads = [g.numpy() for g in loss.gradient(*tt_inputs)]  # type: ignore[union-attr]
+  else:
+    assert all(g.requires_grad for _, g in pairs), "torch's output requires grad, tinytune's does not"
+    loss.backward()  # type: ignore[union-attr]
+    got_grads = [tt.grad.numpy() if tt.grad is not None else np.zeros(tt.shape, tt.dtype.np) for tt in tt_inputs]
+  for i, (tx, got_grad) in enumerate(zip(torch_inputs, got_grads)):
     want_grad = tx.grad if tx.grad is not None else torch.zeros_like(tx)
-    got_grad = tt.grad.numpy() if tt.grad is not None else np.zeros(tt.shape, tt.dtype.np)
     compare(got_grad, want_grad, str(want_grad.dtype).removeprefix("torch."), grad_atol if grad_atol is not None else atol,
             grad_rtol if grad_rtol is not None else rtol, f"gradient of input {i}")

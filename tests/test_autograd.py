@@ -106,7 +106,7 @@ def test_gradients_are_lazy_and_fuse() -> None:
 @pytest.mark.parametrize("bad, error, match", [
   (lambda: Tensor([1, 2], requires_grad=True), TypeError, "only float tensors"),
   (lambda: Tensor([1.0, 2.0], requires_grad=True).mul(2).backward(), ValueError, "needs a gradient"),
-  (lambda: Tensor([1.0]).mul(2).backward(), RuntimeError, "does not require grad"),
+  (lambda: Tensor([1.0], requires_grad=False).mul(2).backward(), RuntimeError, "does not require grad"),
   (lambda: (Tensor([1.0, 2.0], requires_grad=True) * 2).backward(Tensor([1.0])), ValueError, "does not match"),
 ])
 def test_bad_calls(bad, error: type, match: str) -> None:
@@ -143,3 +143,84 @@ def test_max_pool_gradient_after_an_expression() -> None:
   otherwise (a contracted multiply-add) and lost the maximum: 1.6 off before the input went to memory once."""
   helper_test_op([(2, 4, 12, 12), (2, 4, 6, 6)], lambda a, r: F.max_pool2d(a - a.mean((0, 2, 3), keepdim=True), 2) * r,
                  lambda a, r: (a - a.mean((0, 2, 3), keepdim=True)).max_pool2d(2) * r, atol=1e-5, rtol=1e-4, grad_atol=1e-4, grad_rtol=1e-3)
+
+
+@pytest.mark.parametrize("name, shapes, fn", [
+  ("mul_exp", [(3, 4), (4,)], lambda a, b: (a * b).exp()),
+  ("matmul", [(3, 4), (4, 5)], lambda a, b: a @ b),
+  ("max", [(3, 4, 5)], lambda a: a.amax(1) if isinstance(a, torch.Tensor) else a.max(1)),
+  ("max_of_expression", [(4, 6), (4, 6)], lambda a, b: (a * b + a).amax(1) if isinstance(a, torch.Tensor) else (a * b + a).max(1)),
+  ("softmax", [(3, 7)], lambda a: a.softmax(-1)),
+  ("conv2d", [(2, 3, 8, 8), (4, 3, 3, 3)], lambda x, w: F.conv2d(x, w, padding=1) if isinstance(x, torch.Tensor) else x.conv2d(w, padding=1)),
+  ("cumprod", [(3, 5)], lambda a: a.cumprod(1)),
+  ("cummax", [(3, 5)], lambda a: a.cummax(1)[0] if isinstance(a, torch.Tensor) else a.cummax(1)),
+])
+def test_gradient_without_requires_grad(name: str, shapes: list, fn) -> None:
+  """As in tinygrad, loss.gradient(*inputs) follows the graph from inputs made without requires_grad (None): their ops record,
+  and those with an inference form of their own (matmul, conv2d, cumprod, cummax) keep it and build the training form if asked."""
+  helper_test_op(shapes, fn, atol=1e-4, rtol=1e-4, grad_atol=1e-4, grad_rtol=1e-3, untracked=True)
+
+
+def test_requires_grad_none_false_true() -> None:
+  x, w, k = Tensor([1.0, -2.0, 3.0]), Tensor([0.5, 0.5, 0.5], requires_grad=True), Tensor([2.0, 2.0, 2.0], requires_grad=False)
+  loss = (x * w * k).sum()
+  assert loss.requires_grad and (x * k).requires_grad is None and (k * 2).requires_grad is False
+  np.testing.assert_allclose(loss.gradient(x)[0].numpy(), [1.0, 1.0, 1.0])  # None: followed
+  with pytest.raises(RuntimeError, match="One of the differentiated Tensors does not require grad"): loss.gradient(k)  # False: stopped
+  loss.backward()  # fills only the leaves that require grad (True)
+  np.testing.assert_allclose(w.grad.numpy(), [2.0, -4.0, 6.0])
+  assert x.grad is None and k.grad is None
+  y = x.detach()  # detach stops the graph: requires_grad False, as torch
+  with pytest.raises(RuntimeError, match="does not require grad"): (y * 2).sum().backward()
+  with tinytune.no_grad(): z = (x * 3).sum()
+  with pytest.raises(RuntimeError, match="does not require grad"): z.gradient(x)
+
+
+def test_untracked_inference_keeps_its_kernels() -> None:
+  """Inputs without requires_grad keep inference's forward (no max copied out for its gradient), and a realized one drops its
+  graph (as tinygrad: gradients stop at it), so a loop over realized tensors does not hold every step's memory."""
+  from tinytune import GlobalCounters
+  x = Tensor(np.random.randn(16, 32).astype(np.float32))
+  before = GlobalCounters.kernel_count
+  (x * 2 + 1).softmax(-1).realize()
+  softmax_kernels = GlobalCounters.kernel_count - before
+  with tinytune.no_grad():
+    before = GlobalCounters.kernel_count
+    (x * 3 + 1).softmax(-1).realize()
+  assert GlobalCounters.kernel_count - before == softmax_kernels
+  h = x
+  for _ in range(3): h = (h * 0.5).realize()
+  assert h._ctx is None
+
+
+@pytest.mark.parametrize("name, fn, vals", [
+  ("relu_at_0", lambda a: a.relu(), [[0.0, 1.0, -1.0]]),
+  ("abs_at_0", lambda a: a.abs(), [[0.0, 1.0, -1.0]]),
+  ("sign", lambda a: a.sign(), [[0.0, 2.0, -1.5]]),
+  ("copysign", lambda a, b: a.copysign(b), [[0.0, 1.0, -1.0, 2.0], [1.0, -1.0, 0.0, -0.0]]),
+  ("pow_edges", lambda a, b: a ** b, [[0.0, 0.0, 0.0, 2.0, -2.0, -2.0, 3.0], [0.0, 2.0, -1.0, 0.0, 2.0, 3.0, 0.5]]),
+  ("pow_half", lambda a: a ** 0.5, [[0.0, 1.0, -2.0]]),
+  ("pow_zero", lambda a: a ** 0, [[0.0, 1.0, -2.0]]),
+  ("rpow", lambda a: 2.0 ** a, [[0.0, 1.0, -2.0]]),
+  ("rpow_zero_base", lambda a: 0.0 ** a, [[0.0, 1.0, -2.0, 2.5]]),
+  ("rpow_negative_base", lambda a: (-2.0) ** a, [[0.0, 1.0, -2.0, 3.0]]),
+  ("minimum_ties", lambda a, b: torch.minimum(a, b) if isinstance(a, torch.Tensor) else a.minimum(b), [[1.0, 2.0, 3.0], [1.0, 1.0, 4.0]]),
+  ("clip_at_bounds", lambda a: a.clip(-1, 1), [[-1.0, 1.0, 0.0, 2.0]]),
+  ("clip_tensor_bounds", lambda a, lo, hi: a.clip(lo, hi), [[0.0, -2.0, 1.0, 3.0, 0.5], [0.0, -1.0, 1.0, 0.0, 2.0], [1.0, 1.0, 1.0, 2.0, 1.0]]),
+  ("hardtanh_at_bounds", lambda a: F.hardtanh(a) if isinstance(a, torch.Tensor) else a.hardtanh(), [[-1.0, 1.0, 0.0, 2.0]]),
+  ("relu6_at_bounds", lambda a: F.relu6(a) if isinstance(a, torch.Tensor) else a.relu6(), [[0.0, 6.0, 3.0, 7.0]]),
+  ("leaky_relu_at_0", lambda a: F.leaky_relu(a, 0.1) if isinstance(a, torch.Tensor) else a.leaky_relu(0.1), [[0.0, 6.0, -3.0]]),
+  ("hardswish_at_3", lambda a: F.hardswish(a) if isinstance(a, torch.Tensor) else a.hardswish(), [[-3.0, 3.0, 0.0, 1.0]]),
+  ("hardsigmoid_at_3", lambda a: F.hardsigmoid(a) if isinstance(a, torch.Tensor) else a.hardsigmoid(), [[-3.0, 3.0, 0.0, 1.0]]),
+  ("erf_at_0", lambda a: a.erf(), [[0.0, 0.5, -3.0]]),
+  ("atan_asinh_at_0", lambda a: a.atan() + a.asinh(), [[0.0, -0.0, 1.0]]),
+  ("sigmoid_far", lambda a: a.sigmoid(), [[-1000.0, -100.0, 0.0, 100.0, 1000.0, 1e30, -1e30]]),
+  ("tanh_far", lambda a: a.tanh(), [[-1000.0, -100.0, 0.0, 100.0, 1000.0, 1e30, -1e30]]),
+  ("silu_far", lambda a: F.silu(a) if isinstance(a, torch.Tensor) else a.silu(), [[-1000.0, -100.0, 0.0, 100.0, 1e30, -1e30]]),
+  ("quick_gelu_far", lambda a: a * torch.sigmoid(1.702 * a) if isinstance(a, torch.Tensor) else a.quick_gelu(), [[-1000.0, 0.0, 1000.0, -1e30]]),
+  ("gelu_far", lambda a: F.gelu(a) if isinstance(a, torch.Tensor) else a.gelu(), [[-1000.0, -10.0, 0.0, 10.0, 1000.0]]),
+  ("gelu_tanh_far", lambda a: F.gelu(a, approximate="tanh") if isinstance(a, torch.Tensor) else a.gelu("tanh"), [[-1000.0, -10.0, 0.0, 1000.0]]),
+])
+def test_gradient_edges(name: str, fn, vals: list) -> None:
+  """PyTorch's gradients at the kinks, ties and edges, and far out where a composition's chain rule met inf * 0."""
+  helper_test_op(None, fn, vals=vals, untracked=True)

@@ -99,6 +99,11 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["compare", "matmul", "--dtype", "nope"], "unsupported dtype 'nope'; use one of bool, int8, uint8"),
   (["search", "train_step", "--dtype", "float16"], "train_step does not compute in float16; it takes bfloat16, float32"),
   (["report", "--kernel", "r_9_9"], "no tuned kernel or search matches --kernel 'r_9_9'"),
+  (["search", "matmul", "--strategy", "optuna", "--sampler", "nonsense"], "optuna option sampler='nonsense' is not one of tpe, cmaes, gp"),
+  (["search", "matmul", "--option", "depth=3"], "beam has no option 'depth'; it takes width, min_gain"),
+  (["search", "matmul", "--option", "width=wide"], "beam option width='wide' is not a whole number"),
+  (["search", "matmul", "--option", "width"], "bad --option 'width': write KEY=VALUE"),
+  (["search", "matmul", "--strategy", "random", "--beam-width", "2"], "random has no option 'width'"),
 ])
 def test_bad_input_one_line(capsys: pytest.CaptureFixture[str], report_db: str, argv: list[str], message: str) -> None:
   code, out, err = run(capsys, *argv, *(["--db", report_db] if argv[0] != "kernels" else []))

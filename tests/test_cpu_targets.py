@@ -131,3 +131,98 @@ def test_one_thread_without_openmp_is_said_once(monkeypatch: pytest.MonkeyPatch,
   err = capsys.readouterr().err
   assert err.count("tinytune: warning: clang cannot build OpenMP here, so CPU kernels run on one thread: apt-get install libomp-dev") == 1, err
   assert all(d.caps.threads == 1 and "-fopenmp" not in d.flags for d in devices)
+
+
+HARNESS = """
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char** argv) {
+  void* bufs[%(n)d];
+  long sizes[%(n)d] = {%(sizes)s};
+  for (int i = 0; i < %(n)d; i++) {
+    bufs[i] = aligned_alloc(64, (sizes[i] + 63) / 64 * 64);
+    if (i == 0) continue;
+    FILE* f = fopen(argv[i], "rb");
+    if (!f || fread(bufs[i], 1, sizes[i], f) != (size_t)sizes[i]) return 1;
+    fclose(f);
+  }
+  %(name)s(%(args)s);
+  FILE* f = fopen(argv[%(n)d], "wb");
+  fwrite(bufs[0], 1, sizes[0], f);
+  fclose(f);
+  return 0;
+}
+"""
+
+
+def aarch64_samples() -> list[tuple[str, object, object]]:
+  """(name, lazy Tensor, NumPy reference) of kernels that each compile to one kernel: a matmul (a register tile of vectors),
+  softmax (row statistics, exp), a column sum and an elementwise chain with a transcendental."""
+  import numpy as np
+
+  from tinytune import Tensor
+  rng = np.random.default_rng(0)
+  a, b, x = rng.standard_normal((37, 45), np.float32), rng.standard_normal((45, 72), np.float32), rng.standard_normal((29, 130), np.float32)
+  e = np.exp(x - x.max(1, keepdims=True))
+  return [("matmul", Tensor(a) @ Tensor(b), a @ b), ("softmax", Tensor(x).softmax(1), e / e.sum(1, keepdims=True)),
+          ("column_sum", Tensor(x).sum(0), x.sum(0)), ("elementwise", (Tensor(x).exp2() * 0.5 + Tensor(x).abs()).sqrt(),
+                                                      np.sqrt(np.exp2(x) * 0.5 + np.abs(x)))]
+
+
+@pytest.mark.skipif(not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)")
+def test_aarch64_kernels_run_under_qemu(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """A sample of kernels with their default opts for the aarch64 target (4 lanes, 32 registers), cross-compiled with Debian's
+  gcc into a small C harness (static, one thread: no ctypes across architectures) and run under qemu-aarch64 against NumPy."""
+  import numpy as np
+
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  dev = CPUDevice("aarch64")
+  flags = [f for f in dev.flags if f not in ("-shared", "-fPIC", "-fopenmp")]
+  for name, out, ref in aarch64_samples():
+    (item,), _ = create_schedule(out.uop, "CPU")  # type: ignore[attr-defined]
+    kernel = Kernel(item.ast, dev.caps)
+    kernel.apply_opts(default_opts(kernel))
+    bufs = [item.out, *kernel.bufs]
+    src = dev.renderer.render(kernel) + HARNESS % {"n": len(bufs), "sizes": ", ".join(str(b.nbytes) for b in bufs), "name": kernel.name,
+                                                   "args": ", ".join(f"bufs[{i}]" for i in range(len(bufs)))}
+    assert name != "matmul" or "tt_f4" in src  # NEON's vectors of 4 floats
+    (tmp_path / f"{name}.c").write_text(src)
+    build = subprocess.run([dev.cc, *flags, "-static", "-Wno-unknown-pragmas", f"{name}.c", "-o", name, "-lm"], cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert build.returncode == 0, build.stderr
+    for i, b in enumerate(bufs[1:], 1): b.numpy_view().tofile(tmp_path / f"{name}.in{i}")
+    run = subprocess.run(["qemu-aarch64", f"./{name}", *(f"{name}.in{i}" for i in range(1, len(bufs))), f"{name}.out"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, (name, run.stderr)
+    got = np.fromfile(tmp_path / f"{name}.out", item.out.dtype.np).reshape(np.shape(ref))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64"])
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (128, 3072, 768), (64, 1024, 512), (100, 64, 32)])
+def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+  """A matmul's default register tile, from the target's caps: accumulators (rows x vectors) within the registers less 4 (for B's
+  vectors and a broadcast of A), and at least 12 of them where rows padded by at most 1/16 allow it (AVX2's 6x16: FMAs enough in
+  flight for two units), never a row count that pads more."""
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import AxisKind, Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  monkeypatch.setattr(cpu_module, "find_compiler", lambda t: "cc")
+  caps = CPUDevice(target).caps
+  (item,), _ = create_schedule((Tensor(np.ones((m, k), np.float32)) @ Tensor(np.ones((k, n), np.float32))).uop, "CPU")
+  kernel = Kernel(item.ast, caps)
+  opts = default_opts(kernel)
+  kernel.apply_opts(opts)
+  tile = {a.dim: a.size for a in kernel.axes if a.kind is AxisKind.UPCAST}
+  rows, vectors = tile.get(0, 1), tile.get(1, 1) // caps.simd_width
+  assert vectors >= 1 and rows * vectors <= caps.vector_registers - 4, (opts, caps)
+  padded = kernel.sizes[0] - m
+  assert padded * 16 <= m and (padded == 0) == all(o.op is not OptOps.PADTO for o in opts)
+  if caps.vector_registers == 16 and (m % 6 == 0 or (-m % 6) * 16 <= m): assert rows * vectors == 12, opts

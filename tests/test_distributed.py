@@ -17,7 +17,7 @@ from conftest import reset_postgres
 from sqlalchemy import select
 
 from tinytune.results_db import Candidate, Claim, Database, SearchRun
-from tinytune.search.tune import Claims
+from tinytune.search.study import Claims
 
 BACKENDS = ["sqlite"] + (["postgresql"] if os.getenv("TINYTUNE_TEST_POSTGRES") else [])
 MATMUL = ["matmul", "-p", "m=32", "-p", "n=32", "-p", "k=32"]

@@ -345,3 +345,48 @@ def test_capture_records_kernels_with_their_buffers() -> None:
   ((kernel, bufs),) = captured
   assert bufs[0] is out.uop.src[0].arg and kernel.name.startswith("E_")
   assert isinstance(out.uop, UOp) and out.uop.op is Ops.VIEW
+
+
+def test_kernels_of_a_program_in_order_with_labels_unique_in_it() -> None:
+  a, b = Tensor.rand(16, 20).realize(), Tensor.rand(16, 20).realize()
+  items = engine.schedule_many([a.sum(1).uop, b.sum(1).uop, (a * 2).sum(1).uop], "CPU")[0]
+  labelled = engine.kernels(items, "CPU")
+  assert [label for label, _ in labelled] == ["r_16_20", "r_16_20", "r_16_20#2"]  # the same kernel twice keeps its label
+  assert labelled[0][1].key == labelled[1][1].key != labelled[2][1].key
+  graph = (a * 2).sum(1).uop
+  assert [(label, k.key) for label, k in engine.kernels(graph, "CPU")] == [("r_16_20", labelled[2][1].key)]  # a graph: its schedule
+
+
+def test_kernel_opts_by_policy(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+  from tinytune.results_db import Database, fingerprint_hash
+  from tinytune.runtime import device_fingerprint
+  monkeypatch.setenv("TINYTUNE_DB", path := str(tmp_path / "t.db"))
+  for key in ("TINYTUNE_TUNE", "BEAM", "TINYTUNE_CACHE"): monkeypatch.delenv(key, raising=False)
+  engine.forget()
+  [(_, kernel)] = engine.kernels((Tensor.rand(64, 64).realize() * 3).sum(1).uop, "CPU")
+  default = tuple(default_opts(kernel))
+  assert engine.kernel_opts(kernel, "CPU", "default") == default == engine.kernel_opts(kernel, "CPU")  # nothing tuned: the run's are the defaults
+  assert engine.kernel_opts(kernel, "CPU", "tuned") is None
+  tuned = (Opt(OptOps.UNROLL, 0, 4),)
+  Database(path).set_tuned(kernel.key, fingerprint_hash(device_fingerprint("CPU")), opts_to_json(tuned), 1e-6, 2e-6, None)
+  assert engine.kernel_opts(kernel, "CPU", "tuned") == tuned and engine.kernel_opts(kernel, "CPU", "tuned", Database(path)) == tuned
+  assert engine.kernel_opts(kernel, "CPU") == default  # the run's are read once per process ...
+  engine.forget()
+  assert engine.kernel_opts(kernel, "CPU") == tuned  # ... until forget()
+  monkeypatch.setenv("TINYTUNE_TUNE", "0")
+  assert engine.kernel_opts(kernel, "CPU") == default  # the cache skipped
+  with pytest.raises(ValueError, match="unknown opts policy 'best'"): engine.kernel_opts(kernel, "CPU", "best")  # type: ignore[call-overload]
+  engine.forget()
+
+
+def test_the_run_path_loads_no_search_and_the_search_registers_its_tuner() -> None:
+  import os
+  import subprocess
+  import sys
+  code = ("import sys; from tinytune import Tensor; from tinytune.engine import program; (Tensor.ones(4) + 1).numpy()\n"
+          "assert 'tinytune.search.tune' not in sys.modules and program._first_use_tuner is None\n"
+          "from tinytune.search.tune import tune_on_first_use; assert program._first_use_tuner is tune_on_first_use")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TINYTUNE_TUNE": "1"})
+  assert proc.returncode == 0, proc.stderr

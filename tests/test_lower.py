@@ -6,7 +6,7 @@ import pytest
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
-from tinytune.codegen.lower import STATEMENTS, Program, lower
+from tinytune.codegen.lower import STATEMENTS, LinearProgram, lower
 from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import DeviceCaps
 from tinytune.uop import ALU, Ops
@@ -54,7 +54,7 @@ ENDRANGE
 STORE<4> data0[0] = acc1"""
 
 
-def structure(p: Program) -> list[tuple[Ops, int]]:
+def structure(p: LinearProgram) -> list[tuple[Ops, int]]:
   """Each statement's op and depth of loops and branches."""
   depth, ret = 0, []
   for u in p.uops:
@@ -99,7 +99,7 @@ def test_group_partials_go_through_shared_memory() -> None:
   assert [u.arg[:2] for u in p.uops if u.op is Ops.SPECIAL] == [("g0", "group_id"), ("lid", "local_id"), ("q2", "lid")]
 
 
-def programs() -> list[tuple[str, Program, Kernel]]:
+def programs() -> list[tuple[str, LinearProgram, Kernel]]:
   """Kernels whose programs hold every statement kind between them."""
   a, b = arr(8, 16), arr(16, 12)
   h1, h2 = arr(32, 16, dtype=np.float16), arr(16, 32, dtype=np.float16)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from tinytune import Device, Kernel, Tensor
+from tinytune import Device, Kernel, Tensor, engine
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.opts import Opt, OptOps, opts_to_json
 from tinytune.dtype import DType, dtypes
@@ -318,7 +318,7 @@ def test_a_kernel_the_program_runs_twice_is_searched_once(tmp_path) -> None:  # 
   items = schedule_many([(a * 3 + 1).uop, (b * 3 + 1).uop], "CPU")[0]  # one kernel over two pairs of buffers
   db = Database(f"sqlite:///{tmp_path / 'r.db'}")
   tuner = Tuner(db, "CPU", "beam", {"candidates": 6, "seconds": None})
-  assert len(items) == 2 and len({k.key for k in tuner.kernels(items)}) == 1
+  assert len(items) == 2 and len({k.key for _, k in engine.kernels(items, "CPU")}) == 1
   assert len(tuner.tune_program(items, "twice", {})) == 1  # it searched the same kernel twice, the second time with half the budget
 
 
@@ -416,3 +416,37 @@ def test_the_search_pads_only_axes_that_do_not_split_into_vectors() -> None:
   k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)  # sizes 58 (= 2 * 29), 1, and 64 summed
   assert k.sizes == [58, 1, 64] and {o.axis for o in actions(k) if o.op is OptOps.PADTO} == {0}
   assert {o.arg for o in actions(k) if o.op is OptOps.PADTO} >= {4, 8}  # 58 -> 60 or 64: then it splits into vectors of 4 or 8
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_each_strategy_declares_its_options_and_takes_just_those(name: str) -> None:
+  import inspect
+
+  from tinytune.search.strategy import check_options, get_strategy, strategy_options
+  table = strategy_options(name)
+  assert list(inspect.signature(get_strategy(name)).parameters)[5:] == list(table)  # after (kernel, ev, budget, default, context)
+  assert check_options(name, {k: o.default for k, o in table.items()}) == {k: o.default for k, o in table.items()}  # its defaults pass
+  assert check_options(name, {k: str(o.default) for k, o in table.items()}) == {k: o.default for k, o in table.items()}  # text is read
+  with pytest.raises(ValueError, match=f"{name} has no option 'nonsense'; it takes {', '.join(table)}"): check_options(name, {"nonsense": 1})
+
+
+@pytest.mark.parametrize("name,options,message", [
+  ("optuna", {"sampler": "nonsense"}, "optuna option sampler='nonsense' is not one of tpe, cmaes, gp"),
+  ("beam", {"width": 0}, "beam option width=0 is not at least 1"),
+  ("beam", {"width": "2.5"}, "beam option width='2.5' is not a whole number"),
+  ("beam", {"width": True}, "beam option width=True is not a int"),
+  ("beam", {"min_gain": "nan"}, "beam option min_gain='nan' is not a finite number"),
+  ("random", {"seed": 1.5}, "random option seed=1.5 is not a int"),
+])
+def test_a_bad_option_value_is_refused(name: str, options: dict, message: str) -> None:
+  from tinytune.search.strategy import check_options
+  with pytest.raises(ValueError, match=message): check_options(name, options)
+  k = Kernel(create_schedule((Tensor.rand(8) + 1).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  with pytest.raises(ValueError, match=message): run_strategy(name, k, TableEvaluator(k, {}), Budget(1), (), **options)  # checked there too
+
+
+def test_option_help_lists_every_strategys_options(capsys) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.cli import main
+  assert main(["search", "matmul", "--option", "help"]) == 0
+  out = capsys.readouterr().out
+  assert all(f"{name}:" in out for name in STRATEGIES) and "  width=4  " in out and "(one of tpe, cmaes, gp)" in out

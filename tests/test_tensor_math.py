@@ -324,3 +324,26 @@ def test_logaddexp_and_atan_match_numpy(a: np.ndarray, b: np.ndarray) -> None:
     np.testing.assert_allclose(Tensor(a).logaddexp(Tensor(b)).numpy(), np.logaddexp(a, b), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(Tensor(a).atan().numpy(), np.arctan(a), rtol=2e-7, atol=1e-7)
     np.testing.assert_allclose(Tensor(a).asinh().numpy(), np.arcsinh(a), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, fn", [
+  ("floordiv_by_0", lambda a, b: a // 0), ("floordiv_by_tensor_0", lambda a, b: a // b), ("mod_by_0", lambda a, b: a % 0),
+  ("trunc_div_by_0", lambda a, b: a.div(b, rounding_mode="trunc") if isinstance(a, Tensor) else torch.div(a, b, rounding_mode="trunc")),
+])
+def test_int_division_by_zero_raises(name: str, fn) -> None:
+  """As torch: it returned the dividend."""
+  a, b = np.array([5, -7, 9], np.int32), np.array([1, 0, 3], np.int32)
+  with pytest.raises(RuntimeError, match="ZeroDivisionError"): fn(torch.from_numpy(a), torch.from_numpy(b))
+  with pytest.raises(RuntimeError, match="ZeroDivisionError"): fn(Tensor(a), Tensor(b)).realize()
+
+
+@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.int8, dtypes.uint8])
+def test_shifts_out_of_range_match_torch(dtype) -> None:
+  """A shift below 0 or from the bit width up: 0 (or -1 for a negative number shifted right), as torch; int32 1 << 40 gave 256."""
+  bits = dtype.itemsize * 8
+  x = [1, 8, 3, 100] if dtype.is_unsigned else [1, 8, -8, -100]
+  shifts = [bits + 8, -1, bits, 2]
+  for op in ("__lshift__", "__rshift__"):
+    want = getattr(torch.tensor(x, dtype=getattr(torch, dtype.name)), op)(torch.tensor(shifts, dtype=getattr(torch, dtype.name))).tolist()
+    assert getattr(Tensor(x, dtype=dtype), op)(Tensor(shifts, dtype=dtype)).tolist() == want, op
+    assert getattr(Tensor(x, dtype=dtype), op)(bits + 8).tolist() == getattr(torch.tensor(x, dtype=getattr(torch, dtype.name)), op)(bits + 8).tolist()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from oracle import helper_test_op, torch
 from test_ops import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
-from tinytune import Tensor, TinyJit, dtypes, no_grad
+from tinytune import Tensor, TinyJit, dtypes, nn, no_grad
 
 F = torch.nn.functional
 
@@ -111,7 +111,8 @@ def test_setitem_in_place_and_out_of_range() -> None:
   x = Tensor([1.0, 2.0, 3.0, 4.0])
   x[0] = 5.0
   memory = x._memory
-  x[Tensor([3, 9, -9])] = Tensor([6.0, 7.0, 8.0])  # out of range: no write
+  with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"): x[Tensor([3, 9, -9])] = Tensor([6.0, 7.0, 8.0])
+  x[Tensor([3])] = Tensor([6.0])
   x[1:] = x[:-1]  # the value reads the memory written: computed first
   assert x._memory is memory and x.tolist() == [5.0, 5.0, 2.0, 3.0]
   x = Tensor(np.arange(64, dtype=np.float32))  # a write whose value gathers from its own memory goes through a copy
@@ -125,11 +126,11 @@ def test_setitem_in_place_and_out_of_range() -> None:
   assert w.tolist() == [0.0, 2.0, 0.0] and w.requires_grad
 
 
-def test_index_by_tensor_out_of_range_reads_zero() -> None:
+def test_gather_kernel_out_of_range_reads_zero() -> None:
+  """Under the checks that raise (see test_index_out_of_range_raises), the kernel itself never reads out of bounds: a kernel can't
+  raise, so each index is clamped and its read zeroed."""
   x = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
-  got = Tensor(x)[Tensor([0, 3, -4, 2]), Tensor([1, 1, 0, 4])].numpy()
-  np.testing.assert_array_equal(got, [2.0, 0.0, 0.0, 0.0])  # a kernel can't raise: each index is clamped and its read zeroed
-  np.testing.assert_array_equal(Tensor(x).gather(1, Tensor([[4], [-1], [3]])).numpy(), [[0.0], [0.0], [12.0]])
+  np.testing.assert_array_equal(Tensor(x)._gather(1, Tensor([[4], [-1], [3]])).numpy(), [[0.0], [0.0], [12.0]])
 
 
 def test_index_by_tensor_is_one_small_kernel() -> None:
@@ -437,7 +438,7 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("setitem grad", lambda: (Tensor.zeros(3).requires_grad_() * 2).__setitem__(0, 1.0), NotImplementedError, "requires grad"),
   ("setitem value grad", lambda: Tensor.zeros(3).__setitem__(0, Tensor(1.0, requires_grad=True)), NotImplementedError, "requires grad"),
   ("setitem expanded", lambda: Tensor([1.0, 2.0]).expand(2, 2).__setitem__(0, 1.0), RuntimeError, "more than one element of the written-to"),
-  ("setitem view", lambda: Tensor([[1.0, 2.0], [3.0, 4.0]])[0].__setitem__(0, 1.0), RuntimeError, r"not x\[0\]\[1\] = v"),
+  ("assign expanded view", lambda: Tensor([1.0]).expand(3).assign(Tensor.ones(3)), RuntimeError, "more than one element of the written-to"),
   ("setitem shape", lambda: Tensor.zeros(3, 4).__setitem__(slice(1), Tensor.zeros(3)), ValueError, "cannot be broadcast to indexing result"),
   ("setitem type", lambda: Tensor.zeros(3).__setitem__(0, "a"), TypeError, "can't assign a str to a Tensor"),
   ("setitem oob", lambda: Tensor.zeros(3).__setitem__(3, 1.0), IndexError, "index 3 is out of range for dim 0 of size 3"),
@@ -534,3 +535,54 @@ def test_sort_matches_numpy(values: list[float], descending: bool) -> None:
   want = np.sort(a) if not descending else np.concatenate([a[np.isnan(a)], -np.sort(-a[~np.isnan(a)])])
   np.testing.assert_array_equal(got.numpy(), want)
   np.testing.assert_array_equal(a[order.numpy()], want)  # the indices take the input to the values
+
+
+@pytest.mark.parametrize("name, fn, error, match", [
+  ("getitem", lambda: Tensor.arange(10)[Tensor([3, 12])], IndexError, "index 12 is out of bounds for dimension 0 with size 10"),
+  ("getitem negative", lambda: Tensor.arange(10)[Tensor([-11])], IndexError, "index -11 is out of bounds for dimension 0 with size 10"),
+  ("getitem lazy index", lambda: Tensor.arange(10)[Tensor([3, 6]) * 2], IndexError, "index 12 is out of bounds"),
+  ("gather", lambda: Tensor.arange(10).gather(0, Tensor([5, 99])), RuntimeError, "index 99 is out of bounds for dimension 0 with size 10"),
+  ("gather negative", lambda: Tensor.arange(10).gather(0, Tensor([-1])), RuntimeError, "index -1 is out of bounds"),
+  ("scatter", lambda: Tensor.zeros(5).scatter(0, Tensor([9]), 1.0), RuntimeError, "index 9 is out of bounds for dimension 0 with size 5"),
+  ("one_hot", lambda: Tensor([3, 7]).one_hot(5), RuntimeError, "Class values must be smaller than num_classes"),
+  ("one_hot negative", lambda: Tensor([-1]).one_hot(5), RuntimeError, "Class values must be non-negative"),
+  ("embedding", lambda: nn.Embedding(10, 4)(Tensor([[12]])), IndexError, "index out of range in self"),
+  ("sparse_categorical_crossentropy", lambda: Tensor([[1.0, 2.0]]).sparse_categorical_crossentropy(Tensor([5])), IndexError, "Target 5 is out"),
+  ("cross_entropy", lambda: Tensor([[1.0, 2.0]]).cross_entropy(Tensor([5])), IndexError, "Target 5 is out of bounds"),
+  ("nll_loss", lambda: Tensor([[-1.0, -2.0]]).nll_loss(Tensor([2])), IndexError, "Target 2 is out of bounds"),
+])
+def test_index_out_of_range_raises(name: str, fn, error: type, match: str) -> None:
+  """PyTorch raises for each, where they read 0 or wrote nothing: at the call for an index in memory, else at the next realize."""
+  with pytest.raises(error, match=match): fn().realize()
+  torch_fns = {"getitem": lambda: torch.arange(10)[torch.tensor([3, 12])], "gather": lambda: torch.arange(10).gather(0, torch.tensor([5, 99])),
+               "embedding": lambda: torch.nn.Embedding(10, 4)(torch.tensor([[12]]))}
+  if name in torch_fns:
+    with pytest.raises(error, match=match): torch_fns[name]()
+
+
+def test_ignored_targets_and_in_range_indices_pass() -> None:
+  assert Tensor([[-1.0, -2.0]]).nll_loss(Tensor([-100])).isnan().item()  # torch's ignore_index: 0 / 0, as torch
+  assert Tensor([[1.0, 2.0], [3.0, 1.0]]).sparse_categorical_crossentropy(Tensor([-1, 0])).item() == pytest.approx(0.126928, rel=1e-4)
+  assert Tensor.arange(10)[Tensor([-1, 3]) * 1].tolist() == [9, 3]
+
+
+@pytest.mark.parametrize("name, view", [
+  ("slice", lambda a: a[1:3]), ("step", lambda a: a.reshape(6)[::2]), ("permute", lambda a: a.T),
+  ("reshape", lambda a: a.reshape(3, 2)), ("column", lambda a: a[:, 0][1:]), ("view", lambda a: a.view(6)[2:5]),
+])
+def test_assign_into_a_view_writes_through(name: str, view) -> None:
+  """As torch's views: the base sees the write, and so does the view (it wrote nothing before, silently)."""
+  a, ta = Tensor.zeros(3, 2).contiguous().realize(), torch.zeros(3, 2)
+  v, tv = view(a), view(ta)
+  value = np.arange(1, tv.numel() + 1, dtype=np.float32).reshape(tv.shape)
+  tv.copy_(torch.from_numpy(value))
+  v.assign(Tensor(value)).realize()
+  np.testing.assert_array_equal(a.numpy(), ta.numpy())
+  np.testing.assert_array_equal(v.numpy(), tv.numpy())
+
+
+def test_setitem_into_a_view_writes_through() -> None:
+  a, ta = Tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+  a[0][1] = 9.0
+  ta[0][1] = 9.0
+  np.testing.assert_array_equal(a.numpy(), ta.numpy())

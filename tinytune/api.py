@@ -1,11 +1,10 @@
 """`tinytune.tune`: tune every kernel of a user's program, from Python, into the tuning cache that later realizes read."""
 from __future__ import annotations
 
-import json
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tinytune.helpers import env_count, unique_names
+from tinytune.helpers import env_count
 from tinytune.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -38,21 +37,17 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   `assign`s) leaves those assigns pending on the parameters and optimizer state, as calling it does without tune(). The next
   realize that touches them (the next step, or just `w.numpy()`) applies them: the example batch's update happens then, once.
   To keep the parameters as they were, tune a step built on copies of them (`Tensor(w.numpy())`): its kernels are the same."""
-  import pandas as pd
-
   from tinytune import engine
-  from tinytune.codegen.kernel import Kernel
-  from tinytune.codegen.opts import opts_to_json
   from tinytune.engine.realize import schedule_many
   from tinytune.results_db import Database
   from tinytune.runtime import Device
   from tinytune.search.progress import ProgressLine
-  from tinytune.search.strategy import get_strategy
-  from tinytune.search.tune import DEFAULT_CANDIDATES, KernelOutcome, Tuner
+  from tinytune.search.strategy import check_options
+  from tinytune.search.tune import DEFAULT_CANDIDATES, KernelOutcome, Tuner, outcome_frame
 
   outputs, workload, params = _outputs(program, example_inputs)
   if not isinstance(strategy, str): raise TypeError(f"strategy must be a name (beam, optuna, random), not {type(strategy).__name__}")
-  get_strategy(strategy)  # an unknown name, or a missing optional dependency, fails before anything runs
+  check_options(strategy, dict(options or {}))  # an unknown name or option, or a missing optional dependency, fails before anything runs
   if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)): raise TypeError(f"budget must be an int, not {budget!r}")
   if budget is not None and budget < 1: raise ValueError(f"budget must be at least 1 candidate per kernel, not {budget}")
   if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
@@ -65,24 +60,19 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
 
   # the kernels a realize of all the outputs together runs (a training step's shared gradients once, its assigns in place)
   items = schedule_many([t.uop for t in outputs], dev, [t._memory if t._pending else None for t in outputs])[0] if outputs else []
-  kernels: dict[str, Kernel] = {}  # key -> kernel, in schedule order
-  for item in items: kernels.setdefault((k := Kernel(item.ast, Device[dev].caps)).key, k)
-  labels = unique_names((key, k.name) for key, k in kernels.items())
-  progress = ProgressLine(strategy, budget, labels, quiet=quiet)
+  kernels = {k.key: (label, k) for label, k in engine.kernels(items, dev)}  # in schedule order
+  progress = ProgressLine(strategy, budget, {key: label for key, (label, _) in kernels.items()}, quiet=quiet)
   tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
-  outcomes: dict[str, KernelOutcome] = {}
+  outcomes: list[KernelOutcome] = []
   try:
     dtype = dtypes.pop() if len(dtypes := {t.dtype.name for t in outputs}) == 1 else None  # the run's dtype: its outputs', where they agree
-    if items: outcomes = {o.key: o for o in tuner.tune_program(items, workload, params, dtype)}
+    if items: outcomes = tuner.tune_program(items, workload, params, dtype)
   finally: progress.done()
   engine.forget()  # realizes in this process look the kernels up again
 
-  def ms(s: float | None) -> float: return s * 1e3 if s is not None and math.isfinite(s) else math.nan
-  rows = [{"kernel": labels[key], "key": key, "device": dev, "dtype": kernels[key].ast.dtype.name, "default_ms": ms(o.default_s),
-           "tuned_ms": ms(o.best_s), "speedup": math.nan if o.speedup is None else o.speedup, "opts": json.loads(opts_to_json(o.best)),
-           "candidates": 0 if o.cache_hit else sum(o.counts.values()), "cache_hit": o.cache_hit}
-          for key in kernels if (o := outcomes.get(key)) is not None]
-  return pd.DataFrame(rows, columns=TUNE_COLUMNS).astype(TUNE_DTYPES)
+  frame = outcome_frame(outcomes, lambda o: {"device": dev, "dtype": kernels[o.key][1].ast.dtype.name})
+  frame["candidates"] = [sum(c.values()) for c in frame.get("candidates", [])]  # a cache hit measured none
+  return frame.reindex(columns=TUNE_COLUMNS).astype(TUNE_DTYPES)
 
 
 def _outputs(program: Any, example_inputs: tuple) -> tuple[list[Tensor], str, dict[str, Any]]:

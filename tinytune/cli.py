@@ -58,9 +58,6 @@ def seconds(text: str) -> float:
   return s
 
 
-def _ms(s: float | None) -> str: return f"{s * 1e3:.3f}" if s is not None and math.isfinite(s) else "-"
-
-
 def ms(s: float | None) -> float | None:
   """Seconds -> milliseconds for JSON: None where nothing was measured (a failure is inf)."""
   return s * 1e3 if s is not None and math.isfinite(s) else None
@@ -74,25 +71,26 @@ def add_format(p: argparse.ArgumentParser, formats: str = "table (default), csv,
 
 def cmd_search(args: argparse.Namespace) -> int:
   if param_help(args.workload, args.param): return 0
-  import pandas as pd
+  if "help" in args.option:
+    from tinytune.search.strategy import options_help
+    print("each strategy's options (--option KEY=VALUE), with their defaults:\n" + options_help())
+    return 0
   from rich.console import Console
-  from rich.progress import Progress, TextColumn
 
-  from tinytune.codegen.opts import opts_to_json
+  from tinytune import engine
   from tinytune.kernels import get_workload
   from tinytune.kernels.workload import schedule
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
-  from tinytune.search.strategy import get_strategy
-  from tinytune.search.tune import Tuner
+  from tinytune.search.progress import ProgressLine
+  from tinytune.search.strategy import check_options
+  from tinytune.search.tune import Tuner, outcome_frame
 
   workload = get_workload(args.workload)
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
   params = workload.params(parse_params(args.param, workload.names), device)
-  get_strategy(args.strategy)  # fail early on a bad name or a missing optional dependency
-  options: dict[str, Any] = {"width": args.beam_width} if args.strategy == "beam" else {"sampler": args.sampler} if args.strategy == "optuna" else {}
-  if args.worker is not None and args.strategy in ("optuna", "random"): options["seed"] = args.worker  # workers of one study explore apart
+  options = check_options(args.strategy, search_options(args))  # fail early on a bad name, option or missing optional dependency
   if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
     raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
                      "add --oversubscribe to start them anyway")
@@ -103,36 +101,35 @@ def cmd_search(args: argparse.Namespace) -> int:
   db = Database(args.db)
   started = time.perf_counter()
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
-  measured = _search_workers(args, console) if args.workers > 1 else None
-  with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
-    task = progress.add_task("starting", total=None)
-    state: dict[str, Any] = {}
-
-    def on_result(kernel: Any, r: Any) -> None:
-      s = state.setdefault(kernel.key, {"tried": 0, "failed": 0, "best": math.inf, "default": None})
-      s["tried"] += 1
-      s["failed"] += r.status != "ok"
-      s["best"] = min(s["best"], r.time)
-      if s["default"] is None and r.status == "ok": s["default"] = r.time
-      speedup = f"{s['default'] / s['best']:.2f}x" if s["default"] and math.isfinite(s["best"]) else "-"
-      progress.update(task, description=f"[bold]{kernel.name}[/] tried {s['tried']} failed {s['failed']} best {_ms(s['best'])} ms speedup {speedup}")
-
-    tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured,
-                  on_result, args.study, str(args.worker or 0))
-    outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
+  measured = _search_workers(args, options, console) if args.workers > 1 else None
+  progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
+                          quiet=args.quiet or args.format == "json")
+  tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
+                str(args.worker or 0))
+  try: outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
+  finally: progress.done()
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
   elapsed = time.perf_counter() - started
   cache_hit = all(o.cache_hit for o in outcomes)
-  rows = [{"kernel": o.name, "dtype": dtype.name, "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
-           "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)), "key": o.key}
-          for o in outcomes]
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "fingerprint": tuner.device_hash,
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
   how = "cache hit" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s"
   title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device} ({how})"
-  _write(render({"kernels": pd.DataFrame(rows)}, args.format, title, "search", context, {"kernels": title}), None)
+  frame = outcome_frame(outcomes, lambda o: {"dtype": dtype.name})
+  _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
   return 0
+
+
+def search_options(args: argparse.Namespace) -> dict[str, str]:
+  """--option KEY=VALUE pairs (repeatable), after the aliases --beam-width (width) and --sampler: the strategy's options as text."""
+  pairs = ([f"width={args.beam_width}"] if args.beam_width is not None else []) + ([f"sampler={args.sampler}"] if args.sampler is not None else [])
+  options = {}
+  for pair in pairs + args.option:
+    key, sep, value = pair.partition("=")
+    if not sep or not key or not value: raise ValueError(f"bad --option {pair!r}: write KEY=VALUE, e.g. --option width=8 (--option help lists them)")
+    options[key] = value
+  return options
 
 
 def search_budget(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,14 +138,14 @@ def search_budget(args: argparse.Namespace) -> dict[str, Any]:
   return {"candidates": args.budget if args.budget is not None or args.seconds else DEFAULT_CANDIDATES, "seconds": args.seconds}
 
 
-def _search_workers(args: argparse.Namespace, console: Any) -> dict[str, dict[str, int]]:
+def _search_workers(args: argparse.Namespace, options: dict[str, Any], console: Any) -> dict[str, dict[str, int]]:
   """`search --workers N`: N processes of this search share one study (and the database) and its budget.
   Returns the candidates they measured per kernel key."""
   import subprocess
   import uuid
   if args.study is None: args.study = f"workers-{uuid.uuid4().hex[:12]}"
   command = [sys.executable, "-m", "tinytune.cli", "search", args.workload, *[x for p in args.param for x in ("-p", p)], "--dtype", args.dtype,
-             "--strategy", args.strategy, "--beam-width", str(args.beam_width), "--sampler", args.sampler, "--study", args.study,
+             "--strategy", args.strategy, *[x for k, v in options.items() for x in ("--option", f"{k}={v}")], "--study", args.study,
              "--format", "json", "--quiet"]
   command += (["--budget", str(args.budget)] if args.budget is not None else [])
   command += (["--device", args.device] if args.device else []) + (["--seconds", str(args.seconds)] if args.seconds else [])
@@ -201,17 +198,11 @@ def tolerance(dtype: Any) -> float:
 def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> None:
   """Compile the workload's kernels (default opts) for the device: a dtype the device cannot do fails here, in one line, and not
   in every candidate or timing after."""
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.codegen.kernel import Kernel
-  from tinytune.engine import compile_kernel
+  from tinytune import engine
   from tinytune.kernels.workload import schedule
-  from tinytune.runtime import Device
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   try:
-    for item in items:
-      kernel = Kernel(item.ast, Device[device].caps)
-      kernel.apply_opts(default_opts(kernel))
-      compile_kernel(kernel, device)
+    for _, kernel in engine.kernels(items, device): engine.compile_kernel(kernel.apply_opts(engine.kernel_opts(kernel, device, "default")), device)
   except Exception as e:  # a compiler's complaint, whatever its type
     why = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
@@ -314,24 +305,21 @@ def add_db_parser(sub: Any) -> None:
 
 def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   """Build an entry's kernel from its workload, check its opts verify here and time them against the default: (verdict, speedup)."""
-  from tinytune import Kernel
-  from tinytune.codegen.heuristic import default_opts
+  from tinytune import engine
   from tinytune.codegen.opts import opts_from_json
   from tinytune.dtype import dtypes
   from tinytune.kernels import get_workload
   from tinytune.kernels.workload import schedule
-  from tinytune.runtime import Device
   from tinytune.search.evaluate import Evaluator
   if not entry.workload: return "cannot re-run: no workload recorded", None
   workload, params = get_workload(entry.workload), json.loads(entry.params)
   builds = (workload.instantiate(workload.params(params), dt, device)[0] for dt in dtypes.all if workload.takes(dt))  # the entry's dtype is one
-  kernel = next((k for out in builds for item in schedule(out, device)[0] if (k := Kernel(item.ast, Device[device].caps)).key == entry.kernel_key),
-                None)
+  kernel = next((k for out in builds for _, k in engine.kernels(schedule(out, device)[0], device) if k.key == entry.kernel_key), None)
   if kernel is None: return "cannot re-run: its workload no longer makes this kernel", None
   opts = tuple(opts_from_json(entry.opts))
   with Evaluator(kernel, device) as ev:
     if (result := ev.evaluate([opts])[0]).status != "ok": return f"FAILED: {result.status} {result.error}".strip(), None
-    default_s, tuned_s = ev.retime([default_opts(kernel), opts])
+    default_s, tuned_s = ev.retime([engine.kernel_opts(kernel, device, "default"), opts])
   return ("ok" if tuned_s <= default_s * 1.05 else "SLOWER than the default"), default_s / tuned_s
 
 
@@ -567,8 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
   search.add_argument("--dtype", default="float32", help=DTYPE_HELP)
   search.add_argument("--strategy", default="beam", help="beam (default), optuna, random")
-  search.add_argument("--beam-width", type=count, default=4, help="beam: how many of the best candidates each step expands (default 4)")
-  search.add_argument("--sampler", default="tpe", help="optuna sampler: tpe (default), cmaes, gp")
+  search.add_argument("--option", action="append", default=[], help="KEY=VALUE: an option of the strategy (repeatable; --option help lists them)")
+  search.add_argument("--beam-width", type=count, default=None, help="beam: --option width=N, how many of the best candidates each step expands")
+  search.add_argument("--sampler", default=None, help="optuna: --option sampler=NAME: tpe (default), cmaes, gp")
   search.add_argument("--study", default=None, help="study name: searches with the same name and --db tune together, on one budget")
   search.add_argument("--workers", type=count, default=1, help="start N local worker processes sharing one study and its budget (at most the cores)")
   search.add_argument("--oversubscribe", action="store_true", help="allow --workers beyond the number of cores")
@@ -624,8 +613,12 @@ def main(argv: list[str] | None = None) -> int:
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
+
+  from tinytune.helpers import check_environment
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
-  try: return commands[args.command](args)
+  try:
+    check_environment()
+    return commands[args.command](args)
   except (ValueError, TypeError, RuntimeError, LookupError, SQLAlchemyError) as e:
     # database errors (unreachable server, locked or unreadable file) are one line too, in every command
     why = f"database error: {getattr(e, 'orig', None) or e}" if isinstance(e, SQLAlchemyError) else str(e) or type(e).__name__

@@ -9,6 +9,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 from typing import Any, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -18,11 +19,11 @@ def prod(xs: Iterable[int]) -> int: return functools.reduce(operator.mul, xs, 1)
 def argfix(*x: Any) -> tuple:
   """Accept both f(1, 2) and f((1, 2))."""
   return tuple(x[0]) if len(x) == 1 and isinstance(x[0], (tuple, list)) else tuple(x)
-def all_same(xs: list) -> bool: return all(x == xs[0] for x in xs)
 def round_up(x: int, m: int) -> int: return -(-x // m) * m
-def getenv(key: str, default: Any = 0) -> Any: return type(default)(os.getenv(key, default))
+def getenv(key: str, default: Any = 0) -> Any:
+  """An environment knob of `default`'s type: integers (the usual kind) parsed by env_int, which names the variable when it is wrong."""
+  return env_int(key, default) if type(default) is int else type(default)(os.getenv(key, default))
 def divisors(n: int) -> list[int]: return [d for d in range(1, n + 1) if n % d == 0]
-def ilog2(n: int) -> int: return int(math.log2(n))
 
 
 def unique_names(kernels: Iterable[tuple[Any, str]]) -> dict[Any, str]:
@@ -38,12 +39,23 @@ def unique_names(kernels: Iterable[tuple[Any, str]]) -> dict[Any, str]:
 
 
 class ContextVar:
-  """A knob read once from the environment and changeable with `with Context(NAME=value):`."""
+  """A knob read from the environment when first used (so a bad value is an error that names it, raised where it is used, which
+  the CLI turns into one line) and changeable with `with Context(NAME=value):`."""
   registry: dict[str, ContextVar] = {}
 
   def __init__(self, key: str, default: int):
-    self.key, self.value = key, getenv(key, default)
+    self.key, self.default = key, default
+    self._value: int | None = None
     ContextVar.registry[key] = self
+
+  @property
+  def value(self) -> int:
+    if self._value is None: self._value = value = env_int(self.key, self.default)
+    else: value = self._value
+    return value
+
+  @value.setter
+  def value(self, v: int) -> None: self._value = v
 
   def __bool__(self) -> bool: return bool(self.value)
   def __ge__(self, x: int) -> bool: return self.value >= x
@@ -59,13 +71,47 @@ NOOPT = ContextVar("NOOPT", 0)
 WINO = ContextVar("WINO", 1)
 
 
+def env_int(key: str, default: int, least: int | None = None) -> int:
+  """An integer from the environment (`default` where unset or empty); a ValueError that names the variable where it is not one
+  (`DEBUG='abc' is not an integer: ...`) or is below `least`."""
+  if not (text := os.getenv(key, "").strip()): return default
+  try: value = int(text)
+  except ValueError: raise ValueError(f"{key}={text!r} is not an integer: set it to a whole number or unset it") from None
+  if least is not None and value < least: raise ValueError(f"{key}={text!r} is not an integer >= {least}: set it to one or unset it")
+  return value
+
+
 def env_count(key: str, least: int) -> int | None:
   """An integer knob from the environment (None where unset or empty); a ValueError that names it where it is not one >= least."""
-  if not (text := os.getenv(key, "").strip()): return None
-  try: value = int(text)
-  except ValueError: value = least - 1
-  if value < least: raise ValueError(f"{key}={text!r} is not an integer >= {least}")
+  return env_int(key, None, least) if os.getenv(key, "").strip() else None  # type: ignore[arg-type]
+
+
+def env_seconds(key: str, default: float) -> float:
+  """A positive number of seconds from the environment (`default` where unset); a ValueError that names the variable otherwise."""
+  if not (text := os.getenv(key, "").strip()): return default
+  try: value = float(text)
+  except ValueError: value = math.nan
+  if not (math.isfinite(value) and value > 0): raise ValueError(f"{key}={text!r} is not a positive number of seconds: set one or unset it")
   return value
+
+
+# every number-valued variable tinytune reads, with how it is parsed: `check_environment` parses them all at once
+ENVIRONMENT: dict[str, Any] = {
+  **{v.key: (lambda v=v: v.value) for v in (DEBUG, NOOPT, WINO)},
+  "BEAM": lambda: env_count("BEAM", 0), "TINYTUNE_BUDGET": lambda: env_count("TINYTUNE_BUDGET", 1),
+  "TINYTUNE_POOL_BYTES": lambda: env_count("TINYTUNE_POOL_BYTES", 0), "TINYTUNE_DB_TIMEOUT": lambda: db_timeout(),
+  **{k: (lambda k=k: env_int(k, 0, 0)) for k in ("TINYTUNE_OPENCL_DEVICE", "TINYTUNE_CUDA_DEVICE", "TINYTUNE_AMD_DEVICE")},
+}
+
+
+def check_environment() -> None:
+  """Parse every variable in ENVIRONMENT: the first bad one raises its ValueError (the CLI's one line and exit 2)."""
+  for parse in ENVIRONMENT.values(): parse()
+
+
+def db_timeout() -> float:
+  """How long to wait for a database another process holds locked: $TINYTUNE_DB_TIMEOUT seconds, default 30."""
+  return env_seconds("TINYTUNE_DB_TIMEOUT", 30.0)
 
 
 def tune_mode() -> str:
@@ -100,11 +146,33 @@ def warn_once(message: str) -> None:
     print(f"tinytune: warning: {message}", file=sys.stderr)
 
 
-def cache_dir() -> pathlib.Path:
-  """Where tinytune keeps compiled kernels and databases: $TINYTUNE_CACHE_DIR or the user cache dir."""
+def cache_dir(writable: bool = True) -> pathlib.Path:
+  """Where tinytune keeps compiled kernels and databases: $TINYTUNE_CACHE_DIR or the user cache dir, made if missing. `writable`:
+  a folder that is there but cannot be written (read-only, full) costs one warning and a temporary folder instead."""
   base = os.getenv("TINYTUNE_CACHE_DIR") or os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tinytune")
+  return _writable(base) if writable else _made(base)
+
+
+def _made(base: str) -> pathlib.Path:
   path = pathlib.Path(base)
   try: path.mkdir(parents=True, exist_ok=True)
   except OSError as e:  # a file in the way, a read-only or missing mount
     raise RuntimeError(f"tinytune's cache folder {path} cannot be made ({e.strerror}): set TINYTUNE_CACHE_DIR to a writable folder") from None
   return path
+
+
+@functools.lru_cache(maxsize=None)
+def _writable(base: str) -> pathlib.Path:
+  path = _made(base)
+  try:  # a page written and synced: what a full disk or a read-only folder refuses
+    with tempfile.TemporaryFile(dir=path) as f:
+      f.write(bytes(4096))
+      f.flush()
+      os.fsync(f.fileno())
+    return path
+  except OSError as e:
+    fallback = pathlib.Path(tempfile.gettempdir()) / f"tinytune-{os.getuid()}"
+    fallback.mkdir(mode=0o700, exist_ok=True)
+    if fallback.is_symlink() or fallback.stat().st_uid != os.getuid(): fallback = pathlib.Path(tempfile.mkdtemp(prefix="tinytune-"))  # not ours
+    warn_once(f"tinytune's cache folder {path} cannot be written ({e.strerror}): using {fallback} for now; set TINYTUNE_CACHE_DIR to fix it")
+    return fallback

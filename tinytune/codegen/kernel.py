@@ -7,12 +7,12 @@ import hashlib
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
-from typing import Sequence
+from typing import Protocol, Sequence
 
+from tinytune.codegen.caps import DeviceCaps
 from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
-from tinytune.dtype import dtypes
+from tinytune.dtype import DType, dtypes
 from tinytune.helpers import divisors, prod, round_up
-from tinytune.runtime import Buffer, DeviceCaps
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
@@ -125,6 +125,16 @@ def find_reduces(ast: UOp) -> list[UOp]:
 LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
 
 
+class KernelBuffer(Protocol):
+  """What code generation reads of the buffer an AST's BUFFER holds (a runtime.Buffer); its place in Kernel.bufs is its argument's."""
+  @property
+  def dtype(self) -> DType: ...
+  @property
+  def size(self) -> int: ...
+  @property
+  def nbytes(self) -> int: ...
+
+
 class Kernel:
   """The AST's output dims are the global dims, the reduce's dims follow; `axes` are the loops and register parts they split into."""
 
@@ -143,11 +153,10 @@ class Kernel:
     self.opts: list[Opt] = []
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
-    self.bufs: list[Buffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
+    self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
 
   @property
   def n_reduce(self) -> int: return len(self.sizes) - self.n_global
-  def real_size(self, dim: int) -> int: return self.padded.get(dim, self.sizes[dim])
   def remaining(self, dim: int) -> Axis: return next(a for a in self.axes if a.dim == dim and a.kind in LOOPS)
   def upcast_size(self, kind: AxisKind | None = None, dim: int = -1, size: int = 1) -> int:
     """The values one iteration holds in registers, with a new register part of `kind` along `dim` if given: the register parts'
@@ -314,7 +323,7 @@ class Kernel:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
 
 
-CANDIDATE_ARGS = (2, 3, 4, 5, 7, 8, 16, 32)
+CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
 
 
 def candidate_opts(k: Kernel) -> list[Opt]:

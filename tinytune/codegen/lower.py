@@ -68,7 +68,7 @@ def identity(red: UOp) -> UOp:
 
 
 @dataclass
-class Program:
+class LinearProgram:
   """A kernel's lowered statements in order, the SIMD width of its native vectors (1: none), and whether the C compiler's loop
   vectorizer is better off: where the kernel adds floats into a scalar accumulator in order (which some compilers' vectorizers
   miscompile), or copies a tile across rows with no reduce (a transpose, whose unrolled tile it spent seconds on for nothing)."""
@@ -129,7 +129,7 @@ class PlainTarget:
   lane_folds: bool = False
 
 
-def lower(k: Kernel, target: Target | None = None) -> Program:
+def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
@@ -496,7 +496,7 @@ class _Lowerer:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
 
   # ***** the kernel *****
-  def program(self) -> Program:
+  def program(self) -> LinearProgram:
     if self.k.tc is not None and self.k.caps.has_local: return self.tensor_core()
     k = self.k
     partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
@@ -514,7 +514,7 @@ class _Lowerer:
     self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
-    return Program(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
+    return LinearProgram(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
@@ -628,7 +628,7 @@ class _Lowerer:
       out.append(stmt(Ops.ENDRANGE))
     return out + post
 
-  def tensor_core(self) -> Program:
+  def tensor_core(self) -> LinearProgram:
     """A TC kernel: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B straight from
     memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
     k, tc = self.k, self.k.tc
@@ -666,5 +666,5 @@ class _Lowerer:
         val = self.node(k.ast, tuple(dims[:k.n_global]))
         self.store(val, self.out_offset(dims), TRUE)
       self.lines.append(wmma("sync"))
-    return Program(k, self.width, out + self.lines)
+    return LinearProgram(k, self.width, out + self.lines)
 

@@ -58,7 +58,7 @@ class TinyJit(Generic[R]):
     self.calls += 1
     if self.captured is not None: return self._replay(tensors, inputs, others)
     if self.calls == 1: return self._realized(self.fn(*args, **kwargs))
-    schedule.writes[0] += 1  # forget what earlier realizes computed: a kernel the capture skipped for it would be missing from every replay
+    schedule.forget_realized()  # forget what earlier realizes computed: a kernel the capture skipped for it would be missing from every replay
     with capturing() as captured, rng.recording() as draws: ret = self._realized(self.fn(*args, **kwargs))
     where = {id(b): i for i, b in enumerate(inputs)}
     steps = [(kernel, [where.get(id(b), b) for b in bufs]) for kernel, bufs in captured]

@@ -4,15 +4,16 @@ A structurally equal kernel (the same `kernel.key`) with the same opts on the sa
 the tuning cache is consulted once per kernel key and device (`engine.forget()` after a search or an import in this process)."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Literal, Sequence, overload
 
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
-from tinytune.helpers import NOOPT, tune_mode
+from tinytune.engine.schedule import ScheduleItem, create_schedule
+from tinytune.helpers import NOOPT, tune_mode, unique_names
 from tinytune.runtime import Device, Program
+from tinytune.uop import UOp
 
 
 class GlobalCounters:
@@ -29,15 +30,41 @@ class GlobalCounters:
     GlobalCounters.time_sum_s = 0.0
 
 
-# "module:function" that tunes a kernel on first use (TINYTUNE_TUNE=beam, or BEAM=N): (kernel, device, strategy) -> opts. The search
-# module registers it; the engine loads it by name only when asked, so the run path never imports the search.
-FIRST_USE_TUNER = "tinytune.search.tune:tune_on_first_use"
+# what tunes a kernel on first use (TINYTUNE_TUNE=beam, or BEAM=N): (kernel, device, strategy) -> opts. The search registers it when
+# it is imported, which the engine asks for only then: a program that never tunes never loads the search (nor SQLAlchemy).
 _first_use_tuner: Callable[[Kernel, str, str], tuple[Opt, ...]] | None = None
 
 
-def kernel_opts(kernel: Kernel, device: str) -> tuple[Opt, ...]:
-  """The opts `kernel` runs with: the tuning cache's where it has them, else (TINYTUNE_TUNE=beam, optuna, random, or tinygrad's
-  BEAM=N) tuned now, else the heuristic defaults. TINYTUNE_TUNE=0 and NOOPT skip the cache."""
+def register_first_use_tuner(tuner: Callable[[Kernel, str, str], tuple[Opt, ...]]) -> None:
+  global _first_use_tuner
+  _first_use_tuner = tuner
+
+
+def kernels(program: UOp | Sequence[ScheduleItem], device: str) -> list[tuple[str, Kernel]]:
+  """The kernels of a program, a lazy graph (its schedule) or a schedule, in the order they run, each with its label: its name made
+  unique in the program (the second of two different kernels named r_1024_1_1024 is r_1024_1_1024#2; a kernel run twice has one)."""
+  items = create_schedule(program, device)[0] if isinstance(program, UOp) else program
+  ret = [Kernel(item.ast, Device[device].caps) for item in items]
+  labels = unique_names((k.key, k.name) for k in ret)
+  return [(labels[k.key], k) for k in ret]
+
+
+Policy = Literal["run", "tuned", "default"]
+
+
+@overload
+def kernel_opts(kernel: Kernel, device: str, policy: Literal["run", "default"] = "run", db: Any = None) -> tuple[Opt, ...]: ...
+@overload
+def kernel_opts(kernel: Kernel, device: str, policy: Policy, db: Any = None) -> tuple[Opt, ...] | None: ...
+
+
+def kernel_opts(kernel: Kernel, device: str, policy: Policy = "run", db: Any = None) -> tuple[Opt, ...] | None:
+  """The opts of `kernel` on `device`: `default` the heuristics'; `tuned` the tuning cache's (`db`'s, else the default one's), None
+  where it lacks them; `run` what a realize runs: the tuning cache's where it has them, else (TINYTUNE_TUNE=beam, optuna, random,
+  or tinygrad's BEAM=N) tuned now, else the heuristics'. Under TINYTUNE_TUNE=0 and NOOPT a run skips the cache."""
+  if policy == "default": return tuple(default_opts(kernel))
+  if policy == "tuned": return None if (found := _tuning_cache(db).lookup(kernel, device)) is None else found.opts
+  if policy != "run": raise ValueError(f"unknown opts policy {policy!r}; use run, tuned or default")
   mode = tune_mode()
   key = (kernel.key, device, mode, NOOPT.value)
   if (opts := opts_memo.get(key)) is None:
@@ -52,16 +79,15 @@ def kernel_opts(kernel: Kernel, device: str) -> tuple[Opt, ...]:
 opts_memo: dict[tuple, tuple[Opt, ...]] = {}
 
 
-def _tuning_cache():  # type: ignore[no-untyped-def]
+def _tuning_cache(db: Any = None):  # type: ignore[no-untyped-def]
   from tinytune.results_db.cache import TuningCache  # SQLAlchemy loads on the first kernel, not on import
-  return TuningCache()
+  return TuningCache(db)
 
 
 def _tuner() -> Callable[[Kernel, str, str], tuple[Opt, ...]]:
-  global _first_use_tuner
   if _first_use_tuner is None:
-    module, fn = FIRST_USE_TUNER.split(":")
-    _first_use_tuner = getattr(importlib.import_module(module), fn)
+    import tinytune.search.tune  # noqa: F401  (it registers the tuner)
+  assert _first_use_tuner is not None, "tinytune.search.tune registers the first-use tuner"
   return _first_use_tuner
 
 
@@ -94,8 +120,8 @@ def compile_kernel(kernel: Kernel, device: str) -> tuple[Program, str]:
   return ck.program, ck.src
 
 
-def lower(kernel: Kernel, device: str) -> CompiledKernel:
-  """A fresh kernel with the opts it runs with, compiled."""
+def compiled(kernel: Kernel, device: str) -> CompiledKernel:
+  """A fresh kernel compiled with the opts a realize runs it with (kernel_opts' `run`)."""
   opts = kernel_opts(kernel, device)
   if (ck := _programs.get((kernel.key, opts, device))) is not None:
     GlobalCounters.program_hits += 1

@@ -6,13 +6,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from tinytune.codegen.kernel import Kernel
 from tinytune.dtype import DType
 from tinytune.engine import program, schedule
-from tinytune.engine.program import CompiledKernel, GlobalCounters, lower
+from tinytune.engine.program import CompiledKernel, GlobalCounters, compiled, kernels
 from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod, tune_mode
-from tinytune.runtime import Buffer, Device
+from tinytune.runtime import Buffer
 from tinytune.shape import View
 from tinytune.uop import Ops, UOp
 
@@ -24,7 +23,7 @@ def structure(topo: list[UOp], device: str) -> tuple[tuple, list[Buffer], dict[U
   buffers: list[Buffer] = []
   parts = []
   for i, u in enumerate(topo):
-    if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
+    if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
     index[u] = i
     if u.op is Ops.BUFFER:
       parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
@@ -65,11 +64,8 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
   if into is not None: slot[id(into)] = len(inputs) - 1
   made = [item for item in items if item.out is not into]
   for i, item in enumerate(made): slot[id(item.out)] = len(inputs) + i
-  steps = []
-  for item in items:
-    if item.out.size == 0: continue  # an empty output: nothing to compute
-    kernel = Kernel(item.ast, Device[device].caps)
-    steps.append(Step(lower(kernel, device), tuple(slot[id(b)] for b in (item.out, *kernel.bufs))))
+  run = [item for item in items if item.out.size]  # an empty output: nothing to compute
+  steps = [Step(compiled(k, device), tuple(slot[id(b)] for b in (item.out, *k.bufs))) for item, (_, k) in zip(run, kernels(run, device))]
   return Plan(tuple((item.out.size, item.out.dtype) for item in made), tuple(steps),
               tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made))
 
@@ -106,35 +102,42 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
     plan = _plans[key] = make_plan(target, inputs, index, device, into)
   else: GlobalCounters.schedule_hits += 1
   ret = plan.run(topo, inputs, device)
-  # the rewritten graph's nodes hold what its kernels realized: kept while the asked node lives, a later graph that reads them
-  # rebuilds them by hash-consing and finds them computed
-  if asked is not target: asked.__dict__["rewritten"] = target
+  if asked is not target: schedule.keep_rewrite(asked, target)
   if into is None:
     if asked is not target: mark_realized(asked, ret)  # the node that was asked for, and that other graphs hold, not only its rewrite
     return ret
   return buffer_view(into, target.shape)
 
 
-def realize_all(targets: list[tuple[UOp, str, Buffer | None]]) -> list[UOp]:
-  """Realize (graph, device, memory) targets together: each value is computed from memory as it was, and a target with memory (a
-  pending assign) ends up in it. A write goes straight from the value's own kernel where nothing still to run reads that memory
-  otherwise (an optimizer's moments, then the parameter that reads their new values); else the value goes to a new buffer first,
-  and is copied in once everything else ran."""
-  if len(targets) == 1 and targets[0][2] is None: return [realize(*targets[0][:2])]  # the common case: one value, nothing to write
-  for u in shared_reduces([u for u, _, _ in targets]): realize(u, next(d for t, d, _ in targets if u in t.toposort))
-  direct = _direct_writes(targets)
-  ret: list[UOp | None] = [None if i in direct else realize(u, device) for i, (u, device, _) in enumerate(targets)]
-  for i in sorted(direct):
-    u, device, memory = targets[i]
-    ret[i] = written = realize(u, device, into=memory)
-    mark_realized(u, written)  # later writes' graphs read the new value, until the write count below moves on
-  for i, (u, device, memory) in enumerate(targets):
-    if memory is not None and i not in direct: ret[i] = realize(ret[i], device, into=memory)  # type: ignore[arg-type]
-  if any(memory is not None for _, _, memory in targets): schedule.writes[0] += 1  # what was realized before may have read that memory
-  return ret  # type: ignore[return-value]
+Target = tuple[UOp, str, "Buffer | None"]  # (graph, device, the memory it is written into: a pending assign's, or None)
 
 
-def _direct_writes(targets: list[tuple[UOp, str, Buffer | None]], computed: Callable[[UOp], bool] = lambda u: realized(u) is not None) -> set[int]:
+def realize_all(targets: list[Target]) -> list[UOp]:
+  """Realize (graph, device, memory) targets together, in plan_order: each value is computed from memory as it was, and a target
+  with memory (a pending assign) ends up in it."""
+  def step(u: UOp, device: str, into: Buffer | None) -> UOp:
+    ret = realize(u, device, into)
+    if into is not None: mark_realized(u, ret)  # later writes' graphs read the new value, until forget_realized below
+    return ret
+  ret = plan_order(targets, lambda u: realized(u) is not None, step)
+  if any(memory is not None for _, _, memory in targets): schedule.forget_realized()  # what was realized before may have read that memory
+  return ret
+
+
+def plan_order(targets: list[Target], computed: Callable[[UOp], bool], step: Callable[[UOp, str, Buffer | None], UOp]) -> list[UOp]:
+  """The one order in which targets are computed together, by `step(graph, device, into)` (realize, or schedule without running):
+  the reduces and copies they share first, each its own kernel, then each target. A write goes straight from the value's own kernel
+  where nothing still to run reads that memory otherwise (an optimizer's moments, then the parameter that reads their new values);
+  else the value goes to a new buffer first, and is copied in once everything else ran. `computed` says what is realized already."""
+  for u in shared_reduces([u for u, _, _ in targets]): step(u, next(d for t, d, _ in targets if u in t.toposort), None)
+  direct = _direct_writes(targets, computed)
+  views: list[UOp | None] = [None if i in direct else step(u, device, None) for i, (u, device, _) in enumerate(targets)]
+  for i in sorted(direct): views[i] = step(*targets[i])
+  return [step(v, device, memory) if memory is not None and i not in direct else v  # type: ignore[misc, arg-type]
+          for i, (v, (_, device, memory)) in enumerate(zip(views, targets))]
+
+
+def _direct_writes(targets: list[Target], computed: Callable[[UOp], bool]) -> set[int]:
   """The targets whose value may be written into their memory by its own kernel: that kernel reads the memory only where it
   writes (the same element, outside any reduce), and no target written after it reads the memory other than through its value."""
   direct = {i for i, (_, _, memory) in enumerate(targets) if memory is not None}
@@ -197,15 +200,13 @@ def shared_reduces(targets: list[UOp]) -> list[UOp]:
 
 
 def schedule_many(targets: list[UOp], device: str, into: Sequence[Buffer | None] = ()) -> tuple[list[ScheduleItem], list[UOp]]:
-  """The kernels realize_all runs for these targets together, in order, without running them: the reduces they share, each its
-  own kernel, then each target, with each `into` given (a pending assign's memory, one per target or None) written straight or
-  through a copy as realize_all decides; and the realized view of each target. What a kernel realizes is read as its buffer in
-  later graphs, as realize does; for one target and no `into` this is create_schedule."""
+  """The kernels realize_all runs for these targets together (see plan_order), in order, without running them, with each `into`
+  given (a pending assign's memory, one per target or None); and the realized view of each target. What a kernel realizes is read
+  as its buffer in later graphs, as realize does; for one target and no `into` this is create_schedule."""
   done: dict[UOp, UOp] = {}
   items: list[ScheduleItem] = []
-  memories = [*into, *[None] * (len(targets) - len(into))]
 
-  def schedule(asked: UOp, buf: Buffer | None = None) -> UOp:
+  def schedule_one(asked: UOp, _: str, buf: Buffer | None) -> UOp:
     u = asked
     while reuse := {n: v for n in u.toposort if (v := done.get(n)) is not None and v is not n}: u = u.substitute(reuse)
     new, view = create_schedule(u, device, buf)
@@ -214,11 +215,8 @@ def schedule_many(targets: list[UOp], device: str, into: Sequence[Buffer | None]
     done[asked] = done[u] = view
     return view
 
-  for u in shared_reduces(targets): schedule(u)
-  direct = _direct_writes([(t, device, m) for t, m in zip(targets, memories)], lambda u: u in done)
-  views: list[UOp | None] = [None if i in direct else schedule(t) for i, t in enumerate(targets)]
-  for i in sorted(direct): views[i] = schedule(targets[i], memories[i])
-  return items, [schedule(v, m) if m is not None and i not in direct else v for i, (v, m) in enumerate(zip(views, memories))]  # type: ignore[arg-type,misc]
+  memories = [*into, *[None] * (len(targets) - len(into))]
+  return items, plan_order([(t, device, m) for t, m in zip(targets, memories)], lambda u: u in done, schedule_one)
 
 
 Captured = list[tuple[CompiledKernel, list[Buffer]]]

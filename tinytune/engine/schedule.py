@@ -27,18 +27,30 @@ class ScheduleItem:
   view: UOp  # the VIEW of `out` that stands for `node` once the kernel has run
 
 
-writes = [0]  # how many times a kernel wrote into a buffer that already held a value (Tensor.assign)
+_writes = 0  # how many times a kernel wrote into a buffer that already held a value (Tensor.assign)
 
 
 def realized(u: UOp) -> UOp | None:
   """The VIEW of a buffer that holds `u`'s value once a kernel computed it, so later schedules reuse it. It is kept on the node
-  itself: it lives exactly as long as the node does. A write into memory in place ends every such reuse, since the node's
-  inputs may be that memory (a training step's next forward pass is the same graph over the same, updated, parameters)."""
-  if (ret := u.__dict__.get("realized_as")) is not None and ret[1] == writes[0]: return ret[0]
+  itself: it lives exactly as long as the node does. A write into memory in place ends every such reuse (forget_realized), since the
+  node's inputs may be that memory (a training step's next forward pass is the same graph over the same, updated, parameters)."""
+  if (ret := u.__dict__.get("realized_as")) is not None and ret[1] == _writes: return ret[0]
   return None
 
 
-def mark_realized(u: UOp, view: UOp) -> None: u.__dict__["realized_as"] = (view, writes[0])
+def mark_realized(u: UOp, view: UOp) -> None: u.__dict__["realized_as"] = (view, _writes)
+
+
+def forget_realized() -> None:
+  """Every node realized so far is computed again where a later graph reads it: memory was written in place."""
+  global _writes
+  _writes += 1
+
+
+def keep_rewrite(asked: UOp, rewrite: UOp) -> None:
+  """Keep the graph a realize of `asked` ran (its nodes hold what the kernels realized) alive as long as `asked` lives: a later graph
+  that reads them rebuilds them by hash-consing and finds them computed."""
+  asked.__dict__["rewritten"] = rewrite
 
 
 def buffer_view(buf: Buffer, shape: tuple[int, ...], view: View | None = None) -> UOp:

@@ -208,30 +208,25 @@ def tinytune_timing(workload: Workload, params: Params, device: str, tuned: bool
   A tuned timing whose kernels the cache does not (all) have says so in `note` and uses the defaults for those; where every kernel
   runs its default opts the `default` timing, if given, stands for it (the same programs: timing them again would only add noise)."""
   import tinytune
+  from tinytune import engine
   from tinytune.codegen import CODEGEN_VERSION
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.codegen.kernel import Kernel
-  from tinytune.engine import compile_kernel
-  from tinytune.helpers import unique_names
   from tinytune.kernels.workload import schedule
-  from tinytune.results_db.cache import TuningCache
-  from tinytune.runtime import Device
+  from tinytune.runtime import Device, Program
   from tinytune.tensor import Tensor
 
   built, _ = workload.instantiate(params, dtype, device)
   items, views = schedule(built, device)
-  calls, missing, same, kernels = [], 0, 0, []
-  program_kernels = [Kernel(item.ast, Device[device].caps) for item in items]
-  labels = unique_names((k.key, k.name) for k in program_kernels)
-  for item, kernel in zip(items, program_kernels):
-    cached = found.opts if tuned and (found := TuningCache(db).lookup(kernel, device)) is not None else None
+  calls: list[tuple[Program, tuple]] = []  # each program with its buffers
+  missing, same, kernels = 0, 0, []
+  for item, (label, kernel) in zip(items, engine.kernels(items, device)):
+    cached = engine.kernel_opts(kernel, device, "tuned", db) if tuned else None
     missing += tuned and cached is None
-    defaults = default_opts(kernel)
-    same += cached is None or list(cached) == list(defaults)
+    defaults = engine.kernel_opts(kernel, device, "default")
+    same += cached is None or cached == defaults
     kernel.apply_opts(cached if cached is not None else defaults)
-    kernels.append({"kernel": labels[kernel.key], "dtype": kernel.ast.dtype.name, "flops": kernel.flops, "bytes": kernel.mem_bytes,
+    kernels.append({"kernel": label, "dtype": kernel.ast.dtype.name, "flops": kernel.flops, "bytes": kernel.mem_bytes,
                     "opts": [o.to_json() for o in kernel.opts], "opts_from": "tuning cache" if cached is not None else "defaults"})
-    program, _ = compile_kernel(kernel, device)
+    program, _ = engine.compile_kernel(kernel, device)
     calls.append((program, (item.out, *kernel.bufs)))
 
   note = f"{missing} of {len(items)} kernels not in the tuning cache" if missing else ""

@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from tinytune.helpers import unique_names
 from tinytune.results_db import Baseline, Candidate, Database, Device, KernelRecord, Peak, SearchRun, Tuned
+from tinytune.results_db.db import skipping
 
 BEST_COLUMNS = ["workload", "params", "param_values", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs",
                 "flops", "nbytes", "opts", "key"]
@@ -28,7 +29,8 @@ ROOFLINE_COLUMNS = ["point", "kernel", "workload", "params", "dtype", "device", 
 def _table(db: Database, model: Any) -> pd.DataFrame:
   with db.session(write=False) as session:
     result = session.execute(select(model.__table__))
-    return pd.DataFrame([tuple(r) for r in result], columns=list(result.keys()))  # tuples: pandas takes a row with a `dtype` column for an array
+    rows = skipping(list(result), model.__tablename__, repr(db))  # a bad row (from before imports were checked) costs one warning
+    return pd.DataFrame([tuple(r) for r in rows], columns=list(result.keys()))  # tuples: pandas takes a row with a `dtype` column for an array
 
 
 def params_label(params: str | dict[str, Any], workload: str | None = None) -> str:

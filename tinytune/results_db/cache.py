@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import os
 import pathlib
 import sqlite3
 import stat
-import urllib.parse
 from dataclasses import astuple, dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
+from tinytune.results_db import untrusted
 from tinytune.results_db.db import Database, database_url, fingerprint_hash, to_json
 
 FORMAT_VERSION = 1
@@ -31,6 +30,11 @@ CREATE TABLE entries (kernel_key TEXT NOT NULL, device_hash TEXT NOT NULL REFERE
                       workload TEXT NOT NULL, params TEXT NOT NULL, opts TEXT NOT NULL, best_s REAL NOT NULL, default_s REAL,
                       updated_at TEXT NOT NULL, PRIMARY KEY (kernel_key, device_hash));
 """
+
+
+TABLES = {"manifest": [("key", "TEXT"), ("value", "TEXT")], "devices": [("hash", "TEXT"), ("fingerprint", "TEXT")],
+          "entries": [("kernel_key", "TEXT"), ("device_hash", "TEXT"), ("kernel_name", "TEXT"), ("workload", "TEXT"), ("params", "TEXT"),
+                      ("opts", "TEXT"), ("best_s", "REAL"), ("default_s", "REAL"), ("updated_at", "TEXT")]}  # what SCHEMA makes
 
 
 class CacheFileError(ValueError):
@@ -72,9 +76,8 @@ class CacheFile:
   def open(path: str | os.PathLike) -> CacheFile:
     """Read and check a whole cache file; CacheFileError if it is not one this tinytune can trust."""
     regular_file(path, "tinytune cache file", CacheFileError)
-    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"  # immutable: no locks, no -wal or -shm files
     try:
-      conn = sqlite3.connect(uri, uri=True)
+      conn = untrusted.open_file(path, TABLES, "tinytune cache file", lambda why: CacheFileError(f"{path}: {why}"))
       try:
         manifest = dict(conn.execute("SELECT key, value FROM manifest").fetchall())
         devices = conn.execute("SELECT hash, fingerprint FROM devices ORDER BY hash").fetchall()
@@ -98,9 +101,9 @@ def _checked(path: str, manifest: dict[str, Any], devices: list[tuple], rows: li
   check(manifest.get("checksum") == checksum(devices, rows), "checksum mismatch: the file is damaged or was edited")
   fingerprints: dict[str, dict[str, str]] = {}
   for h, text in devices:
-    try: fp = json.loads(text)
-    except (TypeError, ValueError): fp = None
-    check(isinstance(fp, dict) and fingerprint_hash(fp) == h, f"device {str(h)[:12]} does not match its fingerprint")
+    try: fp = untrusted.loads(text, "a fingerprint")
+    except ValueError: fp = None
+    check(isinstance(h, str) and isinstance(fp, dict) and fingerprint_hash(fp) == h, f"device {str(h)[:12]} does not match its fingerprint")
     fingerprints[h] = fp  # type: ignore[assignment]
   entries = []
   for row in rows:
@@ -108,6 +111,7 @@ def _checked(path: str, manifest: dict[str, Any], devices: list[tuple], rows: li
     best_s, default_s = row[6], row[7]
     check(_positive(best_s) and (default_s is None or _positive(default_s)), f"bad timing in entry {row!r:.80}")
     check(row[1] in fingerprints, f"entry {row[0][:12]} names an unknown device")
+    if why := untrusted.entry_problem(row[5], row[4]): check(False, f"entry {row[0][:12]}: {why}")
     entries.append(Entry(row[0], row[1], row[2], row[3], row[4], row[5], float(best_s), None if default_s is None else float(default_s), row[8]))
   return CacheFile(path, manifest, fingerprints, entries)
 
@@ -129,6 +133,7 @@ def write(path: str | os.PathLike, entries: Iterable[Entry], devices: dict[str, 
   manifest = {"magic": MAGIC, "format_version": str(FORMAT_VERSION), "tinytune_version": __version__,
               "created_at": datetime.now(timezone.utc).isoformat(), "entries": str(len(rows)),
               "devices": to_json([h for h, _ in device_rows]), "checksum": checksum(device_rows, rows)}
+  mode = _replaceable(path)
   tmp = pathlib.Path(f"{path}.tmp{os.getpid()}")
   try:
     tmp.unlink(missing_ok=True)
@@ -138,11 +143,23 @@ def write(path: str | os.PathLike, entries: Iterable[Entry], devices: dict[str, 
       conn.executemany("INSERT INTO devices VALUES (?, ?)", device_rows)
       conn.executemany(f"INSERT INTO entries VALUES ({', '.join('?' * len(fields(Entry)))})", rows)
     conn.close()
+    if mode is not None: os.chmod(tmp, mode)  # a rewritten file keeps its mode
     os.replace(tmp, path)
   except (OSError, sqlite3.Error) as e:
     tmp.unlink(missing_ok=True)
     raise CacheFileError(f"cannot write {path}: {e}") from None
   return CacheFile.open(path)
+
+
+def _replaceable(path: str | os.PathLike) -> int | None:
+  """The mode of the regular, writable file at `path` that a write may replace (None where there is none); CacheFileError for
+  anything else there: a link, a folder, a device or a FIFO is never replaced by a file, and a read-only file is not rewritten."""
+  try: st = os.lstat(path)
+  except FileNotFoundError: return None
+  except OSError as e: raise CacheFileError(f"cannot write {path}: {e.strerror}") from None
+  if not stat.S_ISREG(st.st_mode): raise CacheFileError(f"{path} exists and is not a regular file (a link, folder, device or FIFO): not replacing it")
+  if not st.st_mode & 0o222 or not os.access(path, os.W_OK): raise CacheFileError(f"{path} is read-only: not rewriting it")
+  return stat.S_IMODE(st.st_mode)
 
 
 def fastest(entries: Iterable[Entry]) -> list[Entry]:
@@ -249,7 +266,8 @@ class TuningCache:
       sqlite_file = parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database else None
       if not (sqlite_file and not os.path.exists(sqlite_file)):
         if sqlite_file: regular_file(sqlite_file, "database", ValueError)
-        if (row := _reader(parsed.render_as_string(hide_password=False)).tuned(key, device_hash)) is not None:
+        if isinstance(reader := _reader(parsed.render_as_string(hide_password=False)), Exception): raise reader
+        if (row := reader.tuned(key, device_hash)) is not None:
           found.append((shown, row.opts_json, row.best_s, row.default_s))
     except Exception as e:  # an unusable database costs a warning, never the program
       warn(f"the tuning cache {shown} is unusable ({(str(e).splitlines() or [type(e).__name__])[0]}); not using it")
@@ -260,4 +278,7 @@ class TuningCache:
 
 
 @functools.lru_cache(maxsize=8)
-def _reader(url: str) -> Database: return Database(url, read_only=True)
+def _reader(url: str) -> Database | Exception:
+  """The database a program reads, or why it cannot: kept, so a locked or unusable database is waited for once, not per kernel."""
+  try: return Database(url, read_only=True)
+  except Exception as e: return e

@@ -15,20 +15,23 @@ import json
 import math
 import os
 import pathlib
+import re
 import socket
 import sqlite3
+import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from sqlalchemy import create_engine, event, func, make_url, select, update
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
-from tinytune.helpers import cache_dir
-from tinytune.results_db import migrate
+from tinytune.helpers import cache_dir, db_timeout, warn_once
+from tinytune.results_db import migrate, untrusted
 from tinytune.results_db.migrate import SchemaError
 from tinytune.results_db.models import (
   OUTCOMES,
@@ -53,13 +56,14 @@ Value = TypeVar("Value")
 
 def default_url() -> str:
   """$TINYTUNE_DB, or a SQLite file in tinytune's cache directory."""
-  return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir() / 'tinytune.db'}"
+  return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir(writable=False) / 'tinytune.db'}"
 
 
 def database_url(url: str | None) -> URL:
   """A SQLAlchemy URL, or a plain file path for a SQLite database (`--db results.db`)."""
   url = url or default_url()
-  return make_url(url if "://" in url else f"sqlite:///{pathlib.Path(url).expanduser().absolute()}")
+  try: return make_url(url if "://" in url else f"sqlite:///{pathlib.Path(url).expanduser().absolute()}")
+  except ArgumentError: raise ValueError(f"{re.sub(r'//[^@/]*@', '//***@', url)!r} is not a database URL or file path") from None
 
 
 def to_json(x: Any) -> str:
@@ -187,6 +191,7 @@ def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    cursor.execute("PRAGMA trusted_schema = OFF")  # functions with side effects in the schema (views, triggers) are refused
     if on_disk:
       _wal_mode(cursor, busy_timeout)  # readers never block the writer, nor it them
       cursor.execute("PRAGMA synchronous = NORMAL")  # in WAL mode a commit still survives the process being killed
@@ -198,6 +203,59 @@ def _sqlite_setup(engine: Engine, busy_timeout: float, on_disk: bool) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("tinytune_write", True) else "BEGIN")
 
 
+def _check_file(path: pathlib.Path, frozen: bool, timeout: float) -> None:
+  """Refuse a SQLite file holding views, triggers or virtual tables (queries that run when it is read, which tinytune never
+  makes), waiting up to `timeout` seconds, and saying so, where another process holds it locked."""
+  uri = f"file:{urllib.parse.quote(str(path))}?mode=ro" + ("&immutable=1" if frozen else "")
+  grace = min(0.5, timeout)  # a lock held a moment (another process creating the tables) is waited for without a word
+  conn = sqlite3.connect(uri, uri=True, timeout=grace, factory=untrusted.Hardened)
+  try:
+    try: foreign = untrusted.foreign_objects(conn)
+    except sqlite3.OperationalError as e:
+      if "locked" not in str(e): raise
+      print(f"tinytune: waiting for the lock on {path} held by another process", file=sys.stderr, flush=True)
+      conn.execute(f"PRAGMA busy_timeout = {int((timeout - grace) * 1000)}")
+      try: foreign = untrusted.foreign_objects(conn)
+      except sqlite3.OperationalError as e:
+        if "locked" not in str(e): raise
+        raise RuntimeError(f"database error: {path} stayed locked by another process for {timeout:g} s (TINYTUNE_DB_TIMEOUT)") from None
+  except sqlite3.Error as e: raise RuntimeError(f"database error: {(str(e).splitlines() or [type(e).__name__])[0]} ({path})") from None
+  finally: conn.close()
+  if foreign: raise SchemaError(f"{path} is not a tinytune results database: it holds the {foreign[0]}, which tinytune never makes")
+
+
+def _positive(x: Any) -> bool: return type(x) in (int, float) and math.isfinite(x) and x > 0
+
+
+# what each JSON column holds
+JSON_COLUMNS: dict[str, dict[str, type]] = {
+  "tuned": {"params": dict}, "runs": {"params": dict, "settings": dict, "budget": dict}, "baselines": {"params": dict},
+  "kernels": {"sizes": list, "dtypes": list}, "devices": {"fingerprint": dict}}
+TIMES = {"tuned": ("best_s", "default_s"), "baselines": ("median_s", "min_s")}  # positive seconds (default_s may be NULL)
+
+
+def row_problem(table: str, row: Any) -> str | None:
+  """Why a row read from a table cannot be used (a wrong type, opts that are no short JSON list, JSON too large or too deeply
+  nested to parse, a time that is no positive number), or None: each value is checked before it is parsed, since a database may
+  hold rows from before imports were checked, or rows written by something else."""
+  if table in ("candidates", "tuned") and (why := untrusted.opts_problem(row.opts, strict=False)): return why
+  if table == "tuned" and not (isinstance(row.kernel_key, str) and isinstance(row.device_hash, str)): return "its key is not text"
+  for column in TIMES.get(table, ()):
+    if not (_positive(t := getattr(row, column)) or (t is None and column == "default_s")): return f"{column} is not a positive number"
+  for column, kind in JSON_COLUMNS.get(table, {}).items():
+    try: value = untrusted.loads(getattr(row, column), column)
+    except (ValueError, RecursionError) as e: return str(e)[:100] or type(e).__name__
+    if not isinstance(value, kind): return f"{column} is not a JSON {'object' if kind is dict else 'list'}"
+  return None
+
+
+def skipping(rows: list[Any], table: str, where: str) -> list[Any]:
+  """The rows of `table` that row_problem passes; one warning for the others."""
+  bad = [(r, why) for r in rows if (why := row_problem(table, r))]
+  if bad: warn_once(f"skipping {len(bad)} bad row(s) of the {table} table in {where} (the first: {bad[0][1]})")
+  return [r for r in rows if not row_problem(table, r)] if bad else rows
+
+
 class Database:
   """The results database at `url` (any SQLAlchemy URL; default `default_url()`). Tables are created if missing.
 
@@ -205,23 +263,34 @@ class Database:
   another schema version raises SchemaError, naming `tinytune db upgrade` where that helps; `check_schema=False` skips this
   (for the upgrade itself)."""
 
-  def __init__(self, url: str | None = None, busy_timeout: float = 60.0, read_only: bool = False, check_schema: bool = True):
+  def __init__(self, url: str | None = None, busy_timeout: float | None = None, read_only: bool = False, check_schema: bool = True):
     self.url, self.read_only = database_url(url), read_only
+    busy_timeout = db_timeout() if busy_timeout is None else busy_timeout
+    try: self._make_engine(busy_timeout, read_only)
+    except ImportError as e:  # the URL's driver: a missing module, or a dialect that is not there
+      raise RuntimeError(f"database error: {self!r} needs the Python package {e.name or 'of its driver'}, which is not installed") from None
+    except ArgumentError as e: raise RuntimeError(f"database error: {self!r}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    self._reader = self.engine.execution_options(tinytune_write=False)
+    self._pid = os.getpid()
+    if check_schema:
+      try: self._open_schema()
+      except DBAPIError as e:  # an unreachable server, a file SQLite cannot read: one line, not SQLAlchemy's several
+        raise RuntimeError(f"database error: {(str(e.orig).splitlines() or [type(e.orig).__name__])[0]}") from None
+
+  def _make_engine(self, busy_timeout: float, read_only: bool) -> None:
     if self.url.get_backend_name() == "sqlite":
       on_disk = self.url.database not in (None, "", ":memory:") and not self.url.query.get("uri")
       engine_url, path = self.url, pathlib.Path(str(self.url.database)).expanduser()
       # a file we cannot write (a deployed image) is read as immutable: WAL mode would need a -shm file beside it
       frozen = on_disk and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
       self.read_only = read_only = read_only or frozen
+      if on_disk and path.exists(): _check_file(path, frozen, busy_timeout)
       if on_disk and read_only:
         engine_url = self.url.set(database=f"file:{path}", query={"mode": "ro", "uri": "true", **({"immutable": "1"} if frozen else {})})
       elif on_disk: pathlib.Path(str(self.url.database)).expanduser().parent.mkdir(parents=True, exist_ok=True)
       self.engine = create_engine(engine_url, connect_args={"timeout": busy_timeout})
       _sqlite_setup(self.engine, busy_timeout, on_disk and not read_only)
     else: self.engine = create_engine(self.url, pool_pre_ping=True)
-    self._reader = self.engine.execution_options(tinytune_write=False)
-    self._pid = os.getpid()
-    if check_schema: self._open_schema()
 
   def __repr__(self) -> str: return f"Database({self.url.render_as_string(hide_password=True)!r})"
   def close(self) -> None: self.engine.dispose()
@@ -355,7 +424,7 @@ class Database:
     the run's workload and params are filled in from this database where not given."""
     def write(session: Session) -> bool:
       entry = Tuned.find(session, kernel_key, device_hash, for_update=True)
-      if entry is not None and not force and entry.best_s <= best_s: return False
+      if entry is not None and not force and not row_problem("tuned", entry) and entry.best_s <= best_s: return False  # a bad one goes
       name, work, par = kernel_name, workload, params
       if not name and (kernel := KernelRecord.find(session, kernel_key)) is not None: name = kernel.name
       if not work and run_id is not None and (run := session.get(SearchRun, run_id)) is not None: work, par = run.workload, run.params
@@ -368,6 +437,9 @@ class Database:
   def tuned(self, kernel_key: str, device_hash: str) -> TunedRow | None:
     with self.session(write=False) as session:
       entry = Tuned.find(session, kernel_key, device_hash)
+      if entry is not None and (why := row_problem("tuned", entry)):
+        warn_once(f"skipping the bad tuning cache entry for {kernel_key[:8]} in {self!r}: {why}")
+        return None
       return TunedRow.of(entry) if entry is not None else None
 
   def delete_tuned(self, kernel_key: str, device_hash: str) -> None:
@@ -379,11 +451,12 @@ class Database:
     stmt = select(Tuned).order_by(Tuned.kernel_key, Tuned.device_hash)
     if device_hash is not None: stmt = stmt.where(Tuned.device_hash == device_hash)
     if workload is not None: stmt = stmt.where(Tuned.workload == workload)
-    with self.session(write=False) as session: return [TunedRow.of(t) for t in session.scalars(stmt)]
+    with self.session(write=False) as session: return [TunedRow.of(t) for t in skipping(list(session.scalars(stmt)), "tuned", repr(self))]
 
   def fingerprints(self) -> dict[str, dict[str, str]]:
     """Device fingerprint hash -> fingerprint, for every device this database knows."""
-    with self.session(write=False) as session: return {d.fingerprint_hash: json.loads(d.fingerprint) for d in session.scalars(select(Device))}
+    with self.session(write=False) as session:
+      return {d.fingerprint_hash: json.loads(d.fingerprint) for d in skipping(list(session.scalars(select(Device))), "devices", repr(self))}
 
   def prune_tuned(self, keep_codegen: str | None = None, before: datetime | None = None) -> int:
     """Drop tuning cache entries of devices with another codegen version (or unknown devices), or updated before `before`; how many."""

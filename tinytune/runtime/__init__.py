@@ -8,28 +8,13 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from tinytune.codegen.caps import DeviceCaps
 from tinytune.dtype import DType
 from tinytune.helpers import cache_dir, env_count
-
-
-@dataclass(frozen=True)
-class DeviceCaps:
-  """What a device's kernels may use; the opt checks read these."""
-  has_local: bool = False  # workgroups (LOCAL, GROUP)
-  threads: int = 1  # cores a THREAD opt can split across
-  max_upcast: int = 256  # elements computed per thread in registers
-  simd_width: int = 8  # float32 lanes of one vector register
-  vector_registers: int = 16
-  max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
-  shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
-  tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
-  l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
-  l2_bytes: int = 512 << 10
 
 
 class Program:
@@ -231,4 +216,3 @@ def device_status(name: str) -> str | None:
   except DeviceMissing as e: return str(e)
   except Exception as e: return f"{name} failed to open: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
   return None
-Runner = Callable[..., float]

@@ -12,6 +12,7 @@ import numpy as np
 
 from tinytune.codegen.cstyle import HIPRenderer
 from tinytune.dtype import DType
+from tinytune.helpers import env_int
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
 
 
@@ -66,7 +67,7 @@ class AMDDevice(Compiled):
     count = ctypes.c_int()
     if self.hip.hipGetDeviceCount(ctypes.byref(count)) != 0 or count.value == 0:
       raise DeviceMissing("AMD found no GPU: it needs an AMD GPU and ROCm's driver")
-    self.ordinal = int(os.getenv("TINYTUNE_AMD_DEVICE", "0"))
+    self.ordinal = env_int("TINYTUNE_AMD_DEVICE", 0, 0)
     self.check(self.hip.hipSetDevice(self.ordinal), "hipSetDevice")
     prop = _DeviceProp()
     get_props = getattr(self.hip, "hipGetDevicePropertiesR0600", None) or self.hip.hipGetDeviceProperties

@@ -1,7 +1,6 @@
 """The OpenCL device through pyopencl: any OpenCL platform, pocl on the CPU included, so workgroup opts run without a GPU."""
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -9,6 +8,7 @@ import numpy as np
 
 from tinytune.codegen.cstyle import OpenCLRenderer
 from tinytune.dtype import DType
+from tinytune.helpers import env_int
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
 
 try:
@@ -41,7 +41,7 @@ class OpenCLDevice(Compiled):
     except cl.Error as e: devices, why = [], str(e)
     else: why = "no platform has a device"
     if not devices: raise DeviceMissing(f"OPENCL found no device ({why}): install a driver, e.g. apt-get install pocl-opencl-icd")
-    self.device = devices[int(os.getenv("TINYTUNE_OPENCL_DEVICE", "0"))]
+    self.device = devices[env_int("TINYTUNE_OPENCL_DEVICE", 0, 0)]
     self.ctx = cl.Context([self.device])
     self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     fp64 = "cl_khr_fp64" in self.device.extensions or bool(getattr(self.device, "double_fp_config", 0))

@@ -8,10 +8,14 @@ from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.search.evaluate import Evaluator, Result
 from tinytune.search.space import actions
-from tinytune.search.strategy import Budget, SearchResult, finalize, tried
+from tinytune.search.strategy import Budget, Option, SearchContext, SearchResult, finalize, tried
+
+OPTIONS = dict(width=Option("how many of the fastest kernels each round expands (first-use tuning: $BEAM)", 4, minimum=1, env="BEAM"),
+               min_gain=Option("a round that gains less than this fraction ends a search by candidates", 0.01, minimum=0.0))
 
 
-def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], width: int = 4, min_gain: float = 0.01) -> SearchResult:
+def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], context: SearchContext, width: int,
+                min_gain: float) -> SearchResult:
   # start from the default and each of its prefixes, which often has more room to grow than the default itself; the
   # default goes first so slower starts are cut off early (the kernel with no opts is last: at large sizes it is very slow)
   history: list[Result] = ev.evaluate(list(dict.fromkeys([default, *(default[:i] for i in range(len(default) - 1, -1, -1))])))

@@ -2,8 +2,8 @@
 
 The parameters are the opts' own amounts (search.space.parameter_space): each choice is valid by itself, and a point that breaks
 a joint limit is pruned before compiling, so the budget goes to kernels that run. The objective is the median time in ms.
-With `storage` (any SQLAlchemy URL) the trials live in optuna's own tables, so several workers can share one study, and
-optuna-dashboard can watch it live."""
+Where the search has a database (the context's URL), the trials live in optuna's own tables there, so several workers can share
+one study, and optuna-dashboard can watch it live."""
 from __future__ import annotations
 
 import time
@@ -15,7 +15,12 @@ from tinytune.codegen.opts import Opt
 from tinytune.helpers import warn_once
 from tinytune.search.evaluate import Evaluator, Result
 from tinytune.search.space import opts_from_params, parameter_space
-from tinytune.search.strategy import Budget, SearchResult, finalize, tried
+from tinytune.search.strategy import Budget, Option, SearchContext, SearchResult, finalize, tried
+
+OPTIONS = dict(sampler=Option("optuna's sampler", "tpe", choices=("tpe", "cmaes", "gp")),
+               seed=Option("the sampler's seed (each worker of a study adds its number)", 0),
+               batch=Option("points asked for at a time", 4, minimum=1),
+               patience=Option("trials in a row with nothing new to measure before it stops", 100, minimum=1))
 
 
 def _optuna() -> Any:
@@ -30,10 +35,20 @@ def _sampler(optuna: Any, name: str, seed: int, shared: bool) -> Any:
   # constant_liar: trials other workers are running count as bad guesses, so workers sharing a study spread out
   if name == "tpe": return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=shared)
   if name == "cmaes": return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-  if name == "gp":
-    try: return optuna.samplers.GPSampler(seed=seed)
-    except ImportError as e: raise RuntimeError(f"the GP sampler needs its extra dependencies ({e}): pip install torch scipy") from e
-  raise ValueError(f"unknown optuna sampler {name!r}; use tpe, cmaes or gp")
+  try: return optuna.samplers.GPSampler(seed=seed)  # gp: OPTIONS allows no other name
+  except ImportError as e: raise RuntimeError(f"the GP sampler needs its extra dependencies ({e}): pip install torch scipy") from e
+
+
+def _study(kernel: Kernel, default: tuple[Opt, ...], c: SearchContext) -> tuple[str, dict[str, Any]]:
+  """The stored study's name and user attributes: named for the workload, kernel and device, and the run (a resumed run continues
+  it), e.g. softmax-r_1024_1024-CPU-run4; a study of workers has their name and the device's fingerprint instead, so machines
+  that differ never share one. Its attributes say what it tunes."""
+  parts = list(dict.fromkeys([c.workload, c.label]))  # a kernel tuned on first use is its own workload
+  name = "-".join([c.study, *parts, c.device, c.device_hash[:8]] if c.study else [*parts, c.device, f"run{c.run_id}"])
+  attrs = {"workload": c.workload, "params": c.params, "kernel": c.label, "kernel_key": kernel.key, "device": c.device,
+           "device_fingerprint": c.device_hash, "dtype": kernel.ast.dtype.name, "default_opts": " ".join(map(repr, default)) or "none",
+           **({"study": c.study} if c.study else {"run": c.run_id})}
+  return name, attrs
 
 
 def _storage(optuna: Any, url: str) -> Any:
@@ -46,19 +61,19 @@ def _storage(optuna: Any, url: str) -> Any:
       time.sleep(0.5 * (attempt + 1))
 
 
-def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], sampler: str = "tpe", seed: int = 0,
-                  storage: str | None = None, study_name: str | None = None, study_attrs: dict[str, Any] | None = None, batch: int = 4,
-                  patience: int = 100) -> SearchResult:
+def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], context: SearchContext, sampler: str, seed: int,
+                  batch: int, patience: int) -> SearchResult:
   """Ask optuna for `batch` points at a time and measure the new ones; stop at the budget, or after `patience` trials in a row
   that had nothing new to measure (pruned, or repeats of what was measured), which means the space is used up."""
   optuna = _optuna()
-  space = parameter_space(kernel)
+  space, storage = parameter_space(kernel), context.db_url
+  study_name, study_attrs = _study(kernel, default, context) if storage else (None, {})
   study = optuna.create_study(storage=_storage(optuna, storage) if storage else None, study_name=study_name, direction="minimize",
-                              sampler=_sampler(optuna, sampler, seed, storage is not None), load_if_exists=study_name is not None)
+                              sampler=_sampler(optuna, sampler, seed + context.worker, storage is not None), load_if_exists=storage is not None)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     study.set_metric_names(["ms"])
-  for key, value in (study_attrs or {}).items(): study.set_user_attr(key, value)
+  for key, value in study_attrs.items(): study.set_user_attr(key, value)
   history: list[Result] = ev.evaluate([default, ()])  # the default first: the live speedup compares with it, as the final table does
   if history and history[0].status == "ok": study.set_user_attr("default_ms", history[0].time * 1e3)
   measured = {r.opts: r for r in history}

@@ -7,12 +7,15 @@ from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.search.evaluate import Evaluator, Result
 from tinytune.search.space import actions
-from tinytune.search.strategy import Budget, SearchResult, finalize, tried
+from tinytune.search.strategy import Budget, Option, SearchContext, SearchResult, finalize, tried
+
+OPTIONS = dict(seed=Option("random seed (each worker of a study adds its number)", 0), max_len=Option("most opts in a candidate", 5, minimum=1),
+               batch=Option("candidates drawn and measured together", 8, minimum=1))
 
 
-def random_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], seed: int = 0, max_len: int = 5,
-                  batch: int = 8) -> SearchResult:
-  rng = random.Random(seed)
+def random_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], context: SearchContext, seed: int, max_len: int,
+                  batch: int) -> SearchResult:
+  rng = random.Random(seed + context.worker)
   history: list[Result] = ev.evaluate([default, ()])  # the default first: the live speedup compares with it
   stale = 0
   while (left := budget.left(tried(history))) and stale < 20:

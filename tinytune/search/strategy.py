@@ -1,14 +1,16 @@
-"""What every strategy shares: the budget, the result, and choosing the winner by interleaved re-timing."""
+"""What every strategy shares: the budget, the result, choosing the winner by interleaved re-timing, the registry, the options each
+strategy declares (checked here alone) and the context of the search a strategy serves."""
 from __future__ import annotations
 
 import importlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
+from tinytune.helpers import env_count
 from tinytune.search.evaluate import Evaluator, Result
 
 
@@ -50,7 +52,33 @@ class SearchResult:
     return ret
 
 
-Strategy = Callable[..., SearchResult]  # (kernel, evaluator, budget, default, **options) -> SearchResult
+class Option(NamedTuple):
+  """One option of a strategy, in the table the strategy module keeps as OPTIONS: what it means, its default (a value given as
+  text is read as the default's type), the values it may take, and the environment variable first-use tuning reads it from."""
+  help: str
+  default: Any
+  choices: tuple = ()
+  minimum: float | None = None
+  env: str = ""
+
+
+@dataclass(frozen=True)
+class SearchContext:
+  """What a strategy may know of the search it serves, besides the kernel: where results are kept and under which run, the
+  kernel's label in its program, and which worker of a study this is (optuna keeps its trials in the same database, in a study
+  named from these; seeded strategies add the worker to their seed, so the workers of a study explore apart)."""
+  db_url: str | None = None
+  run_id: int | None = None
+  workload: str = ""
+  params: dict[str, Any] = field(default_factory=dict)
+  label: str = ""
+  device: str = ""
+  device_hash: str = ""
+  study: str | None = None
+  worker: int = 0
+
+
+Strategy = Callable[..., SearchResult]  # (kernel, evaluator, budget, default, context, **options) -> SearchResult
 
 # name -> module:function, imported on first use so a missing optional dependency fails only when its strategy is chosen
 STRATEGIES = {"beam": "tinytune.search.beam:beam_search", "random": "tinytune.search.random_search:random_search",
@@ -61,6 +89,51 @@ def get_strategy(name: str) -> Strategy:
   if name not in STRATEGIES: raise ValueError(f"unknown strategy {name!r}; available: {', '.join(STRATEGIES)}")
   module, fn = STRATEGIES[name].split(":")
   return getattr(importlib.import_module(module), fn)
+
+
+def strategy_options(name: str) -> dict[str, Option]:
+  """The options strategy `name` declares (its module's OPTIONS)."""
+  get_strategy(name)
+  return importlib.import_module(STRATEGIES[name].split(":")[0]).OPTIONS
+
+
+def check_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
+  """`given` options of strategy `name`, checked against the table it declares: a value given as text (the command line's) is read
+  as its default's type. An unknown key or a bad value is a ValueError that says what the strategy takes."""
+  table = strategy_options(name)
+  for key in given:
+    if key not in table: raise ValueError(f"{name} has no option {key!r}; it takes {', '.join(table) or 'none'} (--option help lists them)")
+  return {key: _option_value(name, key, table[key], value) for key, value in given.items()}
+
+
+def _option_value(name: str, key: str, option: Option, value: Any) -> Any:
+  kind = type(option.default)
+  bad = f"{name} option {key}={value!r} is not"
+  if isinstance(value, str) and kind is not str:
+    try: value = kind(value)
+    except ValueError: raise ValueError(f"{bad} {'a whole number' if kind is int else 'a number'}") from None
+  if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+    raise ValueError(f"{bad} a {kind.__name__}")
+  if kind is float and not math.isfinite(value): raise ValueError(f"{bad} a finite number")
+  if option.choices and value not in option.choices: raise ValueError(f"{bad} one of {', '.join(map(str, option.choices))}")
+  if option.minimum is not None and value < option.minimum: raise ValueError(f"{bad} at least {option.minimum}")
+  return value
+
+
+def env_options(name: str) -> dict[str, int]:
+  """The options of strategy `name` set by environment variables (first-use tuning: tinygrad's BEAM=N is the beam's width); 0 or
+  unset is the default."""
+  return {key: n for key, option in strategy_options(name).items() if option.env and (n := env_count(option.env, 0))}
+
+
+def options_help() -> str:
+  """Every strategy's options, their defaults and meanings: `tinytune search --option help` prints it."""
+  lines = []
+  for name in STRATEGIES:
+    lines.append(f"{name}:")
+    for key, o in strategy_options(name).items():
+      lines.append(f"  {key}={o.default}  {o.help}" + (f" (one of {', '.join(map(str, o.choices))})" if o.choices else ""))
+  return "\n".join(lines)
 
 
 TIE = 0.01  # finalists within 1% of the fastest are a tie: the default wins it, then the shortest opt list
@@ -87,6 +160,9 @@ def choose(default: tuple[Opt, ...], top: list[tuple[Opt, ...]], times: list[flo
 def tried(history: list[Result]) -> int: return sum(r.status != "invalid" for r in history)
 
 
-def run_strategy(name: str, kernel: Kernel, ev: Evaluator, budget: Budget, default: Sequence[Opt], **options: Any) -> SearchResult:
+def run_strategy(name: str, kernel: Kernel, ev: Evaluator, budget: Budget, default: Sequence[Opt], context: SearchContext | None = None,
+                 **options: Any) -> SearchResult:
+  """Search `kernel` with strategy `name` and its options (checked; the table's defaults for those not given)."""
+  options = {key: o.default for key, o in strategy_options(name).items()} | check_options(name, options)
   ev.deadline, ev.end = budget.deadline(), None if budget.seconds is None else budget.started + budget.seconds
-  return get_strategy(name)(kernel, ev, budget, tuple(default), **options)
+  return get_strategy(name)(kernel, ev, budget, tuple(default), context or SearchContext(), **options)

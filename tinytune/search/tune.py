@@ -6,26 +6,29 @@ import functools
 import json
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from tinytune import engine
-from tinytune.codegen.heuristic import default_opts
-from tinytune.codegen.kernel import Kernel, KernelOptError
-from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
-from tinytune.engine.schedule import ScheduleItem, create_schedule
-from tinytune.helpers import env_count, unique_names
-from tinytune.results_db import CandidateRow, Database, SchemaError, fingerprint_hash
+from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.opts import Opt, opts_to_json
+from tinytune.engine.program import register_first_use_tuner
+from tinytune.engine.schedule import ScheduleItem
+from tinytune.helpers import env_count
+from tinytune.results_db import Database, SchemaError, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
-from tinytune.search.evaluate import Evaluator, Result, source_hash
+from tinytune.search.evaluate import Result
 from tinytune.search.progress import ProgressLine
-from tinytune.search.strategy import Budget, get_strategy, run_strategy
+from tinytune.search.strategy import SearchContext, check_options, env_options, get_strategy, run_strategy
+from tinytune.search.study import Claims, SharedEvaluator, StudyBudget, stored_result
 from tinytune.uop import UOp
+
+if TYPE_CHECKING:
+  import pandas as pd
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Tuner:
 
   def __post_init__(self) -> None:
     self.device = Device.canonicalize(self.device)
+    self.options = check_options(self.strategy, self.options)
     self.fingerprint = device_fingerprint(self.device)
     self.device_hash = fingerprint_hash(self.fingerprint)
 
@@ -66,21 +70,16 @@ class Tuner:
     if self.force or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, found.opts, found.best_s, found.default_s, True)
 
-  def kernels(self, program: UOp | Sequence[ScheduleItem]) -> list[Kernel]:
-    """The kernels of a program: a lazy graph's (its schedule), or those of a schedule (a workload's outputs realized together)."""
-    items = create_schedule(program, self.device)[0] if isinstance(program, UOp) else program
-    return [Kernel(item.ast, Device[self.device].caps) for item in items]
-
   def forget(self, program: UOp | Sequence[ScheduleItem]) -> None:
     """Drop the tuning cache entries of the program's kernels on this device (`search --force --workers N` starts so)."""
-    for k in self.kernels(program): self.db.delete_tuned(k.key, self.device_hash)
+    for _, k in engine.kernels(program, self.device): self.db.delete_tuned(k.key, self.device_hash)
 
   def tune_program(self, program: UOp | Sequence[ScheduleItem], workload: str, params: dict[str, Any],
                    dtype: str | None = None) -> list[KernelOutcome]:
     """Tune every kernel of the program (a lazy graph or a schedule; nothing is realized); `dtype` is what the run records the
     program computes in (the kernels' keys tell dtypes apart already)."""
-    kernels = list({k.key: k for k in self.kernels(program)}.values())  # in program order; a kernel the program runs twice is tuned once
-    labels = unique_names((k.key, k.name) for k in kernels)  # names unique in the program: outcomes, the tuning cache and optuna use them
+    labelled = {k.key: (label, k) for label, k in engine.kernels(program, self.device)}  # a kernel the program runs twice is tuned once
+    kernels, labels = [k for _, k in labelled.values()], {key: label for key, (label, _) in labelled.items()}
     outcomes: list[KernelOutcome | None] = [None if (o := self.cached(k)) is None else replace(o, name=labels[k.key]) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
@@ -92,7 +91,7 @@ class Tuner:
         if outcomes[i] is None:
           left = [kk for kk, o in zip(kernels[i:], outcomes[i:]) if o is None]
           seconds = None if end is None else max(0.0, end - time.monotonic()) * time_share(k, left)
-          outcomes[i] = self.tune_kernel(k, run_id, device_id, stored, seconds, labels[k.key])
+          outcomes[i] = self.tune_kernel(k, self.context(run_id, workload, params, labels[k.key]), device_id, stored, seconds)
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
@@ -115,13 +114,20 @@ class Tuner:
     shape as params."""
     if (cached := self.cached(kernel)) is not None: return cached.best
     settings = {"strategy": self.strategy, **self.options}
-    with self.run(kernel.name, kernel_params(kernel), settings, f"on first use: {kernel.key}", kernel.ast.dtype.name) as (run_id, device_id, _):
-      return self.tune_kernel(kernel, run_id, device_id).best
+    params = kernel_params(kernel)
+    with self.run(kernel.name, params, settings, f"on first use: {kernel.key}", kernel.ast.dtype.name) as (run_id, device_id, _):
+      return self.tune_kernel(kernel, self.context(run_id, kernel.name, params, kernel.name), device_id).best
 
-  def tune_kernel(self, kernel: Kernel, run_id: int, device_id: int, stored: list = (),  # type: ignore[assignment]
-                  seconds: float | None = None, label: str | None = None) -> KernelOutcome:
-    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own). `label` names the kernel
-    uniquely in its program (the second of two kernels named r_1024_1_1024 is r_1024_1_1024#2)."""
+  def context(self, run_id: int, workload: str, params: dict[str, Any], label: str) -> SearchContext:
+    """What a strategy may know of this search (see SearchContext): `label` names the kernel uniquely in its program."""
+    return SearchContext(self.db.url.render_as_string(hide_password=False), run_id, workload, params, label, self.device, self.device_hash,
+                         self.study, int(self.worker or 0))
+
+  def tune_kernel(self, kernel: Kernel, context: SearchContext, device_id: int, stored: list = (),  # type: ignore[assignment]
+                  seconds: float | None = None) -> KernelOutcome:
+    """Search one kernel's opts within the budget (`seconds`, where given, instead of the budget's own), in the context's run."""
+    run_id, label = context.run_id, context.label
+    assert run_id is not None, "a Tuner's search has a run"
     dtypes = sorted({b.dtype.name for b in kernel.bufs} | {kernel.ast.dtype.name})
     kernel_id = self.db.kernel_id(kernel.key, kernel.name, kernel.ast_text, kernel.sizes, dtypes, kernel.flops, kernel.mem_bytes)
     known = {c.opts_json: stored_result(c) for c in stored if c.kernel_id == kernel_id}
@@ -133,35 +139,32 @@ class Tuner:
 
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
-    default = tuple(default_opts(kernel))
-    options = {**(self.optuna_options(kernel, run_id, label or kernel.name, default) if self.strategy == "optuna" else {}), **self.options}
+    default = engine.kernel_opts(kernel, self.device, "default")
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
       if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
-      result = run_strategy(self.strategy, kernel, ev, budget, default, **options)
+      result = run_strategy(self.strategy, kernel, ev, budget, default, context, **self.options)
     if math.isfinite(result.best_s):
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
-                        force=self.force and not self.study, kernel_name=label or kernel.name)
+                        force=self.force and not self.study, kernel_name=label)
       engine.forget()  # programs in this process look the kernel up again
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
-    return KernelOutcome(kernel.key, label or kernel.name, result.best, result.best_s, result.default_s, False, counts)
+    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts)
 
-  def optuna_options(self, kernel: Kernel, run_id: int, label: str, default: tuple[Opt, ...]) -> dict[str, Any]:
-    """Trials live in optuna's own tables in the same database, in a study named for the workload, kernel and device, and the run
-    (a resumed run continues it), e.g. softmax-r_1024_1024-CPU-run4; a study of workers has their name and the device's fingerprint
-    instead, so machines that differ never share one. Its user attributes say what it tunes."""
-    run = self.db.run(run_id)
-    workload, params = (run.workload, run.params) if run else ("", {})
-    parts = list(dict.fromkeys([workload, label]))  # a kernel tuned on first use is its own workload
-    name = "-".join([self.study, *parts, self.device, self.device_hash[:8]] if self.study else [*parts, self.device, f"run{run_id}"])
-    attrs = {"workload": workload, "params": params, "kernel": label, "kernel_key": kernel.key, "device": self.device,
-             "device_fingerprint": self.device_hash, "dtype": kernel.ast.dtype.name, "default_opts": " ".join(map(repr, default)) or "none",
-             **({"study": self.study} if self.study else {"run": run_id})}
-    return {"storage": self.db.url.render_as_string(hide_password=False), "study_name": name, "study_attrs": attrs}
+
+def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutcome], dict[str, Any]] = lambda o: {}) -> pd.DataFrame:
+  """One row per kernel outcome, as `tune()` and `tinytune search` report them: kernel (its label), the `extra` columns, default_ms
+  and tuned_ms (None where nothing was measured), speedup, cache_hit, candidates (measured by status), opts ([op, axis, arg] lists)
+  and key."""
+  import pandas as pd
+  def ms(s: float | None) -> float | None: return s * 1e3 if s is not None and math.isfinite(s) else None
+  return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
+                        "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)),
+                        "key": o.key} for o in outcomes])
 
 
 BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
@@ -185,10 +188,10 @@ DEFAULT_CANDIDATES = 200
 
 
 def first_use_tuner(device: str, strategy: str) -> Tuner:
-  """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and BEAM=N
-  as the beam's width; it writes a progress line per kernel on stderr."""
-  width, db = env_count("BEAM", 0) if strategy == "beam" else None, os.getenv("TINYTUNE_DB") or None
-  try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, width or None)
+  """The Tuner of first-use tuning under the environment now: TINYTUNE_BUDGET candidates per kernel (default 200), and the
+  strategy's options that environment variables set (BEAM=N, the beam's width); it writes a progress line per kernel on stderr."""
+  db, options = os.getenv("TINYTUNE_DB") or None, tuple(env_options(strategy).items())
+  try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, options)
   except (SQLAlchemyError, SchemaError) as e:  # SQLAlchemy's own words name neither the variable nor the URL
     why = (str(getattr(e, "orig", None) or e).splitlines() or [type(e).__name__])[0]
     where = f"TINYTUNE_DB={db!r}" if db else "the default database (TINYTUNE_DB is unset)"
@@ -196,13 +199,13 @@ def first_use_tuner(device: str, strategy: str) -> Tuner:
 
 
 @functools.lru_cache(maxsize=None)
-def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int, width: int | None) -> Tuner:
-  return Tuner(Database(db), device, strategy, {"candidates": candidates, "seconds": None},
-               {} if width is None else {"width": width}, on_result=ProgressLine(strategy, candidates))
+def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int, options: tuple[tuple[str, Any], ...]) -> Tuner:
+  return Tuner(Database(db), device, strategy, {"candidates": candidates, "seconds": None}, dict(options),
+               on_result=ProgressLine(strategy, candidates))
 
 
 def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
-  """What the engine calls (engine.program.FIRST_USE_TUNER) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
+  """What the engine calls (registered below) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
   get_strategy(strategy)  # TINYTUNE_TUNE=bem fails with the names it could be, before anything is recorded
   tuner = first_use_tuner(device, strategy)
   try: return tuner.tune_on_first_use(kernel)
@@ -210,93 +213,4 @@ def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, 
     if isinstance(tuner.on_result, ProgressLine): tuner.on_result.done()
 
 
-def stored_result(c: CandidateRow) -> Result:
-  return Result(tuple(opts_from_json(c.opts_json)), c.status, c.min_s, c.median_s, c.spread, c.compile_s, c.source_hash, c.error, stored=True)
-
-
-@dataclass
-class Claims:
-  """One run's view of a study's claims on one kernel and device: each candidate is measured by the run that claimed it first."""
-  db: Database
-  study: str
-  kernel_id: int
-  device_id: int
-  run_id: int
-  patience_s: float = 60.0  # how long a run may record nothing while it holds claims before others measure them
-  heard: dict[int, tuple[int, float]] = field(default_factory=dict)  # owner -> (its last candidate id, when we saw it change)
-
-  def claim(self, source_hash: str) -> int: return self.db.claim(self.study, self.kernel_id, self.device_id, source_hash, self.run_id)
-  def count(self) -> int: return self.db.claim_count(self.study, self.kernel_id, self.device_id)
-
-  def alive(self, owner: int) -> bool:
-    """Whether the run that holds a claim may still measure it: not ended, its process not gone (where it ran on this machine),
-    and it recorded something within patience_s."""
-    if (run := self.db.run(owner)) is None or run.outcome is not None: return False
-    host, _, pid = run.worker.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid)): return False
-    last, now = self.db.last_candidate_id(owner), time.monotonic()
-    if self.heard.get(owner, (None,))[0] != last: self.heard[owner] = (last, now)
-    return now - self.heard[owner][1] < self.patience_s
-
-  def wait(self, source_hash: str, owner: int, deadline: float | None = None) -> Result | None:
-    """The result the owning run records (or, if it is ours, recorded before it was killed) for this source; None if ours has
-    none, if the owner ended, died or went quiet (the claim is then ours to measure), or once our `deadline` has passed."""
-    while (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is None:
-      if owner == self.run_id or (deadline is not None and time.monotonic() > deadline): return None
-      if not self.alive(owner):
-        if (row := self.db.claimed_result(owner, self.kernel_id, self.device_id, source_hash)) is not None: break  # recorded, then ended
-        if self.db.take_claim(self.study, self.kernel_id, self.device_id, source_hash, owner, self.run_id): return None
-        if (owner := self.claim(source_hash)) == self.run_id: return None  # another waiter took it and gave it up again
-      time.sleep(0.05)
-    return stored_result(row)
-
-
-def _pid_alive(pid: int) -> bool:
-  try: os.kill(pid, 0)
-  except ProcessLookupError: return False
-  except PermissionError: pass  # another user's process
-  return True
-
-
-@dataclass
-class StudyBudget(Budget):
-  """With `claims`, the candidate budget is the whole study's: what every worker measured (or is measuring) counts."""
-  claims: Claims | None = None
-
-  def left(self, tried: int) -> int:
-    return super().left(tried if self.claims is None else max(tried, self.claims.count()))
-
-
-@dataclass
-class SharedEvaluator(Evaluator):
-  """An Evaluator for workers sharing a study: a candidate whose source another worker claimed is read back once that worker
-  records it, never measured twice, so every candidate of the study is recorded once. Without `claims`, a plain Evaluator.
-
-  Claims are taken a few at a time, just before measuring them, and a worker waits for the others' claims only once it has
-  measured all of its own: no worker waits while it holds a claim it has not measured, so workers cannot wait on each other."""
-  claims: Claims | None = None
-
-  def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
-    if self.claims is None: return super().evaluate(candidates)
-    todo = [tuple(c) for c in candidates]
-    theirs: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
-    chunk = 2 * self.pool._max_workers
-    for start in range(0, len(todo), chunk):
-      if self.past_deadline(): break
-      mine = []
-      for opts in todo[start:start + chunk]:
-        if (digest := self._source(opts)) is None: continue  # known, invalid or measured here: nothing to claim
-        if digest in theirs: theirs[digest][1].append(opts)
-        elif (owner := self.claims.claim(digest)) == self.claims.run_id: mine.append(opts)
-        else: theirs[digest] = (owner, [opts])
-      super().evaluate(mine)
-    for digest, (owner, same) in theirs.items():
-      if (result := self.claims.wait(digest, owner, self.deadline)) is not None:
-        self.known.update({opts_to_json(o): replace(result, opts=o) for o in same})
-    return super().evaluate(todo)  # read back, or measured now where a claim became ours
-
-  def _source(self, opts: tuple[Opt, ...]) -> str | None:
-    if opts_to_json(opts) in self.known: return None
-    try: digest = source_hash(self.render_source(self.kernel_for(opts)))
-    except KernelOptError: return None
-    return None if digest in self.by_source else digest
+register_first_use_tuner(tune_on_first_use)

@@ -14,7 +14,7 @@ from tinytune.dtype import DType, dtypes, least_upper
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.tensor import autograd, creation, elementwise, functional, indexing, losses, movement, reduce
+from tinytune.tensor import autograd, checks, creation, elementwise, functional, indexing, losses, movement, reduce
 from tinytune.tensor.movement import view_uop
 from tinytune.uop import Ops, UOp
 
@@ -36,6 +36,7 @@ class Tensor:
   _ctx: tuple[autograd.Rule, tuple[Tensor, ...]] | None = None  # how this tensor was computed from ones that require grad
   _memory: Buffer | None = None  # memory of its own that assign writes, once it has had one
   _pending = False  # an assign waits for realize to write it
+  _view: tuple[Tensor, str, Any] | None = None  # (base, movement, arg) where this tensor is a movement of memory: assign writes through
   no_grad = False  # True: ops record nothing for backward (see tinytune.no_grad())
   training = False  # dropout only drops while training (see Tensor.train())
 
@@ -77,11 +78,15 @@ class Tensor:
     """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
     writes. Returns self."""
     from tinytune.engine.realize import realize, realize_all
+    if checks.pending: checks.run_pending()
     if not others and not self._pending:  # the common case: one value, nothing to write
       self.uop = realize(self.uop, self.device)
+      if not self.requires_grad: self._ctx = None  # as tinygrad: a realized tensor that does not require grad is where gradients stop
       return self
     tensors = (self, *others)
-    for t, u in zip(tensors, realize_all([(t.uop, t.device, t._memory if t._pending else None) for t in tensors])): t.uop, t._pending = u, False
+    for t, u in zip(tensors, realize_all([(t.uop, t.device, t._memory if t._pending else None) for t in tensors])):
+      t.uop, t._pending = u, False
+      if not t.requires_grad: t._ctx = None
     return self
 
   def assign(self, x: Tensor | Scalar) -> Tensor:
@@ -91,6 +96,7 @@ class Tensor:
     if x.shape != self.shape: raise ValueError(f"assign of shape {x.shape} to a tensor of shape {self.shape}")
     if x.device != self.device: raise ValueError(f"assign from {x.device} to a tensor on {self.device}")
     if x.dtype != self.dtype: raise TypeError(f"assign of {x.dtype.name} to a {self.dtype.name} tensor; cast it first")
+    if self._view is not None: return self._assign_through(x)
     from tinytune.engine.realize import realize
     from tinytune.engine.schedule import buffer_view
     if not self._pending and (self._memory is None or self.uop is not buffer_view(self._memory, self.shape)):
@@ -98,6 +104,28 @@ class Tensor:
       self._memory = Buffer(self.device, self.numel(), self.dtype)
       self.uop = realize(self.uop, self.device, into=self._memory)
     self.uop, self._pending = x.uop, True
+    if not self.requires_grad: self._ctx = None  # no gradient through an assign, as tinygrad
+    return self
+
+  def _assign_through(self, x: Tensor) -> Tensor:
+    """assign to a view of another tensor's memory (a slice, reshape, permute, flip): the base gets x's values at the view's places,
+    written at once (as setitem), and this tensor reads the base again, as torch's views do. An expanded view raises, as in torch."""
+    chain, t = [], self
+    while t._view is not None:
+      base, op, arg = t._view
+      if op == "expand" and arg != base.shape:
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
+                           "Please clone() the tensor before performing the operation.")
+      chain.append((base, op, arg, t.shape))
+      t = base
+    with autograd.no_grad():
+      val, hit = x, x._const_like(True, dtypes.bool)
+      for base, op, arg, _ in chain:  # each movement undone, as its gradient is: a slice's places padded back with False
+        undo = autograd.move_rule(op, base, arg)
+        val, hit = undo(val)[0], undo(hit)[0]  # type: ignore[assignment]  # a movement's rule always gives its input's
+      t.assign(hit.where(val, t)).realize()
+      for base, op, arg, shape in reversed(chain): t = t._move(op, arg, shape)
+    self.uop = t.uop
     return self
 
   def numpy(self) -> np.ndarray:
@@ -114,11 +142,12 @@ class Tensor:
     return self if device == self.device else Tensor(self.numpy(), device=device)
   def contiguous(self) -> Tensor:
     ret = Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), device=self.device)
-    return autograd.record(ret, (self,), lambda g: (g,)) if autograd.tracking(self) else ret
+    return autograd.record(ret, (self,), lambda g: (g,)) if autograd.tracking(self) else autograd.untracked(ret)
 
   # ***** autograd *****
   def requires_grad_(self, requires_grad: bool = True) -> Tensor:
     if requires_grad and not self.dtype.is_float: raise TypeError(f"only float tensors can require grad, this one is {self.dtype.name}")
+    if not self.requires_grad: self._ctx = None  # a tensor made to require grad is a leaf (a parameter), not the ops that made it
     self.requires_grad = requires_grad
     return self
 
@@ -130,21 +159,26 @@ class Tensor:
   def test() -> autograd.Switch: return Tensor.train(False)
 
   def detach(self) -> Tensor:
-    """The same values, cut from the graph: no gradient flows through it."""
-    return Tensor(self.uop, device=self.device)
+    """The same values, cut from the graph: no gradient flows through it (requires_grad False)."""
+    ret = Tensor(self.uop, device=self.device)
+    ret.requires_grad = False
+    return ret
 
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
-    """d(self)/d(target) for each target as lazy tensors (zeros where self does not depend on one); self must have one element
-    unless `gradient`, d(loss)/d(self), is given."""
-    if not self.requires_grad: raise RuntimeError("gradient() of a tensor that does not require grad: no input it depends on requires grad")
+    """d(self)/d(target) for each target as lazy tensors (zeros where self does not depend on one), whatever the targets'
+    requires_grad says (as tinygrad) but False, which stops the graph there; self must have one element unless `gradient`,
+    d(loss)/d(self), is given."""
+    if self.requires_grad is False: raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    if any(t.requires_grad is False for t in targets): raise RuntimeError("One of the differentiated Tensors does not require grad")
     grads = autograd.gradient(self, targets, autograd.check_seed(self, gradient))
     return [g if g is not None else t.zeros_like() for g, t in zip(grads, targets)]
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Add d(self)/d(leaf) to the .grad of every leaf tensor that requires grad (lazily: nothing runs until realized)."""
-    if not self.requires_grad: raise RuntimeError("backward() of a tensor that does not require grad: no input it depends on requires grad")
+    """Add d(self)/d(leaf) to the .grad of every leaf tensor that requires grad (True) (lazily: nothing runs until realized)."""
+    if self.requires_grad is False: raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    seed = autograd.check_seed(self, gradient)
     leaves = autograd.leaves(self)
-    for leaf, g in zip(leaves, autograd.gradient(self, leaves, autograd.check_seed(self, gradient))):
+    for leaf, g in zip(leaves, autograd.gradient(self, leaves, seed)):
       if g is not None: leaf.grad = g if leaf.grad is None else leaf.grad + g
     return self
 
@@ -158,7 +192,8 @@ class Tensor:
   def _move(self, op: str, arg: Any, shape: tuple[int, ...]) -> Tensor:
     """A movement (a View method: reshape, permute, expand, pad, shrink, flip) to `shape`; no data moves."""
     ret = Tensor(view_uop(self.uop, lambda v: getattr(v, op)(arg), shape), device=self.device)
-    return autograd.record(ret, (self,), autograd.move_rule(op, self, arg)) if autograd.tracking(self) else ret
+    if self._view is not None or self.uop.op is Ops.VIEW and self.uop.src[0].op is Ops.BUFFER: ret._view = (self, op, arg)
+    return autograd.record(ret, (self,), autograd.move_rule(op, self, arg)) if autograd.tracking(self) else autograd.untracked(ret)
 
   def _const_like(self, v: Scalar, dtype: DType | None = None) -> Tensor:
     return Tensor(UOp.const(dtype or self.dtype, v), device=self.device).reshape((1,) * self.ndim).expand(self.shape)
@@ -172,6 +207,7 @@ class Tensor:
       if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
       c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
       y = Tensor(UOp(Ops.VIEW, dt, (c,), _broadcast_view(x.shape)) if x.ndim else c, device=x.device)
+      y.requires_grad = False  # a number: no gradient goes to it
       if dt is x.dtype: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
     if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
     dt = least_upper(x.dtype, y.dtype)
@@ -186,7 +222,8 @@ class Tensor:
 
   def _alu(self, op: Ops, *srcs: Tensor) -> Tensor:
     ret = Tensor(self.uop.alu(op, *[s.uop for s in srcs]), device=self.device)
-    return autograd.record(ret, (self, *srcs), autograd.alu_rule(op, (self, *srcs), ret)) if autograd.tracking(self, *srcs) else ret
+    if not autograd.tracking(self, *srcs): return autograd.untracked(ret)
+    return autograd.record(ret, (self, *srcs), autograd.alu_rule(op, (self, *srcs), ret))
   def _binop(self, op: Ops, y: TensorLike, reverse: bool = False) -> Tensor:
     a, b = self._broadcasted(y, reverse)
     return a._alu(op, b)
@@ -196,7 +233,7 @@ class Tensor:
     dt = dtypes.from_any(dtype)
     if dt == self.dtype: return self
     ret = Tensor(self.uop.cast(dt), device=self.device)
-    return autograd.record(ret, (self,), autograd.cast_rule(self)) if autograd.tracking(self) else ret
+    return autograd.record(ret, (self,), autograd.cast_rule(self)) if autograd.tracking(self) else autograd.untracked(ret)
 
   # ***** operators *****
   def __neg__(self) -> Tensor: return self.neg()
@@ -256,16 +293,17 @@ class Tensor:
     x = self
     # max's gradient finds the maximum by comparing the input with the result: computed again in another kernel, an input
     # expression may round otherwise (a contracted multiply-add), so the input is computed once, into memory, and both read it
-    if op is Ops.MAX and autograd.tracking(self) and not (self.uop.op is Ops.VIEW and self.uop.src[0].op is Ops.BUFFER): x = self.contiguous()
+    if op is Ops.MAX and autograd.training(self) and not (self.uop.op is Ops.VIEW and self.uop.src[0].op is Ops.BUFFER): x = self.contiguous()
     ret = Tensor(UOp(Ops.REDUCE, x.dtype, (x.uop,), (op, axes)), device=self.device)
     if autograd.tracking(x): autograd.record(ret, (x,), autograd.reduce_rule(op, x, ret, axes))
+    else: autograd.untracked(ret)
     return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def _gather(self, dim: int, index: Tensor) -> Tensor:
     """out[p] = self[p with p[dim] = index[p]]: index (an int tensor) has self's shape but at dim; an index out of range reads 0.
     The one op that reads at a place computed from data, in O(outputs): X[idx] and gather are built on it."""
     ret = Tensor(UOp(Ops.GATHER, self.dtype, (self.uop, index.uop), dim), device=self.device)
-    return autograd.record(ret, (self,), autograd.gather_rule(self, dim, index)) if autograd.tracking(self) else ret
+    return autograd.record(ret, (self,), autograd.gather_rule(self, dim, index)) if autograd.tracking(self) else autograd.untracked(ret)
 
   # ***** the ops, by job: each lives in the module named here *****
   # creation.py
@@ -297,7 +335,7 @@ class Tensor:
   where = elementwise.where; maximum = elementwise.maximum; minimum = elementwise.minimum; abs = elementwise.abs
   exp2 = elementwise.exp2; log2 = elementwise.log2; exp = elementwise.exp; log = elementwise.log; sqrt = elementwise.sqrt
   rsqrt = elementwise.rsqrt; sin = elementwise.sin; cos = elementwise.cos; reciprocal = elementwise.reciprocal
-  relu = elementwise.relu; sigmoid = elementwise.sigmoid; tanh = elementwise.tanh; silu = elementwise.silu
+  relu = elementwise.relu; sigmoid = elementwise.sigmoid; tanh = elementwise.tanh; silu = elementwise.silu; _scaled_silu = elementwise._scaled_silu
   square = elementwise.square; sign = elementwise.sign; clip = elementwise.clip; erf = elementwise.erf; gelu = elementwise.gelu
   pow = elementwise.pow; clamp = elementwise.clip; trunc = elementwise.trunc; floor = elementwise.floor; ceil = elementwise.ceil
   round = elementwise.round; fmod = elementwise.fmod; mod = elementwise.mod; isnan = elementwise.isnan; isinf = elementwise.isinf

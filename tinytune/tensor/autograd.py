@@ -20,13 +20,50 @@ Rule = Callable[["Tensor"], Sequence["Tensor | None"]]  # the output's gradient 
 
 
 def tracking(*inputs: Tensor) -> bool:
-  """Whether an op on these inputs records itself: grad is on and one of them requires it."""
+  """Whether an op on these inputs records itself: grad is on and one of them may need a gradient (requires_grad True, or None
+  as by default: gradient() may be asked of any tensor, as in tinygrad; False stops it)."""
+  return not inputs[0].no_grad and any(t.requires_grad is not False for t in inputs)
+
+
+def training(*inputs: Tensor) -> bool:
+  """Whether one of these inputs requires grad (True): ops then take the forms built for backward, which inference would pay for."""
   return not inputs[0].no_grad and any(t.requires_grad for t in inputs)
 
 
 def record(ret: Tensor, inputs: tuple[Tensor, ...], rule: Rule) -> Tensor:
-  if ret.dtype.is_float: ret.requires_grad, ret._ctx = True, (rule, inputs)
+  """ret with its rule; it requires grad where an input does, else None (a gradient may still be asked of it)."""
+  if ret.dtype.is_float: ret.requires_grad, ret._ctx = True if any(t.requires_grad for t in inputs) else None, (rule, inputs)
   return ret
+
+
+def untracked(ret: Tensor) -> Tensor:
+  """ret of an op that records nothing (grad off, or no input may need a gradient): as in PyTorch, it does not require grad."""
+  ret.requires_grad = False
+  return ret
+
+
+def deferred(*inputs: Tensor) -> bool:
+  """Whether an op takes its inference form and differentiates its training form only if asked (see lazily)."""
+  return tracking(*inputs) and not training(*inputs)
+
+
+def lazily(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
+  """fn(*inputs) computed by its inference form (inputs detached), with a rule that builds fn's training form, on inputs that
+  require grad, only when a gradient is asked of it: tensors that do not require grad keep inference's kernels."""
+  ret = fn(*(t.detach() for t in inputs))
+  def rule(g: Tensor) -> list[Tensor | None]:
+    leaves = [t.detach().requires_grad_(t.dtype.is_float and wanted(t)) for t in inputs]
+    with Switch("no_grad", False): out = fn(*leaves)
+    return gradient(out, leaves, g.cast(out.dtype))
+  return record(ret, inputs, rule)
+
+
+_needed: set[int] = set()  # ids of the tensors the running gradient() reaches a target through
+
+
+def wanted(t: Tensor) -> bool:
+  """Whether the running gradient() needs t's gradient: a rule skips the work of one that is not."""
+  return id(t) in _needed
 
 
 def alu_rule(op: Ops, inputs: tuple[Tensor, ...], out: Tensor) -> Rule:
@@ -57,7 +94,12 @@ def cast_rule(x: Tensor) -> Rule: return lambda g: (g.cast(x.dtype) if x.dtype.i
 def reduce_rule(op: Ops, x: Tensor, out: Tensor, axes: tuple[int, ...]) -> Rule:
   if op is Ops.ADD: return lambda g: (g.expand(x.shape),)
   def max_rule(g: Tensor) -> tuple[Tensor]:  # every element equal to the max shares its gradient evenly, as torch's amax does
-    hit = (x == out.expand(x.shape)).cast(g.dtype)
+    xs, m = x, out
+    if not (x.uop.op is Ops.CONTIGUOUS or x.uop.op is Ops.VIEW and x.uop.src[0].op is Ops.BUFFER):
+      # an expression computed again in another kernel may round otherwise (see Tensor._reduce): here, once, into memory
+      xs = x.contiguous()
+      m = xs.max(axes, keepdim=True)
+    hit = (xs == m.expand(x.shape)).cast(g.dtype)
     return (hit * (g / hit.sum(axes, keepdim=True)).expand(x.shape),)
   return max_rule
 
@@ -121,32 +163,40 @@ def gradient(out: Tensor, targets: Sequence[Tensor], seed: Tensor) -> list[Tenso
     if id(t) in seen: continue
     seen.add(id(t))
     stack.append((t, True))
-    if t._ctx is not None: stack.extend((s, False) for s in t._ctx[1] if s.requires_grad and id(s) not in seen)
-  wanted = {id(t) for t in targets}
+    if t._ctx is not None: stack.extend((s, False) for s in t._ctx[1] if s.requires_grad is not False and id(s) not in seen)
+  targeted = {id(t) for t in targets}
+  needed = set()  # the tensors a target is reached through: only their gradients are built
+  for t in order:
+    if id(t) in targeted or t._ctx is not None and any(id(s) in needed for s in t._ctx[1]): needed.add(id(t))
   grads: dict[int, Tensor] = {id(out): seed}
   found: dict[int, Tensor] = {}
-  with no_grad():
-    for t in reversed(order):
-      if (g := grads.pop(id(t), None)) is None: continue
-      if id(t) in wanted: found[id(t)] = g
-      if t._ctx is None: continue
-      rule, inputs = t._ctx
-      for s, gs in zip(inputs, rule(g)):
-        if gs is None or not s.requires_grad: continue
-        if gs.dtype != s.dtype: gs = gs.cast(s.dtype)
-        grads[id(s)] = gs if (prev := grads.get(id(s))) is None else prev + gs
+  before = set(_needed)
+  _needed.clear(); _needed.update(needed)
+  try:
+    with no_grad():
+      for t in reversed(order):
+        if (g := grads.pop(id(t), None)) is None: continue
+        if id(t) in targeted: found[id(t)] = g
+        if t._ctx is None or id(t) not in needed: continue
+        rule, inputs = t._ctx
+        for s, gs in zip(inputs, rule(g)):
+          if gs is None or id(s) not in needed: continue
+          if gs.dtype != s.dtype: gs = gs.cast(s.dtype)
+          grads[id(s)] = gs if (prev := grads.get(id(s))) is None else prev + gs
+  finally: _needed.clear(); _needed.update(before)
   return [found.get(id(t)) for t in targets]
 
 
 def leaves(out: Tensor) -> list[Tensor]:
-  """The tensors under out that require grad and were not computed from others (parameters and inputs)."""
+  """The tensors under out that require grad (True) and were not computed from others (parameters and inputs)."""
   ret, seen, stack = [], set(), [out]
   while stack:
     t = stack.pop()
     if id(t) in seen: continue
     seen.add(id(t))
-    if t._ctx is None: ret.append(t)
-    else: stack.extend(s for s in t._ctx[1] if s.requires_grad)
+    if t._ctx is None:
+      if t.requires_grad: ret.append(t)
+    else: stack.extend(s for s in t._ctx[1] if s.requires_grad)  # a tensor requires grad where an input does: True all the way
   return ret
 
 

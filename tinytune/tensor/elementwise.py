@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tinytune.dtype import dtypes
+from tinytune.tensor import autograd
+from tinytune.tensor.checks import require
 from tinytune.uop import Ops, UOp
 
 if TYPE_CHECKING:
@@ -22,8 +24,8 @@ def sub(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
 
 
 def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
-  """self / y; rounding_mode "trunc" rounds the quotient toward zero and "floor" down, keeping int dtypes (an int divided by 0 is
-  unspecified where torch raises)."""
+  """self / y; rounding_mode "trunc" rounds the quotient toward zero and "floor" down, keeping int dtypes (an int divided by 0
+  raises, as in torch: see _int_div)."""
   if rounding_mode not in (None, "trunc", "floor"): raise ValueError(f"div rounding_mode is None, 'trunc' or 'floor', got {rounding_mode!r}")
   a, b = self._broadcasted(y, reverse)
   if rounding_mode is not None and not a.dtype.is_float:
@@ -36,7 +38,9 @@ def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str |
 
 
 def _int_div(a: Tensor, b: Tensor, floor: bool) -> tuple[Tensor, Tensor]:
-  """(quotient, remainder) of ints rounded toward zero or down. IDIV and MOD only see operands >= 0, where every rounding agrees."""
+  """(quotient, remainder) of ints rounded toward zero or down. IDIV and MOD only see operands >= 0, where every rounding agrees.
+  A zero divisor raises RuntimeError as torch's does (at the call, or at the next realize where b is lazy: see tinytune.tensor.checks)."""
+  require(b, lambda v: v == 0, lambda v: RuntimeError("ZeroDivisionError"))
   an, bn = a.abs(), (b == 0).where(1, b.abs())  # a zero divisor would trap on the CPU
   q, r = an._alu(Ops.IDIV, bn), an._alu(Ops.MOD, bn)
   if a.dtype.is_unsigned: return q, r
@@ -80,16 +84,30 @@ def where(self: Tensor, x: TensorLike, y: TensorLike) -> Tensor:
   return cond.cast(dtypes.bool)._alu(Ops.WHERE, x, y)
 
 
+def _ruled(inputs: Sequence[Tensor], value: Callable[..., Tensor], rule: Callable[..., Sequence[Tensor | None]]) -> Tensor:
+  """value(*inputs), differentiated by rule(g, out, *inputs) instead of through value's composition: PyTorch's slopes at the kinks
+  (relu at 0, clip's bounds, ties) and finite ones where the composition's chain rule overflows (sigmoid and tanh far out)."""
+  if not autograd.tracking(*inputs): return value(*inputs)
+  out = value(*(t.detach() for t in inputs))
+  return autograd.record(out, tuple(inputs), lambda g: rule(g, out, *inputs))
+
+
 def maximum(self: Tensor, y: TensorLike) -> Tensor: return self._binop(Ops.MAX, y)
 
 
 def minimum(self: Tensor, y: TensorLike) -> Tensor:
-  a, b = self._broadcasted(y)
-  take_b = b < a if not a.dtype.is_float else (b < a) | (b != b)  # a NaN in either wins, like numpy
-  return take_b.where(b, a)
+  def value(a: Tensor, b: Tensor) -> Tensor:
+    take_b = b < a if not a.dtype.is_float else (b < a) | (b != b)  # a NaN in either wins, like numpy
+    return take_b.where(b, a)
+  def rule(g: Tensor, out: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:  # ties share the gradient evenly, as torch does
+    share = (a < b).where(1.0, (a == b).where(0.5, 0.0)).cast(g.dtype)
+    return g * share, g * (1 - share)
+  return _ruled(self._broadcasted(y), value, rule)
 
 
-def abs(self: Tensor) -> Tensor: return (self < 0).where(-self, self) if self.dtype.kind in "if" else self
+def abs(self: Tensor) -> Tensor:
+  if self.dtype.kind not in "if": return self
+  return _ruled((self,), lambda x: (x < 0).where(-x, x), lambda g, out, x: (g * x.sign(),))
 def exp2(self: Tensor) -> Tensor: return self._float()._alu(Ops.EXP2)
 def log2(self: Tensor) -> Tensor: return self._float()._alu(Ops.LOG2)
 def exp(self: Tensor) -> Tensor: return self._in_f32(lambda x: (x * (1 / math.log(2))).exp2())
@@ -99,22 +117,58 @@ def rsqrt(self: Tensor) -> Tensor: return self.sqrt().reciprocal()
 def sin(self: Tensor) -> Tensor: return self._float()._alu(Ops.SIN)
 def cos(self: Tensor) -> Tensor: return self._in_f32(lambda x: (math.pi / 2 - x).sin())
 def reciprocal(self: Tensor) -> Tensor: return self._float()._alu(Ops.RECIP)
-def relu(self: Tensor) -> Tensor: return self.maximum(0)
-def sigmoid(self: Tensor) -> Tensor: return self._in_f32(lambda x: (1 + (-x).exp()).reciprocal())
-def tanh(self: Tensor) -> Tensor: return self._in_f32(lambda x: 2.0 * (2.0 * x).sigmoid() - 1.0)
-def silu(self: Tensor) -> Tensor: return self * self.sigmoid()
+def relu(self: Tensor) -> Tensor: return _ruled((self,), lambda x: x.maximum(0), lambda g, out, x: ((x > 0).where(g, 0.0),))
+def sigmoid(self: Tensor) -> Tensor:
+  return _ruled((self,), lambda x: x._in_f32(lambda v: (1 + (-v).exp()).reciprocal()), lambda g, out, x: (g * out * (1 - out),))
+def tanh(self: Tensor) -> Tensor:
+  return _ruled((self,), lambda x: x._in_f32(lambda v: 2.0 * (2.0 * v).sigmoid() - 1.0), lambda g, out, x: (g * (1 - out * out),))
+def silu(self: Tensor) -> Tensor: return self._scaled_silu(1.0)
+def _scaled_silu(self: Tensor, k: float) -> Tensor:
+  """x * sigmoid(k * x), its slope s + k x s (1 - s) from s = sigmoid(k x): 0 or 1 far out, where the chain rule meets inf * 0."""
+  def rule(g: Tensor, out: Tensor, x: Tensor) -> tuple[Tensor]:
+    s = (x * k).sigmoid()
+    return (g * (s + x * k * s * (1 - s)),)
+  return _ruled((self,), lambda x: x * (x * k).sigmoid(), rule)
 def square(self: Tensor) -> Tensor: return self * self
-def sign(self: Tensor) -> Tensor: return self if self.dtype == dtypes.bool else (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+def sign(self: Tensor) -> Tensor:
+  if self.dtype == dtypes.bool: return self
+  return _ruled((self,), lambda x: (x > 0).cast(x.dtype) - (x < 0).cast(x.dtype), lambda g, out, x: (None,))
 
 
 def clip(self: Tensor, min_: TensorLike | None = None, max_: TensorLike | None = None) -> Tensor:
   """Bound self below by min_ and above by max_ (max_ wins where min_ > max_); one may be None, not both (torch and tinygrad refuse that too)."""
   if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
-  ret = self if min_ is None else self.maximum(min_)
-  return ret if max_ is None else ret.minimum(max_)
+  return _bounded(self, min_, max_, False)
 
 
-def erf(self: Tensor) -> Tensor: return self._in_f32(_erf)
+def _bounded(self: Tensor, lo: TensorLike | None, hi: TensorLike | None, open_: bool) -> Tensor:
+  """self between lo and hi (None: unbounded), hi winning where lo > hi. The gradient goes to self inside the bounds, with them
+  (clamp) or without them (open_: hardtanh), else to the bound that won, as torch's clamp and hardtanh do."""
+  x = self if lo is None else self._broadcasted(lo)[0]
+  x = x if hi is None else x._broadcasted(hi)[0]
+  lo_t = None if lo is None else x._broadcasted(lo)[1]
+  hi_t = None if hi is None else x._broadcasted(hi)[1]
+  bounds = [t for t in (lo_t, hi_t) if t is not None]
+  def value(v: Tensor, *b: Tensor) -> Tensor:
+    it = iter(b)
+    ret = v if lo_t is None else v.maximum(next(it))
+    return ret if hi_t is None else ret.minimum(next(it))
+  def rule(g: Tensor, out: Tensor, v: Tensor, *b: Tensor) -> list[Tensor | None]:
+    it = iter(b)
+    lo_v, hi_v = (None if lo_t is None else next(it)), (None if hi_t is None else next(it))
+    inside = v._const_like(True, dtypes.bool)
+    if lo_v is not None: inside = inside & ((v > lo_v) if open_ else (v >= lo_v))
+    if hi_v is not None: inside = inside & ((v < hi_v) if open_ else (v <= hi_v))
+    ret: list[Tensor | None] = [inside.where(g, 0.0)]
+    upper_won = (v > hi_v) | (lo_v > hi_v) if hi_v is not None and lo_v is not None else None
+    if lo_v is not None: ret.append(((v < lo_v) & (upper_won.logical_not() if upper_won is not None else True)).where(g, 0.0))
+    if hi_v is not None: ret.append((upper_won if upper_won is not None else v > hi_v).where(g, 0.0))
+    return ret
+  return _ruled((x, *bounds), value, rule)
+
+
+def erf(self: Tensor) -> Tensor:
+  return _ruled((self,), lambda x: x._in_f32(_erf), lambda g, out, x: (g * (2 / math.sqrt(math.pi)) * (-x * x).exp(),))
 
 
 def gelu(self: Tensor, approximate: str = "none") -> Tensor:
@@ -134,13 +188,20 @@ def pow(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
     return ret.reciprocal() if y < 0 else ret
   base, exp = self._broadcasted(y, reverse)
   dt, base, exp = base.dtype, base._float(), exp._float()
+  def rule(g: Tensor, out: Tensor, b: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:  # torch's: 0 for a 0 exponent, and for 0 ** e >= 0
+    return (e == 0).where(0.0, g * e * _float_pow(b, e - 1)), ((b == 0) & (e >= 0)).where(0.0, g * out * b.log())
+  ret = _ruled((base, exp), _float_pow, rule)
+  # int ** int is int, like torch: the float result is within 1/4 of the answer, or under 1/2 in size where it truncates to 0
+  return ret if dt.is_float else (ret + ret.sign() * 0.25).cast(dt)
+
+
+def _float_pow(base: Tensor, exp: Tensor) -> Tensor:
+  """base ** exp of floats: a negative base to a whole power keeps its sign, to any other power is NaN; x ** 0 is 1."""
   mag = (exp * base.abs().log2()).exp2()
   is_int = exp == exp.cast(dtypes.int64).cast(exp.dtype)
   odd = (exp * 0.5) != (exp * 0.5).cast(dtypes.int64).cast(exp.dtype)
   neg = (base < 0).where(is_int.where(odd.where(-mag, mag), math.nan), mag)
-  ret = (exp == 0).where(1.0, neg)
-  # int ** int is int, like torch: the float result is within 1/4 of the answer, or under 1/2 in size where it truncates to 0
-  return ret if dt.is_float else (ret + ret.sign() * 0.25).cast(dt)
+  return (exp == 0).where(1.0, neg)
 
 
 def _erf(x: Tensor) -> Tensor:
@@ -251,8 +312,10 @@ def copysign(self: Tensor, other: TensorLike) -> Tensor:
   """|self| with the sign bit of other, in float: -0.0 and NaNs give their sign bits, as in torch."""
   a, b = self._broadcasted(other)
   a, b = a._float(), b._float()
-  mag = a.signbit().where(-a, a)
-  return b.signbit().where(-mag, mag)
+  def value(x: Tensor, y: Tensor) -> Tensor:
+    mag = x.signbit().where(-x, x)
+    return y.signbit().where(-mag, mag)
+  return _ruled((a, b), value, lambda g, out, x, y: ((x == 0).where(0.0, g * out / x), None))
 
 
 def lerp(self: Tensor, end: TensorLike, weight: TensorLike) -> Tensor:
@@ -296,17 +359,22 @@ def bitwise_not(self: Tensor) -> Tensor:
 
 
 def lshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
-  """self * 2**y for ints, wrapping like C; y from 0 to the bit width - 1."""
+  """self * 2**y for ints, wrapping like C; a shift below 0 or from the bit width up gives 0, as torch's does."""
   a, b = _shift_args(self, y, reverse, "<<")
-  return a * _pow2(b)
+  return _in_width(b).where(a * _pow2(b), 0).cast(a.dtype)
 
 
 def rshift(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
-  """self // 2**y for ints (an arithmetic shift: negative numbers round down); y from 0 to the bit width - 1."""
+  """self // 2**y for ints (an arithmetic shift: negative numbers round down); a shift below 0 or from the bit width up gives
+  0, or -1 for a negative number shifted right by the width or more, as torch's does."""
   a, b = _shift_args(self, y, reverse, ">>")
-  if a.dtype.is_unsigned: return a._alu(Ops.IDIV, _pow2(b))  # no negative numbers: C's division is floor division
-  if a.dtype == dtypes.int64: return _int_div(a, _pow2(b), True)[0]
-  return _int_div(a.cast(dtypes.int64), _pow2(b.cast(dtypes.int64)), True)[0].cast(a.dtype)  # 2**31 fits in int64
+  if a.dtype.is_unsigned: return _in_width(b).where(a._alu(Ops.IDIV, _pow2(b)), 0).cast(a.dtype)  # C's division of ints >= 0 is floor division
+  if a.dtype == dtypes.int64: ret = _int_div(a, _pow2(b), True)[0]
+  else: ret = _int_div(a.cast(dtypes.int64), _pow2(b.cast(dtypes.int64)), True)[0].cast(a.dtype)  # 2**31 fits in int64
+  return _in_width(b).where(ret, (b < 0).where(0, (a < 0).where(-1, 0))).cast(a.dtype)
+
+
+def _in_width(n: Tensor) -> Tensor: return (n >= 0) & (n < n.dtype.itemsize * 8)
 
 
 def _shift_args(self: Tensor, y: TensorLike, reverse: bool, op: str) -> tuple[Tensor, Tensor]:
@@ -331,7 +399,7 @@ def tan(self: Tensor) -> Tensor: return self._in_f32(lambda x: x.sin() / x.cos()
 def atan(self: Tensor) -> Tensor:
   """Reduced to |x| <= tan(pi/8) by atan(x) = pi/4 + atan((x-1)/(x+1)) and pi/2 - atan(1/x), then a degree 9 odd polynomial (Cephes' atanf)."""
   def fn(x: Tensor) -> Tensor:
-    ax = x.abs()
+    ax = (x < 0).where(-x, x)  # not abs(): its slope at 0 is 0, this one's 1, which the reflection below turns into atan's
     big, mid = ax > 2.414213562373095, ax > 0.4142135623730950
     base = big.where(math.pi / 2, mid.where(math.pi / 4, 0.0))
     r = big.where(-big.where(ax, 1.0).reciprocal(), mid.where((ax - 1) / (ax + 1), ax))
@@ -349,7 +417,7 @@ def cosh(self: Tensor) -> Tensor: return self._in_f32(lambda x: (x - math.log(2)
 
 def asinh(self: Tensor) -> Tensor:
   def fn(x: Tensor) -> Tensor:
-    ax = x.abs()
+    ax = (x < 0).where(-x, x)  # as in atan
     big = ax > 2.0 ** 28  # where x*x would overflow, log(2|x|) is the answer in float32
     small = big.where(1.0, ax)
     ret = big.where(big.where(ax, 1.0).log() + math.log(2), (small + (small * small + 1).sqrt()).log())
@@ -405,12 +473,15 @@ def softplus(self: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor
 def logsigmoid(self: Tensor) -> Tensor: return self._in_f32(lambda x: -(-x).logaddexp(0.0))
 def mish(self: Tensor) -> Tensor: return self._in_f32(lambda x: x * x.softplus().tanh())
 def softsign(self: Tensor) -> Tensor: return self._in_f32(lambda x: x / (1 + x.abs()))
-def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor: return (self._float() * alpha + beta).clip(0, 1)
-def hardswish(self: Tensor) -> Tensor: return self._in_f32(lambda x: x * (x + 3).relu6() * (1 / 6))
-def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor: return self.clip(min_val, max_val)
-def relu6(self: Tensor) -> Tensor: return self.clip(0, 6)
-def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
-def quick_gelu(self: Tensor) -> Tensor: return self * (self * 1.702).sigmoid()
+def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor: return _bounded(self._float() * alpha + beta, 0, 1, True)
+def hardswish(self: Tensor) -> Tensor:
+  def rule(g: Tensor, out: Tensor, x: Tensor) -> tuple[Tensor]: return ((x <= -3).where(0.0, (x < 3).where(g * (x * (1 / 3) + 0.5), g)),)
+  return _ruled((self,), lambda x: x._in_f32(lambda v: v * (v + 3).clip(0, 6) * (1 / 6)), rule)
+def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor: return _bounded(self, min_val, max_val, True)
+def relu6(self: Tensor) -> Tensor: return self.hardtanh(0, 6)
+def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor:
+  return _ruled((self,), lambda x: (x < 0).where(x * neg_slope, x), lambda g, out, x: ((x > 0).where(g, g * neg_slope),))
+def quick_gelu(self: Tensor) -> Tensor: return self._scaled_silu(1.702)
 def swish(self: Tensor) -> Tensor: return self.silu()
 def softmin(self: Tensor, axis: int = -1) -> Tensor: return (-self._float()).softmax(axis)
 

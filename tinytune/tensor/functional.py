@@ -49,6 +49,7 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
   if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
   xd, wd = len(self.shape), len(w.shape)
   if xd == 0 or wd == 0: raise ValueError("matmul needs tensors of at least one dim")
+  if autograd.deferred(self, w): return autograd.lazily(matmul, self, w)
   x, y = (self.unsqueeze(0) if xd == 1 else self), (w.unsqueeze(-1) if wd == 1 else w)
   xs, ys = x.shape, y.shape
   if xs[-1] != ys[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {xs[-1]} != {ys[-2]})")
@@ -57,7 +58,7 @@ def matmul(self: Tensor, w: Tensor) -> Tensor:
       raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
   if prod(xs[:-1]) >= max(PACK_ROWS, xs[-1] // PACK_K_PER_ROW) and _strided_rows(y, PACK_STRIDE_16 if y.dtype.is_half else PACK_STRIDE):
     y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
-  if x.dtype is y.dtype and x.dtype.is_float and not autograd.tracking(x, y): ret = _products_summed(x, y)
+  if x.dtype is y.dtype and x.dtype.is_float and not autograd.training(x, y): ret = _products_summed(x, y)
   else:
     a, b = x.unsqueeze(-2)._broadcasted(y.transpose(-1, -2).unsqueeze(-3))
     ret = (a.float() * b.float()).sum(-1).cast(a.dtype) if a.dtype.is_half else (a * b).sum(-1, dtype=a.dtype)
@@ -127,7 +128,7 @@ def _windows(self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation
                                          *(dl * s for dl, s in zip(dilation, strides[len(lead):]))))
   windows = view_uop(self.uop, lambda v: None if not v.contiguous else View.create(view.shape, view.strides, v.offset), view.shape)
   ret = Tensor(windows, device=self.device)
-  return autograd.record(ret, (self,), autograd.window_rule(self, k, stride, dilation)) if autograd.tracking(self) else ret
+  return autograd.record(ret, (self,), autograd.window_rule(self, k, stride, dilation)) if autograd.tracking(self) else autograd.untracked(ret)
 
 
 _SPATIAL = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
@@ -152,13 +153,16 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   if (dt := least_upper(self.dtype, *(t.dtype for t in (weight, bias) if t is not None))).is_half:
     # 16-bit floats in float32 (exact products, the float32 kernels: Winograd's, the strided one), rounded once, as PyTorch's
     return self.float().conv2d(weight.float(), None if bias is None else bias.float(), stride, padding, dilation, groups).cast(dt)
+  if autograd.deferred(self, weight):  # inference's kernels (Winograd's, the wide and strided ones), the gradient only if asked
+    ret = autograd.lazily(lambda x, w: x.conv2d(w, None, stride, padding, dilation, groups), self, weight)
+    return ret if bias is None else ret + bias.reshape(1, cout, *(1,) * d)
   st, pd, dl = _tuple(stride, d, 1), _pads(padding, d, "conv2d"), _tuple(dilation, d, 1)
   # gradients by their own convolutions: the input's a transposed convolution of the output's (through the sliding windows it
   # would be a (N, C, *out, *k) tensor summed back in place, k times the input's size), the weight's a sum over the batch and
   # positions with the output's gradient channels-last, so its kernel vectorizes along the output channels
-  custom = autograd.tracking(self, weight) and all(b == a >= 0 for b, a in pd)
+  custom = autograd.training(self, weight) and all(b == a >= 0 for b, a in pd)
   src = (self.detach() if custom else self).pad(((0, 0), (0, 0), *pd))
-  untracked = custom or not autograd.tracking(self, weight)
+  untracked = custom or not autograd.training(self, weight)
   if untracked and (m := _winograd_tile(self, weight, st, dl, groups)):
     ret = _winograd(src, weight.detach() if custom else weight, m)
     if custom: return _conv_grad(self, weight, bias, ret, src._windows(k, st, dl).reshape(n, 1, 1, cin, *ret.shape[2:], *k), st, pd, dl, groups)
@@ -196,8 +200,8 @@ def _conv_grad(self: Tensor, weight: Tensor, bias: Tensor | None, ret: Tensor, x
   k, out = weight.shape[2:], ret.shape[2:]
   extra = tuple(sz + 2 * p - dd * (kk - 1) - 1 - (o - 1) * s for sz, (p, _), dd, kk, o, s in zip(self.shape[2:], pd, dl, k, out, st))
   def rule(g: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if self.requires_grad else None
-    return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if weight.requires_grad else None
+    dx = g.conv_transpose2d(weight, None, st, tuple(p for p, _ in pd), extra, groups, dl).cast(self.dtype) if autograd.wanted(self) else None
+    return dx, _conv_weight_grad(g, x, weight.shape).cast(weight.dtype) if autograd.wanted(weight) else None
   ret = autograd.record(ret, (self, weight), rule)
   return ret if bias is None else ret + bias.reshape(1, ret.shape[1], *(1,) * len(k))
 
@@ -451,7 +455,7 @@ def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
   training: the gradient is then its closed form, two sums per channel, instead of the chain rule through both statistics."""
   axes = self._reduce_axes(axis)
   shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
-  custom = batch and invstd.ndim == len(axes) and autograd.tracking(self, *(t for t in (weight, bias) if t is not None))
+  custom = batch and invstd.ndim == len(axes) and autograd.training(self, *(t for t in (weight, bias) if t is not None))
   x, m, s = (self.detach(), mean.detach(), invstd.detach()) if custom else (self, mean, invstd)
   xhat = (x - m.reshape(shape)) * (s.reshape(shape) if s.ndim == len(axes) else s)
   w, b = (weight.detach() if custom and weight is not None else weight), (bias.detach() if custom and bias is not None else bias)
@@ -464,7 +468,7 @@ def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     g = g.contiguous()  # read by both sums and the input's gradient: computed once
     total, along = g.sum(others), (g * xhat).sum(others)  # per channel: the bias's and the weight's gradients
     scale = s if w is None else s * w
-    dx = (g - total.reshape(shape) / count - xhat * (along.reshape(shape) / count)) * scale.reshape(shape) if self.requires_grad else None
+    dx = (g - total.reshape(shape) / count - xhat * (along.reshape(shape) / count)) * scale.reshape(shape) if autograd.wanted(self) else None
     return (dx, *(grad for t, grad in ((weight, along), (bias, total)) if t is not None))
   return autograd.record(y, (self, *(t for t in (weight, bias) if t is not None)), rule)
 

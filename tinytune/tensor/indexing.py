@@ -11,6 +11,7 @@ import numpy as np
 
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod
+from tinytune.tensor.checks import require
 from tinytune.uop import Ops
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ def _index_arrays(i: Any) -> list[tuple[Any, int | None]]:
 
 def getitem(self: Tensor, index: Any) -> Tensor:
   """x[index] like PyTorch: ints, slices, None, Ellipsis, int Tensors and lists (advanced indexing, broadcast together).
-  A bool mask (a Tensor or a list) realizes itself to find its True positions. An int Tensor index out of range reads 0
-  (a kernel can't raise; checking would realize the index; torch raises); a list index out of range raises IndexError."""
+  A bool mask (a Tensor or a list) realizes itself to find its True positions. An index out of range raises IndexError, as in torch:
+  an int Tensor's at the call where it is in memory, else at the next realize (see tinytune.tensor.checks)."""
   x, tensors, _ = _basic(self, index)
   return _take(x, tensors) if tensors else x
 
@@ -68,6 +69,7 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
       i = Tensor(np.where(i < 0, i + n, i).astype(np.int32 if n < 2**31 else np.int64), device=self.device)
     if isinstance(i, Tensor):
       if i.dtype.is_float: raise IndexError(f"tensors used as indices must be int or bool tensors, got {i.dtype.name}")
+      _require_in(i, -n, n, lambda v, dim=dim, n=n: IndexError(f"index {v} is out of bounds for dimension {dim} with size {n}"))
       tensors.append((len(out_shape), i))
       out_shape.append(n)  # kept whole here; the Tensor index selects from it
       parts.append((0, n, 1))
@@ -97,7 +99,7 @@ def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
   Written in place (Tensor.assign, then realized), so a TinyJit replay writes it too. Not where x or value requires grad, but
   under no_grad() (as initializers write). Where an int Tensor index holds one place twice, the last write in the index's
   row-major order wins (torch leaves it undefined); an int Tensor index out of range writes nothing (torch raises).
-  A tensor made by a movement is a new tensor: writing it does not write the one it came from (torch's views do)."""
+  A tensor made by a movement of another's memory (a view) writes through to it, as torch's views do (see Tensor.assign)."""
   if not isinstance(value, Tensor):
     if not isinstance(value, (int, float, bool, np.generic, np.ndarray, list, tuple)):
       raise TypeError(f"can't assign a {type(value).__name__} to a Tensor; use a Tensor, a number or a list")
@@ -111,8 +113,9 @@ def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
     if any(st == 0 and s > 1 for st, s in zip(u.arg.strides, u.shape)):
       raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
                          "Please clone() the tensor before performing the operation.")
-    raise RuntimeError("setitem into a view of another tensor's memory would write a copy, not that tensor: index the tensor "
-                       "once (x[0, 1] = v, not x[0][1] = v), or clone() the view to write it on its own")
+    if self._view is None:  # a view assign can't write through (see Tensor.assign)
+      raise RuntimeError("setitem into a view of another tensor's memory would write a copy, not that tensor: index the tensor "
+                         "once (x[0, 1] = v, not x[0][1] = v), or clone() the view to write it on its own")
   if not self.no_grad and (self.requires_grad or value.requires_grad):
     raise NotImplementedError("setitem of a tensor or value that requires grad: tinytune's autograd records tensors, not versions of "
                               "them; build the new value out of place (Tensor.where, masked_fill, scatter), or write under no_grad()")
@@ -214,10 +217,19 @@ def _check_index(self: Tensor, dim: int, index: Tensor, what: str) -> int:
   return d
 
 
+def _require_in(index: Tensor, lo: int, hi: int, error: Any) -> None:
+  """error(v) for an index v outside [lo, hi) (see tinytune.tensor.checks)."""
+  require(index, lambda v: (v < lo) | (v >= hi), error)
+
+
+def _out_of_bounds(d: int, n: int) -> Any: return lambda v: RuntimeError(f"index {v} is out of bounds for dimension {d} with size {n}")
+
+
 def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
-  """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range selects 0 (not checked)."""
+  """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range raises RuntimeError, as in torch."""
   if self.ndim == 0: return self.reshape(1).gather(dim, index.reshape(1)).reshape(())
   d = _check_index(self, dim, index, "gather")
+  _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   return self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))._gather(d, index)
 
 
@@ -239,6 +251,7 @@ def _scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, how: s
   if self.ndim == 0:
     return _scatter(self.reshape(1), dim, index.reshape(1), src.reshape(1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
   d = _check_index(self, dim, index, "scatter")
+  _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, self.dtype, self.device)
   if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
     raise ValueError(f"scatter: src shape {src.shape} must have index's dims {index.shape}, each at least as large")
@@ -272,6 +285,8 @@ def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
   if self.dtype.is_float or self.dtype == dtypes.bool: raise TypeError(f"one_hot needs an int tensor, got {self.dtype.name}")
   if num_classes == -1: num_classes = int(self.max().item()) + 1 if self.numel() else 0
   if not isinstance(num_classes, int) or num_classes < 0: raise ValueError(f"one_hot num_classes is an int >= 0 or -1, got {num_classes!r}")
+  require(self, lambda v: v < 0, lambda v: RuntimeError("Class values must be non-negative."))
+  require(self, lambda v: v >= num_classes, lambda v: RuntimeError("Class values must be smaller than num_classes."))
   return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).where(1, 0)
 
 

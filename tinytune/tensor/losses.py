@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tinytune.dtype import dtypes
+from tinytune.tensor.checks import require
 
 if TYPE_CHECKING:
   from tinytune.tensor import Tensor, TensorLike
@@ -14,7 +15,7 @@ REDUCTIONS = ("none", "sum", "mean")
 
 def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
   """Cross-entropy of logits self (classes on dim 1, or dim 0 of a 1-d tensor) against class indices Y, or against class probabilities Y
-  of self's shape. An index out of range picks nothing (torch raises)."""
+  of self's shape. An index out of range raises IndexError, as in torch (-100, torch's ignore_index, picks nothing)."""
   _check(reduction, label_smoothing)
   dim = 0 if self.ndim == 1 else 1
   if self.ndim == 0: raise ValueError("cross_entropy needs logits with a class dim, got a 0-d tensor")
@@ -33,7 +34,7 @@ def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index
   _check(reduction)
   if self.ndim == 0: raise ValueError("nll_loss needs log-probabilities with a class dim, got a 0-d tensor")
   dim = 0 if self.ndim == 1 else 1
-  hot = _targets(Y, self, dim, "nll_loss")
+  hot = _targets(Y, self, dim, "nll_loss", -100 if ignore_index is None else ignore_index)
   if weight is not None and weight.shape != (self.shape[dim],):
     raise ValueError(f"nll_loss weight needs shape ({self.shape[dim]},), one per class, got {weight.shape}")
   w = 1.0 if weight is None else weight.reshape(tuple(-1 if i == dim else 1 for i in range(self.ndim)))
@@ -65,7 +66,8 @@ def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int =
   keep = Y != ignore_index
   def fn(x: Tensor) -> Tensor:
     logp = x.log_softmax(-1)
-    return keep.where(-_smoothed(_pick(logp, _targets(Y, x, x.ndim - 1, "sparse_categorical_crossentropy"), -1), logp, -1, label_smoothing), 0.0)
+    hot = _targets(Y, x, x.ndim - 1, "sparse_categorical_crossentropy", ignore_index)
+    return keep.where(-_smoothed(_pick(logp, hot, -1), logp, -1, label_smoothing), 0.0)
   loss = self._in_f32(fn)
   return loss.sum() / keep.sum() if reduction == "mean" else _reduce(loss, reduction)
 
@@ -78,11 +80,14 @@ def _check(reduction: str, label_smoothing: float = 0.0) -> None:
 def _reduce(loss: Tensor, reduction: str) -> Tensor: return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
 
 
-def _targets(Y: Tensor, x: Tensor, dim: int, what: str) -> Tensor:
-  """The one-hot (bool) of class indices Y along dim of x: Y has x's shape without dim."""
+def _targets(Y: Tensor, x: Tensor, dim: int, what: str, ignore: int = -100) -> Tensor:
+  """The one-hot (bool) of class indices Y along dim of x: Y has x's shape without dim. A target out of range but `ignore` (torch's
+  ignore_index) raises IndexError, as in torch."""
   if not isinstance(Y, Tensor) or not Y.dtype.is_int: raise TypeError(f"{what} needs class indices as an int Tensor, got {Y!r}")
   want = x.shape[:dim] + x.shape[dim + 1:]
   if Y.shape != want: raise ValueError(f"{what}: targets of shape {Y.shape} do not fit logits of shape {x.shape} (want {want})")
+  n = x.shape[dim]
+  require(Y, lambda v: (v != ignore) & ((v < 0) | (v >= n)), lambda v: IndexError(f"Target {v} is out of bounds."))
   classes = Tensor.arange(x.shape[dim], dtype=dtypes.int32, device=x.device).reshape(tuple(-1 if i == dim else 1 for i in range(x.ndim)))
   return Y.unsqueeze(dim) == classes
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod as prod_
-from tinytune.tensor.autograd import tracking
+from tinytune.tensor.autograd import deferred, lazily, tracking
 from tinytune.uop import Ops
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ def cumprod(self: Tensor, axis: int = 0) -> Tensor:
   second one, that zero times the product of the others (d/dzero = the product of the others; 0 for the rest)."""
   def products(x: Tensor) -> Tensor: return _running(x, axis, 1, lambda t: t.prod(-1), lambda a, b: a * b)
   if not (self.dtype.is_float and tracking(self)): return products(self)
+  if deferred(self): return lazily(lambda x: x.cumprod(axis), self)
   zero = self.detach() == 0
   others = products(zero.where(1, self.detach())).contiguous()  # the product of the nonzero elements so far, in memory of its own
   zeros = zero.cumsum(axis)
@@ -142,6 +143,7 @@ def cummax(self: Tensor, axis: int = 0) -> Tensor:
   the value is self gathered there, whose gradient adds each output's back at that place."""
   def running_max(x: Tensor) -> Tensor: return _running(x, axis, dtypes.min(x.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
   if not (self.dtype.is_float and tracking(self)): return running_max(self)
+  if deferred(self): return lazily(lambda x: x.cummax(axis), self)
   x = self.detach()
   v = running_max(x)
   d = self._axis(axis) if self.ndim else 0

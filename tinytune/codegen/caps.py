@@ -1,0 +1,19 @@
+"""What a device's kernels may use: the renderer's target, which the opt checks and the heuristics read (runtime re-exports it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+  """What a device's kernels may use; the opt checks read these."""
+  has_local: bool = False  # workgroups (LOCAL, GROUP)
+  threads: int = 1  # cores a THREAD opt can split across
+  max_upcast: int = 256  # elements computed per thread in registers
+  simd_width: int = 8  # float32 lanes of one vector register
+  vector_registers: int = 16
+  max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
+  shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
+  tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
+  l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
+  l2_bytes: int = 512 << 10
