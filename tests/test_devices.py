@@ -381,3 +381,20 @@ def test_tinyjit_hip_graph_is_built_once_and_relaunched_with_moved_inputs() -> N
   fake.calls.clear()
   graph([Mem(0x2000), Mem(0x4000)])  # type: ignore[list-item]
   assert fake.calls == [("set", 102, [0x4000, 0x1000]), ("launch",)]
+
+
+@pytest.mark.skipif(device_status("OPENCL") is not None, reason=str(device_status("OPENCL")))
+def test_gpu_style_launches_return_at_once_and_reads_wait() -> None:
+  """OPENCL is asynchronous as CUDA is: a launch returns no time, a read waits for it, wait=True and Device.timed give device
+  seconds around the work, and a TinyJit replay there goes kernel by kernel (it has no batch) on the same queue."""
+  from tinytune.engine.schedule import create_schedule as schedule
+  dev = Device["OPENCL"]
+  x = Tensor(np.arange(4096, dtype=np.float32), device="OPENCL").realize()
+  (item,), _ = schedule((x * 2 + 1).uop, "OPENCL")
+  k = Kernel(item.ast, dev.caps)
+  k.apply_opts(hand_coded_optimizations(k))
+  program = dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)
+  assert dev.asynchronous and program(item.out, *k.bufs) is None
+  np.testing.assert_equal(item.out.numpy_view(), np.arange(4096) * 2 + 1)
+  assert program.timed(item.out, *k.bufs) > 0 and dev.timed(lambda: [program(item.out, *k.bufs) for _ in range(3)]) > 0
+  assert dev.batch([(program, [item.out, *k.bufs])]) is None
