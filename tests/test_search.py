@@ -450,3 +450,21 @@ def test_option_help_lists_every_strategys_options(capsys) -> None:  # type: ign
   assert main(["search", "matmul", "--option", "help"]) == 0
   out = capsys.readouterr().out
   assert all(f"{name}:" in out for name in STRATEGIES) and "  width=4  " in out and "(one of tpe, cmaes, gp)" in out
+
+
+def test_a_slow_render_counts_against_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+  """A tensor-core candidate takes 0.2-0.4 s of Python to render, and the evaluator renders a chunk in turn before running any:
+  no render starts that would end past the deadline (a fake clock: each render takes 1 s of it, runs none)."""
+  from tinytune.search import evaluate
+  clock = [1000.0]
+  monkeypatch.setattr(evaluate.time, "monotonic", lambda: clock[0])
+  k = matmul_kernel(32)
+  def render(kernel: Kernel) -> str:
+    clock[0] += 1.0
+    return Device["CPU"].renderer.render(kernel)
+  candidates = [[Opt(OptOps.UPCAST, 0, u)] for u in (2, 4, 8)] + [[Opt(OptOps.UPCAST, 1, u)] for u in (2, 4, 8)]
+  with Evaluator(k, "CPU", render=render) as ev:
+    ev.deadline = clock[0] + 2.5
+    done = ev.evaluate(candidates)
+  assert len(ev.render_s) == 2 and clock[0] <= ev.deadline, "a render ran past the deadline"
+  assert [r.status for r in done] == ["ok", "ok"]
