@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from test_ops import check, oob_guard, rand  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+from ops_support import check, oob_guard, rand  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
 from tinytune import Tensor, dtypes
 from tinytune.dtype import DType

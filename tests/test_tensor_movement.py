@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ops_support import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 from oracle import helper_test_op, torch
-from test_ops import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 
 from tinytune import Tensor, TinyJit, dtypes, nn, no_grad
 

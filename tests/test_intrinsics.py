@@ -1,0 +1,257 @@
+"""The CPU's C intrinsics against NumPy: vector math (exp2, log2, sin, sqrt, max, where and comparisons in SIMD lanes), the AVX-512
+paths, streaming stores, lane folds, bfloat16 dot products and 16-bit floats in vector lanes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ops_support import (
+  FUZZ,
+  examples,
+  oob_guard,  # noqa: F401  (autouse: canary bytes around every buffer)
+  rand,
+  realize_or_reject,
+)
+
+from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune.dtype import DType
+
+# ***** vector math: the CPU's inline exp2, log2, sin, sqrt, max, where and comparisons in SIMD lanes, against NumPy *****
+
+EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-40, 1.1754942e-38, 1.1754944e-38, 1.0, -1.0, 2.0, 0.5, 1.0000001,
+                  0.99999994, 127.99, 128.0, 128.5, -126.0, -149.0, -149.5, -150.0, -151.0, -1e30, 1e30, 3.4028235e38, -3.4028235e38], np.float32)
+VECTOR_ULPS = {"exp2": (np.exp2, 4), "log2": (np.log2, 4), "sin": (np.sin, 4), "sqrt": (np.sqrt, 0), "reciprocal": (np.reciprocal, 0)}
+
+
+def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+  """float32 ulps between two arrays; 0 where both are the same value (infinities, NaNs of any payload), inf where one is non-finite."""
+  same = (got == want) | (np.isnan(got) & np.isnan(want))
+  with np.errstate(invalid="ignore"):
+    ret = np.abs(got.astype(np.float64) - want) / np.spacing(np.maximum(np.abs(want), np.float32(1e-45)))
+  return np.where(same, 0.0, np.where(np.isfinite(ret), ret, np.inf))
+
+
+@pytest.mark.usefixtures("each_device")
+@pytest.mark.parametrize("name", sorted(VECTOR_ULPS))
+@settings(max_examples=examples(15), **FUZZ)
+@given(values=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=64))
+def test_vector_math_matches_numpy(name: str, values: list[float]) -> None:
+  ref, max_ulps = VECTOR_ULPS[name]
+  a = np.resize(np.concatenate([np.array(values, np.float32), EDGES]), 256)  # 256 elements: the CPU's kernel runs in vector lanes
+  with np.errstate(all="ignore"): want = ref(a)
+  got = realize_or_reject(lambda: getattr(Tensor(a), name)())
+  bad = ulps(got, want) > max_ulps
+  assert not bad.any(), f"{name}({a[bad][:4]}) = {got[bad][:4]}, NumPy: {want[bad][:4]}"
+
+
+@pytest.mark.usefixtures("each_device")
+@pytest.mark.parametrize("lo,hi", [(-160, 140), (-1, 1), (1e-38, 1e38)])
+def test_vector_math_dense(lo: float, hi: float) -> None:
+  a = np.concatenate([np.random.default_rng(0).uniform(lo, hi, 4096 - 32), EDGES, EDGES[:4]]).astype(np.float32)
+  if lo > 0: a = np.abs(np.exp(np.random.default_rng(1).uniform(-87, 88, a.size))).astype(np.float32)
+  a[:1024] = np.arange(1, 1025) * np.float32(np.pi / 2)  # sin near its zeros: the argument reduction must keep relative accuracy
+  for name in ("exp2", "log2", "sin"):
+    ref, max_ulps = VECTOR_ULPS[name]
+    with np.errstate(all="ignore"): want = ref(a)
+    assert ulps(getattr(Tensor(a), name)().numpy(), want).max() <= max_ulps
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_avx512_vector_math_computes_the_generic_bits(cc: str, tmp_path) -> None:
+  """exp2 and max on 16 and 8 lanes in AVX-512 instructions (vscalefps, vmaxps, vminps) and in plain vector code (-mno-avx512f)
+  give the same bits: a kernel's result does not depend on which CPU compiled it, and the scalar versions (the generic ones)
+  agree with their lanes."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import vector_math
+  from tinytune.runtime.cpu import cpuinfo
+  if shutil.which(cc) is None or "avx512vl" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
+  src = "typedef float tt_f16 __attribute__((vector_size(64)));\ntypedef float tt_f8 __attribute__((vector_size(32)));\n"
+  src += vector_math("static inline", 16) + vector_math("static inline", 8)
+  for w in (16, 8):  # y = exp2(x), z = max(x, reversed x)
+    src += f"void f{w}(const float* x, const float* xr, float* y, float* z, int n) {{ for (int i = 0; i < n; i += {w}) {{\n"
+    src += f"  tt_f{w} v, r; __builtin_memcpy(&v, x + i, {4 * w}); __builtin_memcpy(&r, xr + i, {4 * w}); r = tt_max{w}(v, r);\n"
+    src += f"  __builtin_memcpy(z + i, &r, {4 * w}); v = tt_exp2{w}(v); __builtin_memcpy(y + i, &v, {4 * w}); }} }}\n"
+  (tmp_path / "e.c").write_text(src)
+  x = np.concatenate([EDGES, np.random.default_rng(0).uniform(-160, 140, 4096 - EDGES.size)]).astype(np.float32)
+  x[-1024:] = np.random.default_rng(1).uniform(-0.6, 0.6, 1024)
+  xr = np.ascontiguousarray(x[::-1])
+  outs = []
+  for extra in ([], ["-mno-avx512f"]):
+    lib = tmp_path / f"e{len(extra)}.so"
+    subprocess.run([cc, "-O3", "-march=native", *extra, "-ffp-contract=fast", "-fPIC", "-shared", "e.c", "-o", str(lib)], cwd=tmp_path, check=True)
+    for fn in (getattr(ctypes.CDLL(str(lib)), f"f{w}") for w in (16, 8)):
+      y, z = np.empty_like(x), np.empty_like(x)
+      fn(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, xr, y, z)), ctypes.c_int(x.size))
+      outs.append(np.concatenate([y, z]).view(np.uint32))
+  assert all((o == outs[0]).all() for o in outs[1:])
+  y, z = outs[0].view(np.float32)[:x.size], outs[0].view(np.float32)[x.size:]
+  with np.errstate(all="ignore"): assert ulps(y, np.exp2(x)).max() <= VECTOR_ULPS["exp2"][1]
+  assert (ulps(z, np.maximum(x, xr)) == 0).all() and (np.signbit(z) == np.where(x > xr, np.signbit(x), np.signbit(xr)))[~np.isnan(z)].all()
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> None:
+  """A STREAM kernel built by gcc and clang, with AVX-512 (non-temporal stores where the line is aligned) and without (plain
+  stores), writes the same values into an output that starts on a cache line and into one that does not."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  from tinytune.runtime.cpu import cpuinfo
+  if shutil.which(cc) is None or "avx512f" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
+  x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+  items, _ = create_schedule(((Tensor(x) + 1) * 2).uop, "CPU")
+  k = Kernel(items[-1].ast, DeviceCaps(threads=2, simd_width=16))
+  k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)])
+  (tmp_path / "s.c").write_text(src := CRenderer().render(k))
+  assert "tt_f16_stream" in src and "tt_fence();" in src
+  for extra in ([], ["-mno-avx512f"]):
+    lib = tmp_path / f"s{len(extra)}.so"
+    subprocess.run([cc, "-O3", "-march=native", *extra, "-fPIC", "-shared", "s.c", "-o", str(lib)], cwd=tmp_path, check=True)
+    fn = getattr(ctypes.CDLL(str(lib)), k.name)
+    for skew in (0, 1):  # the output on a 64-byte line, then 4 bytes past one
+      raw = np.zeros(x.size + 32, np.float32)
+      out = raw[(-raw.ctypes.data % 64) // 4 + skew:][:x.size]
+      fn(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
+      np.testing.assert_array_equal(out, (x + 1) * 2)
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path) -> None:
+  """tt_fold_add and tt_fold_max of 16, 8 and 4 vectors (LANES accumulators after their loop, as many at once as a vector has
+  lanes): lane j holds vector j's sum (to float32 rounding, in another order) or max (exactly; a NaN wins), built by gcc and clang."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import fold_functions, vector_math
+  if shutil.which(cc) is None: pytest.skip(f"needs {cc}")
+  src = "".join(f"typedef float tt_f{w} __attribute__((vector_size({4 * w})));\n" + vector_math("static inline", w) +
+                fold_functions("static inline", w) +
+                f"void f{w}(const float* x, float* s, float* m) {{ tt_f{w} v[{w}], r; __builtin_memcpy(v, x, sizeof v);\n"
+                f"  r = tt_fold_add{w}(v); __builtin_memcpy(s, &r, sizeof r); r = tt_fold_max{w}(v); __builtin_memcpy(m, &r, sizeof r); }}\n"
+                for w in (16, 8, 4))
+  (tmp_path / "f.c").write_text(src)
+  subprocess.run([cc, "-O2", "-march=native", "-fPIC", "-shared", "f.c", "-o", "f.so"], cwd=tmp_path, check=True)
+  lib = ctypes.CDLL(str(tmp_path / "f.so"))
+  for w in (16, 8, 4):
+    x = np.random.default_rng(w).standard_normal((w, w)).astype(np.float32)
+    x[1, 3] = np.nan
+    s, m = np.empty(w, np.float32), np.empty(w, np.float32)
+    getattr(lib, f"f{w}")(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, s, m)))
+    np.testing.assert_allclose(s, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(m, x.max(1))
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
+  """The CPU's TC (bfloat16 pairs along K in vdpbf16ps) built by gcc and clang three ways: the compiler's builtin, the instruction
+  in assembly (compilers whose builtin types changed), and float32 math (CPUs without AVX512_BF16). Matmuls with A's pairs adjacent
+  and not (A transposed), a batch, padded columns, an UNROLL, vectors of 8 lanes, and x @ W.T with LANES along K (both inputs'
+  pairs neighbours), against float64 on the same inputs."""
+  import ctypes
+  import shutil
+  import subprocess
+
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  from tinytune.runtime.cpu import address, cpuinfo
+  if shutil.which(cc) is None or "avx512_bf16" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and a CPU with AVX512_BF16")
+  caps, rng, T, U = DeviceCaps(threads=2, simd_width=16, tensor_cores=("bfloat16",)), np.random.default_rng(0), OptOps.TC, OptOps.UPCAST
+  def bf16(*shape: int) -> Tensor: return Tensor(rng.standard_normal(shape).astype(np.float32)).cast(dtypes.bfloat16).realize()
+  a, at, b, b48, batch = bf16(40, 64), bf16(64, 40), bf16(64, 40), bf16(64, 48), bf16(3, 8, 64)
+  # (A, B, opts, the dot products in the loop: a row's A pair by a vector's B pair): columns padded to a vector read B lane by lane,
+  # a sum of products as without TC
+  cases = [(a, b, [Opt(T, 0, 0), Opt(U, 1, 8), Opt(U, 0, 4), Opt(OptOps.THREAD, 0, 2)], ("tt_dot8(acc", 4)),
+           (at.T, b48, [Opt(T, 0, 0), Opt(OptOps.PADTO, 0, 16), Opt(U, 1, 16), Opt(U, 0, 3), Opt(OptOps.UNROLL, 0, 4)], ("tt_dot16(acc", 12)),
+           (batch, b48, [Opt(T, 0, 0), Opt(U, 2, 16), Opt(U, 1, 4), Opt(OptOps.SWAP, 0, 1)], ("tt_dot16(acc", 4)),
+           (a, b, [Opt(T, 0, 0), Opt(OptOps.PADTO, 1, 16), Opt(U, 1, 16)], ("tt_dot", 0)),
+           (a, a.T, [Opt(T, 0, 0), Opt(OptOps.LANES, 0, 16), Opt(U, 1, 4), Opt(U, 0, 2)], ("tt_dot16(acc", 8)),  # x @ W.T: neighbours
+           (a, a.T, [Opt(T, 0, 0), Opt(OptOps.LANES, 0, 8), Opt(U, 1, 2), Opt(OptOps.THREAD, 0, 2)], ("tt_dot8(acc", 2))]
+  for i, (x, y, opts, (dot, n)) in enumerate(cases):
+    items, _ = create_schedule((x @ y).uop, "CPU")
+    k = Kernel(items[-1].ast, caps).apply_opts(opts)
+    src = CRenderer().render(k)
+    body = src.split(f"void {k.name}(")[1]  # A's pairs: one 32-bit word in every lane, but two elements where A is transposed
+    assert src.count(dot) == n and ("tt_splat2" in body) == (i == 1) and ("tt_splat" in body) == (i < 3)
+    asm = src.replace("__GNUC__ <= 12", "__GNUC__ <= 0").replace("__clang_major__ <= 14", "__clang_major__ <= 0")
+    ref = np.matmul(x.float().numpy().astype(np.float64), y.float().numpy().astype(np.float64))
+    outs = []
+    for j, (text, extra) in enumerate([(src, []), (asm, []), (src, ["-mno-avx512bf16"])]):
+      (tmp_path / f"k{i}{j}.c").write_text(text)
+      lib = tmp_path / f"k{i}{j}.so"
+      subprocess.run([cc, "-O2", "-march=native", *extra, "-fPIC", "-shared", f"k{i}{j}.c", "-o", str(lib)], cwd=tmp_path, check=True)
+      out = np.zeros(ref.shape, dtypes.bfloat16.np)
+      getattr(ctypes.CDLL(str(lib)), k.name)(*(ctypes.c_void_p(x) for x in (out.ctypes.data, *(address(buf) for buf in k.bufs))))
+      outs.append(out.astype(np.float32))
+      np.testing.assert_allclose(outs[-1], ref, rtol=2 ** -8, atol=1e-5, err_msg=f"case {i}, build {j}")
+    assert (outs[0] == outs[1]).all()  # the same instruction
+
+
+@pytest.mark.usefixtures("each_device")
+@settings(max_examples=examples(15), **FUZZ)
+@given(values=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=2, max_size=64))
+def test_vector_max_where_compare_match_numpy(values: list[float]) -> None:
+  a = np.resize(np.array(values, np.float32), 256)
+  b = np.resize(np.concatenate([EDGES, np.array(values[::-1], np.float32)]), 256)
+  ta, tb = Tensor(a), Tensor(b)
+  with np.errstate(all="ignore"):
+    for got, want in [(ta.maximum(tb), np.maximum(a, b)), (ta.relu(), np.maximum(a, 0)), ((ta < tb).where(ta, tb), np.where(a < b, a, b)),
+                      ((ta != tb).where(tb, 1.5), np.where(a != b, b, np.float32(1.5))), ((ta < tb).cast(dtypes.float32) * tb, (a < b) * b),
+                      ((ta < 0.5).where(-0.0, ta), np.where(a < 0.5, np.float32(-0.0), a))]:
+      out = realize_or_reject(lambda: got)
+      assert (ulps(out, want) == 0).all() and (np.signbit(out) == np.signbit(want))[~np.isnan(want)].all(), f"{out} != {want}"
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_cpu_vector_math_stays_in_lanes() -> None:
+  """exp2, log2, sqrt, max, comparisons and where on the CPU are vector calls, not one scalar call per lane."""
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine import compile_kernel
+  from tinytune.engine.schedule import create_schedule
+  a, b = Tensor(rand(256)), Tensor(rand(256))
+  out = ((a < b).where(a.exp2(), b.abs().log2()).maximum(a.abs().sqrt())).relu() + a.sin()
+  (item,), _ = create_schedule(out.uop, "CPU")
+  kernel = Kernel(item.ast, Device["CPU"].caps)
+  src = compile_kernel(kernel.apply_opts(default_opts(kernel)), "CPU")[1]
+  width = Device["CPU"].caps.simd_width
+  for fn in ("tt_exp2", "tt_log2", "tt_sin", "tt_sqrt", "tt_max", "tt_where"): assert f"= {fn}{width}(" in src, fn
+  assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
+  """float16 and bfloat16 on the CPU load into float32 vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's
+  conversions), and each op's result rounds to the 16-bit type: the same bits as the scalar code and as NumPy (ml_dtypes) doing
+  one op at a time, with infinities, NaNs, signed zeros, subnormals, the largest finite values and halfway cases."""
+  from tinytune.engine import compile_kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import DeviceCaps
+  npd, f16 = dtype.np, dtype == dtypes.float16
+  edges = [np.inf, -np.inf, np.nan, 0.0, -0.0, 65504.0 if f16 else 3.3e38, 2.0 ** -24 if f16 else 2.0 ** -133, 6.1e-5 if f16 else 1.2e-38, 1.0]
+  x = np.concatenate([edges, [1.0, 1.0 + 2.0 ** (-10 if f16 else -7)], rand(256 - len(edges) - 2, lo=-4, hi=4)]).astype(npd)
+  y = np.concatenate([edges[::-1], [2.0 ** (-11 if f16 else -8)] * 2, rand(256 - len(edges) - 2, lo=-4, hi=4, seed=1)]).astype(npd)
+  with np.errstate(all="ignore"):  # x + y halfway between two values at [-11:-9]: to the even one
+    want = np.maximum(x + y, x * y) - np.sqrt(np.where(x < y, np.abs(y), np.abs(x))) * (x.astype(np.float32) * np.float32(0.3)).astype(npd)
+  tx, ty = Tensor(x, dtype=dtype), Tensor(y, dtype=dtype)
+  out = (tx + ty).maximum(tx * ty) - (tx < ty).where(ty.abs(), tx.abs()).sqrt() * (tx.cast(dtypes.float32) * 0.3).cast(dtype)
+  (item,), _ = create_schedule(out.uop, "CPU")
+  for width, opts in [(1, []), *((w, [Opt(OptOps.UPCAST, 0, 2 * w)]) for w in (16, 8, 4))]:
+    kernel = Kernel(item.ast, DeviceCaps(threads=1, simd_width=max(width, 4))).apply_opts(opts)
+    program, src = compile_kernel(kernel, "CPU")
+    assert width == 1 or f"tt_f{width}_load{'_f16' if f16 else '_bf16'}(" in src
+    program(item.out, *kernel.bufs)
+    got = item.out.numpy_view().copy()
+    bad = np.where(np.isnan(want), ~np.isnan(got), got.view(np.uint16) != want.view(np.uint16))
+    assert not bad.any(), f"{width} lanes: {got[bad][:4]}, NumPy: {want[bad][:4]} (x {x[bad][:4]}, y {y[bad][:4]})"
+
