@@ -180,7 +180,7 @@ def test_a_row_statistic_is_computed_once_per_row_then_the_row_is_written() -> N
   """softmax's max and sum, layernorm's mean and variance stay in the kernel that writes the row, on the CPU: the reduces run in
   the row's loop, one loop after another, before the loop over the row's elements (not once per element), their lanes and the
   row's stores both in vectors."""
-  from tinytune import Device, Kernel
+  from tinytune import Kernel
   from tinytune.codegen.heuristic import default_opts
   x = np.random.default_rng(0).standard_normal((64, 1000)).astype(np.float32)
   def softmax(x: np.ndarray) -> np.ndarray: return np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
