@@ -138,7 +138,7 @@ def catalog(suite: Suite, dev: str) -> None:
   for name in names:
     if suite.left() < 200: suite.out(f"| {name} | skipped: the time left goes to the later sections |"); continue
     w = WORKLOADS[name]
-    p = w.params({}) if suite.args.quick else w.params({}, dev)
+    p = w.params({}, gpu=not suite.args.quick)
     label = " ".join(f"{k}={v}" for k, v in p.items())
     try:
       t = tinytune_timing(w, p, dev, False, policy)

@@ -48,6 +48,7 @@ class Compiled:
     raise NotImplementedError
   def fingerprint(self) -> dict[str, str]: raise NotImplementedError
 
+  is_gpu = False  # a GPU takes the workloads' GPU default sizes
   asynchronous = False  # launches return before the kernel has run: copyout, synchronize() and timing wait
   def synchronize(self) -> None:
     """Wait for every kernel launched so far."""

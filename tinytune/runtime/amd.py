@@ -142,6 +142,7 @@ class AMDDevice(Compiled):
     value = ctypes.c_int()
     return value.value if self.hip.hipDeviceGetAttribute(ctypes.byref(value), attr, self.ordinal) == 0 else 0
 
+  is_gpu = True
   asynchronous = True  # launches and copies on the null stream, in order: a copy out waits for the kernels before it
   def synchronize(self) -> None: self.check(self.hip.hipDeviceSynchronize(), "the kernels")
   def timed(self, run: Callable[[], Any]) -> float:

@@ -115,7 +115,7 @@ class CUDADevice(Compiled):
                            max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
                            tensor_cores=("float16", "bfloat16") if self.cc >= (8, 0) else ())
 
-  asynchronous = True
+  asynchronous = is_gpu = True
   def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")
   def timed(self, run: Callable[[], Any]) -> float:
     """Device seconds between events recorded before and after what `run` launches."""
