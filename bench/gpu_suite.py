@@ -170,6 +170,7 @@ def matmul(suite: Suite, dev: str) -> None:
   suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | opts |")
   suite.out("| --- " * 9 + "|")
   tf = lambda s: 2 * n ** 3 / s / 1e12  # noqa: E731
+  where: list[str] = []  # where each search's seconds went
   for dt in ("float32", "float16", "bfloat16"):
     seconds = max(5.0, min(suite.args.search_seconds, (suite.left() - 40) / 3))
     try:
@@ -181,12 +182,18 @@ def matmul(suite: Suite, dev: str) -> None:
         result = run_strategy("beam", kernel, ev, Budget(None, seconds), default_opts(kernel))
         wall = time.monotonic() - st
         searched_s, default_s = ev.retime([result.best, result.default], rounds=5)
+        med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
+        compile_ms = med([r.compile_s for r in result.history if r.status != "invalid"])
+        where.append(f"{dt}: per candidate (medians) render {med(ev.render_s):.0f} ms in turn, compile {compile_ms:.0f} ms in "
+                     f"{ev.pool._max_workers} threads, verify + time {med(ev.run_s):.0f} ms in the worker; "
+                     f"{ev.evaluated} measured, {len(result.history)} tried with the invalid")
       tried = sum(result.counts().values())
       th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
       suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
                 f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {list(result.best)} |")
     except Exception as e:
       suite.out(f"| {dt} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+  suite.out("\n" + "\n".join(f"- {line}" for line in where))
 
 
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
