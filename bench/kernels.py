@@ -95,7 +95,7 @@ def build(name: str, src: str) -> Any:
     return getattr(ctypes.CDLL(so), name)
 
 
-def peak_gflops(n: int = 1 << 22, repeats: int = 5) -> float:
+def peak_gflops(n: int = 1 << 20, repeats: int = 10) -> float:
   """GFLOPS of 12 chains of FMAs in registers, the target's vectors, on every thread: the most a matmul kernel could reach."""
   lanes = Device["CPU"].caps.simd_width
   fn = build("fma_loop", f"#define LANES {lanes}\n" + FMA)

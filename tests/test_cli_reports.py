@@ -218,7 +218,7 @@ SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
                   "created_at"},
     "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
   "devices": (set(), {"devices": {"device", "present", "name", "fingerprint", "threads", "compiler", "missing"}}),
-  "kernels": (set(), {"workloads": {"workload", "params", "dtypes", "gflop", "torch", "description"}}),
+  "kernels": (set(), {"workloads": {"workload", "params", "gpu_params", "dtypes", "gflop", "torch", "description"}}),
   "cache list": ({"source"}, {"entries": {"kernel", "workload", "params", "device", "here", "tuned_ms", "default_ms", "speedup", "updated_at", "opts",
                                           "key"}}),
 }

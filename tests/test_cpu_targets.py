@@ -202,11 +202,12 @@ def test_aarch64_kernels_run_under_qemu(tmp_path) -> None:  # type: ignore[no-un
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "aarch64"])
-@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (128, 3072, 768), (64, 1024, 512), (100, 64, 32)])
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (128, 3072, 768), (64, 1024, 512), (100, 64, 32), (97, 61, 80), (37, 70, 45),
+                                   (1000, 1000, 8)])
 def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
   """A matmul's default register tile, from the target's caps: accumulators (rows x vectors) within the registers less 4 (for B's
   vectors and a broadcast of A), and at least 12 of them where rows padded by at most 1/16 allow it (AVX2's 6x16: FMAs enough in
-  flight for two units), never a row count that pads more."""
+  flight for two units); odd sizes (97x61) in whole vectors, padded by at most 1/8, never scalar."""
   import numpy as np
 
   from tinytune import Tensor
@@ -221,8 +222,69 @@ def test_register_tile_fills_the_targets_registers(target: str, m: int, n: int, 
   opts = default_opts(kernel)
   kernel.apply_opts(opts)
   tile = {a.dim: a.size for a in kernel.axes if a.kind is AxisKind.UPCAST}
-  rows, vectors = tile.get(0, 1), tile.get(1, 1) // caps.simd_width
-  assert vectors >= 1 and rows * vectors <= caps.vector_registers - 4, (opts, caps)
-  padded = kernel.sizes[0] - m
-  assert padded * 16 <= m and (padded == 0) == all(o.op is not OptOps.PADTO for o in opts)
+  rows, vectors = tile.get(0, 1), -(-tile.get(1, 1) // caps.simd_width)
+  assert tile.get(1, 1) >= 4 and rows > 1 and rows * vectors <= caps.vector_registers - 4, (opts, caps)
+  assert (kernel.sizes[0] - m) * 8 <= m and (kernel.sizes[1] - n) * 8 <= n
+  assert (kernel.sizes[:2] == [m, n]) == all(o.op is not OptOps.PADTO for o in opts)
   if caps.vector_registers == 16 and (m % 6 == 0 or (-m % 6) * 16 <= m): assert rows * vectors == 12, opts
+
+
+def test_a_cache_tuned_for_a_target_is_exported_for_it(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """`search --target x86-64-v3` stores its opts under the target's fingerprint, and `cache export --target x86-64-v3` ships them
+  (native's export has none of them): the cache a fleet of AVX2 machines reads."""
+  import json
+
+  from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.engine import forget, program
+  if not runnable("x86-64-v3"): pytest.skip("needs an x86 CPU with AVX2")
+  monkeypatch.setenv("TINYTUNE_CPU_TARGET", "native")  # and put back as it was after main() sets it
+  monkeypatch.setattr(Device, "_opened", {})
+  monkeypatch.setattr(program, "_programs", {})
+  db, small = str(tmp_path / "t.db"), ["-p", "m=16", "-p", "n=16", "-p", "k=16"]
+  try:
+    assert main(["search", "matmul", *small, "--budget", "3", "--db", db, "--target", "x86-64-v3", "--json"]) == 0
+    v3 = json.loads(capsys.readouterr().out)["fingerprint"]
+    assert v3 == fingerprint_hash({**CPUDevice("x86-64-v3").fingerprint(), "codegen_version": CODEGEN_VERSION})
+    for target, entries in (("x86-64-v3", 1), ("native", 0)):
+      monkeypatch.setattr(Device, "_opened", {})
+      assert main(["cache", "export", "--db", db, "--target", target, "--out", str(tmp_path / f"{target}.db")]) == 0
+      assert f": {entries} entries" in capsys.readouterr().out
+  finally: forget()
+
+
+def test_column_panels_follow_the_l2_size() -> None:
+  """A matmul whose B (384 KB) fits in half of a 1 MB L2 keeps its rows outer; with a 512 KB L2 (Zen 3) its rows are swept inside
+  each column panel."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  (item,), _ = create_schedule((Tensor(np.ones((512, 384), np.float32)) @ Tensor(np.ones((384, 256), np.float32))).uop, "CPU")
+  avx2 = cpu_target("x86-64-v3")
+  for l2, swapped in ((1 << 20, False), (512 << 10, True)):
+    kernel = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, simd_width=avx2.lanes, vector_registers=avx2.registers, l2_bytes=l2))
+    assert any(o.op is OptOps.SWAP for o in default_opts(kernel)) == swapped, l2
+
+
+def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
+  family refused in one line."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("bench_kernels", pathlib.Path(__file__).parents[1] / "bench" / "kernels.py")
+  assert spec is not None and spec.loader is not None
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  table = ["| workload | params | tinytune ms | torch ms | torch/tt | GB/s |", "| --- | --- | --- | --- | --- | --- |",
+           "| matmul | m=256 n=256 k=256 | 1.0 | 2.0 | 2.00 |  |", "| softmax | rows=4096 cols=4096 | 1.0 | 1.5 | 1.50 | 30.0 |"]
+  (path := tmp_path / "same.md").write_text("\n".join([f"# {bench.family()}", "", *table]) + "\n")
+  lines = bench.compare(str(path), {("matmul", "m=256 n=256 k=256"): 1.7, ("softmax", "rows=4096 cols=4096"): 1.45, ("reduce", "rows=1"): 1.0})
+  assert lines == [f"against {path}: 1 regressed (ratio below 90% of the file's)", "matmul m=256 n=256 k=256: torch/tinytune 2.00 -> 1.70"]
+  (other := tmp_path / "other.md").write_text("\n".join(["# cpu-intel-6-85-avx512", "", *table]) + "\n")
+  with pytest.raises(SystemExit, match="holds figures of cpu-intel-6-85-avx512, this is cpu-"): bench.compare(str(other), {})

@@ -16,4 +16,4 @@ class DeviceCaps:
   shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
   tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
   l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
-  l2_bytes: int = 512 << 10
+  l2_bytes: int = 1 << 20

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core
 from tinytune.codegen.lower import FLOAT_LANES
@@ -28,7 +28,6 @@ KBLOCK_BYTES = 8 << 20
 # an output this large goes past the caches (STREAM): it would not stay there for the next kernel, and a cached store first reads
 # the line it writes, a third more memory traffic
 STREAM_BYTES = 8 << 20
-PANEL_BYTES = 512 << 10  # a B (columns x K) this small stays in L2 whole: no column panel to sweep the rows inside
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
 # from this K, a matmul whose B is gathered (x @ W.T) takes dot products along K: float32 64x1024 @ (1024x1024).T 3.37 -> 0.6 ms,
 # 128x3072 @ (768x3072).T 13.1 -> 3.4, 64x512 @ (1024x512).T 0.35 -> 0.31; at K 256 the tile is faster (0.17-0.19 ms against 0.26),
@@ -149,16 +148,25 @@ def plan_register_tile(p: Plan) -> bool:
   # so is each 16-bit element of A, converted on its own, where K is long (float16 1024^3 12.4 -> 11.1 ms, 2048^3 104 -> 91; at K 784
   # a tie, and a train step's K of 10 lost 7 us)
   computed |= _half_inputs(k) and k.tc is None and k.sizes[-1] >= 1024
-  if p.vectorize: p.upcast(lane, *((simd,) if p.gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)))
+  widths = (simd,) if p.gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
+  # lanes (then rows) padded to a wider tile where that adds at most 1/16 of them (1000 -> 1008 for 2 vectors of 8, not 1 vector), or,
+  # where no width divides them (97x61), to whole vectors where that adds at most 1/8: not left scalar. Masked at the end
+  if p.vectorize and (w := _pad_to(k.sizes[lane], widths)) and k.sizes[lane] % w: p.first_valid(Opt(OptOps.PADTO, lane, w))
+  if p.vectorize: p.upcast(lane, *widths)
   vectors = max(1, k.upcast_size() // simd)
+  # rows x vectors of accumulators, at most the registers less 4 (B's vectors, a broadcast of A): 16 registers (AVX2, SSE) hold 6 rows
+  # of 2 vectors, 12 accumulators, enough FMAs in flight for two units of latency 4 where 4 rows leave them waiting (1024^3 on
+  # x86-64-v3, one core: 1.59x faster, the rows padded to 1026)
   fits = [r for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4]
-  # 16 registers (AVX2, SSE) hold 6 rows of 2 vectors, 12 accumulators: enough FMAs in flight for two units of latency 4, where 4 rows
-  # leave them waiting (1024^3 on x86-64-v3, one core: 1.38x faster). Rows that 6 does not divide are padded to it where that adds
-  # at most 1/16 of them (1024 -> 1026); with 32 registers a dividing row count always leaves enough accumulators
-  if k.caps.vector_registers <= 16 and fits and (size := k.sizes[row]) % fits[0] and (round_up(size, fits[0]) - size) * 16 <= size:
-    p.first_valid(Opt(OptOps.PADTO, row, fits[0]))
+  if (r := _pad_to(k.sizes[row], fits)) and k.sizes[row] % r: p.first_valid(Opt(OptOps.PADTO, row, r))
   p.upcast(row, *fits)
   return True
+
+
+def _pad_to(size: int, multiples: Sequence[int]) -> int | None:
+  """The first of `multiples` that padding `size` to adds at most 1/16 of it, or 1/8 where none divides it."""
+  share = 16 if any(size % m == 0 for m in multiples) else 8
+  return next((m for m in multiples if (round_up(size, m) - size) * share <= size), None)
 
 
 def plan_row_reduce(p: Plan) -> bool:
@@ -216,11 +224,12 @@ def threads(p: Plan) -> None:
 
 
 def column_panels(p: Plan) -> None:
-  """Sweep a matmul's rows inside a column panel, which stays in cache; where all of B fits in L2, the rows stay outer and each block
-  of them serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3% faster)."""
+  """Sweep a matmul's rows inside a column panel, which stays in cache; where all of B fits in half the target's L2 (512 KB of a Zen 4's
+  1 MB), the rows stay outer and each block of them serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3%
+  faster)."""
   k, row, lane = p.k, p.tile_row, p.lane
   if row is not None and lane is not None and row < lane and not p.gathered and \
-     k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > PANEL_BYTES:
+     k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > k.caps.l2_bytes // 2:
     p.first_valid(Opt(OptOps.SWAP, row, lane))
 
 

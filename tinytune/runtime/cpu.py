@@ -72,7 +72,7 @@ def cannot_run(target: CPUTarget) -> str | None:
 
 @functools.cache
 def cache_sizes() -> tuple[int, int]:
-  """(L1 data, L2) bytes of one core, from sysfs or getconf; 32 KiB and 512 KiB where neither says."""
+  """(L1 data, L2) bytes of one core, from sysfs or getconf; 32 KiB and 1 MiB where neither says."""
   found: dict[str, int] = {}
   for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
     try:
@@ -83,7 +83,7 @@ def cache_sizes() -> tuple[int, int]:
     if level not in found and shutil.which("getconf"):
       out = subprocess.run(["getconf", key], capture_output=True, text=True).stdout.strip()
       if out.isdigit() and int(out): found[level] = int(out)
-  return found.get("1", 32 << 10), found.get("2", 512 << 10)
+  return found.get("1", 32 << 10), found.get("2", 1 << 20)
 
 
 compile_stats = {"hits": 0, "misses": 0}  # on-disk compile cache
