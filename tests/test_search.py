@@ -454,17 +454,33 @@ def test_option_help_lists_every_strategys_options(capsys) -> None:  # type: ign
 
 def test_a_slow_render_counts_against_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
   """A tensor-core candidate takes 0.2-0.4 s of Python to render, and the evaluator renders a chunk in turn before running any:
-  no render starts that would end past the deadline (a fake clock: each render takes 1 s of it, runs none)."""
+  no render starts that would end past the deadline (a fake clock: each render takes 10 s of it, runs none)."""
   from tinytune.search import evaluate
   clock = [1000.0]
   monkeypatch.setattr(evaluate.time, "monotonic", lambda: clock[0])
   k = matmul_kernel(32)
   def render(kernel: Kernel) -> str:
-    clock[0] += 1.0
+    clock[0] += 10.0
     return Device["CPU"].renderer.render(kernel)
   candidates = [[Opt(OptOps.UPCAST, 0, u)] for u in (2, 4, 8)] + [[Opt(OptOps.UPCAST, 1, u)] for u in (2, 4, 8)]
   with Evaluator(k, "CPU", render=render) as ev:
-    ev.deadline = clock[0] + 2.5
+    ev.deadline = clock[0] + 25  # two renders; the compiles then have 5 real seconds
     done = ev.evaluate(candidates)
   assert len(ev.render_s) == 2 and clock[0] <= ev.deadline, "a render ran past the deadline"
   assert [r.status for r in done] == ["ok", "ok"]
+
+
+def test_compiles_past_the_deadline_are_not_waited_for() -> None:
+  """A chunk's compiles started before the deadline ran 2.4 s past a 5 s budget on pocl, the evaluator waiting for all of them:
+  now the candidates whose compile is not done at the deadline are left out, and closing the evaluator waits for none."""
+  k = matmul_kernel(32)
+  candidates = [[Opt(OptOps.UPCAST, 0, u)] for u in (2, 4, 8)]
+  with Evaluator(k, "CPU") as ev:
+    def slow(src: str) -> tuple:
+      time.sleep(5)
+      return None, 5.0, "too slow"
+    ev._compile = slow  # type: ignore[method-assign]
+    st = time.monotonic()
+    ev.deadline = st + 1.0
+    assert ev.evaluate(candidates) == []
+  assert time.monotonic() - st < 3.5
