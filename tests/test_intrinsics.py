@@ -211,6 +211,7 @@ def test_vector_max_where_compare_match_numpy(values: list[float]) -> None:
       assert (ulps(out, want) == 0).all() and (np.signbit(out) == np.signbit(want))[~np.isnan(want)].all(), f"{out} != {want}"
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_cpu_vector_math_stays_in_lanes() -> None:
   """exp2, log2, sqrt, max, comparisons and where on the CPU are vector calls, not one scalar call per lane."""
   from tinytune.codegen.heuristic import default_opts
@@ -227,6 +228,7 @@ def test_cpu_vector_math_stays_in_lanes() -> None:
   assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
 
 
+@pytest.mark.usefixtures("on_cpu")
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
   """float16 and bfloat16 on the CPU load into float32 vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's
