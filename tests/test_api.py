@@ -67,6 +67,34 @@ def test_tune_a_function_with_several_outputs(db_path: str, capsys) -> None:  # 
   assert tune(step, x, y, budget=2, db=db_path)["cache_hit"].all() and capsys.readouterr().err == ""
 
 
+def test_name_and_retune(db_path: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  x = Tensor.rand(8, 12).realize()
+  assert not tune(lambda t: t.sum(1), x, budget=2, db=db_path, name="rowsum", quiet=True)["cache_hit"].any()
+  assert runs(db_path)[0].workload == "rowsum"  # not <lambda>
+  for key in ("TINYTUNE_RETUNE", "IGNORE_BEAM_CACHE"):  # each forces a fresh search of what the cache has
+    monkeypatch.setenv(key, "1")
+    again = tune(lambda t: t.sum(1), x, budget=2, db=db_path, quiet=True)
+    assert not again["cache_hit"].any() and (again["candidates"] > 0).all()
+    monkeypatch.delenv(key)
+  assert tune(lambda t: t.sum(1), x, budget=2, db=db_path, quiet=True)["cache_hit"].all()
+  with pytest.raises(TypeError, match="name must be a non-empty str"): tune(x + 1, name="")
+
+
+def test_first_use_retune_searches_what_the_cache_has(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+  out = (Tensor.rand(10, 26).realize() * 2).sum(1)
+  tune(out, budget=2, db=db_path, quiet=True)
+  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  monkeypatch.setenv("TINYTUNE_TUNE", "beam")
+  monkeypatch.setenv("TINYTUNE_BUDGET", "2")
+  capsys.readouterr()
+  engine.kernel_opts(kernel, "CPU")
+  assert capsys.readouterr().err == ""  # the cache has it
+  engine.forget()
+  monkeypatch.setenv("TINYTUNE_RETUNE", "1")
+  engine.kernel_opts(kernel, "CPU")
+  assert capsys.readouterr().err.startswith("tuned r_10_26 (beam): ")
+
+
 def test_bad_arguments_are_clear_errors(db_path: str) -> None:
   t = Tensor.rand(4, 4) + 1
   with pytest.raises(TypeError, match="Tensor, a list of Tensors or a function"): tune(3)
@@ -125,3 +153,25 @@ def test_progress_line_redraws_on_a_terminal_and_ends_each_kernel() -> None:
   assert "\rtuning r_8 (beam): 2/10 candidates, best 1 ms (2.00x the default 2 ms)" in text
   assert "\rtuned r_8 (beam): 3 candidates, 1 failed, best 1 ms (2.00x the default 2 ms)\x1b[K\n" in text
   assert text.endswith("\rtuned r_8#2 (beam): 1 candidates, best 4 ms (1.00x the default 4 ms)\x1b[K\n")
+
+
+def test_one_number_per_measurement_and_nothing_noisy_stored(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+  out = (Tensor.rand(14, 30).realize() + 1).sum(1)
+  capsys.readouterr()
+  frame = tune(out, budget=3, db=db_path)
+  err = capsys.readouterr().err  # the final line shows the re-time the frame and the tuning cache keep, and says so
+  (row,) = frame.to_dict("records")
+  assert f"best {row['tuned_ms']:.3g} ms" in err and "re-timed: median of " in err and f"the default {row['default_ms']:.3g} ms" in err
+  assert 0 <= row["spread"] < 1 and row["note"] == ""
+  from tinytune.results_db.cache import TuningCache
+  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  assert TuningCache(Database(db_path)).lookup(kernel, "CPU").best_s == pytest.approx(row["tuned_ms"] / 1e3)  # type: ignore[union-attr]
+
+  import tinytune.search.strategy as strategy
+  monkeypatch.setattr(strategy, "noisy", lambda times, searched, winner: True)  # a machine too busy to trust
+  other = (Tensor.rand(14, 34).realize() + 1).sum(1)
+  (row,) = tune(other, budget=3, db=db_path).to_dict("records")
+  assert row["note"].startswith("noisy: the machine was busy (load ") and np.isnan(row["speedup"])
+  assert "noisy: the machine was busy" in capsys.readouterr().err
+  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(other.uop, "CPU")[0]]
+  assert TuningCache(Database(db_path)).lookup(kernel, "CPU") is None  # not stored

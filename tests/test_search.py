@@ -19,7 +19,7 @@ from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.evaluate import Evaluator, Result, Timing
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
 
@@ -209,7 +209,8 @@ def test_seconds_is_a_hard_budget_for_the_whole_program(tmp_path, strategy: str)
   elapsed = time.monotonic() - st
   assert len(outcomes) >= 2 and all(o.best_s > 0 for o in outcomes)
   assert elapsed < 4.0 * 1.1 + 3.0, f"a 4 s search took {elapsed:.1f} s"  # and up to a second per kernel: a candidate timed at the deadline
-  assert strategy != "beam" or elapsed > 4.0 * 0.8, f"a 4 s beam search stopped after {elapsed:.1f} s"  # it spends the time it has
+  # it spends most of the time it has (a loaded machine slows the last candidates, which the deadline then skips)
+  assert strategy != "beam" or elapsed > 4.0 * 0.5, f"a 4 s beam search stopped after {elapsed:.1f} s"
 
 
 def test_evaluation_stops_at_the_deadline() -> None:
@@ -371,7 +372,7 @@ class TableEvaluator:
   def time(self, opts) -> float: return self.times.get(tuple(opts), 1.0)  # type: ignore[no-untyped-def]
   def evaluate(self, candidates) -> list[Result]:  # type: ignore[no-untyped-def]
     return [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
-  def retime(self, candidates) -> list[float]: return [self.time(o) for o in candidates]  # type: ignore[no-untyped-def]
+  def retime(self, candidates) -> list[Timing]: return [Timing(self.time(o), 0.0, 1) for o in candidates]  # type: ignore[no-untyped-def]
 
 
 def test_beam_spends_a_budget_in_seconds_on_runners_up_it_would_have_stopped_before() -> None:
@@ -484,3 +485,100 @@ def test_compiles_past_the_deadline_are_not_waited_for() -> None:
     ev.deadline = st + 1.0
     assert ev.evaluate(candidates) == []
   assert time.monotonic() - st < 3.5
+
+
+def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.delenv("TINYTUNE_NOISE_CHECK", raising=False)
+  from tinytune.search.strategy import finalize
+  default, up = (), (Opt(OptOps.UPCAST, 0, 4),)
+  history = [Result(default, "ok", 4.5e-4, 4.7e-4, source_hash="d"), Result(up, "ok", 2.3e-4, 2.4e-4, source_hash="u")]
+
+  class Retimes:  # the re-times a busy machine gives: the default 16x its search median (the issue's 7.87 ms against 0.470 ms)
+    def __init__(self, *rounds: list[Timing]) -> None: self.rounds, self.calls = list(rounds), 0
+    def retime(self, candidates: list) -> list[Timing]:
+      self.calls += 1
+      return self.rounds.pop(0)
+  outlier, quiet = [Timing(7.87e-3, 0.05, 25), Timing(2.4e-4, 0.02, 25)], [Timing(4.8e-4, 0.02, 25), Timing(2.4e-4, 0.03, 25)]
+  ev = Retimes(outlier, quiet)
+  result = finalize(ev, history, default)  # type: ignore[arg-type]
+  assert ev.calls == 2 and result.note == "" and result.best == up and result.speedup == pytest.approx(2.0) and result.repeats == 25
+  ev = Retimes(outlier, [Timing(4.8e-4, 0.8, 25), Timing(2.4e-4, 0.03, 25)])  # still disturbed: its spread now
+  result = finalize(ev, history, default)  # type: ignore[arg-type]
+  assert ev.calls == 2 and result.note.startswith("noisy: the machine was busy (load ") and math.isnan(result.speedup)
+  ev = Retimes(quiet)
+  assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  monkeypatch.setenv("TINYTUNE_NOISE_CHECK", "0")  # trust every re-time
+  ev = Retimes(outlier)
+  assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  monkeypatch.delenv("TINYTUNE_NOISE_CHECK", raising=False)
+  ev = Retimes([Timing(9.4e-4, 0.1, 25), Timing(4.8e-4, 0.1, 25)])  # a load that slowed both alike: no matter
+  assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  ev = Retimes([Timing(2.4e-4, 0.1, 25), Timing(2.4e-3, 0.9, 25)])  # the default still wins: no speedup claimed, nothing to doubt
+  assert finalize(ev, history, default).best == default and ev.calls == 1  # type: ignore[arg-type]
+
+
+
+def _group(pgid: int) -> list[int]:
+  """The live processes of a process group (zombies are gone already: they run nothing)."""
+  pids = []
+  for entry in os.listdir("/proc"):
+    try:
+      with open(f"/proc/{entry}/stat") as f: fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError): continue
+    if entry.isdigit() and int(fields[2]) == pgid and fields[0] != "Z": pids.append(int(entry))
+  return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stopped_search_records_stops_its_workers_and_resumes(tmp_path, signum: int) -> None:  # type: ignore[no-untyped-def]
+  db = f"sqlite:///{tmp_path}/t.db"
+  args = ["search", "matmul", "-p", "m=96", "-p", "n=96", "-p", "k=96", "--budget", "40", "--quiet", "--json"]
+  proc = subprocess.Popen([sys.executable, "-m", "tinytune.cli", *args], env={**os.environ, "TINYTUNE_DB": db}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own group, as a shell's job is
+  deadline = time.time() + 120
+  while time.time() < deadline and proc.poll() is None:
+    time.sleep(0.3)
+    if os.path.exists(f"{tmp_path}/t.db") and len(Database(db).run_candidates(1)) >= 4: break
+  os.killpg(proc.pid, signum)  # a terminal's Ctrl-C or hangup reaches the whole group; a scheduler's SIGTERM too
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signum and "Traceback" not in err and "interrupted" in err, err
+  assert _group(proc.pid) == []  # none of its workers is left running
+  assert Database(db).run(1).outcome == "interrupted" and len(before := Database(db).run_candidates(1)) >= 4
+  resumed = tinytune(*args, "--resume", db=db)
+  assert resumed.returncode == 0, resumed.stderr
+  assert Database(db).run_candidates(1)[:len(before)] == before and Database(db).run(1).outcome == "done"
+
+
+def test_a_search_with_workers_stopped_by_its_scheduler_stops_them_all(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  db = f"sqlite:///{tmp_path}/t.db"
+  args = ["search", "matmul", "-p", "m=96", "-p", "n=96", "-p", "k=96", "--budget", "40", "--quiet", "--json", "--workers", "2", "--oversubscribe"]
+  proc = subprocess.Popen([sys.executable, "-m", "tinytune.cli", *args, "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  deadline = time.time() + 120
+  while time.time() < deadline and proc.poll() is None:
+    time.sleep(0.3)
+    if os.path.exists(f"{tmp_path}/t.db") and sum(len(Database(db).run_candidates(i)) for i in (1, 2)) >= 4: break
+  proc.send_signal(signal.SIGTERM)  # to the search alone, as a scheduler does: it stops the processes it started
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+  assert _group(proc.pid) == []
+  assert {Database(db).run(i).outcome for i in (1, 2)} == {"interrupted"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("workload,seconds", [("mlp", 10.0), ("conv2d", 12.0)])
+def test_seconds_is_the_whole_commands_wall_time_beside_a_cpu_hog(tmp_path, workload: str, seconds: float) -> None:  # type: ignore[no-untyped-def]
+  hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy core beside the search
+  try:
+    st = time.monotonic()
+    found = tinytune("search", workload, "--seconds", str(seconds), "--json", "--quiet", db=f"sqlite:///{tmp_path}/t.db")
+    wall = time.monotonic() - st
+  finally: hog.kill(); hog.wait()
+  assert found.returncode == 0, found.stderr
+  elapsed = json.loads(found.stdout)["elapsed_ms"] / 1e3  # from the process's start (imports, setup, re-time and writing included)
+  assert elapsed <= seconds * 1.1 + 1, f"a {seconds} s search of {workload} took {elapsed:.1f} s ({wall:.1f} s with the interpreter's start)"
+  assert elapsed > seconds * 0.5, f"a {seconds} s search of {workload} stopped after {elapsed:.1f} s"
+
+
+def test_a_budget_too_small_for_the_setup_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  found = tinytune("search", "conv2d", "--seconds", "0.01", "--quiet", db=f"sqlite:///{tmp_path}/t.db")
+  assert found.returncode == 2 and found.stderr.count("\n") == 1 and "s after the setup" in found.stderr, found.stderr

@@ -12,13 +12,14 @@ if TYPE_CHECKING:
 
   from tinytune.results_db import Database
 
-TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "speedup", "opts", "candidates", "cache_hit"]
-TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "speedup": "float64", "candidates": "int64", "cache_hit": "bool"}  # also when empty
+TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "opts", "candidates", "cache_hit", "note"]
+TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "spread": "float64", "speedup": "float64",  # also when empty
+               "candidates": "int64", "cache_hit": "bool"}
 
 
 def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_inputs: Any, strategy: str = "beam", budget: int | None = None,
          seconds: float | None = None, db: Database | str | None = None, device: str | None = None, options: dict[str, Any] | None = None,
-         force: bool = False, quiet: bool = False) -> pd.DataFrame:
+         force: bool = False, quiet: bool = False, name: str | None = None) -> pd.DataFrame:
   """Tune every kernel that computes `program`: a Tensor or a list of Tensors (their lazy graph; nothing is realized), or a function,
   which is called on `example_inputs` to get its output Tensor(s). A kernel the tuning cache has already is not searched again.
 
@@ -26,7 +27,8 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   $TINYTUNE_BUDGET, else 200; no limit where only `seconds` is given); `seconds` limits the whole program. Results go to `db` (a
   Database, URL or SQLite path; default $TINYTUNE_DB or ~/.cache/tinytune/tinytune.db), which is the tuning cache that realizes
   read only where it is that default database: otherwise export it as a cache file and list it in $TINYTUNE_CACHE. `device`
-  defaults to the outputs'. `force` searches kernels the cache has too; `quiet` drops the progress line on stderr.
+  defaults to the outputs'. `force` searches kernels the cache has too (so does TINYTUNE_RETUNE=1); `quiet` drops the progress line on
+  stderr; `name` is what the database and reports call the program (default: the function's name, or "tensor").
 
   Returns a DataFrame, one row per distinct kernel in schedule order: kernel (its name, unique in the program: the second of
   two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, dtype (its output's), default_ms and tuned_ms (NaN where unknown),
@@ -46,6 +48,8 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   from tinytune.search.tune import DEFAULT_CANDIDATES, KernelOutcome, Tuner, outcome_frame
 
   outputs, workload, params = _outputs(program, example_inputs)
+  if name is not None and (not isinstance(name, str) or not name.strip()): raise TypeError(f"name must be a non-empty str, not {name!r}")
+  workload = name or workload
   if not isinstance(strategy, str): raise TypeError(f"strategy must be a name (beam, optuna, random), not {type(strategy).__name__}")
   check_options(strategy, dict(options or {}))  # an unknown name or option, or a missing optional dependency, fails before anything runs
   if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)): raise TypeError(f"budget must be an int, not {budget!r}")

@@ -8,9 +8,22 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any
+
+
+def _process_age() -> float:
+  """Seconds since this process started (Linux's /proc; 0 elsewhere): a command's --seconds counts its imports too."""
+  try:
+    with open("/proc/self/stat") as f: ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f: return max(0.0, float(f.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+  except (OSError, ValueError, IndexError): return 0.0
+
+
+STARTED = time.monotonic() - _process_age()  # when `python -m tinytune.cli` started
 
 DTYPE_HELP = "what the workload computes in: float32 (default), float16, bfloat16, int32, ... (`tinytune kernels` lists each one's)"
 TARGET_HELP = "what CPU kernels are built for: native (this CPU; default: $TINYTUNE_CPU_TARGET), x86-64-v2, x86-64-v3 (AVX2), x86-64-v4, aarch64"
@@ -99,18 +112,17 @@ def cmd_search(args: argparse.Namespace) -> int:
   _runs_on(workload, params, dtype, device)
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   db = Database(args.db)
-  started = time.perf_counter()
   if args.workers > 1 and args.force: Tuner(db, device).forget(items)
   measured = _search_workers(args, options, console) if args.workers > 1 else None
   progress = ProgressLine(args.strategy, search_budget(args)["candidates"], {k.key: label for label, k in engine.kernels(items, device)},
                           quiet=args.quiet or args.format == "json")
   tuner = Tuner(db, device, args.strategy, search_budget(args), options, args.resume, args.force and not measured, progress, args.study,
-                str(args.worker or 0))
+                str(args.worker or 0), args.started)
   try: outcomes = tuner.tune_program(items, workload.name, params, dtype.name)
   finally: progress.done()
   if measured is not None:  # the workers searched; what they left in the tuning cache is the result
     for o in outcomes: o.cache_hit, o.counts = False, measured.get(o.key, {})
-  elapsed = time.perf_counter() - started
+  elapsed = time.monotonic() - args.started  # the whole command's, as --seconds counts it
   cache_hit = all(o.cache_hit for o in outcomes)
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "fingerprint": tuner.device_hash,
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
@@ -152,9 +164,14 @@ def _search_workers(args: argparse.Namespace, options: dict[str, Any], console: 
   command += (["--db", args.db] if args.db else []) + (["--resume"] if args.resume else []) + (["--force"] if args.force else [])
   console.print(f"{args.workers} workers searching {args.workload} together (study {args.study})")
   procs = [subprocess.Popen(command + ["--worker", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(args.workers)]
+  try: outputs = [proc.communicate() for proc in procs]
+  except BaseException:  # stopped: each worker records what it finished and stops its own workers before we exit
+    for proc in procs:
+      if proc.poll() is None: proc.terminate()
+    for proc in procs: proc.wait()
+    raise
   counts: dict[str, dict[str, int]] = {}
-  for i, proc in enumerate(procs):
-    stdout, stderr = proc.communicate()
+  for i, (proc, (stdout, stderr)) in enumerate(zip(procs, outputs)):
     if proc.returncode != 0:
       lines = stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
       why = next((x for x in lines if x.startswith("tinytune: error: ")), lines[-1]).removeprefix("tinytune: error: ")
@@ -166,13 +183,18 @@ def _search_workers(args: argparse.Namespace, options: dict[str, Any], console: 
 
 
 def _against(text: str) -> list[str]:
-  """--against torch,numpy -> the baselines that can run here; a missing PyTorch costs a one-line note, not the command."""
-  from tinytune.kernels.baselines import TORCH_MISSING
+  """--against torch,numpy -> the baselines asked for; a name we do not know is the error."""
   libs = [x.strip() for x in text.split(",") if x.strip()]
   if bad := [x for x in libs if x not in ("torch", "numpy")]: raise ValueError(f"unknown baseline {', '.join(bad)}; --against takes torch, numpy")
+  return libs
+
+
+def _installed(libs: list[str]) -> list[str]:
+  """The baselines of `libs` that can run here: a missing PyTorch costs a one-line note, after any error that ends the command."""
+  from tinytune.kernels.baselines import TORCH_MISSING
   if "torch" in libs and importlib.util.find_spec("torch") is None:
-    print(f"tinytune: note: {TORCH_MISSING}; its column stays empty", file=sys.stderr)
-    libs.remove("torch")
+    print(f"tinytune: note: {TORCH_MISSING}; its column is left out", file=sys.stderr)
+    return [x for x in libs if x != "torch"]
   return libs
 
 
@@ -217,7 +239,7 @@ def _timings(workload: Any, params: dict[str, int], device: str, against: list[s
     try: timings.update(measure(workload, params, device, [lib], policy, db, dtype))
     except (RuntimeError, TypeError, ValueError) as e:
       why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column stays empty", file=sys.stderr)
+      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column is left out", file=sys.stderr)
       against.remove(lib)
   return timings
 
@@ -264,6 +286,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
+  against = _installed(against)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
   timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
@@ -325,7 +348,7 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
   opts = tuple(opts_from_json(entry.opts))
   with Evaluator(kernel, device) as ev:
     if (result := ev.evaluate([opts])[0]).status != "ok": return f"FAILED: {result.status} {result.error}".strip(), None
-    default_s, tuned_s = ev.retime([engine.kernel_opts(kernel, device, "default"), opts])
+    default_s, tuned_s = (t.median for t in ev.retime([engine.kernel_opts(kernel, device, "default"), opts]))
   return ("ok" if tuned_s <= default_s * 1.05 else "SLOWER than the default"), default_s / tuned_s
 
 
@@ -454,7 +477,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
   rows = []
   for i, point in enumerate(points):
     params = workload.params({**base, **point})
-    if i == 0: _runs_on(workload, params, dtype, device)
+    if i == 0:
+      _runs_on(workload, params, dtype, device)
+      against = _installed(against)
     if args.tune:
       items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
       Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
@@ -614,8 +639,19 @@ def build_parser() -> argparse.ArgumentParser:
   return ap
 
 
+class Stopped(KeyboardInterrupt):
+  """A SIGTERM or SIGHUP, raised where the program is like Ctrl-C's KeyboardInterrupt, so a search records what it finished."""
+  def __init__(self, signum: int) -> None: self.signum = signum
+
+
+def _stop(signum: int, frame: Any) -> None: raise Stopped(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
+  args.started = STARTED if argv is None else time.monotonic()  # the command line's process, or a call from Python now
+  if threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGTERM, signal.SIGHUP): signal.signal(signum, _stop)
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
@@ -633,9 +669,9 @@ def main(argv: list[str] | None = None) -> int:
   except MemoryError:
     print("tinytune: error: out of memory; try smaller sizes (-p)", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as e:
     print("tinytune: interrupted; what was measured is stored (continue with --resume)", file=sys.stderr)
-    return 130
+    return 128 + (e.signum if isinstance(e, Stopped) else signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.engine.schedule import ScheduleItem, create_schedule
-from tinytune.helpers import NOOPT, tune_mode, unique_names
+from tinytune.helpers import NOOPT, env_count, tune_mode, unique_names
 from tinytune.runtime import Device, Program
 from tinytune.uop import UOp
 
@@ -61,7 +61,8 @@ def kernel_opts(kernel: Kernel, device: str, policy: Policy, db: Any = None) -> 
 def kernel_opts(kernel: Kernel, device: str, policy: Policy = "run", db: Any = None) -> tuple[Opt, ...] | None:
   """The opts of `kernel` on `device`: `default` the heuristics'; `tuned` the tuning cache's (`db`'s, else the default one's), None
   where it lacks them; `run` what a realize runs: the tuning cache's where it has them, else (TINYTUNE_TUNE=beam, optuna, random,
-  or tinygrad's BEAM=N) tuned now, else the heuristics'. Under TINYTUNE_TUNE=0 and NOOPT a run skips the cache."""
+  or tinygrad's BEAM=N) tuned now, else the heuristics'. Under TINYTUNE_TUNE=0 and NOOPT a run skips the cache; under
+  TINYTUNE_RETUNE=1 (tinygrad's IGNORE_BEAM_CACHE=1) with a strategy, it searches again what the cache has."""
   if policy == "default": return tuple(default_opts(kernel))
   if policy == "tuned": return None if (found := _tuning_cache(db).lookup(kernel, device)) is None else found.opts
   if policy != "run": raise ValueError(f"unknown opts policy {policy!r}; use run, tuned or default")
@@ -69,7 +70,7 @@ def kernel_opts(kernel: Kernel, device: str, policy: Policy = "run", db: Any = N
   key = (kernel.key, device, mode, NOOPT.value)
   if (opts := opts_memo.get(key)) is None:
     if NOOPT or mode == "0": opts = tuple(default_opts(kernel))
-    elif (tuned := _tuning_cache().lookup(kernel, device)) is not None: opts = tuned.opts
+    elif not (retune() and mode not in ("1", "")) and (tuned := _tuning_cache().lookup(kernel, device)) is not None: opts = tuned.opts
     elif mode not in ("1", ""): opts = _tuner()(kernel, device, mode)
     else: opts = tuple(default_opts(kernel))
     opts_memo[key] = opts
@@ -77,6 +78,11 @@ def kernel_opts(kernel: Kernel, device: str, policy: Policy = "run", db: Any = N
 
 
 opts_memo: dict[tuple, tuple[Opt, ...]] = {}
+
+
+def retune() -> bool:
+  """TINYTUNE_RETUNE=1 (or tinygrad's IGNORE_BEAM_CACHE=1): searches ignore what the tuning cache has, and store what they find."""
+  return bool(env_count("TINYTUNE_RETUNE", 0) or env_count("IGNORE_BEAM_CACHE", 0))
 
 
 def _tuning_cache(db: Any = None):  # type: ignore[no-untyped-def]

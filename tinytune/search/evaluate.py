@@ -17,7 +17,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
@@ -43,6 +43,13 @@ class Result:
   def time(self) -> float: return self.median_s if self.status == "ok" else math.inf
   @property
   def opts_json(self) -> str: return opts_to_json(self.opts)
+
+
+class Timing(NamedTuple):
+  """A re-time of one candidate: the median of its `n` runs and their spread, (median - min) / median."""
+  median: float
+  spread: float
+  n: int
 
 
 @dataclass
@@ -209,9 +216,12 @@ class Evaluator:
   def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
     best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
     policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
+    if self.end is not None:  # near the budget's end, time each candidate for a part of what is left
+      policy["max_seconds"] = min(policy["max_seconds"], max(0.05, (self.end - time.monotonic()) / 4))
     # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
     # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
     cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
+    if self.end is not None and math.isfinite(best): cut = min(cut, max(CUT_MIN_S, self.end - time.monotonic()))  # none runs far past the end
     reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
     if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
@@ -219,8 +229,8 @@ class Evaluator:
     med = statistics.median(times)
     return Result(opts, "ok", min(times), med, (med - min(times)) / med if med else 0.0, compile_s, source_hash)
 
-  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[float]:
-    """Time candidates again, interleaved round by round so drift hits all alike; the median per candidate."""
+  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[Timing]:
+    """Time candidates again, interleaved round by round so drift hits all alike; the median and spread per candidate."""
     libs = []
     for opts in candidates:
       k = self.kernel_for(opts)
@@ -232,7 +242,7 @@ class Evaluator:
       for j, (lib, name, launch) in enumerate(libs):
         reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
-    return [statistics.median(s) for s in samples]
+    return [Timing(med := statistics.median(s), (med - min(s)) / med if math.isfinite(med) and med else 0.0, len(s)) for s in samples]
 
   def close(self) -> None:
     if self.worker is not None:

@@ -9,6 +9,7 @@ from typing import TextIO
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.search.evaluate import Result
+from tinytune.search.strategy import SearchResult
 
 
 @dataclass
@@ -25,6 +26,7 @@ class ProgressLine:
   label: str = ""
   tried = failed = 0
   default_s = best_s = math.inf
+  retimed = ""  # how the final figures were measured, once the search has re-timed them
 
   def __call__(self, kernel: Kernel, result: Result) -> None:
     if kernel.key != self.key:
@@ -32,17 +34,27 @@ class ProgressLine:
       self.key, self.label = kernel.key, self.labels.get(kernel.key, kernel.name)
       self.tried = self.failed = 0
       self.default_s = self.best_s = math.inf
+      self.retimed = ""
     if self.tried == 0 and result.status == "ok": self.default_s = result.time  # the Tuner reports the default opts first
     self.tried += 1
     self.failed += result.status != "ok"
     if result.status == "ok": self.best_s = min(self.best_s, result.time)
     if self._tty(): self._write("\r" + self._fit(self.line()) + "\x1b[K")
 
+  def settle(self, kernel: Kernel, result: SearchResult) -> None:
+    """The search of `kernel` ended: its final line shows the re-time's figures (those the tables and the cache keep), not the search's."""
+    if kernel.key != self.key: return
+    self.default_s, self.best_s = result.default_s, result.best_s
+    how = f"re-timed: median of {result.repeats}" if result.repeats else "nothing beat it: the search's timing"
+    self.retimed = result.note or f"{how}, spread {result.spread:.0%}"
+
   def line(self, final: bool = False) -> str:
     done = f"{self.tried}/{self.budget}" if self.budget is not None and not final else str(self.tried)
-    speedup = f" ({self.default_s / self.best_s:.2f}x the default {_ms(self.default_s)} ms)" if math.isfinite(self.default_s + self.best_s) else ""
+    finite = math.isfinite(self.default_s + self.best_s) and not self.retimed.startswith("noisy")
+    speedup = f" ({self.default_s / self.best_s:.2f}x the default {_ms(self.default_s)} ms)" if finite else ""
     failed = f", {self.failed} failed" if self.failed else ""
-    return f"{'tuned' if final else 'tuning'} {self.label} ({self.strategy}): {done} candidates{failed}, best {_ms(self.best_s)} ms{speedup}"
+    how = f"; {self.retimed}" if final and self.retimed else ""
+    return f"{'tuned' if final else 'tuning'} {self.label} ({self.strategy}): {done} candidates{failed}, best {_ms(self.best_s)} ms{speedup}{how}"
 
   def done(self) -> None:
     """Write the final line of the kernel being tuned, if any."""

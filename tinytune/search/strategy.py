@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Sequence
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
-from tinytune.helpers import env_count
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.helpers import env_count, env_int
+from tinytune.search.evaluate import Evaluator, Result, Timing
 
 
 @dataclass
@@ -38,9 +39,12 @@ class SearchResult:
   default: tuple[Opt, ...]
   default_s: float
   history: list[Result]
+  spread: float = 0.0  # of the winner's re-time
+  repeats: int = 0  # runs in the winner's re-time (0: not re-timed)
+  note: str = ""  # "noisy: ..." where the re-time could not be trusted: its speedup is not one
 
   @property
-  def speedup(self) -> float: return self.default_s / self.best_s if self.best_s > 0 else math.nan
+  def speedup(self) -> float: return self.default_s / self.best_s if self.best_s > 0 and not self.note else math.nan
   def counts(self) -> dict[str, int]:
     """Distinct candidates by status: kernels by source (a duplicate is run once), invalid ones (never compiled) by opts."""
     ret: dict[str, int] = {}
@@ -139,14 +143,46 @@ def options_help() -> str:
 TIE = 0.01  # finalists within 1% of the fastest are a tie: the default wins it, then the shortest opt list
 
 
+NOISY_SPREAD = 0.75  # a re-time whose median is four times its fastest run was disturbed
+NOISY_FAR = 2.5  # a re-time's speedup this many times off the search's own for the same two kernels was disturbed
+
+
+def noisy(times: Sequence[Timing], searched: Sequence[float], winner: int) -> bool:
+  """Whether re-times (beside the search's medians of the same candidates, inf where it has none) are too disturbed to give the
+  speedup of candidate `winner` over the default (times[0]): it is far from the search's own speedup of the two (a load that
+  slows both alike is no matter: they are interleaved), or either is spread wide. A default that stays the winner claims none.
+  TINYTUNE_NOISE_CHECK=0 trusts every re-time (a machine always busy, as a shared CI runner, still stores what it finds)."""
+  if winner == 0 or not env_int("TINYTUNE_NOISE_CHECK", 1, 0): return False
+  if all(math.isfinite(s) and s > 0 for s in (searched[0], searched[winner])):
+    moved = (times[winner].median / searched[winner]) / (times[0].median / searched[0])
+    if not 1 / NOISY_FAR < moved < NOISY_FAR: return True
+  return max(times[0].spread, times[winner].spread) > NOISY_SPREAD
+
+
+def busy_note() -> str: return f"noisy: the machine was busy (load {os.getloadavg()[0]:.1f})"
+
+
 def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = 3) -> SearchResult:
-  """Time the fastest few again beside the default, interleaved; the default wins unless something beats it by more than a tie."""
+  """Time the fastest few again beside the default, interleaved; the default wins unless something beats it by more than a tie.
+  A re-time far from the search's own measurements, or spread wide, is measured once more; still so, the result says it is noisy."""
   default = tuple(default)
   best: dict[str, Result] = {}
   for r in sorted((r for r in history if r.status == "ok"), key=lambda r: r.time):
     best.setdefault(r.source_hash, r)
   top = [r.opts for r in list(best.values())[:finalists] if r.opts != default]
-  return choose(default, top, ev.retime([default, *top]), history)
+  entries, searched = [default, *top], {r.opts: r.time for r in history if r.status == "ok"}
+  medians = [searched.get(opts, math.inf) for opts in entries]
+  if not top and (mine := next((r for r in history if r.opts == default and r.status == "ok"), None)) is not None:
+    return SearchResult(default, mine.time, default, mine.time, history, mine.spread)  # nothing beat it: its search timing is the figure
+  times = ev.retime(entries)
+  result = choose(default, top, [t.median for t in times], history)
+  if noisy(times, medians, entries.index(result.best)):  # measured once more: the first re-time may have met a passing load
+    times = ev.retime(entries)
+    result = choose(default, top, [t.median for t in times], history)
+  winner = entries.index(result.best)
+  result.spread, result.repeats = times[winner].spread, times[winner].n
+  result.note = busy_note() if noisy(times, medians, winner) else ""
+  return result
 
 
 def choose(default: tuple[Opt, ...], top: list[tuple[Opt, ...]], times: list[float], history: list[Result]) -> SearchResult:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tinytune import engine
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt, opts_to_json
-from tinytune.engine.program import register_first_use_tuner
+from tinytune.engine.program import register_first_use_tuner, retune
 from tinytune.engine.schedule import ScheduleItem
 from tinytune.helpers import env_count
 from tinytune.results_db import Database, DatabaseError, SchemaError, fingerprint_hash
@@ -40,9 +40,11 @@ class KernelOutcome:
   default_s: float | None
   cache_hit: bool
   counts: dict[str, int] = field(default_factory=dict)
+  spread: float | None = None  # of the tuned kernel's final re-time (None: read from the cache)
+  note: str = ""  # "noisy: ...": the re-time was disturbed, so there is no speedup and nothing was stored
 
   @property
-  def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 else None
+  def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 and not self.note else None
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Tuner:
   on_result: Callable[[Kernel, Result], None] | None = None
   study: str | None = None  # workers with the same study name and database tune together (see SharedEvaluator)
   worker: str = ""  # which worker of the study this is: part of what `resume` matches on
+  started: float | None = None  # time.monotonic() when the budget's seconds began (a command's start: its setup counts), else now
+  fixed_s: float = field(default=0.0, init=False)  # the most a kernel's search took before its first candidate (worker, reference, default)
 
   def __post_init__(self) -> None:
     self.device = Device.canonicalize(self.device)
@@ -67,7 +71,7 @@ class Tuner:
     self.device_hash = fingerprint_hash(self.fingerprint)
 
   def cached(self, kernel: Kernel) -> KernelOutcome | None:
-    if self.force or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
+    if self.force or retune() or (found := TuningCache(self.db).lookup(kernel, self.device)) is None: return None
     return KernelOutcome(kernel.key, kernel.name, found.opts, found.best_s, found.default_s, True)
 
   def forget(self, program: UOp | Sequence[ScheduleItem]) -> None:
@@ -85,13 +89,22 @@ class Tuner:
     settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
-    end = None if self.budget.get("seconds") is None else time.monotonic() + self.budget["seconds"]  # --seconds is for the whole program
+    end = None if self.budget.get("seconds") is None else (self.started or time.monotonic()) + self.budget["seconds"]  # all kernels' time
+    if end is not None and end - time.monotonic() < SETUP_LEFT * self.budget["seconds"]:
+      setup = time.monotonic() - end + self.budget["seconds"]
+      raise ValueError(f"a {self.budget['seconds']:g} s budget leaves {max(0.0, end - time.monotonic()):.1f} s after the setup (imports, scheduling, "
+                       f"compiling the default kernels took {setup:.1f} s): give it more seconds")
     with self.run(workload, params, settings, signature, dtype) as (run_id, device_id, stored):
-      for i, k in enumerate(kernels):
-        if outcomes[i] is None:
-          left = [kk for kk, o in zip(kernels[i:], outcomes[i:]) if o is None]
-          seconds = None if end is None else max(0.0, end - time.monotonic()) * time_share(k, left)
-          outcomes[i] = self.tune_kernel(k, self.context(run_id, workload, params, labels[k.key]), device_id, stored, seconds)
+      for i in sorted(range(len(kernels)), key=lambda i: -weight(kernels[i])):  # the heaviest first: a budget that runs out skips light ones
+        if outcomes[i] is not None: continue
+        k, started = kernels[i], time.monotonic()
+        if end is not None and end - started < 1.5 * self.fixed_s:  # too little time left to time its default and re-time: not searched
+          outcomes[i] = KernelOutcome(k.key, labels[k.key], engine.kernel_opts(k, self.device, "default"), math.inf, None, False,
+                                      note="not searched: the --seconds budget ran out")
+          continue
+        left = [kk for kk, o in zip(kernels, outcomes) if o is None]
+        seconds = None if end is None else max(0.0, end - started) * time_share(k, left)
+        outcomes[i] = self.tune_kernel(k, self.context(run_id, workload, params, labels[k.key]), device_id, stored, seconds)
     return outcomes  # type: ignore[return-value]
 
   @contextlib.contextmanager
@@ -139,33 +152,38 @@ class Tuner:
 
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
-    default = engine.kernel_opts(kernel, self.device, "default")
+    default, started = engine.kernel_opts(kernel, self.device, "default"), time.monotonic()
     with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
       if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
+      self.fixed_s = max(self.fixed_s, time.monotonic() - started)
       result = run_strategy(self.strategy, kernel, ev, budget, default, context, **self.options)
-    if math.isfinite(result.best_s):
+    if isinstance(self.on_result, ProgressLine): self.on_result.settle(kernel, result)  # its final line: the re-time's figures
+    if math.isfinite(result.best_s) and not result.note:  # a noisy re-time is not stored, lest it beat a quiet one
       # workers of a study keep the fastest of their results even with --force (which made them search despite the cache)
       self.db.set_tuned(kernel.key, self.device_hash, opts_to_json(result.best), result.best_s, result.default_s, run_id,
-                        force=self.force and not self.study, kernel_name=label)
+                        force=(self.force or retune()) and not self.study, kernel_name=label)
       engine.forget()  # programs in this process look the kernel up again
     counts = result.counts()
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
-    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts)
+    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts, result.spread, result.note)
 
 
 def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutcome], dict[str, Any]] = lambda o: {}) -> pd.DataFrame:
   """One row per kernel outcome, as `tune()` and `tinytune search` report them: kernel (its label), the `extra` columns, default_ms
-  and tuned_ms (None where nothing was measured), speedup, cache_hit, candidates (measured by status), opts ([op, axis, arg] lists)
-  and key."""
+  and tuned_ms (the final interleaved re-time's medians, or the cache's; None where nothing was measured), spread (the tuned kernel's
+  re-time, (median - min) / median), speedup (None where the re-time was noisy), cache_hit, candidates (measured by status), opts
+  ([op, axis, arg] lists), key and note ("noisy: ..." where the machine was too busy to trust the figures)."""
   import pandas as pd
   def ms(s: float | None) -> float | None: return s * 1e3 if s is not None and math.isfinite(s) else None
-  return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "speedup": o.speedup,
-                        "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())), "opts": json.loads(opts_to_json(o.best)),
-                        "key": o.key} for o in outcomes])
+  return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "spread": o.spread,
+                        "speedup": o.speedup, "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())),
+                        "opts": json.loads(opts_to_json(o.best)), "key": o.key, "note": o.note} for o in outcomes])
 
+
+SETUP_LEFT = 0.25  # a --seconds budget the setup left less than this part of is too small: said at once, not overrun
 
 BYTE_FLOPS = 4  # a byte moved takes about as long as 4 flops (tens of GFLOPS, about ten GB/s on the CPUs we tune)
 

@@ -8,6 +8,7 @@ import base64
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -87,6 +88,8 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
 
 
 def main() -> None:
+  # a terminal's Ctrl-C or hangup reaches the whole process group: the search that owns this worker stops it (or stdin ends)
+  for signum in (signal.SIGINT, signal.SIGHUP): signal.signal(signum, signal.SIG_IGN)
   def reply(obj: list) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
