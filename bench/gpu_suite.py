@@ -15,6 +15,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,9 @@ def versions(suite: Suite, dev: str) -> None:
   if dev == "CUDA": suite.out(f"- driver {d.driver}, NVRTC {d.nvrtc_version}, cuda-bindings {_version('cuda-bindings')}")
   suite.out(f"- tinytune {__version__} at {commit or 'an unknown commit'}, codegen {fp['codegen_version']}; Python {sys.version.split()[0]}, "
             f"numpy {np.__version__}, torch {torch.__version__ if torch else 'absent or without a GPU'}")
+  needed = ("ml_dtypes", "sqlalchemy", "alembic", "optuna", "pandas", "rich", "safetensors", "pytest", "hypothesis")
+  if missing := [m for m in needed if importlib.util.find_spec(m) is None]:
+    suite.out(f"- **missing modules**: {', '.join(missing)} (bench/HOPPER.md says how to bring them as wheels)")
   suite.out(f"- command: `python bench/gpu_suite.py {' '.join(sys.argv[1:])}`; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
@@ -98,15 +102,24 @@ def tests(suite: Suite, dev: str, junit: pathlib.Path) -> None:
   cap = max(30.0, min(suite.args.tests_seconds, suite.left() - 240))
   env = {**os.environ, "TINYTUNE_DEVICE": dev, "TINYTUNE_CACHE_DIR": tempfile.mkdtemp(prefix="tt-suite-")}
   suite.out(f"`TINYTUNE_DEVICE={dev} python {' '.join(cmd[1:])}` (at most {cap:.0f} s)\n")
-  try: res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cap)
-  except subprocess.TimeoutExpired as e:
-    tail = (e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or "").strip().splitlines()[-3:]
-    raise RuntimeError(f"the tests ran past {cap:.0f} s; last lines: {' / '.join(tail)}") from None
+  # at the cap, an interrupt as from ^C: pytest stops, prints its summary and writes the junit file of what ran
+  proc, interrupted = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), False
+  try: stdout, stderr = proc.communicate(timeout=cap)
+  except subprocess.TimeoutExpired:
+    interrupted = True
+    proc.send_signal(signal.SIGINT)
+    try: stdout, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      stdout, stderr = proc.communicate()
+    suite.out(f"(interrupted at {cap:.0f} s)")
+  res = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
   lines = res.stdout.strip().splitlines()
   failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
   suite.out("```\n" + "\n".join(failed[:40] + lines[-1:]) + "\n```")
-  if res.returncode not in (0, 1): raise RuntimeError(f"pytest exited {res.returncode}: {' / '.join(lines[-3:] or res.stderr.splitlines()[-3:])}")
-  if failed: raise RuntimeError(f"{len(failed)} tests failed")
+  if res.returncode not in (0, 1, 2): raise RuntimeError(f"pytest exited {res.returncode}: {' / '.join(lines[-3:] or res.stderr.splitlines()[-3:])}")
+  if failed: raise RuntimeError(f"{len(failed)} tests failed" + (f", and the rest did not run within {cap:.0f} s" if interrupted else ""))
+  if interrupted: raise RuntimeError(f"the tests did not all run within {cap:.0f} s (--tests-seconds)")
 
 
 def catalog(suite: Suite, dev: str) -> None:
@@ -125,7 +138,7 @@ def catalog(suite: Suite, dev: str) -> None:
   for name in names:
     if suite.left() < 200: suite.out(f"| {name} | skipped: the time left goes to the later sections |"); continue
     w = WORKLOADS[name]
-    p = w.params({}) if suite.args.quick else w.params({}, dev)
+    p = w.params({}, gpu=not suite.args.quick)
     label = " ".join(f"{k}={v}" for k, v in p.items())
     try:
       t = tinytune_timing(w, p, dev, False, policy)
@@ -157,6 +170,7 @@ def matmul(suite: Suite, dev: str) -> None:
   suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | opts |")
   suite.out("| --- " * 9 + "|")
   tf = lambda s: 2 * n ** 3 / s / 1e12  # noqa: E731
+  where: list[str] = []  # where each search's seconds went
   for dt in ("float32", "float16", "bfloat16"):
     seconds = max(5.0, min(suite.args.search_seconds, (suite.left() - 40) / 3))
     try:
@@ -168,12 +182,18 @@ def matmul(suite: Suite, dev: str) -> None:
         result = run_strategy("beam", kernel, ev, Budget(None, seconds), default_opts(kernel))
         wall = time.monotonic() - st
         searched_s, default_s = ev.retime([result.best, result.default], rounds=5)
+        med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
+        compile_ms = med([r.compile_s for r in result.history if r.status != "invalid"])
+        where.append(f"{dt}: per candidate (medians) render {med(ev.render_s):.0f} ms in turn, compile {compile_ms:.0f} ms in "
+                     f"{ev.pool._max_workers} threads, verify + time {med(ev.run_s):.0f} ms in the worker; "
+                     f"{ev.evaluated} measured, {len(result.history)} tried with the invalid")
       tried = sum(result.counts().values())
       th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
       suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
                 f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {list(result.best)} |")
     except Exception as e:
       suite.out(f"| {dt} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+  suite.out("\n" + "\n".join(f"- {line}" for line in where))
 
 
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
@@ -203,7 +223,8 @@ def overhead(suite: Suite, dev: str) -> None:
   x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device=dev).realize()
   forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
   fw = _per_step(lambda: forward(x), Device[dev].synchronize, 200)
-  graph = getattr(forward.captured.batch, "graph", forward.captured.batch is not None) if forward.captured else False
+  batch = forward.captured.batch if forward.captured else None
+  how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
   pt = pf = float("nan")
   if torch is not None:
     tstate = {"t": torch.zeros(4096, device="cuda")}
@@ -213,7 +234,7 @@ def overhead(suite: Suite, dev: str) -> None:
     with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, 200)
   suite.out("| step | tinytune µs | torch eager µs | tinytune / torch |\n| --- | --- | --- | --- |")
   suite.out(f"| one-kernel step, 4096 floats | {tt * 1e6:.1f} | {pt * 1e6:.1f} | {tt / pt:.2f} |")
-  suite.out(f"| MLP 784-128-10 forward, TinyJit ({'one graph launch' if graph else 'kernel by kernel'}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
+  suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
             f"{fw / pf:.2f} |")
 
 

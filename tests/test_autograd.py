@@ -1,6 +1,8 @@
 """Autograd against torch: the gradient of every differentiable op, through the PyTorch oracle, and the API around it."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from oracle import helper_test_op, torch
@@ -224,3 +226,23 @@ def test_untracked_inference_keeps_its_kernels() -> None:
 def test_gradient_edges(name: str, fn, vals: list) -> None:
   """PyTorch's gradients at the kinks, ties and edges, and far out where a composition's chain rule met inf * 0."""
   helper_test_op(None, fn, vals=vals, untracked=True)
+
+
+def test_creation_takes_requires_grad_and_comparisons_pass_no_gradient() -> None:
+  """Tensor.randn(4, requires_grad=True) as in torch and tinygrad (a TypeError before); a comparison in the graph passes no gradient."""
+  tt = Tensor.randn(4, requires_grad=True)
+  assert tt.requires_grad and tt._ctx is None and Tensor.zeros(2, requires_grad=False).requires_grad is False
+  (tt * (tt < 0)).sum().backward()
+  t = torch.tensor(tt.numpy(), requires_grad=True)
+  (t * (t < 0)).sum().backward()
+  np.testing.assert_array_equal(tt.grad.numpy(), t.grad.numpy())
+  with pytest.raises(TypeError, match="only float tensors"): Tensor.arange(3, requires_grad=True)
+
+
+@pytest.mark.parametrize("x", [-math.inf, -2.0, 0.0, 1.0, math.inf])
+def test_pow_by_a_constant_at_the_edges(x: float) -> None:
+  """x ** c and its gradient as torch's at infinities, zero and a negative base (-inf ** 0.3 was NaN, 0.3 * -inf ** -0.7 too)."""
+  for c in (-1, 0, 0.3, 1, 2, -0.7, 3):
+    t, tx = Tensor([x]), torch.tensor([x], requires_grad=True)
+    np.testing.assert_array_equal((t ** c).numpy(), (tx ** c).detach().numpy(), err_msg=f"{x} ** {c}")
+    np.testing.assert_array_equal((t ** c)[0].gradient(t)[0].numpy(), torch.autograd.grad((tx ** c)[0], tx)[0].numpy(), err_msg=f"d {x} ** {c}")

@@ -172,7 +172,8 @@ def test_unknown_device() -> None:
   ({"TINYTUNE_DEVICE": "TPU"}, "TINYTUNE_DEVICE: unknown device 'TPU'; available: CPU"), ({"TINYTUNE_DEVICE": ""}, None),
   ({"TINYTUNE_POOL_BYTES": "1GB"}, "TINYTUNE_POOL_BYTES='1GB' is not an integer >= 0"), ({"TINYTUNE_POOL_BYTES": "0"}, None),
   ({"TINYTUNE_CC": "false"}, "false --version failed (exit 1): it is not a C compiler; set TINYTUNE_CC to one, or unset it"),
-  ({"TINYTUNE_TUNE": "beam", "TINYTUNE_DB": "garbage://x"}, "TINYTUNE_DB='garbage://x' cannot record first-use tuning: Can't load plugin")])
+  ({"TINYTUNE_TUNE": "beam", "TINYTUNE_DB": "garbage://x"},
+   "TINYTUNE_DB='garbage://x' cannot record first-use tuning: Database('garbage://x'): Can't load plugin")])
 def test_a_bad_environment_variable_is_named_in_the_error(env: dict[str, str], message: str | None, tmp_path) -> None:
   """A program run under a bad TINYTUNE_* variable raises an error that names it (TINYTUNE_POOL_BYTES failed the import of tinytune
   with int()'s message, TINYTUNE_CC=false a CalledProcessError); an empty TINYTUNE_DEVICE is the default device."""
@@ -336,3 +337,65 @@ def test_tinyjit_cuda_graph_is_built_once_and_relaunched_with_moved_inputs(monke
   graph([Mem(0x2000), Mem(0x4000)])
   assert fake.calls == [("set", "node1", [0x4000, 0x1000]), ("launch",), ("launch",)]
   del graph  # destroyed by the fake
+
+
+class _FakeHIP:
+  """The HIP calls HIPGraph makes, recorded the same way, through ctypes' own arguments (no ROCm here)."""
+  def __init__(self) -> None: self.calls: list[tuple] = []
+  @staticmethod
+  def _addresses(p: object) -> list[int]:
+    import ctypes
+    n = p.func  # type: ignore[attr-defined]  # the fake programs' function handle is their argument count
+    return [ctypes.c_void_p.from_address(a).value or 0 for a in (ctypes.c_void_p * n).from_address(p.kernelParams)]  # type: ignore[attr-defined]
+  def hipGraphCreate(self, out: object, flags: int) -> int: out._obj.value = 1; return 0  # type: ignore[attr-defined]
+  def hipGraphAddKernelNode(self, out: object, graph: object, deps: object, n: object, p: object) -> int:
+    params = p._obj  # type: ignore[attr-defined]
+    assert (params.gridDim.x, params.blockDim.x, params.gridDim.y) == (3, 32, 1) and n.value == (0 if deps is None else 1)  # type: ignore[attr-defined]
+    self.calls.append(("add", self._addresses(params)))
+    out._obj.value = 100 + len(self.calls)  # type: ignore[attr-defined]
+    return 0
+  def hipGraphInstantiate(self, out: object, *args: object) -> int: out._obj.value = 7; self.calls.append(("instantiate",)); return 0  # type: ignore[attr-defined]
+  def hipGraphDestroy(self, graph: object) -> int: return 0
+  def hipGraphExecDestroy(self, exe: object) -> int: return 0
+  def hipGraphExecKernelNodeSetParams(self, exe: object, node: object, p: object) -> int:
+    self.calls.append(("set", node.value, self._addresses(p._obj)))  # type: ignore[attr-defined]
+    return 0
+  def hipGraphLaunch(self, exe: object, stream: object) -> int: self.calls.append(("launch",)); return 0
+
+
+def test_tinyjit_hip_graph_is_built_once_and_relaunched_with_moved_inputs() -> None:
+  """HIP's graph, with a recording fake of the HIP library: the same chain, updates and one launch per replay as CUDA's."""
+  import ctypes
+
+  from tinytune.runtime.amd import AMDDevice, AMDProgram, HIPGraph
+  class Mem:
+    def __init__(self, mem: int): self.mem = ctypes.c_void_p(mem)
+  def program(nargs: int) -> AMDProgram:
+    p = object.__new__(AMDProgram)
+    p.function, p.launch = ctypes.c_void_p(nargs), (3, 32)
+    return p
+  dev = object.__new__(AMDDevice)
+  dev.hip = fake = _FakeHIP()  # type: ignore[assignment]
+  graph = HIPGraph(dev, [(program(2), [Mem(0x1000), 0]), (program(2), [1, Mem(0x1000)]), (program(1), [Mem(0x1000)])])  # type: ignore[list-item]
+  graph([Mem(0x2000), Mem(0x3000)])  # type: ignore[list-item]
+  assert fake.calls == [("add", [0x1000, 0x2000]), ("add", [0x3000, 0x1000]), ("add", [0x1000]), ("instantiate",), ("launch",)]
+  fake.calls.clear()
+  graph([Mem(0x2000), Mem(0x4000)])  # type: ignore[list-item]
+  assert fake.calls == [("set", 102, [0x4000, 0x1000]), ("launch",)]
+
+
+@pytest.mark.skipif(device_status("OPENCL") is not None, reason=str(device_status("OPENCL")))
+def test_gpu_style_launches_return_at_once_and_reads_wait() -> None:
+  """OPENCL is asynchronous as CUDA is: a launch returns no time, a read waits for it, wait=True and Device.timed give device
+  seconds around the work, and a TinyJit replay there goes kernel by kernel (it has no batch) on the same queue."""
+  from tinytune.engine.schedule import create_schedule as schedule
+  dev = Device["OPENCL"]
+  x = Tensor(np.arange(4096, dtype=np.float32), device="OPENCL").realize()
+  (item,), _ = schedule((x * 2 + 1).uop, "OPENCL")
+  k = Kernel(item.ast, dev.caps)
+  k.apply_opts(hand_coded_optimizations(k))
+  program = dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)
+  assert dev.asynchronous and program(item.out, *k.bufs) is None
+  np.testing.assert_equal(item.out.numpy_view(), np.arange(4096) * 2 + 1)
+  assert program.timed(item.out, *k.bufs) > 0 and dev.timed(lambda: [program(item.out, *k.bufs) for _ in range(3)]) > 0
+  assert dev.batch([(program, [item.out, *k.bufs])]) is None

@@ -66,7 +66,7 @@ def test_avx512_vector_math_computes_the_generic_bits(cc: str, tmp_path) -> None
   import shutil
   import subprocess
 
-  from tinytune.codegen.cstyle import vector_math
+  from tinytune.codegen.clib import vector_math
   from tinytune.runtime.cpu import cpuinfo
   if shutil.which(cc) is None or "avx512vl" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
   src = "typedef float tt_f16 __attribute__((vector_size(64)));\ntypedef float tt_f8 __attribute__((vector_size(32)));\n"
@@ -131,7 +131,7 @@ def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path) -> None
   import shutil
   import subprocess
 
-  from tinytune.codegen.cstyle import fold_functions, vector_math
+  from tinytune.codegen.clib import fold_functions, vector_math
   if shutil.which(cc) is None: pytest.skip(f"needs {cc}")
   src = "".join(f"typedef float tt_f{w} __attribute__((vector_size({4 * w})));\n" + vector_math("static inline", w) +
                 fold_functions("static inline", w) +
@@ -211,6 +211,7 @@ def test_vector_max_where_compare_match_numpy(values: list[float]) -> None:
       assert (ulps(out, want) == 0).all() and (np.signbit(out) == np.signbit(want))[~np.isnan(want)].all(), f"{out} != {want}"
 
 
+@pytest.mark.usefixtures("on_cpu")
 def test_cpu_vector_math_stays_in_lanes() -> None:
   """exp2, log2, sqrt, max, comparisons and where on the CPU are vector calls, not one scalar call per lane."""
   from tinytune.codegen.heuristic import default_opts
@@ -227,6 +228,7 @@ def test_cpu_vector_math_stays_in_lanes() -> None:
   assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
 
 
+@pytest.mark.usefixtures("on_cpu")
 @pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
   """float16 and bfloat16 on the CPU load into float32 vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's

@@ -53,6 +53,7 @@ MEDIUM = {
 }
 
 
+@pytest.mark.usefixtures("on_cpu")  # a CPU target's kernels
 @pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2"])
 def test_defaults_on_narrower_cpus(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
   """Every workload's default kernels for an AVX2 target (8 lanes, 16 registers) or an SSE one (4 lanes), compiled for it, against
@@ -149,10 +150,13 @@ def test_gpu_defaults_outgrow_the_l2() -> None:
   50 MB L2, so a figure is not launch overhead; any -p given means the CPU defaults with it, as everywhere."""
   for w in WORKLOADS.values():
     if w.name == "train_step": continue
-    p = w.params({}, "CUDA")
-    assert p != w.params({}) and w.params({}, "CPU") == w.defaults, w.name
+    p = w.params({}, gpu=True)
+    assert p != w.params({}) and w.params({}, gpu=False) == w.defaults, w.name
     assert w.nbytes(p) >= 50e6, (w.name, w.nbytes(p))
-  assert get_workload("matmul").params({"m": 64}, "CUDA") == {"m": 64, "n": 512, "k": 512}
+  assert get_workload("matmul").params({"m": 64}, gpu=True) == {"m": 64, "n": 512, "k": 512}
+  from tinytune.cli import is_gpu
+  from tinytune.runtime import device_status
+  assert not is_gpu("CPU") and (device_status("AMD") is None or not is_gpu("AMD"))  # an absent device is not a GPU to the CLI
 
 
 def test_bad_parameters() -> None:

@@ -88,7 +88,8 @@ def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:
   # 3 rows at once (an UPCAST): their lanes fold together, one transposing fold whose lane j is row j's max, then each row reads its lane
   p = lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16), Opt(U, 0, 3)]), CRenderer())
   folds = [u for u in p.uops if u.op is Ops.FOLD]
-  assert [len(u.arg) for u in folds] == [3] * 3 + [4] + [3] * 3 and len(folds[3].src) == 3 and all(u.src[0].src[0] is folds[3] for u in folds[4:])
+  assert [u.arg.across for u in folds] == [False] * 3 + [True] + [False] * 3
+  assert len(folds[3].src) == 3 and all(u.src[0].src[0] is folds[3] for u in folds[4:])
 
 
 def test_group_partials_go_through_shared_memory() -> None:

@@ -119,18 +119,19 @@ def test_search_command_then_cache_hit(tmp_path) -> None:
 
 def test_tuned_opts_are_used_in_a_fresh_process(tmp_path) -> None:
   db = f"sqlite:///{tmp_path}/t.db"
-  found = tinytune("search", "matmul", "-p", "m=48", "-p", "n=48", "-p", "k=48", "--budget", "6", "--json", db=db)
+  found = tinytune("search", "matmul", "-p", "m=48", "-p", "n=48", "-p", "k=48", "--budget", "6", "--json", "--device", "CPU", db=db)
   assert found.returncode == 0, found.stderr
   script = ("from tinytune import Tensor, Context\nimport numpy as np\n"
             "a, b = Tensor.rand(48, 48), Tensor.rand(48, 48)\nwith Context(DEBUG=3): c = (a @ b).numpy()\n"
             "assert np.allclose(c, a.numpy() @ b.numpy(), atol=1e-4)\n")
   stored = json.loads(found.stdout)["kernels"][0]["opts"]  # what the search stored (a later search reads the same back: test above)
-  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "TINYTUNE_DB": db}, timeout=120)
+  env = {**os.environ, "TINYTUNE_DB": db, "TINYTUNE_DEVICE": "CPU"}  # the CPU's opts, under any TINYTUNE_DEVICE the suite runs with
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
   assert run.returncode == 0, run.stderr
   expected = repr([Opt(OptOps[o[0]], o[1], o[2]) for o in stored])
   assert f"opts {expected}" in run.stdout
   off = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "TINYTUNE_DB": db, "TINYTUNE_TUNE": "0"})
+                       env={**env, "TINYTUNE_TUNE": "0"})
   assert off.returncode == 0, off.stderr
   assert f"opts {list(default_opts(matmul_kernel(48)))}" in off.stdout  # TINYTUNE_TUNE=0: the heuristic defaults, whatever is stored
 
@@ -450,6 +451,40 @@ def test_option_help_lists_every_strategys_options(capsys) -> None:  # type: ign
   assert main(["search", "matmul", "--option", "help"]) == 0
   out = capsys.readouterr().out
   assert all(f"{name}:" in out for name in STRATEGIES) and "  width=4  " in out and "(one of tpe, cmaes, gp)" in out
+
+
+def test_a_slow_render_counts_against_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+  """A tensor-core candidate takes 0.2-0.4 s of Python to render, and the evaluator renders a chunk in turn before running any:
+  no render starts that would end past the deadline (a fake clock: each render takes 10 s of it, runs none)."""
+  from tinytune.search import evaluate
+  clock = [1000.0]
+  monkeypatch.setattr(evaluate.time, "monotonic", lambda: clock[0])
+  k = matmul_kernel(32)
+  def render(kernel: Kernel) -> str:
+    clock[0] += 10.0
+    return Device["CPU"].renderer.render(kernel)
+  candidates = [[Opt(OptOps.UPCAST, 0, u)] for u in (2, 4, 8)] + [[Opt(OptOps.UPCAST, 1, u)] for u in (2, 4, 8)]
+  with Evaluator(k, "CPU", render=render) as ev:
+    ev.deadline = clock[0] + 25  # two renders; the compiles then have 5 real seconds
+    done = ev.evaluate(candidates)
+  assert len(ev.render_s) == 2 and clock[0] <= ev.deadline, "a render ran past the deadline"
+  assert [r.status for r in done] == ["ok", "ok"]
+
+
+def test_compiles_past_the_deadline_are_not_waited_for() -> None:
+  """A chunk's compiles started before the deadline ran 2.4 s past a 5 s budget on pocl, the evaluator waiting for all of them:
+  now the candidates whose compile is not done at the deadline are left out, and closing the evaluator waits for none."""
+  k = matmul_kernel(32)
+  candidates = [[Opt(OptOps.UPCAST, 0, u)] for u in (2, 4, 8)]
+  with Evaluator(k, "CPU") as ev:
+    def slow(src: str) -> tuple:
+      time.sleep(5)
+      return None, 5.0, "too slow"
+    ev._compile = slow  # type: ignore[method-assign]
+    st = time.monotonic()
+    ev.deadline = st + 1.0
+    assert ev.evaluate(candidates) == []
+  assert time.monotonic() - st < 3.5
 
 
 def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -427,8 +427,8 @@ def test_normal_initializers() -> None:
 
 # ***** bad calls fail like torch, at the call *****
 BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
-  ("index list oob", lambda: Tensor.zeros(3, 4)[:, [0, 4]], IndexError, "index 4 is out of range for dim 1 of size 4"),
-  ("index list neg oob", lambda: Tensor.zeros(3, 4)[[-4]], IndexError, "index -4 is out of range for dim 0 of size 3"),
+  ("index list oob", lambda: Tensor.zeros(3, 4)[:, [0, 4]], IndexError, "index 4 is out of bounds for dimension 1 with size 4"),
+  ("index list neg oob", lambda: Tensor.zeros(3, 4)[[-4]], IndexError, "index -4 is out of bounds for dimension 0 with size 3"),
   ("index float list", lambda: Tensor.zeros(3)[[0.5]], IndexError, "indices are ints or bools"),
   ("index float tensor", lambda: Tensor.zeros(3)[Tensor([1.0])], IndexError, "must be int or bool tensors, got float32"),
   ("index mask shape", lambda: Tensor.zeros(3, 4)[[True, False]], IndexError, "a mask of size 2 does not match dim 0 of size 3"),
@@ -441,7 +441,7 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("assign expanded view", lambda: Tensor([1.0]).expand(3).assign(Tensor.ones(3)), RuntimeError, "more than one element of the written-to"),
   ("setitem shape", lambda: Tensor.zeros(3, 4).__setitem__(slice(1), Tensor.zeros(3)), ValueError, "cannot be broadcast to indexing result"),
   ("setitem type", lambda: Tensor.zeros(3).__setitem__(0, "a"), TypeError, "can't assign a str to a Tensor"),
-  ("setitem oob", lambda: Tensor.zeros(3).__setitem__(3, 1.0), IndexError, "index 3 is out of range for dim 0 of size 3"),
+  ("setitem oob", lambda: Tensor.zeros(3).__setitem__(3, 1.0), IndexError, "index 3 is out of bounds for dimension 0 with size 3"),
   ("gather dims", lambda: Tensor.zeros(3, 4).gather(0, Tensor([0])), ValueError, "index has 1 dims, the tensor 2"),
   ("gather float", lambda: Tensor.zeros(3).gather(0, Tensor([0.0])), TypeError, "gather index must be an int tensor"),
   ("gather big", lambda: Tensor.zeros(3, 4).gather(0, Tensor.zeros(2, 5, dtype=dtypes.int32)), ValueError, "larger than the tensor's"),
@@ -586,3 +586,35 @@ def test_setitem_into_a_view_writes_through() -> None:
   a[0][1] = 9.0
   ta[0][1] = 9.0
   np.testing.assert_array_equal(a.numpy(), ta.numpy())
+
+
+@pytest.mark.parametrize("name, torch_fn, fn, error", [
+  ("max of nothing", lambda: torch.zeros(0).max(), lambda: Tensor.zeros(0).max(), RuntimeError),
+  ("min of nothing", lambda: torch.zeros(0).min(), lambda: Tensor.zeros(0).min(), RuntimeError),
+  ("argmax of nothing", lambda: torch.zeros(0).argmax(), lambda: Tensor.zeros(0).argmax(), IndexError),
+  ("int to a negative power", lambda: torch.tensor([2]) ** -2, lambda: Tensor([2]) ** -2, RuntimeError),
+  ("linspace of bool", lambda: torch.linspace(5, 10, 3, dtype=torch.bool), lambda: Tensor.linspace(5, 10, 3, dtype="bool"), NotImplementedError),
+  ("sum to no dtype", lambda: torch.ones(2).sum(dtype=""), lambda: Tensor.ones(2).sum(dtype=""), TypeError),
+])
+def test_raises_where_torch_raises(name: str, torch_fn, fn, error: type) -> None:
+  """Each gave a value (-inf, -2**31, 0.25, True, a sum in float32) where torch raises."""
+  with pytest.raises(error): torch_fn()
+  with pytest.raises(error): fn()
+
+
+def test_forward_forms_as_torch_and_tinygrad() -> None:
+  helper_test_op([(1, 3, 1, 2)], lambda x: x.squeeze((0, 2)))
+  helper_test_op([(4, 3, 2)], lambda x: x.reshape(4, 3, 2) if isinstance(x, torch.Tensor) else x.reshape(None, 3, -1))
+  helper_test_op([(1, 4), (4,)], lambda x, y: x.squeeze(0) * y)
+  assert Tensor.arange(2**31, 2**31 + 3).tolist() == torch.arange(2**31, 2**31 + 3).tolist()  # int64 past int32, as torch
+
+
+def test_reductions_over_size_one_dims_and_0d_as_torch() -> None:
+  """var/std with no degrees of freedom left divide by 0 as torch (inf, not NaN, where the squares do not sum to 0); prod of a 0-d
+  tensor along its dim (a ValueError before); idiv, tinygrad's truncating integer division."""
+  with np.errstate(all="ignore"):
+    helper_test_op([(1, 2, 3, 1, 5)], lambda x: x.var((0, 4), correction=5), grad=False)
+    helper_test_op([(1, 2, 3, 1, 5)], lambda x: x.std((0, 4), correction=5), grad=False)
+  helper_test_op([()], lambda x: x.prod(0))
+  want = torch.div(torch.tensor([-4, 7, 5]), torch.tensor([2, -3, 8]), rounding_mode="trunc").tolist()
+  assert Tensor([-4, 7, 5]).idiv(Tensor([2, -3, 8])).tolist() == want

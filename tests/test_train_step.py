@@ -77,10 +77,10 @@ def test_cnn_schedule_at_a_small_size() -> None:
 def test_search_then_bench(tmp_path, capsys: pytest.CaptureFixture) -> None:  # type: ignore[no-untyped-def]
   from tinytune.cli import main
   db, params = f"sqlite:///{tmp_path / 't.db'}", [x for k, v in SMALL.items() for x in ("-p", f"{k}={v}")]
-  assert main(["search", "train_step", *params, "--budget", "2", "--db", db, "--json"]) == 0
+  assert main(["search", "train_step", *params, "--budget", "2", "--db", db, "--json", "--device", "CPU"]) == 0  # torch's step: CPU tensors
   found = json.loads(capsys.readouterr().out)
   assert len(found["kernels"]) > 10 and all(k["tuned_ms"] is not None for k in found["kernels"])
   pytest.importorskip("torch")
-  assert main(["bench", "train_step", *params, "--db", db, "--json", "--no-peak", "--repeats", "3"]) == 0
+  assert main(["bench", "train_step", *params, "--db", db, "--json", "--no-peak", "--repeats", "3", "--device", "CPU"]) == 0
   rows = {r["implementation"]: r for r in json.loads(capsys.readouterr().out)["implementations"]}
   assert {"tinytune-default", "tinytune-tuned", "torch", "numpy"} <= set(rows) and rows["torch"]["median_ms"] > 0

@@ -59,6 +59,7 @@ def test_wide_channels_error() -> None:
   assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-5
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU takes Winograd's conv
 def test_when_it_is_taken() -> None:
   x16, w16, x8, w8 = Tensor.empty(2, 16, 8, 8), Tensor.empty(16, 16, 3, 3), Tensor.empty(2, 8, 8, 8), Tensor.empty(16, 8, 3, 3)
   assert _winograd_tile(x16, w16, (1, 1), (1, 1), 1) == 4
@@ -70,6 +71,7 @@ def test_when_it_is_taken() -> None:
   with Context(WINO=2): assert _winograd_tile(x8, w8, (1, 1), (1, 1), 1) == 4
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU takes Winograd's conv
 def test_kernels() -> None:
   """The transforms' stacked dims are upcast (whole where a vector of 16 lanes leaves room), so their masked pieces are vector
   selects at most, never scalar ones; the tile points' matmul is one kernel."""

@@ -102,7 +102,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
   workload = get_workload(args.workload)
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
-  params = workload.params(parse_params(args.param, workload.names), device)
+  params = workload.params(parse_params(args.param, workload.names), is_gpu(device))
   options = check_options(args.strategy, search_options(args))  # fail early on a bad name, option or missing optional dependency
   if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
     raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
@@ -255,6 +255,12 @@ def _write(text: str, out: str | None) -> None:
   print(f"tinytune: wrote {out}", file=sys.stderr)
 
 
+def is_gpu(device: str) -> bool:
+  """Whether the device is a GPU (pocl's OPENCL is not), which takes the workloads' GPU default sizes; False where it is absent."""
+  from tinytune.runtime import Device, device_status
+  return device_status(device) is None and Device[device].is_gpu
+
+
 def _check_format(fmt: str) -> None:
   from tinytune.reports import FORMATS
   if fmt not in FORMATS: raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -277,7 +283,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   _check_format(args.format)
   workload = get_workload(args.workload)
   device = Device.canonicalize(args.device)
-  params, dtype = workload.params(parse_params(args.param, workload.names), device), workload.dtype(args.dtype)
+  params, dtype = workload.params(parse_params(args.param, workload.names), is_gpu(device)), workload.dtype(args.dtype)
   db = Database(args.db)  # an unusable database is the one error, before any note
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
@@ -555,7 +561,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   from tinytune.reports import render
 
   _check_format(args.format)
-  rows = [{"workload": w.name, "params": dict(w.defaults), "gpu_params": w.params({}, "GPU"),
+  rows = [{"workload": w.name, "params": dict(w.defaults), "gpu_params": w.params({}, gpu=True),
            "dtypes": [d.name for d in dtypes.all if w.takes(d)], "gflop": w.flops(w.defaults) / 1e9,
            "torch": w.torch is not None,
            "description": w.doc + "".join(f"; {k}: {v}" for k, v in w.help.items())} for w in WORKLOADS.values()]

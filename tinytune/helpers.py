@@ -76,7 +76,9 @@ def env_int(key: str, default: int, least: int | None = None) -> int:
   (`DEBUG='abc' is not an integer: ...`) or is below `least`."""
   if not (text := os.getenv(key, "").strip()): return default
   try: value = int(text)
-  except ValueError: raise ValueError(f"{key}={text!r} is not an integer: set it to a whole number or unset it") from None
+  except ValueError: value = None
+  if value is None:
+    raise ValueError(f"{key}={text!r} is not an integer{'' if least is None else f' >= {least}'}: set it to a whole number or unset it")
   if least is not None and value < least: raise ValueError(f"{key}={text!r} is not an integer >= {least}: set it to one or unset it")
   return value
 

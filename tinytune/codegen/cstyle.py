@@ -167,12 +167,12 @@ class CStyleRenderer:
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
-    if u.arg[1] > 1: return self.mask_type(u.arg[1]) if u.dtype == dtypes.bool else self.vtype(u.arg[1])
+    if (w := u.arg.width) > 1: return self.mask_type(w) if u.dtype == dtypes.bool else self.vtype(w)
     return self.index_type if u.op is Ops.DEFINE_VAR else self.types[u.dtype]
 
   def operand(self, u: UOp, at: _At) -> str:
     """A value where another uses it: its name where a statement defines it, else its expression (a lane, a splat, index math)."""
-    if u.op in VALUES and u.arg is not None and u.arg[0] is not None: return u.arg[0]
+    if u.op in VALUES and u.arg is not None and u.arg.name is not None: return u.arg.name
     if u.op is Ops.CONST: return self.literal(u.arg, u.dtype)
     if u.op is Ops.GEP: return (self.mask_lane_fmt if u.src[0].dtype == dtypes.bool else self.lane_fmt).format(self.operand(u.src[0], at), u.arg)
     if u.op in (Ops.VECTORIZE, Ops.LOAD, Ops.CELL): return self.expr(u, at)
@@ -189,7 +189,7 @@ class CStyleRenderer:
   def expr(self, u: UOp, at: _At) -> str:
     """What a value statement (or an inline load, vector or shared element) computes."""
     if (op := u.op) in ALU:
-      args, w = [self.operand(s, at) for s in u.src], u.arg[1]
+      args, w = [self.operand(s, at) for s in u.src], u.arg.width
       if w > 1:  # a 16-bit float in float32 lanes rounds each new result to its type, as the scalar code does
         if op is Ops.CAST: ret = args[0]
         else: ret = self.code(op, args, u.dtype) if op in ARITH else self.vector_code(op, args, w)
@@ -198,7 +198,7 @@ class CStyleRenderer:
       ret = self.code(op, args, u.dtype)  # a 16-bit float computed in float32 rounds each result to its type
       return self.code(Ops.CAST, [ret], u.dtype) if u.dtype.itemsize == 2 and self.types[u.dtype] == "float" and op is not Ops.CAST else ret
     if op is Ops.LOAD:
-      ptr, (idx, valid), w = self.ptr(u.arg[2]), u.src, u.arg[1]
+      ptr, (idx, valid), w = self.ptr(u.arg.buf), u.src, u.arg.width
       if w > 1:
         load = f"{self.vtype(w)}_load{self.half_suffix.get(u.dtype, '')}({ptr}+{self.index(idx, at.index)})"
         zero = self.vector(self.vtype(w), ["0.0f"] * w)
@@ -206,13 +206,13 @@ class CStyleRenderer:
       return load if valid is TRUE else f"({self.index(valid, at.index)}?{load}:{zero})"
     if op is Ops.DEFINE_ACC:
       ident = self.literal(u.src[0].arg, u.dtype)
-      return ident if u.arg[1] == 1 else self.vector(self.vtype(u.arg[1]), [ident] * u.arg[1])
+      return ident if (w := u.arg.width) == 1 else self.vector(self.vtype(w), [ident] * w)
     if op is Ops.CELL: return f"{u.arg[0]}[{u.arg[1]}]"
     args = [self.operand(s, at) for s in u.src]
     if op is Ops.VECTORIZE:
       if u.dtype is dtypes.bool: return self.vector(self.mask_type(len(args)), [f"-({a}!=0)" for a in args])
       return self.vector(self.vtype(len(args)), args)
-    if op is Ops.FOLD: return self.fold(u.arg[2], args, u.dtype, u.arg[1]) if len(u.arg) == 3 else self.lane_fold(u.arg[2], args, u.arg[1])
+    if op is Ops.FOLD: return self.lane_fold(u.arg.op, args, u.arg.width) if u.arg.across else self.fold(u.arg.op, args, u.dtype, u.arg.width)
     if op is Ops.INRANGE: return f"(0<={args[0]}&&{args[0]}<{u.src[1].arg})"
     assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
     return f"({args[0]}?{args[1]}:0)"
@@ -225,7 +225,7 @@ class CStyleRenderer:
     return f"{x[1:-1] if x[0] == '(' and x[-1] == ')' else x} != {self.index(u.src[0].src[1], at.index)}"
   def assign(self, u: UOp, at: _At) -> str:
     (target, val, guard), t = u.src, self.operand(u.src[0], at)
-    w = target.arg[1] if target.op is Ops.DEFINE_ACC else 1
+    w = target.arg.width if target.op is Ops.DEFINE_ACC else 1
     rhs = self.operand(val, at) if u.arg is None else self.fold(u.arg, [t, self.operand(val, at)], target.dtype, w)
     return self.guarded(f"{t} = {rhs};", guard, at)
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
@@ -250,8 +250,8 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype)} {u.arg[0]}[{u.arg[1]}];",
-    **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg[0]} = {r.expr(u, at)};" for op in VALUES},
+    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
+    **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
 
@@ -277,7 +277,7 @@ class CRenderer(CStyleRenderer):
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
   vector_floats = FLOAT_LANES
-  # a thread's array of a row (see lower.py, row_source) holds its values as a buffer would, loaded and stored the same way
+  # a thread's array of a row (see lower.py, RowArrays) holds its values as a buffer would, loaded and stored the same way
   def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     return super().vector_prelude(width, used) + vector_library(self.func_prefix, width, used)
@@ -285,7 +285,7 @@ class CRenderer(CStyleRenderer):
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def program_prelude(self, p: LinearProgram) -> str:
     """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
-    dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and len(u.arg) > 3 for u in p.uops)
+    dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and u.arg.across for u in p.uops)
     return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:

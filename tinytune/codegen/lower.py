@@ -19,15 +19,13 @@ from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, linear, linear_sum, pretty, simplify
 
-# A program's statements, as (src; arg):
-#   RANGE (; var, start, end, parallel) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
-#   DEFINE_ACC (identity; name, width, reduce op), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
-#   LOAD (index, valid; name, width, buffer), STORE (index, value, guard; width, buffer, past the caches), VECTORIZE (lanes; name, width); a buffer is
-#   the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL
-#   an ALU op (operands; name, width), FOLD (values; name, width, op): values[0] op values[1] op ... (with a 4th arg, True: lane j of
-#   the result folds the lanes of values[j]), INRANGE (x, n; name): 0 <= x < n
-#   DEFINE_VAR (ok, x; name): an index variable, x where ok else 0, SPECIAL (; var, id, divisor, modulus): var from a thread or group id
-#   DEFINE_LOCAL (; name, size): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
+# A program's statements, as (src; arg), each arg of several fields a NamedTuple below:
+#   RANGE (; LoopArg) ... ENDRANGE, IF (x != c) ... ELSE ... ENDIF, EXIT (x != c): the thread stops here
+#   DEFINE_ACC (identity; AccArg), ASSIGN (target, value, guard; the reduce op that adds value in, or None)
+#   LOAD (index, valid; LoadArg), STORE (index, value, guard; StoreArg), VECTORIZE (lanes; ValueArg)
+#   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
+#   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
+#   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -42,6 +40,65 @@ CMP = {Ops.CMPLT, Ops.CMPNE}
 ROW_KEPT = TRANSCENDENTAL | {Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
 FLOAT_LANES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # the CPU's C computes these in float32 SIMD lanes (CRenderer)
+
+
+# a buffer (LoadArg, StoreArg) is the kernel's argument number (0: the output) or the name of an array of DEFINE_LOCAL; a width is 1
+# for a scalar, else the lanes of a native vector
+class ValueArg(NamedTuple):  # an ALU op, VECTORIZE, INRANGE, DEFINE_VAR
+  name: str
+  width: int
+
+
+class AccArg(NamedTuple):  # DEFINE_ACC
+  name: str
+  width: int
+  op: Ops  # the reduce op
+
+
+class LoadArg(NamedTuple):  # LOAD
+  name: str | None  # None: inline where used (KBLOCK's reload)
+  width: int
+  buf: int | str
+
+
+class StoreArg(NamedTuple):  # STORE
+  width: int
+  buf: int | str
+  stream: bool  # a whole 64-byte line past the caches
+
+
+class FoldArg(NamedTuple):  # FOLD
+  name: str
+  width: int
+  op: Ops
+  across: bool = False  # lane j of the result folds the lanes of values[j]
+
+
+class LoopArg(NamedTuple):  # RANGE
+  var: str
+  start: int
+  end: int
+  parallel: bool  # iterations across the cores
+
+
+class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modulus where 0)
+  var: str
+  id: str
+  divisor: int
+  modulus: int
+
+
+class LocalArg(NamedTuple):  # DEFINE_LOCAL
+  name: str
+  size: int
+
+
+# the args that every lowering makes many of, made once (a NamedTuple costs several times a tuple to make; names repeat across kernels)
+@functools.cache
+def value_arg(prefix: str, n: int, width: int) -> ValueArg: return ValueArg(f"{prefix}{n}", width)
+@functools.cache
+def load_arg(n: int, width: int, buf: int | str) -> LoadArg: return LoadArg(f"v{n}", width, buf)
+store_arg = functools.cache(StoreArg)
 
 
 class Kind(Enum):
@@ -89,20 +146,21 @@ class LinearProgram:
 def describe(u: UOp) -> str:
   """One statement as text: `name = OP<width>.dtype operands` for values, `OP operands` for the rest."""
   def show(x: UOp) -> str:
-    if x.op in VALUES and x.arg is not None and x.arg[0] is not None: return x.arg[0]
+    if x.op in VALUES and x.arg is not None and x.arg.name is not None: return x.arg.name
     return f"{show(x.src[0])}[{x.arg}]" if x.op is Ops.GEP else f"{x.arg[0]}[{x.arg[1]}]" if x.op is Ops.CELL else pretty(x)
   def at(buf: int | str, idx: UOp, guard: UOp) -> str:
     return f"{buf if isinstance(buf, str) else f'data{buf}'}[{pretty(idx)}]" + ("" if guard is TRUE else f" if {pretty(guard)}")
   op, src, arg = u.op, u.src, u.arg
   if op in VALUES:
-    head = f"{arg[0]} = {op.name}{f'<{arg[1]}>' if arg[1] > 1 else ''}.{u.dtype.name}"
-    if op is Ops.LOAD: return f"{head} {at(arg[2], *src)}"
-    return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg[2].name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
-  if op is Ops.RANGE: return f"RANGE {arg[0]} {arg[1]}..{arg[2]}" + (" parallel" if arg[3] else "")
-  if op is Ops.STORE: return f"STORE{f'<{arg[0]}>' if arg[0] > 1 else ''}{' stream' if arg[2] else ''} {at(arg[1], src[0], src[2])} = {show(src[1])}"
+    head = f"{arg.name} = {op.name}{f'<{arg.width}>' if arg.width > 1 else ''}.{u.dtype.name}"
+    if op is Ops.LOAD: return f"{head} {at(arg.buf, *src)}"
+    return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg.op.name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
+  if op is Ops.RANGE: return f"RANGE {arg.var} {arg.start}..{arg.end}" + (" parallel" if arg.parallel else "")
+  if op is Ops.STORE:
+    return f"STORE{f'<{arg.width}>' if arg.width > 1 else ''}{' stream' if arg.stream else ''} {at(arg.buf, src[0], src[2])} = {show(src[1])}"
   if op is Ops.ASSIGN:
     return f"ASSIGN {show(src[0])} {arg.name if arg else ''}= {show(src[1])}" + ("" if src[2] is TRUE else f" if {pretty(src[2])}")
-  return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else arg}".rstrip()
+  return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else tuple(arg) if isinstance(arg, tuple) else arg}".rstrip()
 
 
 def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
@@ -133,9 +191,89 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
+  if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
   # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
-  return ret if lowerer.row_reads <= lowerer.row_writes else _Lowerer(k, target, rows=False).program()
+  return ret if lowerer.rows is None or lowerer.rows.reads <= lowerer.rows.writes else _Lowerer(k, target, rows=False).program()
+
+
+class LoopNest:
+  """The loops around a program's statements: each loop axis's variable, and the statement lists placed in the CPU's loop nest or
+  in a GPU's workgroups and threads."""
+  def __init__(self, k: Kernel):
+    self.k = k
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
+    self.vars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
+                 for i, a in enumerate(k.axes) if a.kind in names}
+
+  def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
+    """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
+    bound the outermost loop."""
+    opened = []
+    for n, i in enumerate(axes):
+      if self.k.axes[i].size == 1: continue
+      first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
+      opened.append(stmt(Ops.RANGE, arg=LoopArg(self.vars[i].arg[0], first, last, parallel and n == 0)))
+    return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
+
+  def cpu(self, bodies: list[list[UOp]], full_bodies: list[list[UOp]], split: int | None, combine: list[list[UOp]], decls: list[UOp],
+          post: list[UOp]) -> list[UOp]:
+    """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
+    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
+    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
+    chain of them (softmax's max, then its sum), one reduce loop after another."""
+    k = self.k
+    threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
+    outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
+    n = len(outer)
+    outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
+    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
+    red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
+    for stage, body in enumerate(bodies):
+      if split is None: reduce += self.nest(red, body)
+      else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
+        j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
+        reduce += self.nest(red[:j], self.nest(red[j:], full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
+      reduce += combine[stage]
+    # the thread's streaming stores, visible before the kernel ends: a fence last in its share
+    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
+    t = len(threads)
+    return self.nest(outer[:t], self.nest(outer[t:n], decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
+
+  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
+    """Each axis's index from one linear id, the last axis fastest."""
+    out, mult = [], 1
+    for n, i in enumerate(reversed(axes)):
+      size = self.k.axes[i].size
+      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      mult *= size
+    return out
+
+  def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
+                 width: int, post: list[UOp]) -> list[UOp]:
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
+    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
+    memory and stores."""
+    k = self.k
+    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
+    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
+    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
+    out += self.unflatten(local + group, "lid")
+    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
+    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
+      threads = k.launch_dims[1]
+      partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
+      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
+      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
+      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
+      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
+      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      out.append(stmt(Ops.ENDRANGE))
+    return out + post
 
 
 class _Lowerer:
@@ -143,36 +281,27 @@ class _Lowerer:
     self.k, self.target, self.count = k, target, 0
     self.lines: list[UOp] = []
     self.memo: dict[tuple, Val] = {}
-    self.pairs: dict[tuple[UOp, ...], str] = {}  # the CPU's TC: the names of bfloat16 pairs in the reduce body (see pair)
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
     self.acc_at: dict[tuple[UOp, tuple[UOp, ...]], Val] = {}
     self.stage = {r: i for i, r in enumerate(k.reduceops)}  # a chain's reduces run one loop each, in this order
-    self.unpadded, self.full_bodies = -1, list[list[UOp]]()  # a padded dim lowered as if unpadded, and the reduce bodies so lowered (split)
+    self.unpadded = -1  # a padded dim lowered as if unpadded (split)
     self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
     self.combine: list[list[UOp]] = [[] for _ in k.reduceops]  # after each reduce loop: each LANES accumulator from its partials
     self.unfolded: list[list[tuple[UOp, UOp]]] = [[] for _ in k.reduceops]  # LANES accumulators (named) and their lanes' vector, to fold
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    # the CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
-    # loop writes it, the row's loops read it back (softmax's probabilities, computed once); a 16-bit float summed in float32 is kept
-    # as it is, before its cast. row_arrays: a row -> its array's name
-    src = None if k.reduceop is None else k.reduceop.src[0]
-    if src is not None and src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
-    self.row_source = src if rows and src is not None and not target.has_local and k.reduce_out_dims != set(range(k.n_global)) and \
-      not any(a.kind is AxisKind.KBLOCK for a in k.axes) and any(u.op in ROW_KEPT for u in src.toposort) else None
-    self.row_arrays: dict[tuple[UOp, ...], str] = {}
-    self.row_reads: set[str] = set()
-    self.row_writes: set[str] = set()
+    self.rows = RowArrays.of(self) if rows and not target.has_local else None
     self.in_body = False
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
     # combined after the loop
     self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
     self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
-    self.pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
+    pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
+    self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes):
       if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
@@ -183,9 +312,7 @@ class _Lowerer:
     self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
                           and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype in self.vf), -1)
     self.lane = UOp.var("lane", 0, self.width - 1)
-    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
-    self.loopvars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
-                     for i, a in enumerate(k.axes) if a.kind in names}
+    self.nesting = LoopNest(k)
 
   def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
 
@@ -196,7 +323,7 @@ class _Lowerer:
 
   def value(self, op: Ops, dtype: DType, src: tuple[UOp, ...], width: int = 1, prefix: str = "v") -> UOp:
     self.count += 1
-    return self.emit(op, *src, arg=(f"{prefix}{self.count}", width), dtype=dtype)
+    return self.emit(op, *src, arg=value_arg(prefix, self.count, width), dtype=dtype)
 
   def vec(self, v: Val) -> UOp:
     if v.kind is not Kind.LANES: return v.items[0]  # scalars mix with vectors in the C vector operators
@@ -231,7 +358,7 @@ class _Lowerer:
     """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
     zero = UOp.const(dtypes.int64, 0)
     def parts(d: int) -> list[tuple[UOp, int]]:
-      return [(self.loopvars[i] if i in self.loopvars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
+      return [(self.nesting.vars[i] if i in self.nesting.vars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
     return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
 
   def clamp(self, d: int, e: UOp) -> UOp:
@@ -281,7 +408,7 @@ class _Lowerer:
         ret = self.node(src, child)
         if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
     elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
-    elif u is self.row_source and not self.in_body and self.in_row(idx): ret = self.row_load(idx)
+    elif self.rows is not None and u is self.rows.source and not self.in_body and self.rows.holds(idx): ret = self.rows.load(idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
@@ -297,7 +424,7 @@ class _Lowerer:
     vals, oks = [], []
     for i, lane_idx in enumerate(lanes):
       ok = self.value(Ops.INRANGE, dtypes.bool, (at.lane(i), UOp.const(dtypes.int64, n)))
-      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="g").arg[0], 0, max(n - 1, 0))
+      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="g").arg.name, 0, max(n - 1, 0))
       vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
       oks.append(ok)
     val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
@@ -319,7 +446,7 @@ class _Lowerer:
   def read(self, dtype: DType, buf: int | str, off: UOp, valid: UOp) -> Val:
     def value(off: UOp, valid: UOp, width: int = 1) -> UOp:
       self.count += 1
-      return self.emit(Ops.LOAD, off, valid, arg=(f"v{self.count}", width, buf), dtype=dtype)
+      return self.emit(Ops.LOAD, off, valid, arg=load_arg(self.count, width, buf), dtype=dtype)
     if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
     base = self.subst_lane(off, 0)
     if dtype in self.vf and not self.lane_dep(valid) and self.contiguous(off, base):
@@ -327,7 +454,7 @@ class _Lowerer:
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
-    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=(name, width, red.arg[0]), dtype=red.dtype))
+    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
     return u
 
   def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
@@ -353,24 +480,24 @@ class _Lowerer:
                 Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
                 for j in range(self.k.axes[self.lanes].size // self.width)]
     if vector:  # the vectors first; the accumulator named now, defined once its lanes fold
-      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=(f"{name}_v", self.width, op), dtype=red.dtype))
-      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), (name, 1, op)), v))
-    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], (name, 1, op), red.dtype)
+      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=FoldArg(f"{name}_v", self.width, op), dtype=red.dtype))
+      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), FoldArg(name, 1, op)), v))
+    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], FoldArg(name, 1, op), red.dtype)
     ret = Val(Kind.SCALAR, (acc,))
     self.partials[acc] = partials
     self.accs.append((red, idx, ret))
     self.acc_at[(red, idx)] = ret
     return ret
 
-  def tree(self, stage: int, lanes: list[UOp], arg: tuple, dtype: DType) -> UOp:
+  def tree(self, stage: int, lanes: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
     """A fold of `lanes` (a statement named by `arg`) after a stage's loop, in a tree of named values, neighbouring lanes first (an
     operand may be spelled more than once in an op's code)."""
     while len(lanes) > 2:
-      lanes = [self.fold(stage, lanes[i:i + 2], (f"{arg[0]}_c{len(self.combine[stage])}", 1, arg[2]), dtype) if i + 1 < len(lanes) else lanes[i]
-               for i in range(0, len(lanes), 2)]
+      lanes = [self.fold(stage, lanes[i:i + 2], FoldArg(f"{arg.name}_c{len(self.combine[stage])}", 1, arg.op), dtype)
+               if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
     return self.fold(stage, lanes, arg, dtype)
 
-  def fold(self, stage: int, items: list[UOp], arg: tuple, dtype: DType) -> UOp:
+  def fold(self, stage: int, items: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
     self.combine[stage].append(u := stmt(Ops.FOLD, *items, arg=arg, dtype=dtype))
     return u
 
@@ -384,7 +511,8 @@ class _Lowerer:
       for at in range(0, len(pending), group):
         (first, _), chunk = pending[at], pending[at:at + group]
         if len(chunk) > 1:
-          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], (f"{first.arg[0]}_l", self.width, first.arg[2], True), first.dtype),))
+          across = FoldArg(f"{first.arg.name}_l", self.width, first.arg.op, True)
+          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], across, first.dtype),))
           for j, (acc, _) in enumerate(chunk): self.fold(stage, [lanes.lane(j)], acc.arg, acc.dtype)
         else: self.tree(stage, [Val(Kind.VECTOR, (chunk[0][1],)).lane(i) for i in range(self.width)], first.arg, first.dtype)
 
@@ -395,57 +523,20 @@ class _Lowerer:
     return tuple(in_idx)
 
   def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
-    if self.pair_axis >= 0:  # the CPU's TC: the two instances of a pair along K at once, in a dot product where it can be one
-      if self.simplify(inst[self.pair_axis]).arg: return
-      second = {**inst, self.pair_axis: UOp.const(dtypes.int64, 1)}
-      pair = [(inst, dims), (second, self.dims(second))]
-      if not self.dot(idx, self.partial(acc, inst), [d for _, d in pair]):
-        for i, d in pair: self.add(red, idx, acc, d, i)
-      return
-    self.add(red, idx, acc, dims, inst)
+    if self.dot_pairs is not None: self.dot_pairs.accumulate(red, idx, acc, dims, inst)
+    else: self.add(red, idx, acc, dims, inst)
 
   def partial(self, acc: Val, inst: dict[int, UOp]) -> Val:
     """The accumulator an instance adds into: with LANES, the partial of its vector of lanes."""
     if (parts := self.partials.get(acc.items[0])) is None: return acc
     return parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
 
-  def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:
-    """acc += A's pair times B's pair in each lane, in one bfloat16 dot product (see TensorCore), where acc is a vector, each input's
-    pair in a lane is the same in every lane, its two rows' contiguous lanes, or a pair of neighbours (LANES along K), and no padding
-    is masked; False where not."""
-    k, tc = self.k, self.k.tc
-    assert tc is not None
-    if acc.kind is not Kind.VECTOR or any(self.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
-    names, one = [], UOp.const(dtypes.int64, 1)
-    for view in (tc.a, tc.b):
-      offs = [self.view_index(view, self.reduce_index(idx, dims))[0] for dims in pair]
-      base = [self.subst_lane(off, 0) for off in offs]
-      if not self.lane_dep(*offs): kind, base = ("splat", base[:1]) if self.simplify(offs[1] - offs[0]) is one else ("splat2", base)
-      elif all(self.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
-      elif self.simplify(offs[1] - offs[0]) is one and self.simplify(offs[0] - self.lane * 2) is base[0] and \
-           self.vectorizable(base[0]): kind, base = "neighbours", base[:1]
-      else: return False
-      names.append(self.pair(view, base, kind))
-    self.emit(Ops.WMMA, acc.items[0], arg=("dot", self.width, *names))
-    return True
-
-  def pair(self, view: UOp, offs: list[UOp], kind: str) -> str:
-    """The name of a vector of pairs of `view`'s elements (see dot), made once per reduce body."""
-    if (key := (view.src[0], *offs)) not in self.pairs:
-      self.count += 1
-      self.pairs[key] = name = f"p{self.count}"
-      self.emit(Ops.WMMA, *offs, arg=("pair", name, self.width, self.bufs[view.src[0].arg], kind))
-    return self.pairs[key]
-
   def add(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
     """acc op= the reduce's source at the reduce dims' `dims` (`inst`: the register parts' values)."""
     k, op = self.k, red.arg[0]
     in_idx = self.reduce_index(idx, dims)
     val = self.node(red.src[0], in_idx)
-    if red is k.reduceop and self.row_source is not None and self.row_of(in_idx) in self.row_arrays:  # a row the output reads back
-      name, off = self.row_at(in_idx)
-      self.row_writes.add(name)
-      self.store(self.node(self.row_source, in_idx), off, TRUE, name, self.row_source.dtype)
+    if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     acc = self.partial(acc, inst)
@@ -460,44 +551,18 @@ class _Lowerer:
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
         stream = stream and self.width * dt.itemsize == 64 and not self.target.has_local
-        self.emit(Ops.STORE, base, val.items[0], guard, arg=(self.width, buf, stream), dtype=dt)
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=store_arg(self.width, buf, stream), dtype=dt)
         return
       for i in range(self.width):
-        self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=(1, buf, False), dtype=dt)
+        self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=store_arg(1, buf, False), dtype=dt)
       return
-    self.emit(Ops.STORE, off, val.lane(0), guard, arg=(1, buf, False), dtype=dt)
-
-  # ***** a row statistic's source, kept in an array of the row's values *****
-  def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
-    assert self.k.reduceop is not None
-    return tuple(e for d, e in enumerate(idx) if d not in self.k.reduceop.arg[1])
-
-  def row_at(self, idx: tuple[UOp, ...]) -> tuple[str, UOp]:
-    """The array of the row that `idx` is in, and idx's offset in it."""
-    red, src = self.k.reduceop, self.row_source
-    assert red is not None and src is not None
-    if (row := self.row_of(idx)) not in self.row_arrays:
-      self.row_arrays[row] = name = f"row{len(self.row_arrays)}"
-      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=(name, prod(src.shape[d] for d in red.arg[1])), dtype=src.dtype))
-    strides = strides_for(tuple(src.shape[d] for d in red.arg[1]))
-    return self.row_arrays[row], linear_sum(dtypes.int64, [(idx[d], st) for d, st in zip(red.arg[1], strides)], 0, self.simplified)
-
-  def in_row(self, idx: tuple[UOp, ...]) -> bool:
-    assert self.k.reduceop is not None and self.row_source is not None
-    return all(0 <= idx[d].vmin and idx[d].vmax < self.row_source.shape[d] for d in self.k.reduceop.arg[1])
-
-  def row_load(self, idx: tuple[UOp, ...]) -> Val:
-    name, off = self.row_at(idx)
-    self.row_reads.add(name)
-    assert self.row_source is not None
-    return self.read(self.row_source.dtype, name, off, TRUE)
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=store_arg(1, buf, False), dtype=dt)
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
 
   # ***** the kernel *****
   def program(self) -> LinearProgram:
-    if self.k.tc is not None and self.k.caps.has_local: return self.tensor_core()
     k = self.k
     partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
     for inst in self.instances((AxisKind.UPCAST,)):
@@ -506,15 +571,17 @@ class _Lowerer:
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
       self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)), stream=k.stream)
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
-    post, bodies = self.lines, self.reduce_bodies()
+    post, bodies, full_bodies = self.lines, self.reduce_bodies(), list[list[UOp]]()
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
-      self.full_bodies, self.unpadded = self.reduce_bodies(), -1
+      full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
     self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
-    in_order = any(u.op is Ops.DEFINE_ACC and u.arg[1] == 1 and u.dtype.is_float and u.arg[2] is Ops.ADD for u in self.decls)
+    in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
-    return LinearProgram(k, self.width, self.workgroups(bodies, post) if self.target.has_local else self.loops(bodies, post), in_order or tile)
+    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post)
+    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post)
+    return LinearProgram(k, self.width, uops, in_order or tile)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
     """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
@@ -522,8 +589,8 @@ class _Lowerer:
     last runs what follows the reduce."""
     assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
     kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
-    var, last, dt, zero = self.loopvars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
-    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=(None, width, 0), dtype=dt)
+    var, last, dt, zero = self.nesting.vars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
+    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=LoadArg(None, width, 0), dtype=dt)
     self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
     for acc, off, guard in partials:
       base = self.subst_lane(off, 0)
@@ -542,7 +609,8 @@ class _Lowerer:
     """Each reduce loop's body. A chain's later reduce reads the earlier ones' values: lowered first, it makes their accumulators."""
     bodies: list[list[UOp]] = [[] for _ in self.k.reduceops]
     for stage in reversed(range(len(bodies))):
-      self.lines, self.memo, self.pairs, self.in_body = bodies[stage], {}, {}, True
+      self.lines, self.memo, self.in_body = bodies[stage], {}, True
+      if self.dot_pairs is not None: self.dot_pairs.names.clear()  # pairs are made once per reduce body
       for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES, AxisKind.TC)):
         dims = self.dims(inst)
         for red, idx, acc in list(self.accs):
@@ -561,110 +629,137 @@ class _Lowerer:
       if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
     return None
 
-  def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
-    """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
-    bound the outermost loop."""
-    opened = []
-    for n, i in enumerate(axes):
-      if self.k.axes[i].size == 1: continue
-      first, last = (start, end if end >= 0 else self.k.axes[i].size) if n == 0 else (0, self.k.axes[i].size)
-      opened.append(stmt(Ops.RANGE, arg=(self.loopvars[i].arg[0], first, last, parallel and n == 0)))
-    return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
-  def loops(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
-    """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
-    loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
-    Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
-    chain of them (softmax's max, then its sum), one reduce loop after another."""
-    k, split = self.k, self.split
-    threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
-    outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
-    n = len(outer)
-    outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
-    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
-    red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
-    for stage, body in enumerate(bodies):
-      if split is None: reduce += self.nest(red, body)
-      else:  # the loop of the padded dim twice: its whole iterations with the body that has no masks, then the rest
-        j, cut = red.index(split), k.padded[k.axes[split].dim] // k.axes[split].stride
-        reduce += self.nest(red[:j], self.nest(red[j:], self.full_bodies[stage], 0, cut) + self.nest(red[j:], body, cut))
-      reduce += self.combine[stage]
-    # the thread's streaming stores, visible before the kernel ends: a fence last in its share
-    fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg[2] for u in post) else []
-    t = len(threads)
-    return self.nest(outer[:t], self.nest(outer[t:n], self.decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
+class RowArrays:
+  """The CPU keeps a row statistic's source in an array of the row's values where it computes an exp, log, sin or sqrt: the reduce
+  loop writes it, the row's loops read it back (softmax's probabilities, computed once); a 16-bit float summed in float32 is kept
+  as it is, before its cast. A pass of the reduce bodies and what follows them, owning the arrays and which were read and written."""
+  def __init__(self, lw: _Lowerer, source: UOp, red: UOp):
+    self.lw, self.source, self.dims = lw, source, red.arg[1]  # the dims the reduce sums: a row's
+    self.arrays: dict[tuple[UOp, ...], str] = {}  # a row -> its array's name
+    self.reads, self.writes = set[str](), set[str]()
 
-  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
-    """Each axis's index from one linear id, the last axis fastest."""
-    out, mult = [], 1
-    for n, i in enumerate(reversed(axes)):
-      size = self.k.axes[i].size
-      if size > 1: out.append(stmt(Ops.SPECIAL, arg=(self.loopvars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
-      mult *= size
-    return out
+  @staticmethod
+  def of(lw: _Lowerer) -> RowArrays | None:
+    k = lw.k
+    if (red := k.reduceop) is None: return None
+    src = red.src[0]
+    if src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
+    keep = k.reduce_out_dims != set(range(k.n_global)) and not any(a.kind is AxisKind.KBLOCK for a in k.axes) and \
+      any(u.op in ROW_KEPT for u in src.toposort)
+    return RowArrays(lw, src, red) if keep else None
 
-  def workgroups(self, bodies: list[list[UOp]], post: list[UOp]) -> list[UOp]:
-    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
-    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores."""
-    k = self.k
-    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
-    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(stmt(Ops.SPECIAL, arg=("lid", "local_id", 1, 0)))
-    out += self.unflatten(local + group, "lid")
-    red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    out += self.decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + self.combine[stage]]
-    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      threads = k.launch_dims[1]
-      partials = [(red, u) for red, _, acc in self.accs for u in (acc.lane(i) for i in range(self.width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=("partials", len(partials) * threads), dtype=dt))
-      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
-      out.append(stmt(Ops.RANGE, arg=("q", 1, groups, False)))
-      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-      out.append(stmt(Ops.ENDRANGE))
-    return out + post
+  def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
+    return tuple(e for d, e in enumerate(idx) if d not in self.dims)
 
-  def tensor_core(self) -> LinearProgram:
-    """A TC kernel: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B straight from
-    memory in the K loop, then goes through shared memory to apply what follows the sum and store."""
-    k, tc = self.k, self.k.tc
+  def at(self, idx: tuple[UOp, ...]) -> tuple[str, UOp]:
+    """The array of the row that `idx` is in, and idx's offset in it."""
+    src = self.source
+    if (row := self.row_of(idx)) not in self.arrays:
+      self.arrays[row] = name = f"row{len(self.arrays)}"
+      self.lw.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(src.shape[d] for d in self.dims)), dtype=src.dtype))
+    strides = strides_for(tuple(src.shape[d] for d in self.dims))
+    return self.arrays[row], linear_sum(dtypes.int64, [(idx[d], st) for d, st in zip(self.dims, strides)], 0, self.lw.simplified)
+
+  def holds(self, idx: tuple[UOp, ...]) -> bool:
+    return all(0 <= idx[d].vmin and idx[d].vmax < self.source.shape[d] for d in self.dims)
+
+  def load(self, idx: tuple[UOp, ...]) -> Val:
+    name, off = self.at(idx)
+    self.reads.add(name)
+    return self.lw.read(self.source.dtype, name, off, TRUE)
+
+  def write(self, idx: tuple[UOp, ...]) -> None:
+    """The reduce loop stores the source's value at `idx` into its row's array."""
+    name, off = self.at(idx)
+    self.writes.add(name)
+    self.lw.store(self.lw.node(self.source, idx), off, TRUE, name, self.source.dtype)
+
+
+class DotPairs:
+  """The CPU's TC (bfloat16 pairs along K in one dot product instruction, see TensorCore), a pass of the reduce bodies: it owns
+  the names of the vectors of pairs made in the body."""
+  def __init__(self, lw: _Lowerer, axis: int):
+    self.lw, self.axis = lw, axis  # the TC axis: the pair's two instances along K
+    self.names: dict[tuple[UOp, ...], str] = {}
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    """The two instances of a pair along K at once, in a dot product where it can be one, else each added as without TC."""
+    lw = self.lw
+    if lw.simplify(inst[self.axis]).arg: return
+    second = {**inst, self.axis: UOp.const(dtypes.int64, 1)}
+    pair = [(inst, dims), (second, lw.dims(second))]
+    if not self.dot(idx, lw.partial(acc, inst), [d for _, d in pair]):
+      for i, d in pair: lw.add(red, idx, acc, d, i)
+
+  def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:
+    """acc += A's pair times B's pair in each lane, in one bfloat16 dot product (see TensorCore), where acc is a vector, each input's
+    pair in a lane is the same in every lane, its two rows' contiguous lanes, or a pair of neighbours (LANES along K), and no padding
+    is masked; False where not."""
+    lw = self.lw
+    k, tc = lw.k, lw.k.tc
     assert tc is not None
-    def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
-    out = self.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    out.append(wmma("ids"))
-    out += self.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
-    tiles = self.instances((AxisKind.UPCAST,))
-    out += [wmma("acc", j) for j in range(len(tiles))]
-    frags: dict[tuple[str, UOp, UOp], str] = {}
-    body: list[UOp] = []
-    def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-      off = self.simplify(view.arg.index(tuple(dims))[0])
-      if (key := (which, view.src[0], off)) not in frags:
-        frags[key] = name = f"{which}{len(frags)}"
-        body.append(wmma("fragment", name, which, view.dtype, layout))
-        body.append(wmma("load", name, self.bufs[view.src[0].arg], ld, src=(off,)))
-      return frags[key]
-    for unroll in self.instances((AxisKind.UNROLL,)):
-      for j, tile in enumerate(tiles):
-        dims = self.dims({**tile, **unroll})
-        a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
-        body.append(wmma("mma", j, a, b))
-    out += self.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
-    out.append(stmt(Ops.DEFINE_LOCAL, arg=("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
-    row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-    tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
-    self.lines = []
-    for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-      self.lines += [wmma("store", j), wmma("sync")]
-      for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
-        self.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
-        dims = self.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
-        val = self.node(k.ast, tuple(dims[:k.n_global]))
-        self.store(val, self.out_offset(dims), TRUE)
-      self.lines.append(wmma("sync"))
-    return LinearProgram(k, self.width, out + self.lines)
+    if acc.kind is not Kind.VECTOR or any(lw.guard(dims, range(k.n_global, len(k.sizes))) is not TRUE for dims in pair): return False
+    names, one = [], UOp.const(dtypes.int64, 1)
+    for view in (tc.a, tc.b):
+      offs = [lw.view_index(view, lw.reduce_index(idx, dims))[0] for dims in pair]
+      base = [lw.subst_lane(off, 0) for off in offs]
+      if not lw.lane_dep(*offs): kind, base = ("splat", base[:1]) if lw.simplify(offs[1] - offs[0]) is one else ("splat2", base)
+      elif all(lw.contiguous(off, b) for off, b in zip(offs, base)): kind = "rows"
+      elif lw.simplify(offs[1] - offs[0]) is one and lw.simplify(offs[0] - lw.lane * 2) is base[0] and \
+           lw.vectorizable(base[0]): kind, base = "neighbours", base[:1]
+      else: return False
+      names.append(self.pair(view, base, kind))
+    lw.emit(Ops.WMMA, acc.items[0], arg=("dot", lw.width, *names))
+    return True
 
+  def pair(self, view: UOp, offs: list[UOp], kind: str) -> str:
+    """The name of a vector of pairs of `view`'s elements (see dot), made once per reduce body."""
+    lw = self.lw
+    if (key := (view.src[0], *offs)) not in self.names:
+      lw.count += 1
+      self.names[key] = name = f"p{lw.count}"
+      lw.emit(Ops.WMMA, *offs, arg=("pair", name, lw.width, lw.bufs[view.src[0].arg], kind))
+    return self.names[key]
+
+
+def tensor_cores(lw: _Lowerer) -> LinearProgram:
+  """The pass for a GPU's TC: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B
+  straight from memory in the K loop, then goes through shared memory, where the lowerer's values (`lw.cell` for the sum) apply
+  what follows the sum and store."""
+  k, tc = lw.k, lw.k.tc
+  assert tc is not None
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
+  out = lw.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+  out.append(wmma("ids"))
+  out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
+  tiles = lw.instances((AxisKind.UPCAST,))
+  out += [wmma("acc", j) for j in range(len(tiles))]
+  frags: dict[tuple[str, UOp, UOp], str] = {}
+  body: list[UOp] = []
+  def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
+    off = lw.simplify(view.arg.index(tuple(dims))[0])
+    if (key := (which, view.src[0], off)) not in frags:
+      frags[key] = name = f"{which}{len(frags)}"
+      body.append(wmma("fragment", name, which, view.dtype, layout))
+      body.append(wmma("load", name, lw.bufs[view.src[0].arg], ld, src=(off,)))
+    return frags[key]
+  for unroll in lw.instances((AxisKind.UNROLL,)):
+    for j, tile in enumerate(tiles):
+      dims = lw.dims({**tile, **unroll})
+      a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
+      body.append(wmma("mma", j, a, b))
+  out += lw.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
+  out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
+  row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
+  tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+  lw.lines = []
+  for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
+    lw.lines += [wmma("store", j), wmma("sync")]
+    for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
+      lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
+      dims = lw.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
+      val = lw.node(k.ast, tuple(dims[:k.n_global]))
+      lw.store(val, lw.out_offset(dims), TRUE)
+    lw.lines.append(wmma("sync"))
+  return LinearProgram(k, lw.width, out + lw.lines)

@@ -51,15 +51,15 @@ class Workload:
   names: dict[str, dict[str, int]] = field(default_factory=dict)  # values a parameter may also be given by name (-p model=cnn)
   gpu: Params = field(default_factory=dict)  # the defaults that differ on a GPU: data several times its L2, so launches do not dominate
 
-  def params(self, overrides: dict[str, int], device: str = "CPU") -> Params:
-    """The defaults with `overrides` applied; on a GPU with none given, the GPU defaults."""
+  def params(self, overrides: dict[str, int], gpu: bool = False) -> Params:
+    """The defaults with `overrides` applied; on a GPU (`gpu`) with none given, the GPU defaults."""
     if unknown := sorted(set(overrides) - set(self.defaults)):
       known = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
       raise ValueError(f"{self.name} has no parameter {', '.join(unknown)}; its parameters (with defaults): {known}")
     if bad := [f"{k}={v}" for k, v in overrides.items() if v < (0 if k in self.may_be_zero else 1)]:
       zero = f", {', '.join(self.may_be_zero)} at least 0" if self.may_be_zero else ""
       raise ValueError(f"bad {self.name} parameter {', '.join(bad)}: sizes are at least 1{zero}")
-    return {**self.defaults, **(self.gpu if device != "CPU" and not overrides else {}), **overrides}
+    return {**self.defaults, **(self.gpu if gpu and not overrides else {}), **overrides}
 
   def nbytes(self, params: Params, itemsize: int = 4) -> int:
     """The least memory traffic: every input read once and the output written once, `itemsize` bytes each (the dtype's)."""

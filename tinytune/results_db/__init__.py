@@ -5,6 +5,7 @@ from tinytune.results_db.db import (
   BaselineRow,
   CandidateRow,
   Database,
+  DatabaseError,
   PeakRow,
   RunRow,
   SchemaError,
@@ -31,7 +32,7 @@ from tinytune.results_db.models import (
   Tuned,
 )
 
-__all__ = ["Database", "database_url", "default_url", "fingerprint_hash", "to_json",
+__all__ = ["Database", "DatabaseError", "database_url", "default_url", "fingerprint_hash", "to_json",
            "SchemaError", "CandidateRow", "RunRow", "TunedRow", "BaselineRow",
            "PeakRow", "SCHEMA_VERSION", "STATUSES", "OUTCOMES", "Base", "Device", "KernelRecord", "SearchRun", "Candidate", "Tuned", "Baseline",
            "Peak", "Meta", "Claim", "HEAD", "VERSION_TABLE"]

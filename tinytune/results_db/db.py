@@ -54,6 +54,10 @@ Row = TypeVar("Row")
 Value = TypeVar("Value")
 
 
+class DatabaseError(RuntimeError):
+  """A database that cannot be used (a missing driver, a bad URL, a lock held too long, an unreadable file), in one line."""
+
+
 def default_url() -> str:
   """$TINYTUNE_DB, or a SQLite file in tinytune's cache directory."""
   return os.getenv("TINYTUNE_DB") or f"sqlite:///{cache_dir(writable=False) / 'tinytune.db'}"
@@ -218,8 +222,8 @@ def _check_file(path: pathlib.Path, frozen: bool, timeout: float) -> None:
       try: foreign = untrusted.foreign_objects(conn)
       except sqlite3.OperationalError as e:
         if "locked" not in str(e): raise
-        raise RuntimeError(f"database error: {path} stayed locked by another process for {timeout:g} s (TINYTUNE_DB_TIMEOUT)") from None
-  except sqlite3.Error as e: raise RuntimeError(f"database error: {(str(e).splitlines() or [type(e).__name__])[0]} ({path})") from None
+        raise DatabaseError(f"database error: {path} stayed locked by another process for {timeout:g} s (TINYTUNE_DB_TIMEOUT)") from None
+  except sqlite3.Error as e: raise DatabaseError(f"database error: {(str(e).splitlines() or [type(e).__name__])[0]} ({path})") from None
   finally: conn.close()
   if foreign: raise SchemaError(f"{path} is not a tinytune results database: it holds the {foreign[0]}, which tinytune never makes")
 
@@ -268,14 +272,14 @@ class Database:
     busy_timeout = db_timeout() if busy_timeout is None else busy_timeout
     try: self._make_engine(busy_timeout, read_only)
     except ImportError as e:  # the URL's driver: a missing module, or a dialect that is not there
-      raise RuntimeError(f"database error: {self!r} needs the Python package {e.name or 'of its driver'}, which is not installed") from None
-    except ArgumentError as e: raise RuntimeError(f"database error: {self!r}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+      raise DatabaseError(f"database error: {self!r} needs the Python package {e.name or 'of its driver'}, which is not installed") from None
+    except ArgumentError as e: raise DatabaseError(f"database error: {self!r}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
     self._reader = self.engine.execution_options(tinytune_write=False)
     self._pid = os.getpid()
     if check_schema:
       try: self._open_schema()
       except DBAPIError as e:  # an unreachable server, a file SQLite cannot read: one line, not SQLAlchemy's several
-        raise RuntimeError(f"database error: {(str(e.orig).splitlines() or [type(e.orig).__name__])[0]}") from None
+        raise DatabaseError(f"database error: {(str(e.orig).splitlines() or [type(e.orig).__name__])[0]}") from None
 
   def _make_engine(self, busy_timeout: float, read_only: bool) -> None:
     if self.url.get_backend_name() == "sqlite":
@@ -285,7 +289,7 @@ class Database:
       frozen = on_disk and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
       self.read_only = read_only = read_only or frozen
       if on_disk and path.exists():
-        if not path.is_file(): raise RuntimeError(f"database error: {path} is not a regular file")  # a FIFO would block SQLite's open
+        if not path.is_file(): raise DatabaseError(f"database error: {path} is not a regular file")  # a FIFO would block SQLite's open
         _check_file(path, frozen, busy_timeout)
       if on_disk and read_only:
         engine_url = self.url.set(database=f"file:{path}", query={"mode": "ro", "uri": "true", **({"immutable": "1"} if frozen else {})})

@@ -14,7 +14,7 @@ import numpy as np
 
 from tinytune.codegen.caps import DeviceCaps
 from tinytune.dtype import DType
-from tinytune.helpers import cache_dir, env_count
+from tinytune.helpers import DEBUG, cache_dir, env_count
 
 
 class Program:
@@ -48,6 +48,7 @@ class Compiled:
     raise NotImplementedError
   def fingerprint(self) -> dict[str, str]: raise NotImplementedError
 
+  is_gpu = False  # a GPU takes the workloads' GPU default sizes
   asynchronous = False  # launches return before the kernel has run: copyout, synchronize() and timing wait
   def synchronize(self) -> None:
     """Wait for every kernel launched so far."""
@@ -64,6 +65,48 @@ class Compiled:
     """TinyJit's replay of `steps` as one native call (the CPU) or graph launch (CUDA), given the new input buffers; None where this
     device has no such thing, and the steps replay one by one."""
     return None
+
+
+class KernelGraph:
+  """TinyJit's kernels as one device graph (CUDA's, HIP's), in a chain: built at the first replay; per replay the nodes whose input
+  buffers moved get their arguments set again, and one launch runs them all. Where the graph cannot be built, the kernels launch
+  one by one (DEBUG=1 says why); `graph` tells which. A backend gives the driver calls: add, instantiate, update, launch."""
+
+  def __init__(self, steps: Steps):
+    self.steps, self.graph = steps, True
+    self.nodes: list[Any] = []
+    self.last: list[int] = []  # the input addresses the nodes were last given
+
+  def address(self, buf: Buffer) -> int: raise NotImplementedError
+  def add(self, program: Program, args: list[int]) -> Any:
+    """A kernel node after the last one added, launching `program` on the buffers at `args`."""
+    raise NotImplementedError
+  def instantiate(self) -> None: raise NotImplementedError
+  def update(self, node: Any, program: Program, args: list[int]) -> None: raise NotImplementedError
+  def launch(self) -> None: raise NotImplementedError
+
+  def _args(self, bufs: list[Buffer | int], inputs: list[int]) -> list[int]:
+    return [inputs[b] if isinstance(b, int) else self.address(b) for b in bufs]
+
+  def __call__(self, new_inputs: list[Buffer]) -> None:
+    inputs = [self.address(b) for b in new_inputs]
+    if not self.graph:
+      for program, bufs in self.steps: program(*[new_inputs[b] if isinstance(b, int) else b for b in bufs])
+      return
+    if not self.last and not self.nodes:
+      try:
+        for program, bufs in self.steps: self.nodes.append(self.add(program, self._args(bufs, inputs)))
+        self.instantiate()
+      except Exception as e:
+        if DEBUG >= 1: print(f"TinyJit: no graph ({str(e).splitlines()[0]}): the kernels launch one by one")
+        self.graph = False
+        return self(new_inputs)
+    else:
+      moved = {i for i, (a, b) in enumerate(zip(inputs, self.last)) if a != b}
+      for node, (program, bufs) in zip(self.nodes, self.steps):
+        if moved.intersection(b for b in bufs if isinstance(b, int)): self.update(node, program, self._args(bufs, inputs))
+    self.last = inputs
+    self.launch()
 
 
 class CompileError(RuntimeError):

@@ -13,7 +13,7 @@ import numpy as np
 from tinytune.codegen.cstyle import HIPRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import env_int
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, disk_cached
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, KernelGraph, Program, Steps, disk_cached
 
 
 def _lib(name: str) -> ctypes.CDLL:
@@ -59,6 +59,55 @@ class AMDProgram(Program):
     return None
 
 
+class _Dim3(ctypes.Structure):
+  _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _KernelNodeParams(ctypes.Structure):  # hipKernelNodeParams
+  _fields_ = [("blockDim", _Dim3), ("extra", ctypes.c_void_p), ("func", ctypes.c_void_p), ("gridDim", _Dim3),
+              ("kernelParams", ctypes.c_void_p), ("sharedMemBytes", ctypes.c_uint)]
+
+
+class HIPGraph(KernelGraph):
+  """TinyJit's kernels as a hipGraph: hipGraphAddKernelNode per kernel, hipGraphExecKernelNodeSetParams where an input moved,
+  one hipGraphLaunch per replay."""
+
+  def __init__(self, dev: AMDDevice, steps: Steps):
+    super().__init__(steps)
+    self.dev, self.graph_, self.exec = dev, ctypes.c_void_p(), ctypes.c_void_p()
+
+  def address(self, buf: Buffer) -> int: return buf.mem.value or 0
+  @staticmethod
+  def _params(program: AMDProgram, args: list[int]) -> tuple[_KernelNodeParams, Any]:
+    """The node's parameters, and what must stay alive until the call that takes them returns (HIP copies the arguments)."""
+    values = [ctypes.c_void_p(a) for a in args]
+    ptrs = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    groups, threads = program.launch
+    p = _KernelNodeParams(_Dim3(threads, 1, 1), None, program.function.value, _Dim3(groups, 1, 1), ctypes.addressof(ptrs), 0)
+    return p, (values, ptrs)
+
+  def add(self, program: Program, args: list[int]) -> Any:
+    assert isinstance(program, AMDProgram)
+    hip = self.dev.hip
+    if not self.graph_: self.dev.check(hip.hipGraphCreate(ctypes.byref(self.graph_), 0), "hipGraphCreate")
+    node, (p, _alive) = ctypes.c_void_p(), self._params(program, args)
+    deps = (ctypes.c_void_p * 1)(*self.nodes[-1:]) if self.nodes else None
+    self.dev.check(hip.hipGraphAddKernelNode(ctypes.byref(node), self.graph_, deps, ctypes.c_size_t(len(self.nodes[-1:])), ctypes.byref(p)),
+                   "hipGraphAddKernelNode")
+    return node
+  def instantiate(self) -> None:
+    self.dev.check(self.dev.hip.hipGraphInstantiate(ctypes.byref(self.exec), self.graph_, None, None, ctypes.c_size_t(0)), "hipGraphInstantiate")
+    self.dev.check(self.dev.hip.hipGraphDestroy(self.graph_), "hipGraphDestroy")  # the executable graph is a copy
+  def update(self, node: Any, program: Program, args: list[int]) -> None:
+    assert isinstance(program, AMDProgram)
+    p, _alive = self._params(program, args)
+    self.dev.check(self.dev.hip.hipGraphExecKernelNodeSetParams(self.exec, node, ctypes.byref(p)), "hipGraphExecKernelNodeSetParams")
+  def launch(self) -> None: self.dev.check(self.dev.hip.hipGraphLaunch(self.exec, None), "hipGraphLaunch")
+
+  def __del__(self) -> None:
+    if self.exec: self.dev.hip.hipGraphExecDestroy(self.exec)
+
+
 class AMDDevice(Compiled):
   name = "AMD"
 
@@ -93,6 +142,7 @@ class AMDDevice(Compiled):
     value = ctypes.c_int()
     return value.value if self.hip.hipDeviceGetAttribute(ctypes.byref(value), attr, self.ordinal) == 0 else 0
 
+  is_gpu = True
   asynchronous = True  # launches and copies on the null stream, in order: a copy out waits for the kernels before it
   def synchronize(self) -> None: self.check(self.hip.hipDeviceSynchronize(), "the kernels")
   def timed(self, run: Callable[[], Any]) -> float:
@@ -104,6 +154,9 @@ class AMDDevice(Compiled):
     ms = ctypes.c_float()
     self.check(self.hip.hipEventElapsedTime(ctypes.byref(ms), self.start, self.end), "hipEventElapsedTime")
     return ms.value * 1e-3
+
+  def batch(self, steps: Steps) -> Callable[[list[Buffer]], None] | None:
+    return HIPGraph(self, steps) if all(isinstance(p, AMDProgram) for p, _ in steps) else None
 
   def alloc(self, size: int, dtype: DType) -> Any:
     ptr = ctypes.c_void_p()

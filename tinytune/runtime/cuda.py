@@ -12,8 +12,7 @@ import numpy as np
 
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.dtype import DType
-from tinytune.helpers import DEBUG
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps, disk_cached
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, KernelGraph, Program, Steps, disk_cached
 
 try:
   from cuda.bindings import driver as cu
@@ -55,55 +54,37 @@ def _arguments(addresses: list[int]) -> ctypes.Array:
   return args
 
 
-class CUDAGraph:
-  """TinyJit's kernels as one CUDA graph, in a chain: built at the first replay, then per replay the kernel nodes whose input buffers
-  moved get their arguments set again, and one cuGraphLaunch runs them all. Where the graph cannot be built, the kernels launch one
-  by one (DEBUG=1 says why); `graph` tells which."""
+class CUDAGraph(KernelGraph):
+  """TinyJit's kernels as a CUDA graph: cuGraphAddKernelNode per kernel, cuGraphExecKernelNodeSetParams where an input moved,
+  one cuGraphLaunch per replay."""
 
   def __init__(self, steps: Steps):
-    self.steps, self.graph = steps, True
+    super().__init__(steps)
+    self.graph_: Any = None
     self.exec: Any = None
-    self.nodes: list[Any] = []
-    self.last: list[int] = []  # the input addresses the nodes were last given
 
-  def _params(self, program: CUDAProgram, args: ctypes.Array) -> Any:
+  def address(self, buf: Buffer) -> int: return int(buf.mem)
+  @staticmethod
+  def _params(program: CUDAProgram, args: ctypes.Array) -> Any:
     p = cu.CUDA_KERNEL_NODE_PARAMS()
     p.func, (p.gridDimX, p.blockDimX) = program.function, program.launch
     p.gridDimY = p.gridDimZ = p.blockDimY = p.blockDimZ = 1
     p.sharedMemBytes, p.kernelParams, p.extra = 0, ctypes.addressof(args), 0
     return p
 
-  def _args(self, bufs: list[Buffer | int], inputs: list[int]) -> ctypes.Array:
-    return _arguments([inputs[b] if isinstance(b, int) else int(b.mem) for b in bufs])
-
-  def _build(self, inputs: list[int]) -> None:
-    graph = _check(cu.cuGraphCreate(0), "cuGraphCreate")
-    for program, bufs in self.steps:
-      args = self._args(bufs, inputs)
-      self.nodes.append(_check(cu.cuGraphAddKernelNode(graph, self.nodes[-1:], len(self.nodes[-1:]), self._params(program, args)),  # type: ignore[arg-type]
-                               "cuGraphAddKernelNode"))
-    self.exec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    _check(cu.cuGraphDestroy(graph), "cuGraphDestroy")  # the executable graph is a copy
-
-  def __call__(self, new_inputs: list[Buffer]) -> None:
-    inputs = [int(b.mem) for b in new_inputs]
-    if not self.graph:
-      for program, bufs in self.steps: program(*[new_inputs[b] if isinstance(b, int) else b for b in bufs])
-      return
-    if self.exec is None:
-      try: self._build(inputs)
-      except Exception as e:
-        if DEBUG >= 1: print(f"TinyJit: no CUDA graph ({str(e).splitlines()[0]}): the kernels launch one by one")
-        self.graph = False
-        return self(new_inputs)
-    else:
-      moved = {i for i, (a, b) in enumerate(zip(inputs, self.last)) if a != b}
-      for node, (program, bufs) in zip(self.nodes, self.steps):
-        if moved.intersection(b for b in bufs if isinstance(b, int)):
-          args = self._args(bufs, inputs)
-          _check(cu.cuGraphExecKernelNodeSetParams(self.exec, node, self._params(program, args)), "cuGraphExecKernelNodeSetParams")  # type: ignore[arg-type]
-    self.last = inputs
-    _check(cu.cuGraphLaunch(self.exec, 0), "cuGraphLaunch")
+  def add(self, program: Program, args: list[int]) -> Any:
+    assert isinstance(program, CUDAProgram)
+    if self.graph_ is None: self.graph_ = _check(cu.cuGraphCreate(0), "cuGraphCreate")
+    deps, values = self.nodes[-1:], _arguments(args)  # the driver copies the arguments: `values` need only outlive the call
+    return _check(cu.cuGraphAddKernelNode(self.graph_, deps, len(deps), self._params(program, values)), "cuGraphAddKernelNode")
+  def instantiate(self) -> None:
+    self.exec = _check(cu.cuGraphInstantiate(self.graph_, 0), "cuGraphInstantiate")
+    _check(cu.cuGraphDestroy(self.graph_), "cuGraphDestroy")  # the executable graph is a copy
+  def update(self, node: Any, program: Program, args: list[int]) -> None:
+    assert isinstance(program, CUDAProgram)
+    values = _arguments(args)
+    _check(cu.cuGraphExecKernelNodeSetParams(self.exec, node, self._params(program, values)), "cuGraphExecKernelNodeSetParams")
+  def launch(self) -> None: _check(cu.cuGraphLaunch(self.exec, 0), "cuGraphLaunch")
 
   def __del__(self) -> None:
     if self.exec is not None and cu is not None: cu.cuGraphExecDestroy(self.exec)
@@ -134,7 +115,7 @@ class CUDADevice(Compiled):
                            max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
                            tensor_cores=("float16", "bfloat16") if self.cc >= (8, 0) else ())
 
-  asynchronous = True
+  asynchronous = is_gpu = True
   def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")
   def timed(self, run: Callable[[], Any]) -> float:
     """Device seconds between events recorded before and after what `run` launches."""

@@ -43,6 +43,7 @@ class OpenCLDevice(Compiled):
     if not devices: raise DeviceMissing(f"OPENCL found no device ({why}): install a driver, e.g. apt-get install pocl-opencl-icd")
     self.device = devices[env_int("TINYTUNE_OPENCL_DEVICE", 0, 0)]
     self.ctx = cl.Context([self.device])
+    self.is_gpu = bool(self.device.type & cl.device_type.GPU)
     self.queue = cl.CommandQueue(self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
     fp64 = "cl_khr_fp64" in self.device.extensions or bool(getattr(self.device, "double_fp_config", 0))
     self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions, fp64=fp64)

@@ -140,6 +140,7 @@ class Evaluator:
     self.worker: _Worker | None = None
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
     self.run_s: list[float] = []  # the wall time of each candidate's run in the worker
+    self.render_s: list[float] = []  # ... and of rendering each
     ref = reference_kernel(self.kernel)
     self.ref = (_b64(self.dev.compile(self.dev.renderer.render(ref))), ref.name, ref.launch_dims)
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
@@ -168,10 +169,12 @@ class Evaluator:
       if len(done) < len(candidates[start:start + chunk]): break
     return results
 
-  def past_deadline(self) -> bool:
-    """Whether a new candidate would end past the deadline, going by how long the candidates so far took (a 2048^3 matmul's
-    take seconds each, and one started just before the deadline overran a 20 s budget by 4 s)."""
+  def past_deadline(self, rendering: bool = False) -> bool:
+    """Whether a new candidate would end past the deadline, going by how long the candidates so far took to run (a 2048^3
+    matmul's take seconds each, and one started just before the deadline overran a 20 s budget by 4 s) and, before it is
+    rendered, to render (a tensor-core matmul's lowering takes 0.2 to 0.4 s of Python, and a chunk of them is rendered in turn)."""
     typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
+    if rendering and self.render_s: typical += statistics.median(self.render_s[-8:])
     return self.deadline is not None and time.monotonic() + typical > self.deadline
 
   def _evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
@@ -181,15 +184,19 @@ class Evaluator:
       if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = stored; continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
-      if self.past_deadline(): break
+      if self.past_deadline(rendering=True): break
+      st = time.monotonic()
       src = self.render_source(k)
+      self.render_s.append(time.monotonic() - st)
       todo.append((i, opts, k, src, source_hash(src)))
     fresh = {h: (k, src) for _, _, k, src, h in todo if h not in self.by_source}
-    compiled = dict(zip(fresh, self.pool.map(self._compile, [src for _, src in fresh.values()])))
+    compiling = {h: self.pool.submit(self._compile, src) for h, (_, src) in fresh.items()}
     for i, opts, k, src, h in todo:
       if h not in self.by_source:
         if self.past_deadline(): break
-        lib, compile_s, error = compiled[h]
+        # a compile still running at the deadline is left to finish alone (a chunk's compiles ran 2.4 s past a 5 s budget on pocl)
+        try: lib, compile_s, error = compiling[h].result(None if self.deadline is None else max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError: break
         if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
         else:
           st = time.monotonic()
@@ -241,7 +248,7 @@ class Evaluator:
     if self.worker is not None:
       self.worker.kill()
       self.worker = None
-    self.pool.shutdown()
+    self.pool.shutdown(wait=False, cancel_futures=True)  # compiles past the deadline: not waited for
     self.ref_dir.cleanup()
 
   def __enter__(self) -> Evaluator: return self

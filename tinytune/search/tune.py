@@ -18,7 +18,7 @@ from tinytune.codegen.opts import Opt, opts_to_json
 from tinytune.engine.program import register_first_use_tuner, retune
 from tinytune.engine.schedule import ScheduleItem
 from tinytune.helpers import env_count
-from tinytune.results_db import Database, SchemaError, fingerprint_hash
+from tinytune.results_db import Database, DatabaseError, SchemaError, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
 from tinytune.search.evaluate import Result
@@ -210,8 +210,8 @@ def first_use_tuner(device: str, strategy: str) -> Tuner:
   strategy's options that environment variables set (BEAM=N, the beam's width); it writes a progress line per kernel on stderr."""
   db, options = os.getenv("TINYTUNE_DB") or None, tuple(env_options(strategy).items())
   try: return _first_use_tuner(db, device, strategy, env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES, options)
-  except (SQLAlchemyError, SchemaError) as e:  # SQLAlchemy's own words name neither the variable nor the URL
-    why = (str(getattr(e, "orig", None) or e).splitlines() or [type(e).__name__])[0]
+  except (SQLAlchemyError, SchemaError, DatabaseError) as e:  # SQLAlchemy's own words name neither the variable nor the URL
+    why = (str(getattr(e, "orig", None) or e).removeprefix("database error: ").splitlines() or [type(e).__name__])[0]
     where = f"TINYTUNE_DB={db!r}" if db else "the default database (TINYTUNE_DB is unset)"
     raise RuntimeError(f"{where} cannot record first-use tuning: {why}") from None
 

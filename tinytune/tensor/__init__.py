@@ -330,7 +330,7 @@ class Tensor:
   scatter = indexing.scatter; scatter_reduce = indexing.scatter_reduce; one_hot = indexing.one_hot; masked_fill = indexing.masked_fill
   masked_select = indexing.masked_select; nonzero = indexing.nonzero
   # elementwise.py
-  add = elementwise.add; mul = elementwise.mul; sub = elementwise.sub; div = elementwise.div; neg = elementwise.neg
+  add = elementwise.add; mul = elementwise.mul; sub = elementwise.sub; div = elementwise.div; neg = elementwise.neg; idiv = elementwise.idiv
   logical_not = elementwise.logical_not; _bitwise = elementwise._bitwise; _le = elementwise._le; lt = elementwise.lt; eq = elementwise.eq
   where = elementwise.where; maximum = elementwise.maximum; minimum = elementwise.minimum; abs = elementwise.abs
   exp2 = elementwise.exp2; log2 = elementwise.log2; exp = elementwise.exp; log = elementwise.log; sqrt = elementwise.sqrt

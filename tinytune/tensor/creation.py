@@ -1,6 +1,7 @@
 """Making tensors: constants, ranges and random numbers."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -15,32 +16,48 @@ if TYPE_CHECKING:
   from tinytune.tensor import Scalar, Tensor
 
 
+def _leaf(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+  """fn with torch's and tinygrad's requires_grad= keyword: the tensor it makes is a leaf that requires grad, or not, as asked."""
+  @functools.wraps(fn)
+  def made(*args: Any, requires_grad: bool | None = None, **kwargs: Any) -> Tensor:
+    ret = fn(*args, **kwargs)
+    return ret if requires_grad is None else ret.requires_grad_(requires_grad)
+  return made
+
+
 def _shape_arg(shape: tuple) -> tuple[int, ...]:
   shape = argfix(*shape)
   if not all(isinstance(s, int) and s >= 0 for s in shape): raise ValueError(f"a shape is non-negative ints, got {shape}")
   return shape
 
 
+@_leaf
 def full(shape: tuple[int, ...] | int, fill_value: Scalar, dtype: Any = None, device: str | None = None) -> Tensor:
   shape = Tensor._shape_arg(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,))
   return Tensor(fill_value, dtype=dtype, device=device).reshape((1,) * len(shape)).expand(shape)
 
 
+@_leaf
 def zeros(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
   return Tensor.full(argfix(*shape), 0.0, dtype or dtypes.default_float, device)
 
 
+@_leaf
 def ones(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
   return Tensor.full(argfix(*shape), 1.0, dtype or dtypes.default_float, device)
 
 
+@_leaf
 def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None, device: str | None = None) -> Tensor:
   if stop is None: start, stop = 0, start
   if step == 0: raise ValueError("arange step must not be zero")
-  dt = dtypes.from_any(dtype) if dtype else dtypes.default_int if all(isinstance(x, int) for x in (start, stop, step)) else dtypes.default_float
+  whole = all(isinstance(x, int) for x in (start, stop, step))
+  big = whole and not all(-2**31 <= x < 2**31 for x in (start, stop))  # as torch: ints past int32's range in int64
+  dt = dtypes.from_any(dtype) if dtype else (dtypes.int64 if big else dtypes.default_int) if whole else dtypes.default_float
   return Tensor(np.arange(start, stop, step, dtype=dt.np), dtype=dt, device=device)
 
 
+@_leaf
 def eye(n: int, m: int | None = None, dtype: Any = None, device: str | None = None) -> Tensor:
   m = n if m is None else m
   return (Tensor.arange(n, device=device).reshape(n, 1) == Tensor.arange(m, device=device).reshape(1, m)).cast(dtype or dtypes.default_float)
@@ -51,6 +68,7 @@ def manual_seed(seed: int = 0) -> None:
   rng.manual_seed(seed)
 
 
+@_leaf
 def rand(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
   """Uniform numbers in [0, 1), drawn by a kernel (Threefry on a counter, see tinytune.rng) and realized at once."""
   shape, device = Tensor._shape_arg(shape), Device.canonicalize(device)
@@ -58,41 +76,52 @@ def rand(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
   return bits.cast(dtype or dtypes.default_float).realize()
 
 
+@_leaf
 def randn(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
   """Standard normal numbers, by the Box-Muller transform of two uniform draws."""
   u = Tensor.rand(2, *Tensor._shape_arg(shape), device=device)
   return ((1 - u[0]).log() * -2).sqrt().mul((u[1] * (2 * math.pi)).cos()).cast(dtype or dtypes.default_float).realize()
 
 
+@_leaf
 def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: Any = None, device: str | None = None) -> Tensor:
   return (Tensor.rand(*shape, device=device) * (high - low) + low).cast(dtype or dtypes.default_float).realize()
 
 
+@_leaf
 def randint(*shape: Any, low: int = 0, high: int = 10, dtype: Any = None, device: str | None = None) -> Tensor:
   """Integers in [low, high), uniform."""
   if not high > low: raise ValueError(f"randint needs low < high, got low={low} high={high}")
   return ((Tensor.rand(*shape, device=device) * (high - low)).cast(dtypes.int64) + low).cast(dtype or dtypes.default_int).realize()
 
 
+@_leaf
 def full_like(self: Tensor, fill_value: Scalar, dtype: Any = None) -> Tensor:
   return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
 
 
+@_leaf
 def zeros_like(self: Tensor, dtype: Any = None) -> Tensor: return self.full_like(0, dtype)
+@_leaf
 def ones_like(self: Tensor, dtype: Any = None) -> Tensor: return self.full_like(1, dtype)
+@_leaf
 def rand_like(self: Tensor, dtype: Any = None) -> Tensor: return Tensor.rand(*self.shape, dtype=dtype or self.dtype, device=self.device)
+@_leaf
 def randn_like(self: Tensor, dtype: Any = None) -> Tensor: return Tensor.randn(*self.shape, dtype=dtype or self.dtype, device=self.device)
 
 
+@_leaf
 def empty(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
   """A tensor whose values are unspecified (zeros here, lazily: nothing is allocated before it is realized)."""
   return Tensor.zeros(*shape, dtype=dtype, device=device)
 
 
+@_leaf
 def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: str | None = None) -> Tensor:
   """steps evenly spaced values from start to stop, both included: the first half counted from start, the rest from stop."""
   if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace steps is an int >= 0, got {steps!r}")
   dt = dtypes.from_any(dtype) if dtype else dtypes.default_float
+  if dt == dtypes.bool: raise NotImplementedError("linspace of bool is not implemented, as in torch; make it in another dtype and cast")
   ft = dtypes.float64 if dt == dtypes.float64 else dtypes.float32  # computed in float32, or float64 for a float64 result
   if steps <= 1: return Tensor([start] * steps, dtype=ft, device=device).cast(dt)
   i, step = Tensor.arange(steps, device=device).cast(ft), (stop - start) / (steps - 1)
@@ -150,27 +179,32 @@ def diag(self: Tensor, diagonal: int = 0) -> Tensor:
 
 
 # ***** initializers: random tensors scaled for a layer's fan-in and fan-out (tinygrad's) *****
+@_leaf
 def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: Any = None, device: str | None = None) -> Tensor:
   return (Tensor.randn(*shape, device=device) * std + mean).cast(dtype or dtypes.default_float)
 
 
+@_leaf
 def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
   """Uniform in +-sqrt(6 / ((1 + a^2) fan_in)), fan_in the product of all but the first dim (He et al. 2015)."""
   bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(argfix(*shape)[1:]))
   return Tensor.uniform(*shape, low=-bound, high=bound, **kwargs)
 
 
+@_leaf
 def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
   """Normal with std sqrt(2 / ((1 + a^2) fan_in)), fan_in the product of all but the first dim."""
   return Tensor.normal(*shape, mean=0.0, std=math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(argfix(*shape)[1:])), **kwargs)
 
 
+@_leaf
 def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
   """Xavier/Glorot: uniform in +-sqrt(6 / (fan_in + fan_out)), fan_out the first dim and fan_in the product of the rest."""
   s = argfix(*shape)
   return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * math.sqrt(6 / (s[0] + prod(s[1:])))
 
 
+@_leaf
 def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
   """Uniform in +-1 / sqrt(numel)."""
   return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * prod(argfix(*shape)) ** -0.5

@@ -37,6 +37,11 @@ def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str |
   return q if rounding_mode is None else q.trunc()
 
 
+def idiv(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
+  """Integer division rounded toward zero (tinygrad's name for div(y, rounding_mode="trunc"))."""
+  return self.div(y, reverse, rounding_mode="trunc")
+
+
 def _int_div(a: Tensor, b: Tensor, floor: bool) -> tuple[Tensor, Tensor]:
   """(quotient, remainder) of ints rounded toward zero or down. IDIV and MOD only see operands >= 0, where every rounding agrees.
   A zero divisor raises RuntimeError as torch's does (at the call, or at the next realize where b is lazy: see tinytune.tensor.checks)."""
@@ -180,6 +185,7 @@ def gelu(self: Tensor, approximate: str = "none") -> Tensor:
 def pow(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
   if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool) and math.isfinite(y) and y == int(y):
     base = self if isinstance(y, int) else self._float()  # an int tensor to an int power stays int, like torch
+    if y < 0 and not base.dtype.is_float: raise RuntimeError("Integers to negative integer powers are not allowed.")
     ret, sq, n = None, base, -int(y) if y < 0 else int(y)
     while n:  # square and multiply: exact for ints, one rounding per multiply for floats
       if n & 1: ret = sq if ret is None else ret * sq
@@ -200,7 +206,7 @@ def _float_pow(base: Tensor, exp: Tensor) -> Tensor:
   mag = (exp * base.abs().log2()).exp2()
   is_int = exp == exp.cast(dtypes.int64).cast(exp.dtype)
   odd = (exp * 0.5) != (exp * 0.5).cast(dtypes.int64).cast(exp.dtype)
-  neg = (base < 0).where(is_int.where(odd.where(-mag, mag), math.nan), mag)
+  neg = (base < 0).where(is_int.where(odd.where(-mag, mag), (base == -math.inf).where(mag, math.nan)), mag)  # -inf ** y: IEEE's, no NaN
   return (exp == 0).where(1.0, neg)
 
 

@@ -65,7 +65,7 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
     if isinstance(i, np.ndarray):
       if size is not None and size != n: raise IndexError(f"a mask of size {size} does not match dim {dim} of size {n}")
       if i.size and not (-n <= i.min() and i.max() < n):
-        raise IndexError(f"index {i.max() if i.max() >= n else i.min()} is out of range for dim {dim} of size {n}")
+        raise IndexError(f"index {i.max() if i.max() >= n else i.min()} is out of bounds for dimension {dim} with size {n}")
       i = Tensor(np.where(i < 0, i + n, i).astype(np.int32 if n < 2**31 else np.int64), device=self.device)
     if isinstance(i, Tensor):
       if i.dtype.is_float: raise IndexError(f"tensors used as indices must be int or bool tensors, got {i.dtype.name}")
@@ -74,7 +74,7 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
       out_shape.append(n)  # kept whole here; the Tensor index selects from it
       parts.append((0, n, 1))
     elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
-      if not -n <= i < n: raise IndexError(f"index {i} is out of range for dim {dim} of size {n}")
+      if not -n <= i < n: raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {n}")
       x = x.shrink(tuple((int(i) % n, int(i) % n + 1) if j == dim else None for j in range(x.ndim)))
       parts.append((int(i) % n, 1, 1))
     elif isinstance(i, slice):

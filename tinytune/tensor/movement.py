@@ -52,7 +52,9 @@ def _view_chain(view: View | None, shape: tuple[int, ...], moves: Moves) -> tupl
 
 
 def reshape(self: Tensor, *shape: Any) -> Tensor:
+  """self's elements in a new shape: one entry may be -1 (the rest of the elements), and None keeps that dim's size (as tinygrad)."""
   shape = argfix(*shape)
+  if None in shape and len(shape) == self.ndim: shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
   if not all(isinstance(s, int) and s >= -1 for s in shape) or shape.count(-1) > 1: raise ValueError(f"bad shape {shape}")
   if -1 in shape:
     known = prod(s for s in shape if s != -1)
@@ -156,10 +158,11 @@ def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
   return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
 
-def squeeze(self: Tensor, dim: int | None = None) -> Tensor:
+def squeeze(self: Tensor, dim: Any = None) -> Tensor:
+  """self without its size-1 dims: all of them, those of dim (an int or a tuple of them, as torch); a named dim of another size stays."""
   if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
-  d = self._axis(dim)
-  return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+  dims = {self._axis(d) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+  return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in dims and s == 1)))
 
 
 def unsqueeze(self: Tensor, dim: int) -> Tensor:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def sum(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
-  dt = dtypes.from_any(dtype) if dtype else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
+  dt = dtypes.from_any(dtype) if dtype is not None else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
   if dt.is_half:  # a float16 sum stalls at 2048 + 1, a bfloat16 one at 256 + 1
     return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dt)
   return self.cast(dt)._reduce(Ops.ADD, axis, keepdim)
@@ -26,8 +26,20 @@ def _flip_order(self: Tensor) -> Tensor:
   return self ^ (True if self.dtype == dtypes.bool else -1)  # -1 is all ones in every int type
 
 
-def max(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor: return self._reduce(Ops.MAX, axis, keepdim)
-def min(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor: return self._flip_order().max(axis, keepdim)._flip_order()
+def max(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
+  _require_values(self, axis, "max")
+  return self._reduce(Ops.MAX, axis, keepdim)
+
+
+def _require_values(self: Tensor, axis: Any, what: str) -> None:
+  """The max (or argmax) of all of an empty tensor has no answer: raise as torch does. (Over an empty dim, torch raises too; here it
+  gives the reduction's identity, which softmax and the other compositions over empty dims rely on.)"""
+  if axis is None and not self.numel():
+    raise (IndexError if what.startswith("arg") else RuntimeError)(
+      f"{what}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument.")
+def min(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
+  _require_values(self, axis, "min")
+  return self._flip_order().max(axis, keepdim)._flip_order()
 
 
 def mean(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
@@ -38,7 +50,8 @@ def mean(self: Tensor, axis: Any = None, keepdim: bool = False) -> Tensor:
 def var(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
   n = prod_(s for i, s in enumerate(self.shape) if i in self._reduce_axes(axis))
   sq = (self._float() - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-  return sq * (1 / (n - correction) if n - correction > 0 else math.nan)
+  # no degrees of freedom left: divided by 0 as torch does (inf, or NaN where the squares sum to 0)
+  return sq * (1 / (n - correction)) if n - correction > 0 else sq / 0.0
 
 
 def std(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor: return self.var(axis, keepdim, correction).sqrt()
@@ -46,6 +59,7 @@ def std(self: Tensor, axis: Any = None, keepdim: bool = False, correction: int =
 
 def argmax(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
   """The index of the first max along axis (of the flattened tensor where None), int32 like tinygrad."""
+  _require_values(self, axis, "argmax")
   if axis is None: return self.flatten().argmax(0) if self.ndim else Tensor(0, dtypes.int32, self.device)
   if not self.ndim: return self.reshape(1).argmax(self._axis(axis))
   d = self._axis(axis)
@@ -62,8 +76,9 @@ def argmin(self: Tensor, axis: int | None = None, keepdim: bool = False) -> Tens
 def prod(self: Tensor, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
   """The product along axes, by halving: log2(n) multiplies of the two halves (there is no product reduction)."""
   axes = self._reduce_axes(axis)
-  dt = dtypes.from_any(dtype) if dtype else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
+  dt = dtypes.from_any(dtype) if dtype is not None else self.dtype if self.dtype.is_float else dtypes.int64  # ints and bools add in int64, as torch
   x = self.cast(dtypes.float32 if dt.is_half else dt)
+  if not self.ndim: return x.cast(dt)
   rest = [i for i in range(self.ndim) if i not in axes]
   x = x.permute(rest + list(axes)).reshape(tuple(self.shape[i] for i in rest) + (prod_(self.shape[i] for i in axes),))
   if x.shape[-1] == 0: x = x.pad(((0, 0),) * (x.ndim - 1) + ((0, 1),), value=1)
