@@ -204,7 +204,8 @@ def test_compare_tunes_then_reports(capsys: pytest.CaptureFixture[str], tmp_path
 # the README's "JSON output" section: each command's context keys, then each table's row keys
 SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
   "search": ({"workload", "params", "dtype", "device", "fingerprint", "strategy", "cache_hit", "elapsed_ms"},
-             {"kernels": {"kernel", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "cache_hit", "candidates", "opts", "key", "note"}}),
+             {"kernels": {"kernel", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "cache_hit", "candidates", "opts", "key", "note",
+                                     "errors"}}),
   "bench": ({"workload", "params", "dtype", "device", "peak_gflops", "peak_gbs"},
             {"implementations": {"implementation", "dtype", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
              "kernels": {"kernel", "dtype", "flops", "bytes", "opts", "opts_from"}}),

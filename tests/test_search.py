@@ -582,3 +582,17 @@ def test_seconds_is_the_whole_commands_wall_time_beside_a_cpu_hog(tmp_path, work
 def test_a_budget_too_small_for_the_setup_says_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
   found = tinytune("search", "conv2d", "--seconds", "0.01", "--quiet", db=f"sqlite:///{tmp_path}/t.db")
   assert found.returncode == 2 and found.stderr.count("\n") == 1 and "s after the setup" in found.stderr, found.stderr
+
+
+def test_the_first_error_of_each_kind_is_in_the_search_table() -> None:
+  from tinytune.search.strategy import SearchResult
+  from tinytune.search.tune import KernelOutcome, outcome_frame
+  up = [(Opt(OptOps.UPCAST, 0, n),) for n in (2, 4, 8, 16)]
+  history = [Result((), "ok", 1e-3, 1e-3, source_hash="a"), Result(up[0], "crashed", source_hash="b", error="the worker died (exit code -11)"),
+             Result(up[1], "crashed", source_hash="c", error="the worker died (exit code -6)"), Result(up[2], "invalid", error="too wide"),
+             Result(up[3], "timeout", source_hash="d", error="cut off after 2.0 s, over 9x the best so far")]
+  result = SearchResult((), 1e-3, (), 1e-3, history)
+  assert result.errors() == "crashed: the worker died (exit code -11); timeout: cut off after 2.0 s, over 9x the best so far"
+  outcome = KernelOutcome("k", "r_8", (), 1e-3, 1e-3, False, result.counts(), 0.01, "", result.errors())
+  (row,) = outcome_frame([outcome]).to_dict("records")
+  assert row["errors"] == result.errors() and row["candidates"] == {"crashed": 2, "invalid": 1, "ok": 1, "timeout": 1}

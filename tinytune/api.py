@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
   from tinytune.results_db import Database
 
-TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "opts", "candidates", "cache_hit", "note"]
+TUNE_COLUMNS = ["kernel", "key", "device", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "opts", "candidates", "cache_hit", "note",
+                "errors"]
 TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "spread": "float64", "speedup": "float64",  # also when empty
                "candidates": "int64", "cache_hit": "bool"}
 

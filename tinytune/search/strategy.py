@@ -45,6 +45,13 @@ class SearchResult:
 
   @property
   def speedup(self) -> float: return self.default_s / self.best_s if self.best_s > 0 and not self.note else math.nan
+  def errors(self) -> str:
+    """The first error of each kind of failure (crashed, timeout, wrong, compile_error: not invalid opts), for the user to see."""
+    first: dict[str, str] = {}
+    for r in self.history:
+      if r.status not in ("ok", "invalid"): first.setdefault(r.status, r.error)
+    return "; ".join(f"{status}: {error}" if error else status for status, error in first.items())
+
   def counts(self) -> dict[str, int]:
     """Distinct candidates by status: kernels by source (a duplicate is run once), invalid ones (never compiled) by opts."""
     ret: dict[str, int] = {}

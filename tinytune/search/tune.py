@@ -42,6 +42,7 @@ class KernelOutcome:
   counts: dict[str, int] = field(default_factory=dict)
   spread: float | None = None  # of the tuned kernel's final re-time (None: read from the cache)
   note: str = ""  # "noisy: ...": the re-time was disturbed, so there is no speedup and nothing was stored
+  errors: str = ""  # the first error of each kind of failed candidate
 
   @property
   def speedup(self) -> float | None: return self.default_s / self.best_s if self.default_s and self.best_s > 0 and not self.note else None
@@ -168,19 +169,20 @@ class Tuner:
     if self.study:  # what this run measured itself, not what it read back from the other workers
       mine = {c.source_hash: c.status for c in self.db.run_candidates(run_id) if c.kernel_id == kernel_id}
       counts = {status: list(mine.values()).count(status) for status in set(mine.values())}
-    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts, result.spread, result.note)
+    return KernelOutcome(kernel.key, label, result.best, result.best_s, result.default_s, False, counts, result.spread, result.note, result.errors())
 
 
 def outcome_frame(outcomes: Sequence[KernelOutcome], extra: Callable[[KernelOutcome], dict[str, Any]] = lambda o: {}) -> pd.DataFrame:
   """One row per kernel outcome, as `tune()` and `tinytune search` report them: kernel (its label), the `extra` columns, default_ms
   and tuned_ms (the final interleaved re-time's medians, or the cache's; None where nothing was measured), spread (the tuned kernel's
   re-time, (median - min) / median), speedup (None where the re-time was noisy), cache_hit, candidates (measured by status), opts
-  ([op, axis, arg] lists), key and note ("noisy: ..." where the machine was too busy to trust the figures)."""
+  ([op, axis, arg] lists), key, note ("noisy: ..." where the machine was too busy to trust the figures) and errors (the first of each
+  kind of failed candidate: "crashed: ...; timeout: ...")."""
   import pandas as pd
   def ms(s: float | None) -> float | None: return s * 1e3 if s is not None and math.isfinite(s) else None
   return pd.DataFrame([{"kernel": o.name, **extra(o), "default_ms": ms(o.default_s), "tuned_ms": ms(o.best_s), "spread": o.spread,
                         "speedup": o.speedup, "cache_hit": o.cache_hit, "candidates": dict(sorted(o.counts.items())),
-                        "opts": json.loads(opts_to_json(o.best)), "key": o.key, "note": o.note} for o in outcomes])
+                        "opts": json.loads(opts_to_json(o.best)), "key": o.key, "note": o.note, "errors": o.errors} for o in outcomes])
 
 
 SETUP_LEFT = 0.25  # a --seconds budget the setup left less than this part of is too small: said at once, not overrun
