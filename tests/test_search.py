@@ -108,7 +108,7 @@ def test_search_command_then_cache_hit(tmp_path) -> None:
   second = tinytune("search", "matmul", "-p", "m=64", "-p", "n=64", "-p", "k=64", "--budget", "8", "--json", db=db)
   hit = json.loads(second.stdout)
   assert hit["cache_hit"] and hit["kernels"][0]["opts"] == out["kernels"][0]["opts"]
-  assert time.perf_counter() - st < 10 and hit["elapsed_ms"] < 1000
+  assert time.perf_counter() - st < 10 and hit["elapsed_ms"] < out["elapsed_ms"]  # the whole command's, from its process's start
   rows = Database(db).run_candidates(1)
   assert len(rows) == sum(out["kernels"][0]["candidates"].values())
   stored = Database(db).tuned(out["kernels"][0]["key"], out["fingerprint"])  # the figures printed are the ones stored, then read back

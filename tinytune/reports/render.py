@@ -27,7 +27,7 @@ HIDDEN = {"devices": ["fingerprint_hash", "probe"], "best": ["flops", "nbytes", 
 NARROW = 100  # a terminal under this many columns gets tables without the columns below, and the rest wrapped
 LOW_VALUE = {"devices": ["id", "arch", "compiler_version", "codegen_version", "fingerprint", "compiler", "threads"],
              "best": ["strategy", "gbs", "key"], "baselines": ["library_version", "min_ms", "gbs"], "history": ["run_id", "opts"],
-             "implementations": ["version", "min_ms", "gbs"], "kernels": ["flops", "bytes", "cache_hit"], "sizes": ["tuned_gflops"],
+             "implementations": ["version", "min_ms", "gbs"], "kernels": ["flops", "bytes", "cache_hit", "spread"], "sizes": ["tuned_gflops"],
              "entries": ["device", "updated_at", "default_ms"]}
 
 
@@ -87,6 +87,7 @@ def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[s
   for name, df in frames.items():
     if name == "history" and len(frames) > 1: df = df.groupby(["run_id", "kernel"], sort=False).tail(1)  # the end of each search only
     df = _shown(name, df)
+    df = df.drop(columns=[c for c in ("note", "errors") if c in df and not df[c].fillna("").astype(bool).any()])  # said only where there is one
     if console.width < NARROW: df = df.drop(columns=[c for c in LOW_VALUE.get(name, []) if c in df])
     title = (titles or {}).get(name) or TITLES.get(name, name) + (" (last candidate of each search)" if name == "history" and len(frames) > 1 else "")
     table = Table(title=escape(title))
