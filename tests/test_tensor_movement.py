@@ -335,6 +335,15 @@ def test_pad_modes() -> None:
                  lambda x: x.pad((None, (0, 1), (1, 2)), mode="replicate"), dtype=dtypes.int32)
 
 
+def test_interpolate_uint8_images() -> None:
+  """A uint8 image resizes to uint8 as torch's CPU kernel rounds it: nearest picks pixels; bilinear in fixed point, the last dim first."""
+  for mode in ("nearest", "nearest-exact", "bilinear"):
+    for shape, size in (((1, 3, 4, 5), (7, 9)), ((2, 3, 16, 16), (5, 7)), ((1, 6, 5, 5), (5, 9))):
+      helper_test_op([shape], lambda x: F.interpolate(x, size, mode=mode), lambda x: x.interpolate(size, mode), dtype=dtypes.uint8, low=0, high=255)
+  helper_test_op([(1, 3, 6, 4)], lambda x: F.interpolate(x, (9, 3), mode="bilinear", align_corners=True),
+                 lambda x: x.interpolate((9, 3), "bilinear", align_corners=True), dtype=dtypes.uint8, low=0, high=255)
+
+
 def test_movement() -> None:
   helper_test_op([(2, 3, 4)], lambda x: x.clone())
   helper_test_op([(2, 3, 4)], lambda x: x.view(6, 4))

@@ -424,12 +424,27 @@ def interpolate(self: Tensor, size: Any, mode: str = "linear", align_corners: bo
     raise ValueError(f"interpolate size is up to {self.ndim} positive ints, got {size!r}")
   if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"): raise ValueError(f"interpolate has no mode {mode!r}")
   if align_corners and mode.startswith("nearest"): raise ValueError("align_corners is only for the linear modes")
+  if self.dtype == dtypes.uint8 and not mode.startswith("nearest"): return _interpolate_uint8(self, size, mode, align_corners)
   x = self._float()
   for axis, m in zip(range(self.ndim - len(size), self.ndim), size):
     n = x.shape[axis]
     if n == m and not mode.startswith("nearest"): continue
     mix = Tensor(_resize_matrix(n, m, mode, align_corners), dtype=x.dtype, device=x.device)
     x = (x.transpose(axis, -1) @ mix).transpose(axis, -1)
+  return x.cast(self.dtype) if mode.startswith("nearest") else x  # nearest picks elements: an int image stays int
+
+
+def _interpolate_uint8(self: Tensor, size: tuple[int, ...], mode: str, align_corners: bool) -> Tensor:
+  """A uint8 image resized as torch's CPU kernel does: the last dim first, each pass in int32 with the weights as fixed-point ints
+  (the most bits that keep them under 2^15), rounded half up and clamped to uint8 before the next pass."""
+  x = self
+  for axis, m in reversed(list(zip(range(self.ndim - len(size), self.ndim), size))):
+    n = x.shape[axis]
+    if n == m: continue
+    mix = _resize_matrix(n, m, mode, align_corners)
+    bits = next(b for b in range(23) if b == 22 or int(0.5 + mix.max() * (1 << (b + 1))) >= 1 << 15)
+    fixed = Tensor(np.floor(mix * (1 << bits) + 0.5).astype(np.int32), dtype=dtypes.int32, device=x.device)
+    x = ((x.cast(dtypes.int32).transpose(axis, -1) @ fixed).transpose(axis, -1) + (1 << (bits - 1)) >> bits).clip(0, 255).cast(dtypes.uint8)
   return x
 
 
