@@ -220,6 +220,13 @@ def test_one_hot_and_masks() -> None:
   helper_test_op([(3, 4)], lambda x: x.nonzero(), dtype=dtypes.int32, low=-1, high=1)
   helper_test_op([(2, 0)], lambda x: x.nonzero())
   helper_test_op(None, lambda x: x.nonzero(), vals=[[0.0, math.nan, -0.0, 1.0]])
+  for size in (0, 3, 12):  # with size (tinygrad's form) lazy: the first size found, then fill_value (torch.nonzero_static)
+    helper_test_op([(3, 4)], lambda x: torch.nonzero_static(x, size=size), lambda x: x.nonzero(size=size, fill_value=-1), low=-1, high=1,
+                   dtype=dtypes.int32)
+    helper_test_op([(3, 4)], lambda x: torch.cat([x.masked_select(x > 0)[:size], torch.full((max(0, size - int((x > 0).sum())),), 7.0)]),
+                   lambda x: x.masked_select(x > 0, size=size, fill_value=7.0))
+  helper_test_op([()], lambda x: torch.nonzero_static(x, size=2, fill_value=0), lambda x: x.nonzero(size=2), dtype=dtypes.int32, low=1, high=1)
+  helper_test_op([(2, 0)], lambda x: torch.nonzero_static(x, size=2, fill_value=0), lambda x: x.nonzero(size=2))
 
 
 # ***** reductions *****
@@ -458,6 +465,7 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("scatter_reduce how", lambda: Tensor.zeros(3).scatter_reduce(0, Tensor([0]), Tensor([1.0]), "max"), ValueError, "sum, prod, mean, amax or amin"),
   ("scatter src", lambda: Tensor.zeros(3).scatter(0, Tensor([0, 1]), Tensor([1.0])), ValueError, "src shape"),
   ("one_hot float", lambda: Tensor([1.0]).one_hot(3), TypeError, "one_hot needs an int tensor"),
+  ("nonzero size", lambda: Tensor.zeros(3).nonzero(size=-1), ValueError, "size must be an int >= 0, got -1"),
   ("masked_fill mask", lambda: Tensor.zeros(3).masked_fill(Tensor([1, 0, 1]), 1.0), TypeError, "mask must be a bool Tensor"),
   ("topk k", lambda: Tensor.zeros(3).topk(4), ValueError, "topk k=4 is out of range for dim 0 of size 3"),
   ("permute short", lambda: Tensor.zeros(2, 3).permute(1), ValueError, r"one dim per dim of the tensor \(2\), got 1"),

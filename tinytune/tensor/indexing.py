@@ -296,14 +296,29 @@ def masked_fill(self: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
   return mask.where(value, self).cast(self.dtype).expand(self.shape)
 
 
-def masked_select(self: Tensor, mask: Tensor) -> Tensor:
-  """The elements of self where mask (broadcast together) is True, as a 1-d tensor. Its size depends on the data, so this
-  realizes mask; self is indexed by the positions found, so the gradient flows to it."""
+def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value: Scalar = 0) -> Tensor:
+  """The elements of self where mask (broadcast together) is True, as a 1-d tensor; the gradient flows to self. With size None its
+  length depends on the data, so this realizes mask; with size (as tinygrad) it stays lazy: the first size picked, then fill_value."""
   if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool: raise TypeError("masked_select mask must be a bool Tensor")
   x, m = _broadcast([self, mask])
-  return x.reshape(-1)[m.reshape(-1)]
+  if size is None: return x.reshape(-1)[m.reshape(-1)]
+  return _first_picked(x.reshape(-1, 1), m.reshape(-1), size, fill_value).reshape(size)
 
 
-def nonzero(self: Tensor) -> Tensor:
-  """The indices of the nonzero elements, shape (count, ndim), int64 like torch. Its size depends on the data, so this realizes self."""
-  return Tensor(np.argwhere(self.numpy()).astype(np.int64).reshape(-1, self.ndim), dtype=dtypes.int64, device=self.device)
+def nonzero(self: Tensor, size: int | None = None, fill_value: Scalar = 0) -> Tensor:
+  """The indices of the nonzero elements, shape (count, ndim), int64 like torch. With size None this realizes self (its size depends
+  on the data); with size (as tinygrad, or torch.nonzero_static) it stays lazy: size rows, the first found, then rows of fill_value."""
+  if size is None: return Tensor(np.argwhere(self.numpy()).astype(np.int64).reshape(-1, self.ndim), dtype=dtypes.int64, device=self.device)
+  flat = Tensor.arange(self.numel(), dtype=dtypes.int64, device=self.device).reshape(-1, 1)
+  coords = [flat // prod(self.shape[k + 1:]) % self.shape[k] for k in range(self.ndim)]
+  at = coords[0].cat(*coords[1:], dim=1) if coords else flat.shrink((None, (0, 0)))
+  return _first_picked(at, (self != 0).reshape(-1), size, fill_value)
+
+
+def _first_picked(rows: Tensor, picked: Tensor, size: int, fill_value: Scalar) -> Tensor:
+  """(size, k): the first size rows of rows (n, k) where picked (n,) is True, then rows of fill_value. O(size * n * k) work, no realize."""
+  if not isinstance(size, int) or size < 0: raise ValueError(f"size must be an int >= 0, got {size!r}")
+  slot = picked.cumsum(0) - 1  # where each picked row goes
+  hit = picked & (slot == Tensor.arange(size, device=rows.device).reshape(-1, 1))  # (size, n)
+  got = _pick(hit.unsqueeze(-1), rows.unsqueeze(0), 1)
+  return (Tensor.arange(size, device=rows.device) < picked.sum()).reshape(-1, 1).where(got, fill_value).cast(rows.dtype)
