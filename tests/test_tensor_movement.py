@@ -234,28 +234,31 @@ def test_running_reductions() -> None:
   for ax in (0, 1, -1):
     helper_test_op([(3, 5)], lambda x: x.cumsum(ax))
     helper_test_op([(3, 5)], lambda x: x.cumprod(ax), low=0.5, high=1.5)
-    helper_test_op([(3, 5)], lambda x: x.cummax(ax).values, lambda x: x.cummax(ax))
-    helper_test_op([(3, 5)], lambda x: x.cummin(ax).values, lambda x: x.cummin(ax))
+    helper_test_op([(3, 5)], lambda x: x.cummax(ax))
+    helper_test_op([(3, 5)], lambda x: x.cummin(ax))
     helper_test_op([(3, 5)], lambda x: x.logcumsumexp(ax))
   helper_test_op([(3, 5)], lambda x: x.cumsum(1), dtype=dtypes.int32, low=-9, high=9)  # int32 sums in int64, like torch
   helper_test_op([(3, 5)], lambda x: x.cumprod(0), dtype=dtypes.int32, low=-9, high=9)
-  helper_test_op([(3, 5)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-9, high=9)
-  helper_test_op([(3, 5)], lambda x: x.cummin(1).values, lambda x: x.cummin(1), dtype=dtypes.uint8, low=0, high=255)
+  helper_test_op([(3, 5)], lambda x: x.cummax(1), dtype=dtypes.int32, low=-9, high=9)
+  helper_test_op([(3, 5)], lambda x: x.cummin(1), dtype=dtypes.uint8, low=0, high=255)
   helper_test_op([(3, 0)], lambda x: x.cumsum(1))
   helper_test_op([(2, 700)], lambda x: x.cumsum(1), atol=1e-4)  # past BLOCK: in blocks, then over the blocks
   helper_test_op([(300, 2)], lambda x: x.cumprod(0), low=0.98, high=1.02, rtol=1e-4)
   helper_test_op(None, lambda x: x.cumprod(1), vals=[[[2.0, 0.0, -3.0, 0.0, 5.0], [0.0, -1.0, 2.0, 3.0, 0.5], [1.5, 2.0, -0.5, 0.0, 4.0]]])  # zeros
-  helper_test_op([(2, 300)], lambda x: x.cummax(1).values, lambda x: x.cummax(1), dtype=dtypes.int32, low=-999, high=999)
+  helper_test_op([(2, 300)], lambda x: x.cummax(1), dtype=dtypes.int32, low=-999, high=999)
   # the gradient goes where torch's cummax/cummin index points: the last occurrence of the running max (min), of the last NaN
-  helper_test_op(None, lambda x: x.cummin(0).values, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9])
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, 3.0, 3.0, 2.0, 3.0, 5.0, 5.0, math.nan, 1.0, math.nan]])
-  helper_test_op(None, lambda x: x.cummin(-1).values, lambda x: x.cummin(-1), vals=[[[2.0, 2.0, 1.0, 1.0], [0.0, -0.0, 0.0, 4.0]]])
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[[1.0, 2.0], [1.0, 0.0], [1.0, 2.0]]])
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[-math.inf, -math.inf, 1.0]])
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[3.0])  # 0-d
+  helper_test_op(None, lambda x: x.cummin(0), vals=[[1.0] * 290 + [math.nan] + [0.0] * 9])
+  helper_test_op(None, lambda x: x.cummax(0), vals=[[1.0, 3.0, 3.0, 2.0, 3.0, 5.0, 5.0, math.nan, 1.0, math.nan]])
+  helper_test_op(None, lambda x: x.cummin(-1), vals=[[[2.0, 2.0, 1.0, 1.0], [0.0, -0.0, 0.0, 4.0]]])
+  helper_test_op(None, lambda x: x.cummax(0), vals=[[[1.0, 2.0], [1.0, 0.0], [1.0, 2.0]]])
+  helper_test_op(None, lambda x: x.cummax(0), vals=[[-math.inf, -math.inf, 1.0]])
+  helper_test_op(None, lambda x: x.cummax(0), vals=[3.0])  # 0-d
+  for shape, ax in (((0, 3), 0), ((3, 0), 1), ((0, 3), 1)):  # size 0 along the axis or across it: (values, indices) both empty
+    helper_test_op([shape], lambda x: x.cummax(ax))
+    helper_test_op([shape], lambda x: x.cummin(ax), dtype=dtypes.int32)
   helper_test_op([(1,)], lambda x: x.cumprod(0))
   helper_test_op([()], lambda x: x.cumsum(0))
-  helper_test_op(None, lambda x: x.cummax(0).values, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]])
+  helper_test_op(None, lambda x: x.cummax(0), vals=[[1.0, math.nan, 3.0, -math.inf]])
   helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-200.0, 0.0, -math.inf, 100.0]])  # each prefix shifted by its own max
   helper_test_op(None, lambda x: x.logcumsumexp(0), vals=[[-math.inf, -math.inf, 1.0]])
 

@@ -152,22 +152,26 @@ def cumprod(self: Tensor, axis: int = 0) -> Tensor:
   return out + s.detach().isfinite().where(s - s.detach(), 0)
 
 
-def cummax(self: Tensor, axis: int = 0) -> Tensor:
-  """The running max along axis (values only, like tinygrad; a NaN carries on). O(n min(n, sqrt(n) + BLOCK)) work along axis.
-  The gradient goes to the index torch's cummax returns, the last occurrence of each running max (of the last NaN, once one came):
-  the value is self gathered there, whose gradient adds each output's back at that place."""
+def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
+  """(values, indices) of the running max along axis, like torch (and tinygrad): a NaN carries on, and the int64 index is that of the
+  last occurrence of each running max (of the last NaN, once one came). O(n min(n, sqrt(n) + BLOCK)) work along axis for each; the
+  gradient goes to that index: the value is self gathered there, whose gradient adds each output's back at that place."""
   def running_max(x: Tensor) -> Tensor: return _running(x, axis, dtypes.min(x.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
-  if not (self.dtype.is_float and tracking(self)): return running_max(self)
-  if deferred(self): return lazily(lambda x: x.cummax(axis), self)
   x = self.detach()
   v = running_max(x)
   d = self._axis(axis) if self.ndim else 0
-  at = Tensor.arange(self.shape[d] if self.ndim else 1, device=self.device).reshape(tuple(-1 if i == d else 1 for i in range(self.ndim)))
-  record = (x == v) | (x.isnan() & v.isnan())  # where a running max is reached (again)
-  return self.gather(axis, running_max(record.where(at, 0)))
+  at = Tensor.arange(self.shape[d] if self.ndim else 1, dtype=dtypes.int64, device=self.device)
+  record = (x == v) | (x.isnan() & v.isnan()) if x.dtype.is_float else x == v  # where a running max is reached (again)
+  index = running_max(record.where(at.reshape(tuple(-1 if i == d else 1 for i in range(self.ndim))), 0))
+  if not (self.dtype.is_float and tracking(self)): return v, index
+  if deferred(self): return lazily(lambda x: x.cummax(axis)[0], self), index
+  return self.gather(axis, index), index
 
 
-def cummin(self: Tensor, axis: int = 0) -> Tensor: return self._flip_order().cummax(axis)._flip_order()
+def cummin(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
+  """(values, indices) of the running min along axis, like torch: cummax of the order reversed."""
+  v, index = self._flip_order().cummax(axis)
+  return v._flip_order(), index
 
 
 def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
