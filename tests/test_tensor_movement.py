@@ -187,6 +187,9 @@ def test_gather() -> None:
   helper_test_op([(4, 5)], *both(lambda x, i: x.gather(0, i), G))  # an index smaller than the input
   helper_test_op([(4, 3)], *both(lambda x, i: x.gather(0, i), G), dtype=dtypes.int32)
   helper_test_op([(4, 3)], *both(lambda x, i: x.gather(0, i), idx(np.zeros((0, 3)))))
+  helper_test_op([(2, 3)], *both(lambda x, i: x.gather(1, i), idx([[0, 1, 2, 2, 0]])))  # longer than the input along dim
+  helper_test_op([()], *both(lambda x, i: x.gather(0, i), idx([0, 0, 0])))  # a 0-d input counts as 1-d, as in torch
+  helper_test_op([()], *both(lambda x, i: x.gather(-1, i), idx([0])))
 
 
 S, SRC = idx([[0, 1, 2, 0], [2, 0, 0, 1]]), np.arange(8, dtype=np.float32).reshape(2, 4) - 3
@@ -207,6 +210,7 @@ def test_scatter() -> None:
   helper_test_op([(3, 5)], lambda x: x.scatter(0, S[0], torch.from_numpy(SRC), reduce="add"), lambda x: x.scatter(0, S[1], Tensor(SRC), reduce="add"))
   helper_test_op([(3, 5)], lambda x: x.scatter(0, S[0], torch.from_numpy(SRC).int(), reduce="multiply"),
                  lambda x: x.scatter(0, S[1], Tensor(SRC).cast(dtypes.int32), reduce="multiply"), dtype=dtypes.int32)
+  helper_test_op([()], lambda x: x.scatter(0, idx([0])[0], torch.tensor([3.0])), lambda x: x.scatter(0, idx([0])[1], Tensor([3.0])))
 
 
 def test_one_hot_and_masks() -> None:
@@ -461,12 +465,20 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("setitem shape", lambda: Tensor.zeros(3, 4).__setitem__(slice(1), Tensor.zeros(3)), ValueError, "cannot be broadcast to indexing result"),
   ("setitem type", lambda: Tensor.zeros(3).__setitem__(0, "a"), TypeError, "can't assign a str to a Tensor"),
   ("setitem oob", lambda: Tensor.zeros(3).__setitem__(3, 1.0), IndexError, "index 3 is out of bounds for dimension 0 with size 3"),
-  ("gather dims", lambda: Tensor.zeros(3, 4).gather(0, Tensor([0])), ValueError, "index has 1 dims, the tensor 2"),
+  ("gather dims", lambda: Tensor.zeros(3, 4).gather(0, Tensor([0])), ValueError, "Index tensor must have the same number of dimensions as input"),
+  ("gather 0-d dims", lambda: Tensor(5.0).gather(0, Tensor([[0]])), ValueError, "same number of dimensions as input tensor"),
   ("gather float", lambda: Tensor.zeros(3).gather(0, Tensor([0.0])), TypeError, "gather index must be an int tensor"),
-  ("gather big", lambda: Tensor.zeros(3, 4).gather(0, Tensor.zeros(2, 5, dtype=dtypes.int32)), ValueError, "larger than the tensor's"),
+  ("gather big", lambda: Tensor.zeros(3, 4).gather(0, Tensor.zeros(2, 5, dtype=dtypes.int32)), ValueError,
+   r"Size does not match at dimension 1 expected index \[2, 5\] to be no larger than self \[3, 4\] apart from dimension 0"),
+  ("scatter dims", lambda: Tensor.zeros(3, 4).scatter(1, Tensor([0]), 1.0), ValueError, "same number of dimensions as self tensor"),
+  ("scatter src dims", lambda: Tensor.zeros(3, 4).scatter(1, Tensor([[0]]), Tensor(1.0)), ValueError, "same number of dimensions as src tensor"),
+  ("scatter big", lambda: Tensor.zeros(2, 3).scatter(1, Tensor([[0], [1], [2]]), 1.0), ValueError,
+   r"Expected index \[3, 1\] to be no larger than self \[2, 3\] apart from dimension 1$"),
+  ("scatter_reduce scalar", lambda: Tensor.zeros(3).scatter_reduce(0, Tensor([0]), 1.0, "sum"), TypeError, "'src' .* must be Tensor, not float"),
   ("scatter reduce", lambda: Tensor.zeros(3).scatter(0, Tensor([0]), 1.0, reduce="max"), ValueError, "scatter reduce is 'add', 'multiply' or None"),
   ("scatter_reduce how", lambda: Tensor.zeros(3).scatter_reduce(0, Tensor([0]), Tensor([1.0]), "max"), ValueError, "sum, prod, mean, amax or amin"),
-  ("scatter src", lambda: Tensor.zeros(3).scatter(0, Tensor([0, 1]), Tensor([1.0])), ValueError, "src shape"),
+  ("scatter src", lambda: Tensor.zeros(3).scatter(0, Tensor([0, 1]), Tensor([1.0])), ValueError,
+   r"Expected index \[2\] to be no larger than self \[3\] apart from dimension 0 and to be no larger size than src \[1\]"),
   ("one_hot float", lambda: Tensor([1.0]).one_hot(3), TypeError, "one_hot needs an int tensor"),
   ("nonzero size", lambda: Tensor.zeros(3).nonzero(size=-1), ValueError, "size must be an int >= 0, got -1"),
   ("masked_fill mask", lambda: Tensor.zeros(3).masked_fill(Tensor([1, 0, 1]), 1.0), TypeError, "mask must be a bool Tensor"),

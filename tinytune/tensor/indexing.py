@@ -207,13 +207,24 @@ def _broadcast(ts: list[Tensor]) -> list[Tensor]:
   return [t.reshape(s).expand(out) for t, s in zip(ts, shapes)]
 
 
-def _check_index(self: Tensor, dim: int, index: Tensor, what: str) -> int:
+def _check_index(self: Tensor, dim: int, index: Tensor, what: str, src: Tensor | None = None) -> int:
+  """dim as an axis of self, after torch's checks of index (and src): one dims count (0-d counting as 1-d), and index no larger
+  than self outside dim (than src along every dim)."""
   if not isinstance(index, Tensor): raise TypeError(f"{what} index is a Tensor, got {type(index).__name__}")
   if not (index.dtype.is_int or index.dtype == dtypes.uint8): raise TypeError(f"{what} index must be an int tensor, got {index.dtype.name}")
-  if index.ndim != self.ndim: raise ValueError(f"{what}: index has {index.ndim} dims, the tensor {self.ndim}; they must match")
   d = self._axis(dim)
-  if any(a > b for k, (a, b) in enumerate(zip(index.shape, self.shape)) if k != d):
-    raise ValueError(f"{what}: index shape {index.shape} is larger than the tensor's {self.shape} outside dim {d}")
+  if max(index.ndim, 1) != max(self.ndim, 1):
+    raise ValueError(f"Index tensor must have the same number of dimensions as {'input' if what == 'gather' else 'self'} tensor")
+  if src is not None and max(src.ndim, 1) != max(index.ndim, 1):
+    raise ValueError("Index tensor must have the same number of dimensions as src tensor")
+  if not self.ndim: return d
+  over = [k for k, (a, b) in enumerate(zip(index.shape, self.shape)) if k != d and a > b]
+  if what == "gather" and over:
+    raise ValueError(f"Size does not match at dimension {over[0]} expected index {list(index.shape)} to be no larger than self "
+                     f"{list(self.shape)} apart from dimension {d}")
+  if over or (src is not None and any(a > b for a, b in zip(index.shape, src.shape))):
+    raise ValueError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart from dimension {d}" +
+                     (f" and to be no larger size than src {list(src.shape)}" if src is not None else ""))
   return d
 
 
@@ -227,8 +238,8 @@ def _out_of_bounds(d: int, n: int) -> Any: return lambda v: RuntimeError(f"index
 
 def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
   """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range raises RuntimeError, as in torch."""
-  if self.ndim == 0: return self.reshape(1).gather(dim, index.reshape(1)).reshape(())
   d = _check_index(self, dim, index, "gather")
+  if self.ndim == 0: return self.reshape(1).gather(d, index.reshape(-1)).reshape(index.shape)
   _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   return self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))._gather(d, index)
 
@@ -244,17 +255,16 @@ def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: s
   """self with src combined at index along dim by reduce: 'sum', 'prod', 'mean', 'amax' or 'amin', like torch.scatter_reduce."""
   if reduce not in ("sum", "prod", "mean", "amax", "amin"):
     raise ValueError(f"scatter_reduce reduce is sum, prod, mean, amax or amin, got {reduce!r}")
+  if not isinstance(src, Tensor): raise TypeError(f"scatter_reduce(): argument 'src' (position 3) must be Tensor, not {type(src).__name__}")
   return _scatter(self, dim, index, src, reduce, include_self)
 
 
 def _scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, how: str, include_self: bool) -> Tensor:
+  d = _check_index(self, dim, index, "scatter", src if isinstance(src, Tensor) else None)
   if self.ndim == 0:
-    return _scatter(self.reshape(1), dim, index.reshape(1), src.reshape(1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
-  d = _check_index(self, dim, index, "scatter")
+    return _scatter(self.reshape(1), d, index.reshape(-1), src.reshape(-1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
   _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, self.dtype, self.device)
-  if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
-    raise ValueError(f"scatter: src shape {src.shape} must have index's dims {index.shape}, each at least as large")
   vals = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype).unsqueeze(-1)  # index's shape + (1,)
   hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)  # index's shape + (n,): which place each write hits
 
