@@ -358,6 +358,17 @@ def test_interpolate_uint8_images() -> None:
                  lambda x: x.interpolate((9, 3), "bilinear", align_corners=True), dtype=dtypes.uint8, low=0, high=255)
 
 
+def test_max_pool_indices() -> None:
+  """max_pool2d(return_indices=True) gives torch's flat indices: the first of tied maxima, the last NaN of a window that has one."""
+  nan = math.nan
+  helper_test_op(None, lambda x: F.max_pool2d(x, 2, return_indices=True), lambda x: x.max_pool2d(2, return_indices=True),
+                 vals=[[[[nan, 5.0, 1.0, 1.0], [nan, 4.0, 1.0, 0.0]]]], grad=False)
+  helper_test_op(None, lambda x: F.max_pool1d(x, 3, 1, return_indices=True), lambda x: x.max_pool2d((3,), 1, return_indices=True),
+                 vals=[[[nan, 5.0, nan, 4.0, 1.0, nan, 2.0, 2.0]]], grad=False)
+  helper_test_op([(2, 3, 6, 5)], lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), lambda x: x.max_pool2d(3, 2, 1, return_indices=True),
+                 low=-2, high=2, dtype=dtypes.int32)  # ints with ties
+
+
 def test_movement() -> None:
   helper_test_op([(2, 3, 4)], lambda x: x.clone())
   helper_test_op([(2, 3, 4)], lambda x: x.view(6, 4))

@@ -367,7 +367,7 @@ def _ceil_pads(spatial: tuple[int, ...], pads: tuple[tuple[int, int], ...], k: t
 def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
                return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
   """Max over windows of the last len(kernel_size) dims (2 for an int kernel), arguments in torch's order. return_indices: also the
-  int64 index of each max in its flattened spatial dims, as torch gives (the first one on ties)."""
+  int64 index of each max in its flattened spatial dims, as torch gives (the first one on ties, the last NaN where there is one)."""
   k, st, dl, pd = _pool_args(self, "max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
   d = len(k)
   fill = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
@@ -377,7 +377,10 @@ def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: 
   if not return_indices: return pooled
   size = prod(self.shape[-d:])
   where = Tensor.arange(size, dtype=dtypes.int64, device=self.device).reshape(self.shape[-d:]).pad(pd, value=size)._windows(k, st, dl)
-  return pooled, (windows == pooled.reshape(*pooled.shape, *(1,) * d)).where(where, size).min(axes).detach()
+  first = (windows == pooled.reshape(*pooled.shape, *(1,) * d)).where(where, size).min(axes)
+  if not self.dtype.is_float: return pooled, first.detach()
+  last_nan = windows.isnan().where(where, -1).max(axes)  # torch's scan takes each NaN it meets: a window's last NaN
+  return pooled, (last_nan >= 0).where(last_nan, first).detach()
 
 
 def avg_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
