@@ -396,6 +396,10 @@ def test_movement() -> None:
   helper_test_op([(2, 5, 3)], lambda x: x.unfold(-1, 3, 5))
   helper_test_op([(2, 5, 3)], lambda x: x.unfold(0, 1, 1))
   helper_test_op([(2, 5, 3)], lambda x: x[:, 1:].unfold(1, 3, 1))  # a view with an offset
+  helper_test_op([()], lambda x: x.unfold(0, 0, 1), grad=False)  # 0-d counts as size 1 (gradient: see View's reshape of a padded empty)
+  helper_test_op([()], lambda x: x.unfold(-1, 1, 2))
+  helper_test_op([(3, 4)], lambda x: x.unfold(1, 0, 2))
+  helper_test_op([(3, 4)], lambda x: F.pad(x, (-2, -2)), lambda x: x.pad((-2, -2)))  # cropped to nothing
   helper_test_op([(2, 12)], lambda x: x.unflatten(1, (3, 4)))
   helper_test_op([(2, 12)], lambda x: x.unflatten(-1, (2, -1, 2)))
   helper_test_op([(2, 3, 4)], lambda x: x.permute(2, 0, 1))
@@ -509,8 +513,16 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("split sum", lambda: Tensor.zeros(5).split([2, 2]), ValueError, r"must be >= 0 and sum to dim 0's size 5"),
   ("split zero", lambda: Tensor.zeros(5).split(0), ValueError, "split size must be a positive int"),
   ("chunk zero", lambda: Tensor.zeros(5).chunk(0), ValueError, "positive int of chunks"),
-  ("unfold size", lambda: Tensor.zeros(3, 4).unfold(1, 5, 1), ValueError, r"unfold size 5 must be in \[0, 4\]"),
-  ("unfold step", lambda: Tensor.zeros(3, 4).unfold(1, 2, 0), ValueError, "unfold step must be a positive int"),
+  ("unfold size", lambda: Tensor.zeros(3, 4).unfold(1, 5, 1), ValueError, "maximum size for tensor at dimension 1 is 4 but size is 5"),
+  ("unfold empty", lambda: Tensor.zeros(0, 3).unfold(0, 2, 1), ValueError, "maximum size for tensor at dimension 0 is 0 but size is 2"),
+  ("unfold negative", lambda: Tensor.zeros(3, 4).unfold(1, -1, 1), ValueError, "size is -1 but must be >= 0"),
+  ("unfold step", lambda: Tensor.zeros(3, 4).unfold(1, 2, 0), ValueError, "step is 0 but must be > 0"),
+  ("unfold float", lambda: Tensor.zeros(3, 4).unfold(1, 2.0, 1), TypeError, "size and step must be ints"),
+  ("unfold dim", lambda: Tensor.zeros(3, 4).unfold(2, 2, 1), IndexError, "out of range"),
+  ("pad odd", lambda: Tensor.zeros(3, 4).pad((1, 1, 1)), ValueError, "Padding length must be divisible by 2"),
+  ("pad long", lambda: Tensor.zeros(3, 4).pad((1,) * 6), ValueError, "less than or equal to two times the input dimension but got padding length 6"),
+  ("pad float", lambda: Tensor.zeros(3, 4).pad((1.5, 1)), TypeError, "must be tuple of ints, but found element of type float at pos 0"),
+  ("pad crop", lambda: Tensor.zeros(3, 4).pad((-5, 0)), ValueError, r"crops more than the shape \(3, 4\)"),
   ("einsum operands", lambda: Tensor.einsum("ij,jk", Tensor.zeros(2, 3)), ValueError, "names 2 operands, got 1"),
   ("einsum dims", lambda: Tensor.einsum("ijk", Tensor.zeros(2, 3)), ValueError, "does not match the operands' dims"),
   ("einsum sizes", lambda: Tensor.einsum("ij,jk", Tensor.zeros(2, 3), Tensor.zeros(4, 2)), ValueError, "letter 'j' has sizes 3 and 4"),

@@ -103,11 +103,16 @@ def pad(self: Tensor, padding: Sequence, mode: str = "constant", value: Scalar =
   if mode not in ("constant", "reflect", "replicate", "circular"):
     raise ValueError(f"pad mode is constant, reflect, replicate or circular, got {mode!r}")
   if mode != "constant" and value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a value")
-  if padding and all(isinstance(p, int) for p in padding):
-    if len(padding) % 2 or len(padding) > 2 * self.ndim: raise ValueError(f"flat padding needs pairs for at most {self.ndim} dims, got {padding}")
+  if padding and all(not isinstance(p, (tuple, list)) and p is not None for p in padding):  # torch's flat form
+    if (bad := next((i for i, p in enumerate(padding) if not isinstance(p, int)), None)) is not None:
+      raise TypeError(f"pad(): argument 'pad' must be tuple of ints, but found element of type {type(padding[bad]).__name__} at pos {bad}")
+    if len(padding) % 2: raise ValueError("Padding length must be divisible by 2")
+    if len(padding) > 2 * self.ndim: raise ValueError("Padding length should be less than or equal to two times the input dimension but got "
+                                                      f"padding length {len(padding)} and input of dimension {self.ndim}")
     flat = list(padding) + [0] * (2 * self.ndim - len(padding))
     pairs = tuple((flat[2 * i], flat[2 * i + 1]) for i in reversed(range(self.ndim)))
   else: pairs = tuple(p or (0, 0) for p in self._pairs(padding, "pad"))
+  if any(b + a + s < 0 for (b, a), s in zip(pairs, self.shape)): raise ValueError(f"padding {pairs} crops more than the shape {self.shape}")
   if mode in ("reflect", "replicate") and any(b < 0 or a < 0 for b, a in pairs):  # pad, then crop, like torch (circular crops first)
     x = _pad_from_edges(self, tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode)
     return x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
@@ -264,9 +269,11 @@ def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
   """Windows of size with stride step along dim, as a new last dim (one strided view, nothing copied), like torch.Tensor.unfold."""
   d = self._axis(dim)
   n = self.shape[d] if self.ndim else 1
-  if not isinstance(size, int) or not 0 <= size <= n: raise ValueError(f"unfold size {size} must be in [0, {n}] for dim {d}")
-  if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold step must be a positive int, got {step}")
-  if not self.ndim: return self.reshape(size)
+  if not isinstance(size, int) or not isinstance(step, int): raise TypeError(f"unfold(): size and step must be ints, got {size!r} and {step!r}")
+  if size < 0: raise ValueError(f"size is {size} but must be >= 0")
+  if size > n: raise ValueError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+  if step <= 0: raise ValueError(f"step is {step} but must be > 0")
+  if not self.ndim: return self.reshape(1).shrink(((0, size),))
   shape = self.shape[:d] + ((n - size) // step + 1,) + self.shape[d + 1:] + (size,)
   if 0 in shape: return self.shrink(tuple((0, 0) for _ in self.shape)).reshape(shape)  # empty, but still a view of self for the gradient
   last = self.ndim - 1  # sliding windows along the last dim (one strided view, with a gradient), then dim back in place
