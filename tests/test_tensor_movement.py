@@ -330,6 +330,10 @@ def test_stack_cat_matmul() -> None:
   helper_test_op([(2, 3), (2, 3), (2, 3)], lambda x, y, z: torch.stack([x, y, z], dim=1), lambda x, y, z: x.stack(y, z, dim=1))
   helper_test_op([(2, 3), (2, 3)], lambda x, y: torch.stack([x, y], -1), lambda x, y: Tensor.stack(x, y, dim=-1))
   helper_test_op([(), ()], lambda x, y: torch.stack([x, y]), lambda x, y: x.stack(y))  # 0-d tensors stack
+  helper_test_op([(2,), (2,)], lambda x, y: torch.stack((x, y), 1), lambda x, y: Tensor.stack((x, y), 1))  # a tuple, dim positional
+  helper_test_op([(), ()], lambda x, y: torch.stack([x, y], dim=-1), lambda x, y: Tensor.stack([x, y], dim=-1))
+  helper_test_op([(2, 3)], lambda x: torch.stack([x]), lambda x: Tensor.stack([x]))
+  helper_test_op([(2,), (2,)], lambda x, y: torch.stack([x, y.int()]), lambda x, y: x.stack(y.cast(dtypes.int32)))  # dtypes promote
   helper_test_op([(2, 3), (1, 3), (4, 3)], lambda x, y, z: torch.cat([x, y, z]), lambda x, y, z: x.cat(y, z))
   helper_test_op([(2, 3), (2, 0)], lambda x, y: torch.cat([x, y], -1), lambda x, y: Tensor.cat(x, y, dim=-1))
   helper_test_op([(4,), (4,)], lambda x, y: x @ y)
@@ -502,7 +506,9 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("permute repeat", lambda: Tensor.zeros(2, 3).permute(1, -1), ValueError, "duplicate dims are not allowed"),
   ("flip repeat", lambda: Tensor.zeros(2, 3).flip(1, -1), ValueError, "dim 1 appears multiple times"),
   ("cat 0-d", lambda: Tensor.zeros(2).cat(Tensor(1.0)), ValueError, r"zero-dimensional tensor \(at position 1\) cannot be concatenated"),
-  ("stack shapes", lambda: Tensor.zeros(2).stack(Tensor.zeros(3)), ValueError, "stack needs equal shapes"),
+  ("stack shapes", lambda: Tensor.zeros(2).stack(Tensor.zeros(2), Tensor.zeros(3)), ValueError,
+   r"stack expects each tensor to be equal size, but got \[2\] at entry 0 and \[3\] at entry 2"),
+  ("stack dim", lambda: Tensor.stack([Tensor.zeros(2), Tensor.zeros(2)], 3), IndexError, "out of range"),
   ("pad mode", lambda: Tensor.zeros(3).pad((1, 1), mode="wrap"), ValueError, "pad mode is constant, reflect, replicate or circular"),
   ("pad reflect big", lambda: Tensor.zeros(3).pad((3, 0), mode="reflect"), ValueError, r"reflect padding \(3, 0\) must be smaller than dim 0"),
   ("pad circular big", lambda: Tensor.zeros(3).pad((0, 4), mode="circular"), ValueError, "circular padding"),

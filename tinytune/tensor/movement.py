@@ -199,9 +199,10 @@ def stack(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Ten
   """Join tensors of one shape along a new dim: x.stack(y, z, dim=0), Tensor.stack(x, y), Tensor.stack([x, y]) or Tensor.stack([x, y], 1)."""
   if isinstance(self, (list, tuple)) and len(others) == 1 and isinstance(others[0], int): others, dim = (), others[0]  # torch's stack(ts, dim)
   ts: list[Tensor] = [*self, *others] if isinstance(self, (list, tuple)) else [self, *others]  # type: ignore[list-item]
-  if not ts: raise ValueError("stack needs at least one tensor")
+  if not ts: raise ValueError("stack expects a non-empty TensorList")
   if not all(isinstance(t, Tensor) for t in ts): raise TypeError(f"stack needs Tensors, got {[type(t).__name__ for t in ts]}")
-  if not all(t.shape == ts[0].shape for t in ts): raise ValueError(f"stack needs equal shapes, got {[t.shape for t in ts]}")
+  if (k := next((k for k, t in enumerate(ts) if t.shape != ts[0].shape), None)) is not None:
+    raise ValueError(f"stack expects each tensor to be equal size, but got {list(ts[0].shape)} at entry 0 and {list(ts[k].shape)} at entry {k}")
   d = ts[0]._axis(dim, ts[0].ndim + 1)
   return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
