@@ -127,7 +127,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   cache_hit = all(o.cache_hit for o in outcomes)
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "fingerprint": tuner.device_hash,
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
-  how = "cache hit" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s"
+  how = "cache hit: the stored times" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s; ms: medians of the final interleaved re-time"
   title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device} ({how})"
   frame = outcome_frame(outcomes, lambda o: {"dtype": dtype.name})
   _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
