@@ -210,3 +210,14 @@ def test_debug_2_names_where_each_kernels_opts_came_from(db_path: str, monkeypat
   monkeypatch.setenv("TINYTUNE_RETUNE", "1")
   monkeypatch.setenv("TINYTUNE_BUDGET", "2")
   assert "r_10_22 on CPU: opts from a first-use beam search\n" in source()
+
+
+def test_objective_min_ranks_by_the_fastest_run(db_path: str, capsys) -> None:  # type: ignore[no-untyped-def]
+  from tinytune.search.evaluate import Result
+  assert Result((), "ok", 1e-3, 3e-3, objective="min").time == 1e-3 and Result((), "ok", 1e-3, 3e-3).time == 3e-3
+  out = (Tensor.rand(12, 20).realize() * 5).sum(1)
+  frame = tune(out, budget=2, db=db_path, objective="min")
+  assert "re-timed: min of " in capsys.readouterr().err and runs(db_path)[0].settings["objective"] == "min"
+  rows = [r for r in Database(db_path).run_candidates(1) if r.status == "ok"]
+  assert frame["tuned_ms"][0] > 0 and min(r.min_s for r in rows) <= min(r.median_s for r in rows)
+  with pytest.raises(ValueError, match="unknown objective 'mean'; choose median or min"): tune(out, objective="mean")

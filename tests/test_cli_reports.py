@@ -297,6 +297,12 @@ def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: st
   assert "default_ms" in run(capsys, "search", "matmul", *small, "--db", report_db)[1]  # the columns that matter stay
 
 
+def test_the_search_table_says_which_measurement_it_shows(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  small = ["-p", "m=8", "-p", "n=8", "-p", "k=8", "--budget", "2", "--quiet", "--db", str(tmp_path / "m.db")]
+  assert "ms: medians of the final interleaved re-time" in run(capsys, "search", "matmul", *small)[1]
+  assert "cache hit: the stored times" in run(capsys, "search", "matmul", *small)[1]
+
+
 def test_bench_and_compare_in_a_dtype(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
   db, small = f"sqlite:///{tmp_path / 'dtype.db'}", ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
   against = "torch,numpy" if importlib.util.find_spec("torch") else "numpy"

@@ -20,7 +20,7 @@ TUNE_DTYPES = {"default_ms": "float64", "tuned_ms": "float64", "spread": "float6
 
 def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_inputs: Any, strategy: str = "beam", budget: int | None = None,
          seconds: float | None = None, db: Database | str | None = None, device: str | None = None, options: dict[str, Any] | None = None,
-         force: bool = False, quiet: bool = False, name: str | None = None) -> pd.DataFrame:
+         force: bool = False, quiet: bool = False, name: str | None = None, objective: str = "median") -> pd.DataFrame:
   """Tune every kernel that computes `program`: a Tensor or a list of Tensors (their lazy graph; nothing is realized), or a function,
   which is called on `example_inputs` to get its output Tensor(s). A kernel the tuning cache has already is not searched again.
 
@@ -29,7 +29,8 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   Database, URL or SQLite path; default $TINYTUNE_DB or ~/.cache/tinytune/tinytune.db), which is the tuning cache that realizes
   read only where it is that default database: otherwise export it as a cache file and list it in $TINYTUNE_CACHE. `device`
   defaults to the outputs'. `force` searches kernels the cache has too (so does TINYTUNE_RETUNE=1); `quiet` drops the progress line on
-  stderr; `name` is what the database and reports call the program (default: the function's name, or "tensor").
+  stderr; `name` is what the database and reports call the program (default: the function's name, or "tensor"); `objective`
+  what ranks candidates: the "median" of their runs (the default, robust to a busy moment) or their fastest, "min".
 
   Returns a DataFrame, one row per distinct kernel in schedule order: kernel (its name, unique in the program: the second of
   two different kernels named r_1024_1_1024 is r_1024_1_1024#2), key, device, dtype (its output's), default_ms and tuned_ms (NaN where unknown),
@@ -67,7 +68,8 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   items = schedule_many([t.uop for t in outputs], dev, [t._memory if t._pending else None for t in outputs])[0] if outputs else []
   kernels = {k.key: (label, k) for label, k in engine.kernels(items, dev)}  # in schedule order
   progress = ProgressLine(strategy, budget, {key: label for key, (label, _) in kernels.items()}, quiet=quiet)
-  tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress)
+  tuner = Tuner(database, dev, strategy, {"candidates": budget, "seconds": seconds}, dict(options or {}), force=force, on_result=progress,
+                objective=objective)
   outcomes: list[KernelOutcome] = []
   try:
     dtype = dtypes.pop() if len(dtypes := {t.dtype.name for t in outputs}) == 1 else None  # the run's dtype: its outputs', where they agree

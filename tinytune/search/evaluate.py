@@ -38,15 +38,20 @@ class Result:
   source_hash: str = ""
   error: str = ""
   stored: bool = False  # read back from the results database, not measured now
+  objective: str = "median"  # which of its timings ranks it: "median" or "min" (see OBJECTIVES)
 
   @property
-  def time(self) -> float: return self.median_s if self.status == "ok" else math.inf
+  def time(self) -> float: return (self.min_s if self.objective == "min" else self.median_s) if self.status == "ok" else math.inf
   @property
   def opts_json(self) -> str: return opts_to_json(self.opts)
 
 
+OBJECTIVES = ("median", "min")  # what ranks candidates: the median of a candidate's runs (robust to a busy moment), or its fastest
+
+
 class Timing(NamedTuple):
-  """A re-time of one candidate: the median of its `n` runs and their spread, (median - min) / median."""
+  """A re-time of one candidate: the objective's figure of its `n` runs (their median, or their min) and their spread,
+  (median - min) / median."""
   median: float
   spread: float
   n: int
@@ -132,6 +137,7 @@ class Evaluator:
   render: Callable[[Kernel], str] | None = None  # the device's renderer unless given (tests inject crashing candidates here)
   deadline: float | None = None  # time.monotonic() after which no new candidate starts (the strategy's budget sets it)
   end: float | None = None  # ... and after which re-timing the finalists takes no more rounds
+  objective: str = "median"  # one of OBJECTIVES
 
   def __post_init__(self) -> None:
     self.dev = Device[self.device]
@@ -181,7 +187,7 @@ class Evaluator:
     results: list[Result | None] = [None] * len(candidates)
     todo: list[tuple[int, tuple[Opt, ...], Kernel, str, str]] = []
     for i, opts in enumerate(map(tuple, candidates)):
-      if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = stored; continue
+      if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = replace(stored, objective=self.objective); continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
       if self.past_deadline(rendering=True): break
@@ -227,7 +233,7 @@ class Evaluator:
     if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
     times = reply[1]
     med = statistics.median(times)
-    return Result(opts, "ok", min(times), med, (med - min(times)) / med if med else 0.0, compile_s, source_hash)
+    return Result(opts, "ok", min(times), med, (med - min(times)) / med if med else 0.0, compile_s, source_hash, objective=self.objective)
 
   def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[Timing]:
     """Time candidates again, interleaved round by round so drift hits all alike; the median and spread per candidate."""
@@ -242,7 +248,8 @@ class Evaluator:
       for j, (lib, name, launch) in enumerate(libs):
         reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
-    return [Timing(med := statistics.median(s), (med - min(s)) / med if math.isfinite(med) and med else 0.0, len(s)) for s in samples]
+    spreads = [(med - min(s)) / med if math.isfinite(med := statistics.median(s)) and med else 0.0 for s in samples]
+    return [Timing(min(s) if self.objective == "min" else statistics.median(s), spread, len(s)) for s, spread in zip(samples, spreads)]
 
   def close(self) -> None:
     if self.worker is not None:

@@ -54,7 +54,8 @@ class ProgressLine:
     """The search of `kernel` ended: its final line shows the re-time's figures (those the tables and the cache keep), not the search's."""
     if kernel.key != self.key: return
     self.default_s, self.best_s = result.default_s, result.best_s
-    how = f"re-timed: median of {result.repeats}" if result.repeats else "nothing beat it: the search's timing"
+    objective = next((r.objective for r in result.history if r.status == "ok"), "median")
+    how = f"re-timed: {objective} of {result.repeats}" if result.repeats else "nothing beat it: the search's timing"
     self.retimed = result.note or f"{how}, spread {result.spread:.0%}"
 
   def line(self, final: bool = False) -> str:

@@ -21,7 +21,7 @@ from tinytune.helpers import env_count
 from tinytune.results_db import Database, DatabaseError, SchemaError, fingerprint_hash
 from tinytune.results_db.cache import TuningCache
 from tinytune.runtime import Device, device_fingerprint
-from tinytune.search.evaluate import Result
+from tinytune.search.evaluate import OBJECTIVES, Result
 from tinytune.search.progress import ProgressLine
 from tinytune.search.strategy import SearchContext, check_options, env_options, get_strategy, run_strategy
 from tinytune.search.study import Claims, SharedEvaluator, StudyBudget, stored_result
@@ -63,10 +63,12 @@ class Tuner:
   study: str | None = None  # workers with the same study name and database tune together (see SharedEvaluator)
   worker: str = ""  # which worker of the study this is: part of what `resume` matches on
   started: float | None = None  # time.monotonic() when the budget's seconds began (a command's start: its setup counts), else now
+  objective: str = "median"  # what ranks candidates: their runs' "median" or "min" (OBJECTIVES)
   fixed_s: float = field(default=0.0, init=False)  # the most a kernel's search took before its first candidate (worker, reference, default)
 
   def __post_init__(self) -> None:
     self.device = Device.canonicalize(self.device)
+    if self.objective not in OBJECTIVES: raise ValueError(f"unknown objective {self.objective!r}; choose {' or '.join(OBJECTIVES)}")
     self.options = check_options(self.strategy, self.options)
     self.fingerprint = device_fingerprint(self.device)
     self.device_hash = fingerprint_hash(self.fingerprint)
@@ -87,7 +89,8 @@ class Tuner:
     kernels, labels = [k for _, k in labelled.values()], {key: label for key, (label, _) in labelled.items()}
     outcomes: list[KernelOutcome | None] = [None if (o := self.cached(k)) is None else replace(o, name=labels[k.key]) for k in kernels]
     if all(o is not None for o in outcomes): return outcomes  # type: ignore[return-value]
-    settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {})}
+    settings = {"strategy": self.strategy, **self.options, **({"study": self.study, "worker": self.worker} if self.study else {}),
+                **({"objective": self.objective} if self.objective != "median" else {})}
     signature = json.dumps({"workload": workload, "params": params, "device": self.device_hash, "settings": settings, "budget": self.budget,
                             "kernels": [k.key for k in kernels]}, sort_keys=True)
     end = None if self.budget.get("seconds") is None else (self.started or time.monotonic()) + self.budget["seconds"]  # all kernels' time
@@ -154,7 +157,7 @@ class Tuner:
     claims = Claims(self.db, self.study, kernel_id, device_id, run_id) if self.study else None
     budget = StudyBudget(self.budget.get("candidates"), self.budget.get("seconds") if seconds is None else seconds, claims=claims)
     default, started = engine.kernel_opts(kernel, self.device, "default"), time.monotonic()
-    with SharedEvaluator(kernel, self.device, on_result=record, known=known, claims=claims) as ev:
+    with SharedEvaluator(kernel, self.device, on_result=record, known=known, objective=self.objective, claims=claims) as ev:
       # the default first, so the first result on_result sees for a kernel is the baseline of every speedup, live and final
       if (base := ev.evaluate([default])) and base[0].stored and self.on_result is not None: self.on_result(kernel, base[0])
       self.fixed_s = max(self.fixed_s, time.monotonic() - started)
