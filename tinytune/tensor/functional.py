@@ -421,7 +421,7 @@ def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: Any = 2, stride: An
 
 def interpolate(self: Tensor, size: Any, mode: str = "linear", align_corners: bool = False) -> Tensor:
   """Resize the last len(size) dims. mode: "nearest", "nearest-exact", or "linear" ("bilinear", "trilinear"): each output is a
-  fixed weighted sum of the inputs along each dim, so this is one small matmul per resized dim."""
+  fixed weighted sum of the inputs along each dim, so this is one small matmul per resized dim. A uint8 image stays uint8, as in torch."""
   size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
   if not all(isinstance(s, int) and s > 0 for s in size) or len(size) > self.ndim:
     raise ValueError(f"interpolate size is up to {self.ndim} positive ints, got {size!r}")
