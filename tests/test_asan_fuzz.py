@@ -1,5 +1,6 @@
 """The opt fuzzer's CPU kernels built with AddressSanitizer (tests/asan_fuzz.py), so an out-of-bounds access fails even where it
-does not segfault: every catalog workload at odd sizes, 2 sequences of 3 opts per kernel (TT_FUZZ_SCALE=2: 8), in one process."""
+does not segfault: every catalog workload at odd sizes, a sequence of 3 opts per kernel (TT_FUZZ_SCALE=2: 8), in one process: each ASan build
+takes 0.4 s, and the run with 2 per kernel took 51 s."""
 from __future__ import annotations
 
 import os
@@ -34,10 +35,10 @@ needs_asan = pytest.mark.skipif(libasan() is None, reason="no gcc with libasan f
 
 @needs_asan
 def test_opt_sequences_stay_in_bounds(tmp_path: Path) -> None:
-  per_kernel = "8" if int(os.getenv("TT_FUZZ_SCALE", "1")) >= 2 else "2"
+  per_kernel = "8" if int(os.getenv("TT_FUZZ_SCALE", "1")) >= 2 else "1"
   out = fuzz(tmp_path, "--per-kernel", per_kernel)
   assert out.returncode == 0 and "AddressSanitizer" not in out.stderr, out.stdout + out.stderr[-4000:]
-  assert int(out.stdout.split()[1]) >= 60, out.stdout  # every workload's kernels were built and run
+  assert int(out.stdout.split()[1]) >= 40, out.stdout  # every workload's kernels were built and run
 
 
 @needs_asan
