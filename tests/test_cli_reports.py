@@ -4,7 +4,9 @@ import argparse
 import importlib.util
 import io
 import json
+import os
 import re
+import subprocess
 import sys
 from typing import Any
 
@@ -365,3 +367,13 @@ def test_bench_above_a_low_stored_peak_says_so(capsys: pytest.CaptureFixture[str
   code, out, _ = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
                      db.url.render_as_string(), "--json", "--dtype", "bfloat16")  # a peak of float32's, which bfloat16 may outrun
   assert code == 0 and all("the roof is float32's, which bfloat16 instructions can outrun" in r["note"] for r in table(out, "implementations"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", ["devices", "kernels"])
+def test_an_output_that_cannot_be_written_is_one_line(command: str, tmp_path) -> None:
+  """`tinytune devices > /dev/full` ended in an OSError traceback from the write: now one line and exit 1."""
+  with open("/dev/full", "w") as full:
+    out = subprocess.run([sys.executable, "-m", "tinytune.cli", command], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                         env={**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path)})
+  assert out.returncode == 1 and out.stderr == "tinytune: error: cannot write the output: No space left on device\n", out.stderr

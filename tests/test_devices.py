@@ -172,6 +172,7 @@ def test_unknown_device() -> None:
   ({"TINYTUNE_DEVICE": "TPU"}, "TINYTUNE_DEVICE: unknown device 'TPU'; available: CPU"), ({"TINYTUNE_DEVICE": ""}, None),
   ({"TINYTUNE_POOL_BYTES": "1GB"}, "TINYTUNE_POOL_BYTES='1GB' is not an integer >= 0"), ({"TINYTUNE_POOL_BYTES": "0"}, None),
   ({"TINYTUNE_CC": "false"}, "false --version failed (exit 1): it is not a C compiler; set TINYTUNE_CC to one, or unset it"),
+  ({"TINYTUNE_CC": "/bin/true"}, "CompileError /bin/true exited 0 but wrote no shared object: it is not a C compiler; set TINYTUNE_CC to one"),
   ({"TINYTUNE_TUNE": "beam", "TINYTUNE_DB": "garbage://x"},
    "TINYTUNE_DB='garbage://x' cannot record first-use tuning: Database('garbage://x'): Can't load plugin")])
 def test_a_bad_environment_variable_is_named_in_the_error(env: dict[str, str], message: str | None, tmp_path) -> None:
@@ -181,6 +182,24 @@ def test_a_bad_environment_variable_is_named_in_the_error(env: dict[str, str], m
   env = {**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path), **env}
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
   assert out.returncode == 0 and (message or "[3.0, 6.0]") in out.stdout, out
+
+
+def test_a_bad_cuda_device_number_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+  """TINYTUNE_CUDA_DEVICE='abc' is its own error naming it, not int()'s message inside "CUDA found no GPU"."""
+  cuda = pytest.importorskip("tinytune.runtime.cuda")
+  if cuda.cu is None: pytest.skip("NVIDIA's Python bindings are not installed")
+  monkeypatch.setenv("TINYTUNE_CUDA_DEVICE", "abc")
+  with pytest.raises(ValueError, match="TINYTUNE_CUDA_DEVICE='abc' is not an integer >= 0"): cuda.CUDADevice()
+
+
+def test_kernels_keep_to_the_cores_whatever_omp_num_threads_says(tmp_path) -> None:
+  """OMP_NUM_THREADS=100000 segfaulted a 256x256 matmul (exit 139): the CPU device caps OpenMP at the cores it may use."""
+  code = "import numpy as np\nfrom tinytune import Tensor\na, b = Tensor.rand(256, 256), Tensor.rand(256, 256)\n" \
+         "print(np.allclose((a @ b).numpy(), a.numpy() @ b.numpy(), atol=1e-3))"
+  env = {**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "100000", "TINYTUNE_DEVICE": "CPU"}
+  env.pop("OMP_THREAD_LIMIT", None)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "True", out
 
 
 H100_TC = dataclasses.replace(H100, tensor_cores=("float16", "bfloat16"))

@@ -664,7 +664,9 @@ def main(argv: list[str] | None = None) -> int:
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
   try:
     check_environment()
-    return commands[args.command](args)
+    code = commands[args.command](args)
+    sys.stdout.flush()  # a full disk (`> /dev/full`) fails here, in the try, not in Python's flush at exit
+    return code
   except (ValueError, TypeError, RuntimeError, LookupError, SQLAlchemyError) as e:
     # database errors (unreachable server, locked or unreadable file) are one line too, in every command
     why = f"database error: {getattr(e, 'orig', None) or e}" if isinstance(e, SQLAlchemyError) else str(e) or type(e).__name__
@@ -673,6 +675,11 @@ def main(argv: list[str] | None = None) -> int:
   except MemoryError:
     print("tinytune: error: out of memory; try smaller sizes (-p)", file=sys.stderr)
     return 2
+  except OSError as e:  # a write that failed: stdout on a full disk or a closed pipe, an output file
+    try: sys.stdout.flush()
+    except OSError: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit has nothing left to fail
+    print(f"tinytune: error: cannot write {e.filename or 'the output'}: {e.strerror or e}", file=sys.stderr)
+    return 1
   except KeyboardInterrupt as e:
     print("tinytune: interrupted; what was measured is stored (continue with --resume)", file=sys.stderr)
     return 128 + (e.signum if isinstance(e, Stopped) else signal.SIGINT)

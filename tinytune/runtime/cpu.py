@@ -137,6 +137,13 @@ def cpuinfo() -> dict[str, str]:
   return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
+def cap_openmp(threads: int) -> None:
+  """Caps the kernels' OpenMP threads at the cores this process may use whatever OMP_NUM_THREADS says (OMP_NUM_THREADS=100000
+  segfaulted a 256x256 matmul): OMP_THREAD_LIMIT, which the OpenMP runtime reads when the first kernel loads it."""
+  limit = os.getenv("OMP_THREAD_LIMIT", "").strip()
+  if not (limit.isdigit() and 0 < int(limit) <= threads): os.environ["OMP_THREAD_LIMIT"] = str(threads)
+
+
 class CPUProgram(Program):
   def __init__(self, name: str, path: str):
     self.lib = ctypes.CDLL(path)
@@ -170,6 +177,7 @@ class CPUDevice(Compiled):
     self.flags = tuple(self.target.march if f.startswith("-march=") else f for f in FLAGS) + (("-fopenmp",) if openmp else ()) + \
       (("-fno-tree-loop-if-convert",) if gcc else ())
     threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
+    cap_openmp(threads)
     l1, l2 = cache_sizes()
     self.caps = DeviceCaps(has_local=False, threads=threads, max_upcast=256, simd_width=self.target.lanes, vector_registers=self.target.registers,
                            tensor_cores=self.target.dot, l1_bytes=l1, l2_bytes=l2)  # TC: the target's dot products (see TensorCore)
@@ -197,6 +205,8 @@ class CPUDevice(Compiled):
         cfile.write_text(src)
         res = subprocess.run([self.cc, *self.flags, str(cfile), "-o", str(sofile), "-lm"], capture_output=True, text=True)
         if res.returncode != 0: raise CompileError(f"{self.cc} failed:\n{res.stderr}\n{src}")
+        if not sofile.exists():  # TINYTUNE_CC=/bin/true exits 0 and writes nothing
+          raise CompileError(f"{self.cc} exited 0 but wrote no shared object: it is not a C compiler; set TINYTUNE_CC to one, or unset it")
         os.replace(sofile, path)  # atomic, so concurrent compiles of the same kernel are safe
       finally:
         cfile.unlink(missing_ok=True)

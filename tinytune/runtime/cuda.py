@@ -12,6 +12,7 @@ import numpy as np
 
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.dtype import DType
+from tinytune.helpers import env_int
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, KernelGraph, Program, Steps, disk_cached
 
 try:
@@ -95,9 +96,10 @@ class CUDADevice(Compiled):
 
   def __init__(self) -> None:
     if cu is None: raise DeviceMissing('CUDA needs NVIDIA\'s Python bindings: pip install "tinytune[cuda]" (and an NVIDIA GPU with its driver)')
+    ordinal = env_int("TINYTUNE_CUDA_DEVICE", 0, least=0)  # its own error, named, not "found no GPU"
     try:
       _check(cu.cuInit(0), "cuInit")
-      self.device = _check(cu.cuDeviceGet(int(os.getenv("TINYTUNE_CUDA_DEVICE", "0"))), "cuDeviceGet")
+      self.device = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
     except Exception as e: raise DeviceMissing(f"CUDA found no GPU ({str(e).splitlines()[0]}): it needs an NVIDIA GPU and its driver") from None
     self.ctx = _check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
     _check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
