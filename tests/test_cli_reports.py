@@ -97,6 +97,7 @@ def test_report_filters_to_stdout(capsys: pytest.CaptureFixture[str], report_db:
   (["search", "matmul", "--format", "xml"], "unknown format"),
   (["report", "--device", "nosuch"], "no device in the database matches --device 'nosuch'"),
   (["search", "matmul", "--workers", "99999"], "add --oversubscribe"),
+  (["search", "matmul", "--workers", "99999", "--oversubscribe"], "is more than 4 per core"),  # it once started them all
   (["bench", "softmax", "--dtype", "int32"], "softmax does not compute in int32; it takes float16, bfloat16, float32"),
   (["compare", "matmul", "--dtype", "nope"], "unsupported dtype 'nope'; use one of bool, int8, uint8"),
   (["search", "train_step", "--dtype", "float16"], "train_step does not compute in float16; it takes bfloat16, float32"),
@@ -151,6 +152,7 @@ def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str], ar
     main(argv)
   err = capsys.readouterr().err
   assert exit.value.code == 2 and message in err and "Traceback" not in err
+  assert err.count("\n") == 1 and err.endswith("--help)\n"), err  # argparse's usage block came first, 5-8 lines of it
 
 
 def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 
 def _process_age() -> float:
@@ -107,6 +107,9 @@ def cmd_search(args: argparse.Namespace) -> int:
   if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
     raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
                      "add --oversubscribe to start them anyway")
+  if args.workers > MAX_OVERSUBSCRIBE * cores:  # each worker is a process with its own timing worker: thousands would exhaust the machine
+    raise ValueError(f"--workers {args.workers} is more than {MAX_OVERSUBSCRIBE} per core ({MAX_OVERSUBSCRIBE * cores} here), "
+                     "even with --oversubscribe")
   _check_format(args.format)
   console = Console(stderr=True, quiet=args.quiet or args.format == "json")
   _runs_on(workload, params, dtype, device)
@@ -578,8 +581,17 @@ def version() -> str:
   except PackageNotFoundError: return "unknown (not installed)"
 
 
+MAX_OVERSUBSCRIBE = 4  # --oversubscribe allows this many search workers per core, no more
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse's parser whose errors are one line (argparse prints the whole usage block first) and exit 2."""
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="tinytune", description="A kernel generator and autotuner.")
+  ap = Parser(prog="tinytune", description="A kernel generator and autotuner.")
   ap.add_argument("--version", action="version", version=f"tinytune {version()}")
   sub = ap.add_subparsers(dest="command", required=True)
   search = sub.add_parser("search", help="find the fastest opts for each kernel of a workload and store them in the tuning cache")
@@ -639,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
   add_db_parser(sub)
   cache = add_cache_parser(sub)
-  for p in (search, bench, compare, cache): p.add_argument("--target", default=None, help=TARGET_HELP)
+  for command in (search, bench, compare, cache): command.add_argument("--target", default=None, help=TARGET_HELP)
   return ap
 
 
