@@ -50,9 +50,8 @@ class ContextVar:
 
   @property
   def value(self) -> int:
-    if self._value is None: self._value = value = env_int(self.key, self.default)
-    else: value = self._value
-    return value
+    if self._value is None: self._value = env_int(self.key, self.default)
+    return self._value
 
   @value.setter
   def value(self, v: int) -> None: self._value = v
@@ -75,11 +74,10 @@ def env_int(key: str, default: int, least: int | None = None) -> int:
   """An integer from the environment (`default` where unset or empty); a ValueError that names the variable where it is not one
   (`DEBUG='abc' is not an integer: ...`) or is below `least`."""
   if not (text := os.getenv(key, "").strip()): return default
-  try: value = int(text)
+  try: value: int | None = int(text)
   except ValueError: value = None
-  if value is None:
-    raise ValueError(f"{key}={text!r} is not an integer{'' if least is None else f' >= {least}'}: set it to a whole number or unset it")
-  if least is not None and value < least: raise ValueError(f"{key}={text!r} is not an integer >= {least}: set it to one or unset it")
+  if value is None or (least is not None and value < least):
+    raise ValueError(f"{key}={text!r} is not an integer{'' if least is None else f' >= {least}'}: set it to one or unset it")
   return value
 
 
