@@ -315,6 +315,7 @@ class _FakeDriver:
   """The driver calls CUDAGraph makes, recorded: each kernel node's argument addresses are read when given, as the driver copies them."""
   def __init__(self, cu: object):
     self.CUDA_KERNEL_NODE_PARAMS, self.calls, self.nodes = cu.CUDA_KERNEL_NODE_PARAMS, [], []  # type: ignore[attr-defined]
+    self.CUresult, self.cuGetErrorName = cu.CUresult, cu.cuGetErrorName  # type: ignore[attr-defined]
 
   @staticmethod
   def _addresses(p: object) -> list[int]:
@@ -328,9 +329,12 @@ class _FakeDriver:
     self.calls.append(("add", self._addresses(p)))
     return (0, self.nodes[-1])
   def cuGraphInstantiate(self, graph: str, flags: int) -> tuple: self.calls.append(("instantiate",)); return (0, "exec")
-  def cuGraphDestroy(self, graph: str) -> tuple: return (0,)
-  def cuGraphExecDestroy(self, graph: str) -> tuple: return (0,)
-  def cuGraphExecKernelNodeSetParams(self, exe: str, node: str, p: object) -> tuple: self.calls.append(("set", node, self._addresses(p))); return (0,)
+  def cuGraphDestroy(self, graph: str) -> tuple: self.calls.append(("destroy", graph)); self.nodes.clear(); return (0,)
+  def cuGraphExecDestroy(self, graph: str) -> tuple: self.calls.append(("destroy", graph)); return (0,)
+  def cuGraphExecKernelNodeSetParams(self, exe: str, node: str, p: object) -> tuple:
+    if node not in self.nodes: return (self.CUresult.CUDA_ERROR_INVALID_VALUE,)  # as the driver: a node of a graph that was destroyed
+    self.calls.append(("set", node, self._addresses(p)))
+    return (0,)
   def cuGraphLaunch(self, exe: str, stream: int) -> tuple: self.calls.append(("launch",)); return (0,)
 
 
@@ -355,7 +359,9 @@ def test_tinyjit_cuda_graph_is_built_once_and_relaunched_with_moved_inputs(monke
   graph([Mem(0x2000), Mem(0x4000)])  # input 1 moved: only the node that reads it is set again
   graph([Mem(0x2000), Mem(0x4000)])
   assert fake.calls == [("set", "node1", [0x4000, 0x1000]), ("launch",), ("launch",)]
-  del graph  # destroyed by the fake
+  fake.calls.clear()
+  del graph
+  assert fake.calls == [("destroy", "exec"), ("destroy", "graph")]
 
 
 class _FakeHIP:
@@ -374,9 +380,10 @@ class _FakeHIP:
     out._obj.value = 100 + len(self.calls)  # type: ignore[attr-defined]
     return 0
   def hipGraphInstantiate(self, out: object, *args: object) -> int: out._obj.value = 7; self.calls.append(("instantiate",)); return 0  # type: ignore[attr-defined]
-  def hipGraphDestroy(self, graph: object) -> int: return 0
-  def hipGraphExecDestroy(self, exe: object) -> int: return 0
+  def hipGraphDestroy(self, graph: object) -> int: self.calls.append(("destroy graph",)); return 0
+  def hipGraphExecDestroy(self, exe: object) -> int: self.calls.append(("destroy exec",)); return 0
   def hipGraphExecKernelNodeSetParams(self, exe: object, node: object, p: object) -> int:
+    if ("destroy graph",) in self.calls: return 1  # hipErrorInvalidValue, as HIP: a node of a graph that was destroyed
     self.calls.append(("set", node.value, self._addresses(p._obj)))  # type: ignore[attr-defined]
     return 0
   def hipGraphLaunch(self, exe: object, stream: object) -> int: self.calls.append(("launch",)); return 0
@@ -401,6 +408,9 @@ def test_tinyjit_hip_graph_is_built_once_and_relaunched_with_moved_inputs() -> N
   fake.calls.clear()
   graph([Mem(0x2000), Mem(0x4000)])  # type: ignore[list-item]
   assert fake.calls == [("set", 102, [0x4000, 0x1000]), ("launch",)]
+  fake.calls.clear()
+  del graph
+  assert fake.calls == [("destroy exec",), ("destroy graph",)]
 
 
 @pytest.mark.skipif(device_status("OPENCL") is not None, reason=str(device_status("OPENCL")))

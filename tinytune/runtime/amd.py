@@ -96,8 +96,8 @@ class HIPGraph(KernelGraph):
                    "hipGraphAddKernelNode")
     return node
   def instantiate(self) -> None:
+    # the graph outlives its executable copy: the nodes that hipGraphExecKernelNodeSetParams names are the graph's
     self.dev.check(self.dev.hip.hipGraphInstantiate(ctypes.byref(self.exec), self.graph_, None, None, ctypes.c_size_t(0)), "hipGraphInstantiate")
-    self.dev.check(self.dev.hip.hipGraphDestroy(self.graph_), "hipGraphDestroy")  # the executable graph is a copy
   def update(self, node: Any, program: Program, args: list[int]) -> None:
     assert isinstance(program, AMDProgram)
     p, _alive = self._params(program, args)
@@ -106,6 +106,7 @@ class HIPGraph(KernelGraph):
 
   def __del__(self) -> None:
     if self.exec: self.dev.hip.hipGraphExecDestroy(self.exec)
+    if self.graph_: self.dev.hip.hipGraphDestroy(self.graph_)
 
 
 class AMDDevice(Compiled):

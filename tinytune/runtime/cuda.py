@@ -79,8 +79,8 @@ class CUDAGraph(KernelGraph):
     deps, values = self.nodes[-1:], _arguments(args)  # the driver copies the arguments: `values` need only outlive the call
     return _check(cu.cuGraphAddKernelNode(self.graph_, deps, len(deps), self._params(program, values)), "cuGraphAddKernelNode")
   def instantiate(self) -> None:
+    # the graph outlives its executable copy: the nodes that cuGraphExecKernelNodeSetParams names are the graph's
     self.exec = _check(cu.cuGraphInstantiate(self.graph_, 0), "cuGraphInstantiate")
-    _check(cu.cuGraphDestroy(self.graph_), "cuGraphDestroy")  # the executable graph is a copy
   def update(self, node: Any, program: Program, args: list[int]) -> None:
     assert isinstance(program, CUDAProgram)
     values = _arguments(args)
@@ -88,7 +88,9 @@ class CUDAGraph(KernelGraph):
   def launch(self) -> None: _check(cu.cuGraphLaunch(self.exec, 0), "cuGraphLaunch")
 
   def __del__(self) -> None:
-    if self.exec is not None and cu is not None: cu.cuGraphExecDestroy(self.exec)
+    if cu is None: return
+    if self.exec is not None: cu.cuGraphExecDestroy(self.exec)
+    if self.graph_ is not None: cu.cuGraphDestroy(self.graph_)
 
 
 class CUDADevice(Compiled):
