@@ -27,7 +27,6 @@ class CStyleRenderer:
   restrict = "restrict"
   buffer_prefix = ""  # an address space for buffers
   func_prefix = "static inline"  # helper functions
-  no_loop_vectorizer_prefix = ""  # before kernels better off without the compiler's loop vectorizer (see LinearProgram)
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
   vector_floats: tuple[DType, ...] = (dtypes.float32,)  # the float dtypes computed in float32 vector lanes
   includes = "#include <math.h>\n"
@@ -39,6 +38,7 @@ class CStyleRenderer:
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
   def program_prelude(self, p: LinearProgram) -> str: return ""  # helpers only some programs' statements call (CRenderer's)
+  def kernel_prefix(self, p: LinearProgram) -> str: return ""  # attributes before the kernel (CRenderer's)
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
@@ -163,7 +163,7 @@ class CStyleRenderer:
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
-    head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
+    head += self.program_prelude(p) + self.kernel_prefix(p)
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
@@ -255,18 +255,31 @@ class CStyleRenderer:
   }
 
 
+# Where float16 arithmetic is native (AVX512-FP16; ARMv8.2's FP16, with -march=native on most ARM servers), -ffp-contract=fast lets
+# gcc and clang fuse a float16 product and a later add into one float16 FMA (vfmadd*sh/ph, fmadd h), rounded once where NumPy rounds
+# the product and the sum. gcc's kernels then contract nothing (CRenderer.kernel_prefix), which keeps its loop vectorizer; clang has
+# no such attribute and fuses whatever a pragma says under -ffp-contract=fast, so there each product goes through an empty asm.
+NATIVE_F16 = "defined(__AVX512FP16__) || defined(__ARM_FEATURE_FP16_SCALAR_ARITHMETIC)"
+HALF_PRODUCT = f"""#if defined(__clang__) && ({NATIVE_F16})
+#define tt_hmul(a, b) ({{ __typeof__((a) * (b)) tt_p = (a) * (b); __asm__("" : TT_HOLD(tt_p)); tt_p; }})
+#if defined(__x86_64__)
+#define TT_HOLD "+v"
+#else
+#define TT_HOLD "+w"
+#endif
+#else
+#define tt_hmul(a, b) ((a) * (b))
+#endif
+"""
+
+
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
-  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
-  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
-  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
-  # A tile copied across rows (a transpose's 8x8) gains nothing either, and took it 2-6 s to compile where the rows are short
-  # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
-  no_loop_vectorizer_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
   parallel_prefix = "#pragma omp parallel for schedule(static)\n"
   vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.CAST}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    if op is Ops.MUL and dtype == dtypes.float16: return f"tt_hmul({args[0]}, {args[1]})"  # see HALF_PRODUCT
     return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype in self.vector_floats else super().code(op, args, dtype)
 
   vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
@@ -284,9 +297,23 @@ class CRenderer(CStyleRenderer):
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def program_prelude(self, p: LinearProgram) -> str:
-    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
+    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them; tt_hmul in float16 programs."""
     dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and u.arg.across for u in p.uops)
-    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
+    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "") \
+      + (HALF_PRODUCT if dtypes.float16 in _dtypes(p.kernel) else "")
+
+  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
+  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
+  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
+  # A tile copied across rows (a transpose's 8x8) gains nothing either, and took it 2-6 s to compile where the rows are short
+  # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
+  def kernel_prefix(self, p: LinearProgram) -> str:
+    """gcc's optimize attribute: no loop vectorizer where it is better off (see LinearProgram), and no contraction in float16 kernels
+    where float16 arithmetic is native (see HALF_PRODUCT). A second optimize attribute would replace the first, so there is one."""
+    def attr(opts: list[str]) -> str: return "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in opts) + ")))\n" if opts else ""
+    opts = ["no-tree-loop-vectorize"] if p.no_loop_vectorizer else []
+    if dtypes.float16 not in _dtypes(p.kernel): return attr(opts)
+    return f"#if {NATIVE_F16}\n{attr(opts + ['fp-contract=off'])}#else\n{attr(opts)}#endif\n"
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
     return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"
