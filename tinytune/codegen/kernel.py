@@ -388,7 +388,7 @@ class Kernel:
 CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
 
 
-STAGE_ARGS = (4, 8, 16, 32)  # K tiles: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
+STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
 
 
 def candidate_opts(k: Kernel) -> list[Opt]:
@@ -404,6 +404,6 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     else:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
-      ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in STAGE_ARGS]
+      ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
   return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.STREAM, 0, 0)]
