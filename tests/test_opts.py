@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
-from tinytune.codegen.caps import CUDA_ARCHS
+from tinytune.codegen.caps import CUDA_ARCHS, cuda_caps
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
@@ -453,30 +453,33 @@ STAGE_CASES = [  # (m, n, k, batch, B transposed): odd sizes, padded to the tile
 ]
 
 
-@pytest.mark.skipif(device_status("OPENCL") is not None, reason=f"no OpenCL device: {device_status('OPENCL')}")
+STAGE_DEVICES = [d for d in ("OPENCL", "EMU", "CUDA", "AMD") if device_status(d) is None]  # EMU: races on the tiles are errors
+
+
+@pytest.mark.parametrize("device", STAGE_DEVICES)
 @pytest.mark.parametrize("shape,seqs", STAGE_CASES, ids=[str(c[0]) for c in STAGE_CASES])
-def test_stage_matches_numpy(shape: tuple[int, int, int, int, bool], seqs: list[list[Opt]]) -> None:
-  """STAGE's tiles in shared memory on OpenCL (pocl) against NumPy: odd sizes padded to the tiles (masked), copies that do not split
-  evenly over the threads, a batch, and a B read across its rows (copied transposed)."""
-  item, ref = _stage_matmul("OPENCL", *shape)
+def test_stage_matches_numpy(shape: tuple[int, int, int, int, bool], seqs: list[list[Opt]], device: str) -> None:
+  """STAGE's tiles in shared memory against NumPy: odd sizes padded to the tiles (masked), copies that do not split evenly over the
+  threads, a batch, and a B read across its rows (copied transposed)."""
+  item, ref = _stage_matmul(device, *shape)
   for opts in seqs:
-    k = Kernel(item.ast, Device["OPENCL"].caps).apply_opts(opts)
+    k = Kernel(item.ast, Device[device].caps).apply_opts(opts)
     _fill_sentinel(item.out)
-    compile_kernel(k, "OPENCL")[0](item.out, *k.bufs)
+    compile_kernel(k, device)[0](item.out, *k.bufs)
     np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=str(opts))
 
 
-@pytest.mark.skipif(device_status("OPENCL") is not None, reason=f"no OpenCL device: {device_status('OPENCL')}")
-def test_default_shared_tiles_match_numpy() -> None:
+@pytest.mark.parametrize("device", STAGE_DEVICES)
+def test_default_shared_tiles_match_numpy(device: str) -> None:
   """A float32 matmul with over a million outputs takes the shared-memory tile by default on a device with workgroups, its odd sizes
-  padded to 128x128 tiles, K to tiles of 4: the H100's and H200's plan (their caps), run on OpenCL."""
-  item, ref = _stage_matmul("OPENCL", 1031, 1021, 19)
-  k = Kernel(item.ast, dataclasses.replace(Device["OPENCL"].caps, max_upcast=256, max_local=1024, shared_bytes=48 * 1024))
+  padded to 128x128 tiles, K to tiles of 4: the H100's and H200's plan (their caps) wherever it runs."""
+  item, ref = _stage_matmul(device, 1031, 1021, 19)
+  k = Kernel(item.ast, cuda_caps("sm_90"))
   opts = hand_coded_optimizations(k)
   assert {Opt(OptOps.STAGE, 0, 4), Opt(OptOps.PADTO, 0, 128), Opt(OptOps.PADTO, 1, 128), Opt(OptOps.PADTO, 2, 4)} <= set(opts)
   k.apply_opts(opts)
   _fill_sentinel(item.out)
-  compile_kernel(k, "OPENCL")[0](item.out, *k.bufs)
+  compile_kernel(k, device)[0](item.out, *k.bufs)
   np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
 
 
