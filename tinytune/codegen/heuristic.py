@@ -448,12 +448,23 @@ def gpu_workgroups(k: Kernel) -> bool:
 GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_shared_tile, gpu_register_tile, gpu_workgroups)
 
 
-def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
-  """Devices with workgroups: a cat's rows upcast as on the CPU, then the first of GPU_PLANNERS that takes the kernel."""
+def workgroup_optimizations(kernel: Kernel, planners: Sequence[Callable[[Kernel], bool]] = GPU_PLANNERS) -> list[Opt]:
+  """Devices with workgroups: a cat's rows upcast as on the CPU, then the first of `planners` that takes the kernel."""
   k = kernel.copy()
   for d, f in stacked_dims(k) if k.reduceop is None else (): _first_valid(k, Opt(OptOps.UPCAST, d, f))
-  next(planner for planner in GPU_PLANNERS if planner(k))
+  next(planner for planner in planners if planner(k))
   return k.opts
+
+
+UNMEASURED_PLANNERS = (gpu_shared_tile,)  # no GPU has timed their plans yet against the planner after them, the default before
+
+
+def alternative_opts(kernel: Kernel) -> list[list[Opt]]:
+  """Opts other than the default that a search tries first as well: where the default comes from a planner no GPU has measured
+  yet, the plan the next planner would give (the register tile read straight from memory, for gpu_shared_tile), so BEAM keeps
+  the faster of the two and the GPU suite times both."""
+  if NOOPT or not kernel.caps.has_local or not any(planner(kernel.copy()) for planner in UNMEASURED_PLANNERS): return []
+  return [workgroup_optimizations(kernel, tuple(p for p in GPU_PLANNERS if p not in UNMEASURED_PLANNERS))]
 
 
 def default_opts(kernel: Kernel) -> list[Opt]:
