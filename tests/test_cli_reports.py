@@ -63,7 +63,8 @@ def test_report_every_format(capsys: pytest.CaptureFixture[str], report_db: str,
   if fmt == "json": assert len(json.loads(text)["best"]) == 2 and {"m": 64, "n": 64, "k": 64} in [r["params"] for r in json.loads(text)["best"]]
   if fmt == "csv": assert "# history" in text and len(pd.read_csv(io.StringIO(text.split("# best\n")[1].split("\n\n")[0]))) == 2
   if fmt == "html":
-    assert text.count("<table") == 5 and not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
+    assert text.count("<table") == 5 + text.count("<details>")  # each search's candidates fold under its row
+    assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
     if importlib.util.find_spec("matplotlib"): assert text.count("data:image/png;base64,") == 3
 
 
@@ -211,18 +212,21 @@ SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
              {"kernels": {"kernel", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "cache_hit", "candidates", "opts", "key", "note",
                                      "errors"}}),
   "bench": ({"workload", "params", "dtype", "device", "peak_gflops", "peak_gbs"},
-            {"implementations": {"implementation", "dtype", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
+            {"implementations": {"implementation", "dtype", "version", "median_ms", "spread", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup",
+                                 "note"},
              "kernels": {"kernel", "dtype", "flops", "bytes", "opts", "opts_from"}}),
   "compare": ({"workload", "dtype", "device", "against"}, {"sizes": {"params", "dtype", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms",
+                                                                     "default_spread", "tuned_spread", "numpy_spread",
                                                                      "speedup_vs_default", "speedup_vs_numpy", "note"}}),
   "report": ({"workload", "kernel", "device"}, {
     "devices": {"id", "device", "kind", "name", "arch", "compiler_version", "codegen_version", "fingerprint_hash", "peak_gflops", "peak_gbs",
                 "probe"},
     "best": {"workload", "params", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes",
-             "opts", "key"},
-    "baselines": {"workload", "params", "dtype", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
-                  "created_at"},
-    "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
+             "opts", "key", "run_id", "updated_at"},
+    "baselines": {"workload", "params", "dtype", "device", "library", "library_version", "median_ms", "spread", "min_ms", "gflops", "gbs", "flops",
+                  "nbytes", "created_at"},
+    "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts",
+                "error"}}),
   "devices": (set(), {"devices": {"device", "present", "name", "fingerprint", "threads", "compiler", "missing"}}),
   "kernels": (set(), {"workloads": {"workload", "params", "gpu_params", "dtypes", "gflop", "torch", "description"}}),
   "cache list": ({"source"}, {"entries": {"kernel", "workload", "params", "device", "here", "tuned_ms", "default_ms", "speedup", "updated_at", "opts",

@@ -71,7 +71,8 @@ def test_markdown_and_table(report_db: str) -> None:
 
 
 def _check_self_contained(page: str) -> None:
-  assert page.startswith("<!DOCTYPE html>") and page.count("<table") == 5  # the four tables and the roofline's points
+  assert page.startswith("<!DOCTYPE html>") and page.count("<details>") == 4  # each search's candidates, folded
+  assert page.count("<table") == 5 + 4  # the four tables (history as one row per search), the roofline's points and each search's
   assert not re.search(r"(src|href)\s*=\s*['\"]?\s*(https?:)?//", page), "the page links to the network"
   assert "http://" not in page and "https://" not in page
 

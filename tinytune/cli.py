@@ -216,6 +216,14 @@ def roof(gflops: float, gbs: float, peaks: tuple[float, float] | None, dtype: st
   return 100.0, f"{pct:.0f}% of the stored roof, shown as 100: {why}"
 
 
+def noisy(timings: dict[str, Any]) -> str:
+  """A note naming the timings whose runs spread wider than the search trusts (median - min over NOISY_SPREAD of the median): the
+  machine was busy, so their ratios mean little."""
+  from tinytune.search.strategy import NOISY_SPREAD, busy_note
+  if not (wide := [f"{lib} {t.spread:.0%}" for lib, t in timings.items() if t.spread > NOISY_SPREAD]): return ""
+  return f"{busy_note()}: runs spread {', '.join(wide)}"
+
+
 def tolerance(dtype: Any) -> float:
   """How far tinytune's output may be from NumPy's (in float64) in `dtype`: a few of its roundings; integers are exact."""
   import ml_dtypes
@@ -303,12 +311,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not args.no_store: store(db, workload, params, device, t, dtype)
     gflops, gbs = flops / t.median_s / 1e9, nbytes / t.median_s / 1e9
     roof_pct, above = roof(gflops, gbs, peaks, dtype.name)
-    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3,
+    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "spread": t.spread,
+                 "min_ms": t.min_s * 1e3,
                  "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
-                 "note": "; ".join(x for x in (t.note, above) if x)})
+                 "note": "; ".join(x for x in (t.note, noisy({lib: t}), above) if x)})
   peak = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
   what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device}{peak}"
-  titles = {"implementations": f"{what}: tuned_speedup above 1: tuned is faster",
+  titles = {"implementations": f"{what} (ms: median ±spread of the runs; tuned_speedup above 1: tuned is faster)",
             "kernels": f"the kernels of {workload.name} as tuned (each run in turn per call)"}
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "peak_gflops": peaks[0] if peaks else None,
              "peak_gbs": peaks[1] if peaks else None}
@@ -493,12 +502,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
       for t in timings.values(): store(db, workload, params, device, t, dtype)
     tuned = timings["tinytune-tuned"].median_s
     row: dict[str, Any] = {"params": params, "dtype": dtype.name, "tuned_gflops": workload.flops(params) / tuned / 1e9}
-    row.update({f"{lib.removeprefix('tinytune-')}_ms": t.median_s * 1e3 for lib, t in timings.items()})
+    for lib, t in timings.items(): row.update({f"{lib.removeprefix('tinytune-')}_ms": t.median_s * 1e3,
+                                               f"{lib.removeprefix('tinytune-')}_spread": t.spread})
     row["speedup_vs_default"] = timings["tinytune-default"].median_s / tuned
     row.update({f"speedup_vs_{lib}": timings[lib].median_s / tuned for lib in against})
-    row["note"] = timings["tinytune-tuned"].note
+    row["note"] = "; ".join(x for x in (timings["tinytune-tuned"].note, noisy(timings)) if x)
     rows.append(row)
-  title = f"{workload.name} in {dtype.name} on {device}: speedups above 1 mean tinytune's tuned kernels are faster"
+  title = f"{workload.name} in {dtype.name} on {device} (ms: median ±spread of the runs; speedups above 1: tinytune's tuned kernels are faster)"
   context = {"workload": workload.name, "dtype": dtype.name, "device": device, "against": against}
   _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", context, {"sizes": title}), None)
   return 0
