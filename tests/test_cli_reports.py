@@ -183,12 +183,22 @@ def test_compare_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> Non
 
 
 def test_missing_torch_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+  """Without PyTorch the default baselines go on without it, with a note that says what is left out (bench's note said "its column"
+  of a table with a row per implementation); --against torch asks for it, so its absence is the error."""
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
-  code, out, err = run(capsys, "compare", "elementwise", "--sweep", "n=64", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--repeats", "3",
-                       "--format", "json")
-  assert code == 0 and 'pip install "tinytune[torch]"; its column is left out' in err and err.count("\n") == 1
-  assert "torch_ms" not in table(out, "sizes")[0]
+  db = ["--db", f"sqlite:///{tmp_path / 'c.db'}", "--repeats", "3", "--format", "json"]
+  code, out, err = run(capsys, "compare", "elementwise", "--sweep", "n=64", *db)
+  assert code == 0 and err == 'tinytune: note: PyTorch is not installed: pip install "tinytune[torch]"; its columns are left out\n'
+  assert "torch_ms" not in table(out, "sizes")[0] and "speedup_vs_torch" not in table(out, "sizes")[0]
+  code, out, err = run(capsys, "bench", "elementwise", "-p", "n=64", "--no-peak", *db)
+  assert code == 0 and err.endswith('pip install "tinytune[torch]"; its row is left out\n') and err.count("\n") == 1
+  assert "torch" not in {r["implementation"] for r in table(out, "implementations")}
+  for command in (["bench", "elementwise", "-p", "n=64", "--no-peak"], ["compare", "elementwise", "--sweep", "n=64"]):
+    for against in ("torch", "torch,numpy"):
+      code, out, err = run(capsys, *command, "--against", against, *db)
+      assert code == 2 and out == "" and err == (f'tinytune: error: --against {against}: PyTorch is not installed: pip install "tinytune[torch]" '
+                                                 "(or leave torch out of --against)\n")
   monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
   from tinytune.kernels.baselines import torch_module
   with pytest.raises(RuntimeError, match=r'pip install "tinytune\[torch\]"'): torch_module()
@@ -346,7 +356,8 @@ def test_a_baseline_that_cannot_run_the_dtype_is_a_note(capsys: pytest.CaptureFi
                        "--db", str(tmp_path / "n.db"), "--json")
   (row,) = table(out, "sizes")
   assert code == 0 and "numpy_ms" not in row and "speedup_vs_numpy" not in row and row["dtype"] == "int32"
-  assert err == "tinytune: note: numpy cannot run matmul in int32 on CPU (ufunc 'matmul' not supported for the input types); its column is left out\n"
+  assert err == (f"tinytune: note: numpy cannot run matmul in int32 on {runtime.Device.canonicalize(None)} (ufunc 'matmul' not supported for the "
+                 "input types); its columns are left out\n")  # the device TINYTUNE_DEVICE names: the H200's suite ran it on CUDA
 
 
 def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], tmp_path: Any, report_db: str) -> None:

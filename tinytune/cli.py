@@ -194,11 +194,16 @@ def _against(text: str) -> list[str]:
   return libs
 
 
-def _installed(libs: list[str]) -> list[str]:
-  """The baselines of `libs` that can run here: a missing PyTorch costs a one-line note, after any error that ends the command."""
+LEFT_OUT = {"bench": "its row is left out", "compare": "its columns are left out"}  # where a baseline that cannot run goes missing
+
+
+def _installed(libs: list[str], args: argparse.Namespace) -> list[str]:
+  """The baselines of `libs` that can run here, after any error that ends the command. A missing PyTorch is an error where
+  --against names it, and a one-line note where it is only the default."""
   from tinytune.kernels.baselines import TORCH_MISSING
   if "torch" in libs and importlib.util.find_spec("torch") is None:
-    print(f"tinytune: note: {TORCH_MISSING}; its column is left out", file=sys.stderr)
+    if args.against is not None: raise RuntimeError(f"--against {args.against}: {TORCH_MISSING} (or leave torch out of --against)")
+    print(f"tinytune: note: {TORCH_MISSING}; {LEFT_OUT[args.command]}", file=sys.stderr)
     return [x for x in libs if x != "torch"]
   return libs
 
@@ -243,16 +248,18 @@ def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> 
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
 
 
-def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], policy: Any, db: Any, dtype: Any) -> dict[str, Any]:
+def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], db: Any, dtype: Any, args: argparse.Namespace) -> dict[str, Any]:
   """tinytune's default and tuned kernels, then each baseline of `against`, all in `dtype`. A baseline that cannot compute in it
   (PyTorch has no integer conv2d on the CPU) costs a one-line note and is dropped from `against`, not the command."""
   from tinytune.kernels.baselines import measure
+  from tinytune.search.evaluate import TimingPolicy
+  policy = TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache)
   timings = measure(workload, params, device, ["tinytune-default", "tinytune-tuned"], policy, db, dtype)
   for lib in list(against):
     try: timings.update(measure(workload, params, device, [lib], policy, db, dtype))
     except (RuntimeError, TypeError, ValueError) as e:
       why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column is left out", file=sys.stderr)
+      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); {LEFT_OUT[args.command]}", file=sys.stderr)
       against.remove(lib)
   return timings
 
@@ -289,7 +296,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device, device_fingerprint
-  from tinytune.search.evaluate import TimingPolicy
   from tinytune.search.worker import mismatches
 
   _check_format(args.format)
@@ -297,11 +303,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
   device = Device.canonicalize(args.device)
   params, dtype = workload.params(parse_params(args.param, workload.names), is_gpu(device)), workload.dtype(args.dtype)
   db = Database(args.db)  # an unusable database is the one error, before any note
-  against = _against(args.against)
+  against = _against(args.against or DEFAULT_AGAINST)
   _runs_on(workload, params, dtype, device)
-  against = _installed(against)
+  against = _installed(against, args)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
-  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
+  timings = _timings(workload, params, device, against, db, dtype, args)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
   rows, ok = [], True
@@ -478,7 +484,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
   from tinytune.reports import render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
-  from tinytune.search.evaluate import TimingPolicy
   from tinytune.search.tune import Tuner
 
   _check_format(args.format)
@@ -487,17 +492,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
   points = _sweep(args.sweep, workload)
   device = Device.canonicalize(args.device)
   db = Database(args.db)  # an unusable database is the one error, before any note
-  against = _against(args.against)
+  against = _against(args.against or DEFAULT_AGAINST)
   rows = []
   for i, point in enumerate(points):
     params = workload.params({**base, **point})
     if i == 0:
       _runs_on(workload, params, dtype, device)
-      against = _installed(against)
+      against = _installed(against, args)
     if args.tune:
       items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
       Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
-    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
+    timings = _timings(workload, params, device, against, db, dtype, args)
     if not args.no_store:
       for t in timings.values(): store(db, workload, params, device, t, dtype)
     tuned = timings["tinytune-tuned"].median_s
@@ -591,6 +596,7 @@ def version() -> str:
   except PackageNotFoundError: return "unknown (not installed)"
 
 
+DEFAULT_AGAINST = "torch,numpy"
 MAX_OVERSUBSCRIBE = 4  # --oversubscribe allows this many search workers per core, no more
 
 
@@ -639,7 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
   for p in (bench, compare):
     p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
     p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
-    p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
+    p.add_argument("--against", default=None, help=f"baselines to time: torch, numpy or both (default {DEFAULT_AGAINST}, without torch where "
+                   "it is not installed; named here, a missing one is an error)")
     p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
     p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
     add_format(p)
