@@ -297,22 +297,30 @@ def test_devices_table_keeps_brackets(capsys: pytest.CaptureFixture[str], monkey
   assert code == 0 and '".[cuda]"' in out
 
 
-def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tables_fit_80_to_140_columns(capsys: pytest.CaptureFixture[str], report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Every command's tables fit the terminal with each header on one line (at 140 they wrapped) and names and numbers whole."""
   small = ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
-  argvs = [["report", "--db", report_db], ["kernels"], ["devices"], ["cache", "list", "--db", report_db],
-           ["search", "matmul", *small, "--budget", "2", "--quiet", "--db", report_db],
+  argvs = [["report", "--db", report_db], ["report", "--db", report_db, "--table", "history"], ["kernels"], ["devices"],
+           ["cache", "list", "--db", report_db], ["search", "matmul", *small, "--budget", "2", "--quiet", "--db", report_db],
            ["bench", "matmul", *small, "--repeats", "2", "--no-peak", "--db", report_db],
-           ["compare", "matmul", *small, "--repeats", "2", "--db", report_db]]
+           ["compare", "matmul", "--sweep", "n=8,16", "-p", "m=8", "-p", "k=8", "--repeats", "2", "--db", report_db]]
   wide = []
-  for columns in (200, 80):
+  for columns in (200, 140, 100, 80):
     monkeypatch.setenv("COLUMNS", str(columns))
     for argv in argvs:
       code, out, err = run(capsys, *argv)
-      widest = max(map(len, out.splitlines()))
-      assert code == 0 and (widest <= 80 or columns == 200), (argv, widest, err)
+      lines = out.splitlines()
+      widest = max(map(len, lines))
+      assert code == 0 and (widest <= columns or columns == 200), (argv, widest, err)
+      assert all(lines[i + 2].startswith("┡") for i, line in enumerate(lines) if line.startswith("┏")), (argv, columns, "a header wrapped")
+      assert "…" not in out, (argv, columns)  # nothing had to be cut
+      if argv[0] in ("search", "bench"): assert re.search(r"│ r_8_8_8 +│", out), (argv, columns)
+      if argv[0] == "compare": assert re.search(r"│ (m=8 )?n=16\b", out) and "±" in out, (argv, columns)  # params wrap between items
       if columns == 200 and widest > 80: wide.append(argv[0])
   assert {"report", "kernels", "bench"} <= set(wide), wide  # a wide terminal gets wide tables (how wide a search's table is depends on what it found)
   assert "default_ms" in run(capsys, "search", "matmul", *small, "--db", report_db)[1]  # the columns that matter stay
+  monkeypatch.setenv("COLUMNS", "80")
+  assert "left out at 80 columns: " in run(capsys, "report", "--db", report_db, "--table", "best")[1]  # says what it left out
 
 
 def test_the_search_table_says_which_measurement_it_shows(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:

@@ -11,7 +11,7 @@ import json
 import math
 import shutil
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -32,12 +32,13 @@ HIDDEN = {"devices": ["fingerprint_hash", "probe"], "best": ["flops", "nbytes", 
           "baselines": ["flops", "nbytes", "created_at", "param_values"], "history": ["param_values"], "kernels": ["key"], "entries": ["key"]}
 # columns a narrow terminal leaves out, least useful first, when a table does not fit at the narrowest its cells allow
 LOW_VALUE = {"devices": ["id", "codegen_version", "compiler_version", "arch", "threads", "compiler", "fingerprint"],
-             "best": ["key", "run_id", "updated_at", "strategy", "gbs", "opts", "gflops"], "baselines": ["library_version", "min_ms", "gbs"],
-             "history": ["run_id", "opts", "strategy"], "searches": ["run_id", "strategy"],
-             "implementations": ["version", "min_ms", "gbs", "roof_pct"],
-             "kernels": ["flops", "bytes", "cache_hit", "candidates", "opts"], "workloads": ["gpu_params", "torch", "gflop"],
-             "sizes": ["tuned_gflops", "speedup_vs_numpy", "speedup_vs_default", "numpy_ms", "speedup_vs_torch"],
-             "entries": ["key", "device", "updated_at", "default_ms"]}
+             "best": ["key", "run_id", "updated_at", "strategy", "gbs", "opts", "gflops", "default_ms", "dtype", "device"],
+             "baselines": ["library_version", "min_ms", "gbs", "gflops", "dtype", "device"],
+             "history": ["run_id", "opts", "strategy", "dtype", "device", "workload"],
+             "searches": ["run_id", "strategy", "dtype", "device", "best_ms", "workload"],
+             "implementations": ["version", "min_ms", "gbs", "roof_pct"], "kernels": ["flops", "bytes", "cache_hit", "candidates", "opts"],
+             "workloads": ["gpu_params", "torch", "gflop"], "entries": ["key", "device", "updated_at", "default_ms"],
+             "sizes": ["tuned_gflops", "speedup_vs_numpy", "speedup_vs_default", "numpy_ms", "speedup_vs_torch"]}
 WORDS = {"params", "gpu_params", "opts", "candidates", "failed", "dtypes"}  # lists: a cell wraps between its items, never inside one
 PROSE = {"note", "errors", "error", "description", "missing", "name", "version", "library_version"}  # sentences: wrap between words
 IDS = {"id", "key", "run_id", "updated_at", "created_at", "codegen_version", "compiler_version", "library_version", "version", "fingerprint"}
@@ -119,29 +120,36 @@ def _least(col: str, cells: list[str]) -> int:
   return max(len(col), min(longest, LONG_WORD) if col in PROSE else longest)
 
 
-def _fit(name: str, cells: dict[str, list[str]], width: int) -> tuple[dict[str, int], list[str], bool]:
-  """The columns a table of at most `width` characters shows, with their widths, and those it names in its caption. All fit where
-  they can; else the fewest changes make them fit: LOW_VALUE's ids and versions go, then a label with one value in every row moves to
-  the caption, then the rest of LOW_VALUE goes, least useful first; the columns that wrap share what is left. Where even that is too
-  wide, the widest columns are cut (True: every cell one line, ending in "…" where it is cut)."""
+class Fit(NamedTuple):
+  widths: dict[str, int]  # the columns shown and their widths
+  same: dict[str, str]  # columns with one value in every row, named with it in the caption
+  left_out: list[str]  # columns left out, named in the caption
+  cut: bool  # even so too wide: every cell one line, cut with "…"
+
+
+def _fit(name: str, cells: dict[str, list[str]], width: int) -> Fit:
+  """How a table fits `width` characters: all columns at their natural widths where they can; else the fewest changes make them
+  fit: LOW_VALUE's ids and versions go, then a label with one value in every row moves to the caption, then the rest of LOW_VALUE
+  goes, least useful first, and the columns that wrap share the room left. Where even that is too wide, the widest are cut."""
   natural = {c: max([len(c)] + [len(x) for x in v]) for c, v in cells.items()}
   least = {c: _least(c, v) for c, v in cells.items()}
-  cols, same = list(cells), []
+  cols, same, left_out = list(cells), {}, []
   def room(widths: dict[str, int]) -> int: return width - sum(widths[c] for c in cols) - 3 * len(cols) - 1  # "│ a │ b │"
-  if room(natural) >= 0: return dict(natural), [], False
+  if room(natural) >= 0: return Fit(dict(natural), {}, [], False)
   rows = len(next(iter(cells.values()), []))
   low = [c for c in LOW_VALUE.get(name, []) if c in cols]
   constant = sorted((c for c in cols if c in LABELS and rows > 1 and len(set(cells[c])) == 1 and c not in low), key=lambda c: -least[c])
   for c in [c for c in low if c in IDS] + constant + [c for c in low if c not in IDS]:
     if room(least) >= 0: break
     cols.remove(c)
-    if c in constant: same.append(c)
+    if c in constant: same[c] = cells[c][0]
+    else: left_out.append(c)
   widths = {c: least[c] for c in cols}
   if (left := room(least)) < 0:
     for _ in range(-left): widths[max(cols, key=lambda c: widths[c])] -= 1
-    return widths, same, True
+    return Fit(widths, same, left_out, True)
   wanted = sum(natural[c] - least[c] for c in cols)  # the room left widens the wrapping columns, each by its share of what they want
-  return {c: least[c] + (natural[c] - least[c]) * min(left, wanted) // max(wanted, 1) for c in cols}, same, False
+  return Fit({c: least[c] + (natural[c] - least[c]) * min(left, wanted) // max(wanted, 1) for c in cols}, same, left_out, False)
 
 
 def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[str, str] | None = None) -> str:
@@ -157,13 +165,15 @@ def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[s
     if name == "history" and len(frames) > 1: name, df, title = "searches", searches_frame(df), TITLES["searches"]
     df = _people(name, df)
     cells = {str(col): [_cell(x) for x in df[col]] for col in df.columns}
-    widths, same, cut = _fit(name, cells, console.width)
+    fit = _fit(name, cells, console.width)
     table = Table(title=escape(title))
-    for col, width in widths.items():
-      wraps = col in WORDS | PROSE and not cut
+    for col, width in fit.widths.items():
+      wraps = col in WORDS | PROSE and not fit.cut
       table.add_column(escape(col), width=width, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
-    for i in range(len(df)): table.add_row(*(escape(cells[c][i]) for c in widths))  # text, not markup: "[cuda]" stays
-    if same: table.caption = escape("in every row: " + ", ".join(f"{c} {cells[c][0]}" for c in same))
+    for i in range(len(df)): table.add_row(*(escape(cells[c][i]) for c in fit.widths))  # text, not markup: "[cuda]" stays
+    said = ([f"in every row: {', '.join(f'{c} {v}' for c, v in fit.same.items())}"] if fit.same else []) + \
+      ([f"left out at {console.width} columns: {', '.join(fit.left_out)}"] if fit.left_out else [])
+    table.caption = escape("; ".join(said)) or None
     if not len(df): table.caption = "(none)"
     console.print(table)
   return console.file.getvalue() if isinstance(console.file, io.StringIO) else ""
