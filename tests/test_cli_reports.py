@@ -402,3 +402,24 @@ def test_an_output_that_cannot_be_written_is_one_line(command: str, tmp_path) ->
     out = subprocess.run([sys.executable, "-m", "tinytune.cli", command], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
                          env={**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path)})
   assert out.returncode == 1 and out.stderr == "tinytune: error: cannot write the output: No space left on device\n", out.stderr
+
+
+def test_bench_and_compare_print_each_time_with_its_spread(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  """`compare --against torch,numpy` twice in a row gave torch_ms 23.9 then 1.1 with no spread and no word about noise: each time
+  now shows its spread, the number stored is the number printed, and runs spread wider than the search trusts say so."""
+  from tinytune.cli import noisy
+  from tinytune.kernels.baselines import Timing
+  db, small = f"sqlite:///{tmp_path / 'spread.db'}", ["-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "3", "--against", "numpy"]
+  rows = table(run(capsys, "bench", "matmul", *small, "--no-peak", "--db", db, "--json")[1], "implementations")
+  assert all(r["spread"] == pytest.approx((r["median_ms"] - r["min_ms"]) / r["median_ms"]) for r in rows)
+  stored = {b.library: b.median_s * 1e3 for b in Database(db).baselines(workload="matmul")}
+  assert {r["implementation"]: r["median_ms"] for r in rows if r["implementation"] in stored} == pytest.approx(stored)
+  out = run(capsys, "bench", "matmul", *small, "--no-peak", "--db", db, "--no-store")[1]
+  assert sum(bool(re.search(r"│ [\d.e-]+ ±[\d.]+% ", line)) for line in out.splitlines()) == 3  # default, tuned, numpy
+  (row,) = table(run(capsys, "compare", "matmul", *small, "--db", db, "--json")[1], "sizes")
+  assert all(0 <= row[f"{lib}_spread"] < 1 for lib in ("default", "tuned", "numpy"))
+  out = run(capsys, "compare", "matmul", *small, "--db", db, "--no-store")[1]
+  assert len(re.findall(r"│ [\d.e-]+ ±[\d.]+% ", out)) == 3 and "ms: median ±spread of the runs" in out
+  calm, busy = Timing("numpy", "1", [1.0, 1.1, 1.2]), Timing("torch", "2", [0.1, 1.0, 1.2])
+  assert noisy({"numpy": calm}) == "" and re.fullmatch(r"noisy: the machine was busy \(load [\d.]+\): runs spread torch 90%",
+                                                        noisy({"numpy": calm, "torch": busy}))
