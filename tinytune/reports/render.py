@@ -160,22 +160,23 @@ def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[s
   from rich.markup import escape
   from rich.table import Table
   console = console or Console(file=io.StringIO(), width=shutil.get_terminal_size((200, 24)).columns, force_terminal=False)
-  for name, df in frames.items():
+  for i, (name, df) in enumerate(frames.items()):
     title = (titles or {}).get(name) or TITLES.get(name, name)
     if name == "history" and len(frames) > 1: name, df, title = "searches", searches_frame(df), TITLES["searches"]
     df = _people(name, df)
     cells = {str(col): [_cell(x) for x in df[col]] for col in df.columns}
     fit = _fit(name, cells, console.width)
-    table = Table(title=escape(title))
+    table = Table()
     for col, width in fit.widths.items():
       wraps = col in WORDS | PROSE and not fit.cut
       table.add_column(escape(col), width=width, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
     for i in range(len(df)): table.add_row(*(escape(cells[c][i]) for c in fit.widths))  # text, not markup: "[cuda]" stays
     said = ([f"in every row: {', '.join(f'{c} {v}' for c, v in fit.same.items())}"] if fit.same else []) + \
       ([f"left out at {console.width} columns: {', '.join(fit.left_out)}"] if fit.left_out else [])
-    table.caption = escape("; ".join(said)) or None
-    if not len(df): table.caption = "(none)"
+    if not len(df): said = ["(none)"]
+    console.print(("\n" if i else "") + escape(title), highlight=False)  # lines of their own: over a narrow table rich wraps it narrow
     console.print(table)
+    if said: console.print(escape("; ".join(said)), highlight=False)
   return console.file.getvalue() if isinstance(console.file, io.StringIO) else ""
 
 
