@@ -251,3 +251,9 @@ def test_plots_are_a_page_wide(report_db: str) -> None:
   pngs = [throughput_plot(frames["baselines"]), convergence_plot(frames["history"]),
           roofline_plot(roofline_frame(frames["best"], frames["devices"]), frames["devices"])]
   assert all(png is not None and int.from_bytes(png[16:20], "big") >= 1100 for png in pngs)  # the PNG header's width
+
+
+def test_tables_are_a_blank_line_apart() -> None:
+  frames = {"a": pd.DataFrame({"x": [1, 2, 3]}), "b": pd.DataFrame({"y": [4]})}
+  out = render(frames, "table")
+  assert out.startswith("a\n┏") and "┘\n\nb\n┏" in out

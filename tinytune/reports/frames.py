@@ -19,8 +19,8 @@ from tinytune.results_db.db import skipping
 
 BEST_COLUMNS = ["workload", "params", "param_values", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs",
                 "flops", "nbytes", "opts", "key", "run_id", "updated_at"]
-HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms",
-                   "opts", "error"]
+HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "dtype", "kernel", "device", "tried", "status", "time_ms", "spread",
+                   "best_ms", "opts", "error"]
 SEARCH_COLUMNS = ["run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "failed", "best_ms", "errors"]
 BASELINE_COLUMNS = ["workload", "params", "param_values", "dtype", "device", "library", "library_version", "median_ms", "spread", "min_ms", "gflops",
                     "gbs", "flops", "nbytes", "created_at"]

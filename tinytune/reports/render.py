@@ -34,7 +34,7 @@ HIDDEN = {"devices": ["fingerprint_hash", "probe"], "best": ["flops", "nbytes", 
 LOW_VALUE = {"devices": ["id", "codegen_version", "compiler_version", "arch", "threads", "compiler", "fingerprint"],
              "best": ["key", "run_id", "updated_at", "strategy", "gbs", "opts", "gflops", "default_ms", "dtype", "device"],
              "baselines": ["library_version", "min_ms", "gbs", "gflops", "dtype", "device"],
-             "history": ["run_id", "opts", "strategy", "dtype", "device", "workload"],
+             "history": ["run_id", "opts", "strategy", "dtype", "device", "workload", "best_ms"],
              "searches": ["run_id", "strategy", "dtype", "device", "best_ms", "workload"],
              "implementations": ["version", "min_ms", "gbs", "roof_pct"], "kernels": ["flops", "bytes", "cache_hit", "candidates", "opts"],
              "workloads": ["gpu_params", "torch", "gflop"], "entries": ["key", "device", "updated_at", "default_ms"],
@@ -75,7 +75,7 @@ def to_csv(frames: dict[str, pd.DataFrame]) -> str:
 def to_markdown(frames: dict[str, pd.DataFrame], titles: dict[str, str] | None = None) -> str:
   parts = []
   for name, df in frames.items():
-    df = _shown(name, df)
+    df = _people(name, df)
     rows = [" | ".join(map(str, df.columns)), " | ".join("---" for _ in df.columns)]
     rows += [" | ".join(_cell(x).replace("|", "\\|") for x in row) for row in df.itertuples(index=False)]
     heading = (titles or {}).get(name) or TITLES.get(name, name)
@@ -98,10 +98,11 @@ def _spread(s: float) -> str: return f"±{100 * s:.1f}%" if s < 0.1 else f"±{10
 
 
 def _timed(df: pd.DataFrame) -> pd.DataFrame:
-  """Each time with its spread in one cell for people ("0.47 ±3.2%"): X_spread goes into X_ms, spread into median_ms (else tuned_ms)."""
+  """Each time with its spread in one cell for people ("0.47 ±3.2%"): X_spread goes into X_ms, spread into the table's one time of
+  which it is the spread (median_ms, tuned_ms or a candidate's time_ms)."""
   for col in [c for c in df.columns if str(c).endswith("spread")]:
-    time = col.removesuffix("_spread") + "_ms" if col != "spread" else "median_ms" if "median_ms" in df else "tuned_ms"
-    if time not in df: continue
+    times = [col.removesuffix("_spread") + "_ms"] if col != "spread" else ["median_ms", "tuned_ms", "time_ms"]
+    if not (time := next((t for t in times if t in df), None)): continue
     df = df.assign(**{time: [_cell(t) if _cell(t) == "-" or s is None or math.isnan(s) else f"{_cell(t)} {_spread(s)}"
                              for t, s in zip(df[time], df[col])]}).drop(columns=col)
   return df
@@ -160,7 +161,7 @@ def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[s
   from rich.markup import escape
   from rich.table import Table
   console = console or Console(file=io.StringIO(), width=shutil.get_terminal_size((200, 24)).columns, force_terminal=False)
-  for i, (name, df) in enumerate(frames.items()):
+  for n, (name, df) in enumerate(frames.items()):
     title = (titles or {}).get(name) or TITLES.get(name, name)
     if name == "history" and len(frames) > 1: name, df, title = "searches", searches_frame(df), TITLES["searches"]
     df = _people(name, df)
@@ -174,7 +175,7 @@ def to_rich(frames: dict[str, pd.DataFrame], console: Any = None, titles: dict[s
     said = ([f"in every row: {', '.join(f'{c} {v}' for c, v in fit.same.items())}"] if fit.same else []) + \
       ([f"left out at {console.width} columns: {', '.join(fit.left_out)}"] if fit.left_out else [])
     if not len(df): said = ["(none)"]
-    console.print(("\n" if i else "") + escape(title), highlight=False)  # lines of their own: over a narrow table rich wraps it narrow
+    console.print(("\n" if n else "") + escape(title), highlight=False)  # lines of their own: over a narrow table rich wraps it narrow
     console.print(table)
     if said: console.print(escape("; ".join(said)), highlight=False)
   return console.file.getvalue() if isinstance(console.file, io.StringIO) else ""
@@ -255,7 +256,7 @@ def _searches(history: pd.DataFrame) -> list[str]:
     first, failed = g.iloc[0], int((g["status"] != "ok").sum())
     head = (f"run {run_id}: {first['strategy']} search of {kernel} ({first['workload']} {first['params']} {first['dtype']} on {first['device']}): "
             f"{len(g)} tried, {failed} failed, best {_cell(g['best_ms'].iloc[-1])} ms")
-    candidates = _people("history", g[["tried", "status", "time_ms", "best_ms", "opts", "error"]])
+    candidates = _people("history", g[["tried", "status", "time_ms", "spread", "best_ms", "opts", "error"]])
     parts.append(f"<details><summary>{html.escape(head)}</summary>\n{_table_html(candidates)}</details>")
   return parts
 
