@@ -138,8 +138,8 @@ def _fit(name: str, cells: dict[str, list[str]], width: int) -> Fit:
   def room(widths: dict[str, int]) -> int: return width - sum(widths[c] for c in cols) - 3 * len(cols) - 1  # "│ a │ b │"
   if room(natural) >= 0: return Fit(dict(natural), {}, [], False)
   rows = len(next(iter(cells.values()), []))
-  low = [c for c in LOW_VALUE.get(name, []) if c in cols]
-  constant = sorted((c for c in cols if c in LABELS and rows > 1 and len(set(cells[c])) == 1 and c not in low), key=lambda c: -least[c])
+  constant = sorted((c for c in cols if c in LABELS and rows > 1 and len(set(cells[c])) == 1), key=lambda c: -least[c])
+  low = [c for c in LOW_VALUE.get(name, []) if c in cols and c not in constant]
   for c in [c for c in low if c in IDS] + constant + [c for c in low if c not in IDS]:
     if room(least) >= 0: break
     cols.remove(c)
