@@ -223,6 +223,8 @@ def test_report_history_names_each_searchs_failures(report_db: str) -> None:
   table = render(report_frames(db, workload="softmax"), "table")
   assert "crashed=2 timeout=1" in table and "crashed: the worker died (exit code -11); timeout: cut off after 3.0 s" in " ".join(
     line.strip("│ ").split("│")[-1].strip() for line in table.splitlines() if line.startswith("│"))
+  assert "| crashed=2 timeout=1 | 1 | crashed: the worker died (exit code -11); timeout: cut off after 3.0 s |" in render(
+    report_frames(db, workload="softmax"), "md")
   page = render(report_frames(db, workload="softmax"), "html")
   assert page.count("<details>") == 1 and "5 tried, 3 failed, best 1 ms" in page
   assert "the worker died (exit code -6)" in page and "<td>timeout</td>" in page  # every failure, under the search's row

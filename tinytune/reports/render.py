@@ -73,12 +73,14 @@ def to_csv(frames: dict[str, pd.DataFrame]) -> str:
 
 
 def to_markdown(frames: dict[str, pd.DataFrame], titles: dict[str, str] | None = None) -> str:
+  """A Markdown table per frame; in a report of several the search history is one row per search, as in the terminal's."""
   parts = []
   for name, df in frames.items():
+    heading = (titles or {}).get(name) or TITLES.get(name, name)
+    if name == "history" and len(frames) > 1: name, df, heading = "searches", searches_frame(df), TITLES["searches"]
     df = _people(name, df)
     rows = [" | ".join(map(str, df.columns)), " | ".join("---" for _ in df.columns)]
     rows += [" | ".join(_cell(x).replace("|", "\\|") for x in row) for row in df.itertuples(index=False)]
-    heading = (titles or {}).get(name) or TITLES.get(name, name)
     parts.append(f"## {heading}\n\n" + ("\n".join(f"| {r} |" for r in rows) if len(df) else "(none)") + "\n")
   return "\n".join(parts)
 
