@@ -105,8 +105,8 @@ def _timed(df: pd.DataFrame) -> pd.DataFrame:
   for col in [c for c in df.columns if str(c).endswith("spread")]:
     times = [col.removesuffix("_spread") + "_ms"] if col != "spread" else ["median_ms", "tuned_ms", "time_ms"]
     if not (time := next((t for t in times if t in df), None)): continue
-    df = df.assign(**{time: [_cell(t) if _cell(t) == "-" or s is None or math.isnan(s) else f"{_cell(t)} {_spread(s)}"
-                             for t, s in zip(df[time], df[col])]}).drop(columns=col)
+    df = df.assign(**{time: [_cell(t) if pd.isna(t) or pd.isna(s) else f"{_cell(t)} {_spread(s)}" for t, s in zip(df[time], df[col])]})
+    df = df.drop(columns=col)
   return df
 
 
@@ -242,7 +242,7 @@ def _two_measurements(best: pd.DataFrame, baselines: pd.DataFrame) -> list[str]:
     timed = tuned[(tuned["workload"] == workload) & (tuned["params"] == params) & (tuned["dtype"] == dtype) & (tuned["device"] == device)]
     if len(g) != 1 or timed.empty: continue
     kernel, program = g.iloc[0], timed.iloc[-1]
-    if 1 / DIFFER <= program["median_ms"] / kernel["tuned_ms"] <= DIFFER: continue
+    if not (kernel["tuned_ms"] > 0 and program["median_ms"] > 0) or 1 / DIFFER <= program["median_ms"] / kernel["tuned_ms"] <= DIFFER: continue
     notes.append(_note(f"{workload} {params} {dtype} on {device}: the search re-timed {kernel['kernel']} at {_cell(kernel['tuned_ms'])} ms "
                        f"({_cell(kernel['updated_at'])}), the latest bench or compare timed the program at {_cell(program['median_ms'])} ms "
                        f"{_spread(program['spread'])} ({_cell(program['created_at'])}): two measurements at different times, so the load on "
