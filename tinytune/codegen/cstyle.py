@@ -255,6 +255,24 @@ class CStyleRenderer:
   }
 
 
+# Where float16 arithmetic is native (AVX512-FP16; ARMv8.2's FP16, with -march=native on most ARM servers), -ffp-contract=fast lets
+# gcc and clang fuse a float16 product and a later add into one float16 FMA (vfmadd*sh/ph, fmadd h), rounded once where NumPy rounds
+# the product and the sum; clang also narrows float32 lanes rounded to float16 back into float16 ops and fuses those. There each
+# float16 product goes through an empty asm, which no FMA can see through (it costs no instruction); float32 products, as in a float16
+# matmul's float32 sum, still fuse. Such vectors have at most 16 bytes on ARM (4 lanes) and 64 on x86 (AVX-512): one register.
+HALF_PRODUCT = """#if defined(__AVX512FP16__) || defined(__ARM_FEATURE_FP16_SCALAR_ARITHMETIC)
+#define tt_hmul(a, b) ({ __typeof__((a) * (b)) tt_p = (a) * (b); __asm__("" : TT_HOLD(tt_p)); tt_p; })
+#if defined(__x86_64__)
+#define TT_HOLD "+v"
+#else
+#define TT_HOLD "+w"
+#endif
+#else
+#define tt_hmul(a, b) ((a) * (b))
+#endif
+"""
+
+
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
   # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
@@ -267,6 +285,7 @@ class CRenderer(CStyleRenderer):
   vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.CAST}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    if op is Ops.MUL and dtype == dtypes.float16: return f"tt_hmul({args[0]}, {args[1]})"  # see HALF_PRODUCT
     return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype in self.vector_floats else super().code(op, args, dtype)
 
   vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
@@ -284,9 +303,10 @@ class CRenderer(CStyleRenderer):
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def program_prelude(self, p: LinearProgram) -> str:
-    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
+    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them; tt_hmul in float16 programs."""
     dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and u.arg.across for u in p.uops)
-    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
+    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "") \
+      + (HALF_PRODUCT if dtypes.float16 in _dtypes(p.kernel) else "")
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
     return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"
