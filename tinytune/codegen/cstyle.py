@@ -357,8 +357,11 @@ class CUDARenderer(_GPURenderer):
   def wmma(self, u: UOp, at: _At) -> str:
     """The tensor core statements: each warp's ids, its accumulator fragments, loads of A and B tiles, products, and stores of
     the accumulators to the warp's 256 floats of shared memory."""
-    what, *arg = u.arg
-    if what == "ids": return f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;"
+    kind, what, *arg = u.arg
+    if what == "ids":
+      return (f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16"
+              + (", mg = lane / 4, mt = lane % 4;" if kind == "mma" else ";"))
+    if kind == "mma" and what != "sync": return self.mma(u, at, what, arg)
     if what == "acc": return f"wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{arg[0]}; wmma::fill_fragment(acc{arg[0]}, 0.0f);"
     if what == "fragment":
       name, which, dtype, layout = arg
@@ -367,6 +370,38 @@ class CUDARenderer(_GPURenderer):
     if what == "mma": return f"wmma::mma_sync(acc{arg[0]}, {arg[1]}, {arg[2]}, acc{arg[0]});"
     if what == "store": return f"wmma::store_matrix_sync(tiles+warp*256, acc{arg[0]}, 16, wmma::mem_row_major);"
     return "__syncwarp();"
+
+  # PTX's m16n8k16 fragments, lane = 4 g + t, in 32-bit registers of two elements each: A (16x16) at (g, 2t), (g+8, 2t), (g, 2t+8),
+  # (g+8, 2t+8) and the next along K; B (16x8, twice for a 16x16 tile) at (2t, g), (2t+8, g), (2t, g+8), (2t+8, g+8) and the next along
+  # K; C (16x8, twice) floats at (g, 2t + e) and (g+8, 2t + e) for e in 0, 1
+  MMA_PAIRS = ((0, 0), (8, 0), (0, 8), (8, 8))  # each register's (row of A or k of B, k of A or column of B) from (g, 2t) or (2t, g)
+  def mma(self, u: UOp, at: _At, what: str, arg: list) -> str:
+    """The tensor core statements as PTX mma.sync.m16n8k16: each lane loads its own pairs of A and B (one 32-bit load where a pair is
+    contiguous), two instructions per 16x16 tile, and the lanes store their floats of C where store_matrix_sync would."""
+    if what == "acc": return f"float acc{arg[0]}[8] = {{}};"
+    if what == "fragment": return f"unsigned {arg[0]}[4];"
+    if what == "load":
+      name, buf, ld, which, layout = arg
+      along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
+      def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
+      out = [f"{{ const auto* p = data{buf}+{self.index(u.src[0], at.index)};"]
+      for r, (di, dj) in enumerate(self.MMA_PAIRS):
+        i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
+        nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
+        out.append(f"{name}[{r}] = *(const unsigned*)(p+{off(i, j)});" if along_k else f"{name}[{r}] = tt_pack(p[{off(i, j)}], p[{nxt}]);")
+      return " ".join(out) + " }"
+    if what == "mma": return f"tt_mma(acc{arg[0]}, {arg[1]}, {arg[2]}); tt_mma(acc{arg[0]}+4, {arg[1]}, {arg[2]}+2);"
+    assert what == "store", what
+    return (f"for (int h = 0; h < 2; h++) for (int e = 0; e < 2; e++) {{ tiles[warp*256+mg*16+8*h+2*mt+e] = acc{arg[0]}[4*h+e]; "
+            f"tiles[warp*256+(mg+8)*16+8*h+2*mt+e] = acc{arg[0]}[4*h+2+e]; }}")
+  def mma_prelude(self, dtype: DType) -> str:
+    """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half."""
+    ty, f = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix
+    return (f"{f} void tt_mma(float* c, const unsigned* a, const unsigned* b) {{\n"
+            f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"\n'
+            '    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); }\n'
+            f"template <class T> {f} unsigned tt_pack(T x, T y) {{ unsigned short lo, hi; memcpy(&lo, &x, 2); memcpy(&hi, &y, 2); "
+            "return lo | (unsigned)hi << 16; }\n")
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
@@ -385,7 +420,7 @@ class CUDARenderer(_GPURenderer):
 
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
-    mma = "#include <mma.h>\nusing namespace nvcuda;\n" if k.tc is not None else ""
+    mma = "" if k.tc is None else self.mma_prelude(k.tc.a.dtype) if k.tc.mma else "#include <mma.h>\nusing namespace nvcuda;\n"
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
