@@ -332,11 +332,26 @@ class _GPURenderer(CStyleRenderer):
 
 class CUDARenderer(_GPURenderer):
   """CUDA C++. float16 is stored as half and computed in float32 (half's operators mix badly with float), rounded to half
-  where the program casts to float16; bfloat16 likewise as __nv_bfloat16."""
+  where the program casts to float16; bfloat16 likewise as __nv_bfloat16. Their conversions keep a NaN's sign (see half_prelude)."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float"}
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
-  def to_bits(self, x: str, dtype: DType) -> str: return f"__float2half_rn({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
-  def from_bits(self, x: str, dtype: DType) -> str: return f"__half2float({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
+  def to_bits(self, x: str, dtype: DType) -> str: return f"tt_f2h({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
+  def from_bits(self, x: str, dtype: DType) -> str: return f"tt_h2f({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
+  # a buffer's half converts by tt_h2f and tt_f2h; shared memory holds float32 (CUDA's float16 values)
+  def load(self, ptr: str, idx: str, dtype: DType) -> str:
+    return f"tt_h2f({ptr}[{idx}])" if dtype == dtypes.float16 and ptr.startswith("data") else super().load(ptr, idx, dtype)
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"{ptr}[{idx}] = tt_f2h({val});" if dtype == dtypes.float16 and ptr.startswith("data") else super().store(ptr, idx, val, dtype)
+  def half_prelude(self) -> str:
+    """float16 <-> float32 where cuda_fp16.h's conversions (cvt) give the GPU's canonical NaN, 0x7fffffff or 0x7fff, whatever the
+    sign (an H200 lost a NaN's sign in copysign): a NaN keeps its sign and top payload bits and is quiet, as x86's F16C makes it;
+    tt_rh rounds a float32 to float16's precision and leaves a NaN as it is."""
+    fp = self.func_prefix
+    return (f"{fp} float tt_h2f(half h) {{ unsigned int u = __half_as_ushort(h); float f = __half2float(h); if ((u & 0x7fff) > 0x7c00) "
+            "{ u = (u & 0x8000) << 16 | 0x7fc00000 | (u & 0x3ff) << 13; memcpy(&f, &u, 4); } return f; }\n"
+            f"{fp} half tt_f2h(float f) {{ unsigned int u; memcpy(&u, &f, 4); return f != f ? "
+            "__ushort_as_half((u >> 16 & 0x8000) | 0x7e00 | (u >> 13 & 0x3ff)) : __float2half_rn(f); }\n"
+            f"{fp} float tt_rh(float f) {{ return f != f ? f : __half2float(__float2half_rn(f)); }}\n")
   restrict, func_prefix = "__restrict__", "static __device__ inline"
   group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
@@ -345,11 +360,13 @@ class CUDARenderer(_GPURenderer):
     return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(args)})'
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
-    return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
-  bf16_in = "__bfloat162float"
+    return f"tt_rh((float)({args[0]}))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
   def bf16_prelude(self) -> str:
-    """cuda_bf16.h rounds to nearest even, but makes every NaN 0x7fff: ml_dtypes (and the CPU) give the quiet NaN of its sign."""
-    return (f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ "
+    """cuda_bf16.h rounds to nearest even, but makes every NaN 0x7fff: ml_dtypes (and the CPU) give the quiet NaN of its sign. Its
+    __bfloat162float is a cvt on sm_90, which may make a NaN canonical too: a bfloat16 is a float32's high half, so a shift."""
+    return (f"{self.func_prefix} float tt_bf16_to_f32(__nv_bfloat16 h) {{ unsigned int u = (unsigned int)__bfloat16_as_ushort(h) << 16; "
+            "float f; memcpy(&f, &u, 4); return f; }\n"
+            f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ "
             "return f != f ? __ushort_as_bfloat16(signbit(f) ? 0xffc0 : 0x7fc0) : __float2bfloat16_rn(f); }\n")
   # NVRTC refuses GNU statement expressions: a bitcast is a call of a template
   def reinterpret(self, x: str, src: str, dst: str) -> str: return f"tt_bitcast<{dst}>({x})"
@@ -424,7 +441,7 @@ class CUDARenderer(_GPURenderer):
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
-      + mma + bitcast + super().prelude(k)
+      + mma + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
 
 
 class HIPRenderer(_GPURenderer):
