@@ -169,6 +169,17 @@ def test_hip_source_compiles_with_clang() -> None:
   assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
 
 
+@pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
+def test_hip_float16_products_do_not_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """HIP computes float16 natively, where clang fused a product and the add after it into v_fma_f16 (rounded once; NumPy rounds twice)."""
+  a, b, c = (Tensor(np.arange(64), dtype=dtypes.float16, device="CPU") for _ in range(3))
+  (item,), _ = create_schedule((a * b + c * 3 - a * c).uop, "CPU")
+  (tmp_path / "k.hip").write_text(HIPRenderer().render(Kernel(item.ast, H100)))
+  subprocess.run([str(_hip_clang()), *HIP_FLAGS, "k.hip", "-o", "k.s"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
+  asm = (tmp_path / "k.s").read_text()
+  assert "v_mul_f16" in asm and not re.findall(r"\bv_(?:pk_)?(?:fma|fmac|mad|mac)_(?:f16|mix)", asm)
+
+
 def test_group_reduce_renders_shared_memory_and_a_barrier() -> None:
   a, b = Tensor.rand(64, 32), Tensor.rand(32, 48)
   k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, H100).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 4)])

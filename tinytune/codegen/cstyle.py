@@ -460,10 +460,15 @@ class HIPRenderer(_GPURenderer):
   # float64 exp2, log2 and sin are calls into ROCm's device library (ocml), which hiprtc links; the GPU has no instructions for them
   ocml = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    if op is Ops.MUL and dtype == dtypes.float16: return f"tt_hmul({args[0]}, {args[1]})"
     return f"__ocml_{self.ocml[op]}_f64({args[0]})" if op in self.ocml and dtype == dtypes.float64 else super().code(op, args, dtype)
   def prelude(self, k: Kernel) -> str:
+    used = _dtypes(k)
     decl = "".join(f'extern "C" __attribute__((device, const)) double __ocml_{f}_f64(double);\n' for f in self.ocml.values())
-    return (decl if dtypes.float64 in _dtypes(k) else "") + super().prelude(k)
+    # float16 arithmetic is native, and clang fuses a product and an add into v_fma_f16 (one rounding; NumPy rounds each op): as on
+    # the CPU (see HALF_PRODUCT), each float16 product passes through an empty asm that holds it in a register
+    hmul = f'{self.func_prefix} _Float16 tt_hmul(_Float16 a, _Float16 b) {{ _Float16 p = a * b; __asm__("" : "+v"(p)); return p; }}\n'
+    return (decl if dtypes.float64 in used else "") + (hmul if dtypes.float16 in used else "") + super().prelude(k)
 
 
 class OpenCLRenderer(_GPURenderer):
