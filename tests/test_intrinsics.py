@@ -313,11 +313,13 @@ def test_float16_products_do_not_fuse_where_float16_is_native(target: str, tmp_p
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
                     reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt install gcc-aarch64-linux-gnu qemu-user)")
-def test_float16_rounds_each_op_on_aarch64_with_fp16_arithmetic(tmp_path: Path) -> None:
-  """The float16 kernels built for ARMv8.2 with FP16 arithmetic and run under qemu give NumPy's bits, scalar and in the aarch64
-  target's vector lanes (4)."""
+@pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+fp16"])  # the aarch64 target's; native on most ARM servers (float16 arithmetic)
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_16_bit_floats_round_each_op_on_aarch64(dtype: DType, march: str, tmp_path: Path) -> None:
+  """The 16-bit float kernels built for aarch64 and run under qemu give NumPy's bits, scalar and in the aarch64 target's vector lanes
+  (4)."""
   from tinytune.codegen.cstyle import CRenderer
-  x, y, want, item = rounding_case(dtypes.float16)
+  x, y, want, item = rounding_case(dtype)
   for width, kernel in rounding_kernels(item, (1, 4)):
     bufs = [item.out, *dict.fromkeys(kernel.bufs)]  # the kernel's arguments, read from stdin but the output
     sizes = [b.size * b.dtype.itemsize for b in bufs]
@@ -325,10 +327,10 @@ def test_float16_rounds_each_op_on_aarch64_with_fp16_arithmetic(tmp_path: Path) 
             + "".join(f"  if (fread(b{i}, 1, {n}, stdin) != {n}) return 1;\n" for i, n in enumerate(sizes) if i)
             + f"  {kernel.name}({', '.join(f'(void*)b{i}' for i in range(len(bufs)))});\n"
             + f"  return fwrite(b0, 1, {sizes[0]}, stdout) != {sizes[0]};\n}}\n")
-    res = _cross_compile("aarch64-linux-gnu-gcc", "armv8.2-a+fp16", CRenderer().render(kernel) + main, tmp_path, "-static", "-o", "k", "-lm")
+    res = _cross_compile("aarch64-linux-gnu-gcc", march, CRenderer().render(kernel) + main, tmp_path, "-static", "-o", "k", "-lm")
     assert res.returncode == 0, res.stderr[-2000:]
     inputs = b"".join(b.numpy_view().tobytes() for b in bufs[1:])
     run = subprocess.run(["qemu-aarch64", "./k"], cwd=tmp_path, input=inputs, capture_output=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert not (bad := rounding_mismatch(width, x, y, want, np.frombuffer(run.stdout, np.float16))), f"aarch64+fp16, {bad}"
+    assert not (bad := rounding_mismatch(width, x, y, want, np.frombuffer(run.stdout, dtype.np))), f"{march}, {bad}"
 
