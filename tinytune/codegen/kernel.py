@@ -16,7 +16,7 @@ from tinytune.helpers import divisors, prod, round_up
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
-__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
+__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts", "input_strides"]
 
 
 class AxisKind(Enum):
@@ -111,6 +111,35 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
   return frozenset(d for d, v in enumerate(dims) if v in found)
 
 
+def input_strides(k: Kernel) -> list[list[int]]:
+  """For each buffer the reduce reads (through any reshapes), its element stride along each kernel dim, found by stepping that dim
+  from 0 to 1; a kernel without a reduce reads its buffers along the output dims."""
+  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(k.sizes)]
+  offsets: dict[UOp, None] = {}
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen: return
+    seen.add((u, idx))
+    if u.op is Ops.VIEW:
+      off = simplify(u.arg.index(idx)[0])
+      if u.src[0].op is Ops.BUFFER: offsets[off] = None
+      else: walk(u.src[0], split_offset(off, u.src[0].shape))
+      return
+    if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
+      walk(u.src[1], idx)
+      return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
+    if u.op is Ops.REDUCE:
+      red = list(idx)
+      for j, a in enumerate(k.reduce_axes): red[a] = dims[k.n_global + j]
+      idx = tuple(red)
+    for s in u.src: walk(s, idx)
+  walk(k.ast, tuple(dims[:k.n_global]))
+  def at(off: UOp, d: int) -> int:
+    c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
+    return int(c.arg) if c.op is Ops.CONST else -1
+  return [[at(off, d) - at(off, -1) if k.sizes[d] > 1 else 0 for d in range(len(k.sizes))] for off in offsets]
+
+
 def same_rows(a: UOp, b: UOp) -> bool:
   """Whether two reduces reduce the same dims of the same shape: one loop nest could run either (a chain's reduces do)."""
   return a.src[0].shape == b.src[0].shape and a.arg[1] == b.arg[1]
@@ -171,6 +200,17 @@ class Kernel:
   def launch_dims(self) -> tuple[int, int]:
     """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
     return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None and self.caps.has_local else 1)
+  @property
+  def thread_axes(self) -> list[int]:
+    """A workgroup's thread parts (LOCAL and GROUP axes), slowest first: the linear thread id is taken apart with the last fastest.
+    LOCAL parts by dim (a dim's inner part fastest), and the GROUP parts (the same) fastest where the reduce reads an input contiguous along a
+    grouped dim (a row sum: neighbouring threads read neighbouring elements of the row), else slowest (a column sum: neighbouring
+    threads read along the kept row, each group of them down its own share of the rows)."""
+    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    group = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.GROUP), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    if not local or not group: return local + group
+    dims = {self.axes[i].dim for i in group}
+    return local + group if any(st[d] == 1 for st in input_strides(self) for d in dims) else group + local
   def copy(self) -> Kernel:
     ret = copy.copy(self)
     ret.axes, ret.sizes, ret.global_order = [copy.copy(a) for a in self.axes], list(self.sizes), list(self.global_order)

@@ -252,27 +252,29 @@ class LoopNest:
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp]) -> list[UOp]:
-    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
     taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
     memory and stores."""
     k = self.k
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
-    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
-    out += self.unflatten(local + group, "lid")
+    threads = k.thread_axes
+    if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
+    out += self.unflatten(threads, "lid")
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
     out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      threads = k.launch_dims[1]
+      n = k.launch_dims[1]
+      step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
       partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
+      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, n - 1)
+      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * n), dtype=dt))
       out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
+      first = lid % groups if step == 1 else lid // step  # the group's first thread adds up its partials
+      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, first.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
       out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
-      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      at = "lid+q" if step == 1 else f"lid+q*{step}"
+      out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
       out.append(stmt(Ops.ENDRANGE))
     return out + post
 
