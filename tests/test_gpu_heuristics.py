@@ -98,6 +98,18 @@ def test_unaligned_rows_keep_their_loads_side_by_side() -> None:
 
 
 @needs_opencl
+def test_a_transpose_reads_and_writes_in_warp_tiles() -> None:
+  """linear's W.T copy read each input element a row apart per thread (an eighth of each sector used): now 8 columns by 32 rows a
+  workgroup (25 of W's 200 here), each warp 8 by 4, and the values are W's transposed."""
+  w = np.arange(96 * 200, dtype=np.float32).reshape(96, 200)
+  t = Tensor(w, device="OPENCL").T.contiguous()
+  k = Kernel(create_ast(t), H100)
+  opts = default_opts(k)
+  assert opts[0] == Opt(OptOps.LOCAL, 1, 8) and opts[1].op is OptOps.LOCAL and opts[1].axis == 0 and opts[1].arg >= 8, opts
+  np.testing.assert_array_equal(t.numpy(), w.T)
+
+
+@needs_opencl
 def test_thread_order_follows_the_contiguous_axis() -> None:
   """GROUP parts are the fastest threads where the reduce reads along its axis (a row sum), the slowest where it reads across it."""
   rows = Tensor.full((256, 512), 1.0, device="OPENCL").contiguous().realize()
@@ -113,6 +125,7 @@ def test_thread_order_follows_the_contiguous_axis() -> None:
   ("softmax", {"rows": 40000, "cols": 64}),
   ("conv2d", {"batch": 4, "cin": 2, "cout": 64, "size": 64}),  # over 2^20 outputs: a 4x2 register tile
   ("conv2d", {"batch": 1, "cin": 1, "cout": 2, "size": 3, "padding": 0}),  # too small to round the positions up to 128
+  ("conv2d", {"batch": 2, "cin": 3, "cout": 4, "size": 30, "padding": 1}),  # 960 positions, rounded to 1024
   ("conv2d", {"batch": 1, "cin": 3, "cout": 32, "size": 50, "stride": 2}),
 ])
 def test_gpu_paths_match_numpy_on_opencl(name: str, params: dict[str, int]) -> None:

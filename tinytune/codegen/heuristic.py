@@ -435,21 +435,26 @@ def gpu_column_reduce(k: Kernel) -> bool:
 def gpu_workgroups(k: Kernel) -> bool:
   """Anything else. A reduce along a contiguous axis with few outputs: a workgroup shares it; with many (attention's row max over
   64Ki rows), a group of about the square root of its length shares each row (each thread's loads against the partials one thread
-  adds at the end). Elementwise kernels: 16-byte accesses along the contiguous dim where every row starts 16-byte aligned (a row of 58
-floats does not: 4 scalar accesses a thread would touch 4 times the sectors per warp access), and workgroups along it and the dims
-outside it."""
+  adds at the end). Elementwise kernels: a transpose (an input contiguous along another dim than the output) in workgroups of 8
+  columns by 32 rows, so a warp writes 4 rows of 32 bytes and reads 8 columns of 16; else 16-byte accesses along the contiguous dim
+  where every row starts 16-byte aligned (a row of 58 floats does not: 4 scalar accesses a thread would touch 4 times the sectors a
+  warp access), and workgroups along it and the dims outside it."""
   n, lane = k.n_global, lane_dim(k)
   if k.reduceop is not None and k.n_reduce and prod(k.out_shape) < GROUP_MAX_OUTPUTS:
     _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4)))
     if n: _first_valid(k, *(Opt(OptOps.LOCAL, n - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
     return True
+  if lane is None: return True
+  strides = input_strides(k)
   if k.reduceop is not None and k.n_reduce:
     size = k.sizes[-1]
     _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, g) for g in (256, 128, 64, 32, 16, 8, 4) if g * g <= size))
-  elif lane is not None and k.ast.dtype == dtypes.float32 and \
-       all(st[d] % 4 == 0 for st in input_strides(k) if st[lane] for d in range(n) if d != lane):
+  elif (tile := _transpose_tile(k, lane, strides)) is not None:
+    _first_valid(k, Opt(OptOps.LOCAL, lane, tile[1]))
+    _first_valid(k, Opt(OptOps.LOCAL, tile[0], _largest(k.sizes[tile[0]], WARP)))
+  elif k.ast.dtype == dtypes.float32 and all(st[d] % 4 == 0 for st in strides if st[lane] for d in range(n) if d != lane):
     _first_valid(k, Opt(OptOps.UPCAST, lane, 4))  # 16-byte accesses
-  if lane is not None: _fill_workgroup(k, lane)
+  _fill_workgroup(k, lane)
   return True
 
 

@@ -297,10 +297,10 @@ def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...]
   (n, c), spatial, d = shape[:2], shape[2:], len(k)
   sstr = [prod(spatial[i + 1:]) for i in range(d)]
   size, length = prod(spatial), out[0] * sstr[0]
-  # a GPU computes whole warps of WIDE_GPU_POSITIONS a thread (see heuristic.gpu_conv): as many more positions, where the last
+  # a GPU computes whole warps of 4 positions a thread (see heuristic.gpu_conv): up to an eighth more positions, where the last
   # image's windows stay inside the zeros after it
-  reach = sum((kk - 1) * dl * s for kk, dl, s in zip(k, dilation, sstr))
-  if Device[flat.device].caps.has_local and (more := round_up(length, WIDE_GPU_POSITIONS)) + reach <= (c + 1) * size: length = more
+  reach, more = sum((kk - 1) * dl * s for kk, dl, s in zip(k, dilation, sstr)), round_up(length, WIDE_GPU_POSITIONS)
+  if Device[flat.device].caps.has_local and (more - length) * 8 <= length and more + reach <= (c + 1) * size: length = more
   view = View.create((n, c, length, *k), (c * size, size, 1, *(dl * s for dl, s in zip(dilation, sstr))))
   x = Tensor(view_uop(flat.uop, lambda v: View.create(view.shape, view.strides, v.offset) if v.contiguous else None, view.shape), device=flat.device)
   groups, og, cg = wt.shape[1], wt.shape[2], wt.shape[3]
