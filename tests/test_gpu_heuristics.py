@@ -12,10 +12,11 @@ from tinytune.codegen.heuristic import GPU_THREADS, default_opts
 from tinytune.codegen.kernel import AxisKind
 from tinytune.codegen.lower import lower
 from tinytune.dtype import dtypes
+from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import create_schedule
 from tinytune.kernels import get_workload
 from tinytune.kernels.workload import result, schedule
-from tinytune.runtime import DeviceCaps, device_status
+from tinytune.runtime import Device, DeviceCaps, device_status
 from tinytune.uop import Ops, UOp, simplify
 
 H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024,
@@ -116,6 +117,26 @@ def test_thread_order_follows_the_contiguous_axis() -> None:
   for axis, fastest in ((1, AxisKind.GROUP), (0, AxisKind.LOCAL)):
     k = Kernel(create_ast(rows.sum(axis)), H100).apply_opts([Opt(OptOps.LOCAL, 0, 8), Opt(OptOps.GROUP, 0, 16)])
     assert k.axes[k.thread_axes[-1]].kind is fastest
+
+
+@pytest.mark.parametrize("device", ["OPENCL", "EMU"])
+@pytest.mark.parametrize("axis,opts", [
+  (1, [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 16)]),  # partials in a tree, the GROUP fastest
+  (0, [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 16)]),  # a tree, the GROUP slowest
+  (0, [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUPTOP, 0, 8), Opt(OptOps.GROUP, 0, 2)]),  # two GROUP parts, a tree of their 16
+  (0, [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 0, 3)]),  # not a power of two: the first thread adds them one by one
+])
+def test_group_partials(device: str, axis: int, opts: list[Opt]) -> None:
+  """GROUP partials added in a tree (a power of two) or one by one, with the GROUP parts fastest or slowest in the thread id: the
+  sums match NumPy's, and on EMU no shared-memory read races its write."""
+  if device_status(device) is not None: pytest.skip(f"{device}: {device_status(device)}")
+  a = np.random.default_rng(axis).standard_normal((48, 64)).astype(np.float32)
+  t = Tensor(a, device=device)
+  (item,), _ = create_schedule(t.sum(axis).uop, device)
+  k = Kernel(item.ast, Device[device].caps).apply_opts(opts)
+  program, _ = compile_kernel(k, device)
+  program(item.out, *k.bufs)
+  np.testing.assert_allclose(item.out.numpy_view(), a.sum(axis), rtol=1e-5, atol=1e-4)
 
 
 @needs_opencl

@@ -253,8 +253,10 @@ class LoopNest:
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp]) -> list[UOp]:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
-    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores."""
+    taken apart from one linear id. Each GROUP thread reduces its share into shared memory; a group of a power of two adds them
+    in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one by one
+    took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
+    first thread stores."""
     k = self.k
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     threads = k.thread_axes
@@ -270,12 +272,23 @@ class LoopNest:
       def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
       out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * n), dtype=dt))
       out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      first = lid % groups if step == 1 else lid // step  # the group's first thread adds up its partials
-      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, first.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
-      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
-      at = "lid+q" if step == 1 else f"lid+q*{step}"
-      out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-      out.append(stmt(Ops.ENDRANGE))
+      place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
+      out.append(stmt(Ops.BARRIER))
+      if groups & (groups - 1):  # the first thread adds the others' partials one by one
+        out += [stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False))]
+        at = "lid+q" if step == 1 else f"lid+q*{step}"
+        out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+        out.append(stmt(Ops.ENDRANGE))
+        return out + post
+      half = groups // 2
+      while half:  # a power of two: the lower half adds the upper half's partials, then a barrier, until one is left
+        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))))
+        out += [stmt(Ops.ASSIGN, u, cell(j, f"lid+{half * step}"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+        if half > 1: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+        out.append(stmt(Ops.ENDIF))
+        if half > 1: out.append(stmt(Ops.BARRIER))
+        half //= 2
+      out.append(stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))))
     return out + post
 
 
