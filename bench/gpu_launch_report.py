@@ -1,17 +1,18 @@
 """What each kernel of a workload does on a big NVIDIA GPU, worked out from its lowered program with no GPU at hand.
 
-  python bench/gpu_launch_report.py [conv2d reduce:axis=0 attention:seq=2048,causal=1 ...] [--schedule-device OPENCL] [--noopt]
+  python bench/gpu_launch_report.py [conv2d reduce:axis=0 attention:seq=2048,causal=1 ...] [--schedule-device EMU] [--noopt]
 
-Each workload at its GPU sizes (`Workload.params({}, gpu=True)`; parameters after a colon override them) is scheduled on a device with
-workgroups (pocl's OPENCL here, CUDA where there is one) and each kernel gets the default opts for an H100/H200's caps. Per kernel:
-the launch (workgroups x threads per workgroup, the threads against the 132 SMs x 2048 a GPU holds at once, and the share of an
-SM's 2048 thread slots its workgroups can fill, at most 32 of them an SM, before registers and shared memory limit it), outputs and
-reduce-loop trips per thread, global loads per thread by buffer (count x width), and for each global load or store how a warp's
-32 neighbouring threads (threadIdx.x 0..31, every other index at 0) hit memory: the share of the 32-byte sectors they touch that
-they use ("1.00": coalesced; "bcast": all read one value; below 0.25 is a gather). Then the kernel's FLOPs, its least memory
-traffic (each buffer once), the sector bytes its loads and stores request (what L1 must serve), and the times these give at
-4.8 TB/s (H200 HBM3e), 60 TFLOPS (float32 FMA) and ~30 TB/s of L1 (132 SMs x 128 B x 1.755 GHz): the largest of them is the
-best that kernel can do, and a measured time far above it names what to look at. Estimates only: nothing here runs on a GPU."""
+Each workload at its GPU sizes (`Workload.params({}, gpu=True)`; parameters after a colon override them) is scheduled on a
+device with workgroups (EMU, which needs no driver; OPENCL or CUDA schedule the same kernels) and each kernel gets the default
+opts for an H100/H200's caps. Per kernel: the launch (workgroups x threads per workgroup, the threads against the 132 SMs x 2048
+a GPU holds at once, and the share of an SM's 2048 thread slots its workgroups can fill, at most 32 of them an SM, before
+registers and shared memory limit it), outputs and reduce-loop trips per thread, global loads per thread by buffer (count x
+width), and for each global load or store how a warp's 32 neighbouring threads (threadIdx.x 0..31, every other index at 0) hit
+memory: the share of the 32-byte sectors they touch that they use ("1.00": coalesced; "bcast": all read one value; below 0.25 is
+a gather). Then the kernel's FLOPs, its least memory traffic (each buffer once), the sector bytes its global loads and stores
+request (what L1 must serve; shared memory is not counted), and the times these give at 4.8 TB/s (H200 HBM3e), 60 TFLOPS
+(float32 FMA) and ~30 TB/s of L1 (132 SMs x 128 B x 1.755 GHz): the largest of them is the best that kernel can do, and a
+measured time far above it names what to look at. Estimates only: nothing here runs on a GPU."""
 from __future__ import annotations
 
 import argparse
@@ -120,7 +121,7 @@ def parse(spec: str) -> tuple[str, dict[str, int]]:
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("workloads", nargs="*", default=DEFAULT, help="name or name:param=value,... (the GPU sizes otherwise)")
-  ap.add_argument("--schedule-device", default="OPENCL", help="a device with workgroups to schedule on (nothing runs on it)")
+  ap.add_argument("--schedule-device", default="EMU", help="a device with workgroups to schedule on (only the inputs are made there)")
   ap.add_argument("--noopt", action="store_true", help="the kernels with no opts")
   args = ap.parse_args()
   print("| " + " | ".join(c for c, _, _ in COLUMNS) + " |")

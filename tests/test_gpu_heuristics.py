@@ -45,8 +45,8 @@ def warp_steps(k: Kernel) -> list[int]:
 def threads(k: Kernel) -> int: return k.launch_dims[0] * k.launch_dims[1]
 
 
-def create_ast(t: Tensor) -> UOp:
-  (item,), _ = create_schedule(t.uop, "OPENCL")
+def create_ast(t: Tensor, device: str = "OPENCL") -> UOp:
+  (item,), _ = create_schedule(t.uop, device)
   return item.ast
 
 
@@ -154,3 +154,23 @@ def test_gpu_paths_match_numpy_on_opencl(name: str, params: dict[str, int]) -> N
   p = w.params(params)
   out, arrays = w.instantiate(p, device="OPENCL")
   np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-3)
+
+
+def test_launch_report_reads_coalescing_off_the_lowered_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+  """bench/gpu_launch_report.py: a column sum read by GROUP threads alone (neighbours a row apart) uses an eighth of each sector a
+  warp touches, the default plan all of it; the script prints a row per kernel."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
+  assert spec is not None and spec.loader is not None
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  ast = create_ast(Tensor.full((512, 256), 1.0, device="EMU").contiguous().realize().sum(0), "EMU")
+  old = bench.report(Kernel(ast, H100).apply_opts([Opt(OptOps.GROUP, 0, 64)]))
+  new = bench.report(Kernel(ast, H100).apply_opts(default_opts(Kernel(ast, H100))))
+  assert (old["use"].split()[0], new["use"].split()[0]) == ("in1:0.12", "in1:1.00") and old["launch"] == "256x64"
+  import sys
+  argv, sys.argv = sys.argv, ["gpu_launch_report.py", "reduce:rows=512,cols=256,axis=0"]
+  try: bench.main()
+  finally: sys.argv = argv
+  assert "| r_256_512 | UP0,4 LO0,8 GR0,64 UN0,4 | 8x512 |" in capsys.readouterr().out
