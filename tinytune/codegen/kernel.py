@@ -115,7 +115,13 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
 def input_strides(k: Kernel) -> list[list[int]]:
   """For each buffer the reduce reads (through any reshapes), its element stride along each kernel dim, found by stepping that dim
   from 0 to 1; a kernel without a reduce reads its buffers along the output dims."""
-  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(k.sizes)]
+  # kept by the kernel and its copies (the heuristics and every lowering with GROUP and LOCAL threads ask; 1 ms a kernel)
+  if (key := tuple(k.sizes)) not in k.strides_seen: k.strides_seen[key] = _input_strides(k.ast, key, k.n_global, k.reduce_axes)
+  return [list(st) for st in k.strides_seen[key]]
+
+
+def _input_strides(ast: UOp, sizes: tuple[int, ...], n_global: int, reduce_axes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(sizes)]
   offsets: dict[UOp, None] = {}
   seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
   def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
@@ -131,14 +137,14 @@ def input_strides(k: Kernel) -> list[list[int]]:
       return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
     if u.op is Ops.REDUCE:
       red = list(idx)
-      for j, a in enumerate(k.reduce_axes): red[a] = dims[k.n_global + j]
+      for j, a in enumerate(reduce_axes): red[a] = dims[n_global + j]
       idx = tuple(red)
     for s in u.src: walk(s, idx)
-  walk(k.ast, tuple(dims[:k.n_global]))
+  walk(ast, tuple(dims[:n_global]))
   def at(off: UOp, d: int) -> int:
     c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
     return int(c.arg) if c.op is Ops.CONST else -1
-  return [[at(off, d) - at(off, -1) if k.sizes[d] > 1 else 0 for d in range(len(k.sizes))] for off in offsets]
+  return tuple(tuple(at(off, d) - at(off, -1) if sizes[d] > 1 else 0 for d in range(len(sizes))) for off in offsets)
 
 
 def same_rows(a: UOp, b: UOp) -> bool:
@@ -186,6 +192,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
+    self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
   @property
   def n_reduce(self) -> int: return len(self.sizes) - self.n_global
