@@ -174,3 +174,16 @@ def test_launch_report_reads_coalescing_off_the_lowered_kernel(capsys: pytest.Ca
   try: bench.main()
   finally: sys.argv = argv
   assert "| r_256_512 | UP0,4 LO0,8 GR0,64 UN0,4 | 8x512 |" in capsys.readouterr().out
+
+
+def test_conv_register_tile_runs_on_emu() -> None:
+  """The GPU-size conv's plan (4 positions x 8 output channels a thread, the window's columns unrolled) needs over 4M outputs: on
+  EMU, the CUDA program warp by warp, against NumPy (7 s here)."""
+  w = get_workload("conv2d")
+  p = w.params({"batch": 20, "cin": 4, "cout": 64, "size": 56})
+  out, arrays = w.instantiate(p, device="EMU")
+  items, _ = schedule(out, "EMU")
+  k = Kernel(items[1].ast, Device["EMU"].caps)
+  assert default_opts(k) == [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 1, 2),
+                             Opt(OptOps.UNROLL, 2, 3)]
+  np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-3)
