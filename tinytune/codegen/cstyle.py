@@ -157,7 +157,7 @@ class CStyleRenderer:
     for u in p.uops:
       if (op := u.op) in CLOSES: at.depth -= 1; indent = "  " * at.depth  # noqa: E702
       if (fn := statements.get(op)) is None:
-        raise NotImplementedError(f"{type(self).__name__} has no {op.name} statement: the kernel's opts need a device with more (TC: CUDA)")
+        raise NotImplementedError(f"{type(self).__name__} has no {op.name} statement: the kernel's opts need a device with more (TC: CUDA, HIP)")
       out.append(indent + fn(self, u, at))
       if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
@@ -456,7 +456,32 @@ class HIPRenderer(_GPURenderer):
     return f"__ocml_{self.ocml[op]}_f64({args[0]})" if op in self.ocml and dtype == dtypes.float64 else super().code(op, args, dtype)
   def prelude(self, k: Kernel) -> str:
     decl = "".join(f'extern "C" __attribute__((device, const)) double __ocml_{f}_f64(double);\n' for f in self.ocml.values())
-    return (decl if dtypes.float64 in _dtypes(k) else "") + super().prelude(k)
+    ab = "short" if k.tc is not None and k.tc.a.dtype == dtypes.bfloat16 else "_Float16"  # WMMA's A and B: 16 elements a lane
+    wmma = "" if k.tc is None else f"typedef {ab} tt_ab16 __attribute__((vector_size(32)));\ntypedef float tt_c8 __attribute__((vector_size(32)));\n"
+    return (decl if dtypes.float64 in _dtypes(k) else "") + wmma + super().prelude(k)
+
+  # RDNA3's wave32 WMMA (v_wmma_f32_16x16x16_{f16,bf16}): lane l holds all 16 K of A's row l % 16 and of B's column l % 16 (lanes 16-31
+  # repeat lanes 0-15), and the floats of C at (2 v + l / 16, l % 16) for v in 0..7
+  def wmma(self, u: UOp, at: _At) -> str:
+    """The TC statements as RDNA3's WMMA builtin: each lane loads its row of A and column of B (two 16-byte loads where K is contiguous)
+    and stores its 8 floats of C to the warp's 256 floats of shared memory, in the row-major places the epilogue reads them."""
+    _, what, *arg = u.arg
+    if what == "ids": return f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;"
+    if what == "acc": return f"tt_c8 acc{arg[0]} = {{}};"
+    if what == "fragment": return f"tt_ab16 {arg[0]};"
+    if what == "load":
+      name, buf, ld, which, layout = arg
+      i, j = ("tile_col", "e") if which == "a" else ("e", "tile_col")  # the element's row and column in the 16x16 tile of A or B
+      p = f"{self.ptr(buf)}+{self.index(u.src[0], at.index)}"
+      if (which == "a") == (layout == "row_major"):  # K is contiguous: the lane's 16 elements are 32 bytes, 16-byte aligned (TC's checks)
+        return f"__builtin_memcpy(&{name}, __builtin_assume_aligned({p}+tile_col*{ld}, 16), 32);"
+      return f"for (int e = 0; e < 16; e++) {name}[e] = ({p})[{f'{i}*{ld}+{j}' if layout == 'row_major' else f'{j}*{ld}+{i}'}];"
+    if what == "mma":
+      ty = "bf16" if arg[3] == dtypes.bfloat16 else "f16"
+      return f"acc{arg[0]} = __builtin_amdgcn_wmma_f32_16x16x16_{ty}_w32({arg[1]}, {arg[2]}, acc{arg[0]});"
+    if what == "store": return f"for (int v = 0; v < 8; v++) tiles[warp*256+(2*v+tile_row)*16+tile_col] = acc{arg[0]}[v];"
+    return "// no wave barrier: the epilogue's floats of C at lane + 32 t are the lane's own, acc[t]"
+  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
 
 class OpenCLRenderer(_GPURenderer):

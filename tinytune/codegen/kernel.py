@@ -53,7 +53,7 @@ def find_tensor_core(k: Kernel) -> TensorCore:
   """The tensor core mapping of a fresh kernel that is a float16 or bfloat16 matmul (a sum over one axis of A * B, each read straight from
   memory), or KernelOptError saying why not."""
   check(not k.opts, "TC comes first, before any other opt")
-  check(bool(k.caps.tensor_cores), "TC needs a device with tensor cores")
+  check(bool(k.caps.tensor_cores), k.caps.no_tc or "TC needs a device with tensor cores")
   red = k.reduceop
   check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1 and len(k.reduceops) == 1, "TC needs a kernel that sums over one axis")
   assert red is not None
@@ -227,6 +227,7 @@ class Kernel:
       check(opt.axis == 0 and arg in (0, 1), "TC takes axis 0 and arg 0 (wmma) or 1 (mma.sync): the kernel's matmul picks its axes")
       check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
       tc = replace(find_tensor_core(self), mma=arg == 1)
+      check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
