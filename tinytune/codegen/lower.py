@@ -841,7 +841,10 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
     if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
-      body.append(wmma("load", name, buf, ld, which, layout, src=(off,)))
+      # mma.sync from shared memory takes ldmatrix, whose rows of 8 elements must start 16-byte aligned (the array is 32-byte aligned)
+      r = lw.simplify(off % 8)
+      rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0,) if tc.mma else ()
+      body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
     for j, tile in enumerate(tiles):
