@@ -390,3 +390,11 @@ def test_the_run_path_loads_no_search_and_the_search_registers_its_tuner() -> No
           "from tinytune.search.tune import tune_on_first_use; assert program._first_use_tuner is tune_on_first_use")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TINYTUNE_TUNE": "1"})
   assert proc.returncode == 0, proc.stderr
+
+
+def test_a_nan_constant_hits_the_schedule_cache() -> None:
+  """A constant is in the schedule's key as its node (hash-consed by its repr): NaN, which equals nothing, still finds its plan."""
+  (Tensor(np.ones(4, np.float32)).realize() * float("nan")).realize()
+  GlobalCounters.reset()
+  assert np.isnan((Tensor(np.ones(4, np.float32)).realize() * float("nan")).numpy()).all()
+  assert (GlobalCounters.schedule_hits, GlobalCounters.schedule_misses) == (1, 0)

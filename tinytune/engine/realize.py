@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tinytune.dtype import DType
 from tinytune.engine import program, schedule
@@ -21,14 +21,15 @@ def structure(topo: list[UOp], device: str) -> tuple[tuple, list[Buffer], dict[U
   None where a node of it was realized before on this device (see _reused)."""
   index: dict[UOp, int] = {}
   buffers: list[Buffer] = []
-  parts = []
+  parts: list[Any] = []
   for i, u in enumerate(topo):
-    if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
+    if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
     index[u] = i
-    if u.op is Ops.BUFFER:
-      parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
+    if (op := u.op) is Ops.BUFFER:
+      parts.append((op, u.dtype, u.arg.size, u.arg.device))
       buffers.append(u.arg)
-    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(map(index.__getitem__, u.src))))
+    elif op is Ops.CONST: parts.append(u)  # hash-consed by dtype and value (-0.0 apart from 0.0): the node itself says both
+    else: parts.append((op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
   return tuple(parts), buffers, index
 
 
@@ -51,8 +52,9 @@ class Plan:
   roots: tuple[tuple[int, int, View], ...]  # (position in the graph, buffer, contiguous view) of each node a kernel realizes
 
   def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp:
-    bufs = inputs + [Buffer(device, size, dtype) for size, dtype in self.made]
-    for step in self.steps: run_kernel(step.kernel, [bufs[i] for i in step.slots], device)
+    bufs = inputs.copy()
+    for size, dtype in self.made: bufs.append(Buffer(device, size, dtype))
+    for step in self.steps: run_kernel(step.kernel, list(map(bufs.__getitem__, step.slots)), device)
     for pos, slot, view in self.roots: mark_realized(topo[pos], buffer_view(bufs[slot], view.shape, view))
     return realized(topo[-1])  # type: ignore[return-value]
 
@@ -233,16 +235,17 @@ def capturing() -> Iterator[Captured]:
 
 
 def run_kernel(kernel: CompiledKernel, bufs: list[Buffer], device: str) -> None:
-  seconds = kernel.program(*bufs, wait=DEBUG >= 2)  # an asynchronous device's launch returns at once, with no time unless asked
+  debug = DEBUG.value
+  seconds = kernel.program(*bufs, wait=debug >= 2)  # an asynchronous device's launch returns at once, with no time unless asked
   if _captured is not None: _captured.append((kernel, bufs))
   GlobalCounters.kernel_count += 1
   GlobalCounters.global_ops += kernel.flops
   GlobalCounters.global_mem += kernel.mem_bytes
   if seconds is None: return
   GlobalCounters.time_sum_s += seconds
-  if DEBUG >= 2:
+  if debug >= 2:
     gflops, gbs = (kernel.flops / seconds / 1e9, kernel.mem_bytes / seconds / 1e9) if seconds else (0.0, 0.0)
     print(f"{GlobalCounters.kernel_count:4d} {kernel.name:30s} {device:5s} bufs {len(bufs):2d} mem {kernel.mem_bytes / 1e6:8.2f} MB "
           f"{seconds * 1e6:9.1f} us {gflops:8.2f} GFLOPS {gbs:7.2f} GB/s" + (f"  opts {list(kernel.opts)}" if DEBUG >= 3 else ""))
-    if DEBUG >= 4: print(kernel.src)
-    if DEBUG >= 5: print(kernel.ast_text)
+    if debug >= 4: print(kernel.src)
+    if debug >= 5: print(kernel.ast_text)

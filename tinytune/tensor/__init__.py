@@ -59,6 +59,13 @@ class Tensor:
       self.uop = UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buf),), View.create(arr.shape))
     if requires_grad is not None: self.requires_grad_(requires_grad)
 
+  @staticmethod
+  def _of(uop: UOp, device: str) -> Tensor:
+    """A Tensor of an op's node on a canonical device: what Tensor(uop, device=device) makes, without its checks (every op calls it)."""
+    ret = object.__new__(Tensor)
+    ret.uop, ret.device = uop, device
+    return ret
+
   # ***** properties *****
   @property
   def shape(self) -> tuple[int, ...]: return self.uop.shape
@@ -191,7 +198,7 @@ class Tensor:
 
   def _move(self, op: str, arg: Any, shape: tuple[int, ...]) -> Tensor:
     """A movement (a View method: reshape, permute, expand, pad, shrink, flip) to `shape`; no data moves."""
-    ret = Tensor(view_uop(self.uop, lambda v: getattr(v, op)(arg), shape), device=self.device)
+    ret = Tensor._of(view_uop(self.uop, lambda v: getattr(v, op)(arg), shape), self.device)
     if self._view is not None or self.uop.op is Ops.VIEW and self.uop.src[0].op is Ops.BUFFER: ret._view = (self, op, arg)
     return autograd.record(ret, (self,), autograd.move_rule(op, self, arg)) if autograd.tracking(self) else autograd.untracked(ret)
 
@@ -201,14 +208,16 @@ class Tensor:
   def _broadcasted(self, y: TensorLike, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x: Tensor = self
     if not isinstance(y, Tensor):
-      if isinstance(y, (np.bool_, np.integer, np.floating, dtypes.bfloat16.np)): y = y.item()  # numpy scalars combine like python numbers
-      if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
-      dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
-      if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
+      if type(y) not in (float, int, bool):
+        if isinstance(y, (np.bool_, np.integer, np.floating, dtypes.bfloat16.np)): y = y.item()  # numpy scalars combine like python numbers
+        if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
+      xdt = x.uop.dtype
+      dt = xdt if not (isinstance(y, float) and xdt.kind != "f") else dtypes.default_float
+      if isinstance(y, int) and not isinstance(y, bool) and xdt is dtypes.bool: dt = dtypes.default_int
       c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
-      y = Tensor(UOp(Ops.VIEW, dt, (c,), _broadcast_view(x.shape)) if x.ndim else c, device=x.device)
+      y = Tensor._of(UOp(Ops.VIEW, dt, (c,), _broadcast_view(shape)) if (shape := x.uop.shape) else c, x.device)
       y.requires_grad = False  # a number: no gradient goes to it
-      if dt is x.dtype: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
+      if dt is xdt: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
     if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
     dt = least_upper(x.dtype, y.dtype)
     x, y = x.cast(dt), y.cast(dt)
@@ -221,7 +230,7 @@ class Tensor:
     return x.reshape(xs).expand(out), y.reshape(ys).expand(out)
 
   def _alu(self, op: Ops, *srcs: Tensor) -> Tensor:
-    ret = Tensor(self.uop.alu(op, *[s.uop for s in srcs]), device=self.device)
+    ret = Tensor._of(self.uop.alu(op, srcs[0].uop) if len(srcs) == 1 else self.uop.alu(op, *[s.uop for s in srcs]), self.device)
     if not autograd.tracking(self, *srcs): return autograd.untracked(ret)
     return autograd.record(ret, (self, *srcs), autograd.alu_rule(op, (self, *srcs), ret))
   def _binop(self, op: Ops, y: TensorLike, reverse: bool = False) -> Tensor:
@@ -232,7 +241,7 @@ class Tensor:
     if dtype is self.dtype: return self
     dt = dtypes.from_any(dtype)
     if dt == self.dtype: return self
-    ret = Tensor(self.uop.cast(dt), device=self.device)
+    ret = Tensor._of(self.uop.cast(dt), self.device)
     return autograd.record(ret, (self,), autograd.cast_rule(self)) if autograd.tracking(self) else autograd.untracked(ret)
 
   # ***** operators *****
