@@ -200,6 +200,25 @@ def test_tinyjit_inputs_that_are_views() -> None:
     np.testing.assert_equal(got, (base + i)[1:3, 2:] * 2)
 
 
+def test_tinyjit_takes_tuples_and_keywords_among_its_other_arguments() -> None:
+  """A positional tuple is an other argument like any (a 1-tuple raised IndexError), and so is a keyword that is not a Tensor."""
+  jitted = TinyJit(lambda x, k, scale=1.0: (x * k[0] * scale).realize())
+  for i in range(4): out = jitted(Tensor(np.full(4, i, np.float32)), (2.0,), scale=0.5)
+  assert out.numpy().tolist() == [3.0] * 4
+  with pytest.raises(ValueError, match="other arguments"): jitted(Tensor(np.ones(4, np.float32)), (3.0,), scale=0.5)
+  with pytest.raises(ValueError, match="other arguments"): jitted(Tensor(np.ones(4, np.float32)), (2.0,), scale=2.0)
+
+
+def test_tinyjit_inputs_pending_or_lazy_are_realized_before_a_replay() -> None:
+  """A replay reads an input's buffer as it is once realized: a pending assign is written first, a lazy input computed."""
+  jitted = TinyJit(lambda x: (x + 1).realize())
+  for _ in range(3): jitted(Tensor(np.zeros(4, np.float32)).realize())
+  x = Tensor(np.zeros(4, np.float32)).realize()
+  x.assign(Tensor(np.full(4, 5, np.float32)))
+  assert jitted(x).numpy().tolist() == [6.0] * 4
+  assert jitted(Tensor(np.ones(4, np.float32)) * 3).numpy().tolist() == [4.0] * 4
+
+
 def threefry_reference(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
   """Threefry-2x32-20 in plain Python, from the paper's description."""
   m, rot = 0xFFFFFFFF, (13, 15, 26, 6, 17, 29, 16, 24)
