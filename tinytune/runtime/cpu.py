@@ -20,7 +20,7 @@ import numpy as np
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import cache_dir, warn_once
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps, kept_address
 
 # -fwrapv: signed int overflow wraps (two's complement) as in NumPy and torch, where C leaves it undefined. -march is the target's
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv")
@@ -159,11 +159,8 @@ class CPUProgram(Program):
 
 
 def address(buf: Buffer) -> int:
-  """A CPU buffer's address, as a C argument (kept on the Buffer: its memory never moves; pooled memory comes with its address)."""
-  if (ret := buf.__dict__.get("address")) is None:
-    mem = buf.mem
-    if (ret := buf.__dict__.get("address")) is None: ret = buf.__dict__["address"] = mem.__array_interface__["data"][0]
-  return ret
+  """A CPU buffer's address, as a C argument."""
+  return kept_address(buf, lambda mem: mem.__array_interface__["data"][0])
 
 
 class CPUDevice(Compiled):
