@@ -417,3 +417,27 @@ def test_a_nan_constant_hits_the_schedule_cache() -> None:
   GlobalCounters.reset()
   assert np.isnan((Tensor(np.ones(4, np.float32)).realize() * float("nan")).numpy()).all()
   assert (GlobalCounters.schedule_hits, GlobalCounters.schedule_misses) == (1, 0)
+
+
+def test_a_graph_realized_again_after_an_assign_to_its_input_is_computed_again() -> None:
+  """The same graph (the very nodes, by hash-consing) over memory that an assign wrote in place: computed again, never memoized."""
+  a = Tensor.zeros(4).contiguous().realize()
+  a.assign(Tensor.ones(4)).realize()  # a's own memory from here on
+  assert (a * 2 + 1).numpy().tolist() == [3.0] * 4
+  a.assign(Tensor.full((4,), 5.0)).realize()  # the same memory, written in place
+  assert (a * 2 + 1).numpy().tolist() == [11.0] * 4
+  a.assign(a * 2).realize()  # a write that reads the memory it writes
+  assert (a * 2 + 1).numpy().tolist() == [21.0] * 4
+
+
+def test_a_realized_constant_pins_no_buffer_while_the_schedule_cache_keeps_it() -> None:
+  """A constant's broadcast is kept alive by the schedule cache's key (the next step finds it built): realizing that constant by
+  itself marks nothing on it, so its buffer goes with the tensor, and graphs that read the constant compute it again."""
+  x = Tensor(np.ones(1000, np.float32)).realize()
+  assert (x + 0.25).numpy().tolist() == [1.25] * 1000  # the key holds the broadcast 0.25 of 1000 places
+  quarter = Tensor.full((1000,), 0.25).realize()
+  buffer = weakref.ref(quarter.uop.src[0].arg)
+  del quarter
+  gc.collect()
+  assert buffer() is None
+  assert (x * 0.0 + 0.25).numpy().tolist() == [0.25] * 1000 and (Tensor(np.zeros(1000, np.float32)) + 0.25).numpy().tolist() == [0.25] * 1000

@@ -16,21 +16,34 @@ from tinytune.shape import View
 from tinytune.uop import Ops, UOp
 
 
-def structure(topo: list[UOp], device: str) -> tuple[tuple, list[Buffer], dict[UOp, int]] | None:
-  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position.
-  None where a node of it was realized before on this device (see _reused)."""
+def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer], dict[UOp, int]] | None:
+  """The graph's nodes in toposort's order; its structure, each buffer replaced by its place among the graph's buffers; those
+  buffers; each node's position. None where a node of it was realized before on this device (see _reused). One walk, not toposort
+  and then a pass over its nodes: every realize makes one."""
   index: dict[UOp, int] = {}
+  topo: list[UOp] = []
   buffers: list[Buffer] = []
   parts: list[Any] = []
-  for i, u in enumerate(topo):
-    if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
-    index[u] = i
-    if (op := u.op) is Ops.BUFFER:
-      parts.append((op, u.dtype, u.arg.size, u.arg.device))
-      buffers.append(u.arg)
-    elif op is Ops.CONST: parts.append(u)  # hash-consed by dtype and value (-0.0 apart from 0.0): the node itself says both
-    else: parts.append((op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
-  return tuple(parts), buffers, index
+  stack = [(target, iter(target.src))]
+  while stack:
+    u, srcs = stack[-1]
+    for s in srcs:
+      if s not in index:
+        stack.append((s, iter(s.src)))
+        break
+    else:
+      stack.pop()
+      if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
+      index[u] = len(topo)
+      topo.append(u)
+      if (op := u.op) is Ops.BUFFER:
+        parts.append((op, u.dtype, u.arg.size, u.arg.device))
+        buffers.append(u.arg)
+      # a constant and its broadcasts: the node itself, hash-consed by dtype, value (-0.0 apart from 0.0) and view, and kept alive by
+      # the key, so the next step's graph finds it built
+      elif op is Ops.CONST or op is Ops.VIEW and u.src[0].op is Ops.CONST: parts.append(u)
+      else: parts.append((op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
+  return topo, tuple(parts), buffers, index
 
 
 def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
@@ -51,12 +64,14 @@ class Plan:
   steps: tuple[Step, ...]
   roots: tuple[tuple[int, int, View], ...]  # (position in the graph, buffer, contiguous view) of each node a kernel realizes
 
-  def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp:
+  def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp | None:
+    """Run the kernels; the VIEW that holds the last node a kernel realizes (the graph's own, where no `into` took it)."""
     bufs = inputs.copy()
     for size, dtype in self.made: bufs.append(Buffer(device, size, dtype))
     for step in self.steps: run_kernel(step.kernel, list(map(bufs.__getitem__, step.slots)), device)
-    for pos, slot, view in self.roots: mark_realized(topo[pos], buffer_view(bufs[slot], view.shape, view))
-    return realized(topo[-1])  # type: ignore[return-value]
+    ret = None
+    for pos, slot, view in self.roots: mark_realized(topo[pos], ret := buffer_view(bufs[slot], view.shape, view))
+    return ret
 
 
 def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: str, into: Buffer | None) -> Plan:
@@ -85,14 +100,12 @@ def forget() -> None:
 def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   """Compute `target` on `device`; the VIEW of a buffer that now holds it: `into` where given (it must not be read by target), else
   a new one or, where target is one already, the buffer it views."""
-  topo, asked = target.toposort, target
+  asked = target
   # reuse what was realized; again while the new graph holds nodes that were realized before (hash-consing makes a substituted node
   # the very node an earlier realize computed)
-  while (found := structure(topo, device)) is None:
-    target = target.substitute(_reused(topo, device))
-    topo = target.toposort
+  while (found := structure(target, device)) is None: target = target.substitute(_reused(target.toposort, device))
   if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
-  key, inputs, index = found
+  topo, key, inputs, index = found
   alias = -1
   if into is not None:
     alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
@@ -106,6 +119,7 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   ret = plan.run(topo, inputs, device)
   if asked is not target: schedule.keep_rewrite(asked, target)
   if into is None:
+    assert ret is not None, "a graph's last kernel realizes it"
     if asked is not target: mark_realized(asked, ret)  # the node that was asked for, and that other graphs hold, not only its rewrite
     return ret
   return buffer_view(into, target.shape)

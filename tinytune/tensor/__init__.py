@@ -232,7 +232,7 @@ class Tensor:
   def _alu(self, op: Ops, *srcs: Tensor) -> Tensor:
     ret = Tensor._of(self.uop.alu(op, srcs[0].uop) if len(srcs) == 1 else self.uop.alu(op, *[s.uop for s in srcs]), self.device)
     if not autograd.tracking(self, *srcs): return autograd.untracked(ret)
-    return autograd.record(ret, (self, *srcs), autograd.alu_rule(op, (self, *srcs), ret))
+    return autograd.record(ret, inputs := (self, *srcs), autograd.alu_rule(op, inputs, ret))
   def _binop(self, op: Ops, y: TensorLike, reverse: bool = False) -> Tensor:
     a, b = self._broadcasted(y, reverse)
     return a._alu(op, b)
@@ -246,12 +246,12 @@ class Tensor:
 
   # ***** operators *****
   def __neg__(self) -> Tensor: return self.neg()
-  def __add__(self, y: TensorLike) -> Tensor: return self.add(y)
-  def __radd__(self, y: TensorLike) -> Tensor: return self.add(y, True)
+  def __add__(self, y: TensorLike) -> Tensor: return self._binop(Ops.ADD, y)  # add's body: the commonest ops take one call less
+  def __radd__(self, y: TensorLike) -> Tensor: return self._binop(Ops.ADD, y, True)
   def __sub__(self, y: TensorLike) -> Tensor: return self.sub(y)
   def __rsub__(self, y: TensorLike) -> Tensor: return self.sub(y, True)
-  def __mul__(self, y: TensorLike) -> Tensor: return self.mul(y)
-  def __rmul__(self, y: TensorLike) -> Tensor: return self.mul(y, True)
+  def __mul__(self, y: TensorLike) -> Tensor: return self._binop(Ops.MUL, y)
+  def __rmul__(self, y: TensorLike) -> Tensor: return self._binop(Ops.MUL, y, True)
   def __truediv__(self, y: TensorLike) -> Tensor: return self.div(y)
   def __rtruediv__(self, y: TensorLike) -> Tensor: return self.div(y, True)
   def __pow__(self, y: TensorLike) -> Tensor: return self.pow(y)
