@@ -29,7 +29,7 @@ def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer],
     u, srcs = stack[-1]
     for s in srcs:
       if s not in index:
-        stack.append((s, iter(s.src)))
+        stack.append((s, iter(s.src if s.op is not Ops.VIEW or s.src[0].op is not Ops.CONST else ())))  # a broadcast constant: its node says all
         break
     else:
       stack.pop()

@@ -6,6 +6,7 @@ lists them. Those modules see `Tensor` as a global set at the bottom of this one
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -23,9 +24,12 @@ TensorLike = Union["Tensor", Scalar]
 
 
 @functools.lru_cache(maxsize=1024)
-def _broadcast_view(shape: tuple[int, ...]) -> View:
-  """The view that reads one constant at every place of `shape`."""
-  return View.create(shape, (0,) * len(shape))
+def _broadcast_const(dtype: DType, value: Scalar, negative_zero: bool, shape: tuple[int, ...]) -> UOp:
+  """The node that reads one constant at every place of `shape` (the constant itself where shape is ()), kept for the next op with
+  it: a step's graph is built again every step. Equal values are one constant of a dtype, but for -0.0, which equals 0.0.
+  A constant never holds a buffer (see schedule.mark_realized), so those kept cost a few nodes."""
+  c = UOp.const(dtype, value)
+  return UOp(Ops.VIEW, dtype, (c,), View.create(shape, (0,) * len(shape))) if shape else c
 
 
 class Tensor:
@@ -214,8 +218,8 @@ class Tensor:
       xdt = x.uop.dtype
       dt = xdt if not (isinstance(y, float) and xdt.kind != "f") else dtypes.default_float
       if isinstance(y, int) and not isinstance(y, bool) and xdt is dtypes.bool: dt = dtypes.default_int
-      c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
-      y = Tensor._of(UOp(Ops.VIEW, dt, (c,), _broadcast_view(shape)) if (shape := x.uop.shape) else c, x.device)
+      # broadcast at once: the node reshape and expand would build, without building them
+      y = Tensor._of(_broadcast_const(dt, y, y == 0 and math.copysign(1.0, y) < 0, x.uop.shape), x.device)
       y.requires_grad = False  # a number: no gradient goes to it
       if dt is xdt: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
     if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
