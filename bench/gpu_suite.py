@@ -204,9 +204,16 @@ def _with_tc(arg: int) -> Callable[[list], list]:
 
 
 # matmul's alternatives that no GPU has measured yet, each against the default: (dtype, label, the opts from the default's)
+def _staged(change: Callable[[list], list]) -> Callable[[list], list]:
+  from tinytune.codegen.opts import Opt, OptOps
+  return lambda opts: [*change(opts), Opt(OptOps.STAGE, 0, 2)]
+
+
 VARIANTS: list[tuple[str, str, Callable[[list], list]]] = [
   ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
-  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1))]
+  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
+  ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_tc(0))),
+  ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_tc(1)))]
 
 
 def variants(suite: Suite, dev: str) -> None:

@@ -172,7 +172,7 @@ def test_group_reduce_renders_shared_memory_and_a_barrier() -> None:
   k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, H100).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 4)])
   assert k.launch_dims == (64 * 3, 64)
   cuda, cl = CUDARenderer().render(k), OpenCLRenderer().render(k)
-  assert "__shared__ float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
+  assert "__shared__ __align__(32) float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
   assert "__local float partials[64]" in cl and "barrier(CLK_LOCAL_MEM_FENCE);" in cl and "reqd_work_group_size(64, 1, 1)" in cl
 
 
@@ -261,7 +261,10 @@ def mma_kernels() -> tuple[Kernel, ...]:
   t, o = OptOps, Opt
   return (_matmul16((64, 32), (32, 48)).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 0, 2), o(t.LOCAL, 1, 3), o(t.UNROLL, 0, 2)]),
           _matmul16((48, 32), (64, 32), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 1), o(t.LOCAL, 1, 2)]),
-          _matmul16((32, 64), (32, 48), transpose_a=True).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 1, 3)]))
+          _matmul16((32, 64), (32, 48), transpose_a=True).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 1, 3)]),
+          # from shared memory (STAGE), both instructions
+          _matmul16((64, 64), (64, 48)).apply_opts([o(t.TC, 0, 1), o(t.STAGE, 0, 2), o(t.LOCAL, 1, 3)]),
+          _matmul16((64, 64), (48, 64), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 0), o(t.STAGE, 0, 2), o(t.LOCAL, 1, 3)]))
 
 
 def test_tensor_core_opt() -> None:
@@ -284,9 +287,11 @@ def test_tensor_core_source_compiles_with_nvcc() -> None:
   srcs = [CUDARenderer().render(k) for k in tc_kernels()]
   assert all("wmma::mma_sync" in s for s in srcs) and sum("16, __nv_bfloat16, wmma::" in s for s in srcs) == 3
   mma = [CUDARenderer().render(k) for k in mma_kernels()]
-  assert all("mma.sync.aligned.m16n8k16.row.col.f32" in s and "wmma" not in s for s in mma) and sum(".bf16.bf16" in s for s in mma) == 1
-  assert [k.tc.mma and (k.tc.a_layout, k.tc.b_layout) for k in mma_kernels()] == [  # type: ignore[union-attr]
+  assert all("mma.sync.aligned.m16n8k16.row.col.f32" in s and "wmma" not in s for s in mma[:-1]) and sum(".bf16.bf16" in s for s in mma) == 1
+  assert [k.tc.mma and (k.tc.a_layout, k.tc.b_layout) for k in mma_kernels()[:3]] == [  # type: ignore[union-attr]
     ("row_major", "row_major"), ("row_major", "col_major"), ("col_major", "row_major")]
+  assert all("__shared__ __align__(32) " + ty + " tile0[" in s for s, ty in zip(mma[3:], ("half", "__nv_bfloat16")))  # tiles as stored
+  assert "wmma::load_matrix_sync(a" in mma[-1] and "tile0+" in mma[-1]
   with pytest.raises(KernelOptError, match="GPU"): Kernel(_matmul16((64, 32), (32, 48)).ast, Device["CPU"].caps).apply_opt(Opt(OptOps.TC, 0, 1))
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs + mma)), errors[0]
 

@@ -250,7 +250,8 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at:
+      f"{r.shared_prefix}{r.buffer_types.get(u.dtype, r.types[u.dtype]) if u.arg.stored else r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
@@ -344,8 +345,10 @@ class CUDARenderer(_GPURenderer):
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
   def to_bits(self, x: str, dtype: DType) -> str: return f"__float2half_rn({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
   def from_bits(self, x: str, dtype: DType) -> str: return f"__half2float({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
+  def load(self, ptr: str, idx: str, dtype: DType) -> str:  # explicit: `mask ? half : float` is ambiguous to nvcc and NVRTC
+    return f"__half2float({ptr}[{idx}])" if dtype == dtypes.float16 else super().load(ptr, idx, dtype)
   restrict, func_prefix = "__restrict__", "static __device__ inline"
-  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(16) "  # float4 reads
+  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(32) "  # wmma
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
@@ -373,7 +376,7 @@ class CUDARenderer(_GPURenderer):
     if what == "fragment":
       name, which, dtype, layout = arg
       return f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {self.buffer_types[dtype]}, wmma::{layout}> {name};"
-    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, data{arg[1]}+{self.index(u.src[0], at.index)}, {arg[2]});"
+    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, {self.ptr(arg[1])}+{self.index(u.src[0], at.index)}, {arg[2]});"
     if what == "mma": return f"wmma::mma_sync(acc{arg[0]}, {arg[1]}, {arg[2]}, acc{arg[0]});"
     if what == "store": return f"wmma::store_matrix_sync(tiles+warp*256, acc{arg[0]}, 16, wmma::mem_row_major);"
     return "__syncwarp();"
@@ -391,7 +394,7 @@ class CUDARenderer(_GPURenderer):
       name, buf, ld, which, layout = arg
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
-      out = [f"{{ const auto* p = data{buf}+{self.index(u.src[0], at.index)};"]
+      out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
         nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)

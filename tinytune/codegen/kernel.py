@@ -243,7 +243,7 @@ class Kernel:
     staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
-      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP) if self.caps.has_local else \
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
@@ -273,7 +273,7 @@ class Kernel:
       whole = rem.size
       self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, dim, rem.stride * arg))
       rem.size = arg
-      if (need := self.stage_bytes()) > self.caps.shared_bytes:
+      if (need := self.stage_bytes() + self.tc_shared()) > self.caps.shared_bytes:
         self.axes.pop()
         rem.size = whole
         raise KernelOptError(f"STAGE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
@@ -302,9 +302,9 @@ class Kernel:
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
       if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
         if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
-          warps = self.sizes_of(AxisKind.LOCAL) * arg
-          check(warps * 1024 <= self.caps.shared_bytes, f"TC needs {warps * 1024} bytes of shared memory, over {self.caps.shared_bytes}")
-        if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg)) > self.caps.shared_bytes:
+          need = self.tc_shared(arg) + (self.stage_bytes(dim, arg) if staged else 0)
+          check(need <= self.caps.shared_bytes, f"TC needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+        if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg) + self.tc_shared()) > self.caps.shared_bytes:
           raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
         if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
           shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
@@ -340,11 +340,21 @@ class Kernel:
       return u.op not in (Ops.REDUCE, Ops.GATHER) and all(red not in s.toposort or direct(s) for s in u.src)
     return None if direct(self.ast) else "the output reads the reduce through a view that reorders it"
 
-  @cached_property
+  def tc_shared(self, grow: int = 1) -> int:
+    """The shared memory TC's accumulator tiles take: 256 floats a warp (with LOCAL about to grow by `grow`)."""
+    return self.sizes_of(AxisKind.LOCAL) * grow * 1024 if self.tc is not None else 0
+
+  @property
   def stage_inputs(self) -> tuple[UOp, ...]:
     """The inputs STAGE copies to shared memory: views of a buffer that the reduce's source reads at its own index (no view between)
-    and that change along the reduce dim, in a dtype that shared memory holds as loaded (not a 16-bit float, not bool). The kernel's
-    one reduce sums over its last dim, after the output's (a matmul's K), so the source's dims are the kernel's."""
+    and that change along the reduce dim, in a dtype that shared memory holds as loaded (not bool; a 16-bit float only for TC, whose
+    fragments load it as it is). The kernel's one reduce sums over its last dim, after the output's (a matmul's K), so the source's
+    dims are the kernel's."""
+    memo = self.__dict__.setdefault("_stage_memo", {})  # shared by copies: it depends on the graph and on TC alone
+    if (tc := self.tc is not None) not in memo: memo[tc] = self._stage_inputs(tc)
+    return memo[tc]
+
+  def _stage_inputs(self, half: bool) -> tuple[UOp, ...]:
     red = self.reduceop
     if red is None or len(self.reduceops) != 1 or red.arg[1] != (self.n_global,) or red.src[0].shape[:self.n_global] != tuple(self.out_shape):
       return ()
@@ -352,7 +362,7 @@ class Kernel:
     def walk(u: UOp) -> None:
       if u.op is Ops.VIEW:
         v = u.arg
-        if u.src[0].op is Ops.BUFFER and u.shape == src.shape and not u.dtype.is_half and u.dtype != dtypes.bool and \
+        if u.src[0].op is Ops.BUFFER and u.shape == src.shape and (half or not u.dtype.is_half) and u.dtype != dtypes.bool and \
            (v.strides[kd] != 0 or v.mask is not None and v.mask[kd] != (0, v.shape[kd])): found[u] = None
       elif u.op not in (Ops.REDUCE, Ops.GATHER):
         for s in u.src: walk(s)
@@ -368,7 +378,7 @@ class Kernel:
   def stage_tiles(self, dim: int = -1, grow: int = 1) -> list[tuple[UOp, list[tuple[int, int]], int]]:
     """Each staged input's tile in shared memory: (view, [(dim, extent)] outermost first, the padding after each row). The reduce dim
     is outermost, then the output dims in order, so the register tile's reads are contiguous along both output dims (A is stored
-    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 4 elements, which keeps
+    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 16 bytes, which keeps
     16-byte alignment and spreads the column's stores over the banks."""
     ret = []
     for view in self.stage_inputs:
@@ -377,7 +387,7 @@ class Kernel:
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
-      ret.append((view, dims, 4 if fastest != dims[-1][0] else 0))
+      ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:

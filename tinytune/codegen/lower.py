@@ -92,6 +92,7 @@ class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modul
 class LocalArg(NamedTuple):  # DEFINE_LOCAL
   name: str
   size: int
+  stored: bool = False  # elements as a buffer holds them (a 16-bit float as 16 bits: TC's fragments read it), else as computed
 
 
 # the args that every lowering makes many of, made once (a NamedTuple costs several times a tuple to make; names repeat across kernels)
@@ -505,7 +506,7 @@ class _Lowerer:
     self.lines = []
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
     for view, (name, dims, strides) in self.staged.items():
-      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0]), dtype=view.dtype))
+      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0], k.tc is not None), dtype=view.dtype))
       st = view.arg.strides
       order = sorted(dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
       fast = order[0][0]
@@ -810,21 +811,33 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
   tiles = lw.instances((AxisKind.UPCAST,))
   out += [wmma("acc", j) for j in range(len(tiles))]
-  frags: dict[tuple[str, UOp, UOp], str] = {}
+  frags: dict[tuple[str, object, UOp], str] = {}
   body: list[UOp] = []
+  wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-    off = lw.simplify(view.arg.index(tuple(dims))[0])
-    if (key := (which, view.src[0], off)) not in frags:
+    buf: int | str = lw.bufs[view.src[0].arg]
+    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory, K its outer dim (Kernel.stage_tiles)
+      buf, tile, strides = lw.staged[view]
+      off = lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(wg)) for d, _ in tile})
+      st = {d: s for (d, _), s in zip(tile, strides)}
+      i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
+      layout, ld = ("row_major", st.get(i, 0)) if st.get(j) == 1 else ("col_major", st.get(j, 0))
+    else: off = lw.simplify(view.arg.index(tuple(dims))[0])
+    if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
-      body.append(wmma("load", name, lw.bufs[view.src[0].arg], ld, which, layout, src=(off,)))
+      body.append(wmma("load", name, buf, ld, which, layout, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
     for j, tile in enumerate(tiles):
       dims = lw.dims({**tile, **unroll})
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
       body.append(wmma("mma", j, a, b, tc.a.dtype))
-  out += lw.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
+  red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+  if lw.staged:  # each K tile copied by the workgroup between two barriers, as LoopNest.workgroups does it
+    copies, tiles_axis = lw.stage_copies(), next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+    out += lw.decls + lw.nesting.nest([tiles_axis], [*copies, stmt(Ops.BARRIER), *lw.nesting.nest(red, body), stmt(Ops.BARRIER)])
+  else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
   tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
