@@ -25,7 +25,7 @@ from tinytune.engine.schedule import create_schedule
 from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
 
-H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024, gpu=True)
 
 
 @functools.cache  # built once for the tests that render them; none changes a kernel

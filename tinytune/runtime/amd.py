@@ -132,7 +132,7 @@ class AMDDevice(Compiled):
     self.renderer = HIPRenderer()
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
                            max_local=self._attr(HIP_ATTR_MAX_THREADS_PER_BLOCK) or 1024,
-                           shared_bytes=self._attr(HIP_ATTR_MAX_SHARED_PER_BLOCK) or 65536)
+                           shared_bytes=self._attr(HIP_ATTR_MAX_SHARED_PER_BLOCK) or 65536, gpu=True)
 
   def check(self, status: int, what: str) -> None:
     if status != 0:
