@@ -172,7 +172,7 @@ def test_group_reduce_renders_shared_memory_and_a_barrier() -> None:
   k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, H100).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 4)])
   assert k.launch_dims == (64 * 3, 64)
   cuda, cl = CUDARenderer().render(k), OpenCLRenderer().render(k)
-  assert "__shared__ float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
+  assert "__shared__ __align__(16) float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
   assert "__local float partials[64]" in cl and "barrier(CLK_LOCAL_MEM_FENCE);" in cl and "reqd_work_group_size(64, 1, 1)" in cl
 
 
