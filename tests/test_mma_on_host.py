@@ -35,6 +35,7 @@ static std::barrier<>* block_sync;
 #define __launch_bounds__(n)
 #define __restrict__
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 static inline float __half2float(half h) { return (float)h; }
 static inline half __float2half_rn(float f) { return (half)f; }
 static void __syncwarp() { block_sync->arrive_and_wait(); }
