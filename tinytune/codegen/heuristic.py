@@ -408,7 +408,7 @@ def gpu_register_tile(k: Kernel) -> bool:
 # shared memory. On sm_90 (nvcc -Xptxas -v, 4096^3): 103 registers, no spills, 16640 bytes of shared memory, so two workgroups fit
 # an SM by registers (65536 / (256 x 103)); each K step reads 4 float4 from shared memory for 64 FMAs. Unmeasured on a GPU so far
 SHARED_TILE = ((4, 16, 2), (16, 8, 4))  # per output dim: register part, workgroup part, outer register part; K tiles, the first that fits
-SHARED_TILE_OUTPUTS = 1 << 20  # from 1024x1024 outputs: enough 128x128 tiles (64) to be worth a K loop with two barriers a tile
+SHARED_TILE_OUTPUTS = BIG_TILE_OUTPUTS  # from 2048x2048 outputs: 256 tiles of 128x128, two workgroups for each of an H200's 132 SMs
 
 
 def gpu_shared_tile(k: Kernel) -> bool:
