@@ -199,6 +199,10 @@ def _with_tc(arg: int) -> Callable[[Any, list], list]:
   return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == "TC" else o for o in opts]
 
 
+def _with_stage(arg: int) -> Callable[[Any, list], list]:
+  return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == "STAGE" else o for o in opts]
+
+
 def _reserve(kernel: Any, opts: list) -> list:
   """The plan the heuristics hold in reserve beside an unmeasured default's (heuristic.alternative_opts), else the default's."""
   from tinytune.codegen.heuristic import alternative_opts
@@ -209,7 +213,8 @@ def _reserve(kernel: Any, opts: list) -> list:
 VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
   ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
-  ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve)]
+  ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
+  ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_stage(8))]
 
 
 def variants(suite: Suite, dev: str) -> None:
