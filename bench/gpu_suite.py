@@ -203,6 +203,12 @@ def _with_stage(arg: int) -> Callable[[Any, list], list]:
   return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == "STAGE" else o for o in opts]
 
 
+def _prefetched(kernel: Any, opts: list) -> list:
+  """The default's shared-memory tile in K tiles of 8, each loaded into registers during the last one's compute."""
+  from tinytune.codegen.opts import Opt, OptOps
+  return _with_stage(8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
+
+
 def _reserve(kernel: Any, opts: list) -> list:
   """The plan the heuristics hold in reserve beside an unmeasured default's (heuristic.alternative_opts), else the default's."""
   from tinytune.codegen.heuristic import alternative_opts
@@ -214,7 +220,8 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
   ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
-  ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_stage(8))]
+  ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_stage(8)),
+  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched)]
 
 
 def variants(suite: Suite, dev: str) -> None:
