@@ -535,6 +535,64 @@ def test_tinyjit_hip_graph_is_built_once_and_relaunched_with_moved_inputs() -> N
   assert fake.calls == [("destroy exec",), ("destroy graph",)]
 
 
+class _Memory:
+  """A GPU buffer's stand-in: `mem` as the device gives it; how many times it was read."""
+  def __init__(self, mem: object): self._mem, self.reads = mem, 0
+  @property
+  def mem(self) -> object:
+    self.reads += 1
+    return self._mem
+
+
+def _launched(params: int, n: int) -> list[int]:
+  """The argument values a driver reads at a launch from its parameter block (an array of pointers to each value)."""
+  import ctypes
+  return [ctypes.c_void_p.from_address(a).value or 0 for a in (ctypes.c_void_p * n).from_address(params)]
+
+
+def test_cuda_launches_keep_one_argument_block(monkeypatch: pytest.MonkeyPatch) -> None:
+  """With a recording fake of cuLaunchKernel: each launch gives its buffers' addresses, from one parameter block the program keeps
+  (the driver copies the arguments at the launch) rather than ctypes objects built per launch; a buffer's address is read once."""
+  cuda = pytest.importorskip("tinytune.runtime.cuda")
+  if cuda.cu is None: pytest.skip("no cuda-bindings here: pip install -e '.[cuda]'")
+  launches: list[tuple[int, list[int]]] = []
+  class Driver:
+    @staticmethod
+    def cuLaunchKernel(fn: object, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int, params: int, extra: int) -> tuple:
+      assert (gx, bx, gy, bz) == (3, 32, 1, 1)
+      launches.append((params, _launched(params, 2)))
+      return (0,)
+  monkeypatch.setattr(cuda, "cu", Driver)
+  program = object.__new__(cuda.CUDAProgram)
+  program.function, program.launch, program.args = "kernel", (3, 32), None
+  a, b, c = _Memory(0x1000), _Memory(0x2000), _Memory(0x3000)
+  for bufs in ((a, b), (a, b), (c, b), (a, c)): assert program(*bufs) is None  # type: ignore[arg-type]
+  assert [args for _, args in launches] == [[0x1000, 0x2000], [0x1000, 0x2000], [0x3000, 0x2000], [0x1000, 0x3000]]
+  assert len({params for params, _ in launches}) == 1 and (a.reads, b.reads, c.reads) == (1, 1, 1)
+
+
+def test_hip_launches_keep_one_argument_block() -> None:
+  """HIP's launches the same way, with a recording fake of hipModuleLaunchKernel."""
+  import ctypes
+
+  from tinytune.runtime.amd import AMDDevice, AMDProgram
+  launches: list[tuple[int, list[int]]] = []
+  class HIP:
+    @staticmethod
+    def hipModuleLaunchKernel(fn: object, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: object, params: ctypes.c_void_p,
+                              extra: object) -> int:
+      launches.append((params.value or 0, _launched(params.value or 0, 2)))
+      return 0
+  dev = object.__new__(AMDDevice)
+  dev.hip = HIP()  # type: ignore[assignment]
+  program = object.__new__(AMDProgram)
+  program.dev, program.function, program.launch, program.args = dev, ctypes.c_void_p(1), (3, 32), None
+  a, b, c = _Memory(ctypes.c_void_p(0x1000)), _Memory(ctypes.c_void_p(0x2000)), _Memory(ctypes.c_void_p(0x3000))
+  for bufs in ((a, b), (c, b), (c, b)): program(*bufs)  # type: ignore[arg-type]
+  assert [args for _, args in launches] == [[0x1000, 0x2000], [0x3000, 0x2000], [0x3000, 0x2000]]
+  assert len({params for params, _ in launches}) == 1 and (a.reads, b.reads, c.reads) == (1, 1, 1)
+
+
 @pytest.mark.skipif(device_status("OPENCL") is not None, reason=str(device_status("OPENCL")))
 def test_gpu_style_launches_return_at_once_and_reads_wait() -> None:
   """OPENCL is asynchronous as CUDA is: a launch returns no time, a read waits for it, wait=True and Device.timed give device
