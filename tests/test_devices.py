@@ -26,7 +26,7 @@ from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
 
-H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024, gpu=True)
 
 
 @functools.cache  # built once for the tests that render them; none changes a kernel
@@ -97,6 +97,13 @@ def staged_matmuls() -> tuple[Kernel, ...]:
   return tuple(ret)
 
 
+def prefetched_matmul() -> Kernel:
+  """matmul 4096^3 in the default's tiles with K tiles of 8, the next one loaded during the current one's compute (PREFETCH)."""
+  k = staged_matmuls()[0]
+  opts = [Opt(o.op, o.axis, 8) if o.op is OptOps.STAGE else o for o in k.opts] + [Opt(OptOps.PREFETCH, 0, 0)]
+  return Kernel(k.ast, k.caps).apply_opts(opts)
+
+
 def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
   assert all(Opt(OptOps.STAGE, 0, 16) in k.opts and k.launch_dims[1] == 256 for k in staged_matmuls())
 
@@ -104,8 +111,8 @@ def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the staged matmuls' register use is not checked here")
 def test_staged_matmuls_compile_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """ptxas for sm_90 fits the default shared-memory tiles (8x8 accumulators a thread) in registers, with no spills, and their tiles in
-  the 48 KiB of static shared memory a workgroup has."""
-  for i, k in enumerate(staged_matmuls()):
+  the 48 KiB of static shared memory a workgroup has; with K tiles of 8 and PREFETCH too (125 registers: 16 of K took 155)."""
+  for i, k in enumerate([*staged_matmuls(), prefetched_matmul()]):
     (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
     res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[:2000]
@@ -399,7 +406,7 @@ def test_cuda_source_compiles_with_nvrtc() -> None:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  kernels = catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels() + staged_matmuls()
+  kernels = catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels() + staged_matmuls() + (prefetched_matmul(),)
   srcs = dict.fromkeys(CUDARenderer().render(k) for k in kernels)
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 

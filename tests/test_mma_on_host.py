@@ -128,7 +128,9 @@ CASES = [
   (True, True, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.SWAP, 0, 1)]),
   # STAGE: the workgroup's tiles of A (stored transposed, rows padded) and B in shared memory, each K tile between two barriers
   (False, False, 96, [Opt(OptOps.TC, 0, 1), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
-  (True, True, 64, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.UPCAST, 1, 3)])]
+  (True, True, 64, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.UPCAST, 1, 3)]),
+  # PREFETCH: the first K tile copied before the loop, each next one loaded during the compute and stored after it
+  (False, True, 96, [Opt(OptOps.TC, 0, 1), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.PREFETCH, 0, 0), Opt(OptOps.LOCAL, 1, 3)])]
 
 
 def _case(ta: bool, tb: bool, k: int, opts: list[Opt], device: str, caps: DeviceCaps) -> tuple[Kernel, ScheduleItem, np.ndarray]:
