@@ -206,8 +206,10 @@ def _with_stage(arg: int) -> Callable[[Any, list], list]:
 
 
 def _staged(change: Callable[[Any, list], list]) -> Callable[[Any, list], list]:
-  from tinytune.codegen.opts import Opt, OptOps
-  return lambda kernel, opts: [*change(kernel, opts), Opt(OptOps.STAGE, 0, 2)]
+  def staged(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import Opt, OptOps  # imported when run: main() puts this checkout on the path first
+    return [*change(kernel, opts), Opt(OptOps.STAGE, 0, 2)]
+  return staged
 
 
 def _prefetched(kernel: Any, opts: list) -> list:
