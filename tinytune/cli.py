@@ -227,12 +227,14 @@ def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> 
   in every candidate or timing after."""
   from tinytune import engine
   from tinytune.kernels.workload import schedule
+  from tinytune.runtime import Device
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   try:
     for _, kernel in engine.kernels(items, device): engine.compile_kernel(kernel.apply_opts(engine.kernel_opts(kernel, device, "default")), device)
   except Exception as e:  # a compiler's complaint, whatever its type
     why = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
+  if Device[device].emulated: print(f"tinytune: note: {device} is an emulator: its times are its host seconds, not a GPU's speed", file=sys.stderr)
 
 
 def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], policy: Any, db: Any, dtype: Any) -> dict[str, Any]:
@@ -292,7 +294,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _against(args.against)
   _runs_on(workload, params, dtype, device)
   against = _installed(against)
-  peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
+  peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak and not Device[device].emulated)  # an emulator has none
   timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
@@ -546,7 +548,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
       fp, caps = device_fingerprint(name), Device[name].caps
       rows.append({"device": name, "present": True, "name": fp.get("name", ""), "fingerprint": fingerprint_hash(fp)[:16], "threads": caps.threads,
                    "compiler": fp.get("compiler_version", ""), "missing": ""})
-      if db is not None:
+      if db is not None and not Device[name].emulated:  # an emulator's peaks would be its interpreter's
         gflops, gbs, how = measure_peaks(name)
         db.set_peak(db.device_id(fp), gflops, gbs, how)
         rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})

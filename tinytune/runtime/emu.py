@@ -168,7 +168,8 @@ def convert(x: Any, to: Any) -> Any:
   if x.dtype.kind == "f" and np.dtype(to).kind in "iu":
     info = np.iinfo(to)
     t = np.trunc(x)
-    return np.where(np.isnan(t), 0, np.where(t >= float(info.max), info.max, np.where(t <= float(info.min), info.min, t.astype(to))))
+    with np.errstate(invalid="ignore"):  # NaN and out-of-range lanes cast to garbage first, then replaced
+      return np.where(np.isnan(t), 0, np.where(t >= float(info.max), info.max, np.where(t <= float(info.min), info.min, t.astype(to))))
   if to is np.bool_: return x != 0
   return x.astype(to)
 
