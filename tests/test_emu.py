@@ -159,6 +159,20 @@ def test_out_of_bounds_and_unwritten() -> None:
     run_program(program(load_("tile", LID, "v1")))
 
 
+def test_guarded_reads_only_where_the_guard_holds() -> None:
+  """A guarded store's inline read of shared memory happens only in the threads that store (thread 7 would read out of bounds)."""
+  cell = UOp(Ops.CELL, dtypes.float32, (), ("tile", "lid+1"))
+  guard = LID.lt(T - 1)
+  guarded = stmt(Ops.STORE, LID, cell, guard, arg=StoreArg(1, 0, False), dtype=dtypes.float32)
+  uops = program(v := load_(1, LID, "v1"), store("tile", LID, v), barrier(), guarded)
+  assert run_program(uops)[:T - 1].tolist() == list(range(1, T))
+
+
+def test_limits_of_a_block() -> None:
+  with pytest.raises(CompileError, match=r"kernel handmade: 65536 bytes of shared memory, over the 49152 a CUDA block may declare"):
+    run_program(program(shared=16384))
+
+
 def test_barrier_in_divergent_code() -> None:
   with pytest.raises(EmuError, match=r"__syncthreads\(\) in code that only some threads of a workgroup run: thread \(group 0, thread 0\)"):
     run_program(program(stmt(Ops.IF, LID.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), barrier(), stmt(Ops.ENDIF)))

@@ -177,37 +177,43 @@ def convert(x: Any, to: Any) -> Any:
 def _int_type(dts: list[DType]) -> Any: return np.uint64 if dtypes.uint64 in dts else np.int64
 
 
-def c_op(op: Ops, args: list[Any], src_dts: list[DType], floor: bool = False) -> Any:
-  """What the C expression of `op` gives, in C's arithmetic type (integers in 64 bits; the caller wraps to the value's type)."""
-  ints = [i for i, d in enumerate(src_dts) if not d.is_float and not (op is Ops.WHERE and i == 0)]
-  if ints and op not in (Ops.AND,):
-    it = _int_type([src_dts[i] for i in ints])
-    args = [np.asarray(a).astype(it) if i in ints else a for i, a in enumerate(args)]
-  a = args[0]
-  if op is Ops.NEG: return -a
-  if op is Ops.RECIP: return (np.float64(1) if np.asarray(a).dtype == np.float64 else np.float32(1)) / a
-  if op is Ops.EXP2: return np.exp2(a)
-  if op is Ops.LOG2: return np.log2(a)
-  if op is Ops.SIN: return np.sin(a)
-  if op is Ops.SQRT: return np.sqrt(a)
-  b: Any = args[1] if len(args) > 1 else None
-  if op is Ops.ADD: return a + b
-  if op is Ops.MUL: return a * b
-  if op is Ops.MAX: return np.where((a > b) | (a != a), a, b) if src_dts[0].is_float else np.where(a > b, a, b)
-  if op is Ops.CMPLT: return a < b
-  if op is Ops.CMPNE: return a != b
-  if op is Ops.AND: return np.logical_and(a, b) if src_dts[0] == dtypes.bool else np.asarray(a).astype(_int_type(src_dts)) & b
-  if op is Ops.OR: return a | b
-  if op is Ops.XOR: return a ^ b
-  if op is Ops.WHERE: return np.where(np.asarray(a).astype(bool), b, args[2])
-  if op in (Ops.IDIV, Ops.MOD):
+def _divide(floor: bool, remainder: bool) -> Callable[[Any, Any], Any]:
+  """Integer division or remainder: floor operations (index math whose numerator can be negative), else C's, which truncate."""
+  def divide(a: Any, b: Any) -> Any:
     zero = b == 0
     safe = np.where(zero, 1, b)  # C leaves x/0 undefined; EMU gives 0, as the IR's own semantics do
-    if floor: ret = a // safe if op is Ops.IDIV else a % safe
-    elif op is Ops.MOD: ret = np.fmod(a, safe)
+    if floor: ret = a % safe if remainder else a // safe
+    elif remainder: ret = np.fmod(a, safe)
     else: ret = a // safe + ((np.fmod(a, safe) != 0) & ((a < 0) != (safe < 0)))  # floor back up to truncation
     return np.where(zero, 0, ret)
-  raise EmuError(f"EMU has no {op.name}")
+  return divide
+
+
+def _max(a: Any, b: Any) -> Any: return np.where((a > b) | (a != a), a, b)  # a NaN in either operand wins, as the CUDA source's does
+def _recip(a: Any) -> Any: return (np.float64(1) if np.asarray(a).dtype == np.float64 else np.float32(1)) / a
+_C_OPS: dict[Ops, Callable[..., Any]] = {
+  Ops.NEG: np.negative, Ops.RECIP: _recip, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.ADD: np.add,
+  Ops.MUL: np.multiply, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
+  Ops.WHERE: lambda c, a, b: np.where(np.asarray(c, bool), a, b),
+}
+
+
+def c_fn(op: Ops, src_dts: list[DType], floor: bool = False, index: bool = False) -> Callable[..., Any]:
+  """What the C expression of `op` on operands of `src_dts` gives, in C's arithmetic type (integers in 64 bits: the caller wraps them
+  to the value's type), as a function of the operands; `index`: index math, whose operands are 64-bit already."""
+  ints = tuple(i for i, d in enumerate(src_dts) if not d.is_float and not (op is Ops.WHERE and i == 0))
+  it = np.uint64 if dtypes.uint64 in src_dts else np.int64
+  fn: Callable[..., Any]
+  if op is Ops.AND: fn = np.logical_and if src_dts[0] == dtypes.bool else np.bitwise_and
+  elif op is Ops.MAX: fn = _max if src_dts[0].is_float else lambda a, b: np.where(a > b, a, b)
+  elif op in (Ops.IDIV, Ops.MOD): fn = _divide(floor, op is Ops.MOD)
+  elif op in _C_OPS: fn = _C_OPS[op]
+  else: raise EmuError(f"EMU has no {op.name}")
+  if index or not ints or op is Ops.AND and src_dts[0] == dtypes.bool: return fn
+  return lambda *args: fn(*(np.asarray(a, it) if i in ints else a for i, a in enumerate(args)))
+
+
+def c_op(op: Ops, args: list[Any], src_dts: list[DType], floor: bool = False) -> Any: return c_fn(op, src_dts, floor)(*args)
 
 
 def cast(x: Any, dst: DType) -> Any:
@@ -296,6 +302,15 @@ class _Run:
 Fn = Callable[[_Run], Any]
 
 
+def under(s: _Run, mask: np.ndarray, fn: Fn) -> Any:
+  """fn(s) with only the threads of `mask` active: a guarded statement's inline reads happen only where it runs, as in C."""
+  if mask is s.active: return fn(s)
+  saved = s.active, s.full, s.any
+  s.set_active(mask)
+  try: return fn(s)
+  finally: s.active, s.full, s.any = saved
+
+
 class _Loop:
   __slots__ = ("var", "start", "end", "body")
   def __init__(self, var: str, start: int, end: int, body: list): self.var, self.start, self.end, self.body = var, start, end, body
@@ -306,12 +321,19 @@ class _If:
   def __init__(self, cond: Fn, then: list, otherwise: list): self.cond, self.then, self.otherwise = cond, then, otherwise
 
 
+MAX_THREADS, STATIC_SHARED = 1024, 48 << 10  # a CUDA block's threads, and the shared memory it may declare statically (as cuda_caps)
+
+
 class EMUProgram(Program):
   """A lowered program made into closures, one per statement, nested as its loops and branches are."""
   LANES = 1 << 14  # threads run side by side: workgroups in chunks of about this many threads
 
   def __init__(self, name: str, stmts: list[Node], launch: tuple[int, int]):
     self.name, self.launch = name, launch
+    shared = sum(u.arg.size * np.dtype(reg(u.dtype)).itemsize for u in stmts if u.op is Ops.DEFINE_LOCAL)
+    if shared > STATIC_SHARED:
+      raise CompileError(f"EMU: kernel {name}: {shared} bytes of shared memory, over the {STATIC_SHARED} a CUDA block may declare")
+    if launch[1] > MAX_THREADS: raise CompileError(f"EMU: kernel {name}: {launch[1]} threads a workgroup, over CUDA's {MAX_THREADS}")
     self.exprs: dict[int, Fn] = {}
     self.body, end = self.block(stmts, 0)
     if end != len(stmts): raise CompileError(f"EMU: kernel {name}: a {stmts[end].op.name} closes nothing")
@@ -409,18 +431,21 @@ class EMUProgram(Program):
     value, g = self.expr(val), self.guard(guard)
     rhs = value
     if (op := u.arg) is not None:  # t = t op v, a scalar v added to each lane of a vector t
-      t, dts, spread = self.expr(target), [target.dtype, val.dtype], self.width(target) > 1 and self.width(val) == 1
-      rhs = lambda s: c_op(op, [t(s), lanewise(value(s)) if spread else value(s)], dts)  # noqa: E731
+      t, fn, spread = self.expr(target), c_fn(op, [target.dtype, val.dtype]), self.width(target) > 1 and self.width(val) == 1
+      rhs = lambda s: fn(t(s), lanewise(value(s)) if spread else value(s))  # noqa: E731
     if target.op is Ops.CELL:
       write = self.cell_access(target)
-      return lambda s: write(s, s.mask(g(s)), rhs(s))
+      def assign_shared(s: _Run) -> None:
+        mask = s.mask(g(s))
+        write(s, mask, under(s, mask, rhs))
+      return assign_shared
     lane = None
     if target.op is Ops.GEP: target, lane = target.src[0], target.arg
     if not named(target): raise CompileError(f"EMU: kernel {self.name}: cannot assign to a {target.op.name}")
     name, to, width = target.arg.name, reg(target.dtype), target.arg.width
     def assign(s: _Run) -> None:
-      new = convert(rhs(s), to)
       mask = s.mask(g(s))
+      new = convert(under(s, mask, rhs), to)
       if lane is not None:
         old = np.array(s.lanes(s.env[name], width))
         old[:, lane] = np.where(mask, new, old[:, lane])
@@ -436,8 +461,11 @@ class EMUProgram(Program):
   def store(self, u: Node) -> Fn:
     (idx, val, guard), (width, buf, _) = u.src, u.arg
     at, value, g, dt = self.expr(idx), self.expr(val), self.guard(guard), u.dtype
-    if isinstance(buf, str):
-      def store_shared(s: _Run) -> None: self.shared_access(s, buf, at(s), width, s.mask(g(s)), value(s))
+    if isinstance(buf, str):  # the CUDA source stores bfloat16 into a float array by way of its 16 bits: rounded
+      def store_shared(s: _Run) -> None:
+        mask = s.mask(g(s))
+        v = under(s, mask, value)
+        self.shared_access(s, buf, at(s), width, mask, round_half(v, dt) if dt == dtypes.bfloat16 else v)
       return store_shared
     def store(s: _Run) -> None:
       mask = s.mask(g(s))
@@ -445,7 +473,7 @@ class EMUProgram(Program):
       offs, mem = self.offsets(s, buf, at(s), width, mask, "stores to"), s.bufs[buf]
       tid = (s.g * self.launch[1] + s.t)[mask]
       self.check_stores(s, buf, offs, tid, mask)
-      v = s.lanes(value(s), width)[mask]
+      v = s.lanes(under(s, mask, value), width)[mask]
       mem[offs] = to_memory(v.reshape(offs.shape), dt)
     return store
 
@@ -569,23 +597,24 @@ class EMUProgram(Program):
       return lambda s: ident
     if op is Ops.FOLD:
       if u.arg.across: raise CompileError(f"EMU: kernel {self.name}: no lane folds across vectors (the CPU's)")
-      args, red, dts = [self.expr(x) for x in u.src], u.arg.op, [x.dtype for x in u.src]
+      args, fn = [self.expr(x) for x in u.src], c_fn(u.arg.op, [x.dtype for x in u.src[:2]])
       def fold(s: _Run) -> Any:
         ret = args[0](s)
-        for a in args[1:]: ret = c_op(red, [ret, a(s)], dts[:2])
+        for a in args[1:]: ret = fn(ret, a(s))
         return convert(ret, reg(dt))
       return fold
     if op in ALU:
       width, args, dts = u.arg.width, [self.expr(x) for x in u.src], [x.dtype for x in u.src]
       widths = [self.width(x) for x in u.src]
-      half = dt.is_half and R.types[dt] == "float" and op is not Ops.CAST and op not in (Ops.NEG, Ops.MAX, Ops.WHERE, Ops.CMPLT, Ops.CMPNE)
-      to = reg(dt)
+      half = dt.is_half and R.types[dt] == "float" and op is not Ops.CAST  # each result rounded to its 16-bit type, as the source does
+      to, compute = reg(dt), None if op in (Ops.CAST, Ops.BITCAST) else c_fn(op, dts)
       def alu(s: _Run) -> Any:
         vals = [a(s) for a in args]
         if width > 1: vals = [v if w > 1 else lanewise(v) for v, w in zip(vals, widths)]
         if op is Ops.CAST: return cast(vals[0], dt) if width == 1 else vals[0]
         if op is Ops.BITCAST: return bitcast(vals[0], dts[0], dt)
-        ret = convert(c_op(op, vals, dts), to)
+        assert compute is not None
+        ret = convert(compute(*vals), to)
         return round_half(ret, dt) if half else ret
       return alu
     return self.inline(u)
@@ -642,7 +671,11 @@ class EMUProgram(Program):
       args, dts, floor = [self.expr(x) for x in u.src], [x.dtype for x in u.src], u.floor
       if op is Ops.CAST: return lambda s: cast(args[0](s), u.dtype)
       if op is Ops.AND: return lambda s: np.logical_and(args[0](s), args[1](s))
-      return lambda s: c_op(op, [a(s) for a in args], dts, floor)
+      fn = c_fn(op, dts, floor, index=True)
+      if len(args) == 2:
+        a, b = args
+        return lambda s: fn(a(s), b(s))
+      return lambda s: fn(*(a(s) for a in args))
     raise CompileError(f"EMU: kernel {self.name}: no value {op.name}")
 
 
