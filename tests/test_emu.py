@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -206,6 +207,16 @@ def test_debug4_prints_the_cuda_source(capsys: pytest.CaptureFixture[str]) -> No
   with Context(DEBUG=4): (Tensor(np.arange(16, dtype=np.float32), device="EMU") * 3).realize()
   out = capsys.readouterr().out
   assert re.search(r'extern "C" __global__ void __launch_bounds__\(\d+\) E_16\(float\* __restrict__ data0', out) and "EMU" in out
+
+
+def test_bench_says_its_times_are_no_gpus(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+  args = ["bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--device", "EMU", "--db", str(tmp_path / "t.db"), "--against", "numpy"]
+  assert main([*args, "--repeats", "3", "--format", "md"]) == 0
+  out, err = capsys.readouterr()
+  assert "EMU is an emulator: its times are its host seconds, not a GPU's speed" in err
+  assert "on EMU (emulated: times are host seconds, not GPU speed)" in out
+  with Context(DEBUG=2): (Tensor(np.arange(16, dtype=np.float32), device="EMU") + 1).realize()
+  assert "emulated: host time" in capsys.readouterr().out
 
 
 def test_devices_lists_emu(capsys: pytest.CaptureFixture[str]) -> None:

@@ -132,7 +132,7 @@ def cmd_search(args: argparse.Namespace) -> int:
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
   retimed = f"ms: {args.objective}s of the final interleaved re-time"
   how = "cache hit: the stored times" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s; {retimed}"
-  title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device} ({how})"
+  title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {_on(device)} ({how})"
   frame = outcome_frame(outcomes, lambda o: {"dtype": dtype.name})
   _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
   return 0
@@ -237,6 +237,12 @@ def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> 
   if Device[device].emulated: print(f"tinytune: note: {device} is an emulator: its times are its host seconds, not a GPU's speed", file=sys.stderr)
 
 
+def _on(device: str) -> str:
+  """The device as a table's title names it: an emulator's, saying that its times are no GPU's speed."""
+  from tinytune.runtime import Device
+  return f"{device} (emulated: times are host seconds, not GPU speed)" if Device[device].emulated else device
+
+
 def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], policy: Any, db: Any, dtype: Any) -> dict[str, Any]:
   """tinytune's default and tuned kernels, then each baseline of `against`, all in `dtype`. A baseline that cannot compute in it
   (PyTorch has no integer conv2d on the CPU) costs a one-line note and is dropped from `against`, not the command."""
@@ -309,7 +315,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                  "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
                  "note": "; ".join(x for x in (t.note, above) if x)})
   peak = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
-  what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device}{peak}"
+  what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {_on(device)}{peak}"
   titles = {"implementations": f"{what}: tuned_speedup above 1: tuned is faster",
             "kernels": f"the kernels of {workload.name} as tuned (each run in turn per call)"}
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "peak_gflops": peaks[0] if peaks else None,
@@ -500,7 +506,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     row.update({f"speedup_vs_{lib}": timings[lib].median_s / tuned for lib in against})
     row["note"] = timings["tinytune-tuned"].note
     rows.append(row)
-  title = f"{workload.name} in {dtype.name} on {device}: speedups above 1 mean tinytune's tuned kernels are faster"
+  title = f"{workload.name} in {dtype.name} on {_on(device)}: speedups above 1 mean tinytune's tuned kernels are faster"
   context = {"workload": workload.name, "dtype": dtype.name, "device": device, "against": against}
   _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", context, {"sizes": title}), None)
   return 0
