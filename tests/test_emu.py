@@ -179,6 +179,21 @@ def test_barrier_in_divergent_code() -> None:
     run_program(program(stmt(Ops.IF, LID.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), barrier(), stmt(Ops.ENDIF)))
 
 
+def test_barrier_in_a_branch_of_some_workgroups() -> None:
+  """A branch the same in every thread of a workgroup may hold a barrier, and it orders only that workgroup's threads: the others,
+  which skip it, still race."""
+  odd = stmt(Ops.SPECIAL, arg=SpecialArg("odd", "group_id", 1, 2))
+  def body(w: UOp) -> list[UOp]: return [store(0, UOp.var("g", 0, 1) * T + LID, w)]
+  racy = neighbour(body, with_barrier=False)
+  branch = [stmt(Ops.IF, UOp.var("odd", 0, 1).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), barrier(), stmt(Ops.ENDIF)]
+  uops = [stmt(Ops.SPECIAL, arg=SpecialArg("g", "group_id", 1, 0)), odd, *racy[:4], *branch, *racy[4:]]
+  with pytest.raises(EmuError, match=r"threads \(group 0, thread 0\) at \[1\].* read shared tile\[8\] that thread 1 wrote"):
+    run_program(uops, groups=2)
+  uops = [stmt(Ops.SPECIAL, arg=SpecialArg("g", "group_id", 1, 0)), odd, *racy[:4], *branch[:2], stmt(Ops.ELSE), barrier(), stmt(Ops.ENDIF),
+          *racy[4:]]
+  assert run_program(uops, groups=2).tolist() == np.roll(np.arange(T), -1).tolist() * 2
+
+
 def test_exit_and_workgroups() -> None:
   """Threads that exit stop storing; each workgroup's shared memory is its own (3 workgroups of 8, side by side)."""
   g = UOp.var("g", 0, 2)

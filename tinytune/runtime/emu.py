@@ -259,8 +259,11 @@ class _Shared:
     self.wmin, self.wmax, self.rmin, self.rmax = (np.empty(groups * size, np.int32) for _ in range(4))
     self.barrier()
 
-  def barrier(self) -> None:
-    self.wmin.fill(self.NONE); self.rmin.fill(self.NONE); self.wmax.fill(-1); self.rmax.fill(-1)  # noqa: E702
+  def barrier(self, groups: np.ndarray | None = None) -> None:
+    """A barrier in the workgroups of `groups` (all where None): what their threads did before is ordered before what follows."""
+    for arr, none in ((self.wmin, self.NONE), (self.rmin, self.NONE), (self.wmax, -1), (self.rmax, -1)):
+      if groups is None: arr.fill(none)
+      else: arr.reshape(-1, self.size)[groups] = none
 
 
 class _Run:
@@ -414,9 +417,16 @@ class EMUProgram(Program):
     raise CompileError(f"EMU: kernel {self.name}: no statement {op.name}")
 
   def barrier(self, s: _Run) -> None:
-    if not s.full and (stray := s.alive & ~s.active).any():
+    """__syncthreads() in the workgroups whose threads run it: each of their threads not exited must (a branch that differs between
+    workgroups is fine, one that differs inside one is not)."""
+    if s.full:
+      for sh in s.shared.values(): sh.barrier()
+      return
+    active = s.active.reshape(s.groups, -1)
+    groups = active.any(axis=1)
+    if (stray := (s.alive.reshape(s.groups, -1) & ~active & groups[:, None]).ravel()).any():
       s.fail(f"__syncthreads() in code that only some threads of a workgroup run: {s.who(stray)} of the workgroup do not reach it")
-    for sh in s.shared.values(): sh.barrier()
+    for sh in s.shared.values(): sh.barrier(groups)
 
   def special(self, u: Node) -> Fn:
     name, base, mult, mod = u.arg
