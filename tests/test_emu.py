@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import random
 import re
+import zlib
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pytest
-from test_opts import kernel_cases
+from test_opts import KERNELS, case, kernel_cases, random_sequence
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.cli import main
@@ -20,7 +23,7 @@ from tinytune.codegen.lower import TRUE, LinearProgram, LoadArg, LocalArg, Speci
 from tinytune.dtype import DType
 from tinytune.engine.schedule import create_schedule
 from tinytune.helpers import Context
-from tinytune.runtime import Buffer, CompileError
+from tinytune.runtime import Buffer, CompileError, device_status
 from tinytune.runtime.emu import EmuError, EMUProgram, bf16_bits, c_op, convert, dump, emu_caps, load
 from tinytune.uop import Ops, UOp
 
@@ -79,6 +82,30 @@ def test_half_rounds_each_op() -> None:
   """float16 computes in float32 and rounds each op's result to half, as the CUDA source does (2049 is no half: it rounds to 2048)."""
   x = Tensor(np.array([2048], np.float16), device="EMU")
   assert ((x + 1) + 1).numpy().tolist() == [2048.0]
+
+
+@pytest.mark.parametrize("device", ["CUDA", "OPENCL"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_emu_matches_a_gpu(name: str, device: str) -> None:
+  """EMU against a device with workgroups on the same inputs, each kernel with no opts and with random opt lists: against CUDA (the
+  GPU it emulates, where there is one: the suite on a GPU runs it) it renders the same source, and ints agree exactly; floats up to
+  the FMAs the GPU's compiler contracts. pocl's OpenCL, another compiler of the same programs, with TT_FUZZ_SCALE=2."""
+  if device_status(device) is not None: pytest.skip(f"{device} is not here")
+  if device == "OPENCL" and int(os.getenv("TT_FUZZ_SCALE", "1")) < 2: pytest.skip("pocl builds slowly: with TT_FUZZ_SCALE=2")
+  kc, rng = case(name, device), random.Random(zlib.crc32(name.encode()))
+  seqs = [[], *(random_sequence(kc.kernel(), rng) for _ in range(4))]
+  tol = {dtypes.float32: 1e-5, dtypes.float16: 1e-3, dtypes.bfloat16: 1e-2, dtypes.float64: 1e-12}.get(kc.item.out.dtype, 0)
+  for opts in (s for s in seqs if all(o.op is not OptOps.TC for o in s)):
+    k, outs = kc.kernel().apply_opts(opts), []
+    for dev in (device, "EMU"):
+      bufs = k.bufs if dev == device else [Buffer("EMU", b.size, b.dtype).copyin(b.numpy_view()) for b in k.bufs]
+      out, src = Buffer(dev, kc.item.out.size, kc.item.out.dtype), Device[dev].renderer.render(k)
+      Device[dev].program(k.name, Device[dev].compile(src), k.launch_dims)(out, *bufs)
+      outs.append((out.numpy_view().copy(), src))
+    (gpu, gpu_src), (emu, emu_src) = outs
+    assert device != "CUDA" or gpu_src == emu_src
+    ref = np.abs(gpu.astype(np.float64)).max(initial=1)
+    np.testing.assert_allclose(emu.astype(np.float64), gpu.astype(np.float64), rtol=tol, atol=tol * ref, err_msg=f"{name} {opts}")
 
 
 # ***** errors *****
