@@ -269,9 +269,10 @@ class _Shared:
 class _Run:
   """One launch's state over a chunk of its workgroups: each lane is a thread."""
 
-  def __init__(self, prog: EMUProgram, bufs: list[np.ndarray], first: int, groups: int):
+  def __init__(self, prog: EMUProgram, bufs: list[np.ndarray], stored: dict, first: int, groups: int):
     threads = prog.launch[1]
     self.prog, self.bufs, self.first, self.groups, self.n = prog, bufs, first, groups, groups * threads
+    self.stored: dict[int, tuple[np.ndarray, np.ndarray]] = stored  # the launch's: per buffer, the least and greatest thread storing each element
     self.t = np.tile(np.arange(threads, dtype=np.int64), groups)
     self.g = np.repeat(np.arange(first, first + groups, dtype=np.int64), threads)
     self.local_g = self.g - first
@@ -343,12 +344,11 @@ class EMUProgram(Program):
 
   def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     st = time.perf_counter()
-    mems = [b.mem for b in bufs]
-    self.stored: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per buffer stored to: the least and greatest thread that stored each element
+    mems, stored = [b.mem for b in bufs], dict[int, tuple[np.ndarray, np.ndarray]]()
     groups, threads = self.launch
     chunk = max(1, self.LANES // max(threads, 1))
     with np.errstate(all="ignore"):
-      for first in range(0, groups, chunk): self.run(self.body, _Run(self, mems, first, min(chunk, groups - first)))
+      for first in range(0, groups, chunk): self.run(self.body, _Run(self, mems, stored, first, min(chunk, groups - first)))
     return time.perf_counter() - st if wait else None
 
   def run(self, items: list, s: _Run) -> None:
@@ -423,7 +423,7 @@ class EMUProgram(Program):
       for sh in s.shared.values(): sh.barrier()
       return
     active = s.active.reshape(s.groups, -1)
-    groups = active.any(axis=1)
+    groups: np.ndarray = np.asarray(active.any(axis=1))
     if (stray := (s.alive.reshape(s.groups, -1) & ~active & groups[:, None]).ravel()).any():
       s.fail(f"__syncthreads() in code that only some threads of a workgroup run: {s.who(stray)} of the workgroup do not reach it")
     for sh in s.shared.values(): sh.barrier(groups)
@@ -489,10 +489,10 @@ class EMUProgram(Program):
 
   def check_stores(self, s: _Run, buf: int, offs: np.ndarray, tid: np.ndarray, mask: np.ndarray) -> None:
     """Two threads storing to one element of a buffer: which value lands is up to the GPU."""
-    if buf not in self.stored:
+    if buf not in s.stored:
       size = s.bufs[buf].size
-      self.stored[buf] = (np.full(size, np.iinfo(np.int64).max, np.int64), np.full(size, -1, np.int64))
-    lo, hi = self.stored[buf]
+      s.stored[buf] = (np.full(size, np.iinfo(np.int64).max, np.int64), np.full(size, -1, np.int64))
+    lo, hi = s.stored[buf]
     t = np.broadcast_to(tid.reshape(-1, *([1] * (offs.ndim - 1))), offs.shape).ravel()
     np.minimum.at(lo, offs.ravel(), t)
     np.maximum.at(hi, offs.ravel(), t)
