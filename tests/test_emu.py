@@ -176,6 +176,14 @@ def test_write_write_race_and_stores() -> None:
     run_program(program(store(0, UOp.const(dtypes.int64, 0), UOp.const(dtypes.float32, 1.0))))
 
 
+def test_load_of_what_another_thread_stored() -> None:
+  """Global memory a thread stored to, read by another thread in the same launch: no barrier orders global memory across workgroups."""
+  v = load_(0, (LID + 1) % T, "v2")
+  with pytest.raises(EmuError, match=r"threads \(group 0, thread 0\), .* load data0\[1\], which thread 1 \(flat id\) stored to in this launch"):
+    run_program(program(store(0, LID, UOp.const(dtypes.float32, 1.0)), v))
+  assert run_program(program(store(0, LID, UOp.const(dtypes.float32, 1.0)), load_(0, LID, "v2"))).tolist() == [1.0] * T  # its own: fine
+
+
 def test_out_of_bounds_and_unwritten() -> None:
   with pytest.raises(EmuError, match=r"thread \(group 0, thread 7\) at \[8\] read shared tile\[8\] out of its bounds"):
     run_program(program(v := load_(1, LID, "v1"), store("tile", LID, v), barrier(), load_("tile", LID + 1, "v2")))

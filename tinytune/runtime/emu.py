@@ -272,7 +272,8 @@ class _Run:
   def __init__(self, prog: EMUProgram, bufs: list[np.ndarray], stored: dict, first: int, groups: int):
     threads = prog.launch[1]
     self.prog, self.bufs, self.first, self.groups, self.n = prog, bufs, first, groups, groups * threads
-    self.stored: dict[int, tuple[np.ndarray, np.ndarray]] = stored  # the launch's: per buffer, the least and greatest thread storing each element
+    # the launch's: per buffer's memory (by id), the least and greatest thread that stored to each element
+    self.stored: dict[int, tuple[np.ndarray, np.ndarray]] = stored
     self.t = np.tile(np.arange(threads, dtype=np.int64), groups)
     self.g = np.repeat(np.arange(first, first + groups, dtype=np.int64), threads)
     self.local_g = self.g - first
@@ -325,6 +326,7 @@ class _If:
   def __init__(self, cond: Fn, then: list, otherwise: list): self.cond, self.then, self.otherwise = cond, then, otherwise
 
 
+NOBODY = np.iinfo(np.int64).max  # no thread stored to this element yet
 MAX_THREADS, STATIC_SHARED = 1024, 48 << 10  # a CUDA block's threads, and the shared memory it may declare statically (as cuda_caps)
 
 
@@ -489,10 +491,10 @@ class EMUProgram(Program):
 
   def check_stores(self, s: _Run, buf: int, offs: np.ndarray, tid: np.ndarray, mask: np.ndarray) -> None:
     """Two threads storing to one element of a buffer: which value lands is up to the GPU."""
-    if buf not in s.stored:
+    if (key := id(s.bufs[buf])) not in s.stored:
       size = s.bufs[buf].size
-      s.stored[buf] = (np.full(size, np.iinfo(np.int64).max, np.int64), np.full(size, -1, np.int64))
-    lo, hi = s.stored[buf]
+      s.stored[key] = (np.full(size, NOBODY, np.int64), np.full(size, -1, np.int64))
+    lo, hi = s.stored[key]
     t = np.broadcast_to(tid.reshape(-1, *([1] * (offs.ndim - 1))), offs.shape).ravel()
     np.minimum.at(lo, offs.ravel(), t)
     np.maximum.at(hi, offs.ravel(), t)
@@ -502,6 +504,17 @@ class EMUProgram(Program):
       where[np.flatnonzero(mask)[rows]] = True
       first = offs.reshape(len(tid), -1)[rows][0].ravel()[0]
       s.fail(f"{s.who(where)} store to data{buf}[{first}], which threads {lo[first]} and {hi[first]} (flat ids) both store: a race")
+
+  def check_loads(self, s: _Run, buf: int, offs: np.ndarray, mask: np.ndarray) -> None:
+    """A thread reading an element of a buffer that another thread stored to earlier in the launch: nothing orders the two."""
+    lo, hi = s.stored[id(s.bufs[buf])]
+    tid = (s.g * self.launch[1] + s.t)[mask].reshape(-1, *([1] * (offs.ndim - 1)))
+    if (other := ((lo[offs] != NOBODY) & ((lo[offs] != tid) | (hi[offs] != tid))).reshape(len(tid), -1).any(axis=1)).any():
+      where = np.zeros(s.n, bool)
+      where[np.flatnonzero(mask)[other]] = True
+      first = offs.reshape(len(tid), -1)[other][0][0]
+      s.fail(f"{s.who(where)} load data{buf}[{first}], which thread {lo[first] if lo[first] != tid[other][0].ravel()[0] else hi[first]} "
+             "(flat id) stored to in this launch: a race")
 
   def offsets(self, s: _Run, buf: int, at: Any, width: int, mask: np.ndarray, what: str) -> np.ndarray:
     """The element offsets of the masked threads' access of `width` elements at `at`, checked against the buffer's bounds."""
@@ -529,12 +542,15 @@ class EMUProgram(Program):
     def load(s: _Run) -> Any:
       a, v = at(s), ok(s)
       mem = s.bufs[buf]
-      if s.full and v is True and np.ndim(a) == 0 and width == 1:  # one element for every thread
+      if s.full and v is True and np.ndim(a) == 0 and width == 1 and id(mem) not in s.stored:  # one element for every thread
         self.offsets(s, buf, np.full(s.n, a), 1, np.ones(s.n, bool), "loads from")
         return np.asarray(from_memory(mem[int(a)], dt), to)
       mask = s.mask(v)
       out = np.zeros((s.n, width) if width > 1 else s.n, to)
-      if mask.any(): out[mask] = from_memory(mem[self.offsets(s, buf, a, width, mask, "loads from")], dt)
+      if mask.any():
+        offs = self.offsets(s, buf, a, width, mask, "loads from")
+        if id(mem) in s.stored: self.check_loads(s, buf, offs, mask)
+        out[mask] = from_memory(mem[offs], dt)
       return out
     return load
 
