@@ -6,12 +6,14 @@ statement, every thread of a workgroup in lock step as one NumPy array (several 
 type the CUDA source gives it. What CUDA does, EMU does: float32 math in float32, float16 and bfloat16 computed in float32 and
 rounded to their type where the source rounds, integers wrap, C's division and remainder truncate, a float cast to an int
 saturates (PTX's cvt), loops, branches and early exits as masks, shared memory per workgroup and its barriers. Where a GPU would
-give an undefined result EMU raises EmuError, naming the kernel, the memory and the threads: a read or write out of bounds of
-a buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
-no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one output element, a barrier only
-some threads of a workgroup reach. Exact but for two things: CUDA may contract a multiply and an add into one FMA (EMU rounds
-both), and exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an ulp or two). No tensor cores yet (TC is
-refused: its caps list none).
+give an undefined result EMU raises EmuError, naming the kernel, the memory and the threads: a read or write out of bounds of a
+buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
+no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one element of a buffer, a thread
+loading an element another thread stored to earlier in the launch, a barrier only some threads of a workgroup reach; and it
+refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory, a warp-level or tensor
+core statement). Loops run all threads alike (their bounds are constants). Exact but for two things: CUDA may contract a
+multiply and an add into one FMA (EMU rounds both), and exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an
+ulp or two). No tensor cores yet (TC is refused: its caps list none; the CUDA renderer emits no other warp-level instruction).
 
 EMU's timings are the host seconds its interpreter takes, nothing like a GPU's: the device says so (`emulated`), and the search
 and benchmarks mark them as such. Memory is host NumPy arrays; launches run at once (not asynchronous)."""
