@@ -353,7 +353,7 @@ class EMUProgram(Program):
     chunk = max(1, self.LANES // max(threads, 1))
     with np.errstate(all="ignore"):
       for first in range(0, groups, chunk): self.run(self.body, _Run(self, mems, stored, first, min(chunk, groups - first)))
-    return time.perf_counter() - st if wait else None
+    return time.perf_counter() - st  # a synchronous device's run is done: its seconds, waited for or not (as the CPU's)
 
   def run(self, items: list, s: _Run) -> None:
     for it in items:
