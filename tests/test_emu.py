@@ -267,6 +267,8 @@ def test_bench_says_its_times_are_no_gpus(capsys: pytest.CaptureFixture[str], tm
   assert "on EMU (emulated: times are host seconds, not GPU speed)" in out
   with Context(DEBUG=2): (Tensor(np.arange(16, dtype=np.float32), device="EMU") + 1).realize()
   assert "emulated: host time" in capsys.readouterr().out
+  assert main(["search", "matmul", "-p", "m=8", "--device", "EMU", "--seconds", "0.001", "--db", str(tmp_path / "t.db")]) == 2
+  assert capsys.readouterr().err.count("\n") == 1  # bad input: its one line, no note before it
 
 
 def test_devices_lists_emu(capsys: pytest.CaptureFixture[str]) -> None:

@@ -135,6 +135,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {_on(device)} ({how})"
   frame = outcome_frame(outcomes, lambda o: {"dtype": dtype.name})
   _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
+  _emulated_note(device)
   return 0
 
 
@@ -227,20 +228,24 @@ def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> 
   in every candidate or timing after."""
   from tinytune import engine
   from tinytune.kernels.workload import schedule
-  from tinytune.runtime import Device
   items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
   try:
     for _, kernel in engine.kernels(items, device): engine.compile_kernel(kernel.apply_opts(engine.kernel_opts(kernel, device, "default")), device)
   except Exception as e:  # a compiler's complaint, whatever its type
     why = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
-  if Device[device].emulated: print(f"tinytune: note: {device} is an emulator: its times are its host seconds, not a GPU's speed", file=sys.stderr)
 
 
 def _on(device: str) -> str:
   """The device as a table's title names it: an emulator's, saying that its times are no GPU's speed."""
   from tinytune.runtime import Device
   return f"{device} (emulated: times are host seconds, not GPU speed)" if Device[device].emulated else device
+
+
+def _emulated_note(device: str) -> None:
+  """After the tables of times on an emulator: a note that they are not a GPU's (on stderr, where JSON output has none)."""
+  from tinytune.runtime import Device
+  if Device[device].emulated: print(f"tinytune: note: {device} is an emulator: its times are its host seconds, not a GPU's speed", file=sys.stderr)
 
 
 def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], policy: Any, db: Any, dtype: Any) -> dict[str, Any]:
@@ -322,6 +327,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
              "peak_gbs": peaks[1] if peaks else None}
   frames = {"implementations": pd.DataFrame(rows), "kernels": pd.DataFrame(timings["tinytune-tuned"].kernels)}
   _write(render(frames, args.format, titles["implementations"], "bench", context, titles), None)
+  _emulated_note(device)
   if not ok: print(f"tinytune: error: {workload.name} in {dtype.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
 
@@ -509,6 +515,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
   title = f"{workload.name} in {dtype.name} on {_on(device)}: speedups above 1 mean tinytune's tuned kernels are faster"
   context = {"workload": workload.name, "dtype": dtype.name, "device": device, "against": against}
   _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", context, {"sizes": title}), None)
+  _emulated_note(device)
   return 0
 
 
