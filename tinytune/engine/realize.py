@@ -11,7 +11,7 @@ from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, compiled, kernels
 from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod, tune_mode
-from tinytune.runtime import Buffer
+from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
 from tinytune.uop import Ops, UOp
 
@@ -260,6 +260,7 @@ def run_kernel(kernel: CompiledKernel, bufs: list[Buffer], device: str) -> None:
   if debug >= 2:
     gflops, gbs = (kernel.flops / seconds / 1e9, kernel.mem_bytes / seconds / 1e9) if seconds else (0.0, 0.0)
     print(f"{GlobalCounters.kernel_count:4d} {kernel.name:30s} {device:5s} bufs {len(bufs):2d} mem {kernel.mem_bytes / 1e6:8.2f} MB "
-          f"{seconds * 1e6:9.1f} us {gflops:8.2f} GFLOPS {gbs:7.2f} GB/s" + (f"  opts {list(kernel.opts)}" if DEBUG >= 3 else ""))
+          f"{seconds * 1e6:9.1f} us {gflops:8.2f} GFLOPS {gbs:7.2f} GB/s" + (" emulated: host time" if Device[device].emulated else "")
+          + (f"  opts {list(kernel.opts)}" if DEBUG >= 3 else ""))
     if debug >= 4: print(kernel.src)
     if debug >= 5: print(kernel.ast_text)
