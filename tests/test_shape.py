@@ -60,6 +60,8 @@ def test_padding_masks() -> None:
   np.testing.assert_array_equal(read(p, np.array([7, 8, 9])), [0, 0, 7, 8, 9, 0])
   s = p.shrink(((0, 2),))  # only the padding is left
   np.testing.assert_array_equal(read(s, np.array([7, 8, 9])), [0, 0])
+  pad_only = View.create((0,)).pad(((0, 1),))  # one element, all padding: a 0-d view has no dim to carry that mask
+  assert pad_only.reshape((1, 1)).mask == ((0, 0), (0, 0)) and pad_only.reshape(()) is None
 
 
 # ***** random compositions against NumPy *****

@@ -353,6 +353,12 @@ def test_pad_modes() -> None:
                  lambda x: x.pad((None, (0, 1), (1, 2)), mode="replicate"), dtype=dtypes.int32)
 
 
+def test_pad_of_empty_to_0d() -> None:
+  """Padding an empty tensor gives only padding, also once it is reshaped to 0-d (the constant it was built from read through)."""
+  assert Tensor.full((0,), 7.0).pad(((0, 1),)).reshape(()).item() == 0.0
+  helper_test_op([(0,)], lambda x: F.pad(x, (0, 1)).reshape(()) + 2, lambda x: x.pad((0, 1)).reshape(()) + 2)
+
+
 def test_interpolate_uint8_images() -> None:
   """A uint8 image resizes to uint8 as torch's CPU kernel rounds it: nearest picks pixels; bilinear in fixed point, the last dim first."""
   for mode in ("nearest", "nearest-exact", "bilinear"):
@@ -400,7 +406,7 @@ def test_movement() -> None:
   helper_test_op([(2, 5, 3)], lambda x: x.unfold(-1, 3, 5))
   helper_test_op([(2, 5, 3)], lambda x: x.unfold(0, 1, 1))
   helper_test_op([(2, 5, 3)], lambda x: x[:, 1:].unfold(1, 3, 1))  # a view with an offset
-  helper_test_op([()], lambda x: x.unfold(0, 0, 1), grad=False)  # 0-d counts as size 1 (gradient: see View's reshape of a padded empty)
+  helper_test_op([()], lambda x: x.unfold(0, 0, 1))  # 0-d counts as size 1
   helper_test_op([()], lambda x: x.unfold(-1, 1, 2))
   helper_test_op([(3, 4)], lambda x: x.unfold(1, 0, 2))
   helper_test_op([(3, 4)], lambda x: F.pad(x, (-2, -2)), lambda x: x.pad((-2, -2)))  # cropped to nothing

@@ -104,5 +104,6 @@ class View:
       if r >= len(runs) or left % s != 0: return None
       left //= s
       strides.append(runs[r][1] * left)
-    if self.mask is not None and any(m == (0, 0) for m in self.mask): return View.create(shape, None, 0, tuple((0, 0) for _ in shape))
+    if self.mask is not None and any(m == (0, 0) for m in self.mask):  # all zero padding: a 0-d view has no dim to mask
+      return View.create(shape, None, 0, tuple((0, 0) for _ in shape)) if shape else None
     return View.create(shape, tuple(strides), self.offset)
