@@ -23,6 +23,9 @@ AVX512_HOST = "avx512f amd avx512bw avx512cd avx512dq avx512vl avx2 avx fma bmi1
 AVX2_HOST = [f for f in AVX512_HOST if not f.startswith("avx512")]
 
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # all of it is the CPU device's, whatever TINYTUNE_DEVICE the suite runs under
+
+
 def runnable(target: str) -> bool: return cannot_run(cpu_target(target)) is None
 
 
@@ -77,7 +80,7 @@ print(Device["CPU"].target.name, Device["CPU"].caps.simd_width)
 @pytest.mark.parametrize("target", ["native", "x86-64-v2", "x86-64-v3"])
 def test_kernels_run_correctly_for_each_target(target: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
   if not X86 or not runnable(target): pytest.skip(f"this CPU does not run {target}")
-  env = {**os.environ, "TINYTUNE_CPU_TARGET": target, "TINYTUNE_CACHE_DIR": str(tmp_path)}
+  env = {**os.environ, "TINYTUNE_CPU_TARGET": target, "TINYTUNE_CACHE_DIR": str(tmp_path), "TINYTUNE_DEVICE": "CPU"}
   out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env)
   assert out.returncode == 0, out.stderr
   assert out.stdout.split() == [target, str(cpu_target(target).lanes)]
