@@ -408,6 +408,10 @@ def test_a_peak_that_cannot_be_measured_is_a_note(capsys: pytest.CaptureFixture[
   assert code == 0 and {r["implementation"] for r in table(out, "implementations")} == {"tinytune-default", "tinytune-tuned", "numpy"}
   assert all(r["roof_pct"] is None for r in table(out, "implementations")) and json.loads(out)["peak_gflops"] is None
   assert err == f"tinytune: note: the peak of {device} cannot be measured (this PyTorch cannot run on {device}); roof_pct is left out\n"
+  code, out, err = run(capsys, "devices", "--probe", "--db", str(tmp_path / "p.db"), "--json")  # OPENCL was listed as missing, for want of PyTorch
+  rows = {r["device"]: r for r in table(out, "devices")}
+  assert code == 0 and rows["CPU"]["present"] is True and rows["CPU"]["missing"] == "" and rows["CPU"].get("peak_gflops") is None
+  assert "tinytune: note: the peak of CPU cannot be measured (this PyTorch cannot run on CPU)\n" in err
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")

@@ -549,13 +549,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
       fp, caps = device_fingerprint(name), Device[name].caps
       rows.append({"device": name, "present": True, "name": fp.get("name", ""), "fingerprint": fingerprint_hash(fp)[:16], "threads": caps.threads,
                    "compiler": fp.get("compiler_version", ""), "missing": ""})
-      if db is not None:
-        gflops, gbs, how = measure_peaks(name)
-        db.set_peak(db.device_id(fp), gflops, gbs, how)
-        rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})
     except Exception as e:  # a device that is not here says what it needs
       rows.append({"device": name, "present": False, "name": "", "fingerprint": "", "threads": None, "compiler": "",
                    "missing": str(e).splitlines()[0] if str(e) else type(e).__name__})
+      continue
+    if db is None: continue
+    try: gflops, gbs, how = measure_peaks(name)
+    except RuntimeError as e:  # a GPU's probe runs PyTorch there: the device is here all the same
+      print(f"tinytune: note: the peak of {name} cannot be measured ({e})", file=sys.stderr)
+      continue
+    db.set_peak(db.device_id(fp), gflops, gbs, how)
+    rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})
   _write(render({"devices": pd.DataFrame(rows)}, args.format, "tinytune devices", "devices"), None)
   return 0
 
