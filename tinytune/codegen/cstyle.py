@@ -250,7 +250,8 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at:
+      f"{r.shared_prefix}{r.buffer_types.get(u.dtype, r.types[u.dtype]) if u.arg.stored else r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
@@ -344,8 +345,10 @@ class CUDARenderer(_GPURenderer):
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
   def to_bits(self, x: str, dtype: DType) -> str: return f"__float2half_rn({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
   def from_bits(self, x: str, dtype: DType) -> str: return f"__half2float({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
+  def load(self, ptr: str, idx: str, dtype: DType) -> str:  # explicit: `mask ? half : float` is ambiguous to nvcc and NVRTC
+    return f"__half2float({ptr}[{idx}])" if dtype == dtypes.float16 else super().load(ptr, idx, dtype)
   restrict, func_prefix = "__restrict__", "static __device__ inline"
-  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
+  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(32) "  # wmma
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
@@ -373,7 +376,7 @@ class CUDARenderer(_GPURenderer):
     if what == "fragment":
       name, which, dtype, layout = arg
       return f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {self.buffer_types[dtype]}, wmma::{layout}> {name};"
-    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, data{arg[1]}+{self.index(u.src[0], at.index)}, {arg[2]});"
+    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, {self.ptr(arg[1])}+{self.index(u.src[0], at.index)}, {arg[2]});"
     if what == "mma": return f"wmma::mma_sync(acc{arg[0]}, {arg[1]}, {arg[2]}, acc{arg[0]});"
     if what == "store": return f"wmma::store_matrix_sync(tiles+warp*256, acc{arg[0]}, 16, wmma::mem_row_major);"
     return "__syncwarp();"
@@ -391,7 +394,7 @@ class CUDARenderer(_GPURenderer):
       name, buf, ld, which, layout = arg
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
-      out = [f"{{ const auto* p = data{buf}+{self.index(u.src[0], at.index)};"]
+      out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
         nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
@@ -438,7 +441,7 @@ class HIPRenderer(_GPURenderer):
   """HIP for AMD GPUs, free of HIP's headers, so device code compiles with a plain clang (-nogpuinc) as well as hiprtc."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16"}
   restrict, func_prefix = "__restrict__", "static __attribute__((device)) inline"
-  group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared)) "
+  group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared, aligned(16))) "
   barrier = ('__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); '
              '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");')
   inf, nan = "__builtin_inff()", '__builtin_nanf("")'
@@ -485,14 +488,13 @@ class OpenCLRenderer(_GPURenderer):
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f"__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void {name}({', '.join(args)})"
 
-  # OpenCL's own vector types; vload/vstore need only float alignment
+  # OpenCL's own vector types; vload/vstore need only float alignment, and take global and local (STAGE's tiles) memory alike
   lane_fmt = "{}.s{:x}"
   def vtype(self, width: int) -> str: return f"float{width}"
   def vector(self, vt: str, items: list[str]) -> str: return f"(({vt})({', '.join(items)}))"
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     vt = self.vtype(width)
-    return (f"static inline {vt} {vt}_load(const __global float* p) {{ return vload{width}(0, p); }}\n"
-            f"static inline void {vt}_store(__global float* p, {vt} v) {{ vstore{width}(v, 0, p); }}\n")
+    return f"#define {vt}_load(p) vload{width}(0, (p))\n#define {vt}_store(p, v) vstore{width}((v), 0, (p))\n"
 
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
