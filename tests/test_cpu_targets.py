@@ -112,6 +112,18 @@ def test_a_bad_target_is_a_one_line_error(argv: list[str], env: dict[str, str], 
   assert err.count("\n") == 1 and "is not a CPU target" in err and "x86-64-v3" in err, err
 
 
+@pytest.mark.parametrize("argv,env", [(["--target", "avx9"], {}), ([], {"TINYTUNE_CPU_TARGET": "x86-64-v9"})])
+def test_a_bad_target_is_an_error_on_any_device(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+  """`bench --device cuda --target avx9` ran without a word: the target is the CPU's, which a GPU's bench never opened."""
+  monkeypatch.setenv("TINYTUNE_CPU_TARGET", "native")  # and put back as it was after main() sets it
+  for k, v in env.items(): monkeypatch.setenv(k, v)
+  for device in ("CUDA", "EMU"):  # absent here, or present: the target is checked before either opens
+    assert main(["bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--no-store", "--no-peak", "--device", device, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a CPU target" in err and "x86-64-v3" in err, err
+
+
 def test_a_compiler_without_openmp_is_not_chosen_over_one_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
   monkeypatch.delenv("TINYTUNE_CC", raising=False)
   monkeypatch.setattr(shutil, "which", lambda cc: f"/usr/bin/{cc}")

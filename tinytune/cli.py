@@ -696,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
   try:
     check_environment()
+    if hasattr(args, "target") and os.getenv("TINYTUNE_CPU_TARGET"):  # said at once, whichever device runs (the CPU reads it only if used)
+      from tinytune.runtime.cpu import cpu_target
+      cpu_target()
     code = commands[args.command](args)
     sys.stdout.flush()  # a full disk (`> /dev/full`) fails here, in the try, not in Python's flush at exit
     return code
