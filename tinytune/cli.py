@@ -675,24 +675,24 @@ def build_parser() -> argparse.ArgumentParser:
   return ap
 
 
-class Stopped(KeyboardInterrupt):
-  """A SIGTERM or SIGHUP, raised where the program is like Ctrl-C's KeyboardInterrupt, so a search records what it finished."""
-  def __init__(self, signum: int) -> None: self.signum = signum
-
-
-def _stop(signum: int, frame: Any) -> None: raise Stopped(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
+  from tinytune.helpers import on_stop_signal, stop_handled
   args = build_parser().parse_args(argv)
   args.started = STARTED if argv is None else time.monotonic()  # the command line's process, or a call from Python now
-  if threading.current_thread() is threading.main_thread():
-    for signum in (signal.SIGTERM, signal.SIGHUP): signal.signal(signum, _stop)
+  stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+  before = {signum: signal.signal(signum, on_stop_signal) for signum in stops}
+  try: return _main(args)
+  finally:
+    stop_handled()
+    for signum, handler in before.items(): signal.signal(signum, handler)  # a call from Python leaves its caller's handlers
+
+
+def _main(args: argparse.Namespace) -> int:
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
 
-  from tinytune.helpers import check_environment
+  from tinytune.helpers import Stopped, check_environment
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
   try:
     check_environment()

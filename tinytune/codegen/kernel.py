@@ -16,7 +16,7 @@ from tinytune.helpers import divisors, prod, round_up
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
-__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
+__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts", "input_strides"]
 
 
 class AxisKind(Enum):
@@ -53,7 +53,7 @@ def find_tensor_core(k: Kernel) -> TensorCore:
   """The tensor core mapping of a fresh kernel that is a float16 or bfloat16 matmul (a sum over one axis of A * B, each read straight from
   memory), or KernelOptError saying why not."""
   check(not k.opts, "TC comes first, before any other opt")
-  check(bool(k.caps.tensor_cores), "TC needs a device with tensor cores")
+  check(bool(k.caps.tensor_cores), k.caps.no_tc or "TC needs a device with tensor cores")
   red = k.reduceop
   check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1 and len(k.reduceops) == 1, "TC needs a kernel that sums over one axis")
   assert red is not None
@@ -112,6 +112,41 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
   return frozenset(d for d, v in enumerate(dims) if v in found)
 
 
+def input_strides(k: Kernel) -> list[list[int]]:
+  """For each buffer the reduce reads (through any reshapes), its element stride along each kernel dim, found by stepping that dim
+  from 0 to 1; a kernel without a reduce reads its buffers along the output dims."""
+  # kept by the kernel and its copies (the heuristics and every lowering with GROUP and LOCAL threads ask; 1 ms a kernel)
+  if (key := tuple(k.sizes)) not in k.strides_seen: k.strides_seen[key] = _input_strides(k.ast, key, k.n_global, k.reduce_axes)
+  return [list(st) for st in k.strides_seen[key]]
+
+
+def _input_strides(ast: UOp, sizes: tuple[int, ...], n_global: int, reduce_axes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(sizes)]
+  offsets: dict[UOp, None] = {}
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen: return
+    seen.add((u, idx))
+    if u.op is Ops.VIEW:
+      off = simplify(u.arg.index(idx)[0])
+      if u.src[0].op is Ops.BUFFER: offsets[off] = None
+      else: walk(u.src[0], split_offset(off, u.src[0].shape))
+      return
+    if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
+      walk(u.src[1], idx)
+      return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
+    if u.op is Ops.REDUCE:
+      red = list(idx)
+      for j, a in enumerate(reduce_axes): red[a] = dims[n_global + j]
+      idx = tuple(red)
+    for s in u.src: walk(s, idx)
+  walk(ast, tuple(dims[:n_global]))
+  def at(off: UOp, d: int) -> int:
+    c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
+    return int(c.arg) if c.op is Ops.CONST else -1
+  return tuple(tuple(at(off, d) - at(off, -1) if sizes[d] > 1 else 0 for d in range(len(sizes))) for off in offsets)
+
+
 def same_rows(a: UOp, b: UOp) -> bool:
   """Whether two reduces reduce the same dims of the same shape: one loop nest could run either (a chain's reduces do)."""
   return a.src[0].shape == b.src[0].shape and a.arg[1] == b.arg[1]
@@ -157,6 +192,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
+    self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
   @property
   def n_reduce(self) -> int: return len(self.sizes) - self.n_global
@@ -172,6 +208,17 @@ class Kernel:
   def launch_dims(self) -> tuple[int, int]:
     """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
     return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None and self.caps.has_local else 1)
+  @property
+  def thread_axes(self) -> list[int]:
+    """A workgroup's thread parts (LOCAL and GROUP axes), slowest first: the linear thread id is taken apart with the last fastest.
+    LOCAL parts by dim (a dim's inner part fastest), and the GROUP parts (the same) fastest where the reduce reads an input contiguous along a
+    grouped dim (a row sum: neighbouring threads read neighbouring elements of the row), else slowest (a column sum: neighbouring
+    threads read along the kept row, each group of them down its own share of the rows)."""
+    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    group = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.GROUP), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    if not local or not group: return local + group
+    dims = {self.axes[i].dim for i in group}
+    return local + group if any(st[d] == 1 for st in input_strides(self) for d in dims) else group + local
   def copy(self) -> Kernel:
     ret = copy.copy(self)
     ret.axes, ret.sizes, ret.global_order = [copy.copy(a) for a in self.axes], list(self.sizes), list(self.global_order)
@@ -227,6 +274,7 @@ class Kernel:
       check(opt.axis == 0 and arg in (0, 1), "TC takes axis 0 and arg 0 (wmma) or 1 (mma.sync): the kernel's matmul picks its axes")
       check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
       tc = replace(find_tensor_core(self), mma=arg == 1)
+      check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))

@@ -254,32 +254,47 @@ class LoopNest:
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp], copies: list[UOp]) -> list[UOp]:
-    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
-    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores. With STAGE, each K tile's loop copies the tiles (`copies`) to shared memory between two barriers: the
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
+    taken apart from one linear id. Each GROUP thread reduces its share into shared memory; a group of a power of two adds them
+    in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one by one
+    took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
+    first thread stores. With STAGE, each K tile's loop copies the tiles (`copies`) to shared memory between two barriers: the
     copy waits until every thread is done reading the last tile, the reads until the copy is whole."""
     k = self.k
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
-    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
-    out += self.unflatten(local + group, "lid")
+    threads = k.thread_axes
+    if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
+    out += self.unflatten(threads, "lid")
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
     if (tiles := next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE), None)) is not None:  # one reduce (Kernel.stage_inputs)
       barrier = stmt(Ops.BARRIER)
       out += decls + self.nest([tiles], [*copies, barrier, *self.nest(red, bodies[0]), stmt(Ops.BARRIER)]) + combine[0]
     else: out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      threads = k.launch_dims[1]
+      n = k.launch_dims[1]
+      step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
       partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
+      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, n - 1)
+      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * n), dtype=dt))
       out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
-      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
-      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-      out.append(stmt(Ops.ENDRANGE))
+      place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
+      out.append(stmt(Ops.BARRIER))
+      if groups & (groups - 1):  # the first thread adds the others' partials one by one
+        out += [stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False))]
+        at = "lid+q" if step == 1 else f"lid+q*{step}"
+        out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+        out.append(stmt(Ops.ENDRANGE))
+        return out + post
+      half = groups // 2
+      while half:  # a power of two: the lower half adds the upper half's partials, then a barrier, until one is left
+        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))))
+        out += [stmt(Ops.ASSIGN, u, cell(j, f"lid+{half * step}"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+        if half > 1: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+        out.append(stmt(Ops.ENDIF))
+        if half > 1: out.append(stmt(Ops.BARRIER))
+        half //= 2
+      out.append(stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))))
     return out + post
 
 
