@@ -596,8 +596,6 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   return 0
 
 
-
-
 DEFAULT_AGAINST = "torch,numpy"
 MAX_OVERSUBSCRIBE = 4  # --oversubscribe allows this many search workers per core, no more
 
