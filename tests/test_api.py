@@ -31,6 +31,11 @@ def db_path(tmp_path, monkeypatch) -> Iterator[str]:  # type: ignore[no-untyped-
   engine.forget()  # later tests do not run this database's opts
 
 
+def kernels_of(out: Tensor) -> list[Kernel]:
+  """The kernels `out` computes, as the default device (where tune() and a realize run them) schedules them."""
+  return [Kernel(item.ast, Device[Device.DEFAULT].caps) for item in create_schedule(out.uop, Device.DEFAULT)[0]]
+
+
 def runs(path: str) -> list:
   db = Database(path)
   return [r for i in range(1, 50) if (r := db.run(i)) is not None]
@@ -40,7 +45,7 @@ def test_tune_a_tensor_graph_then_cache_hits_and_realize_runs_the_tuned_opts(db_
   a, b = Tensor.rand(24, 24).realize(), Tensor.rand(24, 24).realize()
   out = (a @ b).relu().sum(1)
   frame = tune(out, budget=3, db=db_path)
-  kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  kernels = kernels_of(out)
   assert list(frame.columns) == TUNE_COLUMNS and {k: str(frame[k].dtype) for k in TUNE_DTYPES} == TUNE_DTYPES
   assert list(frame["key"]) == [k.key for k in kernels] and frame["kernel"].is_unique and set(frame["dtype"]) == {"float32"}
   assert not frame["cache_hit"].any() and (frame["candidates"] > 0).all() and (frame["tuned_ms"] > 0).all()
@@ -83,15 +88,15 @@ def test_name_and_retune(db_path: str, monkeypatch) -> None:  # type: ignore[no-
 def test_first_use_retune_searches_what_the_cache_has(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
   out = (Tensor.rand(10, 26).realize() * 2).sum(1)
   tune(out, budget=2, db=db_path, quiet=True)
-  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  (kernel,) = kernels_of(out)
   monkeypatch.setenv("TINYTUNE_TUNE", "beam")
   monkeypatch.setenv("TINYTUNE_BUDGET", "2")
   capsys.readouterr()
-  engine.kernel_opts(kernel, "CPU")
+  engine.kernel_opts(kernel, Device.DEFAULT)
   assert capsys.readouterr().err == ""  # the cache has it
   engine.forget()
   monkeypatch.setenv("TINYTUNE_RETUNE", "1")
-  engine.kernel_opts(kernel, "CPU")
+  engine.kernel_opts(kernel, Device.DEFAULT)
   assert capsys.readouterr().err.startswith("tuned r_10_26 (beam): ")
 
 
@@ -182,8 +187,8 @@ def test_one_number_per_measurement_and_nothing_noisy_stored(db_path: str, monke
   assert f"best {row['tuned_ms']:.3g} ms" in err and "re-timed: median of " in err and f"the default {row['default_ms']:.3g} ms" in err
   assert 0 <= row["spread"] < 1 and row["note"] == ""
   from tinytune.results_db.cache import TuningCache
-  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
-  assert TuningCache(Database(db_path)).lookup(kernel, "CPU").best_s == pytest.approx(row["tuned_ms"] / 1e3)  # type: ignore[union-attr]
+  (kernel,) = kernels_of(out)
+  assert TuningCache(Database(db_path)).lookup(kernel, Device.DEFAULT).best_s == pytest.approx(row["tuned_ms"] / 1e3)  # type: ignore[union-attr]
 
   import tinytune.search.strategy as strategy
   monkeypatch.setattr(strategy, "noisy", lambda times, searched, winner: True)  # a machine too busy to trust
@@ -191,28 +196,28 @@ def test_one_number_per_measurement_and_nothing_noisy_stored(db_path: str, monke
   (row,) = tune(other, budget=3, db=db_path).to_dict("records")
   assert row["note"].startswith("noisy: the machine was busy (load ") and np.isnan(row["speedup"])
   assert "noisy: the machine was busy" in capsys.readouterr().err
-  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(other.uop, "CPU")[0]]
-  assert TuningCache(Database(db_path)).lookup(kernel, "CPU") is None  # not stored
+  (kernel,) = kernels_of(other)
+  assert TuningCache(Database(db_path)).lookup(kernel, Device.DEFAULT) is None  # not stored
 
 
 def test_debug_2_names_where_each_kernels_opts_came_from(db_path: str, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
   from tinytune.helpers import Context
   out = (Tensor.rand(10, 22).realize() * 3).sum(1)
-  (kernel,) = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  (kernel,) = kernels_of(out)
   def source() -> str:
     engine.forget()
-    with Context(DEBUG=2): engine.kernel_opts(kernel, "CPU")
+    with Context(DEBUG=2): engine.kernel_opts(kernel, Device.DEFAULT)
     return capsys.readouterr().out
   capsys.readouterr()
-  assert source() == "r_10_22 on CPU: opts from the heuristic defaults (not in the tuning cache)\n"
+  assert source() == f"r_10_22 on {Device.DEFAULT}: opts from the heuristic defaults (not in the tuning cache)\n"
   tune(out, budget=2, db=db_path, quiet=True)
-  assert source().startswith("r_10_22 on CPU: opts from the tuning cache (sqlite:///") and "tune.db)" in source()
+  assert source().startswith(f"r_10_22 on {Device.DEFAULT}: opts from the tuning cache (sqlite:///") and "tune.db)" in source()
   monkeypatch.setenv("TINYTUNE_TUNE", "0")
-  assert source() == "r_10_22 on CPU: opts from the heuristic defaults (TINYTUNE_TUNE=0)\n"
+  assert source() == f"r_10_22 on {Device.DEFAULT}: opts from the heuristic defaults (TINYTUNE_TUNE=0)\n"
   monkeypatch.setenv("TINYTUNE_TUNE", "beam")
   monkeypatch.setenv("TINYTUNE_RETUNE", "1")
   monkeypatch.setenv("TINYTUNE_BUDGET", "2")
-  assert "r_10_22 on CPU: opts from a first-use beam search\n" in source()
+  assert f"r_10_22 on {Device.DEFAULT}: opts from a first-use beam search\n" in source()
 
 
 def test_objective_min_ranks_by_the_fastest_run(db_path: str, capsys) -> None:  # type: ignore[no-untyped-def]

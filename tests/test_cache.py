@@ -151,11 +151,11 @@ def deployed_run(tmp_path: Path, cache: str) -> subprocess.CompletedProcess:
 
 def matmul32() -> Kernel:
   a, b = Tensor.rand(32, 32).realize(), Tensor.rand(32, 32).realize()
-  return Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  return Kernel(create_schedule((a @ b).uop, Device.DEFAULT)[0][0].ast, Device[Device.DEFAULT].caps)
 
 
 def cache_file(path: Path, opts: str, fp: dict | None = None) -> str:
-  fp = fp or device_fingerprint("CPU")
+  fp = fp or device_fingerprint(Device.DEFAULT)
   entry = Entry(matmul32().key, fingerprint_hash(fp), "r_32_32_32", "matmul", '{"m":32,"n":32,"k":32}', opts, 1e-6, 2e-6, "2026-01-01T00:00:00+00:00")
   try: write(path, [entry], {fingerprint_hash(fp): fp})
   except CacheFileError: pass  # written, and refused when read back: what a test of hostile opts wants
@@ -188,7 +188,7 @@ def test_hostile_opts_cost_one_warning_and_the_defaults(tmp_path: Path, opts: st
 def test_corrupt_and_foreign_files_cost_one_warning_each(tmp_path: Path) -> None:
   corrupt = tmp_path / "corrupt.ttc"
   corrupt.write_bytes(b"SQLite format 3\x00" + os.urandom(3000))
-  foreign = cache_file(tmp_path / "foreign.ttc", "[]", {**device_fingerprint("CPU"), "name": "a machine far away"})
+  foreign = cache_file(tmp_path / "foreign.ttc", "[]", {**device_fingerprint(Device.DEFAULT), "name": "a machine far away"})
   run = deployed_run(tmp_path, os.pathsep.join([str(corrupt), foreign]))
   assert run.returncode == 0, run.stderr
   lines = run.stderr.strip().splitlines()
@@ -202,7 +202,7 @@ def test_cache_commands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
   url, path = f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path / "c.ttc")
   workload = get_workload("matmul")
   params = workload.params({"m": 32, "n": 32, "k": 32})
-  Tuner(Database(url), "CPU", "beam", {"candidates": 4, "seconds": None}).tune_program(workload.instantiate(params)[0].uop, "matmul", params)
+  Tuner(Database(url), Device.DEFAULT, "beam", {"candidates": 4, "seconds": None}).tune_program(workload.instantiate(params)[0].uop, "matmul", params)
   assert main(["cache", "export", "--db", url, "--out", path]) == 0 and "1 entries for 1 device" in capsys.readouterr().out
   main(["cache", "verify", path, "--run"])
   out = capsys.readouterr().out
@@ -221,7 +221,7 @@ def test_cache_commands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 def test_own_database_comes_first_and_an_old_one_costs_one_warning(tmp_path: Path) -> None:
   import shutil
-  kernel, device_hash = matmul32(), fingerprint_hash(device_fingerprint("CPU"))
+  kernel, device_hash = matmul32(), fingerprint_hash(device_fingerprint(Device.DEFAULT))
   path = cache_file(tmp_path / "tuned.ttc", '[["UPCAST",1,4],["UPCAST",0,2]]')
   own = Database(f"sqlite:///{tmp_path / 'own.db'}")
   own.set_tuned(kernel.key, device_hash, '[["UPCAST",1,2]]', 1e-3, 2e-3, None)
@@ -271,7 +271,7 @@ def test_hostile_cache_files_cost_at_most_one_short_warning(tmp_path: Path, caps
   for path in hostile_files(tmp_path, 200):
     deployed.cache_clear()
     os.environ["TINYTUNE_CACHE"] = str(path)
-    try: tuned = TuningCache().lookup(kernel, "CPU")
+    try: tuned = TuningCache().lookup(kernel, Device.DEFAULT)
     finally: del os.environ["TINYTUNE_CACHE"]
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) <= 1 and all(len(line) <= 200 for line in lines), (path.name, lines)
@@ -288,7 +288,7 @@ def test_a_hostile_file_in_a_program_costs_a_warning_not_a_hang(tmp_path: Path) 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv to drop the override of file modes")
 def test_a_read_only_database_in_a_read_only_folder(tmp_path: Path) -> None:
-  kernel, device_hash = matmul32(), fingerprint_hash(device_fingerprint("CPU"))
+  kernel, device_hash = matmul32(), fingerprint_hash(device_fingerprint(Device.DEFAULT))
   folder = tmp_path / "image"
   folder.mkdir()
   own = Database(f"sqlite:///{folder / 'own.db'}")

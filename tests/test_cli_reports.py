@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from typing import Any
 
 import pandas as pd
@@ -28,6 +29,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
   code = main(list(argv))
   out, err = capsys.readouterr()
   return code, out, err
+
+
+def torch_runs_here() -> bool:
+  """PyTorch is installed and runs on the default device (a CUDA build does on CUDA; none runs on OPENCL)."""
+  from tinytune.kernels.baselines import torch_device
+  try: torch_device(runtime.Device.DEFAULT)
+  except RuntimeError: return False
+  return True
 
 
 def table(text: str, name: str) -> list[dict[str, Any]]:
@@ -164,7 +173,7 @@ def test_bench_stores_timings(capsys: pytest.CaptureFixture[str], tmp_path: Any)
   rows, kernels = {r["implementation"]: r for r in data["implementations"]}, data["kernels"]
   assert data["command"] == "bench" and data["params"] == {"m": 16, "n": 16, "k": 16}
   assert [k["opts_from"] for k in kernels] == ["defaults"] and kernels[0]["flops"] == 2 * 16 ** 3
-  expected = {"tinytune-default", "tinytune-tuned", "numpy"} | ({"torch"} if importlib.util.find_spec("torch") else set())
+  expected = {"tinytune-default", "tinytune-tuned", "numpy"} | ({"torch"} if torch_runs_here() else set())
   assert code == 0 and set(rows) == expected and all(r["gflops"] > 0 and r["median_ms"] > 0 for r in rows.values())
   assert rows["tinytune-tuned"]["note"].endswith("the defaults")  # an empty tuning cache: the tuned timing is the default one, not stored
   assert {b.library for b in Database(db).baselines(workload="matmul")} == expected - {"tinytune-tuned"}
@@ -274,6 +283,20 @@ def test_version_and_help_on_every_flag(capsys: pytest.CaptureFixture[str]) -> N
   assert len(parsers) == 9
 
 
+def test_version_of_a_checkout_that_is_not_installed(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+  """Run from a checkout by PYTHONPATH with no pip install (as on the first GPU machine), --version said 'unknown (not installed)'."""
+  import importlib.metadata
+
+  import tinytune
+  def absent(name: str) -> str: raise importlib.metadata.PackageNotFoundError(name)
+  monkeypatch.setattr(importlib.metadata, "version", absent)
+  with pytest.raises(SystemExit) as exit:
+    main(["--version"])
+  assert exit.value.code == 0 and capsys.readouterr().out == f"tinytune {tinytune.__version__}\n"
+  with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f: pyproject = tomllib.load(f)
+  assert "version" in pyproject["project"]["dynamic"] and pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "tinytune.__version__"}
+
+
 @pytest.mark.parametrize("command", ["search", "bench", "compare"])
 @pytest.mark.parametrize("flag", ["help", "help=1"])
 def test_param_help_lists_the_params(capsys: pytest.CaptureFixture[str], command: str, flag: str) -> None:
@@ -331,7 +354,7 @@ def test_the_search_table_says_which_measurement_it_shows(capsys: pytest.Capture
 
 def test_bench_and_compare_in_a_dtype(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
   db, small = f"sqlite:///{tmp_path / 'dtype.db'}", ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
-  against = "torch,numpy" if importlib.util.find_spec("torch") else "numpy"
+  against = "torch,numpy" if torch_runs_here() else "numpy"
   code, out, err = run(capsys, "bench", "matmul", *small, "--dtype", "float16", "--repeats", "2", "--no-peak", "--against", against, "--db", db,
                        "--json")
   data = json.loads(out)
@@ -353,7 +376,7 @@ def test_dtype_the_device_cannot_compile_is_one_line(capsys: pytest.CaptureFixtu
   monkeypatch.setattr(tinytune.engine, "compile_kernel", refuse)
   monkeypatch.setitem(sys.modules, "torch", None)  # as on a fresh install: the error is the one line, no note about PyTorch before it
   code, _, err = run(capsys, "bench", "matmul", "-p", "m=8", "--dtype", "float16", "--no-peak", "--db", str(tmp_path / "d.db"))
-  assert code == 2 and err == "tinytune: error: CPU cannot run matmul in float16: error: half is not supported here\n"
+  assert code == 2 and err == f"tinytune: error: {runtime.Device.DEFAULT} cannot run matmul in float16: error: half is not supported here\n"
 
 
 def test_a_baseline_that_cannot_run_the_dtype_is_a_note(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -373,8 +396,9 @@ def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], t
   from tinytune.kernels.workload import schedule
   from tinytune.results_db import fingerprint_hash
   db, params = Database(f"sqlite:///{tmp_path / 'names.db'}"), {"rows": 2, "cols": 66000}  # rows too long to fuse the sum (ROW_BYTES)
-  for item in schedule(WORKLOADS["softmax"].instantiate(params, device="CPU")[0], "CPU")[0]:  # a tuning cache with the program's kernels
-    db.set_tuned(Kernel(item.ast, runtime.Device["CPU"].caps).key, fingerprint_hash(runtime.device_fingerprint("CPU")), "[]", 1e-6, 2e-6, None)
+  device = runtime.Device.DEFAULT
+  for item in schedule(WORKLOADS["softmax"].instantiate(params)[0], device)[0]:  # a tuning cache with the program's kernels
+    db.set_tuned(Kernel(item.ast, runtime.Device[device].caps).key, fingerprint_hash(runtime.device_fingerprint(device)), "[]", 1e-6, 2e-6, None)
   code, out, _ = run(capsys, "search", "softmax", "-p", "rows=2", "-p", "cols=66000", "--db", db.url.render_as_string(), "--json")
   assert code == 0 and [k["kernel"] for k in table(out, "kernels")] == ["r_2_1_66000", "r_2_1_66000#2", "E_2_66000"]  # its max and its sum
   data = json.loads(run(capsys, "report", "--db", report_db, "--kernel", "r_64_64_64", "--json")[1])
@@ -384,7 +408,8 @@ def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], t
 
 def test_bench_above_a_low_stored_peak_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
   db = Database(f"sqlite:///{tmp_path / 'low.db'}")
-  db.set_peak(db.device_id(runtime.device_fingerprint("CPU")), 1e-6, 1e-6, "a probe that ran beside a compile")  # a roof below any kernel
+  fingerprint = runtime.device_fingerprint(runtime.Device.DEFAULT)
+  db.set_peak(db.device_id(fingerprint), 1e-6, 1e-6, "a probe that ran beside a compile")  # a roof below any kernel
   code, out, _ = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
                      db.url.render_as_string(), "--json")
   rows = table(out, "implementations")
@@ -392,6 +417,23 @@ def test_bench_above_a_low_stored_peak_says_so(capsys: pytest.CaptureFixture[str
   code, out, _ = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
                      db.url.render_as_string(), "--json", "--dtype", "bfloat16")  # a peak of float32's, which bfloat16 may outrun
   assert code == 0 and all("the roof is float32's, which bfloat16 instructions can outrun" in r["note"] for r in table(out, "implementations"))
+
+
+def test_a_peak_that_cannot_be_measured_is_a_note(capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+  """A GPU's peak probe runs PyTorch there: `bench --device opencl` (no PyTorch runs on OpenCL) was an error, exit 2, and no timings."""
+  from tinytune.kernels import peaks
+  def no_torch(device: str) -> Any: raise RuntimeError(f"this PyTorch cannot run on {device}")
+  monkeypatch.setattr(peaks, "measure_peaks", no_torch)
+  code, out, err = run(capsys, "bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "2", "--against", "numpy", "--db",
+                       str(tmp_path / "p.db"), "--json")
+  device = runtime.Device.DEFAULT
+  assert code == 0 and {r["implementation"] for r in table(out, "implementations")} == {"tinytune-default", "tinytune-tuned", "numpy"}
+  assert all(r["roof_pct"] is None for r in table(out, "implementations")) and json.loads(out)["peak_gflops"] is None
+  assert err == f"tinytune: note: the peak of {device} cannot be measured (this PyTorch cannot run on {device}); roof_pct is left out\n"
+  code, out, err = run(capsys, "devices", "--probe", "--db", str(tmp_path / "p.db"), "--json")  # OPENCL was listed as missing, for want of PyTorch
+  rows = {r["device"]: r for r in table(out, "devices")}
+  assert code == 0 and rows["CPU"]["present"] is True and rows["CPU"]["missing"] == "" and rows["CPU"].get("peak_gflops") is None
+  assert "tinytune: note: the peak of CPU cannot be measured (this PyTorch cannot run on CPU)\n" in err
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")

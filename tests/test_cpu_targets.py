@@ -23,6 +23,9 @@ AVX512_HOST = "avx512f amd avx512bw avx512cd avx512dq avx512vl avx2 avx fma bmi1
 AVX2_HOST = [f for f in AVX512_HOST if not f.startswith("avx512")]
 
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # all of it is the CPU device's, whatever TINYTUNE_DEVICE the suite runs under
+
+
 def runnable(target: str) -> bool: return cannot_run(cpu_target(target)) is None
 
 
@@ -77,7 +80,7 @@ print(Device["CPU"].target.name, Device["CPU"].caps.simd_width)
 @pytest.mark.parametrize("target", ["native", "x86-64-v2", "x86-64-v3"])
 def test_kernels_run_correctly_for_each_target(target: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
   if not X86 or not runnable(target): pytest.skip(f"this CPU does not run {target}")
-  env = {**os.environ, "TINYTUNE_CPU_TARGET": target, "TINYTUNE_CACHE_DIR": str(tmp_path)}
+  env = {**os.environ, "TINYTUNE_CPU_TARGET": target, "TINYTUNE_CACHE_DIR": str(tmp_path), "TINYTUNE_DEVICE": "CPU"}
   out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env)
   assert out.returncode == 0, out.stderr
   assert out.stdout.split() == [target, str(cpu_target(target).lanes)]
@@ -107,6 +110,18 @@ def test_a_bad_target_is_a_one_line_error(argv: list[str], env: dict[str, str], 
   assert main(["bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--no-store", "--no-peak", *argv]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "is not a CPU target" in err and "x86-64-v3" in err, err
+
+
+@pytest.mark.parametrize("argv,env", [(["--target", "avx9"], {}), ([], {"TINYTUNE_CPU_TARGET": "x86-64-v9"})])
+def test_a_bad_target_is_an_error_on_any_device(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+  """`bench --device cuda --target avx9` ran without a word: the target is the CPU's, which a GPU's bench never opened."""
+  monkeypatch.setenv("TINYTUNE_CPU_TARGET", "native")  # and put back as it was after main() sets it
+  for k, v in env.items(): monkeypatch.setenv(k, v)
+  for device in ("CUDA", "EMU"):  # absent here, or present: the target is checked before either opens
+    assert main(["bench", "matmul", "-p", "m=8", "-p", "n=8", "-p", "k=8", "--no-store", "--no-peak", "--device", device, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a CPU target" in err and "x86-64-v3" in err, err
 
 
 def test_a_compiler_without_openmp_is_not_chosen_over_one_with_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -222,13 +222,16 @@ def test_unknown_device() -> None:
 @pytest.mark.parametrize("env,message", [
   ({"TINYTUNE_DEVICE": "TPU"}, "TINYTUNE_DEVICE: unknown device 'TPU'; available: CPU"), ({"TINYTUNE_DEVICE": ""}, None),
   ({"TINYTUNE_POOL_BYTES": "1GB"}, "TINYTUNE_POOL_BYTES='1GB' is not an integer >= 0"), ({"TINYTUNE_POOL_BYTES": "0"}, None),
-  ({"TINYTUNE_CC": "false"}, "false --version failed (exit 1): it is not a C compiler; set TINYTUNE_CC to one, or unset it"),
-  ({"TINYTUNE_CC": "/bin/true"}, "CompileError /bin/true exited 0 but wrote no shared object: it is not a C compiler; set TINYTUNE_CC to one"),
+  ({"TINYTUNE_CC": "false", "TINYTUNE_DEVICE": "CPU"},
+   "false --version failed (exit 1): it is not a C compiler; set TINYTUNE_CC to one, or unset it"),
+  ({"TINYTUNE_CC": "/bin/true", "TINYTUNE_DEVICE": "CPU"},
+   "CompileError /bin/true exited 0 but wrote no shared object: it is not a C compiler; set TINYTUNE_CC to one"),
   ({"TINYTUNE_TUNE": "beam", "TINYTUNE_DB": "garbage://x"},
    "TINYTUNE_DB='garbage://x' cannot record first-use tuning: Database('garbage://x'): Can't load plugin")])
 def test_a_bad_environment_variable_is_named_in_the_error(env: dict[str, str], message: str | None, tmp_path) -> None:
   """A program run under a bad TINYTUNE_* variable raises an error that names it (TINYTUNE_POOL_BYTES failed the import of tinytune
-  with int()'s message, TINYTUNE_CC=false a CalledProcessError); an empty TINYTUNE_DEVICE is the default device."""
+  with int()'s message, TINYTUNE_CC=false a CalledProcessError: on the CPU, whose compiler it names); an empty TINYTUNE_DEVICE is the
+  default device."""
   code = "from tinytune import Tensor\ntry: print((Tensor([1.0, 2.0]) * 3).tolist())\nexcept Exception as e: print(type(e).__name__, e)"
   env = {**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path), **env}
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -422,7 +425,7 @@ def test_search_on_an_absent_device_is_a_one_line_error(capsys: pytest.CaptureFi
 @pytest.mark.skipif(not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev,
                     reason="needs /dev/shm on another filesystem than the cache folder")
 def test_a_tmpdir_on_another_filesystem(tmp_path) -> None:  # type: ignore[no-untyped-def]
-  env = {**os.environ, "TMPDIR": "/dev/shm", "TINYTUNE_CACHE_DIR": str(tmp_path)}
+  env = {**os.environ, "TMPDIR": "/dev/shm", "TINYTUNE_CACHE_DIR": str(tmp_path), "TINYTUNE_DEVICE": "CPU"}  # the C compiler's temporary files
   run = subprocess.run([sys.executable, "-c", "from tinytune import Tensor; print((Tensor.ones(4) * 3).numpy().tolist())"], env=env,
                        capture_output=True, text=True, timeout=120)
   assert run.returncode == 0 and run.stdout.strip() == "[3.0, 3.0, 3.0, 3.0]", run.stderr[-500:]

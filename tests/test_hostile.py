@@ -101,12 +101,13 @@ def matmul32_key() -> str:
   from tinytune import Device, Kernel, Tensor
   from tinytune.engine.schedule import create_schedule
   a, b = Tensor.rand(32, 32).realize(), Tensor.rand(32, 32).realize()
-  return Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps).key
+  return Kernel(create_schedule((a @ b).uop, Device.DEFAULT)[0][0].ast, Device[Device.DEFAULT].caps).key
 
 
 def cache_file(path: Path, opts: Any = GOOD_OPTS, key: Any = None, best_s: Any = 1e-6) -> Path:
-  """A cache file with one entry for the 32x32 matmul here, its checksum matching whatever the entry holds."""
-  fp = device_fingerprint("CPU")
+  """A cache file with one entry for the 32x32 matmul on the default device here, its checksum matching whatever the entry holds."""
+  from tinytune import Device
+  fp = device_fingerprint(Device.DEFAULT)
   entry = Entry(key if key is not None else matmul32_key(), fingerprint_hash(fp), "r_32_32_32", "matmul", '{"m":32,"n":32,"k":32}', opts,
                 best_s, 2e-6, "2026-01-01T00:00:00+00:00")
   try: write(path, [entry], {fingerprint_hash(fp): fp})

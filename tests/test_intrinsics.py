@@ -156,6 +156,7 @@ def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path) -> None
     np.testing.assert_array_equal(m, x.max(1))
 
 
+@pytest.mark.usefixtures("on_cpu")  # C built and called here, on the CPU's buffers
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
 def test_bfloat16_dot_products_add_exact_pairs(cc: str, tmp_path) -> None:
   """The CPU's TC (bfloat16 pairs along K in vdpbf16ps) built by gcc and clang three ways: the compiler's builtin, the instruction

@@ -1,4 +1,4 @@
-"""tinytune.nn's state dicts and safetensors files, the IDX and digits datasets, and the DataLoader; all on the CPU, no downloads."""
+"""tinytune.nn's state dicts and safetensors files, the IDX and digits datasets, and the DataLoader; on the default device, no downloads."""
 from __future__ import annotations
 
 import gzip
@@ -14,6 +14,7 @@ import pytest
 from tinytune import Tensor, dtypes
 from tinytune.nn import DataLoader, datasets
 from tinytune.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
+from tinytune.runtime import Device
 
 # ***** state dicts *****
 
@@ -54,7 +55,7 @@ def test_load_state_dict_round_trip() -> None:
   sd["l1.bias"] = np.arange(3)  # numpy values and other dtypes come in as the model tensor's dtype
   w = dst.l1.weight
   load_state_dict(dst, sd)
-  assert dst.l1.weight is w and w.device == "CPU" and dst.l1.bias.dtype == dtypes.float32
+  assert dst.l1.weight is w and w.device == Device.DEFAULT and dst.l1.bias.dtype == dtypes.float32
   np.testing.assert_array_equal(dst.l1.bias.numpy(), [0, 1, 2])
   for k, v in get_state_dict(dst).items():
     if k != "l1.bias": np.testing.assert_array_equal(v.numpy(), sd[k].numpy())
@@ -254,7 +255,7 @@ def test_loader_batches() -> None:
   x, y = np.random.rand(9, 1, 4, 4).astype(np.float32), np.arange(9, dtype=np.uint8)
   batches = list(DataLoader(x, y, batch_size=4, seed=0))
   assert [tuple(t.shape for t in b) for b in batches] == [((4, 1, 4, 4), (4,)), ((4, 1, 4, 4), (4,)), ((1, 1, 4, 4), (1,))]
-  assert all(b[0].dtype == dtypes.float32 and b[1].dtype == dtypes.uint8 and b[0].device == "CPU" for b in batches)
+  assert all(b[0].dtype == dtypes.float32 and b[1].dtype == dtypes.uint8 and b[0].device == Device.DEFAULT for b in batches)
   first = batches[0][0].numpy()
   list(DataLoader(x, y, batch_size=4, seed=0))
   np.testing.assert_array_equal(batches[0][0].numpy(), first)  # a batch holds its own copy, not the loader's reused array

@@ -694,6 +694,7 @@ def test_malformed_opts_json(text: str) -> None:
   [Opt(OptOps.UPCAST, 1, 32), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 8), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.SWAP, 0, 1)],
   [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LANES, 0, 2), Opt(OptOps.UNROLL, 0, 16), Opt(OptOps.THREAD, 0, 2),
    Opt(OptOps.SWAP, 0, 1), Opt(OptOps.STREAM, 0, 0)]])
+@pytest.mark.usefixtures("on_cpu")  # gcc's stack in a CPU thread
 def test_unrolled_scalar_math_keeps_the_stack(opts: list[Opt]) -> None:
   """A softmax row whose exp2 calls a scalar helper 64 times per iteration: the helper's one-lane vector argument went through the
   stack and gcc never popped it inside the loop, so these candidates overflowed a thread's stack (a segfault in an optuna search)."""

@@ -319,7 +319,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _against(args.against or DEFAULT_AGAINST)
   _runs_on(workload, params, dtype, device)
   against = _installed(against, args)
-  peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak and not Device[device].emulated)  # an emulator has none
+  try: peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak and not Device[device].emulated)  # an emulator has none
+  except RuntimeError as e:  # a GPU's probe runs PyTorch there, which may be missing or built without that device
+    peaks = None
+    print(f"tinytune: note: the peak of {device} cannot be measured ({e}); roof_pct is left out", file=sys.stderr)
   timings = _timings(workload, params, device, against, db, dtype, args)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
@@ -576,13 +579,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
       fp, caps = device_fingerprint(name), Device[name].caps
       rows.append({"device": name, "present": True, "name": fp.get("name", ""), "fingerprint": fingerprint_hash(fp)[:16], "threads": caps.threads,
                    "compiler": fp.get("compiler_version", ""), "missing": ""})
-      if db is not None and not Device[name].emulated:  # an emulator's peaks would be its interpreter's
-        gflops, gbs, how = measure_peaks(name)
-        db.set_peak(db.device_id(fp), gflops, gbs, how)
-        rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})
     except Exception as e:  # a device that is not here says what it needs
       rows.append({"device": name, "present": False, "name": "", "fingerprint": "", "threads": None, "compiler": "",
                    "missing": str(e).splitlines()[0] if str(e) else type(e).__name__})
+      continue
+    if db is None or Device[name].emulated: continue  # an emulator's peaks would be its interpreter's
+    try: gflops, gbs, how = measure_peaks(name)
+    except RuntimeError as e:  # a GPU's probe runs PyTorch there: the device is here all the same
+      print(f"tinytune: note: the peak of {name} cannot be measured ({e})", file=sys.stderr)
+      continue
+    db.set_peak(db.device_id(fp), gflops, gbs, how)
+    rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})
   _write(render({"devices": pd.DataFrame(rows)}, args.format, "tinytune devices", "devices"), None)
   return 0
 
@@ -604,13 +611,6 @@ def cmd_kernels(args: argparse.Namespace) -> int:
   return 0
 
 
-def version() -> str:
-  from importlib.metadata import PackageNotFoundError
-  from importlib.metadata import version as installed
-  try: return installed("tinytune")
-  except PackageNotFoundError: return "unknown (not installed)"
-
-
 DEFAULT_AGAINST = "torch,numpy"
 MAX_OVERSUBSCRIBE = 4  # --oversubscribe allows this many search workers per core, no more
 
@@ -622,8 +622,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+  from tinytune import __version__  # the running code's, installed or not (pyproject.toml reads it too)
   ap = Parser(prog="tinytune", description="A kernel generator and autotuner.")
-  ap.add_argument("--version", action="version", version=f"tinytune {version()}")
+  ap.add_argument("--version", action="version", version=f"tinytune {__version__}")
   sub = ap.add_subparsers(dest="command", required=True)
   search = sub.add_parser("search", help="find the fastest opts for each kernel of a workload and store them in the tuning cache")
   search.add_argument("workload", help="a workload of `tinytune kernels`")
@@ -708,6 +709,9 @@ def _main(args: argparse.Namespace) -> int:
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
   try:
     check_environment()
+    if hasattr(args, "target") and os.getenv("TINYTUNE_CPU_TARGET"):  # said at once, whichever device runs (the CPU reads it only if used)
+      from tinytune.runtime.cpu import cpu_target
+      cpu_target()
     code = commands[args.command](args)
     sys.stdout.flush()  # a full disk (`> /dev/full`) fails here, in the try, not in Python's flush at exit
     return code
