@@ -205,9 +205,9 @@ def test_kernels_keep_to_the_cores_whatever_omp_num_threads_says(tmp_path) -> No
 H100_TC = dataclasses.replace(H100, tensor_cores=("float16", "bfloat16"))
 
 
-def _matmul16(*shapes: tuple[int, ...], transpose_b: bool = False, dtype: DType = dtypes.float16) -> Kernel:
+def _matmul16(*shapes: tuple[int, ...], transpose_a: bool = False, transpose_b: bool = False, dtype: DType = dtypes.float16) -> Kernel:
   a, b = (Tensor.rand(*s).cast(dtype).realize() for s in shapes)
-  return Kernel(create_schedule((a @ (b.T if transpose_b else b)).uop, "CPU")[0][0].ast, H100_TC)
+  return Kernel(create_schedule(((a.T if transpose_a else a) @ (b.T if transpose_b else b)).uop, "CPU")[0][0].ast, H100_TC)
 
 
 @functools.cache  # built once for the tests that render them; none changes a kernel
@@ -222,6 +222,15 @@ def tc_kernels() -> tuple[Kernel, ...]:
   ret += [bf16.copy().apply_opts(hand_coded_optimizations(bf16)), bf16.copy().apply_opts([o(t.TC, 0, 0), o(t.UPCAST, 0, 2), o(t.UNROLL, 0, 2)])]
   ret.append(_matmul16((48, 32), (64, 32), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 0), o(t.LOCAL, 1, 2)]))
   return tuple(ret)
+
+
+@functools.cache
+def mma_kernels() -> tuple[Kernel, ...]:
+  """TC's arg 1, PTX mma.sync: A row and column major, B both ways, float16 and bfloat16."""
+  t, o = OptOps, Opt
+  return (_matmul16((64, 32), (32, 48)).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 0, 2), o(t.LOCAL, 1, 3), o(t.UNROLL, 0, 2)]),
+          _matmul16((48, 32), (64, 32), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 1), o(t.LOCAL, 1, 2)]),
+          _matmul16((32, 64), (32, 48), transpose_a=True).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 1, 3)]))
 
 
 def test_tensor_core_opt() -> None:
@@ -243,7 +252,12 @@ def test_tensor_core_opt() -> None:
 def test_tensor_core_source_compiles_with_nvcc() -> None:
   srcs = [CUDARenderer().render(k) for k in tc_kernels()]
   assert all("wmma::mma_sync" in s for s in srcs) and sum("16, __nv_bfloat16, wmma::" in s for s in srcs) == 3
-  assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
+  mma = [CUDARenderer().render(k) for k in mma_kernels()]
+  assert all("mma.sync.aligned.m16n8k16.row.col.f32" in s and "wmma" not in s for s in mma) and sum(".bf16.bf16" in s for s in mma) == 1
+  assert [k.tc.mma and (k.tc.a_layout, k.tc.b_layout) for k in mma_kernels()] == [  # type: ignore[union-attr]
+    ("row_major", "row_major"), ("row_major", "col_major"), ("col_major", "row_major")]
+  with pytest.raises(KernelOptError, match="GPU"): Kernel(_matmul16((64, 32), (32, 48)).ast, Device["CPU"].caps).apply_opt(Opt(OptOps.TC, 0, 1))
+  assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs + mma)), errors[0]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: CUDA's bfloat16 rounding is not checked here")
@@ -282,7 +296,7 @@ def test_cuda_source_compiles_with_nvrtc() -> None:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + tc_kernels() + dtype_kernels())
+  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels())
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 
 

@@ -2,6 +2,11 @@
 paths, streaming stores, lane folds, bfloat16 dot products and 16-bit floats in vector lanes."""
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +21,7 @@ from ops_support import (
 
 from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.dtype import DType
+from tinytune.engine.schedule import ScheduleItem
 
 # ***** vector math: the CPU's inline exp2, log2, sin, sqrt, max, where and comparisons in SIMD lanes, against NumPy *****
 
@@ -228,30 +234,100 @@ def test_cpu_vector_math_stays_in_lanes() -> None:
   assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
 
 
-@pytest.mark.usefixtures("on_cpu")
-@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
-def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
-  """float16 and bfloat16 on the CPU load into float32 vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's
-  conversions), and each op's result rounds to the 16-bit type: the same bits as the scalar code and as NumPy (ml_dtypes) doing
-  one op at a time, with infinities, NaNs, signed zeros, subnormals, the largest finite values and halfway cases."""
-  from tinytune.engine import compile_kernel
+def rounding_case(dtype: DType) -> tuple[np.ndarray, np.ndarray, np.ndarray, ScheduleItem]:
+  """x, y, NumPy's (ml_dtypes') result of a chain of ops on them done one op at a time in `dtype` (products feeding adds included),
+  and the kernel's schedule item, with infinities, NaNs, signed zeros, subnormals, the largest finite values and halfway cases."""
   from tinytune.engine.schedule import create_schedule
-  from tinytune.runtime import DeviceCaps
   npd, f16 = dtype.np, dtype == dtypes.float16
   edges = [np.inf, -np.inf, np.nan, 0.0, -0.0, 65504.0 if f16 else 3.3e38, 2.0 ** -24 if f16 else 2.0 ** -133, 6.1e-5 if f16 else 1.2e-38, 1.0]
   x = np.concatenate([edges, [1.0, 1.0 + 2.0 ** (-10 if f16 else -7)], rand(256 - len(edges) - 2, lo=-4, hi=4)]).astype(npd)
   y = np.concatenate([edges[::-1], [2.0 ** (-11 if f16 else -8)] * 2, rand(256 - len(edges) - 2, lo=-4, hi=4, seed=1)]).astype(npd)
   with np.errstate(all="ignore"):  # x + y halfway between two values at [-11:-9]: to the even one
     want = np.maximum(x + y, x * y) - np.sqrt(np.where(x < y, np.abs(y), np.abs(x))) * (x.astype(np.float32) * np.float32(0.3)).astype(npd)
-  tx, ty = Tensor(x, dtype=dtype), Tensor(y, dtype=dtype)
+  tx, ty = Tensor(x, dtype=dtype, device="CPU"), Tensor(y, dtype=dtype, device="CPU")
   out = (tx + ty).maximum(tx * ty) - (tx < ty).where(ty.abs(), tx.abs()).sqrt() * (tx.cast(dtypes.float32) * 0.3).cast(dtype)
   (item,), _ = create_schedule(out.uop, "CPU")
-  for width, opts in [(1, []), *((w, [Opt(OptOps.UPCAST, 0, 2 * w)]) for w in (16, 8, 4))]:
-    kernel = Kernel(item.ast, DeviceCaps(threads=1, simd_width=max(width, 4))).apply_opts(opts)
+  return x, y, want, item
+
+
+def rounding_kernels(item: ScheduleItem) -> list[tuple[int, Kernel]]:
+  """The kernel as scalar code and in vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's conversions)."""
+  from tinytune.runtime import DeviceCaps
+  return [(width, Kernel(item.ast, DeviceCaps(threads=1, simd_width=max(width, 4))).apply_opts(opts))
+          for width, opts in [(1, []), *((w, [Opt(OptOps.UPCAST, 0, 2 * w)]) for w in (16, 8, 4))]]
+
+
+def rounding_mismatch(width: int, x: np.ndarray, y: np.ndarray, want: np.ndarray, got: np.ndarray) -> str:
+  """'' where got has want's bits (any NaN for a NaN), else what differs."""
+  bad = np.where(np.isnan(want), ~np.isnan(got), got.view(np.uint16) != want.view(np.uint16))
+  return f"{width} lanes: {got[bad][:4]}, NumPy: {want[bad][:4]} (x {x[bad][:4]}, y {y[bad][:4]})" if bad.any() else ""
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
+  """float16 and bfloat16 on the CPU load into float32 vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's
+  conversions), and each op's result rounds to the 16-bit type: the same bits as the scalar code and as NumPy (ml_dtypes) doing
+  one op at a time."""
+  from tinytune.engine import compile_kernel
+  x, y, want, item = rounding_case(dtype)
+  for width, kernel in rounding_kernels(item):
     program, src = compile_kernel(kernel, "CPU")
-    assert width == 1 or f"tt_f{width}_load{'_f16' if f16 else '_bf16'}(" in src
+    assert width == 1 or f"tt_f{width}_load{'_f16' if dtype == dtypes.float16 else '_bf16'}(" in src
     program(item.out, *kernel.bufs)
-    got = item.out.numpy_view().copy()
-    bad = np.where(np.isnan(want), ~np.isnan(got), got.view(np.uint16) != want.view(np.uint16))
-    assert not bad.any(), f"{width} lanes: {got[bad][:4]}, NumPy: {want[bad][:4]} (x {x[bad][:4]}, y {y[bad][:4]})"
+    assert not (bad := rounding_mismatch(width, x, y, want, item.out.numpy_view().copy())), bad
+
+
+# targets whose float16 arithmetic is native: (compiler, -march, an fp16 FMA in its assembly, an fp16 multiply). There gcc and clang
+# fused a float16 product and the add after it into one FMA under -ffp-contract=fast (rounded once, where NumPy rounds twice): found on
+# a Sapphire Rapids host, where the scalar kernel disagreed with its vector lanes and with NumPy
+NATIVE_F16 = {"gcc-sapphirerapids": ("gcc", "sapphirerapids", r"\bvf(?:n?m(?:add|sub)|m(?:addsub|subadd))\d+[ps]h\b", r"\bvmul[ps]h\b"),
+              "clang-sapphirerapids": ("clang", "sapphirerapids", r"\bvf(?:n?m(?:add|sub)|m(?:addsub|subadd))\d+[ps]h\b", r"\bvmul[ps]h\b"),
+              "gcc-aarch64-fp16": ("aarch64-linux-gnu-gcc", "armv8.2-a+fp16", r"\bf(?:n?m(?:add|sub)|ml[as])\s+[hv]\d+(?:\.\d*h)?,",
+                                   r"\bfmul\s+[hv]\d+(?:\.\d*h)?,")}
+
+
+def _cross_compile(cc: str, march: str, src: str, tmp: Path, *flags: str) -> subprocess.CompletedProcess:
+  """src built by cc for -march=march with the CPU device's flags (less -march, -shared, -fPIC and OpenMP)."""
+  from tinytune.runtime.cpu import FLAGS
+  (tmp / "k.c").write_text(src)
+  base = [f for f in FLAGS if not f.startswith("-march=") and f not in ("-shared", "-fPIC")]
+  return subprocess.run([cc, *base, f"-march={march}", *flags, "k.c"], cwd=tmp, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("target", sorted(NATIVE_F16))
+def test_float16_products_do_not_fuse_where_float16_is_native(target: str, tmp_path: Path) -> None:
+  """Built for a CPU with float16 arithmetic (AVX512-FP16, ARMv8.2's FP16), the scalar and vector float16 kernels have no float16
+  FMA in their assembly, and the scalar one does multiply in float16 (so the check means something)."""
+  cc, march, fma, mul = NATIVE_F16[target]
+  if shutil.which(cc) is None: pytest.skip(f"{cc} is not installed")
+  if _cross_compile(cc, march, "int x;\n", tmp_path, "-S", "-o", "k.s").returncode != 0: pytest.skip(f"{cc} does not know -march={march}")
+  from tinytune.codegen.cstyle import CRenderer
+  for width, kernel in rounding_kernels(rounding_case(dtypes.float16)[3]):
+    res = _cross_compile(cc, march, CRenderer().render(kernel), tmp_path, "-S", "-o", "k.s")
+    assert res.returncode == 0, res.stderr[-2000:]
+    asm = (tmp_path / "k.s").read_text()
+    assert not (fused := re.findall(f"^.*{fma}.*$", asm, re.M)), f"{width} lanes, {target}: {fused[:3]}"
+    assert width > 1 or re.search(mul, asm), f"no float16 multiply for {target}: the check checks nothing"
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt install gcc-aarch64-linux-gnu qemu-user)")
+def test_float16_rounds_each_op_on_aarch64_with_fp16_arithmetic(tmp_path: Path) -> None:
+  """The float16 kernels built for ARMv8.2 with FP16 arithmetic and run under qemu give NumPy's bits, scalar and in vector lanes."""
+  from tinytune.codegen.cstyle import CRenderer
+  x, y, want, item = rounding_case(dtypes.float16)
+  for width, kernel in rounding_kernels(item):
+    bufs = [item.out, *dict.fromkeys(kernel.bufs)]  # the kernel's arguments, read from stdin but the output
+    sizes = [b.size * b.dtype.itemsize for b in bufs]
+    main = ("\n#include <stdio.h>\nint main(void) {\n" + "".join(f"  static _Alignas(64) unsigned char b{i}[{n}];\n" for i, n in enumerate(sizes))
+            + "".join(f"  if (fread(b{i}, 1, {n}, stdin) != {n}) return 1;\n" for i, n in enumerate(sizes) if i)
+            + f"  {kernel.name}({', '.join(f'(void*)b{i}' for i in range(len(bufs)))});\n"
+            + f"  return fwrite(b0, 1, {sizes[0]}, stdout) != {sizes[0]};\n}}\n")
+    res = _cross_compile("aarch64-linux-gnu-gcc", "armv8.2-a+fp16", CRenderer().render(kernel) + main, tmp_path, "-static", "-o", "k", "-lm")
+    assert res.returncode == 0, res.stderr[-2000:]
+    inputs = b"".join(b.numpy_view().tobytes() for b in bufs[1:])
+    run = subprocess.run(["qemu-aarch64", "./k"], cwd=tmp_path, input=inputs, capture_output=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not (bad := rounding_mismatch(width, x, y, want, np.frombuffer(run.stdout, np.float16))), f"aarch64+fp16, {bad}"
 

@@ -23,21 +23,25 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.caps import CUDA_ARCHS
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.runtime import Buffer, DeviceCaps, device_status
+from tinytune.runtime.emu import emu_caps
 
 DEVICE = "CPU"
 # the same valid opts on every machine: bfloat16 dot products (TC) compile to float32 math where the CPU has none
 CAPS = dataclasses.replace(Device[DEVICE].caps, threads=2, tensor_cores=("bfloat16",))
 WORKGROUP_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, max_local=256, shared_bytes=16384)
-DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is None]  # OPENCL runs in CI through pocl
+# OPENCL runs in CI through pocl; EMU (a CUDA GPU emulated in NumPy) with the caps of each architecture it emulates
+DEVICES = [d for d in ("CPU", "OPENCL", "CUDA", "AMD") if device_status(d) is None] + [f"EMU:{arch}" for arch in CUDA_ARCHS]
 
 
 def caps_for(device: str) -> DeviceCaps:
+  if device.startswith("EMU:"): return emu_caps(device.removeprefix("EMU:"))
   return CAPS if device == "CPU" else dataclasses.replace(WORKGROUP_CAPS, tensor_cores=Device[device].caps.tensor_cores)
 SEQUENCES_PER_KERNEL = 16  # with TT_FUZZ_SCALE=2; else 10 per kernel on the CPU (each sequence a 0.1 s compile), 8 on OpenCL
 MAX_SEQUENCE = 5

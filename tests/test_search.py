@@ -196,6 +196,27 @@ def test_verification_tolerates_rounding_of_long_sums_but_not_wrong_outputs() ->
   assert not mismatches(np.array([np.nan, np.inf], np.float32), np.array([np.nan, np.inf], np.float32), 1e-4).any()
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_a_reference_compares_as_isclose_does_every_time(dtype: type) -> None:
+  """Reference works out the reference's side once and compares in the output's precision: the same verdicts as np.isclose in
+  float64 on values clearly inside or outside the limit, on inf and NaN (equal only to themselves), and on a second output."""
+  from tinytune.search.worker import Reference
+  rng = np.random.default_rng(1)
+  ref = (rng.standard_normal(4000) * 10).astype(dtype)
+  ref[:4] = [np.inf, -np.inf, np.nan, 0.0]
+  tol = {np.float16: 1e-2, np.float32: 1e-4, np.float64: 1e-9}[dtype]
+  limit = tol * np.abs(ref[4:].astype(np.float64)) + tol * np.abs(ref[4:].astype(np.float64)).max()
+  check = Reference(ref, tol)
+  for _ in range(2):
+    out = ref.copy()
+    step = rng.choice([0.25, 4.0], ref.size - 4) * limit * rng.choice([-1, 1], ref.size - 4)
+    out[4:] = (ref[4:].astype(np.float64) + step).astype(dtype)
+    expect = ~np.isclose(out.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol * float(np.abs(ref[4:]).max()), equal_nan=True)
+    assert check.mismatches(out).tolist() == expect.tolist()
+    out[:4] = [np.inf, np.inf, 1.0, np.nan]  # -inf and NaN lost, a NaN where 0 was
+    assert check.mismatches(out)[:4].tolist() == [False, True, True, True]
+
+
 @pytest.mark.parametrize("strategy", ["beam", "random"])
 def test_seconds_is_a_hard_budget_for_the_whole_program(tmp_path, strategy: str) -> None:  # type: ignore[no-untyped-def]
   from tinytune.kernels import get_workload

@@ -17,3 +17,14 @@ class DeviceCaps:
   tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
   l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
   l2_bytes: int = 1 << 20
+
+
+CUDA_ARCHS = ("sm_80", "sm_90")  # the architectures whose caps a device without the GPU (EMU) can take
+
+
+def cuda_caps(arch: str, max_local: int = 1024) -> DeviceCaps:
+  """An NVIDIA GPU's caps by its architecture (`sm_90`), what the CUDA device and the emulator (EMU) both schedule kernels for;
+  `max_local` is the GPU's threads per block (1024 on every architecture since sm_20)."""
+  major, minor = divmod(int(arch.removeprefix("sm_")), 10)
+  return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=48 * 1024,
+                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else ())

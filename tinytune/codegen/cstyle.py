@@ -27,7 +27,6 @@ class CStyleRenderer:
   restrict = "restrict"
   buffer_prefix = ""  # an address space for buffers
   func_prefix = "static inline"  # helper functions
-  no_loop_vectorizer_prefix = ""  # before kernels better off without the compiler's loop vectorizer (see LinearProgram)
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
   vector_floats: tuple[DType, ...] = (dtypes.float32,)  # the float dtypes computed in float32 vector lanes
   includes = "#include <math.h>\n"
@@ -39,6 +38,7 @@ class CStyleRenderer:
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
   def program_prelude(self, p: LinearProgram) -> str: return ""  # helpers only some programs' statements call (CRenderer's)
+  def kernel_prefix(self, p: LinearProgram) -> str: return ""  # attributes before the kernel (CRenderer's)
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
@@ -163,7 +163,7 @@ class CStyleRenderer:
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
-    head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
+    head += self.program_prelude(p) + self.kernel_prefix(p)
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
@@ -255,18 +255,31 @@ class CStyleRenderer:
   }
 
 
+# Where float16 arithmetic is native (AVX512-FP16; ARMv8.2's FP16, with -march=native on most ARM servers), -ffp-contract=fast lets
+# gcc and clang fuse a float16 product and a later add into one float16 FMA (vfmadd*sh/ph, fmadd h), rounded once where NumPy rounds
+# the product and the sum. gcc's kernels then contract nothing (CRenderer.kernel_prefix), which keeps its loop vectorizer; clang has
+# no such attribute and fuses whatever a pragma says under -ffp-contract=fast, so there each product goes through an empty asm.
+NATIVE_F16 = "defined(__AVX512FP16__) || defined(__ARM_FEATURE_FP16_SCALAR_ARITHMETIC)"
+HALF_PRODUCT = f"""#if defined(__clang__) && ({NATIVE_F16})
+#define tt_hmul(a, b) ({{ __typeof__((a) * (b)) tt_p = (a) * (b); __asm__("" : TT_HOLD(tt_p)); tt_p; }})
+#if defined(__x86_64__)
+#define TT_HOLD "+v"
+#else
+#define TT_HOLD "+w"
+#endif
+#else
+#define tt_hmul(a, b) ((a) * (b))
+#endif
+"""
+
+
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
-  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
-  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
-  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
-  # A tile copied across rows (a transpose's 8x8) gains nothing either, and took it 2-6 s to compile where the rows are short
-  # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
-  no_loop_vectorizer_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
   parallel_prefix = "#pragma omp parallel for schedule(static)\n"
   vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.CAST}
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    if op is Ops.MUL and dtype == dtypes.float16: return f"tt_hmul({args[0]}, {args[1]})"  # see HALF_PRODUCT
     return self.vector_code(op, args, 0) if op in {*self.vector_math, Ops.MAX} and dtype in self.vector_floats else super().code(op, args, dtype)
 
   vector_math = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt"}  # scalar float32 calls too, so every lane computes alike
@@ -284,9 +297,23 @@ class CRenderer(CStyleRenderer):
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def program_prelude(self, p: LinearProgram) -> str:
-    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them."""
+    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them; tt_hmul in float16 programs."""
     dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and u.arg.across for u in p.uops)
-    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "")
+    return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "") \
+      + (HALF_PRODUCT if dtypes.float16 in _dtypes(p.kernel) else "")
+
+  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
+  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
+  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
+  # A tile copied across rows (a transpose's 8x8) gains nothing either, and took it 2-6 s to compile where the rows are short
+  # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
+  def kernel_prefix(self, p: LinearProgram) -> str:
+    """gcc's optimize attribute: no loop vectorizer where it is better off (see LinearProgram), and no contraction in float16 kernels
+    where float16 arithmetic is native (see HALF_PRODUCT). A second optimize attribute would replace the first, so there is one."""
+    def attr(opts: list[str]) -> str: return "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in opts) + ")))\n" if opts else ""
+    opts = ["no-tree-loop-vectorize"] if p.no_loop_vectorizer else []
+    if dtypes.float16 not in _dtypes(p.kernel): return attr(opts)
+    return f"#if {NATIVE_F16}\n{attr(opts + ['fp-contract=off'])}#else\n{attr(opts)}#endif\n"
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
     return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"
@@ -337,8 +364,11 @@ class CUDARenderer(_GPURenderer):
   def wmma(self, u: UOp, at: _At) -> str:
     """The tensor core statements: each warp's ids, its accumulator fragments, loads of A and B tiles, products, and stores of
     the accumulators to the warp's 256 floats of shared memory."""
-    what, *arg = u.arg
-    if what == "ids": return f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;"
+    kind, what, *arg = u.arg
+    if what == "ids":
+      return (f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16"
+              + (", mg = lane / 4, mt = lane % 4;" if kind == "mma" else ";"))
+    if kind == "mma" and what != "sync": return self.mma(u, at, what, arg)
     if what == "acc": return f"wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{arg[0]}; wmma::fill_fragment(acc{arg[0]}, 0.0f);"
     if what == "fragment":
       name, which, dtype, layout = arg
@@ -347,6 +377,38 @@ class CUDARenderer(_GPURenderer):
     if what == "mma": return f"wmma::mma_sync(acc{arg[0]}, {arg[1]}, {arg[2]}, acc{arg[0]});"
     if what == "store": return f"wmma::store_matrix_sync(tiles+warp*256, acc{arg[0]}, 16, wmma::mem_row_major);"
     return "__syncwarp();"
+
+  # PTX's m16n8k16 fragments, lane = 4 g + t, in 32-bit registers of two elements each: A (16x16) at (g, 2t), (g+8, 2t), (g, 2t+8),
+  # (g+8, 2t+8) and the next along K; B (16x8, twice for a 16x16 tile) at (2t, g), (2t+8, g), (2t, g+8), (2t+8, g+8) and the next along
+  # K; C (16x8, twice) floats at (g, 2t + e) and (g+8, 2t + e) for e in 0, 1
+  MMA_PAIRS = ((0, 0), (8, 0), (0, 8), (8, 8))  # each register's (row of A or k of B, k of A or column of B) from (g, 2t) or (2t, g)
+  def mma(self, u: UOp, at: _At, what: str, arg: list) -> str:
+    """The tensor core statements as PTX mma.sync.m16n8k16: each lane loads its own pairs of A and B (one 32-bit load where a pair is
+    contiguous), two instructions per 16x16 tile, and the lanes store their floats of C where store_matrix_sync would."""
+    if what == "acc": return f"float acc{arg[0]}[8] = {{}};"
+    if what == "fragment": return f"unsigned {arg[0]}[4];"
+    if what == "load":
+      name, buf, ld, which, layout = arg
+      along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
+      def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
+      out = [f"{{ const auto* p = data{buf}+{self.index(u.src[0], at.index)};"]
+      for r, (di, dj) in enumerate(self.MMA_PAIRS):
+        i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
+        nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
+        out.append(f"{name}[{r}] = *(const unsigned*)(p+{off(i, j)});" if along_k else f"{name}[{r}] = tt_pack(p[{off(i, j)}], p[{nxt}]);")
+      return " ".join(out) + " }"
+    if what == "mma": return f"tt_mma(acc{arg[0]}, {arg[1]}, {arg[2]}); tt_mma(acc{arg[0]}+4, {arg[1]}, {arg[2]}+2);"
+    assert what == "store", what
+    return (f"for (int h = 0; h < 2; h++) for (int e = 0; e < 2; e++) {{ tiles[warp*256+mg*16+8*h+2*mt+e] = acc{arg[0]}[4*h+e]; "
+            f"tiles[warp*256+(mg+8)*16+8*h+2*mt+e] = acc{arg[0]}[4*h+2+e]; }}")
+  def mma_prelude(self, dtype: DType) -> str:
+    """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half."""
+    ty, f = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix
+    return (f"{f} void tt_mma(float* c, const unsigned* a, const unsigned* b) {{\n"
+            f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"\n'
+            '    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); }\n'
+            f"template <class T> {f} unsigned tt_pack(T x, T y) {{ unsigned short lo, hi; memcpy(&lo, &x, 2); memcpy(&hi, &y, 2); "
+            "return lo | (unsigned)hi << 16; }\n")
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
@@ -365,7 +427,7 @@ class CUDARenderer(_GPURenderer):
 
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
-    mma = "#include <mma.h>\nusing namespace nvcuda;\n" if k.tc is not None else ""
+    mma = "" if k.tc is None else self.mma_prelude(k.tc.a.dtype) if k.tc.mma else "#include <mma.h>\nusing namespace nvcuda;\n"
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \

@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
 from typing import Protocol, Sequence
@@ -31,7 +31,8 @@ class TensorCore:
   """A matmul on the matrix units. On a GPU each warp computes 16x16 output tiles of C = A @ B from 16x16 tiles of A and B (float16
   or bfloat16), adding in float32. On a CPU with bfloat16 dot products (AVX512_BF16) each instruction adds a pair of products along K
   into every float32 lane: a pair of A's elements times the pair of B's in that lane's column. `a` and `b` are the views of A and B; a
-  layout is "row_major" where the tile's rows are contiguous."""
+  layout is "row_major" where the tile's rows are contiguous. On a GPU, `mma` (TC's arg 1) issues PTX mma.sync.m16n8k16 from registers
+  each lane loads itself in place of the wmma API's fragments."""
   row: int  # the output dim of A's rows (M)
   col: int  # the output dim of B's columns (N)
   a: UOp
@@ -40,6 +41,7 @@ class TensorCore:
   b_layout: str
   a_ld: int  # elements between the tile's rows (row major) or columns (column major)
   b_ld: int
+  mma: bool = False
 
 
 TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
@@ -221,8 +223,9 @@ class Kernel:
     check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
     op, arg = opt.op, opt.arg
     if op is OptOps.TC:
-      check(opt.axis == 0 and arg == 0, "TC takes axis 0 and arg 0: the kernel's matmul picks its axes")
-      tc = find_tensor_core(self)
+      check(opt.axis == 0 and arg in (0, 1), "TC takes axis 0 and arg 0 (wmma) or 1 (mma.sync): the kernel's matmul picks its axes")
+      check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
+      tc = replace(find_tensor_core(self), mma=arg == 1)
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
@@ -340,4 +343,4 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.STREAM, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0)]

@@ -26,7 +26,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done), WMMA (src; what, ...): tensor core statements; the CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
+#   streaming stores done), WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
+#   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
 #   WMMA (acc; "dot", width, a, b): acc += the pairs' products
@@ -729,7 +730,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   what follows the sum and store."""
   k, tc = lw.k, lw.k.tc
   assert tc is not None
-  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=arg)
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma" if tc.mma else "wmma", *arg))
   out = lw.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
   out.append(wmma("ids"))
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
@@ -742,13 +743,13 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
     if (key := (which, view.src[0], off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
-      body.append(wmma("load", name, lw.bufs[view.src[0].arg], ld, src=(off,)))
+      body.append(wmma("load", name, lw.bufs[view.src[0].arg], ld, which, layout, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
     for j, tile in enumerate(tiles):
       dims = lw.dims({**tile, **unroll})
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
-      body.append(wmma("mma", j, a, b))
+      body.append(wmma("mma", j, a, b, tc.a.dtype))
   out += lw.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))

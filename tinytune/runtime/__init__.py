@@ -50,6 +50,7 @@ class Compiled:
 
   is_gpu = False  # a GPU takes the workloads' GPU default sizes
   asynchronous = False  # launches return before the kernel has run: copyout, synchronize() and timing wait
+  emulated = False  # an emulator (EMU): its timings are the host's seconds of running it, never the emulated device's speed
   def synchronize(self) -> None:
     """Wait for every kernel launched so far."""
   def timed(self, run: Callable[[], Any]) -> float:
@@ -209,7 +210,8 @@ class Buffer:
 
 # name -> module:class, imported on first use so a missing optional backend only fails when it is chosen
 _BACKENDS: dict[str, str] = {"CPU": "tinytune.runtime.cpu:CPUDevice", "OPENCL": "tinytune.runtime.opencl:OpenCLDevice",
-                             "CUDA": "tinytune.runtime.cuda:CUDADevice", "AMD": "tinytune.runtime.amd:AMDDevice"}
+                             "CUDA": "tinytune.runtime.cuda:CUDADevice", "AMD": "tinytune.runtime.amd:AMDDevice",
+                             "EMU": "tinytune.runtime.emu:EMUDevice"}
 _ALIASES = {"HIP": "AMD"}
 
 

@@ -10,10 +10,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.dtype import DType
 from tinytune.helpers import env_int
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, KernelGraph, Program, Steps, disk_cached
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelGraph, Program, Steps, disk_cached
 
 try:
   from cuda.bindings import driver as cu
@@ -115,9 +116,7 @@ class CUDADevice(Compiled):
     self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
     self.scratch: Any = None  # flush_cache's buffer
     self.renderer = CUDARenderer()
-    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
-                           max_local=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), shared_bytes=48 * 1024,
-                           tensor_cores=("float16", "bfloat16") if self.cc >= (8, 0) else ())
+    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
 
   asynchronous = is_gpu = True
   def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")
