@@ -48,6 +48,7 @@ def test_index_by_tensor() -> None:
   helper_test_op([(4, 0)], *both(lambda x, i: x[i], I1))  # an empty dim
   helper_test_op([(1, 5)], *both(lambda x, i: x[i], idx(0, 0, 0)))
   helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.int32)
+  helper_test_op([(2, 2)], *both(lambda x, i: x[i], idx(np.array([1, 0]).reshape((2,) + (1,) * 7))))  # 9-d: loop g8 and the read's index
   helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.bool)
   helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.float16)
   helper_test_op(None, *both(lambda x, i: x[i], I1), vals=[[math.inf, math.nan, -math.inf]])  # inf and NaN elsewhere stay out
