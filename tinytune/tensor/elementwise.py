@@ -437,7 +437,8 @@ def acosh(self: Tensor) -> Tensor:
     big = x > 2.0 ** 28
     small = big.where(2.0, x)
     return big.where(big.where(x, 1.0).log() + math.log(2), (small + (small - 1).sqrt() * (small + 1).sqrt()).log())
-  return self._in_f32(fn)
+  # torch's slope 1/sqrt(x*x - 1) is finite below -1, where the value is NaN and the composition's chain rule meets it
+  return _ruled((self,), lambda x: x._in_f32(fn), lambda g, out, x: (g * (x._float() * x._float() - 1).rsqrt(),))
 
 
 def atanh(self: Tensor) -> Tensor: return self._in_f32(lambda x: 0.5 * ((1 + x) / (1 - x)).log())
