@@ -262,11 +262,12 @@ def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: s
 
 def _scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, how: str, include_self: bool) -> Tensor:
   d = _check_index(self, dim, index, "scatter", src if isinstance(src, Tensor) else None)
+  if isinstance(src, Tensor) and src.dtype != self.dtype: raise OpError("scatter(): Expected self.dtype to be equal to src.dtype")
   if self.ndim == 0:
     return _scatter(self.reshape(1), d, index.reshape(-1), src.reshape(-1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
   _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, self.dtype, self.device)
-  vals = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype).unsqueeze(-1)  # index's shape + (1,)
+  vals = src.shrink(tuple((0, s) for s in index.shape)).unsqueeze(-1)  # index's shape + (1,)
   hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)  # index's shape + (n,): which place each write hits
 
   def place(t: Tensor) -> Tensor:  # index's shape with dim d reduced to 1, + (n,) -> self's shape (0 outside the index's extent)
