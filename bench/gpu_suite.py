@@ -154,10 +154,11 @@ def catalog(suite: Suite, dev: str) -> None:
 
 
 def matmul(suite: Suite, dev: str) -> None:
-  """matmul n^3 in float32, float16 and bfloat16: the default opts, then after a BEAM search of the given seconds (in one process, the
-  search's own evaluator), against torch.matmul; and the search's rate."""
+  """matmul n^3 in float32, float16 and bfloat16: the default opts, the plan the heuristics hold in reserve where the default's is
+  unmeasured (float32: the register tile from global memory, the default before the shared-memory tile), then after a BEAM search of
+  the given seconds (in one process, the search's own evaluator), against torch.matmul; and the search's rate."""
   from tinytune import Kernel, Tensor, dtypes
-  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.heuristic import alternative_opts, default_opts
   from tinytune.engine.schedule import create_schedule
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import torch_baseline
@@ -166,8 +167,9 @@ def matmul(suite: Suite, dev: str) -> None:
   from tinytune.search.strategy import Budget, run_strategy
   n = 256 if suite.args.quick else 4096
   w, torch = get_workload("matmul"), torch_cuda()
-  suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | opts |")
-  suite.out("| --- " * 9 + "|")
+  suite.out("| dtype | default TFLOPS | reserve TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s "
+            "| opts |")
+  suite.out("| --- " * 10 + "|")
   tf = lambda s: 2 * n ** 3 / s / 1e12  # noqa: E731
   where: list[str] = []  # where each search's seconds went
   for dt in ("float32", "float16", "bfloat16"):
@@ -180,7 +182,8 @@ def matmul(suite: Suite, dev: str) -> None:
       with Evaluator(kernel, dev) as ev:
         result = run_strategy("beam", kernel, ev, Budget(None, seconds), default_opts(kernel))
         wall = time.monotonic() - st
-        searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5))
+        reserve = [tuple(opts) for opts in alternative_opts(kernel)][:1]
+        searched_s, default_s, *reserve_s = (t.median for t in ev.retime([result.best, result.default, *reserve], rounds=5))
         med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
         compile_ms = med([r.compile_s for r in result.history if r.status != "invalid"])
         where.append(f"{dt}: per candidate (medians) render {med(ev.render_s):.0f} ms in turn, compile {compile_ms:.0f} ms in "
@@ -188,11 +191,53 @@ def matmul(suite: Suite, dev: str) -> None:
                      f"{ev.evaluated} measured, {len(result.history)} tried with the invalid")
       tried = sum(result.counts().values())
       th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
-      suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
+      suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(reserve_s[0]) if reserve_s else float('nan'):.1f} | {tf(searched_s):.1f} | "
+                f"{tf(th) if th else float('nan'):.1f} | "
                 f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {list(result.best)} |")
     except Exception as e:
       suite.out(f"| {dt} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
   suite.out("\n" + "\n".join(f"- {line}" for line in where))
+
+
+def _with_tc(arg: int) -> Callable[[list], list]:
+  return lambda opts: [type(o)(o.op, o.axis, arg) if o.op.name == "TC" else o for o in opts]
+
+
+# matmul's alternatives that no GPU has measured yet, each against the default: (dtype, label, the opts from the default's)
+VARIANTS: list[tuple[str, str, Callable[[list], list]]] = [
+  ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
+  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1))]
+
+
+def variants(suite: Suite, dev: str) -> None:
+  """matmul n^3: the default opts beside alternatives not yet measured on a GPU, each verified against the unoptimized kernel by the
+  search's evaluator, then re-timed interleaved with the default (5 rounds)."""
+  from tinytune import Kernel, Tensor, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  from tinytune.search.evaluate import Evaluator
+  n = 256 if suite.args.quick else 4096
+  suite.out("| dtype | variant | opts | verified | TFLOPS | default TFLOPS | variant / default speed |")
+  suite.out("| --- " * 7 + "|")
+  for dt, label, change in VARIANTS:
+    if suite.left() < 60: suite.out(f"| {dt} | {label} | skipped: no time left |"); continue
+    try:
+      dtype = dtypes.from_any(dt)
+      a, b = (Tensor.rand(n, n, device=dev).cast(dtype).realize() for _ in range(2))
+      kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
+      base = default_opts(kernel)
+      if (opts := change(base)) == base: suite.out(f"| {dt} | {label} | the same as the default here ({base}) |"); continue
+      with Evaluator(kernel, dev) as ev:
+        res = ev.evaluate([base, opts])
+        if any(r.status != "ok" for r in res):
+          suite.out(f"| {dt} | {label} | {opts} | {' / '.join(f'{r.status} {r.error[:120]}' for r in res)} |")
+          continue
+        t_base, t_var = (t.median for t in ev.retime([base, opts], rounds=5))
+      tf = 2 * n ** 3 / 1e12
+      suite.out(f"| {dt} | {label} | {opts} | yes | {tf / t_var:.1f} | {tf / t_base:.1f} | {t_base / t_var:.2f} |")
+    except Exception as e:
+      suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
 
 
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
@@ -287,7 +332,7 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -311,6 +356,7 @@ def main() -> None:
     ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
+    ("variants", "matmul: alternatives to the default not yet measured on a GPU", lambda: variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:
     if key not in skip: suite.section(title, fn)

@@ -81,6 +81,37 @@ def dtype_kernels() -> tuple[Kernel, ...]:
   return tuple(ret)
 
 
+@functools.cache  # built once for the tests that render them; none changes a kernel
+def staged_matmuls() -> tuple[Kernel, ...]:
+  """Float32 matmul-like kernels at the GPU suite's sizes (matmul and linear 4096^3, bmm 32x512^3, mlp's first layer) and an odd-sized
+  one, with H100 caps and the default opts: the shared-memory tile (STAGE). Their inputs are never allocated."""
+  def z(*shape: int) -> Tensor: return Tensor.zeros(*shape).contiguous()
+  outs = [z(4096, 4096) @ z(4096, 4096), z(32, 512, 512) @ z(32, 512, 512), z(4096, 4096) @ z(4096, 4096).T + z(4096),
+          (z(4096, 1024) @ z(1024, 4096) + z(4096)).relu(), z(4095, 4093) @ z(4093, 4097)]
+  ret = []
+  for out in outs:
+    k = Kernel(create_schedule(out.uop, "CPU")[0][-1].ast, H100)
+    ret.append(k.apply_opts(hand_coded_optimizations(k)))
+  return tuple(ret)
+
+
+def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
+  assert all(Opt(OptOps.STAGE, 0, 16) in k.opts and k.launch_dims[1] == 256 for k in staged_matmuls())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the staged matmuls' register use is not checked here")
+def test_staged_matmuls_compile_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """ptxas for sm_90 fits the default shared-memory tiles (8x8 accumulators a thread) in registers, with no spills, and their tiles in
+  the 48 KiB of static shared memory a workgroup has."""
+  for i, k in enumerate(staged_matmuls()):
+    (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[:2000]
+    stats = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
+    assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] < 255, (k.opts, stats)
+    assert stats["bytes smem"] == k.stage_bytes() <= 48 * 1024, (k.opts, stats)
+
+
 def _valid(k: Kernel, opt: Opt) -> bool:
   try: k.copy().apply_opt(opt)
   except KernelOptError: return False
@@ -114,7 +145,7 @@ def test_catalog_kernels_cover_workgroup_opts() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_cuda_source_compiles_with_nvcc() -> None:
-  srcs = [CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels()]
+  srcs = [CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels() + staged_matmuls()]
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
@@ -132,7 +163,7 @@ HIP_FLAGS = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--
 
 @pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
 def test_hip_source_compiles_with_clang() -> None:
-  srcs = [HIPRenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels()]
+  srcs = [HIPRenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels() + staged_matmuls()]
   assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
 
 
@@ -141,7 +172,7 @@ def test_group_reduce_renders_shared_memory_and_a_barrier() -> None:
   k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, H100).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 4)])
   assert k.launch_dims == (64 * 3, 64)
   cuda, cl = CUDARenderer().render(k), OpenCLRenderer().render(k)
-  assert "__shared__ float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
+  assert "__shared__ __align__(16) float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
   assert "__local float partials[64]" in cl and "barrier(CLK_LOCAL_MEM_FENCE);" in cl and "reqd_work_group_size(64, 1, 1)" in cl
 
 
@@ -296,7 +327,8 @@ def test_cuda_source_compiles_with_nvrtc() -> None:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  srcs = dict.fromkeys(CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels())
+  kernels = catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels() + staged_matmuls()
+  srcs = dict.fromkeys(CUDARenderer().render(k) for k in kernels)
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 
 

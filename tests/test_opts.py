@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
-from tinytune.codegen.caps import CUDA_ARCHS
+from tinytune.codegen.caps import CUDA_ARCHS, cuda_caps
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.codegen.opts import opts_from_json, opts_to_json
@@ -252,6 +252,8 @@ def test_every_single_opt(name: str, device: str) -> None:
   if kc.kernel().caps.has_local: assert OptOps.LOCAL in ops and not ops & {OptOps.THREAD, OptOps.KBLOCK}
   else: assert not ops & {OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP} and (OptOps.KBLOCK in ops or name not in ("matmul_relu", "matmul_int32"))
   if kc.kernel().n_reduce: assert OptOps.UNROLL in ops and (OptOps.GROUP in ops) == kc.kernel().caps.has_local
+  matmul = name in ("matmul_odd", "matmul_pow2", "batched_matmul", "matmul_relu", "matmul_int32", "matmul_wide")
+  if matmul: assert (OptOps.STAGE in ops) == kc.kernel().caps.has_local
   if slow_here(device):  # each kind of opt, then 8 more spread over the rest
     firsts = [o for i, o in enumerate(opts) if o.op not in {p.op for p in opts[:i]}]
     rest = [o for o in opts if o not in firsts]
@@ -421,6 +423,86 @@ def test_lanes_match_numpy(case: str, device: str) -> None:
   assert done >= 3, f"{case}: too few of the opt lists applied"
 
 
+def _stage_matmul(device: str, m: int, n: int, k: int, batch: int = 0, transpose_b: bool = False) -> tuple[ScheduleItem, np.ndarray]:
+  """A float32 matmul (batched where batch > 0, B read transposed where asked) scheduled on `device`, and its NumPy result."""
+  rng = np.random.default_rng(m * n + k)
+  a = rng.standard_normal((batch, m, k) if batch else (m, k)).astype(np.float32)
+  b = rng.standard_normal((batch, n, k) if batch else (n, k)) if transpose_b else rng.standard_normal((batch, k, n) if batch else (k, n))
+  b = b.astype(np.float32)
+  bt = np.swapaxes(b, -1, -2) if transpose_b else b
+  tb = Tensor(b, device=device)
+  items, _ = create_schedule((Tensor(a, device=device) @ (tb.transpose(-1, -2) if transpose_b else tb)).uop, device)
+  for item in items[:-1]: compile_kernel(Kernel(item.ast, Device[device].caps), device)[0](item.out, *Kernel(item.ast, Device[device].caps).bufs)
+  return items[-1], a @ bt
+
+
+t_, o_ = OptOps, Opt
+STAGE_CASES = [  # (m, n, k, batch, B transposed): odd sizes, padded to the tiles; opt lists with STAGE
+  ((37, 29, 23, 0, False), [[o_(t_.PADTO, 1, 32), o_(t_.UPCAST, 1, 4), o_(t_.PADTO, 0, 40), o_(t_.UPCAST, 0, 4), o_(t_.LOCAL, 1, 4),
+                             o_(t_.LOCAL, 0, 2), o_(t_.PADTO, 2, 24), o_(t_.STAGE, 0, 8), o_(t_.UNROLL, 0, 2)],
+                            [o_(t_.PADTO, 2, 24), o_(t_.LOCAL, 0, 37), o_(t_.STAGE, 0, 4), o_(t_.UNROLL, 0, 4)],  # 37 threads: a ragged copy
+                            [o_(t_.STAGE, 0, 23)],  # one thread, K in one tile
+                            [o_(t_.PADTO, 0, 40), o_(t_.UPCAST, 0, 8), o_(t_.LOCAL, 0, 5), o_(t_.LOCAL, 1, 29), o_(t_.PADTO, 2, 32),
+                             o_(t_.STAGE, 0, 16)]]),
+  ((24, 36, 20, 3, False), [[o_(t_.UPCAST, 2, 4), o_(t_.UPCAST, 1, 4), o_(t_.LOCAL, 2, 3), o_(t_.LOCAL, 1, 2), o_(t_.UNROLL, 0, 2),
+                             o_(t_.STAGE, 0, 5)],  # K tiles of 10: the loop in the tile by 2, unrolled
+                            [o_(t_.LOCAL, 0, 3), o_(t_.LOCAL, 2, 4), o_(t_.STAGE, 0, 10), o_(t_.UPCAST, 1, 8)]]),  # the batch in the workgroup
+  ((33, 40, 28, 0, True), [[o_(t_.UPCAST, 1, 4), o_(t_.PADTO, 0, 36), o_(t_.UPCAST, 0, 4), o_(t_.LOCAL, 1, 10), o_(t_.LOCAL, 0, 3),
+                            o_(t_.STAGE, 0, 14), o_(t_.UNROLL, 0, 2)],
+                           [o_(t_.UPCAST, 1, 8), o_(t_.LOCAL, 1, 5), o_(t_.LOCAL, 0, 11), o_(t_.STAGE, 0, 14), o_(t_.UNROLL, 0, 2)]]),
+]
+
+
+STAGE_DEVICES = [d for d in ("OPENCL", "EMU", "CUDA", "AMD") if device_status(d) is None]  # EMU: races on the tiles are errors
+
+
+@pytest.mark.parametrize("device", STAGE_DEVICES)
+@pytest.mark.parametrize("shape,seqs", STAGE_CASES, ids=[str(c[0]) for c in STAGE_CASES])
+def test_stage_matches_numpy(shape: tuple[int, int, int, int, bool], seqs: list[list[Opt]], device: str) -> None:
+  """STAGE's tiles in shared memory against NumPy: odd sizes padded to the tiles (masked), copies that do not split evenly over the
+  threads, a batch, and a B read across its rows (copied transposed)."""
+  item, ref = _stage_matmul(device, *shape)
+  for opts in seqs:
+    k = Kernel(item.ast, Device[device].caps).apply_opts(opts)
+    _fill_sentinel(item.out)
+    compile_kernel(k, device)[0](item.out, *k.bufs)
+    np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4, err_msg=str(opts))
+
+
+@pytest.mark.parametrize("device", STAGE_DEVICES)
+def test_default_shared_tiles_match_numpy(device: str) -> None:
+  """A float32 matmul with over a million outputs takes the shared-memory tile by default on a device with workgroups, its odd sizes
+  padded to 128x128 tiles, K to tiles of 4: the H100's and H200's plan (their caps) wherever it runs."""
+  item, ref = _stage_matmul(device, 1031, 1021, 19)
+  k = Kernel(item.ast, cuda_caps("sm_90"))
+  opts = hand_coded_optimizations(k)
+  assert {Opt(OptOps.STAGE, 0, 4), Opt(OptOps.PADTO, 0, 128), Opt(OptOps.PADTO, 1, 128), Opt(OptOps.PADTO, 2, 4)} <= set(opts)
+  k.apply_opts(opts)
+  _fill_sentinel(item.out)
+  compile_kernel(k, device)[0](item.out, *k.bufs)
+  np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_stage_rules() -> None:
+  """STAGE needs workgroups and a reduce along the kernel's last dim read from memory in a dtype shared memory holds as loaded; it
+  does not combine with GROUP or LANES, comes once, and its tiles fit in shared memory (a later split that overfills it is refused)."""
+  gpu = dataclasses.replace(WORKGROUP_CAPS, shared_bytes=1600)
+  def kernel(name: str) -> Kernel: return Kernel(kernel_cases()[name].item.ast, gpu)
+  for name in ("matmul_f16", "elementwise", "conv2d"):  # 16-bit inputs, no reduce, three reduce dims
+    with pytest.raises(KernelOptError): kernel(name).apply_opt(Opt(OptOps.STAGE, 0, 2))
+  for before, opt in [([Opt(OptOps.STAGE, 0, 4)], Opt(OptOps.GROUP, 0, 3)), ([Opt(OptOps.GROUP, 0, 3)], Opt(OptOps.STAGE, 0, 4)),
+                      ([Opt(OptOps.LANES, 0, 4)], Opt(OptOps.STAGE, 0, 3)), ([Opt(OptOps.STAGE, 0, 4)], Opt(OptOps.STAGE, 0, 3)),
+                      ([], Opt(OptOps.STAGE, 0, 5)), ([], Opt(OptOps.STAGE, 0, 1)),
+                      ([Opt(OptOps.LOCAL, 0, 24), Opt(OptOps.LOCAL, 1, 10)], Opt(OptOps.STAGE, 0, 12)),
+                      ([Opt(OptOps.LOCAL, 0, 24), Opt(OptOps.STAGE, 0, 12)], Opt(OptOps.LOCAL, 1, 10))]:
+    k = kernel("matmul_odd").apply_opts(before)
+    state = _state(k)
+    with pytest.raises(KernelOptError): k.apply_opt(opt)
+    assert _state(k) == state, (before, opt)
+  k = kernel("matmul_odd").apply_opts([Opt(OptOps.LOCAL, 0, 24), Opt(OptOps.STAGE, 0, 12), Opt(OptOps.LOCAL, 1, 5)])
+  assert k.stage_bytes() == 12 * (24 + 4) * 4 + 12 * 5 * 4 <= 1600  # A's rows padded (copied across them), B's not
+
+
 def test_lanes_rules() -> None:
   k = kernel_cases()["row_sum"].kernel()  # global 12; reduce 40
   k.apply_opt(Opt(OptOps.LANES, 0, 8))
@@ -447,7 +529,7 @@ def test_candidate_opts_leave_the_kernel_unchanged() -> None:
     assert valid_opts(k) and _state(k) == before and Device[DEVICE].renderer.render(k) == src
 
 
-@pytest.mark.parametrize("op", [OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.TC])
+@pytest.mark.parametrize("op", [OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.TC, OptOps.STAGE])
 def test_workgroup_and_tensor_core_opts_need_a_gpu(op: OptOps) -> None:
   k = kernel_cases()["matmul_pow2"].kernel()
   for axis in range(3):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tinytune import Device, Kernel, Tensor, engine
-from tinytune.codegen.heuristic import default_opts
+from tinytune.codegen.caps import cuda_caps
+from tinytune.codegen.heuristic import alternative_opts, default_opts
 from tinytune.codegen.opts import Opt, OptOps, opts_to_json
 from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
@@ -407,6 +408,19 @@ def test_beam_spends_a_budget_in_seconds_on_runners_up_it_would_have_stopped_bef
   elapsed = time.monotonic() - st
   assert spends.best == (y, z) and 0.85 < elapsed < 1.1, elapsed  # on to the deadline (90% of the budget), and within the budget
   assert sum(spends.counts().values()) > 2 * sum(stops.counts().values())
+
+
+def test_beam_starts_from_the_plan_the_heuristics_hold_in_reserve() -> None:
+  """A big float32 matmul on a GPU defaults to the shared-memory tile, which no GPU has timed yet: BEAM's first round has the register
+  tile read from memory (the default before it) as well, so where that is faster the search keeps it."""
+  def z(*shape: int) -> Tensor: return Tensor.zeros(*shape).contiguous()
+  k = Kernel(create_schedule((z(2048, 2048) @ z(2048, 2048)).uop, "CPU")[0][-1].ast, cuda_caps("sm_90"))
+  default, [old] = tuple(default_opts(k)), alternative_opts(k)
+  assert Opt(OptOps.STAGE, 0, 16) in default and not any(o.op is OptOps.STAGE for o in old)
+  result = run_strategy("beam", k, TableEvaluator(k, {default: 0.8, tuple(old): 0.5}), Budget(1), default)
+  assert result.best == tuple(old)
+  small = Kernel(create_schedule((z(64, 64) @ z(64, 64)).uop, "CPU")[0][-1].ast, cuda_caps("sm_90"))
+  assert alternative_opts(small) == [] and alternative_opts(matmul_kernel(16)) == []  # register tiles already; the CPU's planners
 
 
 def test_beam_returns_early_when_nothing_new_is_left_to_try() -> None:

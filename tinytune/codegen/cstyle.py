@@ -345,7 +345,7 @@ class CUDARenderer(_GPURenderer):
   def to_bits(self, x: str, dtype: DType) -> str: return f"__float2half_rn({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
   def from_bits(self, x: str, dtype: DType) -> str: return f"__half2float({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
   restrict, func_prefix = "__restrict__", "static __device__ inline"
-  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ "
+  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(16) "  # float4 reads
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
@@ -438,7 +438,7 @@ class HIPRenderer(_GPURenderer):
   """HIP for AMD GPUs, free of HIP's headers, so device code compiles with a plain clang (-nogpuinc) as well as hiprtc."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16"}
   restrict, func_prefix = "__restrict__", "static __attribute__((device)) inline"
-  group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared)) "
+  group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared, aligned(16))) "
   barrier = ('__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); '
              '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");')
   inf, nan = "__builtin_inff()", '__builtin_nanf("")'
@@ -485,14 +485,13 @@ class OpenCLRenderer(_GPURenderer):
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f"__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void {name}({', '.join(args)})"
 
-  # OpenCL's own vector types; vload/vstore need only float alignment
+  # OpenCL's own vector types; vload/vstore need only float alignment, and take global and local (STAGE's tiles) memory alike
   lane_fmt = "{}.s{:x}"
   def vtype(self, width: int) -> str: return f"float{width}"
   def vector(self, vt: str, items: list[str]) -> str: return f"(({vt})({', '.join(items)}))"
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     vt = self.vtype(width)
-    return (f"static inline {vt} {vt}_load(const __global float* p) {{ return vload{width}(0, p); }}\n"
-            f"static inline void {vt}_store(__global float* p, {vt} v) {{ vstore{width}(v, 0, p); }}\n")
+    return f"#define {vt}_load(p) vload{width}(0, (p))\n#define {vt}_store(p, v) vstore{width}((v), 0, (p))\n"
 
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)

@@ -403,6 +403,37 @@ def gpu_register_tile(k: Kernel) -> bool:
   return True
 
 
+# a big float32 matmul's workgroup tile, as the classic SGEMM on CUDA cores: 128x128 outputs, 16x16 threads each computing 8x8 (two
+# float4 columns 64 apart along each output dim, so a warp's 16-byte reads of a tile row are contiguous), K in tiles of 16 through
+# shared memory. On sm_90 (nvcc -Xptxas -v, 4096^3): 103 registers, no spills, 16640 bytes of shared memory, so two workgroups fit
+# an SM by registers (65536 / (256 x 103)); each K step reads 4 float4 from shared memory for 64 FMAs. Unmeasured on a GPU so far
+SHARED_TILE = ((4, 16, 2), (16, 8, 4))  # per output dim: register part, workgroup part, outer register part; K tiles, the first that fits
+SHARED_TILE_OUTPUTS = 1 << 20  # from 1024x1024 outputs: enough 128x128 tiles (64) to be worth a K loop with two barriers a tile
+
+
+def gpu_shared_tile(k: Kernel) -> bool:
+  """A large float32 matmul-like kernel: both inputs' tiles staged in shared memory per K tile (STAGE), 8x8 register tiles read from
+  there in float4 (SHARED_TILE). Sizes that are not multiples of the tiles are padded where that adds at most 1/8 (masked), K to the
+  longest K tile that allows. Where the tile does not apply, nothing is applied and gpu_register_tile plans the kernel."""
+  lane = k.n_global - 1
+  if k.reduceop is None or k.ast.dtype != dtypes.float32 or k.n_reduce != 1 or prod(k.out_shape) < SHARED_TILE_OUTPUTS or \
+     any(u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.dtype != dtypes.float32 for u in k.reduceop.src[0].toposort) or \
+     (row := next((d for d in reversed(range(lane)) if _broadcasts_along(k, lane, d)), None)) is None: return False
+  (inner, local, outer), ktiles = SHARED_TILE
+  t, red = k.copy(), k.n_global
+  def waste(size: int, m: int) -> int: return (round_up(size, m) - size) * 8
+  ktile = next((m for m in ktiles if waste(t.sizes[red], m) <= t.sizes[red]), ktiles[0])
+  try:
+    for d, m in ((lane, inner * local * outer), (row, inner * local * outer), (red, ktile)):
+      if t.sizes[d] % m and waste(t.sizes[d], m) <= t.sizes[d]: t.apply_opt(Opt(OptOps.PADTO, d, m))
+    t.apply_opts([Opt(OptOps.UPCAST, lane, inner), Opt(OptOps.UPCAST, row, inner), Opt(OptOps.LOCAL, lane, local), Opt(OptOps.LOCAL, row, local),
+                  Opt(OptOps.UPCAST, lane, outer), Opt(OptOps.UPCAST, row, outer), Opt(OptOps.STAGE, 0, ktile)])
+  except KernelOptError: return False
+  k.apply_opts(t.opts)
+  _first_valid(k, Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 0, 2))  # 8x8 by 4 is the most registers the caps allow (max_upcast)
+  return True
+
+
 def gpu_workgroups(k: Kernel) -> bool:
   """Anything else: a reduce shared by the threads of a workgroup when there are few outputs, and workgroups along the contiguous
   output dim."""
@@ -414,15 +445,26 @@ def gpu_workgroups(k: Kernel) -> bool:
   return True
 
 
-GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_register_tile, gpu_workgroups)
+GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_shared_tile, gpu_register_tile, gpu_workgroups)
 
 
-def workgroup_optimizations(kernel: Kernel) -> list[Opt]:
-  """Devices with workgroups: a cat's rows upcast as on the CPU, then the first of GPU_PLANNERS that takes the kernel."""
+def workgroup_optimizations(kernel: Kernel, planners: Sequence[Callable[[Kernel], bool]] = GPU_PLANNERS) -> list[Opt]:
+  """Devices with workgroups: a cat's rows upcast as on the CPU, then the first of `planners` that takes the kernel."""
   k = kernel.copy()
   for d, f in stacked_dims(k) if k.reduceop is None else (): _first_valid(k, Opt(OptOps.UPCAST, d, f))
-  next(planner for planner in GPU_PLANNERS if planner(k))
+  next(planner for planner in planners if planner(k))
   return k.opts
+
+
+UNMEASURED_PLANNERS = (gpu_shared_tile,)  # no GPU has timed their plans yet against the planner after them, the default before
+
+
+def alternative_opts(kernel: Kernel) -> list[list[Opt]]:
+  """Opts other than the default that a search tries first as well: where the default comes from a planner no GPU has measured
+  yet, the plan the next planner would give (the register tile read straight from memory, for gpu_shared_tile), so BEAM keeps
+  the faster of the two and the GPU suite times both."""
+  if NOOPT or not kernel.caps.has_local or not any(planner(kernel.copy()) for planner in UNMEASURED_PLANNERS): return []
+  return [workgroup_optimizations(kernel, tuple(p for p in GPU_PLANNERS if p not in UNMEASURED_PLANNERS))]
 
 
 def default_opts(kernel: Kernel) -> list[Opt]:

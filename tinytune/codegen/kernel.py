@@ -20,7 +20,8 @@ __all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
 
 
 class AxisKind(Enum):
-  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; LANES = "v"; GROUP = "gr"; TC = "tc"; KBLOCK = "kb"  # noqa: E702
+  GLOBAL = "g"; THREAD = "t"; LOCAL = "l"; UPCAST = "u"; REDUCE = "r"; UNROLL = "ur"; LANES = "v"; GROUP = "gr"; TC = "tc"  # noqa: E702
+  KBLOCK = "kb"; STAGE = "st"  # noqa: E702
 
 
 LOOPS = (AxisKind.GLOBAL, AxisKind.REDUCE)
@@ -239,6 +240,8 @@ class Kernel:
       self.stream = True
       self.opts.append(opt)
       return
+    staged = any(a.kind is AxisKind.STAGE for a in self.axes)
+    if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
       combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
@@ -249,7 +252,7 @@ class Kernel:
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis
-    elif op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK):
+    elif op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK, OptOps.STAGE):
       check(0 <= opt.axis < self.n_reduce, f"{op.name} axis {opt.axis} is not one of the {self.n_reduce} reduce axes")
       dim = self.n_global + opt.axis
     else:
@@ -261,6 +264,19 @@ class Kernel:
       i, j = self.global_order.index(dim), self.global_order.index(arg)
       check(i < j, "SWAP moves an axis inward past a later one; use the earlier axis first")
       self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
+    elif op is OptOps.STAGE:
+      check(self.caps.has_local, "STAGE needs a device with workgroups and shared memory")
+      check(not staged, "one STAGE opt per kernel")
+      check(all(a.kind not in (AxisKind.GROUP, AxisKind.LANES) for a in self.axes), "STAGE does not combine with GROUP or LANES")
+      check(bool(self.stage_inputs), "STAGE needs an input read along the kernel's one reduce dim, its last, straight from memory")
+      check(1 < arg <= rem.size and rem.size % arg == 0, f"STAGE {arg} does not split reduce axis {opt.axis} of size {rem.size} into tiles")
+      whole = rem.size
+      self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, dim, rem.stride * arg))
+      rem.size = arg
+      if (need := self.stage_bytes()) > self.caps.shared_bytes:
+        self.axes.pop()
+        rem.size = whole
+        raise KernelOptError(f"STAGE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
     elif op is OptOps.KBLOCK:
       check(not self.caps.has_local, "KBLOCK needs a CPU: on a device with workgroups each thread keeps its sums in registers")
       check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), "one KBLOCK opt per kernel")
@@ -288,6 +304,8 @@ class Kernel:
         if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
           warps = self.sizes_of(AxisKind.LOCAL) * arg
           check(warps * 1024 <= self.caps.shared_bytes, f"TC needs {warps * 1024} bytes of shared memory, over {self.caps.shared_bytes}")
+        if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg)) > self.caps.shared_bytes:
+          raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
         if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
           shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
           check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")
@@ -322,11 +340,58 @@ class Kernel:
       return u.op not in (Ops.REDUCE, Ops.GATHER) and all(red not in s.toposort or direct(s) for s in u.src)
     return None if direct(self.ast) else "the output reads the reduce through a view that reorders it"
 
+  @cached_property
+  def stage_inputs(self) -> tuple[UOp, ...]:
+    """The inputs STAGE copies to shared memory: views of a buffer that the reduce's source reads at its own index (no view between)
+    and that change along the reduce dim, in a dtype that shared memory holds as loaded (not a 16-bit float, not bool). The kernel's
+    one reduce sums over its last dim, after the output's (a matmul's K), so the source's dims are the kernel's."""
+    red = self.reduceop
+    if red is None or len(self.reduceops) != 1 or red.arg[1] != (self.n_global,) or red.src[0].shape[:self.n_global] != tuple(self.out_shape):
+      return ()
+    src, kd, found = red.src[0], self.n_global, dict[UOp, None]()
+    def walk(u: UOp) -> None:
+      if u.op is Ops.VIEW:
+        v = u.arg
+        if u.src[0].op is Ops.BUFFER and u.shape == src.shape and not u.dtype.is_half and u.dtype != dtypes.bool and \
+           (v.strides[kd] != 0 or v.mask is not None and v.mask[kd] != (0, v.shape[kd])): found[u] = None
+      elif u.op not in (Ops.REDUCE, Ops.GATHER):
+        for s in u.src: walk(s)
+    walk(src)
+    return tuple(found)
+
+  def stage_extent(self, dim: int, grow: int = 1) -> int:
+    """How far a workgroup's tile reaches along `dim` in one K tile (STAGE): a global dim's workgroup and register parts (times `grow`,
+    a split about to be made), the reduce dim's tile."""
+    if dim >= self.n_global: return next(a.stride for a in self.axes if a.kind is AxisKind.STAGE)
+    return prod(a.size for a in self.axes if a.dim == dim and a.kind is not AxisKind.GLOBAL) * grow
+
+  def stage_tiles(self, dim: int = -1, grow: int = 1) -> list[tuple[UOp, list[tuple[int, int]], int]]:
+    """Each staged input's tile in shared memory: (view, [(dim, extent)] outermost first, the padding after each row). The reduce dim
+    is outermost, then the output dims in order, so the register tile's reads are contiguous along both output dims (A is stored
+    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 4 elements, which keeps
+    16-byte alignment and spreads the column's stores over the banks."""
+    ret = []
+    for view in self.stage_inputs:
+      v = view.arg
+      used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
+      dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
+      dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
+      fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
+      ret.append((view, dims, 4 if fastest != dims[-1][0] else 0))
+    return ret
+
+  def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:
+    """The shared memory of the staged tiles (with a split of `grow` about to be made along `dim`)."""
+    return sum(prod(n for _, n in dims[:-1]) * (dims[-1][1] + pad) * view.dtype.itemsize for view, dims, pad in self.stage_tiles(dim, grow))
+
   def __repr__(self) -> str:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
 
 
 CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
+
+
+STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
 
 
 def candidate_opts(k: Kernel) -> list[Opt]:
@@ -342,5 +407,6 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     else:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
+      ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
   return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0)]

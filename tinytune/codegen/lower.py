@@ -203,7 +203,8 @@ class LoopNest:
   in a GPU's workgroups and threads."""
   def __init__(self, k: Kernel):
     self.k = k
-    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k"}
+    names = {AxisKind.GLOBAL: "g", AxisKind.REDUCE: "r", AxisKind.THREAD: "t", AxisKind.LOCAL: "l", AxisKind.GROUP: "q", AxisKind.KBLOCK: "k",
+             AxisKind.STAGE: "s"}
     self.vars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                  for i, a in enumerate(k.axes) if a.kind in names}
 
@@ -251,10 +252,11 @@ class LoopNest:
     return out
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
-                 width: int, post: list[UOp]) -> list[UOp]:
+                 width: int, post: list[UOp], copies: list[UOp]) -> list[UOp]:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
     taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores."""
+    memory and stores. With STAGE, each K tile's loop copies the tiles (`copies`) to shared memory between two barriers: the
+    copy waits until every thread is done reading the last tile, the reads until the copy is whole."""
     k = self.k
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
@@ -262,7 +264,10 @@ class LoopNest:
     if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
     out += self.unflatten(local + group, "lid")
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
+    if (tiles := next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE), None)) is not None:  # one reduce (Kernel.stage_inputs)
+      barrier = stmt(Ops.BARRIER)
+      out += decls + self.nest([tiles], [*copies, barrier, *self.nest(red, bodies[0]), stmt(Ops.BARRIER)]) + combine[0]
+    else: out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
       threads = k.launch_dims[1]
       partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
@@ -296,6 +301,13 @@ class _Lowerer:
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
     self.rows = RowArrays.of(self) if rows and not target.has_local else None
     self.in_body = False
+    self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
+    self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
+    # STAGE: each staged input's shared array, its tile's dims (outermost first, see Kernel.stage_tiles) and the array's strides
+    self.staged: dict[UOp, tuple[str, list[tuple[int, int]], list[int]]] = {}
+    if target.has_local and any(a.kind is AxisKind.STAGE for a in k.axes):
+      for j, (view, dims, pad) in enumerate(k.stage_tiles()):
+        self.staged[view] = (f"tile{j}", dims, list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad))))
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
     # combined after the loop
@@ -402,6 +414,7 @@ class _Lowerer:
     elif u.op is Ops.VIEW:
       off, valid, child = self.view_index(u, idx)
       if valid.op is Ops.CONST and not valid.arg: ret = Val(Kind.SCALAR, (UOp.const(u.dtype, 0),), padding=True)
+      elif self.in_body and u in self.staged: ret = self.tile_read(u)
       elif (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
@@ -453,6 +466,64 @@ class _Lowerer:
     if dtype in self.vf and not self.lane_dep(valid) and self.contiguous(off, base):
       return Val(Kind.VECTOR, (value(base, valid, self.width),))
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
+
+  # ***** STAGE: tiles of the inputs in shared memory *****
+  @functools.cached_property
+  def workgroup_parts(self) -> list[UOp]:
+    """Each dim's index where it is the same for every thread of the workgroup in one K tile: its workgroup and tile loops' parts."""
+    k, vars, kinds = self.k, self.nesting.vars, (AxisKind.GLOBAL, AxisKind.STAGE)
+    return [linear_sum(dtypes.int64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0, self.simplified)
+            for d in range(len(k.sizes))]
+
+  def tile_offset(self, view: UOp, at: dict[int, UOp]) -> UOp:
+    """Where the element at tile coordinates `at` (dim -> index in the tile) is in the view's shared array."""
+    _, dims, strides = self.staged[view]
+    return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(dims, strides)], 0, self.simplified)
+
+  def tile_read(self, view: UOp) -> Val:
+    """A staged input's value at the dims add() reads, from its tile (by the dims unclamped: the copy clamped them). A float32 read along the
+    tile's rows but not the lanes (A's rows of a register tile, A transposed in shared memory) takes the aligned 16-byte vector
+    around it, once per reduce body, where the thread's register part along the row is whole vectors."""
+    name, dims, _ = self.staged[view]
+    wg = {v: UOp.const(dtypes.int64, 0) for part in self.workgroup_parts for v in part.vars}
+    off = self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims})
+    row, w = dims[-1][0], self.width
+    if w == 4 and view.dtype == dtypes.float32 and not self.lane_dep(off) and \
+       any(a.kind is AxisKind.UPCAST and a.dim == row and a.stride == 1 and a.size % w == 0 for a in self.k.axes):
+      if (r := self.simplify(off % w)).op is Ops.CONST:
+        base = self.simplify(off - r)
+        if (key := (name, base)) not in self.memo: self.memo[key] = self.read(view.dtype, name, base + self.lane, TRUE)
+        return Val(Kind.SCALAR, (self.memo[key].lane(int(r.arg)),))
+    if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
+    return self.memo[key]
+
+  def stage_copies(self) -> list[UOp]:
+    """The statements by which a workgroup's threads copy each staged input's tile for one K tile to shared memory: the tile's
+    elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
+    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them."""
+    k, n = self.k, self.k.launch_dims[1]
+    self.lines = []
+    lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
+    for view, (name, dims, strides) in self.staged.items():
+      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0]), dtype=view.dtype))
+      st = view.arg.strides
+      order = sorted(dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
+      fast = order[0][0]
+      w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
+      counts = [size // w if d == fast else size for d, size in order]
+      for j in range(-(-prod(counts) // n)):
+        rest = e = self.simplify(lid + j * n)
+        guard = TRUE if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)))
+        at: dict[int, UOp] = {}
+        for i, ((d, _), c) in enumerate(zip(order, counts)):
+          at[d] = self.simplify(rest if i == len(order) - 1 else rest % c)
+          rest = self.simplify(rest // c)
+        if w > 1: at[fast] = self.simplify(at[fast] * w + self.lane)
+        idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d] + at.get(d, 0))) for d in range(len(k.sizes)))
+        off, valid, _ = self.view_index(view, idx)
+        val = self.read(view.dtype, self.bufs[view.src[0].arg], off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
+        self.store(val, self.tile_offset(view, at), guard, name, view.dtype)
+    return self.lines
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
@@ -536,6 +607,7 @@ class _Lowerer:
     """acc op= the reduce's source at the reduce dims' `dims` (`inst`: the register parts' values)."""
     k, op = self.k, red.arg[0]
     in_idx = self.reduce_index(idx, dims)
+    self.at_dims = self.acc_dims.get((red, idx), dims)[:k.n_global] + dims[k.n_global:]
     val = self.node(red.src[0], in_idx)
     if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
@@ -572,6 +644,7 @@ class _Lowerer:
       val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
       self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)), stream=k.stream)
       partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
+      self.acc_dims.update({(red, idx): dims for red, idx, _ in self.accs[n_accs:]})
     post, bodies, full_bodies = self.lines, self.reduce_bodies(), list[list[UOp]]()
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
@@ -580,7 +653,8 @@ class _Lowerer:
     self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
-    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post)
+    copies = self.stage_copies() if self.staged else []
+    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post, copies)
     else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post)
     return LinearProgram(k, self.width, uops, in_order or tile)
 

@@ -21,6 +21,7 @@ class OptOps(Enum):
   PADTO = "PADTO"  # pad an axis up to a multiple of arg, masking the extra elements
   TC = "TC"  # tensor cores
   STREAM = "STREAM"  # the CPU writes the output past the caches (non-temporal stores of whole cache lines)
+  STAGE = "STAGE"  # split a reduce axis into tiles of arg; the workgroup copies each tile of its inputs to shared memory, then reads it there
 
 
 class KernelOptError(Exception):

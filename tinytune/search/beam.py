@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from tinytune.codegen.heuristic import alternative_opts
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.search.evaluate import Evaluator, Result
@@ -16,9 +17,11 @@ OPTIONS = dict(width=Option("how many of the fastest kernels each round expands 
 
 def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], context: SearchContext, width: int,
                 min_gain: float) -> SearchResult:
-  # start from the default and each of its prefixes, which often has more room to grow than the default itself; the
-  # default goes first so slower starts are cut off early (the kernel with no opts is last: at large sizes it is very slow)
-  history: list[Result] = ev.evaluate(list(dict.fromkeys([default, *(default[:i] for i in range(len(default) - 1, -1, -1))])))
+  # start from the default and each of its prefixes, which often has more room to grow than the default itself, and the plans
+  # the heuristics hold in reserve; the default goes first so slower starts are cut off early (the kernel with no opts is last:
+  # at large sizes it is very slow)
+  starts = [default, *(tuple(opts) for opts in alternative_opts(kernel)), *(default[:i] for i in range(len(default) - 1, -1, -1))]
+  history: list[Result] = ev.evaluate(list(dict.fromkeys(starts)))
   expanded: set[str] = set()  # the kernels (by source) whose every next opt was tried
   beam = fastest(history, width, expanded)
   best = beam[0].time if beam else float("inf")

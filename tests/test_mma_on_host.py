@@ -1,0 +1,111 @@
+"""TC's arg 1 (PTX mma.sync) run on the host: the CUDA source the renderer writes, compiled as C++ with one host thread per GPU thread,
+where tt_mma is a warp's m16n8k16 as the PTX ISA lays its fragments out across lanes. It checks the renderer's own text (each lane's
+loads, the pairs in each register, the two halves of a 16x16 tile, the stores of C) with no GPU."""
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.cstyle import CUDARenderer
+from tinytune.engine.schedule import create_schedule
+from tinytune.runtime import DeviceCaps
+
+H100_TC = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024,
+                     tensor_cores=("float16", "bfloat16"))
+
+# a block's threads in lock step at each warp-wide call; lane 4 g + t of a warp holds A's pairs at (g, 2t), (g+8, 2t), (g, 2t+8), (g+8, 2t+8),
+# B's at (2t, g), (2t+8, g) (each pair the next along K), and C's floats at (g, 2t + e), (g+8, 2t + e)
+SHIM = r"""
+#include <barrier>
+#include <cstring>
+#include <thread>
+#include <vector>
+typedef _Float16 half;
+struct dim { int x; };
+static thread_local dim threadIdx, blockIdx;
+static std::barrier<>* block_sync;
+#define __global__
+#define __device__
+#define __launch_bounds__(n)
+#define __restrict__
+#define __shared__ static
+static inline float __half2float(half h) { return (float)h; }
+static inline half __float2half_rn(float f) { return (half)f; }
+static void __syncwarp() { block_sync->arrive_and_wait(); }
+static float* lane_c[1024]; static const unsigned *lane_a[1024], *lane_b[1024];
+static float part(unsigned r, int e) { unsigned short u = e ? r >> 16 : r & 0xffff; half h; memcpy(&h, &u, 2); return (float)h; }
+static void tt_mma(float* c, const unsigned* a, const unsigned* b) {
+  int id = threadIdx.x;
+  lane_c[id] = c, lane_a[id] = a, lane_b[id] = b;
+  block_sync->arrive_and_wait();
+  if (id % 32 == 0) {
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+      int g = l / 4, t = l % 4;
+      const unsigned *ra = lane_a[id + l], *rb = lane_b[id + l];
+      for (int e = 0; e < 2; e++) {
+        A[g][2*t+e] = part(ra[0], e), A[g+8][2*t+e] = part(ra[1], e), A[g][2*t+8+e] = part(ra[2], e), A[g+8][2*t+8+e] = part(ra[3], e);
+        B[2*t+e][g] = part(rb[0], e), B[2*t+8+e][g] = part(rb[1], e);
+        C[g][2*t+e] = lane_c[id + l][e], C[g+8][2*t+e] = lane_c[id + l][2+e];
+      }
+    }
+    for (int l = 0; l < 32; l++) {
+      int g = l / 4, t = l % 4;
+      for (int e = 0; e < 2; e++) {
+        float s0 = C[g][2*t+e], s1 = C[g+8][2*t+e];
+        for (int k = 0; k < 16; k++) s0 += A[g][k] * B[k][2*t+e], s1 += A[g+8][k] * B[k][2*t+e];
+        lane_c[id + l][e] = s0, lane_c[id + l][2+e] = s1;
+      }
+    }
+  }
+  block_sync->arrive_and_wait();
+}
+"""
+
+
+def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray) -> None:  # type: ignore[no-untyped-def]
+  src = CUDARenderer().render(k)
+  src = re.sub(r"static __device__ inline void tt_mma\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
+  name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
+  blocks, threads = k.launch_dims
+  (tmp_path / "k.cpp").write_text(SHIM + src + f"""
+extern "C" void run(void* out, const void* a, const void* b) {{
+  for (int blk = 0; blk < {blocks}; blk++) {{
+    std::barrier<> sync({threads});
+    block_sync = &sync;
+    std::vector<std::thread> ts;
+    for (int i = 0; i < {threads}; i++)
+      ts.emplace_back([=] {{ threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b); }});
+    for (auto& t : ts) t.join();
+  }}
+}}
+""")
+  build = subprocess.run(["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-shared", "-fPIC", "-pthread", "k.cpp", "-o", "k.so"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert build.returncode == 0, build.stderr[-3000:]
+  ctypes.CDLL(str(tmp_path / "k.so")).run(*(x.ctypes.data_as(ctypes.c_void_p) for x in (out, *inputs)))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
+@pytest.mark.parametrize("ta, tb, opts", [
+  (False, False, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UNROLL, 0, 2)]),
+  (False, True, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
+  (True, False, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 1, 3)]),
+  (True, True, [Opt(OptOps.TC, 0, 1), Opt(OptOps.SWAP, 0, 1)])])
+def test_mma_sync_source_multiplies_on_the_host(tmp_path, ta: bool, tb: bool, opts: list[Opt]) -> None:  # type: ignore[no-untyped-def]
+  rng = np.random.default_rng(0)
+  a_np, b_np = (rng.standard_normal(s).astype(np.float16) for s in ((32, 64) if ta else (64, 32), (48, 32) if tb else (32, 48)))
+  a, b = Tensor(a_np).cast(dtypes.float16).realize(), Tensor(b_np).cast(dtypes.float16).realize()
+  (item,), _ = create_schedule(((a.T if ta else a) @ (b.T if tb else b)).uop, "CPU")
+  k = Kernel(item.ast, H100_TC).apply_opts(opts)
+  assert k.tc is not None and k.tc.mma
+  out = np.full(64 * 48, np.nan, np.float16)
+  _run_on_host(k, tmp_path, out, *(buf.numpy_view() for buf in k.bufs))  # type: ignore[attr-defined]  # data1, data2 in order
+  ref = (a_np.T if ta else a_np).astype(np.float32) @ (b_np.T if tb else b_np).astype(np.float32)
+  np.testing.assert_allclose(out.reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
