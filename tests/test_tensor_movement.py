@@ -678,6 +678,7 @@ Z = torch.zeros
   ("float not", lambda: Z(2).bitwise_not(), lambda: Tensor.zeros(2).bitwise_not()),
   ("float shift", lambda: Z(2) << 1, lambda: Tensor.zeros(2) << 1),
   ("clip nothing", lambda: Z(2).clip(None, None), lambda: Tensor.zeros(2).clip(None, None)),
+  ("gelu approximate", lambda: F.gelu(Z(2), approximate="fast"), lambda: Tensor.zeros(2).gelu("fast")),
   ("div mode", lambda: Z(2).div(1, rounding_mode="typo"), lambda: Tensor.zeros(2).div(1, rounding_mode="typo")),
   ("matmul inner", lambda: Z(2, 4) @ Z(1, 3), lambda: Tensor.zeros(2, 4) @ Tensor.zeros(1, 3)),
   ("matmul 0-d", lambda: Z(()) @ Z(3, 3), lambda: Tensor.zeros(()) @ Tensor.zeros(3, 3)),

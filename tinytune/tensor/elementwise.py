@@ -179,7 +179,7 @@ def erf(self: Tensor) -> Tensor:
 
 def gelu(self: Tensor, approximate: str = "none") -> Tensor:
   if approximate == "tanh": return self._in_f32(lambda x: 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh()))
-  if approximate != "none": raise ValueError(f"gelu approximate is 'none' or 'tanh', got {approximate!r}")
+  if approximate != "none": raise OpError(f"gelu approximate is 'none' or 'tanh', got {approximate!r}")
   return self._in_f32(lambda x: 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf()))
 
 
