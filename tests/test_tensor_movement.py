@@ -354,6 +354,17 @@ def test_pad_modes() -> None:
                  lambda x: x.pad((None, (0, 1), (1, 2)), mode="replicate"), dtype=dtypes.int32)
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16])
+def test_pad_of_a_constant(dtype: Any) -> None:
+  """A padded constant is a kernel of constant vectors once the compiler unrolls its few iterations: gcc 12 with AVX-512 stored
+  {1,1,1,1,0,0,0,0} as eight 1s where the vector went to memory through memcpy (ones(16) padded by 4 read ones at 20..23)."""
+  for n, pads in ((16, (4, 4)), (16, (8, 8)), (32, (4, 4)), (8, (4, 12)), (24, (8, 0))):
+    want = np.pad(np.ones(n), pads)
+    np.testing.assert_array_equal(Tensor.ones(n, dtype=dtype).pad((pads,)).numpy().astype(np.float64), want, err_msg=f"{n} {pads}")
+  if dtype == dtypes.float32:  # a dilated conv's input gradient pads the same way
+    helper_test_op([(1, 3, 5, 20), (4, 3, 3, 3)], lambda x, w: F.conv2d(x, w, dilation=2), lambda x, w: x.conv2d(w, dilation=2), atol=1e-4)
+
+
 def test_pad_of_empty_to_0d() -> None:
   """Padding an empty tensor gives only padding, also once it is reshaped to 0-d (the constant it was built from read through)."""
   assert Tensor.full((0,), 7.0).pad(((0, 1),)).reshape(()).item() == 0.0
