@@ -134,10 +134,12 @@ def catalog(suite: Suite, dev: str) -> None:
   names = ["elementwise", "softmax", "matmul"] if suite.args.quick else [n for n in WORKLOADS if n != "train_step"]
   suite.out("| workload | params | kernels | tinytune ms | torch ms | torch/tinytune | GB/s | TFLOPS | output | note |")
   suite.out("| --- " * 10 + "|")
-  for name in names:
+  # the sum over axis 0 as well as the catalog's axis 1: a column sum reads across rows, another kernel shape
+  runs = [(n, {}) for n in names] + ([] if suite.args.quick else [("reduce", {"axis": 0})])
+  for name, extra in runs:
     if suite.left() < 200: suite.out(f"| {name} | skipped: the time left goes to the later sections |"); continue
     w = WORKLOADS[name]
-    p = w.params({}, gpu=not suite.args.quick)
+    p = {**w.params({}, gpu=not suite.args.quick), **extra}
     label = " ".join(f"{k}={v}" for k, v in p.items())
     try:
       t = tinytune_timing(w, p, dev, False, policy)
@@ -204,9 +206,16 @@ def _with_tc(arg: int) -> Callable[[list], list]:
 
 
 # matmul's alternatives that no GPU has measured yet, each against the default: (dtype, label, the opts from the default's)
+def _staged(change: Callable[[list], list]) -> Callable[[list], list]:
+  from tinytune.codegen.opts import Opt, OptOps
+  return lambda opts: [*change(opts), Opt(OptOps.STAGE, 0, 2)]
+
+
 VARIANTS: list[tuple[str, str, Callable[[list], list]]] = [
   ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
-  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1))]
+  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
+  ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_tc(0))),
+  ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_tc(1)))]
 
 
 def variants(suite: Suite, dev: str) -> None:

@@ -141,16 +141,19 @@ def test_first_use_tuning_records_the_kernel_with_its_shape(db_path: str, monkey
   assert capsys.readouterr().err.startswith("tuned r_12_28 (beam): ")
 
 
-def test_progress_line_redraws_on_a_terminal_and_ends_each_kernel() -> None:
+def test_progress_line_redraws_on_a_terminal_and_ends_each_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Each kernel's line is redrawn in place with the candidates left and about how long they take at the pace so far (the issue's live
+  line had no budget and no ETA), and ends on its final figures."""
+  monkeypatch.setenv("COLUMNS", "120")  # a line wider than the terminal is cut to it
   class Terminal(io.StringIO):
     def isatty(self) -> bool: return True
-  out = Terminal()
-  line = ProgressLine("beam", 10, {"k2": "r_8#2"}, stream=out)
+  out, now = Terminal(), iter(range(0, 100, 2))  # each candidate takes 2 s
+  line = ProgressLine("beam", 10, {"k2": "r_8#2"}, stream=out, clock=lambda: next(now))
   for key, name, status, t in (("k1", "r_8", "ok", 2e-3), ("k1", "r_8", "ok", 1e-3), ("k1", "r_8", "crashed", 0.0), ("k2", "r_8", "ok", 4e-3)):
     line(SimpleNamespace(key=key, name=name), SimpleNamespace(status=status, time=t))  # type: ignore[arg-type]
   line.done()
   text = out.getvalue()
-  assert "\rtuning r_8 (beam): 2/10 candidates, best 1 ms (2.00x the default 2 ms)" in text
+  assert "\rtuning r_8 (beam): 2/10 candidates (up to 16 s more), best 1 ms (2.00x the default 2 ms)\x1b[K" in text  # 8 more at 2 s
   assert "\rtuned r_8 (beam): 3 candidates, 1 failed, best 1 ms (2.00x the default 2 ms)\x1b[K\n" in text
   assert text.endswith("\rtuned r_8#2 (beam): 1 candidates, best 4 ms (1.00x the default 4 ms)\x1b[K\n")
 

@@ -63,7 +63,8 @@ def test_report_every_format(capsys: pytest.CaptureFixture[str], report_db: str,
   if fmt == "json": assert len(json.loads(text)["best"]) == 2 and {"m": 64, "n": 64, "k": 64} in [r["params"] for r in json.loads(text)["best"]]
   if fmt == "csv": assert "# history" in text and len(pd.read_csv(io.StringIO(text.split("# best\n")[1].split("\n\n")[0]))) == 2
   if fmt == "html":
-    assert text.count("<table") == 5 and not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
+    assert text.count("<table") == 5 + text.count("<details>")  # each search's candidates fold under its row
+    assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", text) and "https://" not in text
     if importlib.util.find_spec("matplotlib"): assert text.count("data:image/png;base64,") == 3
 
 
@@ -182,12 +183,22 @@ def test_compare_sweep(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> Non
 
 
 def test_missing_torch_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+  """Without PyTorch the default baselines go on without it, with a note that says what is left out (bench's note said "its column"
+  of a table with a row per implementation); --against torch asks for it, so its absence is the error."""
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else find_spec(name, *a))
-  code, out, err = run(capsys, "compare", "elementwise", "--sweep", "n=64", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--repeats", "3",
-                       "--format", "json")
-  assert code == 0 and 'pip install "tinytune[torch]"; its column is left out' in err and err.count("\n") == 1
-  assert "torch_ms" not in table(out, "sizes")[0]
+  db = ["--db", f"sqlite:///{tmp_path / 'c.db'}", "--repeats", "3", "--format", "json"]
+  code, out, err = run(capsys, "compare", "elementwise", "--sweep", "n=64", *db)
+  assert code == 0 and err == 'tinytune: note: PyTorch is not installed: pip install "tinytune[torch]"; its columns are left out\n'
+  assert "torch_ms" not in table(out, "sizes")[0] and "speedup_vs_torch" not in table(out, "sizes")[0]
+  code, out, err = run(capsys, "bench", "elementwise", "-p", "n=64", "--no-peak", *db)
+  assert code == 0 and err.endswith('pip install "tinytune[torch]"; its row is left out\n') and err.count("\n") == 1
+  assert "torch" not in {r["implementation"] for r in table(out, "implementations")}
+  for command in (["bench", "elementwise", "-p", "n=64", "--no-peak"], ["compare", "elementwise", "--sweep", "n=64"]):
+    for against in ("torch", "torch,numpy"):
+      code, out, err = run(capsys, *command, "--against", against, *db)
+      assert code == 2 and out == "" and err == (f'tinytune: error: --against {against}: PyTorch is not installed: pip install "tinytune[torch]" '
+                                                 "(or leave torch out of --against)\n")
   monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
   from tinytune.kernels.baselines import torch_module
   with pytest.raises(RuntimeError, match=r'pip install "tinytune\[torch\]"'): torch_module()
@@ -211,18 +222,21 @@ SCHEMA: dict[str, tuple[set[str], dict[str, set[str]]]] = {
              {"kernels": {"kernel", "dtype", "default_ms", "tuned_ms", "spread", "speedup", "cache_hit", "candidates", "opts", "key", "note",
                                      "errors"}}),
   "bench": ({"workload", "params", "dtype", "device", "peak_gflops", "peak_gbs"},
-            {"implementations": {"implementation", "dtype", "version", "median_ms", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup", "note"},
+            {"implementations": {"implementation", "dtype", "version", "median_ms", "spread", "min_ms", "gflops", "gbs", "roof_pct", "tuned_speedup",
+                                 "note"},
              "kernels": {"kernel", "dtype", "flops", "bytes", "opts", "opts_from"}}),
   "compare": ({"workload", "dtype", "device", "against"}, {"sizes": {"params", "dtype", "tuned_gflops", "default_ms", "tuned_ms", "numpy_ms",
+                                                                     "default_spread", "tuned_spread", "numpy_spread",
                                                                      "speedup_vs_default", "speedup_vs_numpy", "note"}}),
   "report": ({"workload", "kernel", "device"}, {
     "devices": {"id", "device", "kind", "name", "arch", "compiler_version", "codegen_version", "fingerprint_hash", "peak_gflops", "peak_gbs",
                 "probe"},
     "best": {"workload", "params", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs", "flops", "nbytes",
-             "opts", "key"},
-    "baselines": {"workload", "params", "dtype", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs", "flops", "nbytes",
-                  "created_at"},
-    "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms", "opts"}}),
+             "opts", "key", "run_id", "updated_at"},
+    "baselines": {"workload", "params", "dtype", "device", "library", "library_version", "median_ms", "spread", "min_ms", "gflops", "gbs", "flops",
+                  "nbytes", "created_at"},
+    "history": {"run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "status", "time_ms", "spread", "best_ms",
+                "opts", "error"}}),
   "devices": (set(), {"devices": {"device", "present", "name", "fingerprint", "threads", "compiler", "missing"}}),
   "kernels": (set(), {"workloads": {"workload", "params", "gpu_params", "dtypes", "gflop", "torch", "description"}}),
   "cache list": ({"source"}, {"entries": {"kernel", "workload", "params", "device", "here", "tuned_ms", "default_ms", "speedup", "updated_at", "opts",
@@ -283,22 +297,30 @@ def test_devices_table_keeps_brackets(capsys: pytest.CaptureFixture[str], monkey
   assert code == 0 and '".[cuda]"' in out
 
 
-def test_tables_fit_80_columns(capsys: pytest.CaptureFixture[str], report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tables_fit_80_to_140_columns(capsys: pytest.CaptureFixture[str], report_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Every command's tables fit the terminal with each header on one line (at 140 they wrapped) and names and numbers whole."""
   small = ["-p", "m=8", "-p", "n=8", "-p", "k=8"]
-  argvs = [["report", "--db", report_db], ["kernels"], ["devices"], ["cache", "list", "--db", report_db],
-           ["search", "matmul", *small, "--budget", "2", "--quiet", "--db", report_db],
+  argvs = [["report", "--db", report_db], ["report", "--db", report_db, "--table", "history"], ["kernels"], ["devices"],
+           ["cache", "list", "--db", report_db], ["search", "matmul", *small, "--budget", "2", "--quiet", "--db", report_db],
            ["bench", "matmul", *small, "--repeats", "2", "--no-peak", "--db", report_db],
-           ["compare", "matmul", *small, "--repeats", "2", "--db", report_db]]
+           ["compare", "matmul", "--sweep", "n=8,16", "-p", "m=8", "-p", "k=8", "--repeats", "2", "--db", report_db]]
   wide = []
-  for columns in (200, 80):
+  for columns in (200, 140, 100, 80):
     monkeypatch.setenv("COLUMNS", str(columns))
     for argv in argvs:
       code, out, err = run(capsys, *argv)
-      widest = max(map(len, out.splitlines()))
-      assert code == 0 and (widest <= 80 or columns == 200), (argv, widest, err)
+      lines = out.splitlines()
+      widest = max(map(len, lines))
+      assert code == 0 and (widest <= columns or columns == 200), (argv, widest, err)
+      assert all(lines[i + 2].startswith("┡") for i, line in enumerate(lines) if line.startswith("┏")), (argv, columns, "a header wrapped")
+      assert "…" not in out, (argv, columns)  # nothing had to be cut
+      if argv[0] in ("search", "bench"): assert re.search(r"│ r_8_8_8 +│", out), (argv, columns)
+      if argv[0] == "compare": assert re.search(r"│ (m=8 )?n=16\b", out) and "±" in out, (argv, columns)  # params wrap between items
       if columns == 200 and widest > 80: wide.append(argv[0])
   assert {"report", "kernels", "bench"} <= set(wide), wide  # a wide terminal gets wide tables (how wide a search's table is depends on what it found)
   assert "default_ms" in run(capsys, "search", "matmul", *small, "--db", report_db)[1]  # the columns that matter stay
+  monkeypatch.setenv("COLUMNS", "80")
+  assert "left out at 80 columns: key," in " ".join(run(capsys, "report", "--db", report_db, "--table", "best")[1].split())  # says what
 
 
 def test_the_search_table_says_which_measurement_it_shows(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
@@ -342,7 +364,8 @@ def test_a_baseline_that_cannot_run_the_dtype_is_a_note(capsys: pytest.CaptureFi
                        "--db", str(tmp_path / "n.db"), "--json")
   (row,) = table(out, "sizes")
   assert code == 0 and "numpy_ms" not in row and "speedup_vs_numpy" not in row and row["dtype"] == "int32"
-  assert err == "tinytune: note: numpy cannot run matmul in int32 on CPU (ufunc 'matmul' not supported for the input types); its column is left out\n"
+  assert err == (f"tinytune: note: numpy cannot run matmul in int32 on {runtime.Device.canonicalize(None)} (ufunc 'matmul' not supported for the "
+                 "input types); its columns are left out\n")  # the device TINYTUNE_DEVICE names: the H200's suite ran it on CUDA
 
 
 def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], tmp_path: Any, report_db: str) -> None:
@@ -379,3 +402,24 @@ def test_an_output_that_cannot_be_written_is_one_line(command: str, tmp_path) ->
     out = subprocess.run([sys.executable, "-m", "tinytune.cli", command], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
                          env={**os.environ, "TINYTUNE_CACHE_DIR": str(tmp_path)})
   assert out.returncode == 1 and out.stderr == "tinytune: error: cannot write the output: No space left on device\n", out.stderr
+
+
+def test_bench_and_compare_print_each_time_with_its_spread(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+  """`compare --against torch,numpy` twice in a row gave torch_ms 23.9 then 1.1 with no spread and no word about noise: each time
+  now shows its spread, the number stored is the number printed, and runs spread wider than the search trusts say so."""
+  from tinytune.cli import noisy
+  from tinytune.kernels.baselines import Timing
+  db, small = f"sqlite:///{tmp_path / 'spread.db'}", ["-p", "m=8", "-p", "n=8", "-p", "k=8", "--repeats", "3", "--against", "numpy"]
+  rows = table(run(capsys, "bench", "matmul", *small, "--no-peak", "--db", db, "--json")[1], "implementations")
+  assert all(r["spread"] == pytest.approx((r["median_ms"] - r["min_ms"]) / r["median_ms"], abs=1e-4) for r in rows)  # JSON's 10 decimals
+  stored = {b.library: b.median_s * 1e3 for b in Database(db).baselines(workload="matmul")}
+  assert {r["implementation"]: r["median_ms"] for r in rows if r["implementation"] in stored} == pytest.approx(stored)
+  out = run(capsys, "bench", "matmul", *small, "--no-peak", "--db", db, "--no-store")[1]
+  assert sum(bool(re.search(r"│ [\d.e-]+ ±[\d.]+% ", line)) for line in out.splitlines()) == 3  # default, tuned, numpy
+  (row,) = table(run(capsys, "compare", "matmul", *small, "--db", db, "--json")[1], "sizes")
+  assert all(0 <= row[f"{lib}_spread"] < 1 for lib in ("default", "tuned", "numpy"))
+  out = run(capsys, "compare", "matmul", *small, "--db", db, "--no-store")[1]
+  assert len(re.findall(r"│ [\d.e-]+ ±[\d.]+% ", out)) == 3 and "ms: median ±spread of the runs" in out
+  calm, busy = Timing("numpy", "1", [1.0, 1.1, 1.2]), Timing("torch", "2", [0.1, 1.0, 1.2])
+  assert noisy({"numpy": calm}) == "" and re.fullmatch(r"noisy: the machine was busy \(load [\d.]+\): runs spread torch 90%",
+                                                        noisy({"numpy": calm, "torch": busy}))

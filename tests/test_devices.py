@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import random
 import re
@@ -21,7 +22,7 @@ from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
 from tinytune.codegen.heuristic import hand_coded_optimizations
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.dtype import DType
-from tinytune.engine.schedule import create_schedule
+from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
 
@@ -75,6 +76,7 @@ def dtype_kernels() -> tuple[Kernel, ...]:
     outs = [(a * b + 3).max(1), (a - b).sum(1, dtype=dt), a.bitcast(to) + b.bitcast(to)]
     if dt == dtypes.float64: outs.append((a.exp() + a.sqrt() + a.sin() + a.log()) / b)
     if dt in (dtypes.float64, dtypes.bfloat16): outs.append(a.copysign(-b))
+    if to == dtypes.float16: outs.append(a.bitcast(to).copysign(-b.bitcast(to)))
     for item in (item for out in outs for item in create_schedule(out.uop, "CPU")[0]):
       base = Kernel(item.ast, H100)
       ret += [base, base.copy().apply_opts(hand_coded_optimizations(base))]
@@ -167,12 +169,23 @@ def test_hip_source_compiles_with_clang() -> None:
   assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
 
 
+@pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
+def test_hip_float16_products_do_not_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """HIP computes float16 natively, where clang fused a product and the add after it into v_fma_f16 (rounded once; NumPy rounds twice)."""
+  a, b, c = (Tensor(np.arange(64), dtype=dtypes.float16, device="CPU") for _ in range(3))
+  (item,), _ = create_schedule((a * b + c * 3 - a * c).uop, "CPU")
+  (tmp_path / "k.hip").write_text(HIPRenderer().render(Kernel(item.ast, H100)))
+  subprocess.run([str(_hip_clang()), *HIP_FLAGS, "k.hip", "-o", "k.s"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
+  asm = (tmp_path / "k.s").read_text()
+  assert "v_mul_f16" in asm and not re.findall(r"\bv_(?:pk_)?(?:fma|fmac|mad|mac)_(?:f16|mix)", asm)
+
+
 def test_group_reduce_renders_shared_memory_and_a_barrier() -> None:
   a, b = Tensor.rand(64, 32), Tensor.rand(32, 48)
   k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, H100).apply_opts([Opt(OptOps.LOCAL, 1, 16), Opt(OptOps.GROUP, 0, 4)])
   assert k.launch_dims == (64 * 3, 64)
   cuda, cl = CUDARenderer().render(k), OpenCLRenderer().render(k)
-  assert "__shared__ __align__(16) float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
+  assert "__shared__ __align__(32) float partials[64]" in cuda and "__syncthreads();" in cuda and "__launch_bounds__(64)" in cuda
   assert "__local float partials[64]" in cl and "barrier(CLK_LOCAL_MEM_FENCE);" in cl and "reqd_work_group_size(64, 1, 1)" in cl
 
 
@@ -261,7 +274,10 @@ def mma_kernels() -> tuple[Kernel, ...]:
   t, o = OptOps, Opt
   return (_matmul16((64, 32), (32, 48)).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 0, 2), o(t.LOCAL, 1, 3), o(t.UNROLL, 0, 2)]),
           _matmul16((48, 32), (64, 32), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 1), o(t.LOCAL, 1, 2)]),
-          _matmul16((32, 64), (32, 48), transpose_a=True).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 1, 3)]))
+          _matmul16((32, 64), (32, 48), transpose_a=True).apply_opts([o(t.TC, 0, 1), o(t.UPCAST, 1, 3)]),
+          # from shared memory (STAGE), both instructions
+          _matmul16((64, 64), (64, 48)).apply_opts([o(t.TC, 0, 1), o(t.STAGE, 0, 2), o(t.LOCAL, 1, 3)]),
+          _matmul16((64, 64), (48, 64), transpose_b=True, dtype=dtypes.bfloat16).apply_opts([o(t.TC, 0, 0), o(t.STAGE, 0, 2), o(t.LOCAL, 1, 3)]))
 
 
 def test_tensor_core_opt() -> None:
@@ -284,11 +300,64 @@ def test_tensor_core_source_compiles_with_nvcc() -> None:
   srcs = [CUDARenderer().render(k) for k in tc_kernels()]
   assert all("wmma::mma_sync" in s for s in srcs) and sum("16, __nv_bfloat16, wmma::" in s for s in srcs) == 3
   mma = [CUDARenderer().render(k) for k in mma_kernels()]
-  assert all("mma.sync.aligned.m16n8k16.row.col.f32" in s and "wmma" not in s for s in mma) and sum(".bf16.bf16" in s for s in mma) == 1
-  assert [k.tc.mma and (k.tc.a_layout, k.tc.b_layout) for k in mma_kernels()] == [  # type: ignore[union-attr]
+  assert all("mma.sync.aligned.m16n8k16.row.col.f32" in s and "wmma" not in s for s in mma[:-1]) and sum(".bf16.bf16" in s for s in mma) == 1
+  assert [k.tc.mma and (k.tc.a_layout, k.tc.b_layout) for k in mma_kernels()[:3]] == [  # type: ignore[union-attr]
     ("row_major", "row_major"), ("row_major", "col_major"), ("col_major", "row_major")]
+  assert all("__shared__ __align__(32) " + ty + " tile0[" in s for s, ty in zip(mma[3:], ("half", "__nv_bfloat16")))  # tiles as stored
+  assert "wmma::load_matrix_sync(a" in mma[-1] and "tile0+" in mma[-1]
   with pytest.raises(KernelOptError, match="GPU"): Kernel(_matmul16((64, 32), (32, 48)).ast, Device["CPU"].caps).apply_opt(Opt(OptOps.TC, 0, 1))
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs + mma)), errors[0]
+
+
+# magnitudes and signs of copysign with both signs of zero and of NaN; an H200 gave 4.0 for copysign(-4, -NaN) in float16 and +NaN
+# for copysign(NaN, -1) in float64
+SIGNS = ([1.0, -2.0, 3.0, -4.0, 0.0, -0.0, math.nan, 5.0, -math.nan, math.inf],
+         [-0.0, 0.0, math.nan, -math.nan, -1.0, 1.0, -1.0, -math.inf, 2.0, -math.nan])
+
+
+def _sign_kernels(dt: DType) -> list[tuple[Kernel, ScheduleItem]]:
+  """copysign(magnitudes, signs) and signbit(magnitudes) in `dt`, each a kernel with no opts."""
+  mag, sign = (Tensor(np.array(v, dt.np), device="CPU") for v in SIGNS)
+  return [(Kernel(item.ast, H100), item) for out in (mag.copysign(sign), mag.signbit()) for item in create_schedule(out.uop, "CPU")[0]]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64], ids=lambda d: d.name)
+def test_cuda_copysign_sets_the_sign_bit_by_integer_ops(dt: DType, tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """copysign's CUDA code has no float negation: PTX's neg.f64 (and neg.f32, cvt.f32.f16 on a GPU) may give a NaN of either sign."""
+  for k, _ in _sign_kernels(dt)[:1]:
+    (tmp_path / "k.cu").write_text(CUDARenderer().render(k))
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"], cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert not re.search(r"\b(neg|abs)\.f", ptx) and re.search(r"\band\.b(16|32|64)\b", ptx), ptx[ptx.index(".entry"):]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: CUDA's float16 conversions are not checked here")
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_cuda_16_bit_floats_keep_nan_signs(dt: DType, tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """copysign and signbit of CUDA's float16 and bfloat16, their kernels' source built for the host by nvcc (each block a call) with
+  cuda_fp16.h's and cuda_bf16.h's host conversions, which give the canonical NaN whatever its sign as the GPU's cvt does: NumPy's
+  signs, NaNs' and zeros' included."""
+  for k, item in _sign_kernels(dt):
+    src = CUDARenderer().render(k).replace("__device__", "__host__ __device__").replace("blockIdx.x", "tt_block")
+    src = re.sub(r'extern "C" __global__ void __launch_bounds__\(\d+\)', "void", src)
+    bufs = [item.out, *dict.fromkeys(k.bufs)]
+    sizes = [b.size * b.dtype.itemsize for b in bufs]
+    main = ("#include <cstdio>\nstatic int tt_block;\n" + src
+            + "struct tt_any { void* p; template <class T> operator T*() const { return (T*)p; } };\n"
+            + "int main() {\n" + "".join(f"  static unsigned char b{i}[{n}];\n" for i, n in enumerate(sizes))
+            + "".join(f"  if (fread(b{i}, 1, {n}, stdin) != {n}) return 1;\n" for i, n in enumerate(sizes) if i)
+            + f"  for (tt_block = 0; tt_block < {k.launch_dims[0]}; tt_block++) {k.name}({', '.join(f'tt_any{{b{i}}}' for i in range(len(bufs)))});\n"
+            + f"  return fwrite(b0, 1, {sizes[0]}, stdout) != {sizes[0]};\n}}\n")
+    (tmp_path / "k.cu").write_text(main)
+    subprocess.run(["nvcc", "k.cu", "-o", "k"], cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    run = subprocess.run(["./k"], cwd=tmp_path, input=b"".join(b.numpy_view().tobytes() for b in bufs[1:]), capture_output=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    got, (mag, sign) = np.frombuffer(run.stdout, item.out.dtype.np), (np.array(v) for v in SIGNS)
+    if item.out.dtype == dtypes.bool: assert np.array_equal(got, np.signbit(mag)), f"signbit {got} where NumPy gives {np.signbit(mag)}"
+    else:
+      want = np.copysign(mag, sign)
+      assert np.array_equal(np.signbit(got), np.signbit(want)) and np.array_equal(np.isnan(got), np.isnan(want)), f"copysign {got}, NumPy {want}"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: CUDA's bfloat16 rounding is not checked here")

@@ -250,11 +250,11 @@ def rounding_case(dtype: DType) -> tuple[np.ndarray, np.ndarray, np.ndarray, Sch
   return x, y, want, item
 
 
-def rounding_kernels(item: ScheduleItem) -> list[tuple[int, Kernel]]:
-  """The kernel as scalar code and in vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's conversions)."""
+def rounding_kernels(item: ScheduleItem, widths: tuple[int, ...] = (1, 16, 8, 4)) -> list[tuple[int, Kernel]]:
+  """The kernel as scalar code (width 1) and in vector lanes of 16, 8 and 4 (AVX-512's, F16C's and the compiler's conversions)."""
   from tinytune.runtime import DeviceCaps
-  return [(width, Kernel(item.ast, DeviceCaps(threads=1, simd_width=max(width, 4))).apply_opts(opts))
-          for width, opts in [(1, []), *((w, [Opt(OptOps.UPCAST, 0, 2 * w)]) for w in (16, 8, 4))]]
+  return [(w, Kernel(item.ast, DeviceCaps(threads=1, simd_width=max(w, 4))).apply_opts([] if w == 1 else [Opt(OptOps.UPCAST, 0, 2 * w)]))
+          for w in widths]
 
 
 def rounding_mismatch(width: int, x: np.ndarray, y: np.ndarray, want: np.ndarray, got: np.ndarray) -> str:
@@ -278,13 +278,13 @@ def test_16_bit_floats_in_vector_lanes_round_each_op(dtype: DType) -> None:
     assert not (bad := rounding_mismatch(width, x, y, want, item.out.numpy_view().copy())), bad
 
 
-# targets whose float16 arithmetic is native: (compiler, -march, an fp16 FMA in its assembly, an fp16 multiply). There gcc and clang
-# fused a float16 product and the add after it into one FMA under -ffp-contract=fast (rounded once, where NumPy rounds twice): found on
-# a Sapphire Rapids host, where the scalar kernel disagreed with its vector lanes and with NumPy
-NATIVE_F16 = {"gcc-sapphirerapids": ("gcc", "sapphirerapids", r"\bvf(?:n?m(?:add|sub)|m(?:addsub|subadd))\d+[ps]h\b", r"\bvmul[ps]h\b"),
-              "clang-sapphirerapids": ("clang", "sapphirerapids", r"\bvf(?:n?m(?:add|sub)|m(?:addsub|subadd))\d+[ps]h\b", r"\bvmul[ps]h\b"),
-              "gcc-aarch64-fp16": ("aarch64-linux-gnu-gcc", "armv8.2-a+fp16", r"\bf(?:n?m(?:add|sub)|ml[as])\s+[hv]\d+(?:\.\d*h)?,",
-                                   r"\bfmul\s+[hv]\d+(?:\.\d*h)?,")}
+# targets whose float16 arithmetic is native: (compiler, -march, an fp16 FMA in its assembly, an fp16 multiply, the CPU target's
+# vector widths). There gcc and clang fused a float16 product and the add after it into one FMA under -ffp-contract=fast (rounded
+# once, where NumPy rounds twice): found on a Sapphire Rapids host, where the scalar kernel disagreed with its vector lanes and NumPy
+X86_FMA, ARM_FMA = r"\bvf(?:n?m(?:add|sub)|m(?:addsub|subadd))\d+[ps]h\b", r"\bf(?:n?m(?:add|sub)|ml[as])\s+[hv]\d+(?:\.\d*h)?,"
+NATIVE_F16 = {"gcc-sapphirerapids": ("gcc", "sapphirerapids", X86_FMA, r"\bvmul[ps]h\b", (1, 16, 8, 4)),
+              "clang-sapphirerapids": ("clang", "sapphirerapids", X86_FMA, r"\bvmul[ps]h\b", (1, 16, 8, 4)),
+              "gcc-aarch64-fp16": ("aarch64-linux-gnu-gcc", "armv8.2-a+fp16", ARM_FMA, r"\bfmul\s+h\d+,", (1, 4))}
 
 
 def _cross_compile(cc: str, march: str, src: str, tmp: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -299,11 +299,11 @@ def _cross_compile(cc: str, march: str, src: str, tmp: Path, *flags: str) -> sub
 def test_float16_products_do_not_fuse_where_float16_is_native(target: str, tmp_path: Path) -> None:
   """Built for a CPU with float16 arithmetic (AVX512-FP16, ARMv8.2's FP16), the scalar and vector float16 kernels have no float16
   FMA in their assembly, and the scalar one does multiply in float16 (so the check means something)."""
-  cc, march, fma, mul = NATIVE_F16[target]
+  cc, march, fma, mul, widths = NATIVE_F16[target]
   if shutil.which(cc) is None: pytest.skip(f"{cc} is not installed")
   if _cross_compile(cc, march, "int x;\n", tmp_path, "-S", "-o", "k.s").returncode != 0: pytest.skip(f"{cc} does not know -march={march}")
   from tinytune.codegen.cstyle import CRenderer
-  for width, kernel in rounding_kernels(rounding_case(dtypes.float16)[3]):
+  for width, kernel in rounding_kernels(rounding_case(dtypes.float16)[3], widths):
     res = _cross_compile(cc, march, CRenderer().render(kernel), tmp_path, "-S", "-o", "k.s")
     assert res.returncode == 0, res.stderr[-2000:]
     asm = (tmp_path / "k.s").read_text()
@@ -313,21 +313,24 @@ def test_float16_products_do_not_fuse_where_float16_is_native(target: str, tmp_p
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
                     reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt install gcc-aarch64-linux-gnu qemu-user)")
-def test_float16_rounds_each_op_on_aarch64_with_fp16_arithmetic(tmp_path: Path) -> None:
-  """The float16 kernels built for ARMv8.2 with FP16 arithmetic and run under qemu give NumPy's bits, scalar and in vector lanes."""
+@pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+fp16"])  # the aarch64 target's; native on most ARM servers (float16 arithmetic)
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_16_bit_floats_round_each_op_on_aarch64(dtype: DType, march: str, tmp_path: Path) -> None:
+  """The 16-bit float kernels built for aarch64 and run under qemu give NumPy's bits, scalar and in the aarch64 target's vector lanes
+  (4)."""
   from tinytune.codegen.cstyle import CRenderer
-  x, y, want, item = rounding_case(dtypes.float16)
-  for width, kernel in rounding_kernels(item):
+  x, y, want, item = rounding_case(dtype)
+  for width, kernel in rounding_kernels(item, (1, 4)):
     bufs = [item.out, *dict.fromkeys(kernel.bufs)]  # the kernel's arguments, read from stdin but the output
     sizes = [b.size * b.dtype.itemsize for b in bufs]
     main = ("\n#include <stdio.h>\nint main(void) {\n" + "".join(f"  static _Alignas(64) unsigned char b{i}[{n}];\n" for i, n in enumerate(sizes))
             + "".join(f"  if (fread(b{i}, 1, {n}, stdin) != {n}) return 1;\n" for i, n in enumerate(sizes) if i)
             + f"  {kernel.name}({', '.join(f'(void*)b{i}' for i in range(len(bufs)))});\n"
             + f"  return fwrite(b0, 1, {sizes[0]}, stdout) != {sizes[0]};\n}}\n")
-    res = _cross_compile("aarch64-linux-gnu-gcc", "armv8.2-a+fp16", CRenderer().render(kernel) + main, tmp_path, "-static", "-o", "k", "-lm")
+    res = _cross_compile("aarch64-linux-gnu-gcc", march, CRenderer().render(kernel) + main, tmp_path, "-static", "-o", "k", "-lm")
     assert res.returncode == 0, res.stderr[-2000:]
     inputs = b"".join(b.numpy_view().tobytes() for b in bufs[1:])
     run = subprocess.run(["qemu-aarch64", "./k"], cwd=tmp_path, input=inputs, capture_output=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert not (bad := rounding_mismatch(width, x, y, want, np.frombuffer(run.stdout, np.float16))), f"aarch64+fp16, {bad}"
+    assert not (bad := rounding_mismatch(width, x, y, want, np.frombuffer(run.stdout, dtype.np))), f"{march}, {bad}"
 

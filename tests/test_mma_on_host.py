@@ -35,9 +35,11 @@ static std::barrier<>* block_sync;
 #define __launch_bounds__(n)
 #define __restrict__
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 static inline float __half2float(half h) { return (float)h; }
 static inline half __float2half_rn(float f) { return (half)f; }
 static void __syncwarp() { block_sync->arrive_and_wait(); }
+static void __syncthreads() { block_sync->arrive_and_wait(); }
 static float* lane_c[1024]; static const unsigned *lane_a[1024], *lane_b[1024];
 static float part(unsigned r, int e) { unsigned short u = e ? r >> 16 : r & 0xffff; half h; memcpy(&h, &u, 2); return (float)h; }
 static void tt_mma(float* c, const unsigned* a, const unsigned* b) {
@@ -93,19 +95,22 @@ extern "C" void run(void* out, const void* a, const void* b) {{
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
-@pytest.mark.parametrize("ta, tb, opts", [
-  (False, False, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UNROLL, 0, 2)]),
-  (False, True, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
-  (True, False, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 1, 3)]),
-  (True, True, [Opt(OptOps.TC, 0, 1), Opt(OptOps.SWAP, 0, 1)])])
-def test_mma_sync_source_multiplies_on_the_host(tmp_path, ta: bool, tb: bool, opts: list[Opt]) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("ta, tb, k, opts", [
+  (False, False, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UNROLL, 0, 2)]),
+  (False, True, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
+  (True, False, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 1, 3)]),
+  (True, True, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.SWAP, 0, 1)]),
+  # STAGE: the workgroup's tiles of A (stored transposed, rows padded) and B in shared memory, each K tile between two barriers
+  (False, False, 96, [Opt(OptOps.TC, 0, 1), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
+  (True, True, 64, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.UPCAST, 1, 3)])])
+def test_mma_sync_source_multiplies_on_the_host(tmp_path, ta: bool, tb: bool, k: int, opts: list[Opt]) -> None:  # type: ignore[no-untyped-def]
   rng = np.random.default_rng(0)
-  a_np, b_np = (rng.standard_normal(s).astype(np.float16) for s in ((32, 64) if ta else (64, 32), (48, 32) if tb else (32, 48)))
+  a_np, b_np = (rng.standard_normal(s).astype(np.float16) for s in ((k, 64) if ta else (64, k), (48, k) if tb else (k, 48)))
   a, b = Tensor(a_np).cast(dtypes.float16).realize(), Tensor(b_np).cast(dtypes.float16).realize()
   (item,), _ = create_schedule(((a.T if ta else a) @ (b.T if tb else b)).uop, "CPU")
-  k = Kernel(item.ast, H100_TC).apply_opts(opts)
-  assert k.tc is not None and k.tc.mma
+  kernel = Kernel(item.ast, H100_TC).apply_opts(opts)
+  assert kernel.tc is not None and kernel.tc.mma
   out = np.full(64 * 48, np.nan, np.float16)
-  _run_on_host(k, tmp_path, out, *(buf.numpy_view() for buf in k.bufs))  # type: ignore[attr-defined]  # data1, data2 in order
+  _run_on_host(kernel, tmp_path, out, *(buf.numpy_view() for buf in kernel.bufs))  # type: ignore[attr-defined]  # data1, data2 in order
   ref = (a_np.T if ta else a_np).astype(np.float32) @ (b_np.T if tb else b_np).astype(np.float32)
   np.testing.assert_allclose(out.reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=1e-2)

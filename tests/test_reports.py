@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -8,7 +9,18 @@ import sys
 import pandas as pd
 import pytest
 
-from tinytune.reports import FORMATS, baselines_frame, best_frame, devices_frame, history_frame, render, report_frames, roofline_frame
+from tinytune.reports import (
+  FORMATS,
+  baselines_frame,
+  best_frame,
+  devices_frame,
+  history_frame,
+  render,
+  report_frames,
+  roofline_frame,
+  searches_frame,
+  to_rich,
+)
 from tinytune.reports.plots import MAX_PANELS, convergence_panels
 from tinytune.results_db import Database, fingerprint_hash
 
@@ -71,7 +83,8 @@ def test_markdown_and_table(report_db: str) -> None:
 
 
 def _check_self_contained(page: str) -> None:
-  assert page.startswith("<!DOCTYPE html>") and page.count("<table") == 5  # the four tables and the roofline's points
+  assert page.startswith("<!DOCTYPE html>") and page.count("<details>") == 4  # each search's candidates, folded
+  assert page.count("<table") == 5 + 4  # the four tables (history as one row per search), the roofline's points and each search's
   assert not re.search(r"(src|href)\s*=\s*['\"]?\s*(https?:)?//", page), "the page links to the network"
   assert "http://" not in page and "https://" not in page
 
@@ -143,3 +156,106 @@ def test_roofline_says_how_to_store_a_peak(report_db: str) -> None:
   _program(db, ["r_nopeak"], {**OTHER_CPU, "name": "No peak CPU"})
   page = render({t: report_frames(db)[t] for t in ("devices", "best")}, "html")
   assert re.search(r"no stored peak for CPU:\w+: tinytune bench \(without --no-peak\) or tinytune devices --probe", page)
+
+
+def _known_tokens(frames: dict[str, pd.DataFrame]) -> set[str]:
+  """Every whole word of every cell and header of the tables `to_rich` draws from `frames` (the history as one row per search)."""
+  from tinytune.reports.render import _cell, _people
+  known: set[str] = set()
+  for name, df in frames.items():
+    if name == "history": name, df = "searches", searches_frame(df)
+    df = _people(name, df)
+    known |= {str(c) for c in df.columns} | {word for col in df.columns for x in df[col] for word in _cell(x).split()}
+  return known
+
+
+def _check_unbroken(out: str, width: int, known: set[str]) -> None:
+  """Lines fit `width`, each header is one line, and every word in a cell is a whole word of the table (no "r_128_" / "128", no
+  "12.42" / "9")."""
+  lines = out.splitlines()
+  assert max(map(len, lines)) <= width, max(lines, key=len)
+  heads = [i for i, line in enumerate(lines) if line.startswith("┏")]
+  assert heads and all(lines[i + 2].startswith("┡") for i in heads), "a header wrapped"
+  words = {w for line in lines if line.startswith(("│", "┃")) for cell in line.strip("│┃").replace("┃", "│").split("│") for w in cell.split()}
+  assert words <= known, sorted(words - known)
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_tables_never_break_a_number_a_name_or_a_header(report_db: str, width: int) -> None:
+  """At 80-100 columns numbers and kernel names wrapped across lines (`12.42`/`9`, `r_256`/`_256_`/`256`); at 140 headers did."""
+  from rich.console import Console
+  db = Database(report_db)
+  _program(db, ["r_1024_1_1024", "E_1024_1024", "r_1024_1_1024"])  # softmax's kernels on another CPU: longer names, two devices
+  frames = report_frames(db)
+  out = to_rich(frames, Console(file=io.StringIO(), width=width))
+  _check_unbroken(out, width, _known_tokens(frames))
+  for name in ("r_1024_1_1024#2", "r_128_128_128", "E_1024_1024", "matmul", "softmax"): assert name in out
+  assert "crashed=1" in out and "crashed:" in out  # the searches' failures and their errors stay at every width
+  for table in ("history", "best", "baselines"):  # each alone, as `report --table NAME` prints it
+    one = {table: frames[table]}
+    _check_unbroken(to_rich(one, Console(file=io.StringIO(), width=width)), width, _known_tokens(one) | _known_tokens({"x": frames[table]}))
+
+
+def test_a_table_too_wide_for_the_terminal_cuts_never_wraps(report_db: str) -> None:
+  from rich.console import Console
+  frames = {"best": best_frame(Database(report_db))}
+  out = to_rich(frames, Console(file=io.StringIO(), width=36))
+  assert max(map(len, out.splitlines())) <= 36 and "…" in out
+  assert sum(line.startswith("│") for line in out.splitlines()) == 2  # a line per row: cut with an ellipsis, not folded
+
+
+def test_report_history_names_each_searchs_failures(report_db: str) -> None:
+  """A search with crashed=2 timeout=1 showed its failures in neither search's table nor report's history: now report's table has a row
+  per search with its failed counts and the first error of each kind, and the HTML page each failed candidate's error."""
+  db = Database(report_db)
+  dev = db.device_id(OTHER_CPU)
+  run = db.start_run("softmax", {"rows": 4, "cols": 16}, dev, "optuna", {}, {"candidates": 5}, "sig failures", "float32")
+  kernel = db.kernel_id("kfail", "r_4_16", "ast", [4, 16], ["float32"], 1000, 100)
+  for i, (status, error) in enumerate([("ok", ""), ("crashed", "the worker died (exit code -11)"), ("timeout", "cut off after 3.0 s"),
+                                       ("crashed", "the worker died (exit code -6)"), ("ok", "")]):
+    t = 1e-3 if status == "ok" else None
+    db.record_candidate(run, kernel, dev, f'[["UPCAST",0,{i}]]', f"f{i}", 0.1, status, t, t, 0.01 if t else None, error)
+  db.finish_run(run, "done")
+  summary = searches_frame(history_frame(db, workload="softmax"))
+  row = summary.iloc[0]
+  assert row["tried"] == 5 and row["failed"] == {"crashed": 2, "timeout": 1} and row["best_ms"] == pytest.approx(1.0)
+  assert row["errors"] == "crashed: the worker died (exit code -11); timeout: cut off after 3.0 s"
+  table = render(report_frames(db, workload="softmax"), "table")
+  assert "crashed=2 timeout=1" in table and "crashed: the worker died (exit code -11); timeout: cut off after 3.0 s" in " ".join(
+    line.strip("│ ").split("│")[-1].strip() for line in table.splitlines() if line.startswith("│"))
+  assert "| crashed=2 timeout=1 | 1 | crashed: the worker died (exit code -11); timeout: cut off after 3.0 s |" in render(
+    report_frames(db, workload="softmax"), "md")
+  page = render(report_frames(db, workload="softmax"), "html")
+  assert page.count("<details>") == 1 and "5 tried, 3 failed, best 1 ms" in page
+  assert "the worker died (exit code -6)" in page and "<td>timeout</td>" in page  # every failure, under the search's row
+
+
+def test_html_says_why_a_kernels_two_figures_differ(report_db: str) -> None:
+  """The page's Best result said tuned 5.056 ms and Implementations compared 10.165 ms for the same kernel, and neither said why:
+  each table now says what its ms measures, and where the two are far apart a note puts them side by side."""
+  db = Database(report_db)
+  dev = db.device_id(OTHER_CPU)
+  _program(db, ["r_4_16"])  # tuned at 0.1 ms by its search's re-time
+  db.add_baseline(dev, "softmax", {"rows": 4, "cols": 16}, "tinytune-tuned", "1.0", 0.2e-3, 0.19e-3, "float16")  # bench: 0.2 ms
+  page = html.unescape(render(report_frames(db), "html"))
+  assert "ms: the search's final interleaved re-time of each kernel alone" in page and "ms: the latest bench or compare timing" in page
+  note = re.search(r"softmax rows=4 cols=16 float16 on CPU:\w+: the search re-timed r_4_16 at 0.1 ms \([\d: -]+\), the latest bench or "
+                   r"compare timed the program at 0.2 ms ±5.0% \([\d: -]+\): two measurements at different times", page)
+  assert note, "no note on the two figures"
+  assert "m=64 n=64 k=64" not in page.split("two measurements")[0].split("<p class='note'>")[-1]  # matmul's two figures agree: no note
+
+
+def test_plots_are_a_page_wide(report_db: str) -> None:
+  """The plots were about 330 pixels wide in a 1400 pixel page, with 7-point legends."""
+  pytest.importorskip("matplotlib")
+  from tinytune.reports.plots import convergence_plot, roofline_plot, throughput_plot
+  frames = report_frames(Database(report_db))
+  pngs = [throughput_plot(frames["baselines"]), convergence_plot(frames["history"]),
+          roofline_plot(roofline_frame(frames["best"], frames["devices"]), frames["devices"])]
+  assert all(png is not None and int.from_bytes(png[16:20], "big") >= 1100 for png in pngs)  # the PNG header's width
+
+
+def test_tables_are_a_blank_line_apart() -> None:
+  frames = {"a": pd.DataFrame({"x": [1, 2, 3]}), "b": pd.DataFrame({"y": [4]})}
+  out = render(frames, "table")
+  assert out.startswith("a\n┏") and "┘\n\nb\n┏" in out

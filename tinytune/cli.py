@@ -194,11 +194,16 @@ def _against(text: str) -> list[str]:
   return libs
 
 
-def _installed(libs: list[str]) -> list[str]:
-  """The baselines of `libs` that can run here: a missing PyTorch costs a one-line note, after any error that ends the command."""
+LEFT_OUT = {"bench": "its row is left out", "compare": "its columns are left out"}  # where a baseline that cannot run goes missing
+
+
+def _installed(libs: list[str], args: argparse.Namespace) -> list[str]:
+  """The baselines of `libs` that can run here, after any error that ends the command. A missing PyTorch is an error where
+  --against names it, and a one-line note where it is only the default."""
   from tinytune.kernels.baselines import TORCH_MISSING
   if "torch" in libs and importlib.util.find_spec("torch") is None:
-    print(f"tinytune: note: {TORCH_MISSING}; its column is left out", file=sys.stderr)
+    if args.against is not None: raise RuntimeError(f"--against {args.against}: {TORCH_MISSING} (or leave torch out of --against)")
+    print(f"tinytune: note: {TORCH_MISSING}; {LEFT_OUT[args.command]}", file=sys.stderr)
     return [x for x in libs if x != "torch"]
   return libs
 
@@ -214,6 +219,14 @@ def roof(gflops: float, gbs: float, peaks: tuple[float, float] | None, dtype: st
   why = "the stored peak is low (tinytune devices --probe measures it again) or the data fit in a cache"
   if dtype != "float32": why = f"the roof is float32's, which {dtype} instructions can outrun; or {why}"
   return 100.0, f"{pct:.0f}% of the stored roof, shown as 100: {why}"
+
+
+def noisy(timings: dict[str, Any]) -> str:
+  """A note naming the timings whose runs spread wider than the search trusts (median - min over NOISY_SPREAD of the median): the
+  machine was busy, so their ratios mean little."""
+  from tinytune.search.strategy import NOISY_SPREAD, busy_note
+  if not (wide := [f"{lib} {t.spread:.0%}" for lib, t in timings.items() if t.spread > NOISY_SPREAD]): return ""
+  return f"{busy_note()}: runs spread {', '.join(wide)}"
 
 
 def tolerance(dtype: Any) -> float:
@@ -235,16 +248,18 @@ def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> 
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
 
 
-def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], policy: Any, db: Any, dtype: Any) -> dict[str, Any]:
+def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], db: Any, dtype: Any, args: argparse.Namespace) -> dict[str, Any]:
   """tinytune's default and tuned kernels, then each baseline of `against`, all in `dtype`. A baseline that cannot compute in it
   (PyTorch has no integer conv2d on the CPU) costs a one-line note and is dropped from `against`, not the command."""
   from tinytune.kernels.baselines import measure
+  from tinytune.search.evaluate import TimingPolicy
+  policy = TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache)
   timings = measure(workload, params, device, ["tinytune-default", "tinytune-tuned"], policy, db, dtype)
   for lib in list(against):
     try: timings.update(measure(workload, params, device, [lib], policy, db, dtype))
     except (RuntimeError, TypeError, ValueError) as e:
       why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); its column is left out", file=sys.stderr)
+      print(f"tinytune: note: {lib} cannot run {workload.name} in {dtype.name} on {device} ({why}); {LEFT_OUT[args.command]}", file=sys.stderr)
       against.remove(lib)
   return timings
 
@@ -281,7 +296,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device, device_fingerprint
-  from tinytune.search.evaluate import TimingPolicy
   from tinytune.search.worker import mismatches
 
   _check_format(args.format)
@@ -289,11 +303,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
   device = Device.canonicalize(args.device)
   params, dtype = workload.params(parse_params(args.param, workload.names), is_gpu(device)), workload.dtype(args.dtype)
   db = Database(args.db)  # an unusable database is the one error, before any note
-  against = _against(args.against)
+  against = _against(args.against or DEFAULT_AGAINST)
   _runs_on(workload, params, dtype, device)
-  against = _installed(against)
+  against = _installed(against, args)
   peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
-  timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
+  timings = _timings(workload, params, device, against, db, dtype, args)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
   rows, ok = [], True
@@ -303,12 +317,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not args.no_store: store(db, workload, params, device, t, dtype)
     gflops, gbs = flops / t.median_s / 1e9, nbytes / t.median_s / 1e9
     roof_pct, above = roof(gflops, gbs, peaks, dtype.name)
-    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "min_ms": t.min_s * 1e3,
+    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "spread": t.spread,
+                 "min_ms": t.min_s * 1e3,
                  "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
-                 "note": "; ".join(x for x in (t.note, above) if x)})
+                 "note": "; ".join(x for x in (t.note, noisy({lib: t}), above) if x)})
   peak = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
   what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device}{peak}"
-  titles = {"implementations": f"{what}: tuned_speedup above 1: tuned is faster",
+  titles = {"implementations": f"{what} (ms: median ±spread of the runs; tuned_speedup above 1: tuned is faster)",
             "kernels": f"the kernels of {workload.name} as tuned (each run in turn per call)"}
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "peak_gflops": peaks[0] if peaks else None,
              "peak_gbs": peaks[1] if peaks else None}
@@ -469,7 +484,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
   from tinytune.reports import render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
-  from tinytune.search.evaluate import TimingPolicy
   from tinytune.search.tune import Tuner
 
   _check_format(args.format)
@@ -478,27 +492,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
   points = _sweep(args.sweep, workload)
   device = Device.canonicalize(args.device)
   db = Database(args.db)  # an unusable database is the one error, before any note
-  against = _against(args.against)
+  against = _against(args.against or DEFAULT_AGAINST)
   rows = []
   for i, point in enumerate(points):
     params = workload.params({**base, **point})
     if i == 0:
       _runs_on(workload, params, dtype, device)
-      against = _installed(against)
+      against = _installed(against, args)
     if args.tune:
       items = schedule(workload.instantiate(params, dtype, device)[0], device)[0]
       Tuner(db, device, args.strategy, {"candidates": args.budget, "seconds": None}).tune_program(items, workload.name, params, dtype.name)
-    timings = _timings(workload, params, device, against, TimingPolicy(max_repeats=args.repeats, warm_cache=args.warm_cache), db, dtype)
+    timings = _timings(workload, params, device, against, db, dtype, args)
     if not args.no_store:
       for t in timings.values(): store(db, workload, params, device, t, dtype)
     tuned = timings["tinytune-tuned"].median_s
     row: dict[str, Any] = {"params": params, "dtype": dtype.name, "tuned_gflops": workload.flops(params) / tuned / 1e9}
-    row.update({f"{lib.removeprefix('tinytune-')}_ms": t.median_s * 1e3 for lib, t in timings.items()})
+    for lib, t in timings.items(): row.update({f"{lib.removeprefix('tinytune-')}_ms": t.median_s * 1e3,
+                                               f"{lib.removeprefix('tinytune-')}_spread": t.spread})
     row["speedup_vs_default"] = timings["tinytune-default"].median_s / tuned
     row.update({f"speedup_vs_{lib}": timings[lib].median_s / tuned for lib in against})
-    row["note"] = timings["tinytune-tuned"].note
+    row["note"] = "; ".join(x for x in (timings["tinytune-tuned"].note, noisy(timings)) if x)
     rows.append(row)
-  title = f"{workload.name} in {dtype.name} on {device}: speedups above 1 mean tinytune's tuned kernels are faster"
+  title = f"{workload.name} in {dtype.name} on {device} (ms: median ±spread of the runs; speedups above 1: tinytune's tuned kernels are faster)"
   context = {"workload": workload.name, "dtype": dtype.name, "device": device, "against": against}
   _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", context, {"sizes": title}), None)
   return 0
@@ -581,6 +596,7 @@ def version() -> str:
   except PackageNotFoundError: return "unknown (not installed)"
 
 
+DEFAULT_AGAINST = "torch,numpy"
 MAX_OVERSUBSCRIBE = 4  # --oversubscribe allows this many search workers per core, no more
 
 
@@ -629,7 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
   for p in (bench, compare):
     p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
     p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
-    p.add_argument("--against", default="torch,numpy", help="baselines to time: torch, numpy or both (default torch,numpy)")
+    p.add_argument("--against", default=None, help=f"baselines to time: torch, numpy or both (default {DEFAULT_AGAINST}, without torch where "
+                   "it is not installed; named here, a missing one is an error)")
     p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
     p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
     add_format(p)
@@ -655,24 +672,24 @@ def build_parser() -> argparse.ArgumentParser:
   return ap
 
 
-class Stopped(KeyboardInterrupt):
-  """A SIGTERM or SIGHUP, raised where the program is like Ctrl-C's KeyboardInterrupt, so a search records what it finished."""
-  def __init__(self, signum: int) -> None: self.signum = signum
-
-
-def _stop(signum: int, frame: Any) -> None: raise Stopped(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
+  from tinytune.helpers import on_stop_signal, stop_handled
   args = build_parser().parse_args(argv)
   args.started = STARTED if argv is None else time.monotonic()  # the command line's process, or a call from Python now
-  if threading.current_thread() is threading.main_thread():
-    for signum in (signal.SIGTERM, signal.SIGHUP): signal.signal(signum, _stop)
+  stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+  before = {signum: signal.signal(signum, on_stop_signal) for signum in stops}
+  try: return _main(args)
+  finally:
+    stop_handled()
+    for signum, handler in before.items(): signal.signal(signum, handler)  # a call from Python leaves its caller's handlers
+
+
+def _main(args: argparse.Namespace) -> int:
   commands = {"search": cmd_search, "bench": cmd_bench, "compare": cmd_compare, "report": cmd_report, "devices": cmd_devices, "kernels": cmd_kernels,
               "db": cmd_db, "cache": cmd_cache}
   from sqlalchemy.exc import SQLAlchemyError
 
-  from tinytune.helpers import check_environment
+  from tinytune.helpers import Stopped, check_environment
   if getattr(args, "target", None): os.environ["TINYTUNE_CPU_TARGET"] = args.target  # the CPU device and search workers read it
   try:
     check_environment()

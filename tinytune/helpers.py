@@ -104,6 +104,31 @@ ENVIRONMENT: dict[str, Any] = {
 }
 
 
+class Stopped(KeyboardInterrupt):
+  """A SIGINT, SIGTERM or SIGHUP, raised where the program is as Ctrl-C's KeyboardInterrupt is, so a search records what it finished."""
+  def __init__(self, signum: int) -> None: self.signum = signum
+
+
+_stop_signal = 0  # the stop signal that came, until the command that installed on_stop_signal has handled it
+
+
+def on_stop_signal(signum: int, frame: Any) -> None:
+  global _stop_signal
+  _stop_signal = signum
+  raise Stopped(signum)
+
+
+def check_stop() -> None:
+  """Raise Stopped again for a stop signal whose own raise was lost: one that lands in a weakref callback or a __del__ (the UOp
+  cache's are frequent) is printed as "Exception ignored" and swallowed, and a search then ran to its end and exited 0."""
+  if _stop_signal: raise Stopped(_stop_signal)
+
+
+def stop_handled() -> None:
+  global _stop_signal
+  _stop_signal = 0
+
+
 def check_environment() -> None:
   """Parse every variable in ENVIRONMENT: the first bad one raises its ValueError (the CLI's one line and exit 2)."""
   for parse in ENVIRONMENT.values(): parse()

@@ -27,6 +27,7 @@ class CStyleRenderer:
   restrict = "restrict"
   buffer_prefix = ""  # an address space for buffers
   func_prefix = "static inline"  # helper functions
+  no_loop_vectorizer_prefix = ""  # before kernels better off without the compiler's loop vectorizer (see LinearProgram)
   vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops with native float32 vector code
   vector_floats: tuple[DType, ...] = (dtypes.float32,)  # the float dtypes computed in float32 vector lanes
   includes = "#include <math.h>\n"
@@ -38,7 +39,6 @@ class CStyleRenderer:
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str: return f"void {name}({', '.join(args)})"
   def program_prelude(self, p: LinearProgram) -> str: return ""  # helpers only some programs' statements call (CRenderer's)
-  def kernel_prefix(self, p: LinearProgram) -> str: return ""  # attributes before the kernel (CRenderer's)
   bf16_in, bf16_out = "tt_bf16_to_f32", "tt_f32_to_bf16"  # bfloat16's storage to float32, and float32 rounded to nearest even to storage
 
   def load(self, ptr: str, idx: str, dtype: DType) -> str: return f"{self.bf16_in}({ptr}[{idx}])" if dtype == dtypes.bfloat16 else f"{ptr}[{idx}]"
@@ -160,13 +160,13 @@ class CStyleRenderer:
     for u in p.uops:
       if (op := u.op) in CLOSES: at.depth -= 1; indent = "  " * at.depth  # noqa: E702
       if (fn := statements.get(op)) is None:
-        raise NotImplementedError(f"{type(self).__name__} has no {op.name} statement: the kernel's opts need a device with more (TC: CUDA)")
+        raise NotImplementedError(f"{type(self).__name__} has no {op.name} statement: the kernel's opts need a device with more (TC: CUDA, HIP)")
       out.append(indent + fn(self, u, at))
       if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
     args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
-    head += self.program_prelude(p) + self.kernel_prefix(p)
+    head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
 
   def ctype(self, u: UOp) -> str:
@@ -253,18 +253,19 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at:
+      f"{r.shared_prefix}{r.buffer_types.get(u.dtype, r.types[u.dtype]) if u.arg.stored else r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
 
 # Where float16 arithmetic is native (AVX512-FP16; ARMv8.2's FP16, with -march=native on most ARM servers), -ffp-contract=fast lets
 # gcc and clang fuse a float16 product and a later add into one float16 FMA (vfmadd*sh/ph, fmadd h), rounded once where NumPy rounds
-# the product and the sum. gcc's kernels then contract nothing (CRenderer.kernel_prefix), which keeps its loop vectorizer; clang has
-# no such attribute and fuses whatever a pragma says under -ffp-contract=fast, so there each product goes through an empty asm.
-NATIVE_F16 = "defined(__AVX512FP16__) || defined(__ARM_FEATURE_FP16_SCALAR_ARITHMETIC)"
-HALF_PRODUCT = f"""#if defined(__clang__) && ({NATIVE_F16})
-#define tt_hmul(a, b) ({{ __typeof__((a) * (b)) tt_p = (a) * (b); __asm__("" : TT_HOLD(tt_p)); tt_p; }})
+# the product and the sum; clang also narrows float32 lanes rounded to float16 back into float16 ops and fuses those. There each
+# float16 product goes through an empty asm, which no FMA can see through (it costs no instruction); float32 products, as in a float16
+# matmul's float32 sum, still fuse. Such vectors have at most 16 bytes on ARM (4 lanes) and 64 on x86 (AVX-512): one register.
+HALF_PRODUCT = """#if defined(__AVX512FP16__) || defined(__ARM_FEATURE_FP16_SCALAR_ARITHMETIC)
+#define tt_hmul(a, b) ({ __typeof__((a) * (b)) tt_p = (a) * (b); __asm__("" : TT_HOLD(tt_p)); tt_p; })
 #if defined(__x86_64__)
 #define TT_HOLD "+v"
 #else
@@ -278,6 +279,12 @@ HALF_PRODUCT = f"""#if defined(__clang__) && ({NATIVE_F16})
 
 class CRenderer(CStyleRenderer):
   """C for the CPU (gcc or clang with OpenMP)."""
+  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
+  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
+  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
+  # A tile copied across rows (a transpose's 8x8) gains nothing either, and took it 2-6 s to compile where the rows are short
+  # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
+  no_loop_vectorizer_prefix = '__attribute__((optimize("no-tree-loop-vectorize")))\n'
   parallel_prefix = "#pragma omp parallel for schedule(static)\n"
   vector_ops = CStyleRenderer.vector_ops | {Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.CMPLT, Ops.CMPNE, Ops.WHERE, Ops.CAST}
 
@@ -304,19 +311,6 @@ class CRenderer(CStyleRenderer):
     dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and u.arg.across for u in p.uops)
     return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "") \
       + (HALF_PRODUCT if dtypes.float16 in _dtypes(p.kernel) else "")
-
-  # gcc 12.2's loop vectorizer miscompiles an in-order float sum whose loads in one iteration are a permutation of
-  # consecutive addresses (acc += x[i+1]; acc += x[i]: it double counts some), as unrolled or fully unrolled reduce loops
-  # over flipped or transposed inputs are. Such a sum gains nothing from that vectorizer (its adds stay scalar), so it is off.
-  # A tile copied across rows (a transpose's 8x8) gains nothing either, and took it 2-6 s to compile where the rows are short
-  # (4x512x64 -> 4x64x512: float32 1.9 s, float16 6.0 s; 0.2 s without it, as fast to run)
-  def kernel_prefix(self, p: LinearProgram) -> str:
-    """gcc's optimize attribute: no loop vectorizer where it is better off (see LinearProgram), and no contraction in float16 kernels
-    where float16 arithmetic is native (see HALF_PRODUCT). A second optimize attribute would replace the first, so there is one."""
-    def attr(opts: list[str]) -> str: return "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in opts) + ")))\n" if opts else ""
-    opts = ["no-tree-loop-vectorize"] if p.no_loop_vectorizer else []
-    if dtypes.float16 not in _dtypes(p.kernel): return attr(opts)
-    return f"#if {NATIVE_F16}\n{attr(opts + ['fp-contract=off'])}#else\n{attr(opts)}#endif\n"
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
     return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"
@@ -342,24 +336,42 @@ class _GPURenderer(CStyleRenderer):
 
 class CUDARenderer(_GPURenderer):
   """CUDA C++. float16 is stored as half and computed in float32 (half's operators mix badly with float), rounded to half
-  where the program casts to float16; bfloat16 likewise as __nv_bfloat16."""
+  where the program casts to float16; bfloat16 likewise as __nv_bfloat16. Their conversions keep a NaN's sign (see half_prelude)."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float"}
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
-  def to_bits(self, x: str, dtype: DType) -> str: return f"__float2half_rn({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
-  def from_bits(self, x: str, dtype: DType) -> str: return f"__half2float({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
+  def to_bits(self, x: str, dtype: DType) -> str: return f"tt_f2h({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
+  def from_bits(self, x: str, dtype: DType) -> str: return f"tt_h2f({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
+  # a buffer's half converts by tt_h2f and tt_f2h (explicit: `mask ? half : float` is ambiguous to nvcc and NVRTC); shared memory
+  # holds float32 (CUDA's float16 values)
+  def load(self, ptr: str, idx: str, dtype: DType) -> str:
+    return f"tt_h2f({ptr}[{idx}])" if dtype == dtypes.float16 and ptr.startswith("data") else super().load(ptr, idx, dtype)
+  def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"{ptr}[{idx}] = tt_f2h({val});" if dtype == dtypes.float16 and ptr.startswith("data") else super().store(ptr, idx, val, dtype)
+  def half_prelude(self) -> str:
+    """float16 <-> float32 where cuda_fp16.h's conversions (cvt) give the GPU's canonical NaN, 0x7fffffff or 0x7fff, whatever the
+    sign (an H200 lost a NaN's sign in copysign): a NaN keeps its sign and top payload bits and is quiet, as x86's F16C makes it;
+    tt_rh rounds a float32 to float16's precision and leaves a NaN as it is."""
+    fp = self.func_prefix
+    return (f"{fp} float tt_h2f(half h) {{ unsigned short s; memcpy(&s, &h, 2); unsigned int u = s; float f = __half2float(h); "
+            "if ((u & 0x7fff) > 0x7c00) { u = (u & 0x8000) << 16 | 0x7fc00000 | (u & 0x3ff) << 13; memcpy(&f, &u, 4); } return f; }\n"
+            f"{fp} half tt_f2h(float f) {{ unsigned int u; memcpy(&u, &f, 4); unsigned short s = (u >> 16 & 0x8000) | 0x7e00 | (u >> 13 & 0x3ff); "
+            "half h = __float2half_rn(f); if (f != f) memcpy(&h, &s, 2); return h; }\n"
+            f"{fp} float tt_rh(float f) {{ return f != f ? f : __half2float(__float2half_rn(f)); }}\n")
   restrict, func_prefix = "__restrict__", "static __device__ inline"
-  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(16) "  # float4 reads
+  group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(32) "  # wmma
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(args)})'
 
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
-    return f"__half2float(__float2half_rn((float)({args[0]})))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
-  bf16_in = "__bfloat162float"
+    return f"tt_rh((float)({args[0]}))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
   def bf16_prelude(self) -> str:
-    """cuda_bf16.h rounds to nearest even, but makes every NaN 0x7fff: ml_dtypes (and the CPU) give the quiet NaN of its sign."""
-    return (f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ "
+    """cuda_bf16.h rounds to nearest even, but makes every NaN 0x7fff: ml_dtypes (and the CPU) give the quiet NaN of its sign. Its
+    __bfloat162float is a cvt on sm_90, which may make a NaN canonical too: a bfloat16 is a float32's high half, so a shift."""
+    return (f"{self.func_prefix} float tt_bf16_to_f32(__nv_bfloat16 h) {{ unsigned short s; memcpy(&s, &h, 2); "
+            "unsigned int u = (unsigned int)s << 16; float f; memcpy(&f, &u, 4); return f; }\n"
+            f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ "
             "return f != f ? __ushort_as_bfloat16(signbit(f) ? 0xffc0 : 0x7fc0) : __float2bfloat16_rn(f); }\n")
   # NVRTC refuses GNU statement expressions: a bitcast is a call of a template
   def reinterpret(self, x: str, src: str, dst: str) -> str: return f"tt_bitcast<{dst}>({x})"
@@ -376,7 +388,7 @@ class CUDARenderer(_GPURenderer):
     if what == "fragment":
       name, which, dtype, layout = arg
       return f"wmma::fragment<wmma::matrix_{which}, 16, 16, 16, {self.buffer_types[dtype]}, wmma::{layout}> {name};"
-    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, data{arg[1]}+{self.index(u.src[0], at.index)}, {arg[2]});"
+    if what == "load": return f"wmma::load_matrix_sync({arg[0]}, {self.ptr(arg[1])}+{self.index(u.src[0], at.index)}, {arg[2]});"
     if what == "mma": return f"wmma::mma_sync(acc{arg[0]}, {arg[1]}, {arg[2]}, acc{arg[0]});"
     if what == "store": return f"wmma::store_matrix_sync(tiles+warp*256, acc{arg[0]}, 16, wmma::mem_row_major);"
     return "__syncwarp();"
@@ -394,7 +406,7 @@ class CUDARenderer(_GPURenderer):
       name, buf, ld, which, layout = arg
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
-      out = [f"{{ const auto* p = data{buf}+{self.index(u.src[0], at.index)};"]
+      out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
         nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
@@ -434,7 +446,7 @@ class CUDARenderer(_GPURenderer):
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
-      + mma + bitcast + super().prelude(k)
+      + mma + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
 
 
 class HIPRenderer(_GPURenderer):
@@ -453,10 +465,40 @@ class HIPRenderer(_GPURenderer):
   # float64 exp2, log2 and sin are calls into ROCm's device library (ocml), which hiprtc links; the GPU has no instructions for them
   ocml = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
   def code(self, op: Ops, args: Sequence[str], dtype: DType) -> str:
+    if op is Ops.MUL and dtype == dtypes.float16: return f"tt_hmul({args[0]}, {args[1]})"
     return f"__ocml_{self.ocml[op]}_f64({args[0]})" if op in self.ocml and dtype == dtypes.float64 else super().code(op, args, dtype)
   def prelude(self, k: Kernel) -> str:
+    used = _dtypes(k)
     decl = "".join(f'extern "C" __attribute__((device, const)) double __ocml_{f}_f64(double);\n' for f in self.ocml.values())
-    return (decl if dtypes.float64 in _dtypes(k) else "") + super().prelude(k)
+    # float16 arithmetic is native, and clang fuses a product and an add into v_fma_f16 (one rounding; NumPy rounds each op): as on
+    # the CPU (see HALF_PRODUCT), each float16 product passes through an empty asm that holds it in a register
+    hmul = f'{self.func_prefix} _Float16 tt_hmul(_Float16 a, _Float16 b) {{ _Float16 p = a * b; __asm__("" : "+v"(p)); return p; }}\n'
+    ab = "short" if k.tc is not None and k.tc.a.dtype == dtypes.bfloat16 else "_Float16"  # WMMA's A and B: 16 elements a lane
+    wmma = "" if k.tc is None else f"typedef {ab} tt_ab16 __attribute__((vector_size(32)));\ntypedef float tt_c8 __attribute__((vector_size(32)));\n"
+    return (decl if dtypes.float64 in used else "") + (hmul if dtypes.float16 in used else "") + wmma + super().prelude(k)
+
+  # RDNA3's wave32 WMMA (v_wmma_f32_16x16x16_{f16,bf16}): lane l holds all 16 K of A's row l % 16 and of B's column l % 16 (lanes 16-31
+  # repeat lanes 0-15), and the floats of C at (2 v + l / 16, l % 16) for v in 0..7
+  def wmma(self, u: UOp, at: _At) -> str:
+    """The TC statements as RDNA3's WMMA builtin: each lane loads its row of A and column of B (two 16-byte loads where K is contiguous)
+    and stores its 8 floats of C to the warp's 256 floats of shared memory, in the row-major places the epilogue reads them."""
+    _, what, *arg = u.arg
+    if what == "ids": return f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;"
+    if what == "acc": return f"tt_c8 acc{arg[0]} = {{}};"
+    if what == "fragment": return f"tt_ab16 {arg[0]};"
+    if what == "load":
+      name, buf, ld, which, layout = arg
+      i, j = ("tile_col", "e") if which == "a" else ("e", "tile_col")  # the element's row and column in the 16x16 tile of A or B
+      p = f"{self.ptr(buf)}+{self.index(u.src[0], at.index)}"
+      if (which == "a") == (layout == "row_major"):  # K is contiguous: the lane's 16 elements are 32 bytes, 16-byte aligned (TC's checks)
+        return f"__builtin_memcpy(&{name}, __builtin_assume_aligned({p}+tile_col*{ld}, 16), 32);"
+      return f"for (int e = 0; e < 16; e++) {name}[e] = ({p})[{f'{i}*{ld}+{j}' if layout == 'row_major' else f'{j}*{ld}+{i}'}];"
+    if what == "mma":
+      ty = "bf16" if arg[3] == dtypes.bfloat16 else "f16"
+      return f"acc{arg[0]} = __builtin_amdgcn_wmma_f32_16x16x16_{ty}_w32({arg[1]}, {arg[2]}, acc{arg[0]});"
+    if what == "store": return f"for (int v = 0; v < 8; v++) tiles[warp*256+(2*v+tile_row)*16+tile_col] = acc{arg[0]}[v];"
+    return "// no wave barrier: the epilogue's floats of C at lane + 32 t are the lane's own, acc[t]"
+  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
 
 class OpenCLRenderer(_GPURenderer):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core
+from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core, input_strides
 from tinytune.codegen.lower import FLOAT_LANES
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
@@ -296,35 +296,6 @@ def lane_dim(k: Kernel) -> int | None:
   return next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), None)
 
 
-def input_strides(k: Kernel) -> list[list[int]]:
-  """For each buffer the reduce reads (through any reshapes), its element stride along each kernel dim, found by stepping that dim
-  from 0 to 1; a kernel without a reduce reads its buffers along the output dims."""
-  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(k.sizes)]
-  offsets: dict[UOp, None] = {}
-  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
-  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
-    if (u, idx) in seen: return
-    seen.add((u, idx))
-    if u.op is Ops.VIEW:
-      off = simplify(u.arg.index(idx)[0])
-      if u.src[0].op is Ops.BUFFER: offsets[off] = None
-      else: walk(u.src[0], split_offset(off, u.src[0].shape))
-      return
-    if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
-      walk(u.src[1], idx)
-      return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
-    if u.op is Ops.REDUCE:
-      red = list(idx)
-      for j, a in enumerate(k.reduce_axes): red[a] = dims[k.n_global + j]
-      idx = tuple(red)
-    for s in u.src: walk(s, idx)
-  walk(k.ast, tuple(dims[:k.n_global]))
-  def at(off: UOp, d: int) -> int:
-    c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
-    return int(c.arg) if c.op is Ops.CONST else -1
-  return [[at(off, d) - at(off, -1) if k.sizes[d] > 1 else 0 for d in range(len(k.sizes))] for off in offsets]
-
-
 STACK_MAX = 8  # the most rows of a cat or stack that a kernel computes at once
 
 
@@ -434,18 +405,92 @@ def gpu_shared_tile(k: Kernel) -> bool:
   return True
 
 
-def gpu_workgroups(k: Kernel) -> bool:
-  """Anything else: a reduce shared by the threads of a workgroup when there are few outputs, and workgroups along the contiguous
-  output dim."""
-  n, lane = k.n_global, k.n_global - 1
-  if k.reduceop is not None and k.n_reduce and prod(k.out_shape) < GROUP_MAX_OUTPUTS:
-    _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4)))
-  elif k.reduceop is None and n and k.ast.dtype == dtypes.float32: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))  # 16-byte accesses
-  if n: _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
+# threads that keep a big GPU busy: 132 SMs (H100, H200) x 1024, each with a 16-byte load in flight (about 2 MiB, what 4.8 TB/s over
+# ~0.5 us of memory latency needs); a planner that can give each thread more work keeps at least this many threads
+GPU_THREADS = 1 << 17
+WARP = 32
+WORKGROUP_MIN = 128  # threads a workgroup should have: an SM holds at most 32 workgroups, so 2-thread ones leave it 97% idle
+
+
+def _largest(n: int, most: int) -> int:
+  """The largest divisor of n that is at most `most` (1 where n or `most` is below 2)."""
+  return max(d for d in divisors(n) if d <= max(most, 1)) if n > 0 else 1
+
+
+def _fill_workgroup(k: Kernel, lane: int, least: int = WORKGROUP_MIN, most: int = 256) -> None:
+  """Threads along the lane dim (as many as divide it, up to `most`), then along the dims outside it until the workgroup has `least`:
+  neighbouring threads read neighbouring elements, and an SM's few workgroups still hold enough threads."""
+  for d in [lane, *reversed(range(lane))]:
+    if (have := k.launch_dims[1]) >= least: return
+    if (amt := _largest(k.remaining(d).size, most // have)) > 1: _first_valid(k, Opt(OptOps.LOCAL, d, amt))
+
+
+def gpu_conv(k: Kernel) -> bool:
+  """A convolution (products summed over channels and the window) with enough outputs to fill the GPU: an implicit GEMM whose
+  threads run along the output positions (a warp's loads one line of each input row, its weight loads one broadcast value), each
+  thread a few positions a warp apart by a few output channels in registers: every input value loaded serves that many channels
+  and every weight that many positions, while at least GPU_THREADS threads remain."""
+  lane = lane_dim(k)
+  if k.reduceop is None or k.n_reduce < 2 or lane is None: return False
+  strides = input_strides(k)
+  if (row := _tile_row(k, lane, strides)) is None or prod(k.out_shape) < GPU_THREADS: return False
+  tile = prod(k.out_shape) // GPU_THREADS  # outputs a thread may compute with GPU_THREADS threads left
+  _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (WARP, 16, 8)))
+  _first_valid(k, *(Opt(OptOps.UPCAST, lane, amt) for amt in (4, 2) if amt <= tile))
+  _first_valid(k, *(Opt(OptOps.UPCAST, row, amt) for amt in (8, 4, 2) if amt * k.upcast_size() <= tile))
+  _first_valid(k, Opt(OptOps.LOCAL, row, 2))  # a warp's neighbour reads the same inputs (from L1)
+  _fill_workgroup(k, lane, least=64)
+  if (window := k.remaining(len(k.sizes) - 1).size) <= 4: _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, window))
   return True
 
 
-GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_shared_tile, gpu_register_tile, gpu_workgroups)
+def gpu_column_reduce(k: Kernel) -> bool:
+  """A reduce that reads across rows (a column sum: contiguous along an output dim, not along the reduce): threads along the kept
+  dim with 16-byte loads (8 of them read one 128-byte line of a row), each looping down its column; where those threads are fewer
+  than GPU_THREADS the rows are shared by a workgroup's GROUP of them, each group a share of the rows, the partials added at the end."""
+  lane = lane_dim(k)
+  if k.reduceop is None or not k.n_reduce or lane is None: return False
+  red, strides = len(k.sizes) - 1, input_strides(k)
+  if any(st[red] == 1 for st in strides) or not any(st[lane] == 1 for st in strides): return False
+  if k.ast.dtype == dtypes.float32: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))
+  _first_valid(k, *(Opt(OptOps.LOCAL, lane, amt) for amt in (8, 4, 2)))
+  columns = prod(k.out_shape) // k.upcast_size()  # threads along the kept dims
+  rows = k.sizes[red]
+  want = next((g for g in (256, 128, 64, 32, 16, 8, 4, 2) if g * columns <= GPU_THREADS and rows // g >= 8), 1)
+  _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, g) for g in (256, 128, 64, 32, 16, 8, 4, 2) if g <= want))
+  _fill_workgroup(k, lane, least=64)
+  _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, 4))  # loads in flight
+  return True
+
+
+def gpu_workgroups(k: Kernel) -> bool:
+  """Anything else. A reduce along a contiguous axis with few outputs: a workgroup shares it; with many (attention's row max over
+  64Ki rows), a group of about the square root of its length shares each row (each thread's loads against the partials one thread
+  adds at the end). Elementwise kernels: a transpose (an input contiguous along another dim than the output) in workgroups of 8
+  columns by 32 rows, so a warp writes 4 rows of 32 bytes and reads 8 columns of 16; else 16-byte accesses along the contiguous dim
+  where every row starts 16-byte aligned (a row of 58 floats does not: 4 scalar accesses a thread would touch 4 times the sectors a
+  warp access), and workgroups along it and the dims outside it."""
+  n, lane = k.n_global, lane_dim(k)
+  if k.reduceop is not None and k.n_reduce and prod(k.out_shape) < GROUP_MAX_OUTPUTS:
+    _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4)))
+    if n: _first_valid(k, *(Opt(OptOps.LOCAL, n - 1, amt) for amt in (256, 128, 64, 32, 16, 8, 4, 2)))
+    return True
+  if lane is None: return True
+  strides = input_strides(k)
+  if k.reduceop is not None and k.n_reduce:
+    size = k.sizes[-1]
+    _first_valid(k, *(Opt(OptOps.GROUP, k.n_reduce - 1, g) for g in (256, 128, 64, 32, 16, 8, 4) if g * g <= size))
+  elif (tile := _transpose_tile(k, lane, strides)) is not None:
+    _first_valid(k, Opt(OptOps.LOCAL, lane, tile[1]))
+    _first_valid(k, Opt(OptOps.LOCAL, tile[0], _largest(k.sizes[tile[0]], WARP)))
+  elif k.ast.dtype == dtypes.float32 and all(st[d] % 4 == 0 for st in strides if st[lane] for d in range(n) if d != lane):
+    _first_valid(k, Opt(OptOps.UPCAST, lane, 4))  # 16-byte accesses
+  _fill_workgroup(k, lane)
+  return True
+
+
+GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_shared_tile, gpu_conv, gpu_register_tile, gpu_column_reduce,
+                                                     gpu_workgroups)
 
 
 def workgroup_optimizations(kernel: Kernel, planners: Sequence[Callable[[Kernel], bool]] = GPU_PLANNERS) -> list[Opt]:

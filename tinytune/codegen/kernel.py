@@ -16,7 +16,7 @@ from tinytune.helpers import divisors, prod, round_up
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import ALU, Ops, UOp, simplify
 
-__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts"]
+__all__ = ["Kernel", "KernelOptError", "AxisKind", "Axis", "candidate_opts", "input_strides"]
 
 
 class AxisKind(Enum):
@@ -53,7 +53,7 @@ def find_tensor_core(k: Kernel) -> TensorCore:
   """The tensor core mapping of a fresh kernel that is a float16 or bfloat16 matmul (a sum over one axis of A * B, each read straight from
   memory), or KernelOptError saying why not."""
   check(not k.opts, "TC comes first, before any other opt")
-  check(bool(k.caps.tensor_cores), "TC needs a device with tensor cores")
+  check(bool(k.caps.tensor_cores), k.caps.no_tc or "TC needs a device with tensor cores")
   red = k.reduceop
   check(red is not None and red.arg[0] is Ops.ADD and k.n_reduce == 1 and len(k.reduceops) == 1, "TC needs a kernel that sums over one axis")
   assert red is not None
@@ -112,6 +112,41 @@ def dims_read(root: UOp, target: UOp, stop: frozenset[UOp] = frozenset()) -> fro
   return frozenset(d for d, v in enumerate(dims) if v in found)
 
 
+def input_strides(k: Kernel) -> list[list[int]]:
+  """For each buffer the reduce reads (through any reshapes), its element stride along each kernel dim, found by stepping that dim
+  from 0 to 1; a kernel without a reduce reads its buffers along the output dims."""
+  # kept by the kernel and its copies (the heuristics and every lowering with GROUP and LOCAL threads ask; 1 ms a kernel)
+  if (key := tuple(k.sizes)) not in k.strides_seen: k.strides_seen[key] = _input_strides(k.ast, key, k.n_global, k.reduce_axes)
+  return [list(st) for st in k.strides_seen[key]]
+
+
+def _input_strides(ast: UOp, sizes: tuple[int, ...], n_global: int, reduce_axes: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+  zero, dims = UOp.const(dtypes.int64, 0), [UOp.var(f"d{i}", 0, max(s - 1, 0)) for i, s in enumerate(sizes)]
+  offsets: dict[UOp, None] = {}
+  seen: set[tuple[UOp, tuple[UOp, ...]]] = set()
+  def walk(u: UOp, idx: tuple[UOp, ...]) -> None:
+    if (u, idx) in seen: return
+    seen.add((u, idx))
+    if u.op is Ops.VIEW:
+      off = simplify(u.arg.index(idx)[0])
+      if u.src[0].op is Ops.BUFFER: offsets[off] = None
+      else: walk(u.src[0], split_offset(off, u.src[0].shape))
+      return
+    if u.op is Ops.GATHER:  # the gathered dim's index is data: counted as constant, so strides along the output dims are the reads'
+      walk(u.src[1], idx)
+      return walk(u.src[0], idx[:u.arg] + (zero,) + idx[u.arg + 1:])
+    if u.op is Ops.REDUCE:
+      red = list(idx)
+      for j, a in enumerate(reduce_axes): red[a] = dims[n_global + j]
+      idx = tuple(red)
+    for s in u.src: walk(s, idx)
+  walk(ast, tuple(dims[:n_global]))
+  def at(off: UOp, d: int) -> int:
+    c = simplify(off.substitute({v: UOp.const(dtypes.int64, int(i == d)) for i, v in enumerate(dims)}))
+    return int(c.arg) if c.op is Ops.CONST else -1
+  return tuple(tuple(at(off, d) - at(off, -1) if sizes[d] > 1 else 0 for d in range(len(sizes))) for off in offsets)
+
+
 def same_rows(a: UOp, b: UOp) -> bool:
   """Whether two reduces reduce the same dims of the same shape: one loop nest could run either (a chain's reduces do)."""
   return a.src[0].shape == b.src[0].shape and a.arg[1] == b.arg[1]
@@ -157,6 +192,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
+    self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
   @property
   def n_reduce(self) -> int: return len(self.sizes) - self.n_global
@@ -172,6 +208,17 @@ class Kernel:
   def launch_dims(self) -> tuple[int, int]:
     """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
     return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None and self.caps.has_local else 1)
+  @property
+  def thread_axes(self) -> list[int]:
+    """A workgroup's thread parts (LOCAL and GROUP axes), slowest first: the linear thread id is taken apart with the last fastest.
+    LOCAL parts by dim (a dim's inner part fastest), and the GROUP parts (the same) fastest where the reduce reads an input contiguous along a
+    grouped dim (a row sum: neighbouring threads read neighbouring elements of the row), else slowest (a column sum: neighbouring
+    threads read along the kept row, each group of them down its own share of the rows)."""
+    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    group = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.GROUP), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    if not local or not group: return local + group
+    dims = {self.axes[i].dim for i in group}
+    return local + group if any(st[d] == 1 for st in input_strides(self) for d in dims) else group + local
   def copy(self) -> Kernel:
     ret = copy.copy(self)
     ret.axes, ret.sizes, ret.global_order = [copy.copy(a) for a in self.axes], list(self.sizes), list(self.global_order)
@@ -227,6 +274,7 @@ class Kernel:
       check(opt.axis == 0 and arg in (0, 1), "TC takes axis 0 and arg 0 (wmma) or 1 (mma.sync): the kernel's matmul picks its axes")
       check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
       tc = replace(find_tensor_core(self), mma=arg == 1)
+      check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
@@ -243,7 +291,7 @@ class Kernel:
     staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
-      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP) if self.caps.has_local else \
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
@@ -273,7 +321,7 @@ class Kernel:
       whole = rem.size
       self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, dim, rem.stride * arg))
       rem.size = arg
-      if (need := self.stage_bytes()) > self.caps.shared_bytes:
+      if (need := self.stage_bytes() + self.tc_shared()) > self.caps.shared_bytes:
         self.axes.pop()
         rem.size = whole
         raise KernelOptError(f"STAGE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
@@ -302,9 +350,9 @@ class Kernel:
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
       if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
         if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
-          warps = self.sizes_of(AxisKind.LOCAL) * arg
-          check(warps * 1024 <= self.caps.shared_bytes, f"TC needs {warps * 1024} bytes of shared memory, over {self.caps.shared_bytes}")
-        if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg)) > self.caps.shared_bytes:
+          need = self.tc_shared(arg) + (self.stage_bytes(dim, arg) if staged else 0)
+          check(need <= self.caps.shared_bytes, f"TC needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+        if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg) + self.tc_shared()) > self.caps.shared_bytes:
           raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
         if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
           shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
@@ -340,11 +388,21 @@ class Kernel:
       return u.op not in (Ops.REDUCE, Ops.GATHER) and all(red not in s.toposort or direct(s) for s in u.src)
     return None if direct(self.ast) else "the output reads the reduce through a view that reorders it"
 
-  @cached_property
+  def tc_shared(self, grow: int = 1) -> int:
+    """The shared memory TC's accumulator tiles take: 256 floats a warp (with LOCAL about to grow by `grow`)."""
+    return self.sizes_of(AxisKind.LOCAL) * grow * 1024 if self.tc is not None else 0
+
+  @property
   def stage_inputs(self) -> tuple[UOp, ...]:
     """The inputs STAGE copies to shared memory: views of a buffer that the reduce's source reads at its own index (no view between)
-    and that change along the reduce dim, in a dtype that shared memory holds as loaded (not a 16-bit float, not bool). The kernel's
-    one reduce sums over its last dim, after the output's (a matmul's K), so the source's dims are the kernel's."""
+    and that change along the reduce dim, in a dtype that shared memory holds as loaded (not bool; a 16-bit float only for TC, whose
+    fragments load it as it is). The kernel's one reduce sums over its last dim, after the output's (a matmul's K), so the source's
+    dims are the kernel's."""
+    memo = self.__dict__.setdefault("_stage_memo", {})  # shared by copies: it depends on the graph and on TC alone
+    if (tc := self.tc is not None) not in memo: memo[tc] = self._stage_inputs(tc)
+    return memo[tc]
+
+  def _stage_inputs(self, half: bool) -> tuple[UOp, ...]:
     red = self.reduceop
     if red is None or len(self.reduceops) != 1 or red.arg[1] != (self.n_global,) or red.src[0].shape[:self.n_global] != tuple(self.out_shape):
       return ()
@@ -352,7 +410,7 @@ class Kernel:
     def walk(u: UOp) -> None:
       if u.op is Ops.VIEW:
         v = u.arg
-        if u.src[0].op is Ops.BUFFER and u.shape == src.shape and not u.dtype.is_half and u.dtype != dtypes.bool and \
+        if u.src[0].op is Ops.BUFFER and u.shape == src.shape and (half or not u.dtype.is_half) and u.dtype != dtypes.bool and \
            (v.strides[kd] != 0 or v.mask is not None and v.mask[kd] != (0, v.shape[kd])): found[u] = None
       elif u.op not in (Ops.REDUCE, Ops.GATHER):
         for s in u.src: walk(s)
@@ -368,7 +426,7 @@ class Kernel:
   def stage_tiles(self, dim: int = -1, grow: int = 1) -> list[tuple[UOp, list[tuple[int, int]], int]]:
     """Each staged input's tile in shared memory: (view, [(dim, extent)] outermost first, the padding after each row). The reduce dim
     is outermost, then the output dims in order, so the register tile's reads are contiguous along both output dims (A is stored
-    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 4 elements, which keeps
+    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 16 bytes, which keeps
     16-byte alignment and spreads the column's stores over the banks."""
     ret = []
     for view in self.stage_inputs:
@@ -377,7 +435,7 @@ class Kernel:
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
-      ret.append((view, dims, 4 if fastest != dims[-1][0] else 0))
+      ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:

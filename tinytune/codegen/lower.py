@@ -92,6 +92,7 @@ class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modul
 class LocalArg(NamedTuple):  # DEFINE_LOCAL
   name: str
   size: int
+  stored: bool = False  # elements as a buffer holds them (a 16-bit float as 16 bits: TC's fragments read it), else as computed
 
 
 # the args that every lowering makes many of, made once (a NamedTuple costs several times a tuple to make; names repeat across kernels)
@@ -253,32 +254,47 @@ class LoopNest:
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp], copies: list[UOp]) -> list[UOp]:
-    """The global loops become workgroups and the LOCAL and GROUP parts their threads (GROUP parts fastest), each index
-    taken apart from one linear id. Each GROUP thread reduces its share; thread 0 of a group adds the partials from shared
-    memory and stores. With STAGE, each K tile's loop copies the tiles (`copies`) to shared memory between two barriers: the
+    """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
+    taken apart from one linear id. Each GROUP thread reduces its share into shared memory; a group of a power of two adds them
+    in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one by one
+    took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
+    first thread stores. With STAGE, each K tile's loop copies the tiles (`copies`) to shared memory between two barriers: the
     copy waits until every thread is done reading the last tile, the reads until the copy is whole."""
     k = self.k
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
-    local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim)
-    group = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), key=lambda i: (k.axes[i].dim, -k.axes[i].stride))
-    if local or group: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
-    out += self.unflatten(local + group, "lid")
+    threads = k.thread_axes
+    if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
+    out += self.unflatten(threads, "lid")
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
     if (tiles := next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE), None)) is not None:  # one reduce (Kernel.stage_inputs)
       barrier = stmt(Ops.BARRIER)
       out += decls + self.nest([tiles], [*copies, barrier, *self.nest(red, bodies[0]), stmt(Ops.BARRIER)]) + combine[0]
     else: out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      threads = k.launch_dims[1]
+      n = k.launch_dims[1]
+      step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
       partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, threads - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * threads}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * threads), dtype=dt))
+      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, n - 1)
+      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
+      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * n), dtype=dt))
       out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      out += [stmt(Ops.BARRIER), stmt(Ops.EXIT, (lid % groups).alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)))]
-      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
-      out += [stmt(Ops.ASSIGN, u, cell(j, "lid+q"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-      out.append(stmt(Ops.ENDRANGE))
+      place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
+      out.append(stmt(Ops.BARRIER))
+      if groups & (groups - 1):  # the first thread adds the others' partials one by one
+        out += [stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False))]
+        at = "lid+q" if step == 1 else f"lid+q*{step}"
+        out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+        out.append(stmt(Ops.ENDRANGE))
+        return out + post
+      half = groups // 2
+      while half:  # a power of two: the lower half adds the upper half's partials, then a barrier, until one is left
+        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))))
+        out += [stmt(Ops.ASSIGN, u, cell(j, f"lid+{half * step}"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+        if half > 1: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+        out.append(stmt(Ops.ENDIF))
+        if half > 1: out.append(stmt(Ops.BARRIER))
+        half //= 2
+      out.append(stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))))
     return out + post
 
 
@@ -505,7 +521,7 @@ class _Lowerer:
     self.lines = []
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
     for view, (name, dims, strides) in self.staged.items():
-      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0]), dtype=view.dtype))
+      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0], k.tc is not None), dtype=view.dtype))
       st = view.arg.strides
       order = sorted(dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
       fast = order[0][0]
@@ -810,21 +826,33 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
   tiles = lw.instances((AxisKind.UPCAST,))
   out += [wmma("acc", j) for j in range(len(tiles))]
-  frags: dict[tuple[str, UOp, UOp], str] = {}
+  frags: dict[tuple[str, object, UOp], str] = {}
   body: list[UOp] = []
+  wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
-    off = lw.simplify(view.arg.index(tuple(dims))[0])
-    if (key := (which, view.src[0], off)) not in frags:
+    buf: int | str = lw.bufs[view.src[0].arg]
+    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory, K its outer dim (Kernel.stage_tiles)
+      buf, tile, strides = lw.staged[view]
+      off = lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(wg)) for d, _ in tile})
+      st = {d: s for (d, _), s in zip(tile, strides)}
+      i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
+      layout, ld = ("row_major", st.get(i, 0)) if st.get(j) == 1 else ("col_major", st.get(j, 0))
+    else: off = lw.simplify(view.arg.index(tuple(dims))[0])
+    if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
-      body.append(wmma("load", name, lw.bufs[view.src[0].arg], ld, which, layout, src=(off,)))
+      body.append(wmma("load", name, buf, ld, which, layout, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
     for j, tile in enumerate(tiles):
       dims = lw.dims({**tile, **unroll})
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
       body.append(wmma("mma", j, a, b, tc.a.dtype))
-  out += lw.nesting.nest([i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], body)
+  red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+  if lw.staged:  # each K tile copied by the workgroup between two barriers, as LoopNest.workgroups does it
+    copies, tiles_axis = lw.stage_copies(), next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+    out += lw.decls + lw.nesting.nest([tiles_axis], [*copies, stmt(Ops.BARRIER), *lw.nesting.nest(red, body), stmt(Ops.BARRIER)])
+  else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
   tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)

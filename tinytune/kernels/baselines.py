@@ -41,6 +41,8 @@ class Timing:
   def min_s(self) -> float: return min(self.times)
   @property
   def median_s(self) -> float: return statistics.median(self.times)
+  @property
+  def spread(self) -> float: return (self.median_s - self.min_s) / self.median_s if self.median_s > 0 else 0.0  # as the search's
 
 
 def time_callable(run: Callable[[], float], policy: TimingPolicy | None = None) -> list[float]:

@@ -18,11 +18,12 @@ from tinytune.results_db import Baseline, Candidate, Database, Device, KernelRec
 from tinytune.results_db.db import skipping
 
 BEST_COLUMNS = ["workload", "params", "param_values", "dtype", "kernel", "device", "strategy", "default_ms", "tuned_ms", "speedup", "gflops", "gbs",
-                "flops", "nbytes", "opts", "key"]
-HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "dtype", "kernel", "device", "tried", "status", "time_ms", "best_ms",
-                   "opts"]
-BASELINE_COLUMNS = ["workload", "params", "param_values", "dtype", "device", "library", "library_version", "median_ms", "min_ms", "gflops", "gbs",
-                    "flops", "nbytes", "created_at"]
+                "flops", "nbytes", "opts", "key", "run_id", "updated_at"]
+HISTORY_COLUMNS = ["run_id", "strategy", "workload", "params", "param_values", "dtype", "kernel", "device", "tried", "status", "time_ms", "spread",
+                   "best_ms", "opts", "error"]
+SEARCH_COLUMNS = ["run_id", "strategy", "workload", "params", "dtype", "kernel", "device", "tried", "failed", "best_ms", "errors"]
+BASELINE_COLUMNS = ["workload", "params", "param_values", "dtype", "device", "library", "library_version", "median_ms", "spread", "min_ms", "gflops",
+                    "gbs", "flops", "nbytes", "created_at"]
 ROOFLINE_COLUMNS = ["point", "kernel", "workload", "params", "dtype", "device", "flops_per_byte", "gflops", "roof_gflops", "roof_pct", "above_roof"]
 
 
@@ -91,13 +92,15 @@ def _device_filter(devices: pd.DataFrame, device: str | None) -> pd.Series:
 
 
 def best_frame(db: Database, workload: str | None = None, device: str | None = None) -> pd.DataFrame:
-  """The tuning cache: per kernel and device, the default and tuned times, speedup, throughput and the opts."""
+  """The tuning cache: per kernel and device, the default and tuned times (the search's final interleaved re-time of the kernel alone,
+  as stored: run_id names the search, null for an entry imported from a cache file; updated_at when), speedup, throughput and opts."""
   devices = devices_frame(db)
   devices = devices[_device_filter(devices, device)]
   kernels = _table(db, KernelRecord)[["key", "name", "flops", "nbytes", "dtypes"]]
   runs = _table(db, SearchRun)[["id", "strategy", "dtype"]].rename(columns={"id": "run_id"})  # the entry itself names its workload and params
   df = _table(db, Tuned).merge(devices[["fingerprint_hash", "device"]], left_on="device_hash", right_on="fingerprint_hash")
   df = df.merge(kernels, how="left", left_on="kernel_key", right_on="key").merge(runs, how="left", on="run_id")
+  df["run_id"] = df["run_id"].astype("Int64")  # null where the entry came from a cache file
   if workload: df = df[df["workload"] == workload]
   if df.empty: return pd.DataFrame(columns=BEST_COLUMNS)
   # the name the entry was tuned under (unique in its program: r_1024_1_1024#2), else the kernel's, else its key
@@ -133,6 +136,19 @@ def history_frame(db: Database, workload: str | None = None, device: str | None 
   return df[HISTORY_COLUMNS]
 
 
+def searches_frame(history: pd.DataFrame) -> pd.DataFrame:
+  """One row per search of a kernel in `history` (a history_frame): candidates tried, the failed ones by status, the best median
+  while searching, and the first error of each kind of failure ("crashed: the worker died (exit code -11); timeout: ...")."""
+  rows = []
+  for _, g in history.groupby(["run_id", "kernel"], sort=False):
+    failed = g[g["status"] != "ok"]
+    first = failed.drop_duplicates("status")
+    rows.append({**g.iloc[-1][SEARCH_COLUMNS[:7] + ["best_ms"]].to_dict(), "tried": len(g),
+                 "failed": failed["status"].value_counts(sort=False).to_dict(),
+                 "errors": "; ".join(f"{s}: {e}" if e else s for s, e in zip(first["status"], first["error"]))})
+  return pd.DataFrame(rows, columns=SEARCH_COLUMNS)
+
+
 def baselines_frame(db: Database, workload: str | None = None, device: str | None = None) -> pd.DataFrame:
   """The latest timing per workload, params, device and implementation (tinytune default and tuned, torch, numpy), with throughput."""
   devices = devices_frame(db)
@@ -143,7 +159,8 @@ def baselines_frame(db: Database, workload: str | None = None, device: str | Non
   df = df.sort_values("id").drop_duplicates(["device_id", "workload", "params", "dtype", "library"], keep="last")
   counts = [_workload_counts(w, p, d) for w, p, d in zip(df["workload"], df["params"], df["dtype"])]
   df["flops"], df["nbytes"] = [c[0] for c in counts], [c[1] for c in counts]
-  df = df.assign(median_ms=df["median_s"] * 1e3, min_ms=df["min_s"] * 1e3, gflops=df["flops"] / df["median_s"] / 1e9,
+  df = df.assign(median_ms=df["median_s"] * 1e3, min_ms=df["min_s"] * 1e3, spread=(df["median_s"] - df["min_s"]) / df["median_s"],
+                 gflops=df["flops"] / df["median_s"] / 1e9,
                  gbs=df["nbytes"] / df["median_s"] / 1e9, label=_labels(df), param_values=_values(df))
   df = df.sort_values(["workload", "dtype", "flops", "label", "library"]).reset_index(drop=True)
   return df.drop(columns="params").rename(columns={"label": "params"})[BASELINE_COLUMNS]

@@ -27,16 +27,27 @@ def _pyplot() -> Any:
 def _png(fig: Any) -> bytes:
   buf = io.BytesIO()
   fig.tight_layout()
-  fig.savefig(buf, format="png", dpi=90)
+  fig.savefig(buf, format="png", dpi=100)
   _pyplot().close(fig)
   return buf.getvalue()
 
 
+WIDTH = 12  # inches: 1200 pixels, the width of the report's page, whatever the number of panels
+
+
 def _grid(n: int) -> tuple[Any, list[Any]]:
-  cols = min(n, 3)
-  fig, axes = _pyplot().subplots((n + cols - 1) // cols, cols, figsize=(5 * cols, 3.6 * ((n + cols - 1) // cols)), squeeze=False)
+  """Panels two to a row (one alone), a page wide, with text at a size read without zooming."""
+  cols = min(n, 2)
+  rows = (n + cols - 1) // cols
+  fig, axes = _pyplot().subplots(rows, cols, figsize=(WIDTH, 4.5 * rows), squeeze=False)
   for ax in axes.flat[n:]: ax.set_visible(False)
   return fig, list(axes.flat[:n])
+
+
+def _plain(axis: Any) -> None:
+  """Tick labels of a log axis as plain numbers (0.5, 2, 40), not powers of ten."""
+  from matplotlib.ticker import FuncFormatter
+  for set_formatter in (axis.set_major_formatter, axis.set_minor_formatter): set_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def throughput_plot(baselines: pd.DataFrame) -> bytes | None:
@@ -50,9 +61,9 @@ def throughput_plot(baselines: pd.DataFrame) -> bytes | None:
     for library, lg in g.groupby("library"):
       lg = lg.set_index("params").reindex(order)
       ax.plot(range(len(order)), lg["gflops"], marker="o", label=library)
-    ax.set_xticks(range(len(order)), order, rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(range(len(order)), order, rotation=20, ha="right", fontsize=9)
     ax.set(title=f"{workload} on {device}", ylabel="GFLOPS")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=10)
   return _png(fig)
 
 
@@ -76,8 +87,9 @@ def convergence_plot(history: pd.DataFrame, max_panels: int = MAX_PANELS) -> byt
       ax.step(rg["tried"], rg["best_ms"], where="post", label=f"{strategy} (run {run_id})")
     program = " ".join(str(x) for x in (workload, params, dtype) if isinstance(x, str) and x)
     ax.set(xlabel="candidates tried", ylabel="best ms", yscale="log")
-    ax.set_title(f"{kernel} on {device}\n{program}", fontsize=9)
-    ax.legend(fontsize=7)
+    _plain(ax.yaxis)
+    ax.set_title(f"{kernel} on {device}\n{program}", fontsize=11)
+    ax.legend(fontsize=10)
   return _png(fig)
 
 
@@ -87,7 +99,7 @@ def roofline_plot(points: pd.DataFrame, devices: pd.DataFrame) -> bytes | None:
   if points.empty: return None
   peaks = devices.dropna(subset=["peak_gflops", "peak_gbs"]).drop_duplicates("device").set_index("device")
   plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = plt.subplots(figsize=(WIDTH, 6))
   x = points["flops_per_byte"]
   lo, hi = max(min(x.min() / 4, 0.05), 1e-3), max(x.max() * 4, 64)
   xs = [lo * (hi / lo) ** (i / 63) for i in range(64)]
@@ -97,7 +109,7 @@ def roofline_plot(points: pd.DataFrame, devices: pd.DataFrame) -> bytes | None:
                    label=f"roof {device}: {peak['peak_gflops']:.0f} GFLOPS, {peak['peak_gbs']:.1f} GB/s")[0]
     ax.scatter(d["flops_per_byte"], d["gflops"], zorder=3, color=line.get_color(), label=f"tuned kernels on {device}")
     for _, row in d.iterrows():
-      ax.annotate(str(row["point"]), (row["flops_per_byte"], row["gflops"]), xytext=(3, 3), textcoords="offset points", fontsize=7)
+      ax.annotate(str(row["point"]), (row["flops_per_byte"], row["gflops"]), xytext=(3, 3), textcoords="offset points", fontsize=10)
   ax.set(xscale="log", yscale="log", xlabel="FLOPs per byte", ylabel="GFLOPS", title="roofline of tuned kernels (numbers: the table below)")
-  ax.legend(fontsize=7, loc="lower right")
+  ax.legend(fontsize=10, loc="upper left")  # above the slope of the roof, where no kernel is
   return _png(fig) if math.isfinite(hi) else None

@@ -10,10 +10,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tinytune.codegen.caps import amd_caps
 from tinytune.codegen.cstyle import HIPRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import env_int
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, KernelGraph, Program, Steps, disk_cached
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelGraph, Program, Steps, disk_cached
 
 
 def _lib(name: str) -> ctypes.CDLL:
@@ -130,9 +131,8 @@ class AMDDevice(Compiled):
     self.start, self.end = ctypes.c_void_p(), ctypes.c_void_p()
     for e in (self.start, self.end): self.check(self.hip.hipEventCreate(ctypes.byref(e)), "hipEventCreate")
     self.renderer = HIPRenderer()
-    self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255,
-                           max_local=self._attr(HIP_ATTR_MAX_THREADS_PER_BLOCK) or 1024,
-                           shared_bytes=self._attr(HIP_ATTR_MAX_SHARED_PER_BLOCK) or 65536)
+    self.caps = amd_caps(self.arch, max_local=self._attr(HIP_ATTR_MAX_THREADS_PER_BLOCK) or 1024,
+                         shared_bytes=self._attr(HIP_ATTR_MAX_SHARED_PER_BLOCK) or 65536)
 
   def check(self, status: int, what: str) -> None:
     if status != 0:

@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Sequence
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+from tinytune.helpers import check_stop
 from tinytune.runtime import Device
 
 STATUSES = ("ok", "wrong", "crashed", "timeout", "compile_error", "invalid")
@@ -171,6 +172,7 @@ class Evaluator:
     results: list[Result] = []
     chunk = 2 * self.pool._max_workers  # compile a few in parallel, run them, look at the clock
     for start in range(0, len(candidates), chunk):
+      check_stop()
       results += (done := self._evaluate(candidates[start:start + chunk]))
       if len(done) < len(candidates[start:start + chunk]): break
     return results

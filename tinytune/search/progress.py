@@ -4,8 +4,9 @@ from __future__ import annotations
 import math
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Callable, TextIO
 
 from tinytune.codegen.kernel import Kernel
 from tinytune.helpers import env_int
@@ -29,6 +30,8 @@ class ProgressLine:
   tried = failed = 0
   default_s = best_s = math.inf
   retimed = ""  # how the final figures were measured, once the search has re-timed them
+  clock: Callable[[], float] = time.monotonic
+  started = 0.0  # when the kernel's first result (its default's) came
 
   def __call__(self, kernel: Kernel, result: Result) -> None:
     if kernel.key != self.key:
@@ -36,7 +39,7 @@ class ProgressLine:
       self.key, self.label = kernel.key, self.labels.get(kernel.key, kernel.name)
       self.tried = self.failed = 0
       self.default_s = self.best_s = math.inf
-      self.retimed = ""
+      self.retimed, self.started = "", self.clock()
     if self.tried == 0 and result.status == "ok": self.default_s = result.time  # the Tuner reports the default opts first
     self.tried += 1
     self.failed += result.status != "ok"
@@ -64,7 +67,11 @@ class ProgressLine:
     speedup = f" ({self.default_s / self.best_s:.2f}x the default {_ms(self.default_s)} ms)" if finite else ""
     failed = f", {self.failed} failed" if self.failed else ""
     how = f"; {self.retimed}" if final and self.retimed else ""
-    return f"{'tuned' if final else 'tuning'} {self.label} ({self.strategy}): {done} candidates{failed}, best {_ms(self.best_s)} ms{speedup}{how}"
+    left = ""
+    if not final and self.budget is not None and self.tried > 1:  # at the pace so far; a search that stops gaining ends sooner
+      left = f" (up to {(self.clock() - self.started) / (self.tried - 1) * max(self.budget - self.tried, 0):.0f} s more)"
+    state = "tuned" if final else "tuning"
+    return f"{state} {self.label} ({self.strategy}): {done} candidates{left}{failed}, best {_ms(self.best_s)} ms{speedup}{how}"
 
   def done(self) -> None:
     """Write the final line of the kernel being tuned, if any."""

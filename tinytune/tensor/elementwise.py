@@ -308,20 +308,24 @@ def isclose(self: Tensor, other: TensorLike, rtol: float = 1e-05, atol: float = 
   return ret | (a.isnan() & b.isnan()) if equal_nan else ret
 
 
+# a float's bits as the signed integer of its size. Sign bits are read and set on these bits, never by float ops: a GPU's negation of
+# a NaN and its float16 -> float32 conversion may give a NaN of either sign (an H200 lost them in float64 and float16 copysign)
+_BITS = {8: dtypes.int64, 4: dtypes.int32, 2: dtypes.int16}
+
+
 def signbit(self: Tensor) -> Tensor:
   """Whether the sign bit is set: true for -0.0 and a NaN with its sign bit, read through bitcast."""
   if not self.dtype.is_float: return self < 0 if self.dtype.kind == "i" else self._const_like(False, dtypes.bool)
-  x = self if self.dtype.itemsize >= 4 else self.cast(dtypes.float32)  # a 16-bit float keeps its sign bit in float32
-  return x.bitcast(dtypes.int64 if x.dtype == dtypes.float64 else dtypes.int32) < 0
+  return self.bitcast(_BITS[self.dtype.itemsize]) < 0
 
 
 def copysign(self: Tensor, other: TensorLike) -> Tensor:
-  """|self| with the sign bit of other, in float: -0.0 and NaNs give their sign bits, as in torch."""
+  """The magnitude of self with the sign bit of other, in float: -0.0 and NaNs give their sign bits, as in torch."""
   a, b = self._broadcasted(other)
   a, b = a._float(), b._float()
   def value(x: Tensor, y: Tensor) -> Tensor:
-    mag = x.signbit().where(-x, x)
-    return y.signbit().where(-mag, mag)
+    bits, sign = _BITS[x.dtype.itemsize], -(1 << (8 * x.dtype.itemsize - 1))
+    return ((x.bitcast(bits) & ~sign) | (y.bitcast(bits) & sign)).bitcast(x.dtype)
   return _ruled((a, b), value, lambda g, out, x, y: ((x == 0).where(0.0, g * out / x), None))
 
 

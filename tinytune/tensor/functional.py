@@ -11,7 +11,7 @@ import numpy as np
 
 from tinytune.dtype import dtypes, least_upper
 from tinytune.errors import OpError
-from tinytune.helpers import WINO, prod
+from tinytune.helpers import WINO, prod, round_up
 from tinytune.runtime import Device
 from tinytune.shape import View
 from tinytune.tensor import autograd
@@ -287,6 +287,9 @@ def _flat_rows(x: Tensor) -> tuple[Tensor, Tensor]:
   return padded.shrink(tuple((0, s) for s in x.shape)), padded.reshape(-1)
 
 
+WIDE_GPU_POSITIONS = 128  # a warp of 32 threads, each 4 positions
+
+
 def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...], k: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
   """A stride-1 convolution of the (N, C, *spatial) input held flat in `flat` with wt (1, G, O/G, C/G, *1, *k), computed at every
   position j < out[0] * (the first spatial dim's stride), with the input at j + the kernel position's offset: the windows are one
@@ -295,6 +298,10 @@ def _wide(flat: Tensor, wt: Tensor, shape: tuple[int, ...], out: tuple[int, ...]
   (n, c), spatial, d = shape[:2], shape[2:], len(k)
   sstr = [prod(spatial[i + 1:]) for i in range(d)]
   size, length = prod(spatial), out[0] * sstr[0]
+  # a GPU computes whole warps of 4 positions a thread (see heuristic.gpu_conv): up to an eighth more positions, where the last
+  # image's windows stay inside the zeros after it
+  reach, more = sum((kk - 1) * dl * s for kk, dl, s in zip(k, dilation, sstr)), round_up(length, WIDE_GPU_POSITIONS)
+  if Device[flat.device].caps.has_local and (more - length) * 8 <= length and more + reach <= (c + 1) * size: length = more
   view = View.create((n, c, length, *k), (c * size, size, 1, *(dl * s for dl, s in zip(dilation, sstr))))
   x = Tensor(view_uop(flat.uop, lambda v: View.create(view.shape, view.strides, v.offset) if v.contiguous else None, view.shape), device=flat.device)
   groups, og, cg = wt.shape[1], wt.shape[2], wt.shape[3]
