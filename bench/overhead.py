@@ -1,6 +1,14 @@
 """What a program pays beyond its kernels: Tensor API calls against PyTorch eager on the same threads, in one run.
 
   python bench/overhead.py [--threads 2] [--rounds 7]
+  python bench/overhead.py --host [--rounds 7]
+
+--host: the Python a program pays per call on the CPU device, in CPU seconds of this process (time.process_time, one kernel
+thread, so a loaded machine's other work is not counted) and in Python function calls (cProfile's count: the same on every run):
+(1) the one-kernel step below, its kernel included (about a microsecond on 4096 floats);
+(2) a TinyJit replay of the MLP 784-128-10 forward (batch 128, input passed in): the whole call, the device's batch call alone,
+    and the call with the batch made a no-op, which is TinyJit's own Python;
+(3) building a few common ops' lazy graphs (no realize).
 
 (a) a one-kernel step `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager;
 (b) an MLP forward (64x512) @ (512x1024), relu, @ (1024x512) with a fresh input every call, against torch;
@@ -13,6 +21,7 @@ Every figure is the median of --rounds rounds; inputs are made fresh (untimed) s
 from __future__ import annotations
 
 import argparse
+import cProfile
 import ctypes
 import os
 import statistics
@@ -56,11 +65,62 @@ def triad_gbs(n: int, rounds: int) -> float:
   return 3 * 4 * n / median_s(lambda: fn(*args), None, rounds, 5) / 1e9
 
 
+def cpu_us(step: Callable[[], object], rounds: int, inner: int) -> tuple[float, float]:
+  """(median over rounds of this process's CPU microseconds per call of step, Python function calls per call)."""
+  for _ in range(3): step()
+  results = []
+  for _ in range(rounds):
+    st = time.process_time()
+    for _ in range(inner): step()
+    results.append((time.process_time() - st) / inner * 1e6)
+  prof = cProfile.Profile()
+  prof.enable()
+  for _ in range(10): step()
+  prof.disable()
+  calls = sum(stat.callcount for stat in prof.getstats()) / 10  # primitive and recursive calls alike
+  return statistics.median(results), calls
+
+
+def host(rounds: int) -> None:
+  from tinytune import Tensor, TinyJit
+  rng = np.random.default_rng(0)
+  rows = []
+  state = {"t": Tensor(rng.random(4096, dtype=np.float32), device="CPU").realize()}
+  def step() -> None: state["t"] = (state["t"] * 0.999 + 0.001).realize()
+  rows.append(("(1) one-kernel step, 4096 floats", *cpu_us(step, rounds, 2000)))
+
+  w1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32) * 0.05, device="CPU").realize() for s in ((784, 128), (128, 10)))
+  x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device="CPU").realize()
+  forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
+  for _ in range(3): forward(x)
+  assert forward.captured is not None and forward.captured.batch is not None, "the MLP forward replays as one batch call"
+  batch, inputs = forward.captured.batch, [x.uop.src[0].arg]
+  rows.append(("(2) TinyJit replay, MLP 784-128-10 forward", *cpu_us(lambda: forward(x), rounds, 300)))
+  rows.append(("    its batch call alone", *cpu_us(lambda: batch(inputs), rounds, 300)))
+  forward.captured.batch = lambda inputs: None  # what is left is TinyJit's own Python (the difference of the two above is noisier)
+  rows.append(("    TinyJit's Python (the batch a no-op)", *cpu_us(lambda: forward(x), rounds, 3000)))
+
+  a, b = (Tensor(rng.random((64, 64), dtype=np.float32), device="CPU").realize() for _ in range(2))
+  ops: list[tuple[str, Callable[[], object]]] = [
+    ("a + b", lambda: a + b), ("a * 0.5", lambda: a * 0.5), ("a.relu()", lambda: a.relu()), ("a.exp()", lambda: a.exp()),
+    ("a.sum(1)", lambda: a.sum(1)), ("a.reshape(16, 256)", lambda: a.reshape(16, 256)), ("a.T", lambda: a.T),
+    ("a[1:3]", lambda: a[1:3]), ("a @ b", lambda: a @ b), ("a.softmax(1)", lambda: a.softmax(1))]
+  for name, fn in ops: rows.append((f"(3) build {name}, 64x64", *cpu_us(fn, rounds, 2000)))
+  print(f"CPU device, this process's CPU time per call (OMP_NUM_THREADS=1), median of {rounds} rounds; Python function calls per call")
+  width = max(len(r[0]) for r in rows)
+  print(f"{'what':{width}}  {'us/call':>8}  {'calls/call':>10}")
+  for name, us, calls in rows: print(f"{name:{width}}  {us:8.1f}  {calls:10.0f}")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--threads", type=int, default=2)
   ap.add_argument("--rounds", type=int, default=7)
+  ap.add_argument("--host", action="store_true", help="the Python cost per call on the CPU device, in CPU time and function calls")
   args = ap.parse_args()
+  if args.host:
+    os.environ["OMP_NUM_THREADS"] = "1"  # the kernels' threads would count in this process's CPU time
+    return host(args.rounds)
   os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
   import torch
 

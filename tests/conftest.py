@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import zlib
 from typing import Iterator
@@ -7,7 +8,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+from tinytune.codegen.caps import CUDA_ARCHS
 from tinytune.runtime import Device, device_status
+from tinytune.runtime.emu import emu_caps
 
 # the suite runs on shared, loaded machines where tiny kernels' re-times are often noisy: tests of the tuning cache need what a search
 # finds stored; the tests of noise detection turn it back on (monkeypatch.delenv)
@@ -55,11 +58,28 @@ def on_cpu() -> Iterator[None]:
   finally: Device.DEFAULT = default
 
 
-@pytest.fixture(params=["CPU", *WORKGROUP_DEVICES])
+# the emulated CUDA GPU (NumPy, no GPU needed), once with the caps of each architecture it emulates
+EMU_DEVICES = [f"EMU:{arch}" for arch in CUDA_ARCHS]
+
+
+@contextlib.contextmanager
+def emu_arch(arch: str) -> Iterator[None]:
+  """EMU with the caps of `arch` (sm_80, sm_90) for the duration."""
+  dev = Device["EMU"]
+  saved = dev.arch, dev.caps  # type: ignore[attr-defined]
+  dev.arch, dev.caps = arch, emu_caps(arch)  # type: ignore[attr-defined]
+  try: yield
+  finally: dev.arch, dev.caps = saved  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["CPU", *WORKGROUP_DEVICES, *EMU_DEVICES])
 def each_device(request: pytest.FixtureRequest) -> Iterator[str]:
-  """Run a test once per device, with tensors made on it by default (`@pytest.mark.usefixtures("each_device")`)."""
-  default, Device.DEFAULT = Device.DEFAULT, request.param
-  try: yield request.param
+  """Run a test once per device, with tensors made on it by default (`@pytest.mark.usefixtures("each_device")`); the test gets the
+  device's name (EMU for each of EMU_DEVICES)."""
+  name, _, arch = request.param.partition(":")
+  default, Device.DEFAULT = Device.DEFAULT, name
+  try:
+    with emu_arch(arch) if arch else contextlib.nullcontext(): yield name
   finally: Device.DEFAULT = default
 
 

@@ -26,7 +26,7 @@ from tinytune.engine.schedule import ScheduleItem, create_schedule
 from tinytune.kernels import WORKLOADS
 from tinytune.runtime import Device, DeviceCaps, device_status
 
-H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+H100 = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024, gpu=True)
 
 
 @functools.cache  # built once for the tests that render them; none changes a kernel
@@ -97,6 +97,13 @@ def staged_matmuls() -> tuple[Kernel, ...]:
   return tuple(ret)
 
 
+def prefetched_matmul() -> Kernel:
+  """matmul 4096^3 in the default's tiles with K tiles of 8, the next one loaded during the current one's compute (PREFETCH)."""
+  k = staged_matmuls()[0]
+  opts = [Opt(o.op, o.axis, 8) if o.op is OptOps.STAGE else o for o in k.opts] + [Opt(OptOps.PREFETCH, 0, 0)]
+  return Kernel(k.ast, k.caps).apply_opts(opts)
+
+
 def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
   assert all(Opt(OptOps.STAGE, 0, 16) in k.opts and k.launch_dims[1] == 256 for k in staged_matmuls())
 
@@ -104,8 +111,8 @@ def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the staged matmuls' register use is not checked here")
 def test_staged_matmuls_compile_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """ptxas for sm_90 fits the default shared-memory tiles (8x8 accumulators a thread) in registers, with no spills, and their tiles in
-  the 48 KiB of static shared memory a workgroup has."""
-  for i, k in enumerate(staged_matmuls()):
+  the 48 KiB of static shared memory a workgroup has; with K tiles of 8 and PREFETCH too (125 registers: 16 of K took 155)."""
+  for i, k in enumerate([*staged_matmuls(), prefetched_matmul()]):
     (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
     res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[:2000]
@@ -305,6 +312,9 @@ def test_tensor_core_source_compiles_with_nvcc() -> None:
     ("row_major", "row_major"), ("row_major", "col_major"), ("col_major", "row_major")]
   assert all("__shared__ __align__(32) " + ty + " tile0[" in s for s, ty in zip(mma[3:], ("half", "__nv_bfloat16")))  # tiles as stored
   assert "wmma::load_matrix_sync(a" in mma[-1] and "tile0+" in mma[-1]
+  # mma.sync's tiles in shared memory (A column-major, B row-major) go through ldmatrix .trans; global memory through each lane's loads
+  assert [s[s.index('extern "C"'):].count("tt_ldmatrix_x4_trans(") for s in mma[:4]] == [0, 0, 0, 2]
+  assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in mma[3]
   with pytest.raises(KernelOptError, match="GPU"): Kernel(_matmul16((64, 32), (32, 48)).ast, Device["CPU"].caps).apply_opt(Opt(OptOps.TC, 0, 1))
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs + mma)), errors[0]
 
@@ -396,7 +406,7 @@ def test_cuda_source_compiles_with_nvrtc() -> None:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  kernels = catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels() + staged_matmuls()
+  kernels = catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels() + staged_matmuls() + (prefetched_matmul(),)
   srcs = dict.fromkeys(CUDARenderer().render(k) for k in kernels)
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 
@@ -526,6 +536,64 @@ def test_tinyjit_hip_graph_is_built_once_and_relaunched_with_moved_inputs() -> N
   fake.calls.clear()
   del graph
   assert fake.calls == [("destroy exec",), ("destroy graph",)]
+
+
+class _Memory:
+  """A GPU buffer's stand-in: `mem` as the device gives it; how many times it was read."""
+  def __init__(self, mem: object): self._mem, self.reads = mem, 0
+  @property
+  def mem(self) -> object:
+    self.reads += 1
+    return self._mem
+
+
+def _launched(params: int, n: int) -> list[int]:
+  """The argument values a driver reads at a launch from its parameter block (an array of pointers to each value)."""
+  import ctypes
+  return [ctypes.c_void_p.from_address(a).value or 0 for a in (ctypes.c_void_p * n).from_address(params)]
+
+
+def test_cuda_launches_keep_one_argument_block(monkeypatch: pytest.MonkeyPatch) -> None:
+  """With a recording fake of cuLaunchKernel: each launch gives its buffers' addresses, from one parameter block the program keeps
+  (the driver copies the arguments at the launch) rather than ctypes objects built per launch; a buffer's address is read once."""
+  cuda = pytest.importorskip("tinytune.runtime.cuda")
+  if cuda.cu is None: pytest.skip("no cuda-bindings here: pip install -e '.[cuda]'")
+  launches: list[tuple[int, list[int]]] = []
+  class Driver:
+    @staticmethod
+    def cuLaunchKernel(fn: object, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int, params: int, extra: int) -> tuple:
+      assert (gx, bx, gy, bz) == (3, 32, 1, 1)
+      launches.append((params, _launched(params, 2)))
+      return (0,)
+  monkeypatch.setattr(cuda, "cu", Driver)
+  program = object.__new__(cuda.CUDAProgram)
+  program.function, program.launch, program.args = "kernel", (3, 32), None
+  a, b, c = _Memory(0x1000), _Memory(0x2000), _Memory(0x3000)
+  for bufs in ((a, b), (a, b), (c, b), (a, c)): assert program(*bufs) is None  # type: ignore[arg-type]
+  assert [args for _, args in launches] == [[0x1000, 0x2000], [0x1000, 0x2000], [0x3000, 0x2000], [0x1000, 0x3000]]
+  assert len({params for params, _ in launches}) == 1 and (a.reads, b.reads, c.reads) == (1, 1, 1)
+
+
+def test_hip_launches_keep_one_argument_block() -> None:
+  """HIP's launches the same way, with a recording fake of hipModuleLaunchKernel."""
+  import ctypes
+
+  from tinytune.runtime.amd import AMDDevice, AMDProgram
+  launches: list[tuple[int, list[int]]] = []
+  class HIP:
+    @staticmethod
+    def hipModuleLaunchKernel(fn: object, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: object, params: ctypes.c_void_p,
+                              extra: object) -> int:
+      launches.append((params.value or 0, _launched(params.value or 0, 2)))
+      return 0
+  dev = object.__new__(AMDDevice)
+  dev.hip = HIP()  # type: ignore[assignment]
+  program = object.__new__(AMDProgram)
+  program.dev, program.function, program.launch, program.args = dev, ctypes.c_void_p(1), (3, 32), None
+  a, b, c = _Memory(ctypes.c_void_p(0x1000)), _Memory(ctypes.c_void_p(0x2000)), _Memory(ctypes.c_void_p(0x3000))
+  for bufs in ((a, b), (c, b), (c, b)): program(*bufs)  # type: ignore[arg-type]
+  assert [args for _, args in launches] == [[0x1000, 0x2000], [0x3000, 0x2000], [0x3000, 0x2000]]
+  assert len({params for params, _ in launches}) == 1 and (a.reads, b.reads, c.reads) == (1, 1, 1)
 
 
 @pytest.mark.skipif(device_status("OPENCL") is not None, reason=str(device_status("OPENCL")))

@@ -200,6 +200,25 @@ def test_tinyjit_inputs_that_are_views() -> None:
     np.testing.assert_equal(got, (base + i)[1:3, 2:] * 2)
 
 
+def test_tinyjit_takes_tuples_and_keywords_among_its_other_arguments() -> None:
+  """A positional tuple is an other argument like any (a 1-tuple raised IndexError), and so is a keyword that is not a Tensor."""
+  jitted = TinyJit(lambda x, k, scale=1.0: (x * k[0] * scale).realize())
+  for i in range(4): out = jitted(Tensor(np.full(4, i, np.float32)), (2.0,), scale=0.5)
+  assert out.numpy().tolist() == [3.0] * 4
+  with pytest.raises(ValueError, match="other arguments"): jitted(Tensor(np.ones(4, np.float32)), (3.0,), scale=0.5)
+  with pytest.raises(ValueError, match="other arguments"): jitted(Tensor(np.ones(4, np.float32)), (2.0,), scale=2.0)
+
+
+def test_tinyjit_inputs_pending_or_lazy_are_realized_before_a_replay() -> None:
+  """A replay reads an input's buffer as it is once realized: a pending assign is written first, a lazy input computed."""
+  jitted = TinyJit(lambda x: (x + 1).realize())
+  for _ in range(3): jitted(Tensor(np.zeros(4, np.float32)).realize())
+  x = Tensor(np.zeros(4, np.float32)).realize()
+  x.assign(Tensor(np.full(4, 5, np.float32)))
+  assert jitted(x).numpy().tolist() == [6.0] * 4
+  assert jitted(Tensor(np.ones(4, np.float32)) * 3).numpy().tolist() == [4.0] * 4
+
+
 def threefry_reference(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
   """Threefry-2x32-20 in plain Python, from the paper's description."""
   m, rot = 0xFFFFFFFF, (13, 15, 26, 6, 17, 29, 16, 24)
@@ -390,3 +409,35 @@ def test_the_run_path_loads_no_search_and_the_search_registers_its_tuner() -> No
           "from tinytune.search.tune import tune_on_first_use; assert program._first_use_tuner is tune_on_first_use")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TINYTUNE_TUNE": "1"})
   assert proc.returncode == 0, proc.stderr
+
+
+def test_a_nan_constant_hits_the_schedule_cache() -> None:
+  """A constant is in the schedule's key as its node (hash-consed by its repr): NaN, which equals nothing, still finds its plan."""
+  (Tensor(np.ones(4, np.float32)).realize() * float("nan")).realize()
+  GlobalCounters.reset()
+  assert np.isnan((Tensor(np.ones(4, np.float32)).realize() * float("nan")).numpy()).all()
+  assert (GlobalCounters.schedule_hits, GlobalCounters.schedule_misses) == (1, 0)
+
+
+def test_a_graph_realized_again_after_an_assign_to_its_input_is_computed_again() -> None:
+  """The same graph (the very nodes, by hash-consing) over memory that an assign wrote in place: computed again, never memoized."""
+  a = Tensor.zeros(4).contiguous().realize()
+  a.assign(Tensor.ones(4)).realize()  # a's own memory from here on
+  assert (a * 2 + 1).numpy().tolist() == [3.0] * 4
+  a.assign(Tensor.full((4,), 5.0)).realize()  # the same memory, written in place
+  assert (a * 2 + 1).numpy().tolist() == [11.0] * 4
+  a.assign(a * 2).realize()  # a write that reads the memory it writes
+  assert (a * 2 + 1).numpy().tolist() == [21.0] * 4
+
+
+def test_a_realized_constant_pins_no_buffer_while_the_schedule_cache_keeps_it() -> None:
+  """A constant's broadcast is kept alive by the schedule cache's key (the next step finds it built): realizing that constant by
+  itself marks nothing on it, so its buffer goes with the tensor, and graphs that read the constant compute it again."""
+  x = Tensor(np.ones(1000, np.float32)).realize()
+  assert (x + 0.25).numpy().tolist() == [1.25] * 1000  # the key holds the broadcast 0.25 of 1000 places
+  quarter = Tensor.full((1000,), 0.25).realize()
+  buffer = weakref.ref(quarter.uop.src[0].arg)
+  del quarter
+  gc.collect()
+  assert buffer() is None
+  assert (x * 0.0 + 0.25).numpy().tolist() == [0.25] * 1000 and (Tensor(np.zeros(1000, np.float32)) + 0.25).numpy().tolist() == [0.25] * 1000

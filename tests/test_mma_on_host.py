@@ -1,6 +1,7 @@
 """TC's arg 1 (PTX mma.sync) run on the host: the CUDA source the renderer writes, compiled as C++ with one host thread per GPU thread,
-where tt_mma is a warp's m16n8k16 as the PTX ISA lays its fragments out across lanes. It checks the renderer's own text (each lane's
-loads, the pairs in each register, the two halves of a 16x16 tile, the stores of C) with no GPU."""
+where tt_mma is a warp's m16n8k16 and tt_ldmatrix_x4 a warp's ldmatrix .x4 as the PTX ISA lays their fragments out across lanes. It
+checks the renderer's own text (each lane's loads or row addresses, the pairs in each register, the two halves of a 16x16 tile, the
+stores of C) with no GPU; where there is one, the same kernels run on it."""
 from __future__ import annotations
 
 import ctypes
@@ -13,8 +14,9 @@ import pytest
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer
-from tinytune.engine.schedule import create_schedule
-from tinytune.runtime import DeviceCaps
+from tinytune.engine import compile_kernel
+from tinytune.engine.schedule import ScheduleItem, create_schedule
+from tinytune.runtime import Device, DeviceCaps, device_status
 
 H100_TC = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024,
                      tensor_cores=("float16", "bfloat16"))
@@ -68,16 +70,39 @@ static void tt_mma(float* c, const unsigned* a, const unsigned* b) {
   }
   block_sync->arrive_and_wait();
 }
+// ldmatrix .x4 as the PTX ISA has it: lane 8 q + e gives the address of row e of matrix q (16 bytes, 16-byte aligned), and lane 4 r + w
+// receives matrix q's elements (r, 2w) and (r, 2w+1) in register q, the first in the low half; .trans loads the matrix column-major, so
+// the lane receives (2w, r) and (2w+1, r) of the rows as they are in memory
+static const unsigned short* lane_row[1024]; static unsigned* lane_d[1024]; static int misaligned_rows;
+static void ldmatrix_x4(unsigned* d, const void* row, bool trans) {
+  int id = threadIdx.x;
+  lane_row[id] = (const unsigned short*)row, lane_d[id] = d;
+  block_sync->arrive_and_wait();
+  if (id % 32 == 0)
+    for (int q = 0; q < 4; q++) {
+      const unsigned short* const* m = lane_row + id + 8 * q;
+      for (int e = 0; e < 8; e++) misaligned_rows += (size_t)m[e] % 16 != 0;
+      for (int l = 0; l < 32; l++) {
+        int r = l / 4, w = l % 4;
+        unsigned lo = trans ? m[2*w][r] : m[r][2*w], hi = trans ? m[2*w+1][r] : m[r][2*w+1];
+        lane_d[id + l][q] = lo | hi << 16;
+      }
+    }
+  block_sync->arrive_and_wait();
+}
+static void tt_ldmatrix_x4(unsigned* d, const void* row) { ldmatrix_x4(d, row, false); }
+static void tt_ldmatrix_x4_trans(unsigned* d, const void* row) { ldmatrix_x4(d, row, true); }
 """
 
 
-def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray) -> None:  # type: ignore[no-untyped-def]
+def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray) -> str:  # type: ignore[no-untyped-def]
+  """Runs the kernel's CUDA source on the host and returns the source; fails where an ldmatrix row was not 16-byte aligned."""
   src = CUDARenderer().render(k)
-  src = re.sub(r"static __device__ inline void tt_mma\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
+  src = re.sub(r"static __device__ inline void tt_(mma|ldmatrix_x4\w*)\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
   name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
   blocks, threads = k.launch_dims
   (tmp_path / "k.cpp").write_text(SHIM + src + f"""
-extern "C" void run(void* out, const void* a, const void* b) {{
+extern "C" int run(void* out, const void* a, const void* b) {{
   for (int blk = 0; blk < {blocks}; blk++) {{
     std::barrier<> sync({threads});
     block_sync = &sync;
@@ -86,31 +111,55 @@ extern "C" void run(void* out, const void* a, const void* b) {{
       ts.emplace_back([=] {{ threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b); }});
     for (auto& t : ts) t.join();
   }}
+  return misaligned_rows;
 }}
 """)
   build = subprocess.run(["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-shared", "-fPIC", "-pthread", "k.cpp", "-o", "k.so"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
   assert build.returncode == 0, build.stderr[-3000:]
-  ctypes.CDLL(str(tmp_path / "k.so")).run(*(x.ctypes.data_as(ctypes.c_void_p) for x in (out, *inputs)))
+  assert ctypes.CDLL(str(tmp_path / "k.so")).run(*(x.ctypes.data_as(ctypes.c_void_p) for x in (out, *inputs))) == 0, "misaligned ldmatrix rows"
+  return src
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
-@pytest.mark.parametrize("ta, tb, k, opts", [
+CASES = [
   (False, False, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UNROLL, 0, 2)]),
   (False, True, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
   (True, False, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 1, 3)]),
   (True, True, 32, [Opt(OptOps.TC, 0, 1), Opt(OptOps.SWAP, 0, 1)]),
   # STAGE: the workgroup's tiles of A (stored transposed, rows padded) and B in shared memory, each K tile between two barriers
   (False, False, 96, [Opt(OptOps.TC, 0, 1), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.LOCAL, 1, 3), Opt(OptOps.UPCAST, 0, 2)]),
-  (True, True, 64, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.UPCAST, 1, 3)])])
-def test_mma_sync_source_multiplies_on_the_host(tmp_path, ta: bool, tb: bool, k: int, opts: list[Opt]) -> None:  # type: ignore[no-untyped-def]
+  (True, True, 64, [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.UPCAST, 1, 3)]),
+  # PREFETCH: the first K tile copied before the loop, each next one loaded during the compute and stored after it
+  (False, True, 96, [Opt(OptOps.TC, 0, 1), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.PREFETCH, 0, 0), Opt(OptOps.LOCAL, 1, 3)])]
+
+
+def _case(ta: bool, tb: bool, k: int, opts: list[Opt], device: str, caps: DeviceCaps) -> tuple[Kernel, ScheduleItem, np.ndarray]:
+  """(A.T if ta else A) @ (B.T if tb else B), 64x48 float16 with K = k, as a kernel with `opts`, its schedule item, and NumPy's product."""
   rng = np.random.default_rng(0)
   a_np, b_np = (rng.standard_normal(s).astype(np.float16) for s in ((k, 64) if ta else (64, k), (48, k) if tb else (k, 48)))
-  a, b = Tensor(a_np).cast(dtypes.float16).realize(), Tensor(b_np).cast(dtypes.float16).realize()
-  (item,), _ = create_schedule(((a.T if ta else a) @ (b.T if tb else b)).uop, "CPU")
-  kernel = Kernel(item.ast, H100_TC).apply_opts(opts)
+  a, b = Tensor(a_np, device=device).cast(dtypes.float16).realize(), Tensor(b_np, device=device).cast(dtypes.float16).realize()
+  (item,), _ = create_schedule(((a.T if ta else a) @ (b.T if tb else b)).uop, device)
+  kernel = Kernel(item.ast, caps).apply_opts(opts)
   assert kernel.tc is not None and kernel.tc.mma
+  return kernel, item, (a_np.T if ta else a_np).astype(np.float32) @ (b_np.T if tb else b_np).astype(np.float32)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
+@pytest.mark.parametrize("ta, tb, k, opts", CASES)
+def test_mma_sync_source_multiplies_on_the_host(tmp_path, ta: bool, tb: bool, k: int, opts: list[Opt]) -> None:  # type: ignore[no-untyped-def]
+  kernel, _, ref = _case(ta, tb, k, opts, "CPU", H100_TC)
   out = np.full(64 * 48, np.nan, np.float16)
-  _run_on_host(kernel, tmp_path, out, *(buf.numpy_view() for buf in kernel.bufs))  # type: ignore[attr-defined]  # data1, data2 in order
-  ref = (a_np.T if ta else a_np).astype(np.float32) @ (b_np.T if tb else b_np).astype(np.float32)
+  src = _run_on_host(kernel, tmp_path, out, *(buf.numpy_view() for buf in kernel.bufs))  # type: ignore[attr-defined]  # data1, data2 in order
+  # STAGE's tiles in shared memory (K outer: A column-major, B row-major) are read by ldmatrix .trans, global memory by each lane's loads
+  assert ("tt_ldmatrix_x4" in src[src.index('extern "C"'):]) == any(o.op is OptOps.STAGE for o in opts)
   np.testing.assert_allclose(out.reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(device_status("CUDA") is not None, reason=f"CUDA: {device_status('CUDA')}")
+@pytest.mark.parametrize("ta, tb, k, opts", CASES)
+def test_mma_sync_multiplies_on_a_cuda_gpu(ta: bool, tb: bool, k: int, opts: list[Opt]) -> None:
+  """The same kernels on an NVIDIA GPU (sm_80 or later), where the hardware's mma.sync and ldmatrix check the host's."""
+  kernel, item, ref = _case(ta, tb, k, opts, "CUDA", Device["CUDA"].caps)
+  program, _ = compile_kernel(kernel, "CUDA")
+  program(item.out, *kernel.bufs)
+  np.testing.assert_allclose(item.out.numpy_view().reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=1e-2)

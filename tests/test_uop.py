@@ -201,3 +201,21 @@ def test_unbounded_operands() -> None:
   assert (p // 2).bounds == (-float("inf"), float("inf")) and (p * 0).bounds == (0, 0)
   assert simplify((p // 2).lt(5)) is not UOp.const(dtypes.bool, False)
   assert x.alu(Ops.MAX, z).bounds == (0, 9)
+
+
+def test_hash_consing_keeps_live_nodes_only() -> None:
+  """A node is found again while it lives; a dead one leaves the table, and one built again with its structure is a new live node."""
+  import gc
+
+  from tinytune import uop
+  gc.collect()
+  gc.disable()  # only these nodes die while the table is counted (the collector would free earlier tests' garbage too)
+  try:
+    before = len(uop._cache)
+    nodes = [UOp.const(dtypes.int32, 7_000_000 + i).alu(Ops.NEG) for i in range(50)]
+    assert len(uop._cache) == before + 100 and UOp.const(dtypes.int32, 7_000_000).alu(Ops.NEG) is nodes[0]
+    del nodes
+    assert len(uop._cache) == before
+  finally: gc.enable()
+  again = UOp.const(dtypes.int32, 7_000_000).alu(Ops.NEG)
+  assert uop._cache[(Ops.NEG, "int32", again.src, None)]() is again

@@ -132,9 +132,10 @@ def cmd_search(args: argparse.Namespace) -> int:
              "strategy": args.strategy, "cache_hit": cache_hit, "elapsed_ms": elapsed * 1e3}
   retimed = f"ms: {args.objective}s of the final interleaved re-time"
   how = "cache hit: the stored times" if cache_hit else f"{args.strategy} search, {elapsed:.1f} s; {retimed}"
-  title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device} ({how})"
+  title = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {_on(device)} ({how})"
   frame = outcome_frame(outcomes, lambda o: {"dtype": dtype.name})
   _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
+  _emulated_note(device)
   return 0
 
 
@@ -248,6 +249,18 @@ def _runs_on(workload: Any, params: dict[str, int], dtype: Any, device: str) -> 
     raise RuntimeError(f"{device} cannot run {workload.name} in {dtype.name}: {why}") from None
 
 
+def _on(device: str) -> str:
+  """The device as a table's title names it: an emulator's, saying that its times are no GPU's speed."""
+  from tinytune.runtime import Device
+  return f"{device} (emulated: times are host seconds, not GPU speed)" if Device[device].emulated else device
+
+
+def _emulated_note(device: str) -> None:
+  """After the tables of times on an emulator: a note that they are not a GPU's (on stderr, where JSON output has none)."""
+  from tinytune.runtime import Device
+  if Device[device].emulated: print(f"tinytune: note: {device} is an emulator: its times are its host seconds, not a GPU's speed", file=sys.stderr)
+
+
 def _timings(workload: Any, params: dict[str, int], device: str, against: list[str], db: Any, dtype: Any, args: argparse.Namespace) -> dict[str, Any]:
   """tinytune's default and tuned kernels, then each baseline of `against`, all in `dtype`. A baseline that cannot compute in it
   (PyTorch has no integer conv2d on the CPU) costs a one-line note and is dropped from `against`, not the command."""
@@ -306,7 +319,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _against(args.against or DEFAULT_AGAINST)
   _runs_on(workload, params, dtype, device)
   against = _installed(against, args)
-  peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak)
+  peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak and not Device[device].emulated)  # an emulator has none
   timings = _timings(workload, params, device, against, db, dtype, args)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
@@ -322,13 +335,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                  "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
                  "note": "; ".join(x for x in (t.note, noisy({lib: t}), above) if x)})
   peak = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
-  what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {device}{peak}"
+  what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {_on(device)}{peak}"
   titles = {"implementations": f"{what} (ms: median ±spread of the runs; tuned_speedup above 1: tuned is faster)",
             "kernels": f"the kernels of {workload.name} as tuned (each run in turn per call)"}
   context = {"workload": workload.name, "params": params, "dtype": dtype.name, "device": device, "peak_gflops": peaks[0] if peaks else None,
              "peak_gbs": peaks[1] if peaks else None}
   frames = {"implementations": pd.DataFrame(rows), "kernels": pd.DataFrame(timings["tinytune-tuned"].kernels)}
   _write(render(frames, args.format, titles["implementations"], "bench", context, titles), None)
+  _emulated_note(device)
   if not ok: print(f"tinytune: error: {workload.name} in {dtype.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
 
@@ -513,9 +527,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     row.update({f"speedup_vs_{lib}": timings[lib].median_s / tuned for lib in against})
     row["note"] = "; ".join(x for x in (timings["tinytune-tuned"].note, noisy(timings)) if x)
     rows.append(row)
-  title = f"{workload.name} in {dtype.name} on {device} (ms: median ±spread of the runs; speedups above 1: tinytune's tuned kernels are faster)"
+  title = f"{workload.name} in {dtype.name} on {_on(device)} (ms: median ±spread of the runs; speedups above 1: tinytune's tuned kernels are faster)"
   context = {"workload": workload.name, "dtype": dtype.name, "device": device, "against": against}
   _write(render({"sizes": pd.DataFrame(rows)}, args.format, title, "compare", context, {"sizes": title}), None)
+  _emulated_note(device)
   return 0
 
 
@@ -561,7 +576,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
       fp, caps = device_fingerprint(name), Device[name].caps
       rows.append({"device": name, "present": True, "name": fp.get("name", ""), "fingerprint": fingerprint_hash(fp)[:16], "threads": caps.threads,
                    "compiler": fp.get("compiler_version", ""), "missing": ""})
-      if db is not None:
+      if db is not None and not Device[name].emulated:  # an emulator's peaks would be its interpreter's
         gflops, gbs, how = measure_peaks(name)
         db.set_peak(db.device_id(fp), gflops, gbs, how)
         rows[-1].update({"peak_gflops": gflops, "peak_gbs": gbs})

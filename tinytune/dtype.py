@@ -19,7 +19,7 @@ class DType:
   kind: str  # "b"ool, "u"nsigned, "i"nt, "f"loat
 
   def __repr__(self) -> str: return f"dtypes.{self.name}"
-  def __hash__(self) -> int: return hash(self.name)  # the name alone tells dtypes apart; graph structure keys hash a dtype per node
+  __hash__ = object.__hash__  # equal means the same object; graph structure keys hash a dtype per node, and a Python __hash__ is a call
   @property
   def is_float(self) -> bool: return self.kind == "f"
   @property

@@ -43,7 +43,11 @@ class View:
     return ret
 
   @property
-  def contiguous(self) -> bool: return self.offset == 0 and self.mask is None and self.strides == strides_for(self.shape)
+  def contiguous(self) -> bool:
+    """Kept on the view, as its hash: every realize asks of its target's."""
+    if (ret := self.__dict__.get("_contiguous")) is None:
+      object.__setattr__(self, "_contiguous", ret := self.offset == 0 and self.mask is None and self.strides == strides_for(self.shape))
+    return ret
   @property
   def expands(self) -> bool:
     """True if some element of the source is read at two places, or zero padding is read (not cheap to recompute over)."""

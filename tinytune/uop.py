@@ -4,7 +4,6 @@ The same UOp type is the lazy tensor graph (BUFFER, CONST, VIEW, REDUCE and ALU 
 the integer index expressions that kernels render (VAR, CONST and int ALU nodes)."""
 from __future__ import annotations
 
-import functools
 import math
 import weakref
 from enum import Enum, auto
@@ -59,8 +58,17 @@ class cached(Generic[T]):
     return ret
 
 
-def _forget(key: tuple, ref: weakref.ref[UOp]) -> None:
-  if UOp._cache.get(key) is ref: del UOp._cache[key]  # not a newer node built after this one died
+class _Ref(weakref.ref):
+  """The hash-consing table's reference to a live node, with the node's key: cheaper to make than a callback bound to the key."""
+  __slots__ = ("key",)
+  key: tuple
+
+
+def _forget(ref: _Ref) -> None:
+  if (now := _cache.pop(ref.key, None)) is not ref and now is not None: _cache[ref.key] = now  # a newer node built after this one died
+
+
+_cache: dict[tuple, _Ref] = {}  # structure -> the live node (a plain dict: WeakValueDictionary.get is slow)
 
 
 class UOp:
@@ -70,15 +78,15 @@ class UOp:
   dtype: DType
   src: tuple[UOp, ...]
   arg: Any
-  _cache: dict[tuple, weakref.ref[UOp]] = {}  # structure -> the live node (a plain dict: WeakValueDictionary.get is slow)
 
   def __new__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
     # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 (an int or bool constant's dtype says which it is)
     key = (op, dtype.name, src, repr(arg) if op is Ops.CONST and type(arg) is float else arg)
-    if (ref := UOp._cache.get(key)) is not None and (ret := ref()) is not None: return ret
-    ret = super().__new__(cls)
+    if (ref := _cache.get(key)) is not None and (ret := ref()) is not None: return ret
+    ret = object.__new__(cls)
     ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
-    UOp._cache[key] = weakref.ref(ret, functools.partial(_forget, key))
+    _cache[key] = ref = _Ref(ret, _forget)
+    ref.key = key
     return ret
 
   @staticmethod

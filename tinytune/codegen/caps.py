@@ -19,6 +19,7 @@ class DeviceCaps:
   no_tc: str = ""  # why a GPU's matrix units are not TC's: what TC is refused with there
   l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
   l2_bytes: int = 1 << 20
+  gpu: bool = False  # a GPU, whose shared memory is on chip (pocl's CPU device runs workgroups, with shared memory in ordinary memory)
 
 
 CUDA_ARCHS = ("sm_80", "sm_90")  # the architectures whose caps a device without the GPU (EMU) can take
@@ -29,7 +30,7 @@ def cuda_caps(arch: str, max_local: int = 1024) -> DeviceCaps:
   `max_local` is the GPU's threads per block (1024 on every architecture since sm_20)."""
   major, minor = divmod(int(arch.removeprefix("sm_")), 10)
   return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=48 * 1024,
-                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else ())
+                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else (), gpu=True)
 
 
 def amd_caps(arch: str, max_local: int = 1024, shared_bytes: int = 64 * 1024) -> DeviceCaps:
@@ -42,4 +43,4 @@ def amd_caps(arch: str, max_local: int = 1024, shared_bytes: int = 64 * 1024) ->
   elif gfx.startswith("gfx12"): no_tc = f"TC on {gfx} (RDNA4): its WMMA lays fragments out otherwise than RDNA3's (gfx11xx), the one TC renders"
   else: no_tc = f"TC needs matrix units: {gfx} has none that TC renders (RDNA3's WMMA, gfx11xx)"
   return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=shared_bytes,
-                    tensor_cores=() if no_tc else ("float16", "bfloat16"), tc_args=(0,), no_tc=no_tc)
+                    tensor_cores=() if no_tc else ("float16", "bfloat16"), tc_args=(0,), no_tc=no_tc, gpu=True)

@@ -399,14 +399,18 @@ class CUDARenderer(_GPURenderer):
   MMA_PAIRS = ((0, 0), (8, 0), (0, 8), (8, 8))  # each register's (row of A or k of B, k of A or column of B) from (g, 2t) or (2t, g)
   def mma(self, u: UOp, at: _At, what: str, arg: list) -> str:
     """The tensor core statements as PTX mma.sync.m16n8k16: each lane loads its own pairs of A and B (one 32-bit load where a pair is
-    contiguous), two instructions per 16x16 tile, and the lanes store their floats of C where store_matrix_sync would."""
+    contiguous), or from shared memory the warp loads a 16x16 tile by ldmatrix (.trans where the pairs are not contiguous); two
+    instructions per 16x16 tile, and the lanes store their floats of C where store_matrix_sync would."""
     if what == "acc": return f"float acc{arg[0]}[8] = {{}};"
     if what == "fragment": return f"unsigned {arg[0]}[4];"
     if what == "load":
-      name, buf, ld, which, layout = arg
+      name, buf, ld, which, layout, rows = arg
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
       out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
+      if rows:  # ldmatrix: register r's 8x8 block at MMA_PAIRS[r] is matrix r, lane 8 r + e gives the address of its row e in memory
+        row = f"tile_col*{ld}+tile_row*8" if layout == "row_major" else f"(tile_row*8+lane%8)*{ld}+(lane&8)"
+        return f"{out[0]} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, p+{row}); }}"
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
         nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
@@ -417,13 +421,18 @@ class CUDARenderer(_GPURenderer):
     return (f"for (int h = 0; h < 2; h++) for (int e = 0; e < 2; e++) {{ tiles[warp*256+mg*16+8*h+2*mt+e] = acc{arg[0]}[4*h+e]; "
             f"tiles[warp*256+(mg+8)*16+8*h+2*mt+e] = acc{arg[0]}[4*h+2+e]; }}")
   def mma_prelude(self, dtype: DType) -> str:
-    """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half."""
+    """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half;
+    tt_ldmatrix_x4 (and _trans): a warp's four 8x8 matrices from shared memory, each lane giving the address of one 16-byte row."""
     ty, f = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix
     return (f"{f} void tt_mma(float* c, const unsigned* a, const unsigned* b) {{\n"
             f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"\n'
             '    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); }\n'
             f"template <class T> {f} unsigned tt_pack(T x, T y) {{ unsigned short lo, hi; memcpy(&lo, &x, 2); memcpy(&hi, &y, 2); "
-            "return lo | (unsigned)hi << 16; }\n")
+            "return lo | (unsigned)hi << 16; }\n"
+            + "".join(f"{f} void tt_ldmatrix_x4{t}(unsigned* d, const void* row) {{\n"
+                      f'  asm volatile("ldmatrix.sync.aligned.m8n8.x4{t.replace("_", ".")}.shared.b16 {{%0,%1,%2,%3}}, [%4];"\n'
+                      '    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])\n'
+                      '    : "r"((unsigned)__cvta_generic_to_shared(row))); }\n' for t in ("", "_trans")))
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned

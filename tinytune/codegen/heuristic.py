@@ -379,15 +379,17 @@ def gpu_register_tile(k: Kernel) -> bool:
 # shared memory. On sm_90 (nvcc -Xptxas -v, 4096^3): 103 registers, no spills, 16640 bytes of shared memory, so two workgroups fit
 # an SM by registers (65536 / (256 x 103)); each K step reads 4 float4 from shared memory for 64 FMAs. Unmeasured on a GPU so far
 SHARED_TILE = ((4, 16, 2), (16, 8, 4))  # per output dim: register part, workgroup part, outer register part; K tiles, the first that fits
-SHARED_TILE_OUTPUTS = 1 << 20  # from 1024x1024 outputs: enough 128x128 tiles (64) to be worth a K loop with two barriers a tile
+SHARED_TILE_OUTPUTS = BIG_TILE_OUTPUTS  # from 2048x2048 outputs: 256 tiles of 128x128, two workgroups for each of an H200's 132 SMs
 
 
 def gpu_shared_tile(k: Kernel) -> bool:
-  """A large float32 matmul-like kernel: both inputs' tiles staged in shared memory per K tile (STAGE), 8x8 register tiles read from
-  there in float4 (SHARED_TILE). Sizes that are not multiples of the tiles are padded where that adds at most 1/8 (masked), K to the
-  longest K tile that allows. Where the tile does not apply, nothing is applied and gpu_register_tile plans the kernel."""
+  """A large float32 matmul-like kernel on a GPU: both inputs' tiles staged in shared memory per K tile (STAGE), 8x8 register tiles
+  read from there in float4 (SHARED_TILE). Sizes that are not multiples of the tiles are padded where that adds at most 1/8 (masked),
+  K to the longest K tile that allows. Where the tile does not apply, nothing is applied and gpu_register_tile plans the kernel. Not
+  on a CPU that runs workgroups (pocl): its barriers and shared memory cost, and save nothing (256^3 125x slower than the register
+  tile from memory)."""
   lane = k.n_global - 1
-  if k.reduceop is None or k.ast.dtype != dtypes.float32 or k.n_reduce != 1 or prod(k.out_shape) < SHARED_TILE_OUTPUTS or \
+  if not k.caps.gpu or k.reduceop is None or k.ast.dtype != dtypes.float32 or k.n_reduce != 1 or prod(k.out_shape) < SHARED_TILE_OUTPUTS or \
      any(u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.dtype != dtypes.float32 for u in k.reduceop.src[0].toposort) or \
      (row := next((d for d in reversed(range(lane)) if _broadcasts_along(k, lane, d)), None)) is None: return False
   (inner, local, outer), ktiles = SHARED_TILE

@@ -191,6 +191,7 @@ class Kernel:
     self.opts: list[Opt] = []
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
+    self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
     self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
@@ -280,6 +281,13 @@ class Kernel:
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
         rem.stride, rem.size = rem.stride * size, rem.size // size
       self.tc = tc
+      self.opts.append(opt)
+      return
+    if op is OptOps.PREFETCH:
+      check(opt.axis == 0 and arg == 0, "PREFETCH takes axis 0 and arg 0")
+      check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PREFETCH needs STAGE with more than one K tile")
+      check(not self.prefetch, "one PREFETCH opt per kernel")
+      self.prefetch = True
       self.opts.append(opt)
       return
     if op is OptOps.STREAM:
@@ -454,7 +462,7 @@ STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inpu
 
 def candidate_opts(k: Kernel) -> list[Opt]:
   """Every opt to try next on this kernel, valid or not (apply_opt on a copy decides): splits by the divisors of each
-  axis's remaining size and a few small amounts, swaps of global axes, pads, the workgroup and tensor core opts, and STREAM."""
+  axis's remaining size and a few small amounts, swaps of global axes, pads, the workgroup and tensor core opts, STREAM and PREFETCH."""
   ret: list[Opt] = []
   for d in range(len(k.sizes)):
     size = k.remaining(d).size
@@ -467,4 +475,4 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
       ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0)]

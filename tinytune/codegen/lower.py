@@ -199,6 +199,9 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   return ret if lowerer.rows is None or lowerer.rows.reads <= lowerer.rows.writes else _Lowerer(k, target, rows=False).program()
 
 
+Copies = tuple[tuple[list[UOp], list[UOp]], ...]  # STAGE's copies to shared memory: (loads, stores) of a K tile, one or two (PREFETCH)
+
+
 class LoopNest:
   """The loops around a program's statements: each loop axis's variable, and the statement lists placed in the CPU's loop nest or
   in a GPU's workgroups and threads."""
@@ -243,6 +246,17 @@ class LoopNest:
     t = len(threads)
     return self.nest(outer[:t], self.nest(outer[t:n], decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
 
+  def staged(self, copies: Copies, body: list[UOp]) -> list[UOp]:
+    """STAGE's loop of K tiles around `body` (the loops in a tile): each iteration copies the tiles to shared memory (`copies`:
+    loads and stores) between two barriers, the copy waiting until every thread is done reading the last tile, the reads until
+    the copy is whole. With PREFETCH (two copies: the first tile's and the next's) the first tile is copied before the loop, and
+    each iteration loads the next into registers before the compute and stores it after (the loads' latency behind the compute)."""
+    tiles = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
+    (loads, stores), barrier = copies[0], stmt(Ops.BARRIER)
+    if len(copies) == 1: return self.nest([tiles], [*loads, *stores, barrier, *body, stmt(Ops.BARRIER)])
+    (next_loads, next_stores) = copies[1]
+    return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
+
   def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
     """Each axis's index from one linear id, the last axis fastest."""
     out, mult = [], 1
@@ -253,22 +267,19 @@ class LoopNest:
     return out
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
-                 width: int, post: list[UOp], copies: list[UOp]) -> list[UOp]:
+                 width: int, post: list[UOp], copies: Copies) -> list[UOp]:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
     taken apart from one linear id. Each GROUP thread reduces its share into shared memory; a group of a power of two adds them
     in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one by one
     took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
-    first thread stores. With STAGE, each K tile's loop copies the tiles (`copies`) to shared memory between two barriers: the
-    copy waits until every thread is done reading the last tile, the reads until the copy is whole."""
+    first thread stores. With STAGE, the K tiles' loop (see staged)."""
     k = self.k
     out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
     threads = k.thread_axes
     if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
     out += self.unflatten(threads, "lid")
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-    if (tiles := next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE), None)) is not None:  # one reduce (Kernel.stage_inputs)
-      barrier = stmt(Ops.BARRIER)
-      out += decls + self.nest([tiles], [*copies, barrier, *self.nest(red, bodies[0]), stmt(Ops.BARRIER)]) + combine[0]
+    if copies: out += decls + self.staged(copies, self.nest(red, bodies[0])) + combine[0]  # one reduce (Kernel.stage_inputs)
     else: out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
     if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
       n = k.launch_dims[1]
@@ -513,15 +524,25 @@ class _Lowerer:
     if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
     return self.memo[key]
 
-  def stage_copies(self) -> list[UOp]:
-    """The statements by which a workgroup's threads copy each staged input's tile for one K tile to shared memory: the tile's
-    elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
-    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them."""
+  def stage_copies_all(self) -> Copies:
+    """STAGE's copies (see LoopNest.staged): the loop's tile, or with PREFETCH the first tile and the loop's next; none without STAGE."""
+    if not self.staged: return ()
+    return (self.stage_copies("first"), self.stage_copies("next")) if self.k.prefetch else (self.stage_copies("loop"),)
+
+  def stage_copies(self, tile: str) -> tuple[list[UOp], list[UOp]]:
+    """The loads and the stores by which a workgroup's threads copy each staged input's tile for one K tile to shared memory: the
+    tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
+    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. The K tile is the loop's
+    (`tile` "loop"), the first ("first"), or the loop's next, none after the last ("next": PREFETCH's)."""
     k, n = self.k, self.k.launch_dims[1]
-    self.lines = []
+    loads, stores = list[UOp](), list[UOp]()
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
+    tiles = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+    var, at_tile, last = self.nesting.vars[tiles], dict[UOp, UOp](), TRUE
+    if tile == "first": at_tile = {var: UOp.const(dtypes.int64, 0)}
+    if tile == "next": at_tile, last = {var: var + 1}, self.simplify(var.lt(k.axes[tiles].size - 1))
     for view, (name, dims, strides) in self.staged.items():
-      self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0], k.tc is not None), dtype=view.dtype))
+      if tile != "next": self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0], k.tc is not None), dtype=view.dtype))
       st = view.arg.strides
       order = sorted(dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
       fast = order[0][0]
@@ -529,17 +550,19 @@ class _Lowerer:
       counts = [size // w if d == fast else size for d, size in order]
       for j in range(-(-prod(counts) // n)):
         rest = e = self.simplify(lid + j * n)
-        guard = TRUE if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)))
+        guard = last if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(last))
         at: dict[int, UOp] = {}
         for i, ((d, _), c) in enumerate(zip(order, counts)):
           at[d] = self.simplify(rest if i == len(order) - 1 else rest % c)
           rest = self.simplify(rest // c)
         if w > 1: at[fast] = self.simplify(at[fast] * w + self.lane)
-        idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d] + at.get(d, 0))) for d in range(len(k.sizes)))
+        idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d].substitute(at_tile) + at.get(d, 0))) for d in range(len(k.sizes)))
         off, valid, _ = self.view_index(view, idx)
+        self.lines = loads
         val = self.read(view.dtype, self.bufs[view.src[0].arg], off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
+        self.lines = stores
         self.store(val, self.tile_offset(view, at), guard, name, view.dtype)
-    return self.lines
+    return loads, stores
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
@@ -669,7 +692,8 @@ class _Lowerer:
     self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
-    copies = self.stage_copies() if self.staged else []
+    # STAGE: the first tile's copy, and each tile's (PREFETCH: the next tile's loads before the compute, its stores after)
+    copies = self.stage_copies_all()
     if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post, copies)
     else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post)
     return LinearProgram(k, self.width, uops, in_order or tile)
@@ -841,7 +865,10 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
     if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
-      body.append(wmma("load", name, buf, ld, which, layout, src=(off,)))
+      # mma.sync from shared memory takes ldmatrix, whose rows of 8 elements must start 16-byte aligned (the array is 32-byte aligned)
+      r = lw.simplify(off % 8)
+      rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0,) if tc.mma else ()
+      body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
     for j, tile in enumerate(tiles):
@@ -849,9 +876,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
       body.append(wmma("mma", j, a, b, tc.a.dtype))
   red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-  if lw.staged:  # each K tile copied by the workgroup between two barriers, as LoopNest.workgroups does it
-    copies, tiles_axis = lw.stage_copies(), next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
-    out += lw.decls + lw.nesting.nest([tiles_axis], [*copies, stmt(Ops.BARRIER), *lw.nesting.nest(red, body), stmt(Ops.BARRIER)])
+  if copies := lw.stage_copies_all(): out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body))  # as LoopNest.workgroups
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))

@@ -22,6 +22,7 @@ class OptOps(Enum):
   TC = "TC"  # tensor cores
   STREAM = "STREAM"  # the CPU writes the output past the caches (non-temporal stores of whole cache lines)
   STAGE = "STAGE"  # split a reduce axis into tiles of arg; the workgroup copies each tile of its inputs to shared memory, then reads it there
+  PREFETCH = "PREFETCH"  # STAGE's next tile is read from memory into registers while the current one is computed
 
 
 class KernelOptError(Exception):

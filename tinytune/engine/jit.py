@@ -3,6 +3,7 @@ per-kernel Python. The device's own batch replays them where it has one (runtime
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -12,8 +13,8 @@ from tinytune.engine.program import CompiledKernel, GlobalCounters
 from tinytune.engine.realize import capturing, run_kernel
 from tinytune.engine.schedule import is_buffer_view
 from tinytune.helpers import DEBUG, prod
-from tinytune.runtime import Buffer, Device
-from tinytune.tensor import Tensor
+from tinytune.runtime import Buffer, Compiled, Device
+from tinytune.tensor import Tensor, checks
 from tinytune.uop import Ops, UOp
 
 R = TypeVar("R")
@@ -21,6 +22,8 @@ R = TypeVar("R")
 
 def _input_buffer(t: Tensor) -> Buffer:
   """The buffer that holds a realized input, copied to a buffer of its own where it is a view into a larger one."""
+  if (u := t.uop).op is Ops.VIEW and (b := u.src[0]).op is Ops.BUFFER and not t._pending and u.arg.contiguous and \
+     prod(u.arg.shape) == b.arg.size and schedule.realized(u) is None: return b.arg  # realized already, as a replay's inputs mostly are
   t.realize()
   if not (is_buffer_view(t.uop) and t.uop.arg.contiguous and prod(t.shape) == t.uop.src[0].arg.size):
     t.uop = Tensor(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,)), device=t.device).realize().uop
@@ -36,6 +39,7 @@ class _Captured:
   ret: Any
   draws: list[tuple[Buffer, int]]  # random number state buffers to refill before each replay
   device: str  # where the kernels run (a function with no Tensor arguments has only its kernels' buffers to say)
+  dev: Compiled  # that device
   batch: Callable[[list[Buffer]], None] | None = None
 
 
@@ -52,19 +56,22 @@ class TinyJit(Generic[R]):
   def reset(self) -> None: self.calls, self.captured = 0, None
 
   def __call__(self, *args: Any, **kwargs: Any) -> R:
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
-    others = tuple(a for a in (*args, *kwargs.items()) if not isinstance(a, Tensor) and not (isinstance(a, tuple) and isinstance(a[1], Tensor)))
+    if checks.pending: checks.run_pending()  # what a realize of the inputs would check
+    tensors: list[Tensor] = []
+    others: list[Any] = []  # the positional non-Tensors, then (name, value) of each keyword that is not a Tensor
+    for a in args: (tensors if isinstance(a, Tensor) else others).append(a)
+    for name, a in kwargs.items(): tensors.append(a) if isinstance(a, Tensor) else others.append((name, a))
     inputs = [_input_buffer(t) for t in tensors]
     self.calls += 1
-    if self.captured is not None: return self._replay(tensors, inputs, others)
+    if self.captured is not None: return self._replay(tensors, inputs, tuple(others))
     if self.calls == 1: return self._realized(self.fn(*args, **kwargs))
     schedule.forget_realized()  # forget what earlier realizes computed: a kernel the capture skipped for it would be missing from every replay
     with capturing() as captured, rng.recording() as draws: ret = self._realized(self.fn(*args, **kwargs))
     where = {id(b): i for i, b in enumerate(inputs)}
     steps = [(kernel, [where.get(id(b), b) for b in bufs]) for kernel, bufs in captured]
     device = next((b.device for _, bufs in captured for b in bufs), tensors[0].device if tensors else Device.DEFAULT)
-    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], others, ret, draws, device)
-    if steps: self.captured.batch = Device[device].batch([(k.program, bufs) for k, bufs in steps])
+    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], tuple(others), ret, draws, device, Device[device])
+    if steps: self.captured.batch = self.captured.dev.batch([(k.program, bufs) for k, bufs in steps])
     return ret
 
   @staticmethod
@@ -83,14 +90,17 @@ class TinyJit(Generic[R]):
     if others != cap.others:
       raise ValueError(f"{self.fn.__name__} was captured by TinyJit with the other arguments {cap.others!r:.200}, not {others!r:.200}: "
                        "the kernels may have them baked in; pass them as Tensors, or reset() the jit")
-    rng.refill(cap.draws)
+    if cap.draws: rng.refill(cap.draws)
     if (batch := cap.batch) is not None:
-      dev = Device[cap.device]
       GlobalCounters.kernel_count += len(cap.steps)
-      # the device's time: an asynchronous device waits for it only under DEBUG=2
-      if DEBUG >= 2 or not dev.asynchronous: GlobalCounters.time_sum_s += (seconds := dev.timed(lambda: batch(inputs)))
+      # the device's time: an asynchronous device waits for it only under DEBUG=2; a synchronous one's is the host clock's
+      if (debug := DEBUG.value) >= 2: GlobalCounters.time_sum_s += (seconds := cap.dev.timed(lambda: batch(inputs)))
+      elif not cap.dev.asynchronous:  # Compiled.timed's host clock, without its calls
+        st = time.perf_counter()
+        batch(inputs)
+        GlobalCounters.time_sum_s += time.perf_counter() - st
       else: batch(inputs)
-      if DEBUG >= 2: print(f"TinyJit {self.fn.__name__}: {len(cap.steps)} kernels in one call, {seconds * 1e6:.1f} us")
+      if debug >= 2: print(f"TinyJit {self.fn.__name__}: {len(cap.steps)} kernels in one call, {seconds * 1e6:.1f} us")
     else:
       for kernel, bufs in cap.steps: run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], cap.device)
     return cap.ret

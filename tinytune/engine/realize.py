@@ -4,32 +4,46 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tinytune.dtype import DType
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, compiled, kernels
 from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
 from tinytune.helpers import DEBUG, NOOPT, prod, tune_mode
-from tinytune.runtime import Buffer
+from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
 from tinytune.uop import Ops, UOp
 
 
-def structure(topo: list[UOp], device: str) -> tuple[tuple, list[Buffer], dict[UOp, int]] | None:
-  """The graph's structure with each buffer replaced by its place among the graph's buffers; those buffers; each node's position.
-  None where a node of it was realized before on this device (see _reused)."""
+def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer], dict[UOp, int]] | None:
+  """The graph's nodes in toposort's order; its structure, each buffer replaced by its place among the graph's buffers; those
+  buffers; each node's position. None where a node of it was realized before on this device (see _reused). One walk, not toposort
+  and then a pass over its nodes: every realize makes one."""
   index: dict[UOp, int] = {}
+  topo: list[UOp] = []
   buffers: list[Buffer] = []
-  parts = []
-  for i, u in enumerate(topo):
-    if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
-    index[u] = i
-    if u.op is Ops.BUFFER:
-      parts.append((Ops.BUFFER, u.dtype, u.arg.size, u.arg.device))
-      buffers.append(u.arg)
-    else: parts.append((u.op, u.dtype, repr(u.arg) if u.op is Ops.CONST else u.arg, tuple(map(index.__getitem__, u.src))))
-  return tuple(parts), buffers, index
+  parts: list[Any] = []
+  stack = [(target, iter(target.src))]
+  while stack:
+    u, srcs = stack[-1]
+    for s in srcs:
+      if s not in index:
+        stack.append((s, iter(s.src if s.op is not Ops.VIEW or s.src[0].op is not Ops.CONST else ())))  # a broadcast constant: its node says all
+        break
+    else:
+      stack.pop()
+      if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
+      index[u] = len(topo)
+      topo.append(u)
+      if (op := u.op) is Ops.BUFFER:
+        parts.append((op, u.dtype, u.arg.size, u.arg.device))
+        buffers.append(u.arg)
+      # a constant and its broadcasts: the node itself, hash-consed by dtype, value (-0.0 apart from 0.0) and view, and kept alive by
+      # the key, so the next step's graph finds it built
+      elif op is Ops.CONST or op is Ops.VIEW and u.src[0].op is Ops.CONST: parts.append(u)
+      else: parts.append((op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
+  return topo, tuple(parts), buffers, index
 
 
 def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
@@ -50,11 +64,14 @@ class Plan:
   steps: tuple[Step, ...]
   roots: tuple[tuple[int, int, View], ...]  # (position in the graph, buffer, contiguous view) of each node a kernel realizes
 
-  def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp:
-    bufs = inputs + [Buffer(device, size, dtype) for size, dtype in self.made]
-    for step in self.steps: run_kernel(step.kernel, [bufs[i] for i in step.slots], device)
-    for pos, slot, view in self.roots: mark_realized(topo[pos], buffer_view(bufs[slot], view.shape, view))
-    return realized(topo[-1])  # type: ignore[return-value]
+  def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp | None:
+    """Run the kernels; the VIEW that holds the last node a kernel realizes (the graph's own, where no `into` took it)."""
+    bufs = inputs.copy()
+    for size, dtype in self.made: bufs.append(Buffer(device, size, dtype))
+    for step in self.steps: run_kernel(step.kernel, list(map(bufs.__getitem__, step.slots)), device)
+    ret = None
+    for pos, slot, view in self.roots: mark_realized(topo[pos], ret := buffer_view(bufs[slot], view.shape, view))
+    return ret
 
 
 def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: str, into: Buffer | None) -> Plan:
@@ -83,14 +100,12 @@ def forget() -> None:
 def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   """Compute `target` on `device`; the VIEW of a buffer that now holds it: `into` where given (it must not be read by target), else
   a new one or, where target is one already, the buffer it views."""
-  topo, asked = target.toposort, target
+  asked = target
   # reuse what was realized; again while the new graph holds nodes that were realized before (hash-consing makes a substituted node
   # the very node an earlier realize computed)
-  while (found := structure(topo, device)) is None:
-    target = target.substitute(_reused(topo, device))
-    topo = target.toposort
+  while (found := structure(target, device)) is None: target = target.substitute(_reused(target.toposort, device))
   if into is None and is_buffer_view(target) and target.arg.contiguous and prod(target.shape) == target.src[0].arg.size: return target
-  key, inputs, index = found
+  topo, key, inputs, index = found
   alias = -1
   if into is not None:
     alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
@@ -104,6 +119,7 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   ret = plan.run(topo, inputs, device)
   if asked is not target: schedule.keep_rewrite(asked, target)
   if into is None:
+    assert ret is not None, "a graph's last kernel realizes it"
     if asked is not target: mark_realized(asked, ret)  # the node that was asked for, and that other graphs hold, not only its rewrite
     return ret
   return buffer_view(into, target.shape)
@@ -233,16 +249,18 @@ def capturing() -> Iterator[Captured]:
 
 
 def run_kernel(kernel: CompiledKernel, bufs: list[Buffer], device: str) -> None:
-  seconds = kernel.program(*bufs, wait=DEBUG >= 2)  # an asynchronous device's launch returns at once, with no time unless asked
+  debug = DEBUG.value
+  seconds = kernel.program(*bufs, wait=debug >= 2)  # an asynchronous device's launch returns at once, with no time unless asked
   if _captured is not None: _captured.append((kernel, bufs))
   GlobalCounters.kernel_count += 1
   GlobalCounters.global_ops += kernel.flops
   GlobalCounters.global_mem += kernel.mem_bytes
   if seconds is None: return
   GlobalCounters.time_sum_s += seconds
-  if DEBUG >= 2:
+  if debug >= 2:
     gflops, gbs = (kernel.flops / seconds / 1e9, kernel.mem_bytes / seconds / 1e9) if seconds else (0.0, 0.0)
     print(f"{GlobalCounters.kernel_count:4d} {kernel.name:30s} {device:5s} bufs {len(bufs):2d} mem {kernel.mem_bytes / 1e6:8.2f} MB "
-          f"{seconds * 1e6:9.1f} us {gflops:8.2f} GFLOPS {gbs:7.2f} GB/s" + (f"  opts {list(kernel.opts)}" if DEBUG >= 3 else ""))
-    if DEBUG >= 4: print(kernel.src)
-    if DEBUG >= 5: print(kernel.ast_text)
+          f"{seconds * 1e6:9.1f} us {gflops:8.2f} GFLOPS {gbs:7.2f} GB/s" + (" emulated: host time" if Device[device].emulated else "")
+          + (f"  opts {list(kernel.opts)}" if DEBUG >= 3 else ""))
+    if debug >= 4: print(kernel.src)
+    if debug >= 5: print(kernel.ast_text)

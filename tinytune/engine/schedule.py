@@ -38,7 +38,11 @@ def realized(u: UOp) -> UOp | None:
   return None
 
 
-def mark_realized(u: UOp, view: UOp) -> None: u.__dict__["realized_as"] = (view, _writes)
+def mark_realized(u: UOp, view: UOp) -> None:
+  """Where `u` is a constant (or a constant broadcast), nothing: a graph that reads it computes it again, fused, and the schedule
+  cache, which keeps constants alive in its keys, pins no buffer through them."""
+  if u.op is Ops.CONST or u.op is Ops.VIEW and u.src[0].op is Ops.CONST: return
+  u.__dict__["realized_as"] = (view, _writes)
 
 
 def forget_realized() -> None:

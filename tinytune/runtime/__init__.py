@@ -1,6 +1,7 @@
 """Devices and their memory. A device is an allocator, a compiler and a program runner."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import itertools
@@ -102,12 +103,40 @@ class KernelGraph:
         if DEBUG >= 1: print(f"TinyJit: no graph ({str(e).splitlines()[0]}): the kernels launch one by one")
         self.graph = False
         return self(new_inputs)
-    else:
+    elif inputs != self.last:
       moved = {i for i, (a, b) in enumerate(zip(inputs, self.last)) if a != b}
       for node, (program, bufs) in zip(self.nodes, self.steps):
         if moved.intersection(b for b in bufs if isinstance(b, int)): self.update(node, program, self._args(bufs, inputs))
     self.last = inputs
     self.launch()
+
+
+def kept_address(buf: Buffer, of: Callable[[Any], int]) -> int:
+  """A buffer's address on its device, `of(memory)` worked out once and kept on the Buffer: its memory never moves, and pooled memory
+  comes back with its address."""
+  if (ret := buf.__dict__.get("address")) is None:
+    mem = buf.mem
+    if (ret := buf.__dict__.get("address")) is None: ret = buf.__dict__["address"] = of(mem)
+  return ret
+
+
+class KernelArgs:
+  """A GPU kernel's parameters as CUDA and HIP take them, an array of pointers to each argument's value, kept by its program and
+  written again only where the buffers' addresses changed: the drivers copy the arguments at the launch, so one block serves every
+  launch (the engine launches one at a time)."""
+
+  def __init__(self, n: int):
+    self.values = (ctypes.c_uint64 * n)()
+    self.pointers = (ctypes.c_void_p * n)(*[ctypes.addressof(self.values) + 8 * i for i in range(n)])
+    self.address = ctypes.addressof(self.pointers)
+    self.last: list[int] = []
+
+  def set(self, addresses: list[int]) -> int:
+    """The block's address, holding these buffer addresses."""
+    if addresses != self.last:
+      self.values[:] = addresses  # type: ignore[assignment]  # ints, which ctypes converts
+      self.last = addresses
+    return self.address
 
 
 class CompileError(RuntimeError):

@@ -14,7 +14,7 @@ from tinytune.codegen.caps import amd_caps
 from tinytune.codegen.cstyle import HIPRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import env_int
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelGraph, Program, Steps, disk_cached
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelArgs, KernelGraph, Program, Steps, disk_cached, kept_address
 
 
 def _lib(name: str) -> ctypes.CDLL:
@@ -48,16 +48,20 @@ class AMDProgram(Program):
     self.module, self.function = ctypes.c_void_p(), ctypes.c_void_p()
     dev.check(dev.hip.hipModuleLoadData(ctypes.byref(self.module), code), "hipModuleLoadData")
     dev.check(dev.hip.hipModuleGetFunction(ctypes.byref(self.function), self.module, name.encode()), "hipModuleGetFunction")
+    self.args: KernelArgs | None = None
 
   def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     hip, (groups, threads) = self.dev.hip, self.launch
-    values = [ctypes.c_void_p(b.mem.value) for b in bufs]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    if self.args is None: self.args = KernelArgs(len(bufs))
+    params = ctypes.c_void_p(self.args.set([b.__dict__.get("address") or _address(b) for b in bufs]))
     def launch() -> None:
       self.dev.check(hip.hipModuleLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, None, params, None), "hipModuleLaunchKernel")
     if wait: return self.dev.timed(launch)
     launch()
     return None
+
+
+def _address(buf: Buffer) -> int: return kept_address(buf, lambda mem: mem.value or 0)
 
 
 class _Dim3(ctypes.Structure):
@@ -77,7 +81,7 @@ class HIPGraph(KernelGraph):
     super().__init__(steps)
     self.dev, self.graph_, self.exec = dev, ctypes.c_void_p(), ctypes.c_void_p()
 
-  def address(self, buf: Buffer) -> int: return buf.mem.value or 0
+  def address(self, buf: Buffer) -> int: return _address(buf)
   @staticmethod
   def _params(program: AMDProgram, args: list[int]) -> tuple[_KernelNodeParams, Any]:
     """The node's parameters, and what must stay alive until the call that takes them returns (HIP copies the arguments)."""

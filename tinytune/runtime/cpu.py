@@ -20,7 +20,7 @@ import numpy as np
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import DType
 from tinytune.helpers import cache_dir, warn_once
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceCaps, DeviceMissing, Program, Steps, kept_address
 
 # -fwrapv: signed int overflow wraps (two's complement) as in NumPy and torch, where C leaves it undefined. -march is the target's
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-fno-math-errno", "-fwrapv")
@@ -151,7 +151,7 @@ class CPUProgram(Program):
     self.address = ctypes.cast(self.fxn, ctypes.c_void_p).value  # for TinyJit's batched calls
 
   def __call__(self, *bufs: Buffer, wait: bool = False) -> float:
-    ptrs = [address(b) for b in bufs]
+    ptrs = [b.__dict__.get("address") or address(b) for b in bufs]
     if self.fxn.argtypes is None: self.fxn.argtypes = [ctypes.c_void_p] * len(ptrs)
     st = perf_counter()
     self.fxn(*ptrs)
@@ -159,9 +159,8 @@ class CPUProgram(Program):
 
 
 def address(buf: Buffer) -> int:
-  """A CPU buffer's address, as a C argument (kept on the Buffer: its memory never moves)."""
-  if (ret := buf.__dict__.get("address")) is None: ret = buf.__dict__["address"] = buf.mem.__array_interface__["data"][0]
-  return ret
+  """A CPU buffer's address, as a C argument."""
+  return kept_address(buf, lambda mem: mem.__array_interface__["data"][0])
 
 
 class CPUDevice(Compiled):
@@ -188,7 +187,7 @@ class CPUDevice(Compiled):
     raw = np.empty(size * dtype.itemsize + 64, np.uint8)
     start = -raw.ctypes.data % 64
     return raw[start:start + size * dtype.itemsize].view(dtype.np)
-  def retype(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem.view(dtype.np)
+  def retype(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem if mem.dtype.type is dtype.np else mem.view(dtype.np)
   def copyin(self, mem: np.ndarray, data: np.ndarray) -> None: np.copyto(mem, data)
   def copyout(self, mem: np.ndarray, size: int, dtype: DType) -> np.ndarray: return mem
 

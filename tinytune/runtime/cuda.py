@@ -14,7 +14,7 @@ from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.dtype import DType
 from tinytune.helpers import env_int
-from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelGraph, Program, Steps, disk_cached
+from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelArgs, KernelGraph, Program, Steps, disk_cached, kept_address
 
 try:
   from cuda.bindings import driver as cu
@@ -36,16 +36,21 @@ class CUDAProgram(Program):
     self.dev, self.launch = dev, launch
     self.module = _check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
     self.function = _check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+    self.args: KernelArgs | None = None
 
   def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     groups, threads = self.launch
-    args = _arguments([int(b.mem) for b in bufs])
+    if self.args is None: self.args = KernelArgs(len(bufs))
+    params = self.args.set([b.__dict__.get("address") or _address(b) for b in bufs])
     if wait: _check(cu.cuEventRecord(self.dev.start, 0), "cuEventRecord")
-    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, 0, ctypes.addressof(args), 0), "cuLaunchKernel")
+    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, 0, params, 0), "cuLaunchKernel")
     if not wait: return None
     _check(cu.cuEventRecord(self.dev.end, 0), "cuEventRecord")
     _check(cu.cuEventSynchronize(self.dev.end), "the kernel")
     return _check(cu.cuEventElapsedTime(self.dev.start, self.dev.end), "cuEventElapsedTime") * 1e-3
+
+
+def _address(buf: Buffer) -> int: return kept_address(buf, int)
 
 
 def _arguments(addresses: list[int]) -> ctypes.Array:
@@ -65,7 +70,7 @@ class CUDAGraph(KernelGraph):
     self.graph_: Any = None
     self.exec: Any = None
 
-  def address(self, buf: Buffer) -> int: return int(buf.mem)
+  def address(self, buf: Buffer) -> int: return _address(buf)
   @staticmethod
   def _params(program: CUDAProgram, args: ctypes.Array) -> Any:
     p = cu.CUDA_KERNEL_NODE_PARAMS()

@@ -6,12 +6,14 @@ statement, every thread of a workgroup in lock step as one NumPy array (several 
 type the CUDA source gives it. What CUDA does, EMU does: float32 math in float32, float16 and bfloat16 computed in float32 and
 rounded to their type where the source rounds, integers wrap, C's division and remainder truncate, a float cast to an int
 saturates (PTX's cvt), loops, branches and early exits as masks, shared memory per workgroup and its barriers. Where a GPU would
-give an undefined result EMU raises EmuError, naming the kernel, the memory and the threads: a read or write out of bounds of
-a buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
-no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one output element, a barrier only
-some threads of a workgroup reach. Exact but for two things: CUDA may contract a multiply and an add into one FMA (EMU rounds
-both), and exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an ulp or two). No tensor cores yet (TC is
-refused: its caps list none).
+give an undefined result EMU raises EmuError, naming the kernel, the memory and the threads: a read or write out of bounds of a
+buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
+no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one element of a buffer, a thread
+loading an element another thread stored to earlier in the launch, a barrier only some threads of a workgroup reach; and it
+refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory, a warp-level or tensor
+core statement). Loops run all threads alike (their bounds are constants). Exact but for two things: CUDA may contract a
+multiply and an add into one FMA (EMU rounds both), and exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an
+ulp or two). No tensor cores yet (TC is refused: its caps list none; the CUDA renderer emits no other warp-level instruction).
 
 EMU's timings are the host seconds its interpreter takes, nothing like a GPU's: the device says so (`emulated`), and the search
 and benchmarks mark them as such. Memory is host NumPy arrays; launches run at once (not asynchronous)."""
@@ -168,7 +170,8 @@ def convert(x: Any, to: Any) -> Any:
   if x.dtype.kind == "f" and np.dtype(to).kind in "iu":
     info = np.iinfo(to)
     t = np.trunc(x)
-    return np.where(np.isnan(t), 0, np.where(t >= float(info.max), info.max, np.where(t <= float(info.min), info.min, t.astype(to))))
+    with np.errstate(invalid="ignore"):  # NaN and out-of-range lanes cast to garbage first, then replaced
+      return np.where(np.isnan(t), 0, np.where(t >= float(info.max), info.max, np.where(t <= float(info.min), info.min, t.astype(to))))
   if to is np.bool_: return x != 0
   return x.astype(to)
 
@@ -176,37 +179,43 @@ def convert(x: Any, to: Any) -> Any:
 def _int_type(dts: list[DType]) -> Any: return np.uint64 if dtypes.uint64 in dts else np.int64
 
 
-def c_op(op: Ops, args: list[Any], src_dts: list[DType], floor: bool = False) -> Any:
-  """What the C expression of `op` gives, in C's arithmetic type (integers in 64 bits; the caller wraps to the value's type)."""
-  ints = [i for i, d in enumerate(src_dts) if not d.is_float and not (op is Ops.WHERE and i == 0)]
-  if ints and op not in (Ops.AND,):
-    it = _int_type([src_dts[i] for i in ints])
-    args = [np.asarray(a).astype(it) if i in ints else a for i, a in enumerate(args)]
-  a = args[0]
-  if op is Ops.NEG: return -a
-  if op is Ops.RECIP: return (np.float64(1) if np.asarray(a).dtype == np.float64 else np.float32(1)) / a
-  if op is Ops.EXP2: return np.exp2(a)
-  if op is Ops.LOG2: return np.log2(a)
-  if op is Ops.SIN: return np.sin(a)
-  if op is Ops.SQRT: return np.sqrt(a)
-  b: Any = args[1] if len(args) > 1 else None
-  if op is Ops.ADD: return a + b
-  if op is Ops.MUL: return a * b
-  if op is Ops.MAX: return np.where((a > b) | (a != a), a, b) if src_dts[0].is_float else np.where(a > b, a, b)
-  if op is Ops.CMPLT: return a < b
-  if op is Ops.CMPNE: return a != b
-  if op is Ops.AND: return np.logical_and(a, b) if src_dts[0] == dtypes.bool else np.asarray(a).astype(_int_type(src_dts)) & b
-  if op is Ops.OR: return a | b
-  if op is Ops.XOR: return a ^ b
-  if op is Ops.WHERE: return np.where(np.asarray(a).astype(bool), b, args[2])
-  if op in (Ops.IDIV, Ops.MOD):
+def _divide(floor: bool, remainder: bool) -> Callable[[Any, Any], Any]:
+  """Integer division or remainder: floor operations (index math whose numerator can be negative), else C's, which truncate."""
+  def divide(a: Any, b: Any) -> Any:
     zero = b == 0
     safe = np.where(zero, 1, b)  # C leaves x/0 undefined; EMU gives 0, as the IR's own semantics do
-    if floor: ret = a // safe if op is Ops.IDIV else a % safe
-    elif op is Ops.MOD: ret = np.fmod(a, safe)
+    if floor: ret = a % safe if remainder else a // safe
+    elif remainder: ret = np.fmod(a, safe)
     else: ret = a // safe + ((np.fmod(a, safe) != 0) & ((a < 0) != (safe < 0)))  # floor back up to truncation
     return np.where(zero, 0, ret)
-  raise EmuError(f"EMU has no {op.name}")
+  return divide
+
+
+def _max(a: Any, b: Any) -> Any: return np.where((a > b) | (a != a), a, b)  # a NaN in either operand wins, as the CUDA source's does
+def _recip(a: Any) -> Any: return (np.float64(1) if np.asarray(a).dtype == np.float64 else np.float32(1)) / a
+_C_OPS: dict[Ops, Callable[..., Any]] = {
+  Ops.NEG: np.negative, Ops.RECIP: _recip, Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.ADD: np.add,
+  Ops.MUL: np.multiply, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
+  Ops.WHERE: lambda c, a, b: np.where(np.asarray(c, bool), a, b),
+}
+
+
+def c_fn(op: Ops, src_dts: list[DType], floor: bool = False, index: bool = False) -> Callable[..., Any]:
+  """What the C expression of `op` on operands of `src_dts` gives, in C's arithmetic type (integers in 64 bits: the caller wraps them
+  to the value's type), as a function of the operands; `index`: index math, whose operands are 64-bit already."""
+  ints = tuple(i for i, d in enumerate(src_dts) if not d.is_float and not (op is Ops.WHERE and i == 0))
+  it = np.uint64 if dtypes.uint64 in src_dts else np.int64
+  fn: Callable[..., Any]
+  if op is Ops.AND: fn = np.logical_and if src_dts[0] == dtypes.bool else np.bitwise_and
+  elif op is Ops.MAX: fn = _max if src_dts[0].is_float else lambda a, b: np.where(a > b, a, b)
+  elif op in (Ops.IDIV, Ops.MOD): fn = _divide(floor, op is Ops.MOD)
+  elif op in _C_OPS: fn = _C_OPS[op]
+  else: raise EmuError(f"EMU has no {op.name}")
+  if index or not ints or op is Ops.AND and src_dts[0] == dtypes.bool: return fn
+  return lambda *args: fn(*(np.asarray(a, it) if i in ints else a for i, a in enumerate(args)))
+
+
+def c_op(op: Ops, args: list[Any], src_dts: list[DType], floor: bool = False) -> Any: return c_fn(op, src_dts, floor)(*args)
 
 
 def cast(x: Any, dst: DType) -> Any:
@@ -252,16 +261,21 @@ class _Shared:
     self.wmin, self.wmax, self.rmin, self.rmax = (np.empty(groups * size, np.int32) for _ in range(4))
     self.barrier()
 
-  def barrier(self) -> None:
-    self.wmin.fill(self.NONE); self.rmin.fill(self.NONE); self.wmax.fill(-1); self.rmax.fill(-1)  # noqa: E702
+  def barrier(self, groups: np.ndarray | None = None) -> None:
+    """A barrier in the workgroups of `groups` (all where None): what their threads did before is ordered before what follows."""
+    for arr, none in ((self.wmin, self.NONE), (self.rmin, self.NONE), (self.wmax, -1), (self.rmax, -1)):
+      if groups is None: arr.fill(none)
+      else: arr.reshape(-1, self.size)[groups] = none
 
 
 class _Run:
   """One launch's state over a chunk of its workgroups: each lane is a thread."""
 
-  def __init__(self, prog: EMUProgram, bufs: list[np.ndarray], first: int, groups: int):
+  def __init__(self, prog: EMUProgram, bufs: list[np.ndarray], stored: dict, first: int, groups: int):
     threads = prog.launch[1]
     self.prog, self.bufs, self.first, self.groups, self.n = prog, bufs, first, groups, groups * threads
+    # the launch's: per buffer's memory (by id), the least and greatest thread that stored to each element
+    self.stored: dict[int, tuple[np.ndarray, np.ndarray]] = stored
     self.t = np.tile(np.arange(threads, dtype=np.int64), groups)
     self.g = np.repeat(np.arange(first, first + groups, dtype=np.int64), threads)
     self.local_g = self.g - first
@@ -295,6 +309,15 @@ class _Run:
 Fn = Callable[[_Run], Any]
 
 
+def under(s: _Run, mask: np.ndarray, fn: Fn) -> Any:
+  """fn(s) with only the threads of `mask` active: a guarded statement's inline reads happen only where it runs, as in C."""
+  if mask is s.active: return fn(s)
+  saved = s.active, s.full, s.any
+  s.set_active(mask)
+  try: return fn(s)
+  finally: s.active, s.full, s.any = saved
+
+
 class _Loop:
   __slots__ = ("var", "start", "end", "body")
   def __init__(self, var: str, start: int, end: int, body: list): self.var, self.start, self.end, self.body = var, start, end, body
@@ -305,25 +328,32 @@ class _If:
   def __init__(self, cond: Fn, then: list, otherwise: list): self.cond, self.then, self.otherwise = cond, then, otherwise
 
 
+NOBODY = np.iinfo(np.int64).max  # no thread stored to this element yet
+MAX_THREADS, STATIC_SHARED = 1024, 48 << 10  # a CUDA block's threads, and the shared memory it may declare statically (as cuda_caps)
+
+
 class EMUProgram(Program):
   """A lowered program made into closures, one per statement, nested as its loops and branches are."""
   LANES = 1 << 14  # threads run side by side: workgroups in chunks of about this many threads
 
   def __init__(self, name: str, stmts: list[Node], launch: tuple[int, int]):
     self.name, self.launch = name, launch
+    shared = sum(u.arg.size * np.dtype(reg(u.dtype)).itemsize for u in stmts if u.op is Ops.DEFINE_LOCAL)
+    if shared > STATIC_SHARED:
+      raise CompileError(f"EMU: kernel {name}: {shared} bytes of shared memory, over the {STATIC_SHARED} a CUDA block may declare")
+    if launch[1] > MAX_THREADS: raise CompileError(f"EMU: kernel {name}: {launch[1]} threads a workgroup, over CUDA's {MAX_THREADS}")
     self.exprs: dict[int, Fn] = {}
     self.body, end = self.block(stmts, 0)
     if end != len(stmts): raise CompileError(f"EMU: kernel {name}: a {stmts[end].op.name} closes nothing")
 
   def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
     st = time.perf_counter()
-    mems = [b.mem for b in bufs]
-    self.stored: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per buffer stored to: the least and greatest thread that stored each element
+    mems, stored = [b.mem for b in bufs], dict[int, tuple[np.ndarray, np.ndarray]]()
     groups, threads = self.launch
     chunk = max(1, self.LANES // max(threads, 1))
     with np.errstate(all="ignore"):
-      for first in range(0, groups, chunk): self.run(self.body, _Run(self, mems, first, min(chunk, groups - first)))
-    return time.perf_counter() - st if wait else None
+      for first in range(0, groups, chunk): self.run(self.body, _Run(self, mems, stored, first, min(chunk, groups - first)))
+    return time.perf_counter() - st  # a synchronous device's run is done: its seconds, waited for or not (as the CPU's)
 
   def run(self, items: list, s: _Run) -> None:
     for it in items:
@@ -391,9 +421,16 @@ class EMUProgram(Program):
     raise CompileError(f"EMU: kernel {self.name}: no statement {op.name}")
 
   def barrier(self, s: _Run) -> None:
-    if not s.full and (stray := s.alive & ~s.active).any():
+    """__syncthreads() in the workgroups whose threads run it: each of their threads not exited must (a branch that differs between
+    workgroups is fine, one that differs inside one is not)."""
+    if s.full:
+      for sh in s.shared.values(): sh.barrier()
+      return
+    active = s.active.reshape(s.groups, -1)
+    groups: np.ndarray = np.asarray(active.any(axis=1))
+    if (stray := (s.alive.reshape(s.groups, -1) & ~active & groups[:, None]).ravel()).any():
       s.fail(f"__syncthreads() in code that only some threads of a workgroup run: {s.who(stray)} of the workgroup do not reach it")
-    for sh in s.shared.values(): sh.barrier()
+    for sh in s.shared.values(): sh.barrier(groups)
 
   def special(self, u: Node) -> Fn:
     name, base, mult, mod = u.arg
@@ -408,18 +445,21 @@ class EMUProgram(Program):
     value, g = self.expr(val), self.guard(guard)
     rhs = value
     if (op := u.arg) is not None:  # t = t op v, a scalar v added to each lane of a vector t
-      t, dts, spread = self.expr(target), [target.dtype, val.dtype], self.width(target) > 1 and self.width(val) == 1
-      rhs = lambda s: c_op(op, [t(s), lanewise(value(s)) if spread else value(s)], dts)  # noqa: E731
+      t, fn, spread = self.expr(target), c_fn(op, [target.dtype, val.dtype]), self.width(target) > 1 and self.width(val) == 1
+      rhs = lambda s: fn(t(s), lanewise(value(s)) if spread else value(s))  # noqa: E731
     if target.op is Ops.CELL:
       write = self.cell_access(target)
-      return lambda s: write(s, s.mask(g(s)), rhs(s))
+      def assign_shared(s: _Run) -> None:
+        mask = s.mask(g(s))
+        write(s, mask, under(s, mask, rhs))
+      return assign_shared
     lane = None
     if target.op is Ops.GEP: target, lane = target.src[0], target.arg
     if not named(target): raise CompileError(f"EMU: kernel {self.name}: cannot assign to a {target.op.name}")
     name, to, width = target.arg.name, reg(target.dtype), target.arg.width
     def assign(s: _Run) -> None:
-      new = convert(rhs(s), to)
       mask = s.mask(g(s))
+      new = convert(under(s, mask, rhs), to)
       if lane is not None:
         old = np.array(s.lanes(s.env[name], width))
         old[:, lane] = np.where(mask, new, old[:, lane])
@@ -435,8 +475,11 @@ class EMUProgram(Program):
   def store(self, u: Node) -> Fn:
     (idx, val, guard), (width, buf, _) = u.src, u.arg
     at, value, g, dt = self.expr(idx), self.expr(val), self.guard(guard), u.dtype
-    if isinstance(buf, str):
-      def store_shared(s: _Run) -> None: self.shared_access(s, buf, at(s), width, s.mask(g(s)), value(s))
+    if isinstance(buf, str):  # the CUDA source stores bfloat16 into a float array by way of its 16 bits: rounded
+      def store_shared(s: _Run) -> None:
+        mask = s.mask(g(s))
+        v = under(s, mask, value)
+        self.shared_access(s, buf, at(s), width, mask, round_half(v, dt) if dt == dtypes.bfloat16 else v)
       return store_shared
     def store(s: _Run) -> None:
       mask = s.mask(g(s))
@@ -444,16 +487,16 @@ class EMUProgram(Program):
       offs, mem = self.offsets(s, buf, at(s), width, mask, "stores to"), s.bufs[buf]
       tid = (s.g * self.launch[1] + s.t)[mask]
       self.check_stores(s, buf, offs, tid, mask)
-      v = s.lanes(value(s), width)[mask]
+      v = s.lanes(under(s, mask, value), width)[mask]
       mem[offs] = to_memory(v.reshape(offs.shape), dt)
     return store
 
   def check_stores(self, s: _Run, buf: int, offs: np.ndarray, tid: np.ndarray, mask: np.ndarray) -> None:
     """Two threads storing to one element of a buffer: which value lands is up to the GPU."""
-    if buf not in self.stored:
+    if (key := id(s.bufs[buf])) not in s.stored:
       size = s.bufs[buf].size
-      self.stored[buf] = (np.full(size, np.iinfo(np.int64).max, np.int64), np.full(size, -1, np.int64))
-    lo, hi = self.stored[buf]
+      s.stored[key] = (np.full(size, NOBODY, np.int64), np.full(size, -1, np.int64))
+    lo, hi = s.stored[key]
     t = np.broadcast_to(tid.reshape(-1, *([1] * (offs.ndim - 1))), offs.shape).ravel()
     np.minimum.at(lo, offs.ravel(), t)
     np.maximum.at(hi, offs.ravel(), t)
@@ -463,6 +506,17 @@ class EMUProgram(Program):
       where[np.flatnonzero(mask)[rows]] = True
       first = offs.reshape(len(tid), -1)[rows][0].ravel()[0]
       s.fail(f"{s.who(where)} store to data{buf}[{first}], which threads {lo[first]} and {hi[first]} (flat ids) both store: a race")
+
+  def check_loads(self, s: _Run, buf: int, offs: np.ndarray, mask: np.ndarray) -> None:
+    """A thread reading an element of a buffer that another thread stored to earlier in the launch: nothing orders the two."""
+    lo, hi = s.stored[id(s.bufs[buf])]
+    tid = (s.g * self.launch[1] + s.t)[mask].reshape(-1, *([1] * (offs.ndim - 1)))
+    if (other := ((lo[offs] != NOBODY) & ((lo[offs] != tid) | (hi[offs] != tid))).reshape(len(tid), -1).any(axis=1)).any():
+      where = np.zeros(s.n, bool)
+      where[np.flatnonzero(mask)[other]] = True
+      first = offs.reshape(len(tid), -1)[other][0][0]
+      s.fail(f"{s.who(where)} load data{buf}[{first}], which thread {lo[first] if lo[first] != tid[other][0].ravel()[0] else hi[first]} "
+             "(flat id) stored to in this launch: a race")
 
   def offsets(self, s: _Run, buf: int, at: Any, width: int, mask: np.ndarray, what: str) -> np.ndarray:
     """The element offsets of the masked threads' access of `width` elements at `at`, checked against the buffer's bounds."""
@@ -490,12 +544,15 @@ class EMUProgram(Program):
     def load(s: _Run) -> Any:
       a, v = at(s), ok(s)
       mem = s.bufs[buf]
-      if s.full and v is True and np.ndim(a) == 0 and width == 1:  # one element for every thread
+      if s.full and v is True and np.ndim(a) == 0 and width == 1 and id(mem) not in s.stored:  # one element for every thread
         self.offsets(s, buf, np.full(s.n, a), 1, np.ones(s.n, bool), "loads from")
         return np.asarray(from_memory(mem[int(a)], dt), to)
       mask = s.mask(v)
       out = np.zeros((s.n, width) if width > 1 else s.n, to)
-      if mask.any(): out[mask] = from_memory(mem[self.offsets(s, buf, a, width, mask, "loads from")], dt)
+      if mask.any():
+        offs = self.offsets(s, buf, a, width, mask, "loads from")
+        if id(mem) in s.stored: self.check_loads(s, buf, offs, mask)
+        out[mask] = from_memory(mem[offs], dt)
       return out
     return load
 
@@ -568,23 +625,24 @@ class EMUProgram(Program):
       return lambda s: ident
     if op is Ops.FOLD:
       if u.arg.across: raise CompileError(f"EMU: kernel {self.name}: no lane folds across vectors (the CPU's)")
-      args, red, dts = [self.expr(x) for x in u.src], u.arg.op, [x.dtype for x in u.src]
+      args, fn = [self.expr(x) for x in u.src], c_fn(u.arg.op, [x.dtype for x in u.src[:2]])
       def fold(s: _Run) -> Any:
         ret = args[0](s)
-        for a in args[1:]: ret = c_op(red, [ret, a(s)], dts[:2])
+        for a in args[1:]: ret = fn(ret, a(s))
         return convert(ret, reg(dt))
       return fold
     if op in ALU:
       width, args, dts = u.arg.width, [self.expr(x) for x in u.src], [x.dtype for x in u.src]
       widths = [self.width(x) for x in u.src]
-      half = dt.is_half and R.types[dt] == "float" and op is not Ops.CAST and op not in (Ops.NEG, Ops.MAX, Ops.WHERE, Ops.CMPLT, Ops.CMPNE)
-      to = reg(dt)
+      half = dt.is_half and R.types[dt] == "float" and op is not Ops.CAST  # each result rounded to its 16-bit type, as the source does
+      to, compute = reg(dt), None if op in (Ops.CAST, Ops.BITCAST) else c_fn(op, dts)
       def alu(s: _Run) -> Any:
         vals = [a(s) for a in args]
         if width > 1: vals = [v if w > 1 else lanewise(v) for v, w in zip(vals, widths)]
         if op is Ops.CAST: return cast(vals[0], dt) if width == 1 else vals[0]
         if op is Ops.BITCAST: return bitcast(vals[0], dts[0], dt)
-        ret = convert(c_op(op, vals, dts), to)
+        assert compute is not None
+        ret = convert(compute(*vals), to)
         return round_half(ret, dt) if half else ret
       return alu
     return self.inline(u)
@@ -641,7 +699,11 @@ class EMUProgram(Program):
       args, dts, floor = [self.expr(x) for x in u.src], [x.dtype for x in u.src], u.floor
       if op is Ops.CAST: return lambda s: cast(args[0](s), u.dtype)
       if op is Ops.AND: return lambda s: np.logical_and(args[0](s), args[1](s))
-      return lambda s: c_op(op, [a(s) for a in args], dts, floor)
+      fn = c_fn(op, dts, floor, index=True)
+      if len(args) == 2:
+        a, b = args
+        return lambda s: fn(a(s), b(s))
+      return lambda s: fn(*(a(s) for a in args))
     raise CompileError(f"EMU: kernel {self.name}: no value {op.name}")
 
 

@@ -6,6 +6,7 @@ lists them. Those modules see `Tensor` as a global set at the bottom of this one
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -24,9 +25,12 @@ TensorLike = Union["Tensor", Scalar]
 
 
 @functools.lru_cache(maxsize=1024)
-def _broadcast_view(shape: tuple[int, ...]) -> View:
-  """The view that reads one constant at every place of `shape`."""
-  return View.create(shape, (0,) * len(shape))
+def _broadcast_const(dtype: DType, value: Scalar, negative_zero: bool, shape: tuple[int, ...]) -> UOp:
+  """The node that reads one constant at every place of `shape` (the constant itself where shape is ()), kept for the next op with
+  it: a step's graph is built again every step. Equal values are one constant of a dtype, but for -0.0, which equals 0.0.
+  A constant never holds a buffer (see schedule.mark_realized), so those kept cost a few nodes."""
+  c = UOp.const(dtype, value)
+  return UOp(Ops.VIEW, dtype, (c,), View.create(shape, (0,) * len(shape))) if shape else c
 
 
 class Tensor:
@@ -59,6 +63,13 @@ class Tensor:
       buf = Buffer(self.device, arr.size, dt).copyin(arr.astype(dt.np))
       self.uop = UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buf),), View.create(arr.shape))
     if requires_grad is not None: self.requires_grad_(requires_grad)
+
+  @staticmethod
+  def _of(uop: UOp, device: str) -> Tensor:
+    """A Tensor of an op's node on a canonical device: what Tensor(uop, device=device) makes, without its checks (every op calls it)."""
+    ret = object.__new__(Tensor)
+    ret.uop, ret.device = uop, device
+    return ret
 
   # ***** properties *****
   @property
@@ -192,7 +203,7 @@ class Tensor:
 
   def _move(self, op: str, arg: Any, shape: tuple[int, ...]) -> Tensor:
     """A movement (a View method: reshape, permute, expand, pad, shrink, flip) to `shape`; no data moves."""
-    ret = Tensor(view_uop(self.uop, lambda v: getattr(v, op)(arg), shape), device=self.device)
+    ret = Tensor._of(view_uop(self.uop, lambda v: getattr(v, op)(arg), shape), self.device)
     if self._view is not None or self.uop.op is Ops.VIEW and self.uop.src[0].op is Ops.BUFFER: ret._view = (self, op, arg)
     return autograd.record(ret, (self,), autograd.move_rule(op, self, arg)) if autograd.tracking(self) else autograd.untracked(ret)
 
@@ -202,14 +213,16 @@ class Tensor:
   def _broadcasted(self, y: TensorLike, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x: Tensor = self
     if not isinstance(y, Tensor):
-      if isinstance(y, (np.bool_, np.integer, np.floating, dtypes.bfloat16.np)): y = y.item()  # numpy scalars combine like python numbers
-      if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
-      dt = x.dtype if not (isinstance(y, float) and not x.dtype.is_float) else dtypes.default_float
-      if isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool: dt = dtypes.default_int
-      c = UOp.const(dt, y)  # broadcast at once: the node reshape and expand would build, without building them
-      y = Tensor(UOp(Ops.VIEW, dt, (c,), _broadcast_view(x.shape)) if x.ndim else c, device=x.device)
+      if type(y) not in (float, int, bool):
+        if isinstance(y, (np.bool_, np.integer, np.floating, dtypes.bfloat16.np)): y = y.item()  # numpy scalars combine like python numbers
+        if not isinstance(y, (int, float, bool)): raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
+      xdt = x.uop.dtype
+      dt = xdt if not (isinstance(y, float) and xdt.kind != "f") else dtypes.default_float
+      if isinstance(y, int) and not isinstance(y, bool) and xdt is dtypes.bool: dt = dtypes.default_int
+      # broadcast at once: the node reshape and expand would build, without building them
+      y = Tensor._of(_broadcast_const(dt, y, y == 0 and math.copysign(1.0, y) < 0, x.uop.shape), x.device)
       y.requires_grad = False  # a number: no gradient goes to it
-      if dt is x.dtype: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
+      if dt is xdt: return (y, x) if reverse else (x, y)  # the common case: nothing to cast or broadcast
     if y.device != x.device: raise ValueError(f"tensors on different devices: {x.device} and {y.device}")
     dt = least_upper(x.dtype, y.dtype)
     x, y = x.cast(dt), y.cast(dt)
@@ -222,9 +235,9 @@ class Tensor:
     return x.reshape(xs).expand(out), y.reshape(ys).expand(out)
 
   def _alu(self, op: Ops, *srcs: Tensor) -> Tensor:
-    ret = Tensor(self.uop.alu(op, *[s.uop for s in srcs]), device=self.device)
+    ret = Tensor._of(self.uop.alu(op, srcs[0].uop) if len(srcs) == 1 else self.uop.alu(op, *[s.uop for s in srcs]), self.device)
     if not autograd.tracking(self, *srcs): return autograd.untracked(ret)
-    return autograd.record(ret, (self, *srcs), autograd.alu_rule(op, (self, *srcs), ret))
+    return autograd.record(ret, inputs := (self, *srcs), autograd.alu_rule(op, inputs, ret))
   def _binop(self, op: Ops, y: TensorLike, reverse: bool = False) -> Tensor:
     a, b = self._broadcasted(y, reverse)
     return a._alu(op, b)
@@ -233,17 +246,17 @@ class Tensor:
     if dtype is self.dtype: return self
     dt = dtypes.from_any(dtype)
     if dt == self.dtype: return self
-    ret = Tensor(self.uop.cast(dt), device=self.device)
+    ret = Tensor._of(self.uop.cast(dt), self.device)
     return autograd.record(ret, (self,), autograd.cast_rule(self)) if autograd.tracking(self) else autograd.untracked(ret)
 
   # ***** operators *****
   def __neg__(self) -> Tensor: return self.neg()
-  def __add__(self, y: TensorLike) -> Tensor: return self.add(y)
-  def __radd__(self, y: TensorLike) -> Tensor: return self.add(y, True)
+  def __add__(self, y: TensorLike) -> Tensor: return self._binop(Ops.ADD, y)  # add's body: the commonest ops take one call less
+  def __radd__(self, y: TensorLike) -> Tensor: return self._binop(Ops.ADD, y, True)
   def __sub__(self, y: TensorLike) -> Tensor: return self.sub(y)
   def __rsub__(self, y: TensorLike) -> Tensor: return self.sub(y, True)
-  def __mul__(self, y: TensorLike) -> Tensor: return self.mul(y)
-  def __rmul__(self, y: TensorLike) -> Tensor: return self.mul(y, True)
+  def __mul__(self, y: TensorLike) -> Tensor: return self._binop(Ops.MUL, y)
+  def __rmul__(self, y: TensorLike) -> Tensor: return self._binop(Ops.MUL, y, True)
   def __truediv__(self, y: TensorLike) -> Tensor: return self.div(y)
   def __rtruediv__(self, y: TensorLike) -> Tensor: return self.div(y, True)
   def __pow__(self, y: TensorLike) -> Tensor: return self.pow(y)

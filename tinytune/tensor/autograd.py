@@ -22,7 +22,10 @@ Rule = Callable[["Tensor"], Sequence["Tensor | None"]]  # the output's gradient 
 def tracking(*inputs: Tensor) -> bool:
   """Whether an op on these inputs records itself: grad is on and one of them may need a gradient (requires_grad True, or None
   as by default: gradient() may be asked of any tensor, as in tinygrad; False stops it)."""
-  return not inputs[0].no_grad and any(t.requires_grad is not False for t in inputs)
+  if inputs[0].no_grad: return False
+  for t in inputs:  # (a loop, not any() over a generator: every op asks)
+    if t.requires_grad is not False: return True
+  return False
 
 
 def training(*inputs: Tensor) -> bool:
@@ -32,7 +35,7 @@ def training(*inputs: Tensor) -> bool:
 
 def record(ret: Tensor, inputs: tuple[Tensor, ...], rule: Rule) -> Tensor:
   """ret with its rule; it requires grad where an input does, else None (a gradient may still be asked of it)."""
-  if ret.dtype.is_float: ret.requires_grad, ret._ctx = True if any(t.requires_grad for t in inputs) else None, (rule, inputs)
+  if ret.uop.dtype.kind == "f": ret.requires_grad, ret._ctx = True if True in [t.requires_grad for t in inputs] else None, (rule, inputs)
   return ret
 
 

@@ -83,7 +83,8 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
       length = max(0, -(-(stop - start) // step))
       parts.append((start, length, step))
       if step < 0: x, start, stop, step = x.flip(dim), n - 1 - start, n - 1 - stop, -step
-      x = x.shrink(tuple((start, start + (length - 1) * step + 1 if length else start) if j == dim else None for j in range(x.ndim)))
+      if (start, length, step) != (0, n, 1):  # a whole dim (the dims an index leaves out) needs no shrink
+        x = x.shrink(tuple((start, start + (length - 1) * step + 1 if length else start) if j == dim else None for j in range(x.ndim)))
       if step > 1 and length:
         shp = x.shape
         x = x.pad(tuple((0, length * step - shp[dim]) if j == dim else None for j in range(x.ndim)))
@@ -92,6 +93,7 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
       out_shape.append(length)
     else: raise IndexError(f"unsupported index {i!r}: use ints, slices, None, ..., int or bool Tensors, or lists")
     dim += 1
+  if x is self: x = self._move("reshape", self.shape, self.shape)  # x[:] is a view of x (the same node), as in torch, not x
   return x.reshape(tuple(out_shape)), tensors, parts
 
 
