@@ -1,6 +1,7 @@
 """Run a test file written for tinygrad's Tensor (tinygrad's own test/test_ops.py, say) on tinytune, through import aliases.
 
   python bench/tinygrad_ops.py PATH/test_ops.py [pytest args...]     # e.g. -q -x -k relu
+  python bench/tinygrad_ops.py PATH/test_ops.py::TestOps::test_cat PATH/test_ops.py::TestOps::test_stack -q   # pytest's node ids
 
 The file is not part of tinytune (fetch it yourself); this script maps the names such a file imports from tinygrad (tinygrad,
 tinygrad.helpers, tinygrad.tensor, tinygrad.device) to tinytune's, then runs pytest on it in this process. Names tinytune has no
@@ -45,6 +46,7 @@ def install() -> None:
 
 
 if __name__ == "__main__":
-  if len(sys.argv) < 2 or not os.path.exists(sys.argv[1]): sys.exit("usage: python bench/tinygrad_ops.py PATH/test_ops.py [pytest args...]")
+  if len(sys.argv) < 2 or not os.path.exists(sys.argv[1].split("::")[0]):
+    sys.exit("usage: python bench/tinygrad_ops.py PATH/test_ops.py[::TEST] [pytest args...]")
   install()
-  sys.exit(pytest.main([sys.argv[1], "-p", "no:cacheprovider", *sys.argv[2:]]))
+  sys.exit(pytest.main([*sys.argv[1:], "-p", "no:cacheprovider"]))

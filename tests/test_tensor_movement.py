@@ -48,6 +48,7 @@ def test_index_by_tensor() -> None:
   helper_test_op([(4, 0)], *both(lambda x, i: x[i], I1))  # an empty dim
   helper_test_op([(1, 5)], *both(lambda x, i: x[i], idx(0, 0, 0)))
   helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.int32)
+  helper_test_op([(2, 2)], *both(lambda x, i: x[i], idx(np.array([1, 0]).reshape((2,) + (1,) * 7))))  # 9-d: loop g8 and the read's index
   helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.bool)
   helper_test_op([(4, 5)], *both(lambda x, i: x[i], I1), dtype=dtypes.float16)
   helper_test_op(None, *both(lambda x, i: x[i], I1), vals=[[math.inf, math.nan, -math.inf]])  # inf and NaN elsewhere stay out
@@ -353,6 +354,17 @@ def test_pad_modes() -> None:
                  lambda x: x.pad((None, (0, 1), (1, 2)), mode="replicate"), dtype=dtypes.int32)
 
 
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16])
+def test_pad_of_a_constant(dtype: Any) -> None:
+  """A padded constant is a kernel of constant vectors once the compiler unrolls its few iterations: gcc 12 with AVX-512 stored
+  {1,1,1,1,0,0,0,0} as eight 1s where the vector went to memory through memcpy (ones(16) padded by 4 read ones at 20..23)."""
+  for n, pads in ((16, (4, 4)), (16, (8, 8)), (32, (4, 4)), (8, (4, 12)), (24, (8, 0))):
+    want = np.pad(np.ones(n), pads)
+    np.testing.assert_array_equal(Tensor.ones(n, dtype=dtype).pad((pads,)).numpy().astype(np.float64), want, err_msg=f"{n} {pads}")
+  if dtype == dtypes.float32:  # a dilated conv's input gradient pads the same way
+    helper_test_op([(1, 3, 5, 20), (4, 3, 3, 3)], lambda x, w: F.conv2d(x, w, dilation=2), lambda x, w: x.conv2d(w, dilation=2), atol=1e-4)
+
+
 def test_pad_of_empty_to_0d() -> None:
   """Padding an empty tensor gives only padding, also once it is reshaped to 0-d (the constant it was built from read through)."""
   assert Tensor.full((0,), 7.0).pad(((0, 1),)).reshape(()).item() == 0.0
@@ -511,10 +523,12 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
   ("permute short", lambda: Tensor.zeros(2, 3).permute(1), ValueError, r"one dim per dim of the tensor \(2\), got 1"),
   ("permute repeat", lambda: Tensor.zeros(2, 3).permute(1, -1), ValueError, "duplicate dims are not allowed"),
   ("flip repeat", lambda: Tensor.zeros(2, 3).flip(1, -1), ValueError, "dim 1 appears multiple times"),
-  ("cat 0-d", lambda: Tensor.zeros(2).cat(Tensor(1.0)), ValueError, r"zero-dimensional tensor \(at position 1\) cannot be concatenated"),
+  ("cat 0-d", lambda: Tensor.zeros(2).cat(Tensor(1.0)), IndexError, r"zero-dimensional tensor \(at position 1\) cannot be concatenated"),
   ("stack shapes", lambda: Tensor.zeros(2).stack(Tensor.zeros(2), Tensor.zeros(3)), ValueError,
    r"stack expects each tensor to be equal size, but got \[2\] at entry 0 and \[3\] at entry 2"),
   ("stack dim", lambda: Tensor.stack([Tensor.zeros(2), Tensor.zeros(2)], 3), IndexError, "out of range"),
+  ("stack mixed", lambda: Tensor.stack((Tensor([1, 2]), Tensor([3, 4])), Tensor([5, 6])), ValueError, "tensors or one sequence of them, not both"),
+  ("cat mixed", lambda: Tensor.cat([Tensor([1, 2])], Tensor([5, 6])), ValueError, "tensors or one sequence of them, not both"),
   ("pad mode", lambda: Tensor.zeros(3).pad((1, 1), mode="wrap"), ValueError, "pad mode is constant, reflect, replicate or circular"),
   ("pad reflect big", lambda: Tensor.zeros(3).pad((3, 0), mode="reflect"), ValueError, r"reflect padding \(3, 0\) must be smaller than dim 0"),
   ("pad circular big", lambda: Tensor.zeros(3).pad((0, 4), mode="circular"), ValueError, "circular padding"),
@@ -667,6 +681,75 @@ def test_raises_where_torch_raises(name: str, torch_fn, fn, error: type) -> None
   """Each gave a value (-inf, -2**31, 0.25, True, a sum in float32) where torch raises."""
   with pytest.raises(error): torch_fn()
   with pytest.raises(error): fn()
+
+
+Z = torch.zeros
+@pytest.mark.parametrize("name, torch_fn, fn", [
+  ("float and", lambda: Z(2) & Z(2), lambda: Tensor.zeros(2) & Tensor.zeros(2)),
+  ("float not", lambda: Z(2).bitwise_not(), lambda: Tensor.zeros(2).bitwise_not()),
+  ("float shift", lambda: Z(2) << 1, lambda: Tensor.zeros(2) << 1),
+  ("clip nothing", lambda: Z(2).clip(None, None), lambda: Tensor.zeros(2).clip(None, None)),
+  ("gelu approximate", lambda: F.gelu(Z(2), approximate="fast"), lambda: Tensor.zeros(2).gelu("fast")),
+  ("div mode", lambda: Z(2).div(1, rounding_mode="typo"), lambda: Tensor.zeros(2).div(1, rounding_mode="typo")),
+  ("matmul inner", lambda: Z(2, 4) @ Z(1, 3), lambda: Tensor.zeros(2, 4) @ Tensor.zeros(1, 3)),
+  ("matmul 0-d", lambda: Z(()) @ Z(3, 3), lambda: Tensor.zeros(()) @ Tensor.zeros(3, 3)),
+  ("matmul batch", lambda: Z(2, 3, 4) @ Z(3, 4, 5), lambda: Tensor.zeros(2, 3, 4) @ Tensor.zeros(3, 4, 5)),
+  ("conv2d too big", lambda: F.conv2d(Z(1, 1, 6, 7), Z(6, 1, 3, 3), dilation=3),
+   lambda: Tensor.zeros(1, 1, 6, 7).conv2d(Tensor.zeros(6, 1, 3, 3), dilation=3)),
+  ("conv2d padding", lambda: F.conv2d(Z(2, 1, 4, 4), Z(3, 1, 3, 3), padding=(1, 1, 1)),
+   lambda: Tensor.zeros(2, 1, 4, 4).conv2d(Tensor.zeros(3, 1, 3, 3), padding=(1, 1, 1))),
+  ("conv2d channels", lambda: F.conv2d(Z(1, 4, 5, 5), Z(6, 2, 3, 3)), lambda: Tensor.zeros(1, 4, 5, 5).conv2d(Tensor.zeros(6, 2, 3, 3))),
+  ("cross_entropy targets", lambda: F.cross_entropy(Z(4, 3), Z(4, 1, dtype=torch.long)),
+   lambda: Tensor.zeros(4, 3).cross_entropy(Tensor.zeros(4, 1))),
+  ("gather dims", lambda: Z(3, 4).gather(0, Z(1, dtype=torch.long)), lambda: Tensor.zeros(3, 4).gather(0, Tensor([0]))),
+  ("scatter big", lambda: Z(2, 3).scatter(1, Z(3, 1, dtype=torch.long), 1.0),
+   lambda: Tensor.zeros(2, 3).scatter(1, Tensor.zeros(3, 1, dtype="int64"), 1.0)),
+  ("scatter dtypes", lambda: Z(3).half().scatter(0, Z(1, dtype=torch.long), Z(1)),
+   lambda: Tensor.zeros(3).half().scatter(0, Tensor([0]), Tensor([1.0]))),
+  ("scatter_reduce dtypes", lambda: Z(3).scatter_reduce(0, Z(1, dtype=torch.long), Z(1).half(), "sum"),
+   lambda: Tensor.zeros(3).scatter_reduce(0, Tensor([0]), Tensor([1.0]).half(), "sum")),
+  ("scatter_reduce how", lambda: Z(3).scatter_reduce(0, Z(1, dtype=torch.long), Z(1), "typo"),
+   lambda: Tensor.zeros(3).scatter_reduce(0, Tensor([0]), Tensor([1.0]), "typo")),
+  ("meshgrid indexing", lambda: torch.meshgrid(Z(2), indexing="ji"), lambda: Tensor.zeros(2).meshgrid(indexing="ji")),
+  ("reshape two -1", lambda: Z(3, 4).reshape(-1, -1, 2), lambda: Tensor.zeros(3, 4).reshape(-1, -1, 2)),
+  ("reshape count", lambda: Z(3, 4).reshape(5), lambda: Tensor.zeros(3, 4).reshape(5)),
+  ("permute short", lambda: Z(2, 3).permute(1), lambda: Tensor.zeros(2, 3).permute(1)),
+  ("permute repeat", lambda: Z(2, 3).permute(1, 1), lambda: Tensor.zeros(2, 3).permute(1, 1)),
+  ("expand", lambda: Z(2).expand(3), lambda: Tensor.zeros(2).expand(3)),
+  ("flip repeat", lambda: Z(2, 3).flip(1, -1), lambda: Tensor.zeros(2, 3).flip(1, -1)),
+  ("pad mode", lambda: F.pad(Z(3, 3, 3), (3, 0), mode="typo"), lambda: Tensor.zeros(3, 3, 3).pad((3, 0), mode="typo")),
+  ("pad odd", lambda: F.pad(Z(3, 4), (1, 1, 1)), lambda: Tensor.zeros(3, 4).pad((1, 1, 1))),
+  ("pad long", lambda: F.pad(Z(3, 4), (1,) * 6), lambda: Tensor.zeros(3, 4).pad((1,) * 6)),
+  ("pad circular twice", lambda: F.pad(Z(1, 1, 5, 5), (3, 6, 0, 0), mode="circular"),
+   lambda: Tensor.zeros(1, 1, 5, 5).pad((3, 6, 0, 0), mode="circular")),
+  ("pad reflect big", lambda: F.pad(Z(1, 3), (3, 0), mode="reflect"), lambda: Tensor.zeros(1, 3).pad((3, 0), mode="reflect")),
+  ("cat 0-d", lambda: torch.cat([Z(()), Z(())]), lambda: Tensor.zeros(()).cat(Tensor.zeros(()))),
+  ("cat shapes", lambda: torch.cat([Z(1, 2), Z(1, 1)]), lambda: Tensor.zeros(1, 2).cat(Tensor.zeros(1, 1))),
+  ("stack shapes", lambda: torch.stack([Z(2), Z(3)]), lambda: Tensor.stack(Tensor.zeros(2), Tensor.zeros(3))),
+  ("roll lengths", lambda: Z(2, 4).roll((1, 2)), lambda: Tensor.zeros(2, 4).roll((1, 2))),
+  ("split sum", lambda: Z(5).split([2, 2]), lambda: Tensor.zeros(5).split([2, 2])),
+  ("unfold size", lambda: Z(8).unfold(0, 9, 3), lambda: Tensor.zeros(8).unfold(0, 9, 3)),
+  ("unfold step", lambda: Z(8).unfold(0, 1, -1), lambda: Tensor.zeros(8).unfold(0, 1, -1)),
+  ("einsum sizes", lambda: torch.einsum("ij,jk", Z(2, 3), Z(4, 2)), lambda: Tensor.einsum("ij,jk", Tensor.zeros(2, 3), Tensor.zeros(4, 2))),
+  ("einsum operands", lambda: torch.einsum("ij,jk", Z(2, 3)), lambda: Tensor.einsum("ij,jk", Tensor.zeros(2, 3))),
+])
+def test_raises_the_class_torch_raises(name: str, torch_fn, fn) -> None:
+  """Where torch raises RuntimeError (or its NotImplementedError), so does tinytune: its error is that class and also the ValueError or
+  TypeError Python code expects (tinytune.errors), so code written for either catches it."""
+  with pytest.raises(Exception) as want: torch_fn()
+  with pytest.raises(want.type) as got: fn()
+  assert isinstance(got.value, (ValueError, TypeError, IndexError)), f"{type(got.value).__mro__}"
+
+
+def test_raises_as_tinygrad_where_it_adds_to_torch() -> None:
+  """cat of 0-d tensors is also an IndexError (dim 0 of a 0-d tensor), an unknown dtype name also an AttributeError (a lookup on
+  dtypes), circular padding past its own crop a NotImplementedError, as tinygrad raises them."""
+  with pytest.raises(IndexError): Tensor(3.14).cat(Tensor(3.14))
+  with pytest.raises(AttributeError): Tensor.ones(2).sum(dtype="")
+  with pytest.raises(AttributeError): Tensor.ones(2).prod(dtype="nope")
+  with pytest.raises(NotImplementedError, match="wraps past what it crops"):  # torch reads outside the tensor for these
+    Tensor.ones(1, 1, 5, 5).pad((3, -5, 1, -5), mode="circular")
+  helper_test_op([(1, 2, 5)], lambda x: F.pad(x, (2, -1), mode="circular"), lambda x: x.pad((2, -1), mode="circular"))  # wraps within the crop
 
 
 def test_forward_forms_as_torch_and_tinygrad() -> None:

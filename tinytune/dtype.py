@@ -7,6 +7,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from tinytune.errors import DTypeNameError
+
 
 @dataclass(frozen=True, eq=False)  # each dtype is one object (the attributes of `dtypes`): equal means the same, a fast identity check
 class DType:
@@ -53,13 +55,14 @@ class dtypes:
 
   @staticmethod
   def from_any(x: Any) -> DType:
-    """A DType from a DType, its name (or alias), or a numpy dtype; TypeError for anything else."""
+    """A DType from a DType, its name (or alias), or a numpy dtype; TypeError for anything else (a name that names none is also an
+    AttributeError, as a lookup on dtypes)."""
     if isinstance(x, DType): return x
     if isinstance(x, str) and isinstance(ret := getattr(dtypes, x, None), DType) and ret in dtypes.all: return ret
     try: npdt = np.dtype(x)
     except TypeError: npdt = None
     if npdt is not None and npdt.type in _BY_NP: return _BY_NP[npdt.type]
-    raise TypeError(f"unsupported dtype {x!r}; use one of {', '.join(d.name for d in dtypes.all)}")
+    raise (DTypeNameError if isinstance(x, str) else TypeError)(f"unsupported dtype {x!r}; use one of {', '.join(d.name for d in dtypes.all)}")
 
   @staticmethod
   def min(dt: DType) -> Any: return _MIN[dt.name]

@@ -180,7 +180,8 @@ def half_vectors(fp: str, w: int, used: set[DType]) -> str:
   16-bit float is that op in the 16-bit float: float32's 24 bits are at least twice its bits plus 2. The lanes of a 16-bit float
   vector hold values of its type (loaded, or rounded by the op that made them), so a store only narrows them."""
   F, U, H, fast = f"tt_f{w}", f"tt_u{w}", f"tt_h{w}", HALF_CONVERT.get(w)
-  code = f"typedef short {H} __attribute__((vector_size({2 * w})));\n" if used & {dtypes.float16, dtypes.bfloat16} else ""
+  code = (f"typedef short {H} __attribute__((vector_size({2 * w})));\n"  # {H}_u: stored as {F}_store is (see CRenderer.vector_prelude)
+          f"typedef short {H}_u __attribute__((vector_size({2 * w}), aligned(2), may_alias));\n") if used & {dtypes.float16, dtypes.bfloat16} else ""
   if dtypes.float16 in used:  # AVX-512F converts 16 lanes in an instruction, F16C 8; elsewhere the compiler's conversion
     generic = (f"typedef _Float16 tt_hf{w} __attribute__((vector_size({2 * w})));\n"
                f"{fp} {F} tt_up{w}({H} h) {{ return __builtin_convertvector((tt_hf{w})h, {F}); }}\n"
@@ -192,7 +193,7 @@ def half_vectors(fp: str, w: int, used: set[DType]) -> str:
 {generic}#endif
 """
     code += (f"{fp} {F} {F}_load_f16(const _Float16* p) {{ {H} h; __builtin_memcpy(&h, p, sizeof h); return tt_up{w}(h); }}\n"
-             f"{fp} void {F}_store_f16(_Float16* p, {F} x) {{ {H} h = tt_down{w}(x); __builtin_memcpy(p, &h, sizeof h); }}\n"
+             f"{fp} void {F}_store_f16(_Float16* p, {F} x) {{ *({H}_u*)p = tt_down{w}(x); }}\n"
              f"{fp} {F} {F}_round_f16({F} x) {{ return tt_up{w}(tt_down{w}(x)); }}\n")
   if dtypes.bfloat16 in used:  # a bfloat16 is a float32's high half: its lanes go to and from the odd shorts (one permute)
     W, widen = f"tt_w{w}", f"__builtin_shufflevector(z, h, {', '.join(f'{i}, {w + i}' for i in range(w))})"
@@ -216,8 +217,7 @@ def half_vectors(fp: str, w: int, used: set[DType]) -> str:
 }}
 {fp} void {F}_store_bf16(unsigned short* p, {F} x) {{  /* x's lanes are bfloat16 values: each op rounded them */
   {W} r = ({W})x;
-  {H} h = __builtin_shufflevector(r, r, {', '.join(str(2 * i + 1) for i in range(w))});
-  __builtin_memcpy(p, &h, sizeof h);
+  *({H}_u*)p = __builtin_shufflevector(r, r, {', '.join(str(2 * i + 1) for i in range(w))});
 }}
 """
   return code

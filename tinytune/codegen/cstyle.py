@@ -86,9 +86,12 @@ class CStyleRenderer:
   def vector(self, vt: str, items: list[str]) -> str: return f"({vt}){{{', '.join(items)}}}"
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     vt = self.vtype(width)
+    # loads and stores through a vector type of float's alignment, not memcpy: gcc 12 with AVX-512 turns a memcpy of a constant vector
+    # into a 256-bit integer store and stored {1,1,1,1,0,0,0,0} as eight 1s (a padded tensor read its padding as values)
     return (f"typedef float {vt} __attribute__((vector_size({4 * width})));\n"
-            f"{self.func_prefix} {vt} {vt}_load(const float* p) {{ {vt} v; __builtin_memcpy(&v, p, sizeof v); return v; }}\n"
-            f"{self.func_prefix} void {vt}_store(float* p, {vt} v) {{ __builtin_memcpy(p, &v, sizeof v); }}\n")
+            f"typedef float {vt}_u __attribute__((vector_size({4 * width}), aligned(4), may_alias));\n"
+            f"{self.func_prefix} {vt} {vt}_load(const float* p) {{ return *(const {vt}_u*)p; }}\n"
+            f"{self.func_prefix} void {vt}_store(float* p, {vt} v) {{ *({vt}_u*)p = v; }}\n")
 
   def literal(self, v: object, dtype: DType) -> str:
     """A constant's C spelling (kept per renderer: a kernel spells the same few constants many times)."""

@@ -465,7 +465,7 @@ class _Lowerer:
     vals, oks = [], []
     for i, lane_idx in enumerate(lanes):
       ok = self.value(Ops.INRANGE, dtypes.bool, (at.lane(i), UOp.const(dtypes.int64, n)))
-      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="g").arg.name, 0, max(n - 1, 0))
+      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="at").arg.name, 0, max(n - 1, 0))
       vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
       oks.append(ok)
     val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from tinytune.dtype import DType, dtypes, least_upper
+from tinytune.errors import OpDTypeError
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
@@ -276,7 +277,7 @@ class Tensor:
   def __rshift__(self, y: TensorLike) -> Tensor: return self.rshift(y)
   def __rrshift__(self, y: TensorLike) -> Tensor: return self.rshift(y, True)
   def __invert__(self) -> Tensor:
-    if self.dtype.is_float: raise TypeError(f"bitwise not needs a bool or int tensor, got {self.dtype.name}")
+    if self.dtype.is_float: raise OpDTypeError(f"bitwise not needs a bool or int tensor, got {self.dtype.name}")
     return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
 
   def __lt__(self, y: TensorLike) -> Tensor: return self._binop(Ops.CMPLT, y)

@@ -9,6 +9,7 @@ import numpy as np
 
 from tinytune import rng
 from tinytune.dtype import dtypes
+from tinytune.errors import OpError
 from tinytune.helpers import argfix, prod
 from tinytune.runtime import Device
 
@@ -131,7 +132,7 @@ def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device:
 def meshgrid(self: Tensor | Sequence[Tensor], *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
   """Coordinate grids of 1-d tensors: x.meshgrid(y) or Tensor.meshgrid(x, y); indexing 'ij' (matrix) or 'xy' (the first two swapped)."""
   ts: list[Tensor] = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]  # type: ignore[list-item]
-  if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid indexing is 'ij' or 'xy', got {indexing!r}")
+  if indexing not in ("ij", "xy"): raise OpError(f"meshgrid indexing is 'ij' or 'xy', got {indexing!r}")
   if not all(isinstance(t, Tensor) and t.ndim <= 1 for t in ts): raise ValueError("meshgrid needs 0-d or 1-d Tensors")
   at = list(range(len(ts)))
   if indexing == "xy" and len(ts) > 1: at[0], at[1] = 1, 0

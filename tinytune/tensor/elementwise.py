@@ -5,6 +5,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tinytune.dtype import dtypes
+from tinytune.errors import OpDTypeError, OpError
 from tinytune.tensor import autograd
 from tinytune.tensor.checks import require
 from tinytune.uop import Ops, UOp
@@ -26,7 +27,7 @@ def sub(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor:
 def div(self: Tensor, y: TensorLike, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
   """self / y; rounding_mode "trunc" rounds the quotient toward zero and "floor" down, keeping int dtypes (an int divided by 0
   raises, as in torch: see _int_div)."""
-  if rounding_mode not in (None, "trunc", "floor"): raise ValueError(f"div rounding_mode is None, 'trunc' or 'floor', got {rounding_mode!r}")
+  if rounding_mode not in (None, "trunc", "floor"): raise OpError(f"div rounding_mode is None, 'trunc' or 'floor', got {rounding_mode!r}")
   a, b = self._broadcasted(y, reverse)
   if rounding_mode is not None and not a.dtype.is_float:
     if a.dtype == dtypes.bool: raise TypeError(f"div with rounding_mode {rounding_mode!r} needs int or float tensors, got bool")
@@ -65,7 +66,7 @@ def logical_not(self: Tensor) -> Tensor: return self.cast(dtypes.bool)._alu(Ops.
 
 def _bitwise(self: Tensor, op: Ops, y: TensorLike) -> Tensor:
   a, b = self._broadcasted(y)
-  if a.dtype.is_float: raise TypeError(f"bitwise {op.name.lower()} needs bool or int tensors, got {a.dtype.name}")
+  if a.dtype.is_float: raise OpDTypeError(f"bitwise {op.name.lower()} needs bool or int tensors, got {a.dtype.name}")
   return a._alu(op, b)
 
 
@@ -142,7 +143,7 @@ def sign(self: Tensor) -> Tensor:
 
 def clip(self: Tensor, min_: TensorLike | None = None, max_: TensorLike | None = None) -> Tensor:
   """Bound self below by min_ and above by max_ (max_ wins where min_ > max_); one may be None, not both (torch and tinygrad refuse that too)."""
-  if min_ is None and max_ is None: raise ValueError("clip needs min_ or max_")
+  if min_ is None and max_ is None: raise OpError("clip needs min_ or max_")
   return _bounded(self, min_, max_, False)
 
 
@@ -178,7 +179,7 @@ def erf(self: Tensor) -> Tensor:
 
 def gelu(self: Tensor, approximate: str = "none") -> Tensor:
   if approximate == "tanh": return self._in_f32(lambda x: 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh()))
-  if approximate != "none": raise ValueError(f"gelu approximate is 'none' or 'tanh', got {approximate!r}")
+  if approximate != "none": raise OpError(f"gelu approximate is 'none' or 'tanh', got {approximate!r}")
   return self._in_f32(lambda x: 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf()))
 
 
@@ -364,7 +365,7 @@ def bitwise_xor(self: Tensor, y: TensorLike, reverse: bool = False) -> Tensor: r
 
 
 def bitwise_not(self: Tensor) -> Tensor:
-  if self.dtype.is_float: raise TypeError(f"bitwise_not needs a bool or int tensor, got {self.dtype.name}")
+  if self.dtype.is_float: raise OpDTypeError(f"bitwise_not needs a bool or int tensor, got {self.dtype.name}")
   return self.logical_not() if self.dtype == dtypes.bool else self ^ -1  # -1 is all ones in every int type
 
 
@@ -389,7 +390,7 @@ def _in_width(n: Tensor) -> Tensor: return (n >= 0) & (n < n.dtype.itemsize * 8)
 
 def _shift_args(self: Tensor, y: TensorLike, reverse: bool, op: str) -> tuple[Tensor, Tensor]:
   a, b = self._broadcasted(y, reverse)
-  if not a.dtype.is_int: raise TypeError(f"{op} needs int tensors, got {a.dtype.name}")
+  if not a.dtype.is_int: raise OpDTypeError(f"{op} needs int tensors, got {a.dtype.name}")
   return a, b
 
 
@@ -440,7 +441,8 @@ def acosh(self: Tensor) -> Tensor:
     big = x > 2.0 ** 28
     small = big.where(2.0, x)
     return big.where(big.where(x, 1.0).log() + math.log(2), (small + (small - 1).sqrt() * (small + 1).sqrt()).log())
-  return self._in_f32(fn)
+  # torch's slope 1/sqrt(x*x - 1) is finite below -1, where the value is NaN and the composition's chain rule meets it
+  return _ruled((self,), lambda x: x._in_f32(fn), lambda g, out, x: (g * (x._float() * x._float() - 1).rsqrt(),))
 
 
 def atanh(self: Tensor) -> Tensor: return self._in_f32(lambda x: 0.5 * ((1 + x) / (1 - x)).log())

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tinytune.dtype import dtypes, least_upper
+from tinytune.errors import OpError
 from tinytune.helpers import WINO, prod, round_up
 from tinytune.runtime import Device
 from tinytune.shape import View
@@ -48,14 +49,14 @@ def log_softmax(self: Tensor, axis: int = -1) -> Tensor:
 def matmul(self: Tensor, w: Tensor) -> Tensor:
   if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
   xd, wd = len(self.shape), len(w.shape)
-  if xd == 0 or wd == 0: raise ValueError("matmul needs tensors of at least one dim")
+  if xd == 0 or wd == 0: raise OpError("matmul needs tensors of at least one dim")
   if autograd.deferred(self, w): return autograd.lazily(matmul, self, w)
   x, y = (self.unsqueeze(0) if xd == 1 else self), (w.unsqueeze(-1) if wd == 1 else w)
   xs, ys = x.shape, y.shape
-  if xs[-1] != ys[-2]: raise ValueError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {xs[-1]} != {ys[-2]})")
+  if xs[-1] != ys[-2]: raise OpError(f"matmul shapes {self.shape} and {w.shape} do not match (inner {xs[-1]} != {ys[-2]})")
   if xd > 2 or wd > 2:
     if any(a != b and 1 not in (a, b) for a, b in zip(xs[-3::-1], ys[-3::-1])):
-      raise ValueError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
+      raise OpError(f"matmul shapes {self.shape} and {w.shape}: batch dims {xs[:-2]} and {ys[:-2]} do not broadcast")
   if prod(xs[:-1]) >= max(PACK_ROWS, xs[-1] // PACK_K_PER_ROW) and _strided_rows(y, PACK_STRIDE_16 if y.dtype.is_half else PACK_STRIDE):
     y = y.contiguous()  # pack a transposed B (x @ w.T), read by many rows
   if x.dtype is y.dtype and x.dtype.is_float and not autograd.training(x, y): ret = _products_summed(x, y)
@@ -118,7 +119,7 @@ def _windows(self: Tensor, k: tuple[int, ...], stride: tuple[int, ...], dilation
   d = len(k)
   lead, spatial = self.shape[:-d], self.shape[-d:]
   out = tuple((n - dl * (kk - 1) - 1) // st + 1 for n, kk, st, dl in zip(spatial, k, stride, dilation))
-  if any(o <= 0 for o in out): raise ValueError(f"window {k} with dilation {dilation} does not fit input {'x'.join(map(str, spatial))}")
+  if any(o <= 0 for o in out): raise OpError(f"window {k} with dilation {dilation} does not fit input {'x'.join(map(str, spatial))}")
   if stride == k and all(dl == 1 for dl in dilation):  # windows side by side (a pool): a reshape, whose gradient is one too
     x = self.shrink((*((0, s) for s in lead), *((0, o * kk) for o, kk in zip(out, k))))
     x = x.reshape(*lead, *(n for o, kk in zip(out, k) for n in (o, kk)))
@@ -144,12 +145,12 @@ def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any
   if not isinstance(weight, Tensor): raise TypeError(f"conv2d weight is a Tensor, got {type(weight).__name__}")
   d = weight.ndim - 2
   if d < 1 or self.ndim != d + 2:
-    raise ValueError(f"conv2d needs a (N, C, {_dims(d)}) input and (O, C/groups, {_dims(d, 'K')}) weight, got {self.shape} and {weight.shape}")
+    raise OpError(f"conv2d needs a (N, C, {_dims(d)}) input and (O, C/groups, {_dims(d, 'K')}) weight, got {self.shape} and {weight.shape}")
   (n, cin), (cout, cg), k = self.shape[:2], weight.shape[:2], weight.shape[2:]
   if not isinstance(groups, int) or groups < 1: raise ValueError(f"conv2d groups is a positive int, got {groups!r}")
   if cin % groups or cout % groups or cin // groups != cg:
-    raise ValueError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
-  if bias is not None and bias.shape != (cout,): raise ValueError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
+    raise OpError(f"conv2d: {cin} input channels, weight {weight.shape} and groups {groups} do not match")
+  if bias is not None and bias.shape != (cout,): raise OpError(f"conv2d bias needs shape ({cout},), got {bias.shape}")
   if (dt := least_upper(self.dtype, *(t.dtype for t in (weight, bias) if t is not None))).is_half:
     # 16-bit floats in float32 (exact products, the float32 kernels: Winograd's, the strided one), rounded once, as PyTorch's
     return self.float().conv2d(weight.float(), None if bias is None else bias.float(), stride, padding, dilation, groups).cast(dt)
@@ -520,7 +521,7 @@ def _pads(padding: Any, d: int, what: str) -> tuple[tuple[int, int], ...]:
   if isinstance(padding, (tuple, list)) and all(isinstance(p, int) for p in padding):
     if len(padding) == d: return tuple((p, p) for p in padding)
     if len(padding) == 2 * d: return tuple((padding[2 * i], padding[2 * i + 1]) for i in reversed(range(d)))
-  raise ValueError(f"{what} padding is an int, {d} ints or {2 * d} ints, got {padding!r}")
+  raise OpError(f"{what} padding is an int, {d} ints or {2 * d} ints, got {padding!r}")
 
 
 def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
@@ -528,7 +529,7 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
   """softmax(self @ key^T / sqrt(head size) + mask) @ value for queries self (..., L, E), keys (..., S, E) and values (..., S, Ev).
   A bool attn_mask keeps the scores where it is True, a float one is added; is_causal keeps query i to keys 0..i. dropout_p drops
   attention weights while Tensor.training. enable_gqa shares each key and value head among a group of query heads (dim -3)."""
-  if is_causal and attn_mask is not None: raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
+  if is_causal and attn_mask is not None: raise OpError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
   if self.ndim < 2 or key.ndim < 2 or value.ndim < 2:
     raise ValueError(f"scaled_dot_product_attention needs queries, keys and values of at least 2 dims, got {self.shape}, {key.shape}, {value.shape}")
   if enable_gqa and self.ndim >= 3 and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:

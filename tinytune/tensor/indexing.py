@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tinytune.dtype import dtypes
+from tinytune.errors import OpError
 from tinytune.helpers import prod
 from tinytune.tensor.checks import require
 from tinytune.uop import Ops
@@ -53,7 +54,7 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
     if isinstance(i, (list, tuple, np.ndarray)) or (isinstance(i, Tensor) and i.dtype == dtypes.bool): items += _index_arrays(i)
     else: items.append((i, None))
   ellipsis = [at for at, (i, _) in enumerate(items) if i is Ellipsis]  # `is`, never ==: Tensor == builds a Tensor
-  if len(ellipsis) > 1: raise IndexError("an index has at most one Ellipsis")
+  if len(ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
   real = [i for i, _ in items if i is not None and i is not Ellipsis]
   if len(real) > self.ndim: raise IndexError(f"too many indices ({len(real)}) for a tensor of {self.ndim} dims")
   at = ellipsis[0] if ellipsis else len(items)
@@ -216,16 +217,16 @@ def _check_index(self: Tensor, dim: int, index: Tensor, what: str, src: Tensor |
   if not (index.dtype.is_int or index.dtype == dtypes.uint8): raise TypeError(f"{what} index must be an int tensor, got {index.dtype.name}")
   d = self._axis(dim)
   if max(index.ndim, 1) != max(self.ndim, 1):
-    raise ValueError(f"Index tensor must have the same number of dimensions as {'input' if what == 'gather' else 'self'} tensor")
+    raise OpError(f"Index tensor must have the same number of dimensions as {'input' if what == 'gather' else 'self'} tensor")
   if src is not None and max(src.ndim, 1) != max(index.ndim, 1):
-    raise ValueError("Index tensor must have the same number of dimensions as src tensor")
+    raise OpError("Index tensor must have the same number of dimensions as src tensor")
   if not self.ndim: return d
   over = [k for k, (a, b) in enumerate(zip(index.shape, self.shape)) if k != d and a > b]
   if what == "gather" and over:
-    raise ValueError(f"Size does not match at dimension {over[0]} expected index {list(index.shape)} to be no larger than self "
+    raise OpError(f"Size does not match at dimension {over[0]} expected index {list(index.shape)} to be no larger than self "
                      f"{list(self.shape)} apart from dimension {d}")
   if over or (src is not None and any(a > b for a, b in zip(index.shape, src.shape))):
-    raise ValueError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart from dimension {d}" +
+    raise OpError(f"Expected index {list(index.shape)} to be no larger than self {list(self.shape)} apart from dimension {d}" +
                      (f" and to be no larger size than src {list(src.shape)}" if src is not None else ""))
   return d
 
@@ -256,18 +257,19 @@ def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, reduce:
 def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True) -> Tensor:
   """self with src combined at index along dim by reduce: 'sum', 'prod', 'mean', 'amax' or 'amin', like torch.scatter_reduce."""
   if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-    raise ValueError(f"scatter_reduce reduce is sum, prod, mean, amax or amin, got {reduce!r}")
+    raise OpError(f"scatter_reduce reduce is sum, prod, mean, amax or amin, got {reduce!r}")
   if not isinstance(src, Tensor): raise TypeError(f"scatter_reduce(): argument 'src' (position 3) must be Tensor, not {type(src).__name__}")
   return _scatter(self, dim, index, src, reduce, include_self)
 
 
 def _scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, how: str, include_self: bool) -> Tensor:
   d = _check_index(self, dim, index, "scatter", src if isinstance(src, Tensor) else None)
+  if isinstance(src, Tensor) and src.dtype != self.dtype: raise OpError("scatter(): Expected self.dtype to be equal to src.dtype")
   if self.ndim == 0:
     return _scatter(self.reshape(1), d, index.reshape(-1), src.reshape(-1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
   _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, self.dtype, self.device)
-  vals = src.shrink(tuple((0, s) for s in index.shape)).cast(self.dtype).unsqueeze(-1)  # index's shape + (1,)
+  vals = src.shrink(tuple((0, s) for s in index.shape)).unsqueeze(-1)  # index's shape + (1,)
   hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)  # index's shape + (n,): which place each write hits
 
   def place(t: Tensor) -> Tensor:  # index's shape with dim d reduced to 1, + (n,) -> self's shape (0 outside the index's extent)

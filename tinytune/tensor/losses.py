@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tinytune.dtype import dtypes
+from tinytune.errors import OpError
 from tinytune.tensor.checks import require
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smooth
   dim = 0 if self.ndim == 1 else 1
   if self.ndim == 0: raise ValueError("cross_entropy needs logits with a class dim, got a 0-d tensor")
   if Y.dtype.is_float and Y.shape != self.shape:
-    raise ValueError(f"cross_entropy: class probabilities Y need the logits' shape {self.shape}, got {Y.shape}")
+    raise OpError(f"cross_entropy: class probabilities Y need the logits' shape {self.shape}, got {Y.shape}")
   def fn(x: Tensor) -> Tensor:
     logp, n = x.log_softmax(dim), x.shape[dim]
     if Y.dtype.is_float: return -(logp * (Y * (1 - label_smoothing) + label_smoothing / n)).sum(dim)
@@ -85,7 +86,7 @@ def _targets(Y: Tensor, x: Tensor, dim: int, what: str, ignore: int = -100) -> T
   ignore_index) raises IndexError, as in torch."""
   if not isinstance(Y, Tensor) or not Y.dtype.is_int: raise TypeError(f"{what} needs class indices as an int Tensor, got {Y!r}")
   want = x.shape[:dim] + x.shape[dim + 1:]
-  if Y.shape != want: raise ValueError(f"{what}: targets of shape {Y.shape} do not fit logits of shape {x.shape} (want {want})")
+  if Y.shape != want: raise OpError(f"{what}: targets of shape {Y.shape} do not fit logits of shape {x.shape} (want {want})")
   n = x.shape[dim]
   require(Y, lambda v: (v != ignore) & ((v < 0) | (v >= n)), lambda v: IndexError(f"Target {v} is out of bounds."))
   classes = Tensor.arange(x.shape[dim], dtype=dtypes.int32, device=x.device).reshape(tuple(-1 if i == dim else 1 for i in range(x.ndim)))

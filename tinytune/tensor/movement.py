@@ -6,6 +6,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from tinytune.dtype import dtypes, least_upper
+from tinytune.errors import OpError, OpIndexError, OpUnsupported
 from tinytune.helpers import argfix, prod
 from tinytune.shape import View
 from tinytune.uop import Ops, UOp
@@ -55,20 +56,20 @@ def reshape(self: Tensor, *shape: Any) -> Tensor:
   """self's elements in a new shape: one entry may be -1 (the rest of the elements), and None keeps that dim's size (as tinygrad)."""
   shape = argfix(*shape)
   if None in shape and len(shape) == self.ndim: shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
-  if not all(isinstance(s, int) and s >= -1 for s in shape) or shape.count(-1) > 1: raise ValueError(f"bad shape {shape}")
+  if not all(isinstance(s, int) and s >= -1 for s in shape) or shape.count(-1) > 1: raise OpError(f"bad shape {shape}")
   if -1 in shape:
     known = prod(s for s in shape if s != -1)
-    if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape {self.shape} to {shape}")
+    if known == 0 or self.numel() % known: raise OpError(f"cannot reshape {self.shape} to {shape}")
     shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-  if prod(shape) != self.numel(): raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+  if prod(shape) != self.numel(): raise OpError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
   return self if shape == self.shape else self._move("reshape", shape, shape)
 
 
 def permute(self: Tensor, *order: Any) -> Tensor:
   order = argfix(*order)
-  if len(order) != self.ndim: raise ValueError(f"permute needs one dim per dim of the tensor ({self.ndim}), got {len(order)}: {order}")
+  if len(order) != self.ndim: raise OpError(f"permute needs one dim per dim of the tensor ({self.ndim}), got {len(order)}: {order}")
   order = tuple(self._axis(o) for o in order)
-  if len(set(order)) != len(order): raise ValueError(f"permute: duplicate dims are not allowed, got {argfix(*order)}")
+  if len(set(order)) != len(order): raise OpError(f"permute: duplicate dims are not allowed, got {argfix(*order)}")
   return self._move("permute", order, tuple(self.shape[i] for i in order))
 
 
@@ -88,7 +89,7 @@ def expand(self: Tensor, *shape: Any) -> Tensor:
   if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dims {shape}")
   x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
   new = tuple(s if n == -1 else n for s, n in zip(x.shape, shape))
-  if any(s != n and s != 1 for s, n in zip(x.shape, new)): raise ValueError(f"cannot expand {self.shape} to {shape}")
+  if any(s != n and s != 1 for s, n in zip(x.shape, new)): raise OpError(f"cannot expand {self.shape} to {shape}")
   return x if new == x.shape else x._move("expand", new, new)
 
 
@@ -101,21 +102,23 @@ def pad(self: Tensor, padding: Sequence, mode: str = "constant", value: Scalar =
   """padding: ((before, after) or None per dim), or PyTorch's flat (last_before, last_after, ...); a negative amount crops.
   mode: 'constant' (value), 'reflect' (mirrored, without the edge), 'replicate' (the edge repeated) or 'circular' (wrapped)."""
   if mode not in ("constant", "reflect", "replicate", "circular"):
-    raise ValueError(f"pad mode is constant, reflect, replicate or circular, got {mode!r}")
+    raise OpUnsupported(f"pad mode is constant, reflect, replicate or circular, got {mode!r}")
   if mode != "constant" and value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a value")
   if padding and all(not isinstance(p, (tuple, list)) and p is not None for p in padding):  # torch's flat form
     if (bad := next((i for i, p in enumerate(padding) if not isinstance(p, int)), None)) is not None:
       raise TypeError(f"pad(): argument 'pad' must be tuple of ints, but found element of type {type(padding[bad]).__name__} at pos {bad}")
-    if len(padding) % 2: raise ValueError("Padding length must be divisible by 2")
-    if len(padding) > 2 * self.ndim: raise ValueError("Padding length should be less than or equal to two times the input dimension but got "
+    if len(padding) % 2: raise OpError("Padding length must be divisible by 2")
+    if len(padding) > 2 * self.ndim: raise OpError("Padding length should be less than or equal to two times the input dimension but got "
                                                       f"padding length {len(padding)} and input of dimension {self.ndim}")
     flat = list(padding) + [0] * (2 * self.ndim - len(padding))
     pairs = tuple((flat[2 * i], flat[2 * i + 1]) for i in reversed(range(self.ndim)))
   else: pairs = tuple(p or (0, 0) for p in self._pairs(padding, "pad"))
-  if any(b + a + s < 0 for (b, a), s in zip(pairs, self.shape)): raise ValueError(f"padding {pairs} crops more than the shape {self.shape}")
+  if any(b + a + s < 0 for (b, a), s in zip(pairs, self.shape)): raise OpError(f"padding {pairs} crops more than the shape {self.shape}")
   if mode in ("reflect", "replicate") and any(b < 0 or a < 0 for b, a in pairs):  # pad, then crop, like torch (circular crops first)
     x = _pad_from_edges(self, tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode)
     return x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, x.shape)))
+  if mode == "circular" and any(min(b, a) < 0 < max(b, a) > s + min(b, 0) + min(a, 0) for (b, a), s in zip(pairs, self.shape)):
+    raise OpUnsupported(f"circular padding {pairs} wraps past what it crops of {self.shape} (torch reads outside the tensor there)")
   if any(b < 0 or a < 0 for b, a in pairs): return self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape))).pad(
     tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode, value)
   if mode != "constant": return _pad_from_edges(self, pairs, mode)
@@ -132,13 +135,13 @@ def _pad_from_edges(x: Tensor, pairs: tuple[tuple[int, int], ...], mode: str) ->
     n = x.shape[d]
     def part(lo: int, hi: int) -> Tensor: return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
     if mode == "reflect":
-      if b >= n or a >= n: raise ValueError(f"reflect padding ({b}, {a}) must be smaller than dim {d} of size {n}")
+      if b >= n or a >= n: raise OpError(f"reflect padding ({b}, {a}) must be smaller than dim {d} of size {n}")
       left, right = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
     elif mode == "replicate":
-      if n == 0: raise ValueError(f"replicate padding needs a nonempty dim {d}")
+      if n == 0: raise OpError(f"replicate padding needs a nonempty dim {d}")
       left, right = (part(e, e + 1).expand(tuple(k if i == d else s for i, s in enumerate(x.shape))) for e, k in ((0, b), (n - 1, a)))
     else:
-      if b > n or a > n: raise ValueError(f"circular padding ({b}, {a}) must be at most dim {d}'s size {n}")
+      if b > n or a > n: raise OpError(f"circular padding ({b}, {a}) must be at most dim {d}'s size {n}")
       left, right = part(n - b, n), part(0, a)
     x = left.cat(x, right, dim=d)
   return x
@@ -153,7 +156,7 @@ def shrink(self: Tensor, arg: Sequence) -> Tensor:
 def flip(self: Tensor, *axis: Any) -> Tensor:
   axes = tuple(self._axis(a) for a in argfix(*axis))
   if len(set(axes)) != len(axes):
-    raise ValueError(f"flip: dim {next(a for a in axes if axes.count(a) > 1)} appears multiple times in the list of dims")
+    raise OpError(f"flip: dim {next(a for a in axes if axes.count(a) > 1)} appears multiple times in the list of dims")
   return self._move("flip", axes, self.shape)
 
 
@@ -175,18 +178,25 @@ def unsqueeze(self: Tensor, dim: int) -> Tensor:
   return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
 
+def _joined(first: Tensor | Sequence[Tensor], others: tuple, dim: int, what: str) -> tuple[list[Tensor], int]:
+  """The tensors and dim of cat(x, y, ..., dim=d), cat([x, y], dim=d) or torch's cat([x, y], d)."""
+  if not isinstance(first, (list, tuple)): return [first, *others], dim
+  if len(others) == 1 and isinstance(others[0], int): return list(first), others[0]
+  if others: raise ValueError(f"{what} takes tensors or one sequence of them, not both: got a {type(first).__name__} then {len(others)} more")
+  return list(first), dim
+
+
 def cat(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tensor:
   """Join tensors along an existing dim: x.cat(y, z, dim=0), Tensor.cat(x, y) or Tensor.cat([x, y])."""
-  if isinstance(self, (list, tuple)) and len(others) == 1 and isinstance(others[0], int): others, dim = (), others[0]  # torch's stack(ts, dim)
-  ts: list[Tensor] = [*self, *others] if isinstance(self, (list, tuple)) else [self, *others]  # type: ignore[list-item]
+  ts, dim = _joined(self, others, dim, "cat")
   if not ts: raise ValueError("cat needs at least one tensor")
   if not all(isinstance(t, Tensor) for t in ts): raise TypeError(f"cat needs Tensors, got {[type(t).__name__ for t in ts]}")
   if any(t.ndim == 0 for t in ts):
-    raise ValueError(f"zero-dimensional tensor (at position {[t.ndim for t in ts].index(0)}) cannot be concatenated; use stack")
+    raise OpIndexError(f"zero-dimensional tensor (at position {[t.ndim for t in ts].index(0)}) cannot be concatenated; use stack")
   x = ts[0]
   d = x._axis(dim)
   if not all(t.ndim == x.ndim and all(a == b for i, (a, b) in enumerate(zip(t.shape, x.shape)) if i != d) for t in ts):
-    raise ValueError(f"cat needs equal shapes except along dim {d}, got {[t.shape for t in ts]}")
+    raise OpError(f"cat needs equal shapes except along dim {d}, got {[t.shape for t in ts]}")
   dt = least_upper(*(t.dtype for t in ts))
   total, at, ret = sum(t.shape[d] for t in ts), 0, None
   for t in ts:
@@ -197,12 +207,11 @@ def cat(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tenso
 
 def stack(self: Tensor | Sequence[Tensor], *others: Tensor, dim: int = 0) -> Tensor:
   """Join tensors of one shape along a new dim: x.stack(y, z, dim=0), Tensor.stack(x, y), Tensor.stack([x, y]) or Tensor.stack([x, y], 1)."""
-  if isinstance(self, (list, tuple)) and len(others) == 1 and isinstance(others[0], int): others, dim = (), others[0]  # torch's stack(ts, dim)
-  ts: list[Tensor] = [*self, *others] if isinstance(self, (list, tuple)) else [self, *others]  # type: ignore[list-item]
+  ts, dim = _joined(self, others, dim, "stack")
   if not ts: raise ValueError("stack expects a non-empty TensorList")
   if not all(isinstance(t, Tensor) for t in ts): raise TypeError(f"stack needs Tensors, got {[type(t).__name__ for t in ts]}")
   if (k := next((k for k, t in enumerate(ts) if t.shape != ts[0].shape), None)) is not None:
-    raise ValueError(f"stack expects each tensor to be equal size, but got {list(ts[0].shape)} at entry 0 and {list(ts[k].shape)} at entry {k}")
+    raise OpError(f"stack expects each tensor to be equal size, but got {list(ts[0].shape)} at entry 0 and {list(ts[k].shape)} at entry {k}")
   d = ts[0]._axis(dim, ts[0].ndim + 1)
   return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
@@ -238,7 +247,7 @@ def roll(self: Tensor, shifts: int | Sequence[int], dims: int | Sequence[int] | 
   """Shift elements along dims, wrapping around; with dims None, along the flattened tensor."""
   if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
   sh, ds = argfix(shifts), argfix(dims)
-  if len(sh) != len(ds): raise ValueError(f"roll needs one shift per dim, got shifts {sh} and dims {ds}")
+  if len(sh) != len(ds): raise OpError(f"roll needs one shift per dim, got shifts {sh} and dims {ds}")
   x = self
   for s, d in zip(sh, ds):
     d, n = x._axis(d), x.shape[x._axis(d)] if x.ndim else 1
@@ -254,7 +263,7 @@ def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tenso
   if isinstance(sizes, int):
     if sizes <= 0: raise ValueError(f"split size must be a positive int, got {sizes}")
     sizes = [min(sizes, n - at) for at in range(0, n, sizes)] or [0]
-  elif sum(sizes) != n or any(s < 0 for s in sizes): raise ValueError(f"split sizes {list(sizes)} must be >= 0 and sum to dim {d}'s size {n}")
+  elif sum(sizes) != n or any(s < 0 for s in sizes): raise OpError(f"split sizes {list(sizes)} must be >= 0 and sum to dim {d}'s size {n}")
   ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
   return tuple(self.shrink(tuple((e - s, e) if i == d else None for i in range(self.ndim))) for s, e in zip(sizes, ends))
 
@@ -271,9 +280,9 @@ def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
   d = self._axis(dim)
   n = self.shape[d] if self.ndim else 1
   if not isinstance(size, int) or not isinstance(step, int): raise TypeError(f"unfold(): size and step must be ints, got {size!r} and {step!r}")
-  if size < 0: raise ValueError(f"size is {size} but must be >= 0")
-  if size > n: raise ValueError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
-  if step <= 0: raise ValueError(f"step is {step} but must be > 0")
+  if size < 0: raise OpError(f"size is {size} but must be >= 0")
+  if size > n: raise OpError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+  if step <= 0: raise OpError(f"step is {step} but must be > 0")
   if not self.ndim: return self.reshape(1).shrink(((0, size),))
   shape = self.shape[:d] + ((n - size) // step + 1,) + self.shape[d + 1:] + (size,)
   if 0 in shape: return self.shrink(tuple((0, 0) for _ in self.shape)).reshape(shape)  # empty, but still a view of self for the gradient
@@ -288,10 +297,10 @@ def einsum(formula: str, *operands: Any, dtype: Any = None) -> Tensor:
   xs: list[Tensor] = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
   lhs, arrow, rhs = formula.replace(" ", "").partition("->")
   ins = lhs.split(",")
-  if len(ins) != len(xs): raise ValueError(f"einsum {formula!r} names {len(ins)} operands, got {len(xs)}")
+  if len(ins) != len(xs): raise OpError(f"einsum {formula!r} names {len(ins)} operands, got {len(xs)}")
   named = [len(s.replace("...", "")) for s in ins]
   if any(n > x.ndim or ("..." not in s and n != x.ndim) for s, n, x in zip(ins, named, xs)):
-    raise ValueError(f"einsum {formula!r} does not match the operands' dims {[x.ndim for x in xs]}")
+    raise OpError(f"einsum {formula!r} does not match the operands' dims {[x.ndim for x in xs]}")
   n_ell = max((x.ndim - n for s, n, x in zip(ins, named, xs) if "..." in s), default=0)
   fresh = "".join(chr(0x3b1 + i) for i in range(n_ell))  # greek letters stand for the dims of '...', aligned right
   ins = [s.replace("...", fresh[n_ell - (x.ndim - n):]) for s, n, x in zip(ins, named, xs)]
@@ -306,9 +315,9 @@ def einsum(formula: str, *operands: Any, dtype: Any = None) -> Tensor:
   sizes: dict[str, int] = {}
   for s, x in zip(ins, xs):
     for c, n in zip(s, x.shape):
-      if sizes.setdefault(c, n) != n and 1 not in (n, sizes[c]): raise ValueError(f"einsum {formula!r}: letter {c!r} has sizes {sizes[c]} and {n}")
+      if sizes.setdefault(c, n) != n and 1 not in (n, sizes[c]): raise OpError(f"einsum {formula!r}: letter {c!r} has sizes {sizes[c]} and {n}")
   letters = list(out) + sorted(set(sizes) - set(out))
-  if any(c not in "".join(ins) for c in out): raise ValueError(f"einsum {formula!r}: output letter not in the inputs")
+  if any(c not in "".join(ins) for c in out): raise OpError(f"einsum {formula!r}: output letter not in the inputs")
   ret = None
   for s, x in zip(ins, xs):
     x = x.permute([s.index(c) for c in letters if c in s]).reshape(tuple(x.shape[s.index(c)] if c in s else 1 for c in letters))
