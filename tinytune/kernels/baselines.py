@@ -152,7 +152,7 @@ def torch_timing(workload: str, params: Params, dtype: str, policy: dict[str, An
   run, note = wall(call), ""
   if dev == "cuda":
     run, note = _cuda_events(torch, lambda: fn(params, *tensors), policy.get("warm_cache", False)), "CUDA events"
-    if dt == dtypes.float32: note += "; cudnn.allow_tf32 and cuda.matmul.allow_tf32 False: float32 arithmetic, not TF32"
+    if dt == dtypes.float32: note += ", TF32 off"  # cudnn's and matmul's allow_tf32 False: float32 arithmetic (bench/METHOD.md)
   tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
   try:
     if dt == dtypes.float32: torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
