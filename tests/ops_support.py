@@ -2,9 +2,11 @@
 file that imports it), known bugs that fuzz examples are rejected for, and the op-by-op comparison with NumPy."""
 from __future__ import annotations
 
+import ctypes
 import os
+import subprocess
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pytest
@@ -140,3 +142,27 @@ def _axis_arg(draw: Any, nd: int) -> Any:
   if kind == "none": return None
   if kind == "int": return draw(st.integers(-nd, nd - 1))
   return tuple(a - nd if draw(st.booleans()) else a for a in draw(st.lists(st.integers(0, nd - 1), min_size=1, max_size=nd, unique=True)))
+
+
+def run_blocks_on_host(tmp_path: Any, source: str, blocks: int, threads: int, each_thread: str, result: str = "0",
+                       flags: Sequence[str] = ()) -> Callable[..., int]:
+  """GPU source made host C++ by its test's shim, built with g++ as a library whose `run(out, a, b)` runs `blocks` blocks one after
+  another, each as `threads` std::threads that share `block_sync` (the shim's barrier for warp-wide calls and __syncthreads);
+  `each_thread` is a thread's body (i, blk: its thread and block ids), `result` what run returns when all are done."""
+  (tmp_path / "k.cpp").write_text(source + f"""
+extern "C" int run(void* out, const void* a, const void* b) {{
+  for (int blk = 0; blk < {blocks}; blk++) {{
+    std::barrier<> sync({threads});
+    block_sync = &sync;
+    std::vector<std::thread> ts;
+    for (int i = 0; i < {threads}; i++) ts.emplace_back([=] {{ {each_thread} }});
+    for (auto& t : ts) t.join();
+  }}
+  return {result};
+}}
+""")
+  cmd = ["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", *flags, "-shared", "-fPIC", "-pthread", "k.cpp", "-o", "k.so"]
+  build = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert build.returncode == 0, build.stderr[-3000:]
+  run = ctypes.CDLL(str(tmp_path / "k.so")).run
+  return lambda *arrays: run(*(x.ctypes.data_as(ctypes.c_void_p) for x in arrays))

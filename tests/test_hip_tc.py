@@ -3,7 +3,6 @@ for gfx1100 into v_wmma instructions; and that source run on the host, as test_m
 thread and the WMMA builtins written here from AMD's documented lane layout, apart from the renderer's."""
 from __future__ import annotations
 
-import ctypes
 import functools
 import re
 import shutil
@@ -11,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from ops_support import run_blocks_on_host
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.caps import amd_caps
@@ -124,7 +124,6 @@ template <class V, class F> static tt_c8 host_wmma(V a, V b, tt_c8 c, F value) {
 static float bf16_value(short x) { unsigned u = (unsigned)(unsigned short)x << 16; float f; memcpy(&f, &u, 4); return f; }
 #define __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c) host_wmma(a, b, c, [](_Float16 x) { return (float)x; })
 #define __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c) host_wmma(a, b, c, bf16_value)
-extern "C" int tt_repeats_differ() { return repeats_differ; }
 """
 
 
@@ -135,23 +134,10 @@ def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray) -> i
   name = re.search(r"amdgpu_flat_work_group_size\(1, \d+\)\)\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
   blocks, threads = k.launch_dims
   ty = "unsigned short" if k.ast.dtype == dtypes.bfloat16 else "_Float16"  # the buffers' element type
-  (tmp_path / "k.cpp").write_text(SHIM + src + f"""
-extern "C" void run(void* out, const void* a, const void* b) {{
-  for (int blk = 0; blk < {blocks}; blk++) {{
-    std::barrier<> sync({threads});
-    block_sync = &sync;
-    std::vector<std::thread> ts;
-    for (int i = 0; i < {threads}; i++) ts.emplace_back([=] {{ thread_id = i; group_id = blk; {name}(({ty}*)out, (const {ty}*)a, (const {ty}*)b); }});
-    for (auto& t : ts) t.join();
-  }}
-}}
-""")
-  cmd = ["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-Wno-attributes", "-shared", "-fPIC", "-pthread", "k.cpp", "-o", "k.so"]
-  build = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-  assert build.returncode == 0, build.stderr[-3000:]
-  lib = ctypes.CDLL(str(tmp_path / "k.so"))
-  lib.run(*(x.ctypes.data_as(ctypes.c_void_p) for x in (out, *inputs)))
-  return lib.tt_repeats_differ()
+  run = run_blocks_on_host(tmp_path, SHIM + src, blocks, threads,
+                           f"thread_id = i; group_id = blk; {name}(({ty}*)out, (const {ty}*)a, (const {ty}*)b);", result="repeats_differ",
+                           flags=["-Wno-attributes"])
+  return run(out, *inputs)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the HIP source on the host")

@@ -4,13 +4,12 @@ checks the renderer's own text (each lane's loads or row addresses, the pairs in
 stores of C) with no GPU; where there is one, the same kernels run on it."""
 from __future__ import annotations
 
-import ctypes
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from ops_support import run_blocks_on_host
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer
@@ -101,23 +100,9 @@ def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray) -> s
   src = re.sub(r"static __device__ inline void tt_(mma|ldmatrix_x4\w*)\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
   name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
   blocks, threads = k.launch_dims
-  (tmp_path / "k.cpp").write_text(SHIM + src + f"""
-extern "C" int run(void* out, const void* a, const void* b) {{
-  for (int blk = 0; blk < {blocks}; blk++) {{
-    std::barrier<> sync({threads});
-    block_sync = &sync;
-    std::vector<std::thread> ts;
-    for (int i = 0; i < {threads}; i++)
-      ts.emplace_back([=] {{ threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b); }});
-    for (auto& t : ts) t.join();
-  }}
-  return misaligned_rows;
-}}
-""")
-  build = subprocess.run(["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-shared", "-fPIC", "-pthread", "k.cpp", "-o", "k.so"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
-  assert build.returncode == 0, build.stderr[-3000:]
-  assert ctypes.CDLL(str(tmp_path / "k.so")).run(*(x.ctypes.data_as(ctypes.c_void_p) for x in (out, *inputs))) == 0, "misaligned ldmatrix rows"
+  body = f"threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b);"
+  run = run_blocks_on_host(tmp_path, SHIM + src, blocks, threads, body, result="misaligned_rows")
+  assert run(out, *inputs) == 0, "misaligned ldmatrix rows"
   return src
 
 
