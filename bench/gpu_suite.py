@@ -197,12 +197,9 @@ def matmul(suite: Suite, dev: str) -> None:
   suite.out("\n" + "\n".join(f"- {line}" for line in where))
 
 
-def _with_tc(arg: int) -> Callable[[Any, list], list]:
-  return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == "TC" else o for o in opts]
-
-
-def _with_stage(arg: int) -> Callable[[Any, list], list]:
-  return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == "STAGE" else o for o in opts]
+def _with_arg(op: str, arg: int) -> Callable[[Any, list], list]:
+  """The default's opts with `op`'s arg set to `arg`."""
+  return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == op else o for o in opts]
 
 
 def _staged(change: Callable[[Any, list], list]) -> Callable[[Any, list], list]:
@@ -215,7 +212,7 @@ def _staged(change: Callable[[Any, list], list]) -> Callable[[Any, list], list]:
 def _prefetched(kernel: Any, opts: list) -> list:
   """The default's shared-memory tile in K tiles of 8, each loaded into registers during the last one's compute."""
   from tinytune.codegen.opts import Opt, OptOps
-  return _with_stage(8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
+  return _with_arg("STAGE", 8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
 
 
 def _reserve(kernel: Any, opts: list) -> list:
@@ -224,19 +221,20 @@ def _reserve(kernel: Any, opts: list) -> list:
   return next(iter(alternative_opts(kernel)), opts)
 
 
-# matmul's alternatives that no GPU has measured yet, each against the default: (dtype, label, the opts from the kernel and the default's)
+# matmul's alternatives to the default, each timed against it (H200 figures: bench/results/nvidia-h200-*)
+# (dtype, label, the opts from the kernel and the default's)
 VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
-  ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
-  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_tc(1)),
-  ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_tc(0))),
-  ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_tc(1))),
+  ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_arg("TC", 1)),
+  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_arg("TC", 1)),
+  ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 0))),
+  ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 1))),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
-  ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_stage(8)),
+  ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_arg("STAGE", 8)),
   ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched)]
 
 
 def variants(suite: Suite, dev: str) -> None:
-  """matmul n^3: the default opts beside alternatives not yet measured on a GPU, each verified against the unoptimized kernel by the
+  """matmul n^3: the default opts beside the alternatives, each verified against the unoptimized kernel by the
   search's evaluator, then re-timed interleaved with the default (5 rounds)."""
   from tinytune import Kernel, Tensor, dtypes
   from tinytune.codegen.heuristic import default_opts
@@ -382,7 +380,7 @@ def main() -> None:
     ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
-    ("variants", "matmul: alternatives to the default not yet measured on a GPU", lambda: variants(suite, dev)),
+    ("variants", "matmul: alternatives to the default, timed against it", lambda: variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:
     if key not in skip: suite.section(title, fn)

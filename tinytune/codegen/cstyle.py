@@ -221,7 +221,9 @@ class CStyleRenderer:
     assert op is Ops.DEFINE_VAR, f"no expression for {op.name}"
     return f"({args[0]}?{args[1]}:0)"
 
-  def local_type(self, dtype: DType) -> str: return self.types[dtype]  # an array's element type in shared memory
+  def local_type(self, dtype: DType, stored: bool = False) -> str:
+    """An array's element type in shared memory: as computed, or as a buffer holds it (LocalArg.stored)."""
+    return self.buffer_types.get(dtype, self.types[dtype]) if stored else self.types[dtype]
   def ptr(self, buf: int | str) -> str: return buf if isinstance(buf, str) else f"data{buf}"  # a kernel argument or a local array
   def guarded(self, line: str, guard: UOp, at: _At) -> str: return line if guard is TRUE else f"if ({self.index(guard, at.index)}) {line}"
   def cond(self, u: UOp, at: _At) -> str:  # a branch's `x != c`, x without the parentheses that index math has around it
@@ -254,8 +256,7 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
-    Ops.DEFINE_LOCAL: lambda r, u, at:
-      f"{r.shared_prefix}{r.buffer_types.get(u.dtype, r.types[u.dtype]) if u.arg.stored else r.local_type(u.dtype)} {u.arg.name}[{u.arg.size}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype, u.arg.stored)} {u.arg.name}[{u.arg.size}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
@@ -302,7 +303,7 @@ class CRenderer(CStyleRenderer):
 
   vector_floats = FLOAT_LANES
   # a thread's array of a row (see lower.py, RowArrays) holds its values as a buffer would, loaded and stored the same way
-  def local_type(self, dtype: DType) -> str: return self.buffer_types.get(dtype, self.types[dtype])
+  def local_type(self, dtype: DType, stored: bool = False) -> str: return super().local_type(dtype, True)  # a thread's arrays: as stored
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     return super().vector_prelude(width, used) + vector_library(self.func_prefix, width, used)
 

@@ -54,13 +54,14 @@ class Reference:
     tol *= max(1.0, math.sqrt(terms / 256))
     self.limit = tol * np.abs(self.b) + tol * max(1.0, float(finite.max()) if finite.size else 1.0)
     self.any_odd = bool(self.odd.any())
+    self.diff = np.empty_like(self.b)  # each comparison's |out - ref|, in memory made once
 
   def mismatches(self, out: np.ndarray) -> np.ndarray:
     """Where `out` is not the reference within rounding."""
     if not self.tol: return out != self.ref
     a = out.astype(self.b.dtype, copy=False)
-    diff = np.empty_like(self.b)
-    with np.errstate(invalid="ignore", over="ignore"): bad = ~np.less_equal(np.abs(np.subtract(a, self.b, out=diff), out=diff), self.limit)
+    diff = np.abs(np.subtract(a, self.b, out=self.diff), out=self.diff)
+    with np.errstate(invalid="ignore", over="ignore"): bad = ~np.less_equal(diff, self.limit)
     if self.any_odd:
       ao, bo = a[self.odd], self.b[self.odd]
       bad[self.odd] = ~((ao == bo) | (np.isnan(ao) & np.isnan(bo)))
