@@ -269,8 +269,9 @@ def test_a_cache_tuned_for_a_target_is_exported_for_it(monkeypatch: pytest.Monke
 
 
 def test_column_panels_follow_the_l2_size() -> None:
-  """A matmul whose B (384 KB) fits in half of a 1 MB L2 keeps its rows outer; with a 512 KB L2 (Zen 3) its rows are swept inside
-  each column panel."""
+  """A matmul with too few rows to pack B (PACK_MIN_ROWS) whose B (384 KB) fits in half of a 1 MB L2 keeps its rows outer; with a
+  512 KB L2 (Zen 3) its rows are swept inside each column panel. With enough rows, B's panels are packed and swept by the rows
+  whatever the L2."""
   import dataclasses
 
   import numpy as np
@@ -280,11 +281,13 @@ def test_column_panels_follow_the_l2_size() -> None:
   from tinytune.codegen.kernel import Kernel
   from tinytune.codegen.opts import OptOps
   from tinytune.engine.schedule import create_schedule
-  (item,), _ = create_schedule((Tensor(np.ones((512, 384), np.float32)) @ Tensor(np.ones((384, 256), np.float32))).uop, "CPU")
   avx2 = cpu_target("x86-64-v3")
-  for l2, swapped in ((1 << 20, False), (512 << 10, True)):
-    kernel = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, simd_width=avx2.lanes, vector_registers=avx2.registers, l2_bytes=l2))
-    assert any(o.op is OptOps.SWAP for o in default_opts(kernel)) == swapped, l2
+  for rows in (24, 512):
+    (item,), _ = create_schedule((Tensor(np.ones((rows, 384), np.float32)) @ Tensor(np.ones((384, 256), np.float32))).uop, "CPU")
+    for l2, swapped in ((1 << 20, rows == 512), (512 << 10, True)):
+      kernel = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, simd_width=avx2.lanes, vector_registers=avx2.registers, l2_bytes=l2))
+      opts = default_opts(kernel)
+      assert any(o.op is OptOps.SWAP for o in opts) == swapped and any(o.op is OptOps.PACK for o in opts) == (rows == 512), (rows, l2)
 
 
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]

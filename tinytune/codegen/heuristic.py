@@ -36,6 +36,11 @@ DOT_MIN_K = 512
 # a gathered 16-bit B costs a load and a conversion a lane: dot products from a K of 256 (bfloat16 64x256 @ (1024x256).T 0.34 ->
 # 0.22 ms, 128x768 @ (3072x768).T 6.3 -> 2.2; float16 0.40 -> 0.29 and 7.0 -> 3.7; at 128, 32x128 @ (512x128).T, as fast as the tile)
 DOT_MIN_K_16 = 256
+# from this many rows, a matmul's B is copied into contiguous panels (PACK), each read by every row tile: B's rows 4 KiB apart (n = 1024)
+# fall in one L1 set and each is a new page, which the prefetcher does not follow, and a gathered B (x @ W.T) becomes a register tile's
+# (x86-64-v3, 2 threads: matmul 512^3 1.5x, 1024^3 1.4x, mlp 768x3072 1.4-2x, attention's P.V 1.2x, linear 64x1024x1024 and
+# 256x4096x4096 1.5x over dot products; small ones like 256^3 a tie). Fewer rows leave the copy too few reads
+PACK_MIN_ROWS = 32
 
 
 def single_core_seconds(k: Kernel) -> float:
@@ -63,13 +68,15 @@ class Plan:
   strides: list[list[int]]  # see input_strides
   stacked: dict[int, int]  # see stacked_dims (kernels without a reduce)
   tile_row: int | None  # see _tile_row (matmul-like kernels)
+  pack: bool = False  # see _packs_b
   planner: Callable[[Plan], bool] | None = None  # the one that took the kernel
 
   @staticmethod
   def of(k: Kernel) -> Plan:
     lane, strides = lane_dim(k), input_strides(k)
     row_statistic = k.reduceop is not None and lane is not None and lane not in k.reduce_out_dims  # see Kernel.reduce_out_dims
-    return Plan(k, lane, strides, dict(stacked_dims(k)) if k.reduceop is None else {}, None if row_statistic else _tile_row(k, lane, strides))
+    row = None if row_statistic else _tile_row(k, lane, strides)
+    return Plan(k, lane, strides, dict(stacked_dims(k)) if k.reduceop is None else {}, row, _packs_b(k, row, lane))
 
   @property
   def simd(self) -> int: return self.k.caps.simd_width
@@ -79,7 +86,7 @@ class Plan:
   def gathered(self) -> bool:
     """A matmul whose B is contiguous along the reduce, not the lanes (Q @ K^T, x @ W.T): each vector of B is gathered from as many
     cache lines."""
-    return self.tile_row is not None and any(abs(st[self.lane]) >= GATHER_STRIDE for st in self.strides if self.lane is not None)
+    return self.tile_row is not None and not self.pack and any(abs(st[self.lane]) >= GATHER_STRIDE for st in self.strides if self.lane is not None)
   def first_valid(self, *opts: Opt) -> None: _first_valid(self.k, *opts)
   def upcast(self, dim: int, *amts: int) -> None: self.first_valid(*(Opt(OptOps.UPCAST, dim, amt) for amt in amts))
 
@@ -224,12 +231,12 @@ def threads(p: Plan) -> None:
 
 
 def column_panels(p: Plan) -> None:
-  """Sweep a matmul's rows inside a column panel, which stays in cache; where all of B fits in half the target's L2 (512 KB of a Zen 4's
-  1 MB), the rows stay outer and each block of them serves every column tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3%
-  faster)."""
+  """Sweep a matmul's rows inside a column panel, which stays in cache (and is copied once, where B is packed); where all of B fits in
+  half the target's L2 (512 KB of a Zen 4's 1 MB) and is not packed, the rows stay outer and each block of them serves every column
+  tile from L1 (attention's P.V, 256 KB of V a head: 1.4-3% faster, but 1.2x slower than its packed panels)."""
   k, row, lane = p.k, p.tile_row, p.lane
   if row is not None and lane is not None and row < lane and not p.gathered and \
-     k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > k.caps.l2_bytes // 2:
+     (p.pack or k.sizes[lane] * prod(k.sizes[k.n_global:]) * k.ast.dtype.itemsize > k.caps.l2_bytes // 2):
     p.first_valid(Opt(OptOps.SWAP, row, lane))
 
 
@@ -255,7 +262,15 @@ def streaming_stores(p: Plan) -> None:
     p.first_valid(Opt(OptOps.STREAM, 0, 0))
 
 
-CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_panels, k_blocks, streaming_stores)
+def packed_panels(p: Plan) -> None:
+  """B's panels copied contiguously (see PACK_MIN_ROWS), where the loops leave B's a panel that the row loop reads again."""
+  if p.pack and p.tile_row is not None:
+    t = p.k.copy()
+    _first_valid(t, Opt(OptOps.PACK, 0, 0))
+    if any(view.arg.strides[p.tile_row] == 0 for view, _, _ in t.pack_tiles()): p.first_valid(Opt(OptOps.PACK, 0, 0))
+
+
+CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_panels, k_blocks, streaming_stores, packed_panels)
 
 
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
@@ -265,6 +280,15 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
   p.planner = next(planner for planner in CPU_PLANNERS if planner(p))
   for step in CPU_TAIL: step(p)
   return p.k.opts
+
+
+def _packs_b(k: Kernel, row: int | None, lane: int | None) -> bool:
+  """Whether a matmul's B is to be copied into panels (PACK): a float32 B read straight from memory (see Kernel.pack_tiles), with at
+  least PACK_MIN_ROWS rows of A to read each panel."""
+  if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS: return False
+  t = k.copy()
+  if row < lane: _first_valid(t, Opt(OptOps.SWAP, row, lane))
+  return any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles())
 
 
 def _half_inputs(k: Kernel) -> bool:

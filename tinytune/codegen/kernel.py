@@ -160,6 +160,7 @@ def find_reduces(ast: UOp) -> list[UOp]:
   return reduces
 
 
+PACK_BYTES = 256 << 10  # the largest panel PACK copies: an array on the stack of each thread (K blocks keep it to a cache's size)
 LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
 
 
@@ -192,6 +193,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
+    self.pack = False  # PACK: the inputs of pack_tiles are read from contiguous copies of their panels
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
     self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
@@ -288,6 +290,14 @@ class Kernel:
       check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PREFETCH needs STAGE with more than one K tile")
       check(not self.prefetch, "one PREFETCH opt per kernel")
       self.prefetch = True
+      self.opts.append(opt)
+      return
+    if op is OptOps.PACK:
+      check(opt.axis == 0 and arg == 0, "PACK takes axis 0 and arg 0")
+      check(not self.caps.has_local and not self.pack and self.tc is None, "PACK is for the CPU, once per kernel, without TC")
+      check(bool(self.pack_tiles()), "PACK needs an input read along the reduce that a loop inside its own loops reads again (a matmul's "
+            "B with the row loop inside the column loop)")
+      self.pack = True
       self.opts.append(opt)
       return
     if op is OptOps.STREAM:
@@ -396,6 +406,40 @@ class Kernel:
       return u.op not in (Ops.REDUCE, Ops.GATHER) and all(red not in s.toposort or direct(s) for s in u.src)
     return None if direct(self.ast) else "the output reads the reduce through a view that reorders it"
 
+  def cpu_loops(self) -> tuple[list[int], int, int]:
+    """The CPU's loop nest outside the reduce, outermost first: (axes, t, n): the THREAD parts (the first t), the K block, the global
+    loops in their order; the reduce runs inside the first n, what follows it inside them all (see lower.LoopNest.cpu)."""
+    threads = [i for i, a in enumerate(self.axes) if a.kind is AxisKind.THREAD and a.size != 1]
+    outer = threads + [i for i, a in enumerate(self.axes) if a.kind is AxisKind.KBLOCK]
+    n = len(outer)
+    outer += [next(i for i, a in enumerate(self.axes) if a.dim == d and a.kind in LOOPS) for d in self.global_order]
+    n = max([n] + [j + 1 for j, i in enumerate(outer) if self.reduceop is None or self.axes[i].dim in self.reduce_out_dims])
+    return outer, len(threads), n
+
+  def pack_tiles(self) -> list[tuple[UOp, int, list[tuple[int, int]]]]:
+    """PACK's panels on the CPU: for each input of the one reduce that it reads straight from memory at its own index (a matmul's B),
+    that changes along a reduce dim and that a loop between its own loops and the reduce reads again (the row loop inside B's column
+    loop): (view, where its copy goes: the number of loops of cpu_loops around it, its panel's dims [(dim, extent)]). The panel holds
+    what the loops inside read: the reduce dims' parts within the K block outermost, then the output dims' register parts, in order.
+    Panels over PACK_BYTES are not copied."""
+    red = self.reduceop
+    if self.caps.has_local or red is None or len(self.reduceops) != 1 or red.arg[1] != tuple(range(self.n_global, len(self.sizes))) or \
+       red.src[0].shape[:self.n_global] != tuple(self.out_shape): return []
+    outer, t, n = self.cpu_loops()
+    ret, seen = [], set[UOp]()
+    for u in red.src[0].toposort:
+      if u.op is not Ops.VIEW or u.src[0].op is not Ops.BUFFER or u.shape != red.src[0].shape or u.dtype != dtypes.float32 or u in seen: continue
+      seen.add(u)
+      v = u.arg
+      used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
+      if not any(d >= self.n_global for d in used): continue
+      at = max([t] + [j + 1 for j in range(t, n) if self.axes[outer[j]].dim in used or self.axes[outer[j]].kind is AxisKind.KBLOCK])
+      if prod(self.axes[i].size for i in outer[at:n]) <= 1: continue  # nothing reads the panel again
+      dims = [(d, prod(a.size for a in self.axes if a.dim == d and a.kind not in (AxisKind.GLOBAL, AxisKind.THREAD, AxisKind.KBLOCK)))
+              for d in [*(d for d in used if d >= self.n_global), *(d for d in used if d < self.n_global)]]
+      if prod(e for _, e in dims) * u.dtype.itemsize <= PACK_BYTES: ret.append((u, at, dims))
+    return ret
+
   def tc_shared(self, grow: int = 1) -> int:
     """The shared memory TC's accumulator tiles take: 256 floats a warp (with LOCAL about to grow by `grow`)."""
     return self.sizes_of(AxisKind.LOCAL) * grow * 1024 if self.tc is not None else 0
@@ -462,7 +506,8 @@ STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inpu
 
 def candidate_opts(k: Kernel) -> list[Opt]:
   """Every opt to try next on this kernel, valid or not (apply_opt on a copy decides): splits by the divisors of each
-  axis's remaining size and a few small amounts, swaps of global axes, pads, the workgroup and tensor core opts, STREAM and PREFETCH."""
+  axis's remaining size and a few small amounts, swaps of global axes, pads, the workgroup and tensor core opts, STREAM, PREFETCH and
+  PACK."""
   ret: list[Opt] = []
   for d in range(len(k.sizes)):
     size = k.remaining(d).size
@@ -475,4 +520,4 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
       ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0), Opt(OptOps.PACK, 0, 0)]

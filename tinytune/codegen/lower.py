@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol
 
-from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
+from tinytune.codegen.kernel import AxisKind, Kernel
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
@@ -223,17 +223,14 @@ class LoopNest:
     return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
   def cpu(self, bodies: list[list[UOp]], full_bodies: list[list[UOp]], split: int | None, combine: list[list[UOp]], decls: list[UOp],
-          post: list[UOp]) -> list[UOp]:
+          post: list[UOp], packs: dict[int, list[UOp]]) -> list[UOp]:
     """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
     loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
     Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
-    chain of them (softmax's max, then its sum), one reduce loop after another."""
+    chain of them (softmax's max, then its sum), one reduce loop after another. PACK's copies (`packs`, by the number of loops
+    around them) go first inside their loops."""
     k = self.k
-    threads = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.THREAD and a.size != 1]
-    outer = threads + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.KBLOCK]
-    n = len(outer)
-    outer += [next(i for i, a in enumerate(k.axes) if a.dim == d and a.kind in LOOPS) for d in k.global_order]
-    n = max([n] + [j + 1 for j, i in enumerate(outer) if k.reduceop is None or k.axes[i].dim in k.reduce_out_dims])
+    outer, t, n = k.cpu_loops()
     red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
     for stage, body in enumerate(bodies):
       if split is None: reduce += self.nest(red, body)
@@ -243,8 +240,9 @@ class LoopNest:
       reduce += combine[stage]
     # the thread's streaming stores, visible before the kernel ends: a fence last in its share
     fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
-    t = len(threads)
-    return self.nest(outer[:t], self.nest(outer[t:n], decls + reduce + self.nest(outer[n:], post)) + fence, parallel=True)
+    body, end = decls + reduce + self.nest(outer[n:], post), n
+    for at in sorted(packs, reverse=True): body, end = packs[at] + self.nest(outer[at:end], body), at
+    return self.nest(outer[:t], self.nest(outer[t:end], body) + fence, parallel=True)
 
   def staged(self, copies: Copies, body: list[UOp]) -> list[UOp]:
     """STAGE's loop of K tiles around `body` (the loops in a tile): each iteration copies the tiles to shared memory (`copies`:
@@ -335,6 +333,10 @@ class _Lowerer:
     if target.has_local and any(a.kind is AxisKind.STAGE for a in k.axes):
       for j, (view, dims, pad) in enumerate(k.stage_tiles()):
         self.staged[view] = (f"tile{j}", dims, list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad))))
+    # PACK: each packed input's array, its panel's dims (see Kernel.pack_tiles), the array's strides and where its copy goes
+    self.packed: dict[UOp, tuple[str, list[tuple[int, int]], list[int], int]] = {}
+    for j, (view, at, dims) in enumerate(k.pack_tiles() if k.pack else []):
+      self.packed[view] = (f"pack{j}", dims, list(strides_for(tuple(e for _, e in dims))), at)
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
     # combined after the loop
@@ -442,6 +444,7 @@ class _Lowerer:
       off, valid, child = self.view_index(u, idx)
       if valid.op is Ops.CONST and not valid.arg: ret = Val(Kind.SCALAR, (UOp.const(u.dtype, 0),), padding=True)
       elif self.in_body and u in self.staged: ret = self.tile_read(u)
+      elif self.in_body and u in self.packed: ret = self.pack_read(u)
       elif (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
@@ -563,6 +566,48 @@ class _Lowerer:
         self.lines = stores
         self.store(val, self.tile_offset(view, at), guard, name, view.dtype)
     return loads, stores
+
+  # ***** PACK: panels of the inputs in arrays of the thread's (the CPU's) *****
+  @functools.cached_property
+  def panel_parts(self) -> list[UOp]:
+    """Each dim's index where it is the same for a whole panel: its parts outside the panel's loops (threads, K blocks, global loops)."""
+    k, kinds = self.k, (AxisKind.GLOBAL, AxisKind.THREAD, AxisKind.KBLOCK)
+    return [linear_sum(dtypes.int64, [(self.nesting.vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0,
+                       self.simplified) for d in range(len(k.sizes))]
+
+  def pack_read(self, view: UOp) -> Val:
+    """A packed input's value at the dims add() reads, from its panel: each dim's index less its part outside the panel."""
+    name, dims, strides, _ = self.packed[view]
+    outside = {v: UOp.const(dtypes.int64, 0) for part in self.panel_parts for v in part.vars}
+    off = linear_sum(dtypes.int64, [(self.simplify(self.at_dims[d].substitute(outside)), st) for (d, _), st in zip(dims, strides)], 0,
+                     self.simplified)
+    if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
+    return self.memo[key]
+
+  def pack_copies(self) -> dict[int, list[UOp]]:
+    """PACK's copies, by the number of loops around them: each panel's array, then loops over its reduce dims whose body copies the
+    output dims' parts (unrolled); in vectors along the input's fastest dim in memory where that is contiguous and splits into them."""
+    k, ret = self.k, dict[int, list[UOp]]()
+    for j, (view, (name, dims, strides, at)) in enumerate(self.packed.items()):
+      self.lines = ret.setdefault(at, [])
+      self.emit(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(e for _, e in dims)), dtype=view.dtype)
+      st = view.arg.strides
+      fast = min(dims, key=lambda de: (abs(st[de[0]]) or 1 << 62, -de[0]))[0]
+      w = self.width if self.width > 1 and st[fast] == 1 and dict(dims)[fast] % self.width == 0 else 1
+      def steps(d: int, e: int) -> int: return e // w if d == fast else e
+      loops = [(d, e) for d, e in dims if d >= k.n_global and steps(d, e) > 1]
+      at_loop = {d: UOp.var(f"c{j}_{d}", 0, steps(d, e) - 1) for d, e in loops}
+      for d, e in loops: self.emit(Ops.RANGE, arg=LoopArg(at_loop[d].arg[0], 0, steps(d, e), False))
+      unrolled = [(d, e) for d, e in dims if d not in at_loop]
+      for vals in itertools.product(*(range(steps(d, e)) for d, e in unrolled)):
+        pos = {**at_loop, **{d: UOp.const(dtypes.int64, v) for (d, _), v in zip(unrolled, vals)}}
+        if w > 1: pos[fast] = self.simplify(pos[fast] * w + self.lane)
+        idx = tuple(self.clamp(d, self.simplify(self.panel_parts[d] + pos.get(d, 0))) for d in range(len(k.sizes)))
+        off, valid, _ = self.view_index(view, idx)
+        val = self.read(view.dtype, self.bufs[view.src[0].arg], off, valid)
+        self.store(val, linear_sum(dtypes.int64, [(pos[d], s) for (d, _), s in zip(dims, strides)], 0, self.simplified), TRUE, name, view.dtype)
+      self.lines += [stmt(Ops.ENDRANGE) for _ in loops]
+    return ret
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
@@ -695,7 +740,7 @@ class _Lowerer:
     # STAGE: the first tile's copy, and each tile's (PREFETCH: the next tile's loads before the compute, its stores after)
     copies = self.stage_copies_all()
     if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post, copies)
-    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post)
+    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post, self.pack_copies())
     return LinearProgram(k, self.width, uops, in_order or tile)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
