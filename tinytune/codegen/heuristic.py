@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from tinytune.codegen.kernel import AxisKind, Kernel, KernelOptError, find_tensor_core, input_strides
+from tinytune.codegen.kernel import PACK_BYTES, AxisKind, Kernel, KernelOptError, find_tensor_core, input_strides
 from tinytune.codegen.lower import FLOAT_LANES
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
@@ -41,6 +41,9 @@ DOT_MIN_K_16 = 256
 # (x86-64-v3, 2 threads: matmul 512^3 1.5x, 1024^3 1.4x, mlp 768x3072 1.4-2x, attention's P.V 1.2x, linear 64x1024x1024 and
 # 256x4096x4096 1.5x over dot products; small ones like 256^3 a tie). Fewer rows leave the copy too few reads
 PACK_MIN_ROWS = 32
+# a gathered B's copy transposes it, a scalar store an element where the rows read it a vector at a time: it pays from 8 rows per lane
+# of a vector (64 on AVX2: linear 64x1024x1024 1.5x over dot products; AVX-512's 16 lanes at 64 rows: 1.8x slower, at 256 1.2x faster)
+PACK_GATHERED_ROWS_PER_LANE = 8
 
 
 def single_core_seconds(k: Kernel) -> float:
@@ -224,10 +227,12 @@ def batch_outer(p: Plan) -> None:
 
 
 def threads(p: Plan) -> None:
-  """The device's cores, where the kernel is long enough for them (THREAD_MIN_SECONDS)."""
+  """The device's cores, where the kernel is long enough for them (THREAD_MIN_SECONDS); where B is packed, the rows last, so each core
+  packs its own panels (linear 64x1024x1024 on AVX-512 with the rows split: 3x slower, each core copying every panel)."""
   k = p.k
   if k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
-    p.first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+    order = sorted(k.global_order, key=lambda d: p.pack and d == p.tile_row)
+    p.first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in order if k.remaining(d).size >= k.caps.threads))
 
 
 def column_panels(p: Plan) -> None:
@@ -263,11 +268,18 @@ def streaming_stores(p: Plan) -> None:
 
 
 def packed_panels(p: Plan) -> None:
-  """B's panels copied contiguously (see PACK_MIN_ROWS), where the loops leave B's a panel that the row loop reads again."""
-  if p.pack and p.tile_row is not None:
-    t = p.k.copy()
+  """B's panels copied contiguously (see PACK_MIN_ROWS), where the loops leave B's a panel that the row loop reads again; K in the
+  longest blocks that keep the panel within PACK_BYTES where it is longer (AVX-512's 32 columns by a K of 4096)."""
+  k, row = p.k, p.tile_row
+  if not p.pack or row is None: return
+  red = k.remaining(k.n_global).size
+  for block in [0, *(b for b in reversed(divisors(red)) if KBLOCK_MIN <= b < red)]:
+    t = k.copy()
+    if block and not any(a.kind is AxisKind.KBLOCK for a in t.axes): _first_valid(t, Opt(OptOps.KBLOCK, 0, block))
     _first_valid(t, Opt(OptOps.PACK, 0, 0))
-    if any(view.arg.strides[p.tile_row] == 0 for view, _, _ in t.pack_tiles()): p.first_valid(Opt(OptOps.PACK, 0, 0))
+    if t.pack and any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles()):
+      k.apply_opts(t.opts[len(k.opts):])
+      return
 
 
 CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_panels, k_blocks, streaming_stores, packed_panels)
@@ -284,8 +296,14 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
 
 def _packs_b(k: Kernel, row: int | None, lane: int | None) -> bool:
   """Whether a matmul's B is to be copied into panels (PACK): a float32 B read straight from memory (see Kernel.pack_tiles), with at
-  least PACK_MIN_ROWS rows of A to read each panel."""
-  if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS: return False
+  least PACK_MIN_ROWS rows of A to read each panel (a gathered B more, see PACK_GATHERED_ROWS_PER_LANE), and a panel of the widest
+  tile (4 vectors) within PACK_BYTES, K blocked if need be."""
+  if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS or k.n_reduce != 1: return False
+  if any(abs(st[lane]) >= GATHER_STRIDE for st in input_strides(k)) and k.sizes[row] < PACK_GATHERED_ROWS_PER_LANE * k.caps.simd_width:
+    return False
+  red, step = k.sizes[-1], 4 * k.caps.simd_width * 4  # a K step's bytes
+  if red * step > PACK_BYTES and (k.kblock_problem() or not any(KBLOCK_MIN <= b < red and b * step <= PACK_BYTES for b in divisors(red))):
+    return False
   t = k.copy()
   if row < lane: _first_valid(t, Opt(OptOps.SWAP, row, lane))
   return any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles())
