@@ -290,6 +290,35 @@ def test_column_panels_follow_the_l2_size() -> None:
       assert any(o.op is OptOps.SWAP for o in opts) == swapped and any(o.op is OptOps.PACK for o in opts) == (rows == 512), (rows, l2)
 
 
+def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
+  """On AVX2 (16 registers of 8 lanes) a 1024^3 matmul takes a 6x16 tile whose B panels are packed (PACK), the threads splitting the
+  columns so each core packs its own; B gathered along K (x @ W.T) too from 64 rows, where AVX-512's 16 lanes keep dot products
+  (LANES) below 128 rows, as do 16 rows on AVX2; a K of 4096 on AVX-512 (panels of 32 columns: 512 KiB) in blocks that keep a
+  panel within PACK_BYTES."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps
+  from tinytune.engine.schedule import create_schedule
+  def opts(m: int, n: int, k: int, target: str, gathered: bool = False) -> list[Opt]:
+    b = Tensor(np.ones((n, k), np.float32)).T if gathered else Tensor(np.ones((k, n), np.float32))
+    (item,), _ = create_schedule((Tensor(np.ones((m, k), np.float32)) @ b).uop, "CPU")
+    t = cpu_target(target)
+    kernel = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers))
+    return default_opts(kernel)
+  ops = lambda opts: {o.op for o in opts}  # noqa: E731
+  assert opts(1024, 1024, 1024, "x86-64-v3") == [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6),
+                                                 Opt(OptOps.THREAD, 1, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
+  assert OptOps.PACK in ops(opts(64, 1024, 1024, "x86-64-v3", gathered=True))
+  assert ops(opts(16, 1024, 1024, "x86-64-v3", gathered=True)) & {OptOps.PACK, OptOps.LANES} == {OptOps.LANES}
+  assert ops(opts(64, 1024, 1024, "x86-64-v4", gathered=True)) & {OptOps.PACK, OptOps.LANES} == {OptOps.LANES}
+  assert {OptOps.PACK, OptOps.KBLOCK} <= ops(opts(256, 4096, 4096, "x86-64-v4", gathered=True))
+
+
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""

@@ -266,20 +266,22 @@ def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], thread
   assert any(o.op.name == "THREAD" for o in hand_coded_optimizations(k)) == threads
 
 
-@pytest.mark.parametrize("n,k,swapped", [(1024, 1024, True), (64, 1024, False), (256, 256, False)])
-def test_rows_sweep_column_panels_only_where_b_outgrows_l2(n: int, k: int, swapped: bool) -> None:
+@pytest.mark.parametrize("m,n,k,swapped", [(16, 1024, 1024, True), (16, 64, 1024, False), (16, 256, 256, False), (512, 256, 256, True)])
+def test_rows_sweep_column_panels_only_where_b_outgrows_l2(m: int, n: int, k: int, swapped: bool) -> None:
   """A @ B with B of 4 MB sweeps the tile rows inside each column panel (the loops swapped); with B of 256 KB (attention's P.V
-  per head, a 256 matmul) the rows stay outer, each block of them reused from L1 by every column tile."""
+  per head, a 256 matmul) the rows stay outer, each block of them reused from L1 by every column tile, unless there are rows enough
+  to pack B's panels (PACK_MIN_ROWS), which the rows then sweep."""
   from tinytune import Tensor
   from tinytune.codegen.heuristic import hand_coded_optimizations
   from tinytune.codegen.kernel import Kernel
   from tinytune.codegen.opts import Opt, OptOps
   from tinytune.engine.schedule import create_schedule
   from tinytune.runtime import DeviceCaps
-  a, b = Tensor.rand(512, k).realize(), Tensor.rand(k, n).realize()
+  a, b = Tensor.rand(m, k).realize(), Tensor.rand(k, n).realize()
   caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
   (item,), _ = create_schedule((a @ b).uop, "CPU")
-  assert (Opt(OptOps.SWAP, 0, 1) in hand_coded_optimizations(Kernel(item.ast, caps))) == swapped
+  opts = hand_coded_optimizations(Kernel(item.ast, caps))
+  assert (Opt(OptOps.SWAP, 0, 1) in opts) == swapped and (Opt(OptOps.PACK, 0, 0) in opts) == (m >= 32)
 
 
 @pytest.mark.parametrize("cols,dtype,want", [

@@ -76,6 +76,29 @@ def test_lowering_decides_loops_lanes_and_vector_loads() -> None:
   assert all(d >= 0 for _, d in structure(p)) and structure(p)[-1] == (Ops.ENDRANGE, 0)
 
 
+def test_pack_copies_b_panels_once_per_column_tile_and_the_rows_read_them() -> None:
+  """PACK: B's panel (K by the tile's 8 columns) is copied into an array of the thread's inside the column loop, before the row loop,
+  in vectors along its rows (or, for a B gathered along K, from vectors along K, a scalar store a lane); the reduce reads only the
+  array, contiguously along K; A, whose row loop is innermost, stays in memory. K blocks copy each block's panel."""
+  a, b = arr(32, 16), arr(16, 24)
+  for bt, kblock in ((b, []), (arr(24, 16).T, []), (b, [Opt(OptOps.KBLOCK, 0, 4)])):
+    k = kernel(a @ bt, CPU, [Opt(U, 1, 8), Opt(U, 0, 2), Opt(OptOps.SWAP, 0, 1), *kblock, Opt(OptOps.PACK, 0, 0)])
+    (view, at, dims), = k.pack_tiles()
+    assert view.arg.strides[0] == 0 and dims == [(2, 16 // (4 if kblock else 1)), (1, 8)]
+    p = lower(k, CRenderer())
+    ranges = [u.arg.var for u in p.uops if u.op is Ops.RANGE]
+    assert ranges == [*(["k5"] if kblock else []), "g1", "c0_2", "g0", "r2"]
+    local = next(u for u in p.uops if u.op is Ops.DEFINE_LOCAL)
+    assert local.arg.name == "pack0" and local.arg.size == 8 * dims[0][1]
+    stores = [u.arg.width for u in p.uops if u.op is Ops.STORE and u.arg.buf == "pack0"]
+    assert stores == ([4, 4] if bt is b else [1] * 32)  # two vectors a K step; transposed: 4 K steps of 8 lanes, a store each
+    body = p.uops[next(i for i, u in enumerate(p.uops) if u.op is Ops.RANGE and u.arg.var == "r2"):]
+    assert {u.arg.buf for u in body if u.op is Ops.LOAD and u.arg.buf != 1} == {"pack0"}  # B only from its panel
+    assert [u.arg.width for u in body if u.op is Ops.LOAD and u.arg.buf == "pack0"] == [4, 4]
+  with pytest.raises(KernelOptError, match="PACK needs"):  # the columns in registers, inside the row loop: no panel is read twice
+    kernel(a @ b, CPU, [Opt(U, 1, 8), Opt(U, 1, 3), Opt(OptOps.PACK, 0, 0)])
+
+
 def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:
   x = arr(3, 64)
   p = lower(kernel(x.max(-1), CPU, [Opt(OptOps.LANES, 0, 16)]), CRenderer())  # C's vectors have MAX: 4 vector partials
