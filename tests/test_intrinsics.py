@@ -19,7 +19,7 @@ from ops_support import (
   realize_or_reject,
 )
 
-from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes, engine
 from tinytune.dtype import DType
 from tinytune.engine.schedule import ScheduleItem
 
@@ -221,15 +221,11 @@ def test_vector_max_where_compare_match_numpy(values: list[float]) -> None:
 @pytest.mark.usefixtures("on_cpu")
 def test_cpu_vector_math_stays_in_lanes() -> None:
   """exp2, log2, sqrt, max, comparisons and where on the CPU are vector calls, not one scalar call per lane."""
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.codegen.kernel import Kernel
   from tinytune.engine import compile_kernel
-  from tinytune.engine.schedule import create_schedule
   a, b = Tensor(rand(256)), Tensor(rand(256))
   out = ((a < b).where(a.exp2(), b.abs().log2()).maximum(a.abs().sqrt())).relu() + a.sin()
-  (item,), _ = create_schedule(out.uop, "CPU")
-  kernel = Kernel(item.ast, Device["CPU"].caps)
-  src = compile_kernel(kernel.apply_opts(default_opts(kernel)), "CPU")[1]
+  ((_, kernel),) = engine.kernels(out.uop, "CPU")
+  src = compile_kernel(kernel.apply_opts(engine.kernel_opts(kernel, "CPU", "default")), "CPU")[1]
   width = Device["CPU"].caps.simd_width
   for fn in ("tt_exp2", "tt_log2", "tt_sin", "tt_sqrt", "tt_max", "tt_where"): assert f"= {fn}{width}(" in src, fn
   assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src
