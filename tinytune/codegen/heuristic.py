@@ -269,7 +269,7 @@ def streaming_stores(p: Plan) -> None:
 
 def packed_panels(p: Plan) -> None:
   """B's panels copied contiguously (see PACK_MIN_ROWS), where the loops leave B's a panel that the row loop reads again; K in the
-  longest blocks that keep the panel within PACK_BYTES where it is longer (AVX-512's 32 columns by a K of 4096)."""
+  longest blocks that keep the panel within PACK_BYTES where it is longer (AVX-512's 32 columns by a K of 2048)."""
   k, row = p.k, p.tile_row
   if not p.pack or row is None: return
   red = k.remaining(k.n_global).size

@@ -160,7 +160,7 @@ def find_reduces(ast: UOp) -> list[UOp]:
   return reduces
 
 
-PACK_BYTES = 256 << 10  # the largest panel PACK copies: an array on the stack of each thread (K blocks keep it to a cache's size)
+PACK_BYTES = 128 << 10  # the largest panel PACK copies: an array on the stack of each thread (macOS gives threads 512 KiB), K blocked to fit
 LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
 
 
