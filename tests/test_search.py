@@ -281,7 +281,7 @@ def test_optuna_space_holds_real_amounts_each_valid_by_itself() -> None:
   from tinytune.search.space import opts_from_params, parameter_space
   k = matmul_kernel(48)
   space = parameter_space(k)
-  assert set(space) == {"upcast0", "upcast1", "lanes0", "unroll0", "swap"} | ({"thread"} if k.caps.threads > 1 else set())
+  assert set(space) == {"upcast0", "upcast1", "lanes0", "unroll0", "swap", "pack"} | ({"thread"} if k.caps.threads > 1 else set())
   assert parameter_space(matmul_kernel(512))["stream"] == ("off", "on")  # 1 MiB of output: STREAM is worth a try
   assert space["upcast0"][:4] == (1, 2, 3, 4) and all(48 % a == 0 for a in space["upcast0"])  # amounts, not log2 indices
   assert space["swap"] == ("off", "0,1")
@@ -289,6 +289,8 @@ def test_optuna_space_holds_real_amounts_each_valid_by_itself() -> None:
     for choice in choices: k.copy().apply_opts(opts_from_params(k, {name: choice}))
   up, unroll, swap = Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.SWAP, 0, 1)
   assert opts_from_params(k, {"upcast0": 4, "unroll0": 2, "swap": "0,1", "stream": "on"}) == (up, unroll, swap, Opt(OptOps.STREAM, 0, 0))
+  packed = opts_from_params(k, {"upcast1": 8, "upcast0": 4, "swap": "0,1", "pack": "on"})  # after the swap, which puts B's panels outside
+  assert packed[-1] == Opt(OptOps.PACK, 0, 0) and k.copy().apply_opts(packed).pack_tiles()[0][0].arg.strides[0] == 0
   assert opts_from_params(k, {name: choices[0] for name, choices in space.items()}) == ()
 
 
