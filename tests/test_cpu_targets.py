@@ -269,7 +269,7 @@ def test_a_cache_tuned_for_a_target_is_exported_for_it(monkeypatch: pytest.Monke
 
 
 def test_column_panels_follow_the_l2_size() -> None:
-  """A matmul with too few rows to pack B (PACK_MIN_ROWS) whose B (384 KB) fits in half of a 1 MB L2 keeps its rows outer; with a
+  """A matmul with too few rows to pack B (PACK_MIN_ROWS_PER_LANE) whose B (384 KB) fits in half of a 1 MB L2 keeps its rows outer; with a
   512 KB L2 (Zen 3) its rows are swept inside each column panel. With enough rows, B's panels are packed and swept by the rows
   whatever the L2."""
   import dataclasses

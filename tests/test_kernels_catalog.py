@@ -268,7 +268,7 @@ def test_threads_follow_estimated_time(what: str, shape: tuple[int, int], thread
 def test_rows_sweep_column_panels_only_where_b_outgrows_l2(m: int, n: int, k: int, swapped: bool) -> None:
   """A @ B with B of 4 MB sweeps the tile rows inside each column panel (the loops swapped); with B of 256 KB (attention's P.V
   per head, a 256 matmul) the rows stay outer, each block of them reused from L1 by every column tile, unless there are rows enough
-  to pack B's panels (PACK_MIN_ROWS), which the rows then sweep."""
+  to pack B's panels (PACK_MIN_ROWS_PER_LANE), which the rows then sweep."""
   from tinytune import Tensor
   from tinytune.codegen.heuristic import hand_coded_optimizations
   from tinytune.codegen.kernel import Kernel
@@ -279,7 +279,7 @@ def test_rows_sweep_column_panels_only_where_b_outgrows_l2(m: int, n: int, k: in
   caps = DeviceCaps(has_local=False, threads=2, max_upcast=256, simd_width=16, vector_registers=32)
   (item,), _ = create_schedule((a @ b).uop, "CPU")
   opts = hand_coded_optimizations(Kernel(item.ast, caps))
-  assert (Opt(OptOps.SWAP, 0, 1) in opts) == swapped and (Opt(OptOps.PACK, 0, 0) in opts) == (m >= 32)
+  assert (Opt(OptOps.SWAP, 0, 1) in opts) == swapped and (Opt(OptOps.PACK, 0, 0) in opts) == (m >= 5 * 16)
 
 
 @pytest.mark.parametrize("cols,dtype,want", [

@@ -36,11 +36,12 @@ DOT_MIN_K = 512
 # a gathered 16-bit B costs a load and a conversion a lane: dot products from a K of 256 (bfloat16 64x256 @ (1024x256).T 0.34 ->
 # 0.22 ms, 128x768 @ (3072x768).T 6.3 -> 2.2; float16 0.40 -> 0.29 and 7.0 -> 3.7; at 128, 32x128 @ (512x128).T, as fast as the tile)
 DOT_MIN_K_16 = 256
-# from this many rows, a matmul's B is copied into contiguous panels (PACK), each read by every row tile: B's rows 4 KiB apart (n = 1024)
-# fall in one L1 set and each is a new page, which the prefetcher does not follow, and a gathered B (x @ W.T) becomes a register tile's
-# (x86-64-v3, 2 threads: matmul 512^3 1.5x, 1024^3 1.4x, mlp 768x3072 1.4-2x, attention's P.V 1.2x, linear 64x1024x1024 and
-# 256x4096x4096 1.5x over dot products; small ones like 256^3 a tie). Fewer rows leave the copy too few reads
-PACK_MIN_ROWS = 32
+# from this many rows per lane of a vector, a matmul's B is copied into contiguous panels (PACK), each read by every row tile: B's rows
+# 4 KiB apart (n = 1024) fall in one L1 set and each is a new page, which the prefetcher does not follow, and a gathered B (x @ W.T)
+# becomes a register tile's (x86-64-v3, 2 threads: matmul 512^3 1.5x, 1024^3 1.4x, mlp 768x3072 1.4-2x, attention 1.3-2x, Winograd's
+# GEMMs 2x, linear 64x1024x1024 and 256x4096x4096 1.5x over dot products; small ones like 256^3 a tie). Fewer rows leave the copy
+# too few reads (AVX-512's 64 rows, 8 tiles of 8: mlp 64x512x1024 9% slower packed)
+PACK_MIN_ROWS_PER_LANE = 5
 # a gathered B's copy transposes it, a scalar store an element where the rows read it a vector at a time: it pays from 8 rows per lane
 # of a vector (64 on AVX2: linear 64x1024x1024 1.5x over dot products; AVX-512's 16 lanes at 64 rows: 1.8x slower, at 256 1.2x faster)
 PACK_GATHERED_ROWS_PER_LANE = 8
@@ -268,7 +269,7 @@ def streaming_stores(p: Plan) -> None:
 
 
 def packed_panels(p: Plan) -> None:
-  """B's panels copied contiguously (see PACK_MIN_ROWS), where the loops leave B's a panel that the row loop reads again; K in the
+  """B's panels copied contiguously (see PACK_MIN_ROWS_PER_LANE), where the loops leave B's a panel that the row loop reads again; K in the
   longest blocks that keep the panel within PACK_BYTES where it is longer (AVX-512's 32 columns by a K of 2048)."""
   k, row = p.k, p.tile_row
   if not p.pack or row is None: return
@@ -296,9 +297,10 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
 
 def _packs_b(k: Kernel, row: int | None, lane: int | None) -> bool:
   """Whether a matmul's B is to be copied into panels (PACK): a float32 B read straight from memory (see Kernel.pack_tiles), with at
-  least PACK_MIN_ROWS rows of A to read each panel (a gathered B more, see PACK_GATHERED_ROWS_PER_LANE), and a panel of the widest
-  tile (4 vectors) within PACK_BYTES, K blocked if need be."""
-  if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS or k.n_reduce != 1: return False
+  least PACK_MIN_ROWS_PER_LANE rows of A per vector lane to read each panel (a gathered B more, see PACK_GATHERED_ROWS_PER_LANE), and
+  a panel of the widest tile (4 vectors) within PACK_BYTES, K blocked if need be."""
+  if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS_PER_LANE * k.caps.simd_width or k.n_reduce != 1:
+    return False
   if any(abs(st[lane]) >= GATHER_STRIDE for st in input_strides(k)) and k.sizes[row] < PACK_GATHERED_ROWS_PER_LANE * k.caps.simd_width:
     return False
   red, step = k.sizes[-1], 4 * k.caps.simd_width * 4  # a K step's bytes
