@@ -253,3 +253,17 @@ def test_cp_async_over_data_others_read_races() -> None:
 def test_cp_async_sizes() -> None:
   with pytest.raises(CompileError, match=r"cp.async.cg of 8 bytes \(ca: 4, 8 or 16; cg: 16\)"): copies(copy(LID * W, LID * W % T, "cg", 2))
   with pytest.raises(CompileError, match=r"cp.async.ca of 12 bytes"): copies(copy(LID * W, LID * W % T, "ca", 3))
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_default_tc_matmul_runs_on_emu(dt: DType) -> None:
+  """The heuristics' TC for a 16-bit matmul on EMU (a warp's 64x64 tile of wmma fragments), run as Tensor code, against NumPy."""
+  from tinytune.codegen.heuristic import default_opts
+  rng = np.random.default_rng(1)
+  a_np, b_np = rng.standard_normal((128, 64)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
+  a, b = Tensor(a_np, device="EMU").cast(dt).realize(), Tensor(b_np, device="EMU").cast(dt).realize()
+  items, _ = create_schedule((a @ b).uop, "EMU")
+  assert any(o.op is OptOps.TC for o in default_opts(Kernel(items[-1].ast, Device["EMU"].caps)))
+  got, ref = (a @ b).numpy().astype(np.float32), a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
+  ulp = 2.0 ** -7 if dt == dtypes.bfloat16 else 2.0 ** -10
+  np.testing.assert_allclose(got, ref, rtol=ulp, atol=ulp * 2 ** -4 * np.abs(ref).max())
