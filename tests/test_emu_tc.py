@@ -185,6 +185,8 @@ def test_misaligned_fragments() -> None:
     run_tc(kernel, out, rewrite(uops, "load", lambda u: shifted(u, UOp.const(dtypes.int64, 8))))
   with pytest.raises(EmuError, match="wmma::load_matrix_sync: lanes of a warp give different pointers"):
     run_tc(kernel, out, rewrite(uops, "load", lambda u: shifted(u, UOp.var("lane", 0, 31) // 16 * 16)))
+  with pytest.raises(CompileError, match="load_matrix_sync with ldm 12: not a multiple of 8 16-bit elements"):
+    run_tc(kernel, out, rewrite(uops, "load", lambda u: [stmt(Ops.WMMA, *u.src, arg=(*u.arg[:4], 12, *u.arg[5:]))]))
   kernel, out, _ = tc_kernel(*CASES[0], dtypes.float16, 1)
   with pytest.raises(EmuError, match=r"loads a 32-bit pair at an element offset not a multiple of 2 \(1\): misaligned"):
     run_tc(kernel, out, rewrite(lower(kernel, Device["EMU"].renderer).uops, "load", lambda u: shifted(u, UOp.const(dtypes.int64, 1))))

@@ -10,10 +10,12 @@ give an undefined result EMU raises EmuError, naming the kernel, the memory and 
 buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
 no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one element of a buffer, a thread
 loading an element another thread stored to earlier in the launch, a barrier only some threads of a workgroup reach; and it
-refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory, a warp-level or tensor
-core statement). Loops run all threads alike (their bounds are constants). Exact but for two things: CUDA may contract a
-multiply and an add into one FMA (EMU rounds both), and exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an
-ulp or two). No tensor cores yet (TC is refused: its caps list none; the CUDA renderer emits no other warp-level instruction).
+refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory). Loops run all threads alike
+(their bounds are constants). Exact but for two things: CUDA may contract a multiply and an add into one FMA (EMU rounds both), and
+exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an ulp or two). The warp-level instructions the CUDA renderer
+emits are emu_tc.py's: TC's mma.sync, ldmatrix and wmma API (a warp split at one of them is an error too), __syncwarp(), and
+cp.async, whose shared-memory elements are a race to touch until the wait_group that covers their group. A tensor core's sums are
+float32 in K's order (the hardware's order and rounding inside one mma are its own: results agree to float32 rounding).
 
 EMU's timings are the host seconds its interpreter takes, nothing like a GPU's: the device says so (`emulated`), and the search
 and benchmarks mark them as such. Memory is host NumPy arrays; launches run at once (not asynchronous)."""
