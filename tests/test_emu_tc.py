@@ -3,15 +3,19 @@ lay them out, the wmma API, and cp.async; the TC kernels the CUDA renderer write
 and the errors where a GPU's result would be undefined (a warp split at a warp-wide call, a misaligned fragment, a race)."""
 from __future__ import annotations
 
+import random
 import re
+import zlib
 
 import numpy as np
 import pytest
 from conftest import emu_arch
 from test_emu import LID, T, barrier, load_, program, run_program, store
 from test_mma_on_host import CASES
+from test_opts import case, check_opts, random_sequence
 
 from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.caps import CUDA_ARCHS
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.lower import LinearProgram, LoadArg, StoreArg, lower, stmt
 from tinytune.dtype import DType
@@ -140,6 +144,42 @@ def test_renderers_ldmatrix_rows_follow_its_table(case: tuple) -> None:
     assert (got == ((di + e) * ld + dj if layout == "row_major" else (dj + e) * ld + di)).all(), expr
 
 
+def isa_pairs(which: str, g: np.ndarray, t: np.ndarray) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+  """Each register of a 16x16 tile's fragment as the ISA lays it out, its two (row, column) elements: A's 4 registers, or B's 2 for
+  columns 0-7 then 2 for columns 8-15 (the tile's two m16n8k16 instructions)."""
+  if which == "a": return [[a_at(g, t, 2 * r), a_at(g, t, 2 * r + 1)] for r in range(4)]
+  return [[(k, n + 8 * h) for k, n in (b_at(g, t, 2 * r), b_at(g, t, 2 * r + 1))] for h in range(2) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+def test_renderers_lane_loads_and_stores_are_the_isas(case: tuple) -> None:
+  """Each lane's loads of its registers (one 32-bit load, or two elements packed) and its stores of C, as the CUDA source spells them
+  (its C expressions evaluated for every lane), put the elements where the PTX ISA's figures have them."""
+  kernel, _, _ = tc_kernel(*case, dtypes.float16, 1)
+  src = Device["EMU"].renderer.render(kernel).split('extern "C"')[1]
+  loads = [u.arg for u in lower(kernel, Device["EMU"].renderer).uops if u.op is Ops.WMMA and u.arg[1] == "load"]
+  blocks = re.findall(r"{ const auto\* p = [^;]*;(.*?) }", src)
+  assert len(blocks) == len(loads) > 0
+  g, t = LANES // 4, LANES % 4
+  env = {"mg": g, "mt": t, "lane": LANES, "warp": 0}
+  for block, (_, _, name, _, ld, which, layout, _) in zip(blocks, loads):
+    def off(i: np.ndarray, j: np.ndarray) -> np.ndarray: return i * ld + j if layout == "row_major" else j * ld + i
+    for r, ((i0, j0), (i1, j1)) in enumerate(isa_pairs(which, g, t)):
+      if (word := re.search(rf"{name}\[{r}\] = \*\(const unsigned\*\)\(p\+(.*?)\);", block)):
+        first = eval(word.group(1), env)
+        assert (first == off(i0, j0)).all() and (off(i1, j1) == first + 1).all(), block
+      else:
+        lo, hi = re.search(rf"{name}\[{r}\] = tt_pack\(p\[(.*?)\], p\[(.*?)\]\);", block).groups()  # type: ignore[union-attr]
+        assert (eval(lo, env) == off(i0, j0)).all() and (eval(hi, env) == off(i1, j1)).all(), block
+  store = re.search(r"{ tiles\[(.*?)\] = acc0\[4\*h\+e\]; tiles\[(.*?)\] = acc0\[4\*h\+2\+e\]; }", src)
+  assert store
+  for h in range(2):
+    for e in range(2):
+      for q, at in enumerate(store.groups()):  # acc[4 h + i] is C's element i of the instruction for columns 8 h to 8 h + 7
+        row, col = c_at(g, t, 2 * q + e)
+        assert (eval(at, {**env, "h": h, "e": e}) == row * 16 + col + 8 * h).all(), at
+
+
 def without(uops: list, drop: object) -> list:
   return [u for u in uops if not (u.op is Ops.WMMA and u.arg[1:2] == (drop,) or u.op is drop)]
 
@@ -193,6 +233,20 @@ def test_misaligned_fragments() -> None:
   kernel, out, _ = tc_kernel(*CASES[4], dtypes.float16, 1)
   with pytest.raises(EmuError, match="gives ldmatrix a row at an element offset not a multiple of 8"):
     run_tc(kernel, out, rewrite(lower(kernel, Device["EMU"].renderer).uops, "load", lambda u: shifted(u, UOp.const(dtypes.int64, 4))))
+
+
+@pytest.mark.parametrize("device", [f"EMU:{arch}" for arch in CUDA_ARCHS])
+@pytest.mark.parametrize("name", ["matmul_f16", "matmul_bf16"])
+def test_random_sequences_after_tc(name: str, device: str) -> None:
+  """The opt fuzzer's sequences that start with TC (arg 0 or 1), which its random picks reach only now and then (TC comes first):
+  each against the kernel's result with no opts."""
+  kc, rng = case(name, device), random.Random(zlib.crc32(f"{name} {device}".encode()))
+  seqs = []
+  for arg in (0, 1) * 3:
+    k = kc.kernel()
+    k.apply_opt(Opt(OptOps.TC, 0, arg))
+    seqs.append(random_sequence(k, rng))  # TC, then up to 5 more
+  check_opts(kc, seqs)
 
 
 # ***** cp.async *****
