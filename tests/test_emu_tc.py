@@ -14,7 +14,7 @@ from test_emu import LID, T, barrier, load_, program, run_program, store
 from test_mma_on_host import CASES
 from test_opts import case, check_opts, random_sequence
 
-from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.caps import CUDA_ARCHS
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.lower import LinearProgram, LoadArg, StoreArg, lower, stmt
@@ -323,3 +323,56 @@ def test_default_tc_matmul_runs_on_emu(dt: DType) -> None:
   got, ref = (a @ b).numpy().astype(np.float32), a.numpy().astype(np.float32) @ b.numpy().astype(np.float32)
   ulp = 2.0 ** -7 if dt == dtypes.bfloat16 else 2.0 ** -10
   np.testing.assert_allclose(got, ref, rtol=ulp, atol=ulp * 2 ** -4 * np.abs(ref).max())
+
+
+# ***** what EMU found in TC's kernels (each failed before its fix) *****
+
+def batched(dt: DType, shape: tuple[int, int, int, int], sliced: int = 0, permuted: bool = False) -> tuple[Tensor, np.ndarray]:
+  """A batched 16-bit matmul on EMU: (batch, M, K) @ (batch, K, N), B's columns from `sliced` on; `permuted`: the output (M, batch, 1, N),
+  its batch dim after M's. Returns the product's tensor and NumPy's."""
+  b_, m, n, k = shape
+  rng = np.random.default_rng(2)
+  A, B = rng.standard_normal((b_, m, k)).astype(dt.np), rng.standard_normal((b_, k, n + sliced)).astype(dt.np)
+  a, b = Tensor(A, device="EMU"), Tensor(B, device="EMU")[:, :, sliced:]  # (numpy() would copy the slice to a buffer of its own)
+  A, B = A.astype(np.float32), B[:, :, sliced:].astype(np.float32)
+  if permuted: return a.permute(1, 0, 2).contiguous().realize().reshape(m, b_, 1, k) @ b, np.einsum("bmk,bkn->mbn", A, B)[:, :, None]
+  return a @ b, A @ B
+
+
+def run_opts(out: Tensor, opts: list[Opt]) -> np.ndarray:
+  (item,), _ = create_schedule(out.uop, "EMU")
+  kernel = Kernel(item.ast, Device["EMU"].caps).apply_opts(opts)
+  dev = Device["EMU"]
+  dev.program(kernel.name, dev.compile(dev.renderer.render(kernel)), kernel.launch_dims)(item.out, *kernel.bufs)
+  return item.out.numpy_view().astype(np.float32)
+
+
+def close(got: np.ndarray, ref: np.ndarray) -> None:
+  np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=2 ** -7, atol=2 ** -11 * np.abs(ref).max())
+
+
+def test_wmma_takes_only_32_byte_aligned_tiles() -> None:
+  """load_matrix_sync's pointer is 32-byte aligned (the CUDA guide): TC's arg 0 on rows 16 bytes off is refused (it took them, and a GPU
+  was given misaligned fragments); arg 1's lanes and ldmatrix need 16 bytes, and take them."""
+  out, ref = batched(dtypes.float16, (2, 32, 32, 32), sliced=8)
+  (item,), _ = create_schedule(out.uop, "EMU")
+  with pytest.raises(KernelOptError, match="TC's arg 0 \\(wmma\\) needs each 16x16 tile 32-byte aligned"):
+    Kernel(item.ast, Device["EMU"].caps).apply_opt(Opt(OptOps.TC, 0, 0))
+  close(run_opts(out, [Opt(OptOps.TC, 0, 1), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.LOCAL, 0, 2)]), ref)
+
+
+@pytest.mark.parametrize("arg", [0, 1])
+def test_staged_batch_tiles_keep_fragments_aligned(arg: int) -> None:
+  """A workgroup over two batches stages each batch's tile of A after the other's, its rows padded: by 16 bytes, the second batch's
+  wmma fragments were 16 bytes off 32-byte alignment; padded by 32 for arg 0, every fragment is aligned."""
+  out, ref = batched(dtypes.bfloat16, (2, 32, 16, 32))
+  opts = [Opt(OptOps.TC, 0, arg), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.LOCAL, 0, 2)]
+  close(run_opts(out, opts), ref)
+
+
+@pytest.mark.parametrize("arg", [0, 1])
+def test_staged_tile_keeps_the_fragments_dim_innermost(arg: int) -> None:
+  """An output (M, batch, 1, N) puts A's batch dim after M's: its staged tile had the batch dim innermost, so a fragment's rows were not
+  contiguous (arg 0 read misaligned, arg 1 read elements no thread wrote); the fragment's dim is the tile's innermost now."""
+  out, ref = batched(dtypes.float16, (2, 32, 32, 32), permuted=True)
+  close(run_opts(out, [Opt(OptOps.TC, 0, arg), Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.STAGE, 0, 2)]), ref)
