@@ -233,6 +233,10 @@ def test_misaligned_fragments() -> None:
   kernel, out, _ = tc_kernel(*CASES[4], dtypes.float16, 1)
   with pytest.raises(EmuError, match="gives ldmatrix a row at an element offset not a multiple of 8"):
     run_tc(kernel, out, rewrite(lower(kernel, Device["EMU"].renderer).uops, "load", lambda u: shifted(u, UOp.const(dtypes.int64, 4))))
+  kernel, out, _ = tc_kernel(*CASES[0], dtypes.float16, 1)
+  def from_global(u: UOp) -> list: return [stmt(Ops.WMMA, *u.src, arg=(*u.arg[:-1], True))]  # ldmatrix rows from a buffer
+  with pytest.raises(CompileError, match="ldmatrix reads shared memory, not data1"):
+    run_tc(kernel, out, rewrite(lower(kernel, Device["EMU"].renderer).uops, "load", from_global))
 
 
 @pytest.mark.parametrize("device", [f"EMU:{arch}" for arch in CUDA_ARCHS])

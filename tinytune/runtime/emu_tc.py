@@ -169,6 +169,7 @@ class TensorCores:
       out = np.zeros((s.n, 4), np.uint32)
       out[mask] = bits[:, 0::2] | bits[:, 1::2] << 16
       s.env[name] = out
+    if rows and not isinstance(buf, str): self.prog.fail_compile(f"ldmatrix reads shared memory, not data{buf}")
     return ldmatrix if rows else lane_loads
 
   def mma_mma(self, u: Node, j: int, a: str, b: str, dt: DType) -> Fn:
