@@ -135,10 +135,12 @@ class TensorCores:
     def fragment(s: _Run) -> None: s.env[name] = None  # unsigned name[4]: loaded next
     return fragment
 
-  def mma_load(self, u: Node, name: str, buf: int | str, ld: int, which: str, layout: str, rows: bool) -> Fn:
+  def mma_load(self, u: Node, name: str, buf: int | str, ld: int, which: str, layout: str, rows: bool, line: int = 0) -> Fn:
     """The lanes' registers of a 16x16 tile of A or B at p = buf + offset with leading dimension ld: by ldmatrix (.trans where the
-    pair of a register is not contiguous in memory), or each lane's loads of the pairs MMA_PAIRS gives each register."""
+    pair of a register is not contiguous in memory), or each lane's loads of the pairs MMA_PAIRS gives each register. A swizzled
+    array (`line` elements a line) holds element e at e ^ (e / line % 8) * 8: each 16-byte chunk moved, whole, within its 128 bytes."""
     base = self.prog.expr(u.src[0])
+    def swizzled(e: np.ndarray) -> np.ndarray: return e ^ e // line % 8 * 8 if line else e
     along_k = (which == "a") == (layout == "row_major")
     def off(i: Any, j: Any) -> Any: return i * ld + j if layout == "row_major" else j * ld + i
     # ldmatrix's rows as the renderer lays them out: lane 8 q + e gives the address of row e in memory of the 8x8 block at MMA_PAIRS[q]
@@ -148,7 +150,7 @@ class TensorCores:
     rows_at = off(di + e, dj) if layout == "row_major" else off(di, dj + e)
     def ldmatrix(s: _Run) -> None:
       on = warps(s, "ldmatrix")
-      start = s.lanes(np.asarray(base(s), np.int64) + rows_at[s.t % WARP])
+      start = swizzled(s.lanes(np.asarray(base(s), np.int64) + rows_at[s.t % WARP]))
       mask = np.repeat(on, WARP)
       self.aligned(s, start[mask], mask, 8, "gives ldmatrix a row")  # 16 bytes: the shared array is 32-byte aligned
       bits = self.read(s, buf, start[mask][:, None] + np.arange(8), mask, "ldmatrix reads")
@@ -162,7 +164,8 @@ class TensorCores:
       at = []
       for di, dj in CUDARenderer.MMA_PAIRS:
         i, j = (mg + di, 2 * mt + dj) if which == "a" else (2 * mt + di, mg + dj)
-        at += [p + off(i, j), p + (off(i, j + 1) if which == "a" else off(i + 1, j))]
+        first = swizzled(p + off(i, j))
+        at += [first, first + 1 if along_k else swizzled(p + (off(i, j + 1) if which == "a" else off(i + 1, j)))]  # a 32-bit word, or two
       at2 = np.stack(at, axis=1)
       if along_k: self.aligned(s, at2[:, 0::2], mask, 2, "loads a 32-bit pair")
       bits = self.read(s, buf, at2, mask, "loads from").astype(np.uint32)
