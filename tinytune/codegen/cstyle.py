@@ -435,6 +435,24 @@ class CUDARenderer(_GPURenderer):
                       f'  asm volatile("ldmatrix.sync.aligned.m8n8.x4{t.replace("_", ".")}.shared.b16 {{%0,%1,%2,%3}}, [%4];"\n'
                       '    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])\n'
                       '    : "r"((unsigned)__cvta_generic_to_shared(row))); }\n' for t in ("", "_trans")))
+  def wgmma_prelude(self, dtype: DType, n: int) -> str:
+    """sm_90a's warpgroup MMA from shared memory (PTX wgmma): tt_wgmma_desc packs a K-major, unswizzled operand's matrix descriptor
+    from its shared-memory byte address and the byte offsets between core matrices (8 rows of 16 bytes, 128 contiguous bytes) along K
+    (leading) and along M or N (stride); tt_wgmma_m64n{n}k16: d (n / 2 floats a lane, the warpgroup's 64 x n tile) += A (64 x 16) @ B
+    (16 x n, K-major: B's columns as rows); tt_wgmma_fence orders the generic proxy's shared stores and d before the wgmma reads them,
+    tt_wgmma_wait commits the wgmmas issued and waits for them all."""
+    ty, f, regs = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix, n // 2
+    outs, ins = ", ".join(f'"+f"(d[{i}])' for i in range(regs)), '"l"(a), "l"(b)'
+    d = ",".join(f"%{i}" for i in range(regs))
+    return (f"{f} unsigned long long tt_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {{\n"
+            "  return (unsigned long long)(addr >> 4 & 0x3FFF) | (unsigned long long)(lbo >> 4 & 0x3FFF) << 16 "
+            "| (unsigned long long)(sbo >> 4 & 0x3FFF) << 32; }\n"
+            f"{f} void tt_wgmma_m64n{n}k16(float* d, unsigned long long a, unsigned long long b) {{\n"
+            f'  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d}}}, %{regs}, %{regs + 1}, 1, 1, 1, 0, 0;"\n'
+            f"    : {outs} : {ins}); }}\n"
+            f'{f} void tt_wgmma_fence() {{ asm volatile("fence.proxy.async.shared::cta;\\n\\twgmma.fence.sync.aligned;" ::: "memory"); }}\n'
+            f'{f} void tt_wgmma_wait() {{ asm volatile("wgmma.commit_group.sync.aligned;\\n\\twgmma.wait_group.sync.aligned 0;" ::: "memory"); }}\n')
+
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned

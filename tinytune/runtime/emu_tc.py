@@ -7,7 +7,9 @@ elements 2 w and 2 w + 1 of row r, or of column r with .trans) and the wmma API,
 fragment as its whole 16x16 tile and checks that the warp's 32 lanes run each call together, with the pointer alignment and leading
 dimension the API requires. Which elements a lane loads into which register, and where it stores C, is the renderer's choice
 (CUDARenderer.MMA_PAIRS and its mma statements), which EMU follows: a renderer whose table disagrees with the ISA gives wrong products.
-cp.async (StoreArg.cp_async, BARRIER "commit_group" and ("wait_group", n)) lands in shared memory only at the wait that covers its group."""
+cp.async (StoreArg.cp_async, BARRIER "commit_group" and ("wait_group", n)) lands in shared memory only at the wait that covers its group.
+wgmma.mma_async (sm_90a) reads A and B from shared memory through matrix descriptors, decoded by the ISA's "Matrix Descriptor Format"
+(the unswizzled, K-major core-matrix layout), and keeps D in the warpgroup's registers as the ISA's figure for .m64nNk16 lays them out."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -68,6 +70,51 @@ def ldmatrix_x4(rows: np.ndarray, trans: bool) -> np.ndarray:
   if trans: m = m.transpose(0, 1, 3, 2)
   r, w = LANE // 4, LANE % 4
   return (m[:, :, r, 2 * w] | m[:, :, r, 2 * w + 1] << 16).transpose(0, 2, 1)
+
+
+# ***** wgmma (sm_90a): a warpgroup's 128 threads multiply A and B that shared memory holds, each named by a 64-bit matrix descriptor *****
+WARPGROUP = 128
+SWIZZLES = ("none", "128B", "64B", "32B")  # the descriptor's bits 62-63
+
+
+def wgmma_descriptor(desc: int) -> dict[str, Any]:
+  """A matrix descriptor's fields as the PTX ISA's "Matrix Descriptor Format" packs them: the start address, the leading and the stride
+  dimension byte offsets, each a byte count shifted right by 4 in bits 0-13, 16-29 and 32-45; the matrix base offset in bits 49-51; the
+  swizzle mode in bits 62-63."""
+  return {"start": (desc & 0x3FFF) << 4, "lbo": (desc >> 16 & 0x3FFF) << 4, "sbo": (desc >> 32 & 0x3FFF) << 4, "base": desc >> 49 & 7,
+          "swizzle": SWIZZLES[desc >> 62 & 3]}
+
+
+def wgmma_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
+  """The rows x 16 matrix (A's M x K or B's N x K, K-major) of 16-bit elements (bits) that an unswizzled descriptor names in `smem`, a
+  workgroup's shared memory as bytes: core matrices of 8 rows of 16 bytes (8 elements along K), each row's bytes contiguous and the
+  8 rows one after another (128 bytes); the core matrix i along M or N and j along K at start + i * stride offset + j * leading offset."""
+  f = wgmma_descriptor(desc)
+  if f["swizzle"] != "none" or f["base"]: raise ValueError(f"wgmma descriptor {desc:#x}: EMU takes the unswizzled layout (swizzle {f['swizzle']})")
+  r, k = np.divmod(np.arange(rows * 16), 16)
+  at = f["start"] + r // 8 * f["sbo"] + k // 8 * f["lbo"] + r % 8 * 16 + k % 8 * 2
+  if at.max() + 2 > len(smem): raise ValueError(f"wgmma descriptor {desc:#x} reads past shared memory's {len(smem)} bytes")
+  return (smem[at].astype(np.uint16) | smem[at + 1].astype(np.uint16) << 8).reshape(rows, 16)
+
+
+def d_at(lane: Any, i: Any) -> tuple[Any, Any]:
+  """wgmma's f32 accumulator D (m64nN) in the warpgroup's lanes: register i of lane 32 w + 4 g + t at (16 w + g + 8 (i / 2 % 2),
+  8 (i / 4) + 2 t + i % 2), the ISA's figure for .m64nNk16: warp w holds rows 16 w to 16 w + 15, each 8 columns as mma.sync's C."""
+  w, g, t = lane // 32, lane % 32 // 4, lane % 4
+  return 16 * w + g + 8 * (i // 2 % 2), 8 * (i // 4) + 2 * t + i % 2
+
+
+def wgmma_m64nNk16(d: np.ndarray, smem: np.ndarray, desc_a: int, desc_b: int, dt: DType, scale_d: bool = True) -> np.ndarray:
+  """wgmma.mma_async.sync.aligned.m64nNk16.f32.{dt}.{dt} d, desc_a, desc_b, scale_d, 1, 1, 0, 0 (A and B K-major, not negated) for one
+  warpgroup: d (128, N / 2) floats, smem its workgroup's shared memory as bytes; returns the new d = A @ B (+ d where scale_d)."""
+  n = d.shape[1] * 2
+  if d.shape[0] != WARPGROUP or n % 8 or not 8 <= n <= 256: raise ValueError(f"wgmma m64n{n}k16: N is a multiple of 8 from 8 to 256")
+  A, B = value_of(wgmma_operand(smem, desc_a, 64), dt), value_of(wgmma_operand(smem, desc_b, n), dt)
+  lane, i = np.arange(WARPGROUP)[:, None], np.arange(n // 2)[None, :]
+  D = np.zeros((64, n), np.float32)
+  if scale_d: D[d_at(lane, i)] = d
+  for k in range(16): D += A[:, k, None] * B[None, :, k]  # each product exact in float32, summed in float32 in K's order
+  return D[d_at(lane, i)]
 
 
 # ***** the renderer's statements (Ops.WMMA, arg (kind, what, ...): see CUDARenderer.wmma) *****
