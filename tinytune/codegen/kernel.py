@@ -192,6 +192,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
+    self.raster: tuple[int, int] | None = None  # RASTER: (the global dim of the bands, their workgroups along it)
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
     self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
@@ -290,6 +291,16 @@ class Kernel:
       self.prefetch = True
       self.opts.append(opt)
       return
+    if op is OptOps.RASTER:
+      check(self.caps.has_local, "RASTER needs a device with workgroups")
+      check(self.raster is None, "one RASTER opt per kernel")
+      check(0 <= opt.axis < self.n_global, f"RASTER axis {opt.axis} is not one of the {self.n_global} global axes")
+      check(self.global_order.index(opt.axis) < self.n_global - 1, "RASTER needs a global axis after its own in the workgroups' order")
+      size = self.remaining(opt.axis).size
+      check(1 < arg < size and size % arg == 0, f"RASTER {arg} does not split the {size} workgroups along axis {opt.axis} into bands")
+      self.raster = (opt.axis, arg)
+      self.opts.append(opt)
+      return
     if op is OptOps.STREAM:
       check(opt.axis == 0 and arg == 0, "STREAM takes axis 0 and arg 0")
       check(not self.caps.has_local and not self.stream, "STREAM is for the CPU, once per kernel")
@@ -299,7 +310,7 @@ class Kernel:
     staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
-      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE) if self.caps.has_local else \
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
@@ -315,6 +326,11 @@ class Kernel:
       check(0 <= opt.axis < len(self.sizes), f"PADTO axis {opt.axis} is not one of the {len(self.sizes)} axes")
       dim = opt.axis
     rem = self.remaining(dim)
+    if self.raster is not None:  # RASTER's bands stay whole
+      check(op is not OptOps.SWAP, "SWAP comes before RASTER: it changes the workgroups' order")
+      if dim == self.raster[0] and op in (OptOps.PADTO, OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
+        check(op is not OptOps.PADTO and arg > 0 and (rem.size // arg) % self.raster[1] == 0 and rem.size // arg > self.raster[1],
+              f"{op.name} after RASTER {self.raster[1]} would leave axis {dim}'s workgroups in no whole number of bands")
     if op is OptOps.SWAP:
       check(dim < arg < self.n_global, f"SWAP {dim} needs a later global axis, got {arg}")  # one spelling per swap: no (1, 0) after (0, 1)
       i, j = self.global_order.index(dim), self.global_order.index(arg)
@@ -457,6 +473,7 @@ class Kernel:
 CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
 
 
+RASTER_ARGS = (4, 8, 16)  # workgroups a RASTER band holds
 STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
 
 
@@ -470,6 +487,7 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     if d < k.n_global:
       ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
       ret += [Opt(OptOps.SWAP, d, o) for o in range(d + 1, k.n_global)]
+      ret += [Opt(OptOps.RASTER, d, a) for a in RASTER_ARGS]
     else:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]

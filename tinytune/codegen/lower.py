@@ -211,6 +211,10 @@ class LoopNest:
              AxisKind.STAGE: "s"}
     self.vars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                  for i, a in enumerate(k.axes) if a.kind in names}
+    if k.raster is not None:  # RASTER: the dim's workgroup index is its band's first plus the place in the band (see group_ids)
+      i, band = k.axes.index(k.remaining(k.raster[0])), k.raster[1]
+      self.band = (UOp.var(f"g{i}b", 0, k.axes[i].size // band - 1), UOp.var(f"g{i}w", 0, band - 1))
+      self.vars[i] = self.band[0] * band + self.band[1]
 
   def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
     """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
@@ -257,14 +261,31 @@ class LoopNest:
     (next_loads, next_stores) = copies[1]
     return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
 
-  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
-    """Each axis's index from one linear id, the last axis fastest."""
-    out, mult = [], 1
+  def unflatten(self, axes: list[int], linear: str, mult: int = 1, outer: bool = False) -> list[UOp]:
+    """Each axis's index from one linear id (over `mult`), the last axis fastest (`outer`: more come before the first)."""
+    out = []
     for n, i in enumerate(reversed(axes)):
       size = self.k.axes[i].size
-      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      if size > 1:
+        out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 and not outer else size)))
       mult *= size
     return out
+
+  def group_ids(self) -> list[UOp]:
+    """Each global axis's workgroup index from the workgroup id, in the global order, the last fastest. With RASTER (a dim, bands of
+    b workgroups along it) that dim and the next one in the order, c, go in bands: consecutive ids walk down the b workgroups of a
+    band in one column of c, then the next column, then the next band, so the workgroups at work together share their rows of one
+    input and their columns of the other (in L2) where row after row would read every column of the other input."""
+    k = self.k
+    axes = [k.axes.index(k.remaining(d)) for d in k.global_order]
+    if k.raster is None: return self.unflatten(axes, "group_id")
+    d = axes.index(k.axes.index(k.remaining(k.raster[0])))
+    (rows, cols), band, col, (first, place) = (k.axes[i].size for i in axes[d:d + 2]), k.raster[1], self.vars[axes[d + 1]], self.band
+    out, mult = self.unflatten(axes[d + 2:], "group_id", outer=True), prod(k.axes[i].size for i in axes[d + 2:])
+    if cols > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(col.arg[0], "group_id", mult * band, cols)))
+    out.append(stmt(Ops.SPECIAL, arg=SpecialArg(place.arg[0], "group_id", mult, band)))
+    out.append(stmt(Ops.SPECIAL, arg=SpecialArg(first.arg[0], "group_id", mult * band * cols, 0 if d == 0 else rows // band)))
+    return out + self.unflatten(axes[:d], "group_id", mult * rows * cols)
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp], copies: Copies) -> list[UOp]:
@@ -274,7 +295,7 @@ class LoopNest:
     took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
     first thread stores. With STAGE, the K tiles' loop (see staged)."""
     k = self.k
-    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    out = self.group_ids()
     threads = k.thread_axes
     if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
     out += self.unflatten(threads, "lid")
@@ -845,7 +866,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   k, tc = lw.k, lw.k.tc
   assert tc is not None
   def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma" if tc.mma else "wmma", *arg))
-  out = lw.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+  out = lw.nesting.group_ids()
   out.append(wmma("ids"))
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
   tiles = lw.instances((AxisKind.UPCAST,))
