@@ -111,3 +111,11 @@ def test_launch_report_counts_a_waves_tiles() -> None:
   waves = [(9, 32), (9, 32), (9, 32), (8, 32)]  # rows 0-8, 8-16, 16-24, 24-31 of 32: workgroups 0-263, 264-527, 528-791, 792-1023
   assert bench.wave_bytes(k) == pytest.approx(sum(r + c for r, c in waves) * mb)
   assert bench.wave_bytes(k.apply_opts([Opt(OptOps.RASTER, 0, 16)])) < sum(r + c for r, c in waves) * mb
+
+
+def test_no_raster_along_a_row() -> None:
+  """A softmax kernel's workgroups run along its rows alone (its columns loop in each thread): RASTER has no second axis there."""
+  (item,), _ = create_schedule(Tensor(np.zeros((64, 64), np.float32), device="EMU").softmax(-1).uop, "EMU")
+  k = Kernel(item.ast, Device["EMU"].caps)
+  for axis in (0, 1):
+    with pytest.raises(KernelOptError, match="RASTER"): k.copy().apply_opt(Opt(OptOps.RASTER, axis, 2))

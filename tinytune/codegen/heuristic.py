@@ -465,6 +465,28 @@ def gpu_column_reduce(k: Kernel) -> bool:
   return True
 
 
+ROW_THREADS = 256  # threads that share a row written after its statistic: 8192 floats, 32 a thread
+
+
+def gpu_row_statistic(k: Kernel) -> bool:
+  """A row written after its statistics (softmax's max and sum, layernorm's mean and variance: Kernel.row_dims), one kernel: a
+  workgroup per row (or rows, to fill it), the row's threads each adding every ROW_THREADS-th element of it to its partials (their
+  loads side by side), the group's totals shared with all of them (lower.group_sum), then each writing its share of the row, in
+  16-byte stores where the row allows. The loops after the first read the row again from L1 or L2 (32 KiB for 8192 floats): the
+  input passes through memory once where it had three kernels, each reading it."""
+  if not k.row_dims or k.n_reduce != 1 or (lane := lane_dim(k)) is None or lane not in k.row_dims: return False
+  size, red = k.sizes[-1], k.n_reduce - 1
+  threads = max(g for g in divisors(size) if g <= min(ROW_THREADS, max(size // 4, 1)))
+  if threads > 1: _first_valid(k, Opt(OptOps.GROUP, red, threads))
+  if k.ast.dtype == dtypes.float32 and k.sizes[lane] % (4 * threads) == 0: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))
+  if threads > 1: _first_valid(k, Opt(OptOps.LOCAL, lane, _largest(k.remaining(lane).size, threads)))
+  for d in reversed(sorted(set(range(k.n_global)) - k.row_dims)):  # rows a workgroup, to WORKGROUP_MIN threads
+    if (have := k.launch_dims[1]) < WORKGROUP_MIN and (amt := _largest(k.remaining(d).size, WORKGROUP_MIN // have)) > 1:
+      _first_valid(k, Opt(OptOps.LOCAL, d, amt))
+  _first_valid(k, Opt(OptOps.UNROLL, red, 4))  # loads in flight
+  return True
+
+
 def gpu_workgroups(k: Kernel) -> bool:
   """Anything else. A reduce along a contiguous axis with few outputs: a workgroup shares it; with many (attention's row max over
   64Ki rows), a group of about the square root of its length shares each row (each thread's loads against the partials one thread
@@ -518,8 +540,8 @@ def gpu_split_k(k: Kernel) -> int:
   return shares
 
 
-GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_shared_tile, gpu_conv, gpu_register_tile, gpu_column_reduce,
-                                                     gpu_workgroups)
+GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_row_statistic, gpu_tensor_cores, gpu_shared_tile, gpu_conv, gpu_register_tile,
+                                                     gpu_column_reduce, gpu_workgroups)
 
 
 def workgroup_optimizations(kernel: Kernel, planners: Sequence[Callable[[Kernel], bool]] = GPU_PLANNERS) -> list[Opt]:

@@ -218,9 +218,9 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   users: dict[UOp, set[UOp]] = {}
   for u in target.toposort:
     for s in u.src: users.setdefault(s, set()).add(u)
-  # row statistics stay in their kernels on the CPU (a GPU thread per output would compute one once per element), but for those
+  # row statistics stay in their kernels (the CPU's loops, a GPU's workgroup per row: see Kernel.row_dims), but for those
   # _row_statistics refuses: the cut is made again without them
-  outputs_only, refused, rows = set(roots), set[UOp](), not Device[device].caps.has_local
+  outputs_only, refused, rows = set(roots), set[UOp](), True
   def row(u: UOp) -> bool: return rows and u not in refused
   while True:
     roots = set(outputs_only)
