@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import SHARED_TILE
@@ -24,8 +24,8 @@ STAGED_TILE = [Opt(OptOps.UPCAST, 1, INNER), Opt(OptOps.UPCAST, 0, INNER), Opt(O
 
 def matmul_kernel(device: str, *shapes: tuple[int, ...]) -> tuple[Kernel, list[np.ndarray], np.ndarray]:
   arrays = [np.random.randn(*s).astype(np.float32) for s in shapes]
-  (item,), _ = create_schedule((Tensor(arrays[0], device=device) @ Tensor(arrays[1], device=device)).uop, device)
-  return Kernel(item.ast, Device[device].caps), arrays, arrays[0] @ arrays[1]
+  ((_, k),) = engine.kernels((Tensor(arrays[0], device=device) @ Tensor(arrays[1], device=device)).uop, device)
+  return k, arrays, arrays[0] @ arrays[1]
 
 
 def run(k: Kernel, device: str) -> np.ndarray:
@@ -115,7 +115,6 @@ def test_launch_report_counts_a_waves_tiles() -> None:
 
 def test_no_raster_along_a_row() -> None:
   """A softmax kernel's workgroups run along its rows alone (its columns loop in each thread): RASTER has no second axis there."""
-  (item,), _ = create_schedule(Tensor(np.zeros((64, 64), np.float32), device="EMU").softmax(-1).uop, "EMU")
-  k = Kernel(item.ast, Device["EMU"].caps)
+  ((_, k),) = engine.kernels(Tensor(np.zeros((64, 64), np.float32), device="EMU").softmax(-1).uop, "EMU")
   for axis in (0, 1):
     with pytest.raises(KernelOptError, match="RASTER"): k.copy().apply_opt(Opt(OptOps.RASTER, axis, 2))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Kernel, Tensor
+from tinytune import Tensor, engine
 from tinytune.codegen.heuristic import default_opts
 from tinytune.engine.schedule import create_schedule
 from tinytune.helpers import Context
 from tinytune.kernels import get_workload
 from tinytune.kernels.workload import schedule
-from tinytune.runtime import Device, device_status
+from tinytune.runtime import device_status
 
 WORKGROUPS = [d for d in ("OPENCL", "EMU") if device_status(d) is None]
 
@@ -49,8 +49,7 @@ def test_gpu_softmax_reads_its_input_in_one_kernel() -> None:
     w = get_workload(name)
     p = w.params({"rows": 8192, "cols": 8192})
     ins = [Tensor(np.zeros(s, np.float32), device="EMU") for s in w.inputs(p)]
-    (item,), _ = schedule(w.build(p, *ins), "EMU")
-    k = Kernel(item.ast, Device["EMU"].caps)
+    ((_, k),) = engine.kernels(schedule(w.build(p, *ins), "EMU")[0], "EMU")
     k.apply_opts(default_opts(k))
     assert k.launch_dims == (8192, 256) and k.row_dims == frozenset({1}), name
 
@@ -58,8 +57,7 @@ def test_gpu_softmax_reads_its_input_in_one_kernel() -> None:
 def test_a_row_local_shares_the_group_threads() -> None:
   """LOCAL along a row written after its statistic splits the row over the GROUP threads: it needs them, and no more than they are."""
   from tinytune import KernelOptError, Opt, OptOps
-  (item,), _ = create_schedule(Tensor(np.zeros((4, 64), np.float32), device="EMU").softmax(-1).uop, "EMU")
-  k = Kernel(item.ast, Device["EMU"].caps)
+  ((_, k),) = engine.kernels(Tensor(np.zeros((4, 64), np.float32), device="EMU").softmax(-1).uop, "EMU")
   with pytest.raises(KernelOptError, match="GROUP"): k.copy().apply_opt(Opt(OptOps.LOCAL, 1, 8))
   k.apply_opt(Opt(OptOps.GROUP, 0, 8))
   with pytest.raises(KernelOptError): k.copy().apply_opt(Opt(OptOps.LOCAL, 1, 16))

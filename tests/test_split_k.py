@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Kernel, Tensor
+from tinytune import Kernel, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.heuristic import SPLIT_MIN_K, gpu_split_k
 from tinytune.engine.schedule import create_schedule
@@ -17,9 +17,7 @@ from tinytune.runtime import device_status
 WORKGROUPS = [d for d in ("OPENCL", "EMU") if device_status(d) is None]
 
 
-def kernels(t: Tensor, device: str) -> list[Kernel]:
-  from tinytune.runtime import Device
-  return [Kernel(item.ast, Device[device].caps) for item in create_schedule(t.uop, device)[0]]
+def kernels(t: Tensor, device: str) -> list[Kernel]: return [k for _, k in engine.kernels(t.uop, device)]
 
 
 CASES = {  # name -> (the inputs' shapes, the tensor computation, NumPy's)
