@@ -17,8 +17,8 @@ measured time far above it names what to look at. For a kernel with a reduce, "w
 work at once (a wave: as many as the SMs hold, by threads and by an estimate of registers, REGISTERS) read, each distinct tile of
 an input once a wave (what the block raster order, RASTER, cuts), summed over the waves: where that is well above "min MB", the
 inputs pass from memory to the 50 MB L2 more than once. Each workload's first row counts its kernels and the global loads of each
-of its inputs per element over all of them (softmax 8192^2: 3 in three kernels, each reading the input from memory; 3 in one
-kernel now, a workgroup a row, whose second and third loads of a row of 32 KiB hit L1 or L2).
+of its inputs per element over all of them (softmax 8192^2: 3 in three kernels, each reading the input from memory; 2 in one
+kernel now, a workgroup a row, whose second load of a row of 32 KiB hits L1 or L2, the row's exps read back from shared memory).
 --splitk sets SPLITK for the schedule (0: no split-K; N: every reduce that can be split, in N shares) and --raster B adds
 RASTER B to each kernel's opts along its first global axis where that is valid. Estimates only: nothing here runs on a GPU."""
 from __future__ import annotations

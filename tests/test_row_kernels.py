@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tinytune import Tensor, engine
+from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import default_opts
 from tinytune.engine.schedule import create_schedule
 from tinytune.helpers import Context
@@ -29,7 +30,7 @@ CASES = {"softmax": (lambda t: t.softmax(-1), softmax), "log_softmax": (lambda t
 
 
 @pytest.mark.parametrize("device", WORKGROUPS)
-@pytest.mark.parametrize("shape", [(8, 256), (5, 60), (2, 3, 128), (4, 7)])
+@pytest.mark.parametrize("shape", [(8, 256), (3, 1024), (5, 60), (2, 3, 128), (4, 7)])
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("noopt", [0, 1])
 def test_row_kernel_matches_numpy(device: str, shape: tuple[int, ...], name: str, noopt: int) -> None:
@@ -44,7 +45,8 @@ def test_row_kernel_matches_numpy(device: str, shape: tuple[int, ...], name: str
 
 def test_gpu_softmax_reads_its_input_in_one_kernel() -> None:
   """Softmax and layernorm at 8192^2 on an H200's caps: three kernels before (the max, the sum of exps, the normalized row: the input
-  read by each), one now, a workgroup of 256 threads per row writing float4s."""
+  read by each), one now, a workgroup of 256 threads per row writing float4s; softmax's exps kept in shared memory, 32 KiB a row,
+  written by the sum's loop and read back by the row's (the input read twice, where the row's loop had read it a third time)."""
   for name in ("softmax", "layernorm"):
     w = get_workload(name)
     p = w.params({"rows": 8192, "cols": 8192})
@@ -52,6 +54,9 @@ def test_gpu_softmax_reads_its_input_in_one_kernel() -> None:
     ((_, k),) = engine.kernels(schedule(w.build(p, *ins), "EMU")[0], "EMU")
     k.apply_opts(default_opts(k))
     assert k.launch_dims == (8192, 256) and k.row_dims == frozenset({1}), name
+    src = CUDARenderer().render(k)
+    # the statistics' loops read the input 4 times an iteration each; the row's loop reads float4s of it, or softmax's of row0
+    assert src.count("data1[") == 8 and ("float row0[8192]" in src) == ("tt_f4_load(data1" not in src) == (name == "softmax"), name
 
 
 def test_a_row_local_shares_the_group_threads() -> None:

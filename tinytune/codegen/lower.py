@@ -378,7 +378,7 @@ class _Lowerer:
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    self.rows = RowArrays.of(self) if rows and not target.has_local else None
+    self.rows = RowArrays.of(self) if rows else None
     self.in_body = False
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
@@ -814,6 +814,11 @@ class RowArrays:
     if src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
     keep = k.reduce_out_dims != set(range(k.n_global)) and not any(a.kind is AxisKind.KBLOCK for a in k.axes) and \
       any(u.op in ROW_KEPT for u in src.toposort)
+    if keep and k.caps.has_local:  # a GPU's arrays are in shared memory: a workgroup's rows are its threads' own, and fit it
+      rows, threads = k.row_dims, k.launch_dims[1]
+      per = prod(a.size for a in k.axes if a.kind is AxisKind.UPCAST and a.dim not in rows)  # rows a thread computes
+      need = per * (prod(src.shape[d] for d in red.arg[1]) * src.dtype.itemsize + (threads * 8 * len(k.reduceops) if threads > 1 else 0))
+      keep = not any(a.kind is AxisKind.LOCAL and a.dim not in rows for a in k.axes) and need <= k.caps.shared_bytes
     return RowArrays(lw, src, red) if keep else None
 
   def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
