@@ -5,16 +5,24 @@ packed on the host and decoded by EMU, a kernel of it compiled by nvcc for sm_90
 from __future__ import annotations
 
 import ctypes
+import random
 import re
 import shutil
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
+from conftest import emu_arch
 
+from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor
 from tinytune.codegen.cstyle import CUDARenderer
+from tinytune.codegen.lower import LinearProgram, lower, stmt
 from tinytune.dtype import DType, dtypes
+from tinytune.engine.schedule import create_schedule
+from tinytune.runtime.emu import EMUProgram, dump, load
 from tinytune.runtime.emu_tc import bits_of, d_at, wgmma_descriptor, wgmma_m64nNk16, wgmma_operand
+from tinytune.uop import Ops
 
 LANES = np.arange(128)
 
@@ -202,3 +210,120 @@ def test_wgmma_on_the_gpu_is_emus(dt: DType, n: int, lbo: int, sbo: int) -> None
   emu = wgmma_m64nNk16(np.zeros((128, n // 2), np.float32), smem, pack(0, lbo, sbo), pack(1 << 15, lbo, sbo), dt)
   np.testing.assert_array_equal(got, emu)
   np.testing.assert_array_equal(got, (A @ Bt.T)[d_at(LANES[:, None], np.arange(n // 2)[None, :])])
+
+
+# ***** TC's arg 2: the renderer's wgmma kernels on EMU (sm_90's caps) *****
+
+def matmul(dt: DType, ta: bool, tb: bool, m: int, n: int, k: int) -> tuple[Tensor, np.ndarray]:
+  rng = np.random.default_rng(m + n + k)
+  A, B = rng.standard_normal((k, m) if ta else (m, k)).astype(dt.np), rng.standard_normal((n, k) if tb else (k, n)).astype(dt.np)
+  a, b = Tensor(A, device="EMU"), Tensor(B, device="EMU")
+  A, B = A.astype(np.float32), B.astype(np.float32)
+  return (a.T if ta else a) @ (b.T if tb else b), (A.T if ta else A) @ (B.T if tb else B)
+
+
+def tc2_kernel(out: Tensor, opts: list[Opt]) -> tuple[Kernel, object]:
+  (item,), _ = create_schedule(out.uop, "EMU")
+  return Kernel(item.ast, Device["EMU"].caps).apply_opts([Opt(OptOps.TC, 0, 2), *opts]), item.out
+
+
+def run_emu(kernel: Kernel, out: object) -> np.ndarray:
+  dev = Device["EMU"]
+  dev.program(kernel.name, dev.compile(dev.renderer.render(kernel)), kernel.launch_dims)(out, *kernel.bufs)
+  return out.numpy_view().astype(np.float32)  # type: ignore[attr-defined]
+
+
+def close(got: np.ndarray, ref: np.ndarray) -> None:
+  np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=2 ** -7, atol=2 ** -11 * np.abs(ref).max())
+
+
+WGMMA_CASES = [  # (A transposed, B transposed, M, N, K, opts after TC 2): its K tiles are 64, 32 where K is 96, 16 where it is 16
+  (False, False, 128, 48, 64, []),
+  (True, False, 64, 32, 96, [Opt(OptOps.UPCAST, 1, 2)]),
+  (False, True, 128, 64, 64, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 2)]),
+  (True, True, 64, 16, 128, [Opt(OptOps.PREFETCH, 0, 0)]),
+  (False, False, 64, 64, 16, [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.UPCAST, 1, 4)])]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("ta, tb, m, n, k, opts", WGMMA_CASES)
+def test_tc_wgmma_matmul_matches_numpy(dt: DType, ta: bool, tb: bool, m: int, n: int, k: int, opts: list[Opt]) -> None:
+  """TC's arg 2 on EMU with sm_90's caps: the staged tiles laid out as wgmma's core matrices, one m64n16k16 a 16 x 16 output tile of each
+  warp and K step (UPCAST: more of them), matching NumPy."""
+  with emu_arch("sm_90"):
+    out, ref = matmul(dt, ta, tb, m, n, k)
+    kernel, buf = tc2_kernel(out, opts)
+    src = Device["EMU"].renderer.render(kernel)
+    assert "tt_wgmma_m64n16k16(acc0, tt_wgmma_desc(" in src and "tt_ldmatrix" not in src and kernel.launch_dims[1] == 128
+    close(run_emu(kernel, buf), ref)
+
+
+@pytest.mark.parametrize("shape, opts", [((2, 64, 32, 32), []), ((4, 64, 16, 32), [Opt(OptOps.UPCAST, 0, 2)])], ids=["batch", "2 batches a tile"])
+def test_tc_wgmma_batched(shape: tuple[int, int, int, int], opts: list[Opt]) -> None:
+  """A batched matmul; with UPCAST over the batch dim, a workgroup's tiles hold two batches' core matrices one block after the other."""
+  b_, m, n, k = shape
+  rng = np.random.default_rng(3)
+  A, B = rng.standard_normal((b_, m, k)).astype(np.float16), rng.standard_normal((b_, k, n)).astype(np.float16)
+  with emu_arch("sm_90"):
+    kernel, buf = tc2_kernel(Tensor(A, device="EMU") @ Tensor(B, device="EMU"), opts)
+    close(run_emu(kernel, buf), A.astype(np.float32) @ B.astype(np.float32))
+
+
+def test_tc_wgmma_refusals() -> None:
+  """sm_80 has no wgmma; the warpgroup needs 64 rows; LOCAL would split it; TC's arg 2 stages its tiles itself."""
+  with emu_arch("sm_80"):
+    out, _ = matmul(dtypes.float16, False, False, 64, 16, 32)
+    with pytest.raises(KernelOptError, match=r"TC's arg 2 \(wgmma\) is sm_90's \(Hopper\): this GPU's TC takes args 0 and 1"): tc2_kernel(out, [])
+  with emu_arch("sm_90"):
+    with pytest.raises(KernelOptError, match="rows a multiple of 64"): tc2_kernel(matmul(dtypes.float16, False, False, 32, 16, 32)[0], [])
+    with pytest.raises(KernelOptError, match="LOCAL does not combine"): tc2_kernel(out, [Opt(OptOps.LOCAL, 1, 1)])
+    with pytest.raises(KernelOptError, match="stages its K tiles itself"): tc2_kernel(out, [Opt(OptOps.STAGE, 0, 2)])
+
+
+def test_tc_wgmma_descriptors_in_the_source() -> None:
+  """The CUDA source names each operand by tt_wgmma_desc(address, 128, K tile x 16 bytes): core matrices along K 128 bytes apart (leading),
+  8 rows on the K tile's 16 bytes a K (stride), the statement's offsets, which EMU packs and decodes: given the leading offset for the
+  stride, its products are wrong."""
+  with emu_arch("sm_90"):
+    out, ref = matmul(dtypes.float16, False, False, 64, 32, 64)
+    kernel, buf = tc2_kernel(out, [])
+    src = Device["EMU"].renderer.render(kernel)
+    assert re.findall(r"tt_wgmma_desc\(\(unsigned\)__cvta_generic_to_shared\(tile\d\+[^;]*?\), (\d+), (\d+)\)", src) == [("128", "1024")] * 2
+    wg = [u for u in lower(kernel, Device["EMU"].renderer).uops if u.op is Ops.WMMA and u.arg[1] == "mma"]
+    assert [(u.arg[4], u.arg[6]) for u in wg] == [(1024, 1024)]
+    close(run_emu(kernel, buf), ref)
+    p = lower(kernel, Device["EMU"].renderer)
+    swapped = [stmt(Ops.WMMA, *u.src, arg=(*u.arg[:4], 128, u.arg[5], 128, u.arg[7])) if u.op is Ops.WMMA and u.arg[1] == "mma" else u
+               for u in p.uops]
+    with pytest.raises(AssertionError): close(run_lowered(kernel, buf, swapped), ref)
+
+
+def run_lowered(kernel: Kernel, out: object, uops: list) -> np.ndarray:
+  EMUProgram(kernel.name, load(dump(LinearProgram(kernel, 1, uops))), kernel.launch_dims)(out, *kernel.bufs)
+  return out.numpy_view().astype(np.float32)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_random_sequences_after_tc_wgmma(dt: DType) -> None:
+  """The opt fuzzer's sequences after TC 2 (up to 5 more opts, each valid where it was picked) render and run on EMU, matching NumPy."""
+  from test_opts import random_sequence
+  rng = random.Random(zlib.crc32(dt.name.encode()))
+  with emu_arch("sm_90"):
+    out, ref = matmul(dt, False, True, 128, 64, 128)
+    for _ in range(6):
+      kernel, buf = tc2_kernel(out, [])
+      kernel = tc2_kernel(out, random_sequence(kernel, rng)[1:])[0]
+      close(run_emu(kernel, buf), ref)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: TC's arg 2 kernels are not compile-checked here")
+def test_tc_wgmma_kernels_compile_for_sm_90a(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """The CUDA source of TC's arg 2 kernels (each of WGMMA_CASES, both dtypes) compiles with nvcc for sm_90a, as the CUDA device builds it."""
+  srcs = []
+  with emu_arch("sm_90"):
+    for dt in (dtypes.float16, dtypes.bfloat16):
+      for ta, tb, m, n, k, opts in WGMMA_CASES: srcs.append(Device["EMU"].renderer.render(tc2_kernel(matmul(dt, ta, tb, m, n, k)[0], opts)[0]))
+  for i, src in enumerate(srcs): (tmp_path / f"k{i}.cu").write_text(src)
+  res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *(f"k{i}.cu" for i in range(len(srcs)))], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+  assert res.returncode == 0, res.stderr[-3000:]

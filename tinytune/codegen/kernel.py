@@ -43,9 +43,11 @@ class TensorCore:
   a_ld: int  # elements between the tile's rows (row major) or columns (column major)
   b_ld: int
   mma: bool = False
+  wgmma: bool = False  # TC's arg 2: a warpgroup's PTX wgmma.m64n16k16 from staged tiles in shared memory, through matrix descriptors
 
 
 TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
+WARPGROUP_ROWS = 64  # wgmma's m64: a warpgroup's 4 warps, 16 rows each
 TC_PAIR = 2  # the CPU's: products along K that one dot-product instruction adds into a lane
 
 
@@ -288,10 +290,14 @@ class Kernel:
     check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
     op, arg = opt.op, opt.arg
     if op is OptOps.TC:
-      check(opt.axis == 0 and arg in (0, 1), "TC takes axis 0 and arg 0 (wmma) or 1 (mma.sync): the kernel's matmul picks its axes")
-      check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
-      tc = replace(find_tensor_core(self), mma=arg == 1)
+      check(opt.axis == 0 and arg in (0, 1, 2), "TC takes axis 0 and arg 0 (wmma), 1 (mma.sync) or 2 (wgmma): the kernel's matmul picks its axes")
+      check(arg == 0 or self.caps.has_local, f"TC's arg {arg} ({'mma.sync' if arg == 1 else 'wgmma'}) is a GPU's")
+      tc = replace(find_tensor_core(self), mma=arg >= 1, wgmma=arg == 2)
+      check(arg != 2 or 2 in self.caps.tc_args, "TC's arg 2 (wgmma) is sm_90's (Hopper): this GPU's TC takes args "
+            + " and ".join(map(str, self.caps.tc_args)))
       check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
+      check(arg != 2 or self.sizes[tc.row] % WARPGROUP_ROWS == 0,
+            f"TC's arg 2 (wgmma) needs the matmul's rows a multiple of {WARPGROUP_ROWS}: a warpgroup's 4 warps take 16 each")
       if arg == 0 and self.caps.has_local:  # load_matrix_sync: each 16x16 tile's first element 32-byte aligned, wherever its batch is
         check(all(v.arg.offset % 16 == 0 and all(st % 16 == 0 for d, st in enumerate(v.arg.strides) if d not in (tc.row, tc.col, self.n_global))
                   for v in (tc.a, tc.b)), "TC's arg 0 (wmma) needs each 16x16 tile 32-byte aligned: arg 1 takes 16-byte aligned rows")
@@ -300,6 +306,14 @@ class Kernel:
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
         rem.stride, rem.size = rem.stride * size, rem.size // size
       self.tc = tc
+      if tc.wgmma:  # the warpgroup (4 warps along A's rows, 16 each), and STAGE's K tiles, which its descriptors name: 64 of K where K allows
+        rem = self.remaining(tc.row)
+        self.axes.append(Axis(4, AxisKind.LOCAL, tc.row, rem.stride))
+        rem.stride, rem.size = rem.stride * 4, rem.size // 4
+        rem = self.remaining(self.n_global)
+        size = next(s for s in (4, 2, 1) if rem.size % s == 0)
+        self.axes.append(Axis(rem.size // size, AxisKind.STAGE, self.n_global, rem.stride * size))
+        rem.size = size
       self.opts.append(opt)
       return
     if op is OptOps.PREFETCH:
@@ -331,6 +345,7 @@ class Kernel:
       combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
+      check(not self.tc.wgmma or op is not OptOps.LOCAL, "TC's arg 2 (wgmma) keeps one warpgroup a workgroup: LOCAL does not combine with it")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
@@ -354,6 +369,7 @@ class Kernel:
       self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
     elif op is OptOps.STAGE:
       check(self.caps.has_local, "STAGE needs a device with workgroups and shared memory")
+      check(self.tc is None or not self.tc.wgmma, "TC's arg 2 (wgmma) stages its K tiles itself: STAGE does not combine with it")
       check(not staged, "one STAGE opt per kernel")
       check(all(a.kind not in (AxisKind.GROUP, AxisKind.LANES) for a in self.axes), "STAGE does not combine with GROUP or LANES")
       check(bool(self.stage_inputs), "STAGE needs an input read along the kernel's one reduce dim, its last, straight from memory")
@@ -486,7 +502,8 @@ class Kernel:
         dims = [dn for dn in dims if dn[0] != inner] + [dn for dn in dims if dn[0] == inner]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
       pad = 32 if self.tc is not None and not self.tc.mma else 16  # load_matrix_sync takes 32-byte aligned fragments, ldmatrix 16-byte rows
-      ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] else 0))
+      wgmma = self.tc is not None and self.tc.wgmma  # wgmma's core matrices (see _Lowerer.tile_offset) are not padded
+      ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] and not wgmma else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:
@@ -520,4 +537,4 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
       ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.TC, 0, 2), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0)]

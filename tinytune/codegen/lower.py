@@ -27,7 +27,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done, "commit_group" and ("wait_group", n): PTX cp.async's, see StoreArg.cp_async),
-#   WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
+#   WMMA (src; "wmma", "mma" or "wgmma", what, ...): a GPU's tensor core statements (the API, PTX mma.sync, or sm_90a's wgmma from shared
+#   tiles: ("wgmma", "mma", acc, A's tile, its stride offset, B's tile, its stride offset, dtype) with src the tiles' element offsets); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -560,7 +561,15 @@ class _Lowerer:
   def tile_offset(self, view: UOp, at: dict[int, UOp]) -> UOp:
     """Where the element at tile coordinates `at` (dim -> index in the tile) is in the view's shared array."""
     _, dims, strides = self.staged[view]
-    return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(dims, strides)], 0, self.simplified)
+    if (tc := self.k.tc) is None or not tc.wgmma:
+      return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(dims, strides)], 0, self.simplified)
+    # wgmma's unswizzled K-major layout: core matrices of 8 rows (A's M or B's N, the tile's last dim) by 8 of K (its first), 128
+    # contiguous bytes each, K's next (the leading offset, 128 bytes), then the next 8 rows (the stride offset: 16 bytes a K of the
+    # tile); a batch dim between them outside the whole K x rows block
+    (kd, kt), rd = dims[0], dims[-1][0]
+    r, kk = at[rd], at[kd]
+    core = r // 8 * (kt * 8) + kk // 8 * 64 + r % 8 * 8 + kk % 8
+    return self.simplify(linear_sum(dtypes.int64, [(at[d], st * kt) for (d, _), st in zip(dims[1:-1], strides[1:-1])], 0, self.simplified) + core)
 
   def tile_read(self, view: UOp) -> Val:
     """A staged input's value at the dims add() reads, from its tile (by the dims unclamped: the copy clamped them). A float32 read along the
@@ -904,7 +913,8 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   what follows the sum and store."""
   k, tc = lw.k, lw.k.tc
   assert tc is not None
-  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma" if tc.mma else "wmma", *arg))
+  kind = "wgmma" if tc.wgmma else "mma" if tc.mma else "wmma"
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=(kind, *arg))
   out = lw.nesting.group_ids()
   out.append(wmma("ids"))
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
@@ -930,7 +940,19 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0,) if tc.mma else ()
       body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
-  for unroll in lw.instances((AxisKind.UNROLL,)):
+  if tc.wgmma:  # the warpgroup's wgmmas, each from descriptors of its 64 rows of A and 16 columns of B at the K step (warp 0's)
+    warp0 = {**wg, **{lw.nesting.vars[i]: UOp.const(dtypes.int64, 0) for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL}}
+    def desc(view: UOp, dims: list[UOp]) -> tuple[str, UOp, int]:
+      name, tile, _ = lw.staged[view]
+      return name, lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(warp0)) for d, _ in tile}), tile[0][1] * 16
+    body.append(wmma("fence"))
+    for unroll in lw.instances((AxisKind.UNROLL,)):
+      for j, tile in enumerate(tiles):
+        dims = lw.dims({**tile, **unroll})
+        (ta, oa, sa), (tb, ob, sb) = desc(tc.a, dims), desc(tc.b, dims)
+        body.append(wmma("mma", j, ta, sa, tb, sb, tc.a.dtype, src=(oa, ob)))
+    body.append(wmma("wait"))
+  for unroll in lw.instances((AxisKind.UNROLL,)) if not tc.wgmma else ():
     for j, tile in enumerate(tiles):
       dims = lw.dims({**tile, **unroll})
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)

@@ -151,8 +151,9 @@ class CUDADevice(Compiled):
     return out
 
   def compile(self, src: str) -> bytes:
-    """Source -> cubin for this GPU's architecture, cached on disk by source, architecture and NVRTC version."""
-    return compile_cuda(src, self.arch, self.nvrtc_version)
+    """Source -> cubin for this GPU's architecture (sm_90a for TC's wgmma, which sm_90 lacks), cached on disk by source, architecture
+    and NVRTC version."""
+    return compile_cuda(src, self.arch + ("a" if self.arch == "sm_90" and "tt_wgmma" in src else ""), self.nvrtc_version)  # wgmma: sm_90a's
 
   def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CUDAProgram(self, name, lib, launch)
 

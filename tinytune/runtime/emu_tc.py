@@ -85,16 +85,21 @@ def wgmma_descriptor(desc: int) -> dict[str, Any]:
           "swizzle": SWIZZLES[desc >> 62 & 3]}
 
 
-def wgmma_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
-  """The rows x 16 matrix (A's M x K or B's N x K, K-major) of 16-bit elements (bits) that an unswizzled descriptor names in `smem`, a
-  workgroup's shared memory as bytes: core matrices of 8 rows of 16 bytes (8 elements along K), each row's bytes contiguous and the
-  8 rows one after another (128 bytes); the core matrix i along M or N and j along K at start + i * stride offset + j * leading offset."""
+def wgmma_addresses(desc: int, rows: int) -> np.ndarray:
+  """The byte addresses (rows, 16) of the rows x 16 matrix (A's M x K or B's N x K, K-major) of 16-bit elements that an unswizzled
+  descriptor names: core matrices of 8 rows of 16 bytes (8 elements along K), each row's bytes contiguous and the 8 rows one after
+  another (128 bytes); the core matrix i along M or N and j along K at start + i * stride offset + j * leading offset."""
   f = wgmma_descriptor(desc)
   if f["swizzle"] != "none" or f["base"]: raise ValueError(f"wgmma descriptor {desc:#x}: EMU takes the unswizzled layout (swizzle {f['swizzle']})")
   r, k = np.divmod(np.arange(rows * 16), 16)
-  at = f["start"] + r // 8 * f["sbo"] + k // 8 * f["lbo"] + r % 8 * 16 + k % 8 * 2
+  return (f["start"] + r // 8 * f["sbo"] + k // 8 * f["lbo"] + r % 8 * 16 + k % 8 * 2).reshape(rows, 16)
+
+
+def wgmma_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
+  """The matrix's elements (bits, little-endian) at wgmma_addresses in `smem`, a workgroup's shared memory as bytes."""
+  at = wgmma_addresses(desc, rows)
   if at.max() + 2 > len(smem): raise ValueError(f"wgmma descriptor {desc:#x} reads past shared memory's {len(smem)} bytes")
-  return (smem[at].astype(np.uint16) | smem[at + 1].astype(np.uint16) << 8).reshape(rows, 16)
+  return smem[at].astype(np.uint16) | smem[at + 1].astype(np.uint16) << 8
 
 
 def d_at(lane: Any, i: Any) -> tuple[Any, Any]:
@@ -109,12 +114,17 @@ def wgmma_m64nNk16(d: np.ndarray, smem: np.ndarray, desc_a: int, desc_b: int, dt
   warpgroup: d (128, N / 2) floats, smem its workgroup's shared memory as bytes; returns the new d = A @ B (+ d where scale_d)."""
   n = d.shape[1] * 2
   if d.shape[0] != WARPGROUP or n % 8 or not 8 <= n <= 256: raise ValueError(f"wgmma m64n{n}k16: N is a multiple of 8 from 8 to 256")
-  A, B = value_of(wgmma_operand(smem, desc_a, 64), dt), value_of(wgmma_operand(smem, desc_b, n), dt)
+  return wgmma_product(d[None], value_of(wgmma_operand(smem, desc_a, 64), dt)[None], value_of(wgmma_operand(smem, desc_b, n), dt)[None], scale_d)[0]
+
+
+def wgmma_product(d: np.ndarray, A: np.ndarray, B: np.ndarray, scale_d: bool = True) -> np.ndarray:
+  """D = A @ B (+ d where scale_d) for warpgroups side by side: d (groups, 128, N / 2) floats by d_at, A (groups, 64, 16), B (groups, N, 16)."""
+  n = B.shape[1]
   lane, i = np.arange(WARPGROUP)[:, None], np.arange(n // 2)[None, :]
-  D = np.zeros((64, n), np.float32)
-  if scale_d: D[d_at(lane, i)] = d
-  for k in range(16): D += A[:, k, None] * B[None, :, k]  # each product exact in float32, summed in float32 in K's order
-  return D[d_at(lane, i)]
+  D = np.zeros((len(d), 64, n), np.float32)
+  if scale_d: D[(slice(None), *d_at(lane, i))] = d
+  for k in range(16): D += A[:, :, k, None] * B[:, None, :, k]  # each product exact in float32, summed in float32 in K's order
+  return D[(slice(None), *d_at(lane, i))]
 
 
 # ***** the renderer's statements (Ops.WMMA, arg (kind, what, ...): see CUDARenderer.wmma) *****
@@ -127,15 +137,25 @@ def warps(s: _Run, what: str) -> np.ndarray:
   return np.asarray(active[:, 0])
 
 
-def uniform(s: _Run, x: Any, on: np.ndarray, what: str) -> np.ndarray:
-  """A warp-wide call's operand, which must be the same in each lane of the warp: one value per warp of `on`."""
-  x = s.lanes(np.asarray(x, np.int64)).reshape(-1, WARP)[on]
-  if (bad := (x != x[:, :1]).any(axis=1)).any(): s.fail(f"{what}: lanes of a warp give different pointers ({x[bad][0][:4].tolist()}, ...)")
+def warpgroups(s: _Run, what: str) -> np.ndarray:
+  """The warpgroups (a mask over s.n // 128) that run a warpgroup-wide call: every thread of such a warpgroup must run it."""
+  if s.n % WARPGROUP: s.fail(f"{what} with workgroups of {s.n} threads: not whole warpgroups of {WARPGROUP}")
+  active = s.active.reshape(-1, WARPGROUP)
+  if (split := active.any(axis=1) & ~active.all(axis=1)).any():
+    s.fail(f"{what} in code that only some threads of a warpgroup run: {s.who(np.repeat(split, WARPGROUP) & ~s.active)} of it do not")
+  return np.asarray(active[:, 0])
+
+
+def uniform(s: _Run, x: Any, on: np.ndarray, what: str, size: int = WARP) -> np.ndarray:
+  """A warp-wide (or `size`-wide) call's operand, which must be the same in each lane of the warp: one value per warp of `on`."""
+  x = s.lanes(np.asarray(x, np.int64)).reshape(-1, size)[on]
+  if (bad := (x != x[:, :1]).any(axis=1)).any():
+    s.fail(f"{what}: lanes of a warp{'group' if size > WARP else ''} give different pointers ({x[bad][0][:4].tolist()}, ...)")
   return np.asarray(x[:, 0])
 
 
 class TensorCores:
-  """The statements of TC (arg 0: the wmma API, arg 1: mma.sync), each compiled to a closure over an EMU run, for one program."""
+  """The statements of TC (arg 0: the wmma API, arg 1: mma.sync, arg 2: wgmma), each compiled to a closure over an EMU run, for one program."""
 
   def __init__(self, prog: EMUProgram): self.prog = prog
 
@@ -242,6 +262,41 @@ class TensorCores:
       at = np.stack([w * 256 + (mg + 8 * q) * 16 + 8 * h + 2 * mt + e for h in range(2) for q in range(2) for e in range(2)], axis=1)
       self.prog.shared_elements(s, self.prog.shared_array(s, "tiles"), mask, at, s.env[f"acc{j}"][mask])
     return store
+
+  # ***** arg 2: wgmma, a warpgroup's, from the staged tiles in shared memory *****
+  def wgmma_acc(self, u: Node, j: int) -> Fn: return self.mma_acc(u, j)
+  def wgmma_store(self, u: Node, j: int) -> Fn: return self.mma_store(u, j)
+
+  def wgmma_fence(self, u: Node) -> Fn:
+    def fence(s: _Run) -> None: warpgroups(s, "wgmma.fence")
+    return fence
+
+  def wgmma_wait(self, u: Node) -> Fn:
+    """commit_group, then wait_group 0: EMU's wgmma completes as it is issued, so the wait only checks the warpgroup is whole."""
+    def wait(s: _Run) -> None: warpgroups(s, "wgmma.wait_group")
+    return wait
+
+  def wgmma_mma(self, u: Node, j: int, ta: str, sa: int, tb: str, sb: int, dt: DType) -> Fn:
+    """tt_wgmma_m64n16k16(acc, desc(ta + a, 128, sa), desc(tb + b, 128, sb)): each operand's descriptor packed from its byte address
+    (the array's first byte at shared address 0) and offsets, decoded by the ISA's table into the elements it names; the warpgroup's
+    128 lanes read them together."""
+    base_a, base_b = self.prog.expr(u.src[0]), self.prog.expr(u.src[1])
+    def operand(s: _Run, name: str, base: Fn, sbo: int, rows: int, on: np.ndarray, first: np.ndarray) -> np.ndarray:
+      sh = self.prog.shared_array(s, name)
+      start = uniform(s, base(s), on, "wgmma's descriptor", WARPGROUP) * sh.dtype.itemsize
+      if (bad := start % 16 != 0).any(): s.fail(f"wgmma's descriptor of {name} starts at byte {start[bad][0]}: not 16-byte aligned")
+      at = np.stack([wgmma_addresses(int(b) >> 4 | (128 >> 4) << 16 | (sbo >> 4) << 32, rows) for b in start]).reshape(len(start), -1) // 2
+      bits = self.read(s, name, at, first, "wgmma reads", by=(s.t[first], s.t[first] + WARPGROUP - 1))
+      return value_of(bits, dt).reshape(len(start), rows, 16)
+    def mma(s: _Run) -> None:
+      on = warpgroups(s, "wgmma.mma_async")
+      first = np.zeros(s.n, bool)
+      first[np.flatnonzero(on) * WARPGROUP] = True
+      A, B = operand(s, ta, base_a, sa, 64, on, first), operand(s, tb, base_b, sb, 16, on, first)
+      acc, lanes = s.env[f"acc{j}"].copy(), np.repeat(on, WARPGROUP)
+      acc[lanes] = wgmma_product(acc[lanes].reshape(-1, WARPGROUP, 8), A, B).reshape(-1, 8)
+      s.env[f"acc{j}"] = acc
+    return mma
 
   # ***** arg 0: the wmma API, a warp's fragment kept as its whole tile *****
   def wmma_acc(self, u: Node, j: int) -> Fn:
