@@ -162,7 +162,7 @@ def kernel_source(dt: DType, n: int, lbo: int, sbo: int) -> str:
   return ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" + CUDARenderer().wgmma_prelude(dt, n)
           + f'extern "C" __global__ void __launch_bounds__(128) k(float* out, const {ty}* a_in, const {ty}* b_in) {{\n'
           f"  __shared__ __align__(128) {ty} a[{size_a}], b[{size_b}];\n" + fill("a", 64) + fill("b", n)
-          + f"  __syncthreads();\n  float d[{n // 2}] = {{}};\n  tt_wgmma_fence();\n"
+          + f"  tt_wgmma_proxy();\n  __syncthreads();\n  float d[{n // 2}] = {{}};\n  tt_wgmma_fence();\n"
           f"  tt_wgmma_m64n{n}k16(d, tt_wgmma_desc((unsigned)__cvta_generic_to_shared(a), {lbo}, {sbo}), "
           f"tt_wgmma_desc((unsigned)__cvta_generic_to_shared(b), {lbo}, {sbo}));\n"
           f"  tt_wgmma_wait();\n  for (int i = 0; i < {n // 2}; i++) out[threadIdx.x * {n // 2} + i] = d[i];\n}}\n")

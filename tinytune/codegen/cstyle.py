@@ -385,7 +385,7 @@ class CUDARenderer(_GPURenderer):
     if what == "ids":
       return (f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16"
               + (", mg = lane / 4, mt = lane % 4;" if kind != "wmma" else ";"))
-    if kind == "wgmma" and what in ("fence", "wait"): return f"tt_wgmma_{what}();"
+    if kind == "wgmma" and what in ("proxy", "fence", "wait"): return f"tt_wgmma_{what}();"
     if kind == "wgmma" and what == "mma":  # the descriptors' leading offset: K's next core matrix, 128 bytes on (_Lowerer.tile_offset)
       j, ta, sa, tb, sb, _ = arg
       def desc(tile: str, src: UOp, sbo: int) -> str:
@@ -445,8 +445,9 @@ class CUDARenderer(_GPURenderer):
     """sm_90a's warpgroup MMA from shared memory (PTX wgmma): tt_wgmma_desc packs a K-major, unswizzled operand's matrix descriptor
     from its shared-memory byte address and the byte offsets between core matrices (8 rows of 16 bytes, 128 contiguous bytes) along K
     (leading) and along M or N (stride); tt_wgmma_m64n{n}k16: d (n / 2 floats a lane, the warpgroup's 64 x n tile) += A (64 x 16) @ B
-    (16 x n, K-major: B's columns as rows); tt_wgmma_fence orders the generic proxy's shared stores and d before the wgmma reads them,
-    tt_wgmma_wait commits the wgmmas issued and waits for them all."""
+    (16 x n, K-major: B's columns as rows); tt_wgmma_proxy, after a thread's stores to shared memory (before the barrier), makes them
+    visible to wgmma's reads (the async proxy); tt_wgmma_fence orders d's registers before the wgmmas; tt_wgmma_wait commits the
+    wgmmas issued and waits for them all."""
     ty, f, regs = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix, n // 2
     outs, ins = ", ".join(f'"+f"(d[{i}])' for i in range(regs)), '"l"(a), "l"(b)'
     d = ",".join(f"%{i}" for i in range(regs))
@@ -456,7 +457,8 @@ class CUDARenderer(_GPURenderer):
             f"{f} void tt_wgmma_m64n{n}k16(float* d, unsigned long long a, unsigned long long b) {{\n"
             f'  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d}}}, %{regs}, %{regs + 1}, 1, 1, 1, 0, 0;"\n'
             f"    : {outs} : {ins}); }}\n"
-            f'{f} void tt_wgmma_fence() {{ asm volatile("fence.proxy.async.shared::cta;\\n\\twgmma.fence.sync.aligned;" ::: "memory"); }}\n'
+            f'{f} void tt_wgmma_proxy() {{ asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }}\n'
+            f'{f} void tt_wgmma_fence() {{ asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }}\n'
             f'{f} void tt_wgmma_wait() {{ asm volatile("wgmma.commit_group.sync.aligned;\\n\\twgmma.wait_group.sync.aligned 0;" ::: "memory"); }}\n')
 
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}

@@ -958,7 +958,9 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
       body.append(wmma("mma", j, a, b, tc.a.dtype))
   red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-  if copies := lw.stage_copies_all(): out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body))  # as LoopNest.workgroups
+  copies = lw.stage_copies_all()
+  if tc.wgmma: copies = tuple((loads, [*stores, wmma("proxy")]) for loads, stores in copies)  # the copy's stores seen by wgmma's reads
+  if copies: out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body))  # as LoopNest.workgroups
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))

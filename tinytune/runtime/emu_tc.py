@@ -267,6 +267,11 @@ class TensorCores:
   def wgmma_acc(self, u: Node, j: int) -> Fn: return self.mma_acc(u, j)
   def wgmma_store(self, u: Node, j: int) -> Fn: return self.mma_store(u, j)
 
+  def wgmma_proxy(self, u: Node) -> Fn:
+    """fence.proxy.async.shared::cta after a thread's stores of a staged tile: EMU has one view of shared memory (nothing to order)."""
+    def proxy(s: _Run) -> None: pass
+    return proxy
+
   def wgmma_fence(self, u: Node) -> Fn:
     def fence(s: _Run) -> None: warpgroups(s, "wgmma.fence")
     return fence
