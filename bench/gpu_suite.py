@@ -216,12 +216,14 @@ def _prefetched(kernel: Any, opts: list) -> list:
 
 
 def _wgmma(rows: int, cols: int) -> Callable[[Any, list], list]:
-  """TC's arg 2 (wgmma, sm_90a) in place of the default: one warpgroup a workgroup, its tile 64 `rows` x 16 `cols` (UPCASTs), K tiles
-  of 64 in shared memory; the default where that is not valid (another GPU)."""
+  """TC's arg 2 (wgmma, sm_90a) in place of the default: one warpgroup a workgroup, its tile 64 `rows` x 16 `cols` (UPCASTs: each K
+  step one m64n(16 cols)k16 per 64 rows), K tiles of 64 in shared memory; the default where that is not valid (another GPU)."""
   def wgmma(kernel: Any, opts: list) -> list:
     from tinytune.codegen.opts import KernelOptError, Opt, OptOps
-    ret = [Opt(OptOps.TC, 0, 2), Opt(OptOps.UPCAST, 1, cols), Opt(OptOps.UPCAST, 0, rows)]
-    try: kernel.copy().apply_opts(ret)
+    try:
+      tc = kernel.copy().apply_opts([Opt(OptOps.TC, 0, 2)]).tc  # the matmul's dims of A's rows and B's columns (after a split of K)
+      ret = [Opt(OptOps.TC, 0, 2), Opt(OptOps.UPCAST, tc.col, cols), *([Opt(OptOps.UPCAST, tc.row, rows)] if rows > 1 else [])]
+      kernel.copy().apply_opts(ret)
     except KernelOptError: return opts
     return ret
   return wgmma
@@ -250,8 +252,9 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_arg("TC", 1)),
   ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 0))),
   ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 1))),
-  ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile, K tiles of 64 in shared memory", _wgmma(2, 4)),
-  ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile, K tiles of 64 in shared memory", _wgmma(2, 4)),
+  ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile (m64n64k16 x 2), K tiles of 64 in shared memory", _wgmma(2, 4)),
+  ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
+  ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
   ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_arg("STAGE", 8)),
   ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched),

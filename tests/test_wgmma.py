@@ -242,19 +242,22 @@ WGMMA_CASES = [  # (A transposed, B transposed, M, N, K, opts after TC 2): its K
   (True, False, 64, 32, 96, [Opt(OptOps.UPCAST, 1, 2)]),
   (False, True, 128, 64, 64, [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 2)]),
   (True, True, 64, 16, 128, [Opt(OptOps.PREFETCH, 0, 0)]),
-  (False, False, 64, 64, 16, [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.UPCAST, 1, 4)])]
+  (False, False, 64, 64, 16, [Opt(OptOps.SWAP, 0, 1), Opt(OptOps.UPCAST, 1, 4)]),
+  (False, True, 128, 64, 32, [Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)])]
+WIDTHS = [16, 32, 16, 16, 64, 32]  # each case's wgmma N: 16 x the UPCAST of B's columns right after TC's 16 (the first one)
 
 
 @pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("ta, tb, m, n, k, opts", WGMMA_CASES)
 def test_tc_wgmma_matmul_matches_numpy(dt: DType, ta: bool, tb: bool, m: int, n: int, k: int, opts: list[Opt]) -> None:
-  """TC's arg 2 on EMU with sm_90's caps: the staged tiles laid out as wgmma's core matrices, one m64n16k16 a 16 x 16 output tile of each
-  warp and K step (UPCAST: more of them), matching NumPy."""
+  """TC's arg 2 on EMU with sm_90's caps: the staged tiles laid out as wgmma's core matrices, one m64nNk16 a K step for each run of
+  UPCAST's 16 x 16 tiles along B's columns (N = 16 x their count), matching NumPy."""
   with emu_arch("sm_90"):
     out, ref = matmul(dt, ta, tb, m, n, k)
     kernel, buf = tc2_kernel(out, opts)
     src = Device["EMU"].renderer.render(kernel)
-    assert "tt_wgmma_m64n16k16(acc0, tt_wgmma_desc(" in src and "tt_ldmatrix" not in src and kernel.launch_dims[1] == 128
+    wide = WIDTHS[[c[5] for c in WGMMA_CASES].index(opts)]
+    assert f"tt_wgmma_m64n{wide}k16(accw0, tt_wgmma_desc(" in src and "tt_ldmatrix" not in src and kernel.launch_dims[1] == 128
     close(run_emu(kernel, buf), ref)
 
 

@@ -386,11 +386,14 @@ class CUDARenderer(_GPURenderer):
       return (f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16"
               + (", mg = lane / 4, mt = lane % 4;" if kind != "wmma" else ";"))
     if kind == "wgmma" and what in ("proxy", "fence", "wait"): return f"tt_wgmma_{what}();"
+    if kind == "wgmma" and what == "accs":  # one array of the wgmma's D, each tile's 8 floats of it named as mma.sync's acc
+      js = arg[0]
+      return f"float accw{js[0]}[{8 * len(js)}] = {{}}; float " + ", ".join(f"*acc{j} = accw{js[0]} + {8 * i}" for i, j in enumerate(js)) + ";"
     if kind == "wgmma" and what == "mma":  # the descriptors' leading offset: K's next core matrix, 128 bytes on (_Lowerer.tile_offset)
-      j, ta, sa, tb, sb, _ = arg
+      js, ta, sa, tb, sb, _ = arg
       def desc(tile: str, src: UOp, sbo: int) -> str:
         return f"tt_wgmma_desc((unsigned)__cvta_generic_to_shared({tile}+{self.index(src, at.index)}), 128, {sbo})"
-      return f"tt_wgmma_m64n16k16(acc{j}, {desc(ta, u.src[0], sa)}, {desc(tb, u.src[1], sb)});"
+      return f"tt_wgmma_m64n{16 * len(js)}k16(accw{js[0]}, {desc(ta, u.src[0], sa)}, {desc(tb, u.src[1], sb)});"
     if kind in ("mma", "wgmma") and what != "sync": return self.mma(u, at, what, arg)
     if what == "acc": return f"wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{arg[0]}; wmma::fill_fragment(acc{arg[0]}, 0.0f);"
     if what == "fragment":
@@ -479,8 +482,9 @@ class CUDARenderer(_GPURenderer):
 
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
-    mma = "" if k.tc is None else self.wgmma_prelude(k.tc.a.dtype, 16) if k.tc.wgmma else self.mma_prelude(k.tc.a.dtype) if k.tc.mma \
-      else "#include <mma.h>\nusing namespace nvcuda;\n"
+    tc = k.tc
+    mma = "" if tc is None else self.wgmma_prelude(tc.a.dtype, 16 * k.wgmma_cols()[1]) if tc.wgmma else self.mma_prelude(tc.a.dtype) \
+      if tc.mma else "#include <mma.h>\nusing namespace nvcuda;\n"
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \

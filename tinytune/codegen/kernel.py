@@ -451,6 +451,14 @@ class Kernel:
       return u.op not in (Ops.REDUCE, Ops.GATHER) and all(red not in s.toposort or direct(s) for s in u.src)
     return None if direct(self.ast) else "the output reads the reduce through a view that reorders it"
 
+  def wgmma_cols(self) -> tuple[int, int]:
+    """TC's arg 2: (axis, size) of the UPCAST part of B's columns right after TC's 16, whose tiles one m64nNk16 computes side by side
+    (N = 16 x size, at most 256); (-1, 1) where there is none."""
+    tc = self.tc
+    if tc is None or not tc.wgmma: return -1, 1
+    return next(((i, a.size) for i, a in enumerate(self.axes) if a.kind is AxisKind.UPCAST and a.dim == tc.col and a.stride == TC_SIZE
+                 and a.size * TC_SIZE <= 256), (-1, 1))
+
   def tc_shared(self, grow: int = 1) -> int:
     """The shared memory TC's accumulator tiles take: 256 floats a warp (with LOCAL about to grow by `grow`)."""
     return self.sizes_of(AxisKind.LOCAL) * grow * 1024 if self.tc is not None else 0

@@ -28,7 +28,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done, "commit_group" and ("wait_group", n): PTX cp.async's, see StoreArg.cp_async),
 #   WMMA (src; "wmma", "mma" or "wgmma", what, ...): a GPU's tensor core statements (the API, PTX mma.sync, or sm_90a's wgmma from shared
-#   tiles: ("wgmma", "mma", acc, A's tile, its stride offset, B's tile, its stride offset, dtype) with src the tiles' element offsets); the
+#   tiles: ("wgmma", "accs", tiles) the accumulators of the tiles that one wgmma computes side by side, ("wgmma", "mma", tiles, A's tile,
+#   its stride offset, B's tile, its stride offset, dtype) with src the tiles' element offsets); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -919,7 +920,11 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   out.append(wmma("ids"))
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
   tiles = lw.instances((AxisKind.UPCAST,))
-  out += [wmma("acc", j) for j in range(len(tiles))]
+  # wgmma: the tiles side by side along B's columns (Kernel.wgmma_cols) are one m64nNk16, their accumulators one array of its D
+  wide = k.wgmma_cols()
+  runs: dict[tuple[tuple[int, UOp], ...], list[int]] = {}
+  for j, tile in enumerate(tiles): runs.setdefault(tuple((i, v) for i, v in tile.items() if i != wide[0]), []).append(j)
+  out += [wmma("accs", tuple(js)) for js in runs.values()] if tc.wgmma else [wmma("acc", j) for j in range(len(tiles))]
   frags: dict[tuple[str, object, UOp], str] = {}
   body: list[UOp] = []
   wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
@@ -947,10 +952,10 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       return name, lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(warp0)) for d, _ in tile}), tile[0][1] * 16
     body.append(wmma("fence"))
     for unroll in lw.instances((AxisKind.UNROLL,)):
-      for j, tile in enumerate(tiles):
-        dims = lw.dims({**tile, **unroll})
+      for js in runs.values():
+        dims = lw.dims({**tiles[js[0]], **unroll})
         (ta, oa, sa), (tb, ob, sb) = desc(tc.a, dims), desc(tc.b, dims)
-        body.append(wmma("mma", j, ta, sa, tb, sb, tc.a.dtype, src=(oa, ob)))
+        body.append(wmma("mma", tuple(js), ta, sa, tb, sb, tc.a.dtype, src=(oa, ob)))
     body.append(wmma("wait"))
   for unroll in lw.instances((AxisKind.UNROLL,)) if not tc.wgmma else ():
     for j, tile in enumerate(tiles):

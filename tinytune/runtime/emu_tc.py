@@ -264,7 +264,10 @@ class TensorCores:
     return store
 
   # ***** arg 2: wgmma, a warpgroup's, from the staged tiles in shared memory *****
-  def wgmma_acc(self, u: Node, j: int) -> Fn: return self.mma_acc(u, j)
+  def wgmma_accs(self, u: Node, js: tuple[int, ...]) -> Fn:
+    def accs(s: _Run) -> None: s.env.update({f"acc{j}": np.zeros((s.n, 8), np.float32) for j in js})
+    return accs
+
   def wgmma_store(self, u: Node, j: int) -> Fn: return self.mma_store(u, j)
 
   def wgmma_proxy(self, u: Node) -> Fn:
@@ -281,8 +284,9 @@ class TensorCores:
     def wait(s: _Run) -> None: warpgroups(s, "wgmma.wait_group")
     return wait
 
-  def wgmma_mma(self, u: Node, j: int, ta: str, sa: int, tb: str, sb: int, dt: DType) -> Fn:
-    """tt_wgmma_m64n16k16(acc, desc(ta + a, 128, sa), desc(tb + b, 128, sb)): each operand's descriptor packed from its byte address
+  def wgmma_mma(self, u: Node, js: tuple[int, ...], ta: str, sa: int, tb: str, sb: int, dt: DType) -> Fn:
+    """tt_wgmma_m64n{16 len(js)}k16(accw, desc(ta + a, 128, sa), desc(tb + b, 128, sb)), D the tiles' accumulators js side by side (8
+    floats each), each operand's descriptor packed from its byte address
     (the array's first byte at shared address 0) and offsets, decoded by the ISA's table into the elements it names; the warpgroup's
     128 lanes read them together."""
     base_a, base_b = self.prog.expr(u.src[0]), self.prog.expr(u.src[1])
@@ -297,10 +301,10 @@ class TensorCores:
       on = warpgroups(s, "wgmma.mma_async")
       first = np.zeros(s.n, bool)
       first[np.flatnonzero(on) * WARPGROUP] = True
-      A, B = operand(s, ta, base_a, sa, 64, on, first), operand(s, tb, base_b, sb, 16, on, first)
-      acc, lanes = s.env[f"acc{j}"].copy(), np.repeat(on, WARPGROUP)
-      acc[lanes] = wgmma_product(acc[lanes].reshape(-1, WARPGROUP, 8), A, B).reshape(-1, 8)
-      s.env[f"acc{j}"] = acc
+      A, B = operand(s, ta, base_a, sa, 64, on, first), operand(s, tb, base_b, sb, 16 * len(js), on, first)
+      acc, lanes = np.concatenate([s.env[f"acc{j}"] for j in js], axis=1), np.repeat(on, WARPGROUP)
+      acc[lanes] = wgmma_product(acc[lanes].reshape(-1, WARPGROUP, 8 * len(js)), A, B).reshape(-1, 8 * len(js))
+      for i, j in enumerate(js): s.env[f"acc{j}"] = acc[:, 8 * i:8 * i + 8]
     return mma
 
   # ***** arg 0: the wmma API, a warp's fragment kept as its whole tile *****
