@@ -215,6 +215,25 @@ def _prefetched(kernel: Any, opts: list) -> list:
   return _with_arg("STAGE", 8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
 
 
+def _pipelined(stages: int, change: Callable[[Any, list], list] = lambda kernel, opts: opts) -> Callable[[Any, list], list]:
+  """`change`'s opts with STAGE's copies made by cp.async into a ring of `stages` shared buffers (PIPELINE)."""
+  def pipelined(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import Opt, OptOps
+    return [*change(kernel, opts), Opt(OptOps.PIPELINE, 0, stages)]
+  return pipelined
+
+
+def _mma_staged(m_fragments: int = 0) -> Callable[[Any, list], list]:
+  """TC as mma.sync from swizzled K tiles of 32 in shared memory (STAGE 2): the default's warps and fragments (`m_fragments` a warp
+  along M where given) without its UNROLL, which would make the K tile 64."""
+  def staged(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import Opt, OptOps
+    tiles = [Opt(o.op, 0, m_fragments) if m_fragments and o.op is OptOps.UPCAST and o.axis == 0 else o
+             for o in _with_arg("TC", 1)(kernel, opts) if o.op is not OptOps.UNROLL]
+    return [*tiles, Opt(OptOps.STAGE, 0, 2)]
+  return staged
+
+
 def _reserve(kernel: Any, opts: list) -> list:
   """The plan the heuristics hold in reserve beside an unmeasured default's (heuristic.alternative_opts), else the default's."""
   from tinytune.codegen.heuristic import alternative_opts
@@ -230,7 +249,12 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 1))),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
   ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_arg("STAGE", 8)),
-  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched)]
+  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched),
+  # cp.async (PIPELINE), unmeasured: 48 KB of static shared memory holds 2 stages of 128x128 16-bit tiles with K 32, 3 of 64x128
+  ("float16", "TC as mma.sync from swizzled K tiles of 32 (STAGE 2, no UNROLL) in 2 cp.async stages (PIPELINE 2)", _pipelined(2, _mma_staged())),
+  ("float16", "the same in 64x128 tiles (2 fragments a warp along M) in 3 cp.async stages (PIPELINE 3)", _pipelined(3, _mma_staged(2))),
+  ("float32", "the default's K tiles of 16 in 2 cp.async stages (PIPELINE 2; 107 registers on sm_90)", _pipelined(2)),
+  ("float32", "K tiles of 8 in 3 cp.async stages (STAGE 8, PIPELINE 3; 127 registers on sm_90)", _pipelined(3, _with_arg("STAGE", 8)))]
 
 
 def variants(suite: Suite, dev: str) -> None:

@@ -1,6 +1,8 @@
 """Lowering: a kernel with its opts as a linear program of UOps (codegen/lower.py), and renderers that spell every statement of it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,7 @@ def programs() -> list[tuple[str, LinearProgram, Kernel]]:
     ("cpu", kernel((x.bitcast(dtypes.int32) + 1).sum(-1), CPU, [])),
     ("gpu", kernel(a @ b, GPU, [Opt(U, 1, 4), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUPTOP, 0, 4)])),
     ("tc", kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0), Opt(OptOps.LOCAL, 0, 2)])),
+    ("tc", kernel(a @ b, replace(GPU, async_copy=True), [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 4), Opt(OptOps.PIPELINE, 0, 2)])),  # cp.async
     ("cpu", kernel(arr(8, 16, dtype=BF16) @ arr(16, 8, dtype=BF16), CPU_BF16, [Opt(OptOps.TC, 0, 0), Opt(U, 1, 8)])),
   ]
   return [(where, lower(k, CRenderer() if where == "cpu" else CUDARenderer()), k) for where, k in cases]
@@ -121,7 +124,7 @@ def test_every_statement_kind_is_lowered_and_spelled_by_every_renderer() -> None
   made = programs()
   assert {u.op for _, p, _ in made for u in p.uops} >= STATEMENTS - ALU  # the ALU ops are one table, the renderers' code_table
   for r in RENDERERS:
-    assert STATEMENTS - {Ops.WMMA} <= set(r.statements), type(r).__name__
+    assert STATEMENTS - {Ops.WMMA, Ops.COPY} <= set(r.statements), type(r).__name__  # tensor cores and cp.async: CUDA's (and HIP's WMMA)
     for where, p, k in made:
       if where == "tc" and not isinstance(r, CUDARenderer): continue
       if where == "cpu" and not isinstance(r, CRenderer): continue

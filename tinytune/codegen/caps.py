@@ -20,6 +20,7 @@ class DeviceCaps:
   l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
   l2_bytes: int = 1 << 20
   gpu: bool = False  # a GPU, whose shared memory is on chip (pocl's CPU device runs workgroups, with shared memory in ordinary memory)
+  async_copy: bool = False  # cp.async (CUDA, sm_80+): PIPELINE's copies of STAGE's tiles to shared memory, in flight while the compute runs
 
 
 CUDA_ARCHS = ("sm_80", "sm_90")  # the architectures whose caps a device without the GPU (EMU) can take
@@ -30,7 +31,8 @@ def cuda_caps(arch: str, max_local: int = 1024) -> DeviceCaps:
   `max_local` is the GPU's threads per block (1024 on every architecture since sm_20)."""
   major, minor = divmod(int(arch.removeprefix("sm_")), 10)
   return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=48 * 1024,
-                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else (), gpu=True)
+                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else (), gpu=True,
+                    async_copy=major >= 8)
 
 
 def amd_caps(arch: str, max_local: int = 1024, shared_bytes: int = 64 * 1024) -> DeviceCaps:

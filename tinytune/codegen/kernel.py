@@ -192,6 +192,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
+    self.stages = 1  # PIPELINE: STAGE's tiles in a ring of this many shared buffers, filled by cp.async
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
     self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
@@ -286,8 +287,21 @@ class Kernel:
     if op is OptOps.PREFETCH:
       check(opt.axis == 0 and arg == 0, "PREFETCH takes axis 0 and arg 0")
       check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PREFETCH needs STAGE with more than one K tile")
-      check(not self.prefetch, "one PREFETCH opt per kernel")
+      check(not self.prefetch and self.stages == 1, "one PREFETCH opt per kernel, not with PIPELINE")
       self.prefetch = True
+      self.opts.append(opt)
+      return
+    if op is OptOps.PIPELINE:
+      check(opt.axis == 0 and 2 <= arg <= 8, "PIPELINE takes axis 0 and 2 to 8 stages")
+      check(self.caps.async_copy, "PIPELINE is cp.async, CUDA's on sm_80 and later: on HIP and OpenCL STAGE copies its tiles with plain loads "
+            "and stores (PREFETCH overlaps them with the compute)")
+      check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PIPELINE needs STAGE with more than one K tile")
+      check(self.stages == 1 and not self.prefetch, "one PIPELINE opt per kernel, not with PREFETCH")
+      check(self.tc is None or self.tc.mma, "PIPELINE with TC needs TC's arg 1 (mma.sync): wmma's tiles hold A transposed, which cp.async "
+            "cannot copy")
+      check((need := self.stage_bytes() * arg + self.tc_shared()) <= self.caps.shared_bytes,
+            f"PIPELINE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+      self.stages = arg
       self.opts.append(opt)
       return
     if op is OptOps.STREAM:
@@ -443,15 +457,29 @@ class Kernel:
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
-      ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
+      if self.tc is not None and self.tc.mma:  # ldmatrix reads and cp.async writes 16-byte rows: the tile in memory's order, swizzled
+        dims = [dn for dn in dims if dn[0] != fastest] + [dn for dn in dims if dn[0] == fastest]
+        row = dims[-1][1] * view.dtype.itemsize
+        ret.append((view, dims, 16 // view.dtype.itemsize if row % 32 == 0 and swizzle_line(row) == 0 else 0))
+      else: ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:
-    """The shared memory of the staged tiles (with a split of `grow` about to be made along `dim`)."""
-    return sum(prod(n for _, n in dims[:-1]) * (dims[-1][1] + pad) * view.dtype.itemsize for view, dims, pad in self.stage_tiles(dim, grow))
+    """The shared memory of the staged tiles (with a split of `grow` about to be made along `dim`), PIPELINE's ring of them."""
+    tiles = self.stage_tiles(dim, grow)
+    return self.stages * sum(prod(n for _, n in dims[:-1]) * (dims[-1][1] + pad) * view.dtype.itemsize for view, dims, pad in tiles)
 
   def __repr__(self) -> str:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
+
+
+def swizzle_line(row: int) -> int:
+  """The bytes of a swizzled tile's line for rows of `row` bytes (0: not swizzled). Eight rows at one 16-byte column (a warp's ldmatrix
+  matrix, read in one pass) hit all 32 banks where the rows' 16-byte chunks (2, 4, or a multiple of 8 a row) are XORed with the line's
+  index: the 128 bytes of one row (or of the rows in 128 bytes) a line, chunk c of line i at c ^ (i % 8). Rows of an odd number of chunks
+  are conflict-free as they are; other even ones are padded by one chunk (Kernel.stage_tiles), which makes them odd."""
+  chunks = row // 16 if row % 16 == 0 else 0
+  return 128 if chunks in (2, 4) else row if chunks and chunks % 8 == 0 else 0
 
 
 CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
@@ -475,4 +503,5 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
       ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0),
+                *(Opt(OptOps.PIPELINE, 0, s) for s in (2, 3, 4))]

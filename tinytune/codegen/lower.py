@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol
 
-from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel
+from tinytune.codegen.kernel import LOOPS, AxisKind, Kernel, swizzle_line
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
@@ -26,7 +26,9 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done), WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
+#   streaming stores done, "commit": the thread's COPYs so far are a group, ("wait", n): all but its newest n groups are done),
+#   COPY (dst, src, valid, guard; CopyArg): where guard holds, an asynchronous copy (cp.async) to shared memory, zeros where not valid,
+#   WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -36,7 +38,7 @@ TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
 # statements that define a named value: arg is (name, width) (width 1: a scalar, else a native vector), DEFINE_ACC adds its reduce op
 VALUES = ALU | {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR}
-STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
+STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA, Ops.COPY}
 CMP = {Ops.CMPLT, Ops.CMPNE}
 ROW_KEPT = TRANSCENDENTAL | {Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
@@ -87,6 +89,20 @@ class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modul
   id: str
   divisor: int
   modulus: int
+
+
+class CopyArg(NamedTuple):  # COPY
+  nbytes: int  # 4, 8 or 16
+  dst: str  # the shared array
+  src: int  # the kernel's argument
+
+
+class StagedTile(NamedTuple):  # STAGE: a staged input's tile in shared memory
+  name: str
+  dims: list[tuple[int, int]]  # (dim, extent), outermost first (Kernel.stage_tiles)
+  strides: list[int]
+  size: int  # elements of one K tile: PIPELINE's ring holds Kernel.stages of them
+  line: int  # elements of a swizzled line (kernel.swizzle_line; 0: not swizzled): 16-byte chunk c of line i is at c ^ (i % 8)
 
 
 class LocalArg(NamedTuple):  # DEFINE_LOCAL
@@ -250,9 +266,17 @@ class LoopNest:
     """STAGE's loop of K tiles around `body` (the loops in a tile): each iteration copies the tiles to shared memory (`copies`:
     loads and stores) between two barriers, the copy waiting until every thread is done reading the last tile, the reads until
     the copy is whole. With PREFETCH (two copies: the first tile's and the next's) the first tile is copied before the loop, and
-    each iteration loads the next into registers before the compute and stores it after (the loads' latency behind the compute)."""
+    each iteration loads the next into registers before the compute and stores it after (the loads' latency behind the compute).
+    With PIPELINE (S stages: S-1 copies before the loop, one in it) the copies are cp.async groups into a ring of S buffers: the first
+    S-1 tiles' before the loop (a group each, empty past the last tile), and each iteration waits for its tile's group (all but the
+    newest S-2), meets the others at one barrier (after which every thread is done reading the buffer of the tile before, which the
+    copy of the tile S-1 ahead then fills) and issues that copy as a group before computing."""
     tiles = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
     (loads, stores), barrier = copies[0], stmt(Ops.BARRIER)
+    if (stages := self.k.stages) > 1:
+      commit, (ahead_loads, ahead_stores) = stmt(Ops.BARRIER, arg="commit"), copies[-1]
+      first = [u for ld, st in copies[:-1] for u in (*ld, *st, stmt(Ops.BARRIER, arg="commit"))]
+      return first + self.nest([tiles], [stmt(Ops.BARRIER, arg=("wait", stages - 2)), barrier, *ahead_loads, *ahead_stores, commit, *body])
     if len(copies) == 1: return self.nest([tiles], [*loads, *stores, barrier, *body, stmt(Ops.BARRIER)])
     (next_loads, next_stores) = copies[1]
     return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
@@ -330,11 +354,13 @@ class _Lowerer:
     self.in_body = False
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
-    # STAGE: each staged input's shared array, its tile's dims (outermost first, see Kernel.stage_tiles) and the array's strides
-    self.staged: dict[UOp, tuple[str, list[tuple[int, int]], list[int]]] = {}
+    # STAGE: each staged input's tile in shared memory (mma.sync's swizzled, see Kernel.stage_tiles)
+    self.staged: dict[UOp, StagedTile] = {}
     if target.has_local and any(a.kind is AxisKind.STAGE for a in k.axes):
       for j, (view, dims, pad) in enumerate(k.stage_tiles()):
-        self.staged[view] = (f"tile{j}", dims, list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad))))
+        strides = list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad)))
+        line = swizzle_line(dims[-1][1] * view.dtype.itemsize) // view.dtype.itemsize if k.tc is not None and k.tc.mma and not pad else 0
+        self.staged[view] = StagedTile(f"tile{j}", dims, strides, dims[0][1] * strides[0], line)
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
     # combined after the loop
@@ -502,18 +528,29 @@ class _Lowerer:
     return [linear_sum(dtypes.int64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0, self.simplified)
             for d in range(len(k.sizes))]
 
-  def tile_offset(self, view: UOp, at: dict[int, UOp]) -> UOp:
-    """Where the element at tile coordinates `at` (dim -> index in the tile) is in the view's shared array."""
-    _, dims, strides = self.staged[view]
-    return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(dims, strides)], 0, self.simplified)
+  @functools.cached_property
+  def stage_axis(self) -> int: return next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
+
+  def tile_offset(self, view: UOp, at: dict[int, UOp], tile: UOp | None = None) -> UOp:
+    """Where the element at tile coordinates `at` (dim -> index in the tile) of K tile `tile` (the loop's where None) is in the view's
+    shared array, before the swizzle: with PIPELINE, in the ring's buffer tile % stages."""
+    t, stages = self.staged[view], self.k.stages
+    slot = [] if stages == 1 else [((self.nesting.vars[self.stage_axis] if tile is None else tile) % stages, t.size)]
+    return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(t.dims, t.strides)] + slot, 0, self.simplified)
+
+  def swizzle(self, view: UOp, off: UOp) -> UOp:
+    """A tile's element offset where it is stored: the 16-byte chunk XORed with its line's index (see StagedTile.line)."""
+    t = self.staged[view]
+    if not t.line: return off
+    return self.simplify(off.alu(Ops.XOR, off // t.line % 8 * (16 // view.dtype.itemsize)))
 
   def tile_read(self, view: UOp) -> Val:
     """A staged input's value at the dims add() reads, from its tile (by the dims unclamped: the copy clamped them). A float32 read along the
     tile's rows but not the lanes (A's rows of a register tile, A transposed in shared memory) takes the aligned 16-byte vector
     around it, once per reduce body, where the thread's register part along the row is whole vectors."""
-    name, dims, _ = self.staged[view]
+    name, dims = self.staged[view][:2]
     wg = {v: UOp.const(dtypes.int64, 0) for part in self.workgroup_parts for v in part.vars}
-    off = self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims})
+    off = self.swizzle(view, self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims}))
     row, w = dims[-1][0], self.width
     if w == 4 and view.dtype == dtypes.float32 and not self.lane_dep(off) and \
        any(a.kind is AxisKind.UPCAST and a.dim == row and a.stride == 1 and a.size % w == 0 for a in self.k.axes):
@@ -525,43 +562,72 @@ class _Lowerer:
     return self.memo[key]
 
   def stage_copies_all(self) -> Copies:
-    """STAGE's copies (see LoopNest.staged): the loop's tile, or with PREFETCH the first tile and the loop's next; none without STAGE."""
+    """STAGE's copies (see LoopNest.staged): the loop's tile; with PREFETCH the first tile and the loop's next; with PIPELINE the
+    first stages-1 tiles (none past the last) and the loop's tile stages-1 ahead. None without STAGE."""
     if not self.staged: return ()
-    return (self.stage_copies("first"), self.stage_copies("next")) if self.k.prefetch else (self.stage_copies("loop"),)
+    k, var = self.k, self.nesting.vars[self.stage_axis]
+    n, zero = k.axes[self.stage_axis].size, UOp.const(dtypes.int64, 0)
+    self.decls += [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(t.name, t.size * k.stages, k.tc is not None), dtype=view.dtype)
+                   for view, t in self.staged.items()]
+    if k.stages > 1:
+      ahead = self.simplify(var + (k.stages - 1))
+      first = [self.stage_copies(UOp.const(dtypes.int64, j), TRUE) if j < n else ([], []) for j in range(k.stages - 1)]
+      return (*first, self.stage_copies(ahead, self.simplify(ahead.lt(n))))
+    if k.prefetch: return (self.stage_copies(zero, TRUE), self.stage_copies(self.simplify(var + 1), self.simplify(var.lt(n - 1))))
+    return (self.stage_copies(var, TRUE),)
 
-  def stage_copies(self, tile: str) -> tuple[list[UOp], list[UOp]]:
-    """The loads and the stores by which a workgroup's threads copy each staged input's tile for one K tile to shared memory: the
-    tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
-    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. The K tile is the loop's
-    (`tile` "loop"), the first ("first"), or the loop's next, none after the last ("next": PREFETCH's)."""
+  def stage_copies(self, tile: UOp, exists: UOp) -> tuple[list[UOp], list[UOp]]:
+    """The loads and the stores by which a workgroup's threads copy each staged input's K tile `tile` (where `exists`) to shared memory:
+    the tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
+    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. With PIPELINE the stores are
+    cp.async COPYs (no loads): 16 bytes where a chunk is contiguous and 16-byte aligned in memory and in the tile, else an element
+    each (16-bit elements, which cp.async cannot copy alone: a load and a store)."""
     k, n = self.k, self.k.launch_dims[1]
     loads, stores = list[UOp](), list[UOp]()
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
-    tiles = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
-    var, at_tile, last = self.nesting.vars[tiles], dict[UOp, UOp](), TRUE
-    if tile == "first": at_tile = {var: UOp.const(dtypes.int64, 0)}
-    if tile == "next": at_tile, last = {var: var + 1}, self.simplify(var.lt(k.axes[tiles].size - 1))
-    for view, (name, dims, strides) in self.staged.items():
-      if tile != "next": self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0], k.tc is not None), dtype=view.dtype))
-      st = view.arg.strides
-      order = sorted(dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
-      fast = order[0][0]
-      w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
+    var = self.nesting.vars[self.stage_axis]
+    at_tile = {var: tile} if var.op is Ops.VAR else {}
+    chunk_lane = UOp.var("chunk_lane", 0, 15)
+    for view, t in self.staged.items():
+      st, size, buf = view.arg.strides, view.dtype.itemsize, self.bufs[view.src[0].arg]
+      order = sorted(t.dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
+      fast, run = order[0][0], 16 // size
+      if k.stages > 1: w = run if st[fast] == 1 and t.dims[-1][0] == fast and order[0][1] % run == 0 else 1
+      else: w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
+      lane = chunk_lane if k.stages > 1 else self.lane
       counts = [size // w if d == fast else size for d, size in order]
       for j in range(-(-prod(counts) // n)):
         rest = e = self.simplify(lid + j * n)
-        guard = last if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(last))
+        guard = exists if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(exists))
         at: dict[int, UOp] = {}
         for i, ((d, _), c) in enumerate(zip(order, counts)):
           at[d] = self.simplify(rest if i == len(order) - 1 else rest % c)
           rest = self.simplify(rest // c)
-        if w > 1: at[fast] = self.simplify(at[fast] * w + self.lane)
+        if w > 1: at[fast] = self.simplify(at[fast] * w + lane)
         idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d].substitute(at_tile) + at.get(d, 0))) for d in range(len(k.sizes)))
         off, valid, _ = self.view_index(view, idx)
-        self.lines = loads
-        val = self.read(view.dtype, self.bufs[view.src[0].arg], off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
-        self.lines = stores
-        self.store(val, self.tile_offset(view, at), guard, name, view.dtype)
+        dst = self.tile_offset(view, at, tile)
+        if k.stages == 1:
+          self.lines = loads
+          val = self.read(view.dtype, buf, off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
+          self.lines = stores
+          self.store(val, self.swizzle(view, dst), guard, t.name, view.dtype)
+          continue
+        first = {chunk_lane: UOp.const(dtypes.int64, 0)}
+        off0, dst0 = self.simplify(off.substitute(first)), self.simplify(dst.substitute(first))
+        if w > 1 and self.simplify(off - off0) is chunk_lane and chunk_lane not in valid.vars and self.simplify(off0 % w).arg == 0 \
+           and self.simplify(dst0 % w).arg == 0:
+          stores.append(stmt(Ops.COPY, self.swizzle(view, dst0), off0, valid, guard, arg=CopyArg(16, t.name, buf), dtype=view.dtype))
+          continue
+        for c in range(w):  # element by element
+          at_c = {chunk_lane: UOp.const(dtypes.int64, c)}
+          off_c, valid_c, dst_c = (self.simplify(x.substitute(at_c)) for x in (off, valid, dst))
+          if size >= 4:
+            stores.append(stmt(Ops.COPY, self.swizzle(view, dst_c), off_c, valid_c, guard, arg=CopyArg(size, t.name, buf), dtype=view.dtype))
+          else:
+            self.lines = stores
+            val = self.read(view.dtype, buf, off_c, self.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
+            self.store(val, self.swizzle(view, dst_c), guard, t.name, view.dtype)
     return loads, stores
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
@@ -855,8 +921,9 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
     buf: int | str = lw.bufs[view.src[0].arg]
-    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory, K its outer dim (Kernel.stage_tiles)
-      buf, tile, strides = lw.staged[view]
+    line = 0
+    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory (Kernel.stage_tiles; mma.sync's in memory's order, swizzled)
+      buf, tile, strides, _, line = lw.staged[view]
       off = lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(wg)) for d, _ in tile})
       st = {d: s for (d, _), s in zip(tile, strides)}
       i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
@@ -867,7 +934,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       body.append(wmma("fragment", name, which, view.dtype, layout))
       # mma.sync from shared memory takes ldmatrix, whose rows of 8 elements must start 16-byte aligned (the array is 32-byte aligned)
       r = lw.simplify(off % 8)
-      rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0,) if tc.mma else ()
+      rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0, line) if tc.mma else ()
       body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):

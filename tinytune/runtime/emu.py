@@ -43,9 +43,9 @@ class EmuError(RuntimeError):
 
 
 def emu_caps(arch: str) -> DeviceCaps:
-  """The CUDA GPU's caps for `arch`, less the tensor cores EMU does not emulate yet (mma.sync comes with the tensor-core work)."""
+  """The CUDA GPU's caps for `arch`, less the tensor cores and cp.async EMU does not emulate yet (they come with the tensor-core work)."""
   if arch not in CUDA_ARCHS: raise ValueError(f"TINYTUNE_EMU_ARCH={arch!r}: EMU emulates {' or '.join(CUDA_ARCHS)}")
-  return dataclasses.replace(cuda_caps(arch), tensor_cores=())
+  return dataclasses.replace(cuda_caps(arch), tensor_cores=(), async_copy=False)
 
 
 # ***** the renderer: CUDA's, keeping each source's lowered program for compile *****
