@@ -1,7 +1,7 @@
 """PIPELINE: STAGE's tiles copied by cp.async into a ring of shared buffers, and mma.sync's 16-bit tiles swizzled. Without a GPU: the
 CUDA source run on the host (test_mma_on_host's shim, where a cp.async lands at the wait_group that lets it, the latest a GPU may),
 the shared-memory addresses of each warp-wide ldmatrix and cp.async counted bank by bank, the opt's checks, and nvcc's compile for
-sm_80 and sm_90 with its register and spill figures; with a GPU, the same kernels on it."""
+sm_80 and sm_90 with its register and spill figures, and EMU; with a GPU, the same kernels on it."""
 from __future__ import annotations
 
 import ctypes
@@ -213,12 +213,17 @@ def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) ->
       assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)
 
 
-@pytest.mark.skipif(device_status("CUDA") is not None, reason=f"CUDA: {device_status('CUDA')}")
+PIPELINE_DEVICES = [d for d in ("EMU", "CUDA") if device_status(d) is None]
+
+
+@pytest.mark.parametrize("device", PIPELINE_DEVICES)
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_pipelined_matmul_on_a_cuda_gpu(case: int) -> None:
-  """The same kernels on an NVIDIA GPU (sm_80 or later), where the hardware's cp.async and ldmatrix check the host's shim."""
+def test_pipelined_matmul_on_a_device(device: str, case: int) -> None:
+  """The same kernels on EMU (the lowered program in NumPy: 16-bit ones where its caps take TC) and on an NVIDIA GPU (sm_80 or later),
+  where the hardware's cp.async and ldmatrix check the host's shim."""
   m, kk, n, dtype, tb, opts = CASES[case]
-  kernel, item, ref, _ = matmul(m, kk, n, dtype, tb, caps=Device["CUDA"].caps, device="CUDA")
-  program, _ = compile_kernel(kernel.apply_opts(opts), "CUDA")
+  if dtype.is_half and dtype.name not in Device[device].caps.tensor_cores: pytest.skip(f"{device} has no tensor cores for {dtype.name}")
+  kernel, item, ref, _ = matmul(m, kk, n, dtype, tb, caps=Device[device].caps, device=device)
+  program, _ = compile_kernel(kernel.apply_opts(opts), device)
   program(item.out, *kernel.bufs)
   np.testing.assert_allclose(item.out.numpy_view().reshape(m, n).astype(np.float32), ref, rtol=1e-2, atol=1e-2)

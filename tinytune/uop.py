@@ -28,7 +28,6 @@ class Ops(Enum):
   RANGE = auto(); ENDRANGE = auto(); IF = auto(); ELSE = auto(); ENDIF = auto(); EXIT = auto()  # noqa: E702
   DEFINE_ACC = auto(); ASSIGN = auto(); LOAD = auto(); STORE = auto(); VECTORIZE = auto(); GEP = auto(); FOLD = auto()  # noqa: E702
   SPECIAL = auto(); DEFINE_VAR = auto(); INRANGE = auto(); DEFINE_LOCAL = auto(); CELL = auto(); BARRIER = auto(); WMMA = auto()  # noqa: E702
-  COPY = auto()
   __hash__ = object.__hash__  # members are singletons; enum's own hash is a python call, and UOps hash their op on every construction
 
 

@@ -237,7 +237,7 @@ class CStyleRenderer:
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
   def store_stmt(self, u: UOp, at: _At) -> str:
-    (idx, val, guard), (w, buf, stream) = u.src, u.arg
+    (idx, val, guard), (w, buf, stream) = u.src, u.arg[:3]
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
     vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see clib.STREAM16
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
@@ -444,13 +444,16 @@ class CUDARenderer(_GPURenderer):
                       '    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])\n'
                       '    : "r"((unsigned)__cvta_generic_to_shared(row))); }\n' for t in ("", "_trans")))
   def sync(self, arg: object) -> str:
-    if arg == "commit": return "tt_cp_commit();"
-    return f"tt_cp_wait<{arg[1]}>();" if isinstance(arg, tuple) and arg[0] == "wait" else super().sync(arg)
-  def copy(self, u: UOp, at: _At) -> str:
-    """PIPELINE's cp.async: `nbytes` from the input at src to the shared array at dst, zeros where not valid (its source then reads 0 bytes)."""
-    (dst, src, valid, guard), (nbytes, name, buf) = u.src, u.arg
+    if arg == "commit_group": return "tt_cp_commit();"
+    return f"tt_cp_wait<{arg[1]}>();" if isinstance(arg, tuple) and arg[0] == "wait_group" else super().sync(arg)
+  def store_stmt(self, u: UOp, at: _At) -> str:
+    """A store, or PIPELINE's cp.async of its inline load's elements to shared memory: zeros where the load is not valid (its source
+    then reads 0 bytes, from the buffer's start)."""
+    if not u.arg.cp_async: return super().store_stmt(u, at)
+    (dst, load, guard), (src, valid) = u.src, u.src[1].src
+    nbytes = u.arg.width * u.dtype.itemsize
     full, s = ("true", self.index(src, at.index)) if valid is TRUE else (v := self.index(valid, at.index), f"({v}?{self.index(src, at.index)}:0)")
-    return self.guarded(f"tt_cp_async<{nbytes}>({name}+{self.index(dst, at.index)}, {self.ptr(buf)}+{s}, {full});", guard, at)
+    return self.guarded(f"tt_cp_async<{nbytes}>({u.arg.buf}+{self.index(dst, at.index)}, {self.ptr(load.arg.buf)}+{s}, {full});", guard, at)
   def async_prelude(self) -> str:
     """tt_cp_async<N>: cp.async of N bytes (.cg, past L1, for 16; .ca for 4 and 8), all zeros where not `full`; tt_cp_commit: the
     thread's cp.asyncs so far are a group; tt_cp_wait<N>: until all but the newest N groups have landed."""
@@ -462,7 +465,7 @@ class CUDARenderer(_GPURenderer):
             '"n"(N), "r"(full ? N : 0) : "memory"); }\n'
             f'{f} void tt_cp_commit() {{ asm volatile("cp.async.commit_group;" ::: "memory"); }}\n'
             f'template <int N> {f} void tt_cp_wait() {{ asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }}\n')
-  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma, Ops.COPY: copy}
+  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma, Ops.STORE: store_stmt}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
   aligned_vectors = True

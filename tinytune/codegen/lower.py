@@ -26,8 +26,7 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done, "commit": the thread's COPYs so far are a group, ("wait", n): all but its newest n groups are done),
-#   COPY (dst, src, valid, guard; CopyArg): where guard holds, an asynchronous copy (cp.async) to shared memory, zeros where not valid,
+#   streaming stores done, "commit_group" and ("wait_group", n): PTX cp.async's, see StoreArg.cp_async),
 #   WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
@@ -38,7 +37,7 @@ TRUE = UOp.const(dtypes.bool, True)
 OPENS, CLOSES = {Ops.RANGE, Ops.IF, Ops.ELSE}, {Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE}
 # statements that define a named value: arg is (name, width) (width 1: a scalar, else a native vector), DEFINE_ACC adds its reduce op
 VALUES = ALU | {Ops.DEFINE_ACC, Ops.LOAD, Ops.VECTORIZE, Ops.FOLD, Ops.INRANGE, Ops.DEFINE_VAR}
-STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA, Ops.COPY}
+STATEMENTS = VALUES | OPENS | CLOSES | {Ops.EXIT, Ops.ASSIGN, Ops.STORE, Ops.SPECIAL, Ops.DEFINE_LOCAL, Ops.BARRIER, Ops.WMMA}
 CMP = {Ops.CMPLT, Ops.CMPNE}
 ROW_KEPT = TRANSCENDENTAL | {Ops.SQRT}  # a row statistic's source with these is computed once, kept in an array
 ARITH = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIP}  # ops that C-style vector operators spell, taking scalars beside vectors
@@ -68,6 +67,8 @@ class StoreArg(NamedTuple):  # STORE
   width: int
   buf: int | str
   stream: bool  # a whole 64-byte line past the caches
+  cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
+  # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
 
 
 class FoldArg(NamedTuple):  # FOLD
@@ -89,12 +90,6 @@ class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modul
   id: str
   divisor: int
   modulus: int
-
-
-class CopyArg(NamedTuple):  # COPY
-  nbytes: int  # 4, 8 or 16
-  dst: str  # the shared array
-  src: int  # the kernel's argument
 
 
 class StagedTile(NamedTuple):  # STAGE: a staged input's tile in shared memory
@@ -175,7 +170,8 @@ def describe(u: UOp) -> str:
     return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg.op.name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
   if op is Ops.RANGE: return f"RANGE {arg.var} {arg.start}..{arg.end}" + (" parallel" if arg.parallel else "")
   if op is Ops.STORE:
-    return f"STORE{f'<{arg.width}>' if arg.width > 1 else ''}{' stream' if arg.stream else ''} {at(arg.buf, src[0], src[2])} = {show(src[1])}"
+    kind = f"{' stream' if arg.stream else ''}{f' cp.async.{arg.cp_async}' if arg.cp_async else ''}"
+    return f"STORE{f'<{arg.width}>' if arg.width > 1 else ''}{kind} {at(arg.buf, src[0], src[2])} = {show(src[1])}"
   if op is Ops.ASSIGN:
     return f"ASSIGN {show(src[0])} {arg.name if arg else ''}= {show(src[1])}" + ("" if src[2] is TRUE else f" if {pretty(src[2])}")
   return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else tuple(arg) if isinstance(arg, tuple) else arg}".rstrip()
@@ -274,9 +270,9 @@ class LoopNest:
     tiles = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
     (loads, stores), barrier = copies[0], stmt(Ops.BARRIER)
     if (stages := self.k.stages) > 1:
-      commit, (ahead_loads, ahead_stores) = stmt(Ops.BARRIER, arg="commit"), copies[-1]
-      first = [u for ld, st in copies[:-1] for u in (*ld, *st, stmt(Ops.BARRIER, arg="commit"))]
-      return first + self.nest([tiles], [stmt(Ops.BARRIER, arg=("wait", stages - 2)), barrier, *ahead_loads, *ahead_stores, commit, *body])
+      commit, (ahead_loads, ahead_stores) = stmt(Ops.BARRIER, arg="commit_group"), copies[-1]
+      first = [u for ld, st in copies[:-1] for u in (*ld, *st, stmt(Ops.BARRIER, arg="commit_group"))]
+      return first + self.nest([tiles], [stmt(Ops.BARRIER, arg=("wait_group", stages - 2)), barrier, *ahead_loads, *ahead_stores, commit, *body])
     if len(copies) == 1: return self.nest([tiles], [*loads, *stores, barrier, *body, stmt(Ops.BARRIER)])
     (next_loads, next_stores) = copies[1]
     return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
@@ -580,8 +576,8 @@ class _Lowerer:
     """The loads and the stores by which a workgroup's threads copy each staged input's K tile `tile` (where `exists`) to shared memory:
     the tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
     contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. With PIPELINE the stores are
-    cp.async COPYs (no loads): 16 bytes where a chunk is contiguous and 16-byte aligned in memory and in the tile, else an element
-    each (16-bit elements, which cp.async cannot copy alone: a load and a store)."""
+    cp.async's (StoreArg.cp_async, of an inline load; no loads apart): 16 bytes where a chunk is contiguous and 16-byte aligned in
+    memory and in the tile, else an element each (16-bit elements, which cp.async cannot copy alone: a load and a store)."""
     k, n = self.k, self.k.launch_dims[1]
     loads, stores = list[UOp](), list[UOp]()
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
@@ -617,18 +613,25 @@ class _Lowerer:
         off0, dst0 = self.simplify(off.substitute(first)), self.simplify(dst.substitute(first))
         if w > 1 and self.simplify(off - off0) is chunk_lane and chunk_lane not in valid.vars and self.simplify(off0 % w).arg == 0 \
            and self.simplify(dst0 % w).arg == 0:
-          stores.append(stmt(Ops.COPY, self.swizzle(view, dst0), off0, valid, guard, arg=CopyArg(16, t.name, buf), dtype=view.dtype))
+          stores.append(self.cp_async(view, self.swizzle(view, dst0), off0, valid, guard, w))
           continue
         for c in range(w):  # element by element
           at_c = {chunk_lane: UOp.const(dtypes.int64, c)}
           off_c, valid_c, dst_c = (self.simplify(x.substitute(at_c)) for x in (off, valid, dst))
           if size >= 4:
-            stores.append(stmt(Ops.COPY, self.swizzle(view, dst_c), off_c, valid_c, guard, arg=CopyArg(size, t.name, buf), dtype=view.dtype))
+            stores.append(self.cp_async(view, self.swizzle(view, dst_c), off_c, valid_c, guard, 1))
           else:
             self.lines = stores
             val = self.read(view.dtype, buf, off_c, self.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
             self.store(val, self.swizzle(view, dst_c), guard, t.name, view.dtype)
     return loads, stores
+
+  def cp_async(self, view: UOp, dst: UOp, src: UOp, valid: UOp, guard: UOp, width: int) -> UOp:
+    """A store of `width` elements of `view`'s buffer at `src` (zeros where not `valid`) to its tile at `dst` by cp.async (where `guard`):
+    .cg (past L1) for 16 bytes, else .ca."""
+    t, dt = self.staged[view], view.dtype
+    load = stmt(Ops.LOAD, src, valid, arg=LoadArg(None, width, self.bufs[view.src[0].arg]), dtype=dt)
+    return stmt(Ops.STORE, dst, load, guard, arg=StoreArg(width, t.name, False, "cg" if width * dt.itemsize == 16 else "ca"), dtype=dt)
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))

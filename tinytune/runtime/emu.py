@@ -43,9 +43,9 @@ class EmuError(RuntimeError):
 
 
 def emu_caps(arch: str) -> DeviceCaps:
-  """The CUDA GPU's caps for `arch`, less the tensor cores and cp.async EMU does not emulate yet (they come with the tensor-core work)."""
+  """The CUDA GPU's caps for `arch`, less the tensor cores EMU does not emulate yet (mma.sync comes with the tensor-core work)."""
   if arch not in CUDA_ARCHS: raise ValueError(f"TINYTUNE_EMU_ARCH={arch!r}: EMU emulates {' or '.join(CUDA_ARCHS)}")
-  return dataclasses.replace(cuda_caps(arch), tensor_cores=(), async_copy=False)
+  return dataclasses.replace(cuda_caps(arch), tensor_cores=())
 
 
 # ***** the renderer: CUDA's, keeping each source's lowered program for compile *****
@@ -470,7 +470,7 @@ class EMUProgram(Program):
     return self.expr(guard)
 
   def store(self, u: Node) -> Fn:
-    (idx, val, guard), (width, buf, _) = u.src, u.arg
+    (idx, val, guard), (width, buf, *_) = u.src, u.arg
     at, value, g, dt = self.expr(idx), self.expr(val), self.guard(guard), u.dtype
     if isinstance(buf, str):  # the CUDA source stores bfloat16 into a float array by way of its 16 bits: rounded
       def store_shared(s: _Run) -> None:
