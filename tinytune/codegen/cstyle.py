@@ -412,17 +412,16 @@ class CUDARenderer(_GPURenderer):
       name, buf, ld, which, layout, rows, line = arg
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
-      # a swizzled tile (lower.StagedTile.line): each element offset from the array's start XORs its 16-byte chunk with its line's index
-      def elem(e: str) -> str: return f"(p+{e})" if not line else f"({self.ptr(buf)}+tt_swizzle(base+{e}, {line}))"
-      head = f"{{ const int base = {self.index(u.src[0], at.index)};" + ("" if line else f" const auto* p = {self.ptr(buf)}+base;")
+      out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       if rows:  # ldmatrix: register r's 8x8 block at MMA_PAIRS[r] is matrix r, lane 8 r + e gives the address of its row e in memory
         row = f"tile_col*{ld}+tile_row*8" if layout == "row_major" else f"(tile_row*8+lane%8)*{ld}+(lane&8)"
-        return f"{head} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, {elem(row)}); }}"
-      out = [head]
+        # a swizzled tile (lower.StagedTile.line): the row's offset from the array's start XORs its 16-byte chunk with its line's index
+        at_row = f"{self.ptr(buf)}+tt_swizzle(p-{self.ptr(buf)}+{row}, {line})" if line else f"p+{row}"
+        return f"{out[0]} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, {at_row}); }}"
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
         nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
-        out.append(f"{name}[{r}] = *(const unsigned*){elem(off(i, j))};" if along_k else f"{name}[{r}] = tt_pack(*{elem(off(i, j))}, *{elem(nxt)});")
+        out.append(f"{name}[{r}] = *(const unsigned*)(p+{off(i, j)});" if along_k else f"{name}[{r}] = tt_pack(p[{off(i, j)}], p[{nxt}]);")
       return " ".join(out) + " }"
     if what == "mma": return f"tt_mma(acc{arg[0]}, {arg[1]}, {arg[2]}); tt_mma(acc{arg[0]}+4, {arg[1]}, {arg[2]}+2);"
     assert what == "store", what

@@ -937,7 +937,9 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       body.append(wmma("fragment", name, which, view.dtype, layout))
       # mma.sync from shared memory takes ldmatrix, whose rows of 8 elements must start 16-byte aligned (the array is 32-byte aligned)
       r = lw.simplify(off % 8)
-      rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0, line) if tc.mma else ()
+      ldmatrix = isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0
+      assert ldmatrix or not line, "a swizzled tile is read by ldmatrix: its fragments' rows start at multiples of 16 bytes"
+      rows = (ldmatrix, line) if tc.mma else ()
       body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
