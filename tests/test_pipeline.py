@@ -50,14 +50,15 @@ def test_bank_ways_counts_conflicts() -> None:
   assert [swizzle_line(r) for r in (16, 32, 48, 64, 96, 128, 256, 384)] == [0, 128, 0, 128, 0, 128, 256, 384]
 
 
-def matmul(m: int, k: int, n: int, dtype: DType, tb: bool = False, caps: DeviceCaps = SM90, device: str = "CPU", seed: int = 0
+def matmul(m: int, k: int, n: int, dtype: DType, tb: bool = False, caps: DeviceCaps = SM90, device: str = "CPU", batch: tuple[int, ...] = ()
            ) -> tuple[Kernel, ScheduleItem, np.ndarray, list[np.ndarray]]:
-  """A @ (B.T if tb else B) as a kernel for `caps`, its schedule item, NumPy's product and the inputs."""
-  rng = np.random.default_rng(seed)
-  a_np, b_np = (rng.standard_normal(s).astype(np.float32).astype(dtype.np) for s in ((m, k), (n, k) if tb else (k, n)))
+  """A @ (B.T if tb else B) (with `batch` dims in front) as a kernel for `caps`, its schedule item, NumPy's product and the inputs."""
+  rng = np.random.default_rng(0)
+  a_np, b_np = (rng.standard_normal((*batch, *s)).astype(np.float32).astype(dtype.np) for s in ((m, k), (n, k) if tb else (k, n)))
   a, b = Tensor(a_np, device=device).cast(dtype).realize(), Tensor(b_np, device=device).cast(dtype).realize()
-  (item,), _ = create_schedule((a @ (b.T if tb else b)).uop, device)
-  return Kernel(item.ast, caps), item, a_np.astype(np.float32) @ (b_np.T if tb else b_np).astype(np.float32), [a_np, b_np]
+  bt = b.transpose(-1, -2) if tb else b
+  (item,), _ = create_schedule((a @ bt).uop, device)
+  return Kernel(item.ast, caps), item, a_np.astype(np.float32) @ (np.swapaxes(b_np, -1, -2) if tb else b_np).astype(np.float32), [a_np, b_np]
 
 
 # (m, k, n, dtype, B transposed, opts): mma.sync from swizzled tiles (rows of 2, 4 and 8 chunks; 6, padded to 7) and float32's register
@@ -71,21 +72,25 @@ CASES = [
                                        o(t.PIPELINE, 0, 3)]),
   (48, 40, 40, dtypes.float32, True, [o(t.LOCAL, 0, 4), o(t.LOCAL, 1, 5), o(t.UPCAST, 1, 4), o(t.STAGE, 0, 4), o(t.PIPELINE, 0, 2)]),  # both across
   (37, 36, 29, dtypes.float32, False, [o(t.PADTO, 0, 8), o(t.PADTO, 1, 8), o(t.LOCAL, 0, 5), o(t.LOCAL, 1, 4), o(t.STAGE, 0, 3),
-                                       o(t.PIPELINE, 0, 3)])]  # odd sizes, padded: clamped copies (4 bytes an element)
+                                       o(t.PIPELINE, 0, 3)]),  # odd sizes, padded: clamped copies (4 bytes an element)
+  (32, 64, 32, dtypes.float16, False, [o(t.TC, 0, 1), o(t.LOCAL, 0, 2), o(t.STAGE, 0, 2), o(t.PIPELINE, 0, 2)])]  # 2 batches a workgroup
+
+
+BATCH = {7: (2,)}  # the cases of batched matmuls: their batch dims
 
 
 @HOST
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_pipelined_source_multiplies_on_the_host(tmp_path, case: int) -> None:  # type: ignore[no-untyped-def]
   m, kk, n, dtype, tb, opts = CASES[case]
-  kernel, _, ref, inputs = matmul(m, kk, n, dtype, tb)
+  kernel, _, ref, inputs = matmul(m, kk, n, dtype, tb, batch=BATCH.get(case, ()))
   kernel.apply_opts(opts)
-  out = np.full(m * n, np.nan, dtype.np)
+  out = np.full(ref.size, np.nan, dtype.np)
   src = _run_on_host(kernel, tmp_path, out, *inputs)
   body = src[src.index('extern "C"'):]
   assert body.count("tt_cp_wait<") == 1 and body.count("tt_cp_commit();") == kernel.stages and "tt_cp_async<" in body
-  assert ("tt_cp_async<16>" in body) == (case < 5) and ("tt_cp_async<4>" in body) == (case >= 4)  # float32: A transposed, clamped copies
-  np.testing.assert_allclose(out.reshape(m, n).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+  assert ("tt_cp_async<16>" in body) == (case not in (5, 6)) and ("tt_cp_async<4>" in body) == (case in (4, 5, 6))  # float32's across rows
+  np.testing.assert_allclose(out.reshape(ref.shape).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
 
 
 @HOST
@@ -204,7 +209,7 @@ def gpu_sized() -> list[Kernel]:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the pipelined source is not compile-checked here")
 def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
-  kernels = gpu_sized() + [matmul(m, kk, n, dt, tb)[0].apply_opts(opts) for m, kk, n, dt, tb, opts in CASES]
+  kernels = gpu_sized() + [matmul(m, kk, n, dt, tb, batch=BATCH.get(i, ()))[0].apply_opts(opts) for i, (m, kk, n, dt, tb, opts) in enumerate(CASES)]
   for k in kernels:
     src = CUDARenderer().render(k)
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
@@ -223,7 +228,7 @@ def test_pipelined_matmul_on_a_device(device: str, case: int) -> None:
   where the hardware's cp.async and ldmatrix check the host's shim."""
   m, kk, n, dtype, tb, opts = CASES[case]
   if dtype.is_half and dtype.name not in Device[device].caps.tensor_cores: pytest.skip(f"{device} has no tensor cores for {dtype.name}")
-  kernel, item, ref, _ = matmul(m, kk, n, dtype, tb, caps=Device[device].caps, device=device)
+  kernel, item, ref, _ = matmul(m, kk, n, dtype, tb, caps=Device[device].caps, device=device, batch=BATCH.get(case, ()))
   program, _ = compile_kernel(kernel.apply_opts(opts), device)
   program(item.out, *kernel.bufs)
-  np.testing.assert_allclose(item.out.numpy_view().reshape(m, n).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+  np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
