@@ -409,14 +409,14 @@ class CUDARenderer(_GPURenderer):
     if what == "acc": return f"float acc{arg[0]}[8] = {{}};"
     if what == "fragment": return f"unsigned {arg[0]}[4];"
     if what == "load":
-      name, buf, ld, which, layout, rows, line = arg
+      name, buf, ld, which, layout, rows, *line = arg  # a swizzled tile's line (lower.StagedTile.line) last
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
       out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       if rows:  # ldmatrix: register r's 8x8 block at MMA_PAIRS[r] is matrix r, lane 8 r + e gives the address of its row e in memory
         row = f"tile_col*{ld}+tile_row*8" if layout == "row_major" else f"(tile_row*8+lane%8)*{ld}+(lane&8)"
         # a swizzled tile (lower.StagedTile.line): the row's offset from the array's start XORs its 16-byte chunk with its line's index
-        at_row = f"{self.ptr(buf)}+tt_swizzle(p-{self.ptr(buf)}+{row}, {line})" if line else f"p+{row}"
+        at_row = f"{self.ptr(buf)}+tt_swizzle(p-{self.ptr(buf)}+{row}, {line[0]})" if line else f"p+{row}"
         return f"{out[0]} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, {at_row}); }}"
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")

@@ -939,7 +939,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       r = lw.simplify(off % 8)
       ldmatrix = isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0
       assert ldmatrix or not line, "a swizzled tile is read by ldmatrix: its fragments' rows start at multiples of 16 bytes"
-      rows = (ldmatrix, line) if tc.mma else ()
+      rows = (ldmatrix, *((line,) if line else ())) if tc.mma else ()  # a swizzled tile's line last
       body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
   for unroll in lw.instances((AxisKind.UNROLL,)):
