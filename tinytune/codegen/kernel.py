@@ -459,8 +459,8 @@ class Kernel:
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
       if self.tc is not None and self.tc.mma:  # ldmatrix reads and cp.async writes 16-byte rows: the fragment's dims innermost (a batch
         # dim outside them) in memory's order, swizzled
-        inner = (self.n_global, self.tc.row if view is self.tc.a else self.tc.col)
-        dims = [dn for dn in dims if dn[0] not in inner] + sorted((dn for dn in dims if dn[0] in inner), key=lambda dn: dn[0] == fastest)
+        frag = (self.n_global, self.tc.row if view is self.tc.a else self.tc.col)
+        dims = [dn for dn in dims if dn[0] not in frag] + sorted((dn for dn in dims if dn[0] in frag), key=lambda dn: dn[0] == fastest)
         row = dims[-1][1] * view.dtype.itemsize
         ret.append((view, dims, 16 // view.dtype.itemsize if row % 32 == 0 and swizzle_line(row) == 0 else 0))
       else: ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
