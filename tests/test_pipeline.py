@@ -218,6 +218,23 @@ def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) ->
       assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)
 
 
+def _nvrtc_missing() -> str | None:
+  try:
+    from cuda.bindings import nvrtc
+    nvrtc.nvrtcVersion()
+  except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
+  return None
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=str(_nvrtc_missing()))
+def test_pipelined_source_compiles_with_nvrtc() -> None:
+  """The CUDA device's own compile path (NVRTC, which takes the cp.async helpers' inline PTX and templates as nvcc does), for sm_80 and sm_90."""
+  from tinytune.runtime.cuda import _nvrtc
+  kernels = gpu_sized() + [matmul(m, kk, n, dt, tb, batch=BATCH.get(i, ()))[0].apply_opts(opts) for i, (m, kk, n, dt, tb, opts) in enumerate(CASES)]
+  for k in kernels:
+    for arch in ("sm_80", "sm_90"): _nvrtc(CUDARenderer().render(k), arch)
+
+
 PIPELINE_DEVICES = [d for d in ("EMU", "CUDA") if device_status(d) is None]
 
 
