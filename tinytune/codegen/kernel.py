@@ -277,6 +277,9 @@ class Kernel:
       check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
       tc = replace(find_tensor_core(self), mma=arg == 1)
       check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
+      if arg == 0 and self.caps.has_local:  # load_matrix_sync: each 16x16 tile's first element 32-byte aligned, wherever its batch is
+        check(all(v.arg.offset % 16 == 0 and all(st % 16 == 0 for d, st in enumerate(v.arg.strides) if d not in (tc.row, tc.col, self.n_global))
+                  for v in (tc.a, tc.b)), "TC's arg 0 (wmma) needs each 16x16 tile 32-byte aligned: arg 1 takes 16-byte aligned rows")
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
@@ -448,14 +451,19 @@ class Kernel:
   def stage_tiles(self, dim: int = -1, grow: int = 1) -> list[tuple[UOp, list[tuple[int, int]], int]]:
     """Each staged input's tile in shared memory: (view, [(dim, extent)] outermost first, the padding after each row). The reduce dim
     is outermost, then the output dims in order, so the register tile's reads are contiguous along both output dims (A is stored
-    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 16 bytes, which keeps
-    16-byte alignment and spreads the column's stores over the banks."""
+    transposed); with TC, the fragment's dim innermost. A row that the copy writes across (its fastest dim in memory is not the row's)
+    is padded by 16 bytes (32 for TC's wmma fragments), which keeps their alignment and spreads the column's stores over the banks.
+    mma.sync's tiles keep the fragment's two dims in memory's order (rows whole 16-byte chunks, copied as they are: cp.async), swizzled
+    or padded (see swizzle_line)."""
     ret = []
     for view in self.stage_inputs:
       v = view.arg
       used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
+      if self.tc is not None:  # TC's rows of A or columns of B innermost, where a 16x16 fragment is contiguous (a batch dim outside them)
+        inner = self.tc.row if view is self.tc.a else self.tc.col
+        dims = [dn for dn in dims if dn[0] != inner] + [dn for dn in dims if dn[0] == inner]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
       if self.tc is not None and self.tc.mma:  # ldmatrix reads and cp.async writes 16-byte rows: the fragment's dims innermost (a batch
         # dim outside them) in memory's order, swizzled
@@ -463,7 +471,9 @@ class Kernel:
         dims = [dn for dn in dims if dn[0] not in frag] + sorted((dn for dn in dims if dn[0] in frag), key=lambda dn: dn[0] == fastest)
         row = dims[-1][1] * view.dtype.itemsize
         ret.append((view, dims, 16 // view.dtype.itemsize if row % 32 == 0 and swizzle_line(row) == 0 else 0))
-      else: ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
+      else:
+        pad = 32 if self.tc is not None else 16  # load_matrix_sync takes 32-byte aligned fragments
+        ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:
