@@ -5,6 +5,7 @@ sm_80 and sm_90 with its register and spill figures, and EMU; with a GPU, the sa
 from __future__ import annotations
 
 import ctypes
+import random
 import re
 import shutil
 import subprocess
@@ -249,3 +250,28 @@ def test_pipelined_matmul_on_a_device(device: str, case: int) -> None:
   program, _ = compile_kernel(kernel.apply_opts(opts), device)
   program(item.out, *kernel.bufs)
   np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(device_status("EMU") is not None, reason=f"EMU: {device_status('EMU')}")
+@pytest.mark.parametrize("seed", range(4))
+def test_random_pipelined_matmuls_on_emu(seed: int) -> None:
+  """Random PIPELINE kernels (float32 register tiles, padded or not; 16-bit mma.sync from swizzled tiles; batched; B transposed; 2 to 4
+  stages) on EMU, whose cp.async lands at the wait_group that covers it and whose shared-memory races are errors, against NumPy."""
+  rng, ran = random.Random(seed), 0
+  for _ in range(12):
+    half = rng.random() < 0.5
+    dtype, q = (rng.choice([dtypes.float16, dtypes.bfloat16]), 16) if half else (dtypes.float32, 1)
+    m, n = (q * rng.choice([1, 2, 3, 4]) if half else rng.choice([8, 16, 24, 37]) for _ in range(2))
+    k, tb, batch = q * rng.choice([2, 4, 6, 8]) if half else rng.choice([16, 24, 36, 48]), rng.random() < 0.5, (2,) * (rng.random() < 0.2)
+    kernel, item, ref, _ = matmul(m, k, n, dtype, tb, caps=Device["EMU"].caps, device="EMU", batch=batch)
+    tiles = [o(rng.choice([t.UPCAST, t.LOCAL]), rng.randrange(kernel.n_global), rng.choice([2, 3, 4])) for _ in range(4)]
+    pad = [] if half or rng.random() < 0.7 else [o(t.PADTO, rng.randrange(kernel.n_global + 1), rng.choice([4, 8]))]
+    for opt in [o(t.TC, 0, 1)] * half + pad + tiles + [o(t.STAGE, 0, rng.choice([2, 3, 4, 8])), o(t.PIPELINE, 0, rng.choice([2, 3, 4]))]:
+      try: kernel.apply_opt(opt)
+      except KernelOptError: pass
+    if kernel.stages == 1: continue
+    program, _ = compile_kernel(kernel, "EMU")
+    program(item.out, *kernel.bufs)
+    np.testing.assert_allclose(item.out.numpy_view().reshape(ref.shape).astype(np.float32), ref, rtol=2e-2, atol=2e-2, err_msg=str(kernel.opts))
+    ran += 1
+  assert ran >= 3
