@@ -193,6 +193,7 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
+  if k.attention is not None: return attention(lowerer)
   if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
   # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
@@ -343,7 +344,7 @@ class _Lowerer:
     pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
     self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
-    for i, a in enumerate(k.axes):
+    for i, a in enumerate(k.axes if k.attention is None else ()):  # attention's rows are scalars (see attention)
       if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
          self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype in self.vf:
         self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
@@ -891,3 +892,66 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       lw.store(val, lw.out_offset(dims), TRUE)
     lw.lines.append(wmma("sync"))
   return LinearProgram(k, lw.width, out + lw.lines)
+
+
+def attention(lw: _Lowerer) -> LinearProgram:
+  """The pass for attention in one kernel (Kernel.attention): each thread computes its rows (the UPCAST parts) of
+  softmax(q k^T scale) v by online softmax, the scores never leaving registers. Before the keys' loop it loads each row's query and
+  starts its running max m (of the scores in base 2: scale / ln 2), its sum of exponentials l and its output accumulators; each
+  iteration takes a block of keys (the UNROLL parts), their scores, and rescales l and the accumulators by 2^(m_old - m_new) once
+  for the block; after the loop each output is its accumulator / l. All in float32, loads and the store converting 16-bit floats.
+  Causal: the scores of keys past the query's row are -inf (key 0 is in the first block, so m is finite after it)."""
+  k, node = lw.k, lw.k.attention
+  assert node is not None
+  q, keys, values = node.src
+  scale, causal = node.arg
+  n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (q.shape[-1], node.shape[-1])
+  def const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(f32, x),))
+  def read(view: UOp, idx: tuple[UOp, ...]) -> Val:
+    val = lw.node(view, idx)
+    return val if view.dtype == f32 else lw.alu(Ops.CAST, f32, [val], [view.dtype])
+  def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
+  def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:  # a tree: neighbours first, so the adds do not wait on each other
+    while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]
+  def acc(name: str, start: float) -> Val:
+    lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, 1, Ops.ADD), dtype=f32))
+    return Val(Kind.SCALAR, (u,))
+  rows = []  # per row: its dims, its query's values, and its accumulators m, l and one per output value
+  lw.lines = lw.decls
+  for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
+    dims = lw.dims(inst)
+    query = [read(q, (*dims[:n], UOp.const(dtypes.int64, e))) for e in range(e_size)]
+    rows.append((dims, query, acc(f"m{r}", -math.inf), acc(f"l{r}", 0.0), [acc(f"o{r}_{d}", 0.0) for d in range(ev_size)]))
+  body = lw.lines = []
+  lw.memo = {}
+  log2_scale = const(scale / math.log(2))
+  blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
+  for dims, query, m, l, outs in rows:
+    scores = []
+    for key in blocks:
+      kidx = (*dims[:n - 1], key)
+      t = op(Ops.MUL, total([op(Ops.MUL, qe, read(keys, (*kidx, UOp.const(dtypes.int64, e)))) for e, qe in enumerate(query)]), log2_scale)
+      if causal: t = lw.alu(Ops.WHERE, f32, [lw.index_val(lw.simplify(key.lt(dims[n - 1] + 1))), t, const(-math.inf)], [dtypes.bool, f32, f32])
+      scores.append((kidx, t))
+    new_m = op(Ops.MAX, m, total([t for _, t in scores], Ops.MAX))
+    rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, new_m)))
+    probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, new_m)))) for kidx, t in scores]
+    updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), total([p for _, p in probs])))]
+    for d, o in enumerate(outs):
+      terms = [op(Ops.MUL, p, read(values, (*kidx, UOp.const(dtypes.int64, d)))) for kidx, p in probs]
+      updates.append((o, op(Ops.ADD, op(Ops.MUL, o, rescale), total(terms))))
+    for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], val.items[0], TRUE)
+  post = lw.lines = []
+  lw.memo = {}
+  strides = strides_for(k.out_shape)
+  for dims, _, _, l, outs in rows:
+    inv = op(Ops.RECIP, l)
+    for d, o in enumerate(outs):
+      val = op(Ops.MUL, o, inv)
+      if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+      off = lw.simplify(sum((x * st for x, st in zip((*dims[:n], UOp.const(dtypes.int64, d)), strides) if st), UOp.const(dtypes.int64, 0)))
+      lw.store(val, off, TRUE)
+  if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], 1, post, ())
+  else: uops = lw.nesting.cpu([body], [], None, [[]], lw.decls, post)
+  return LinearProgram(k, 1, uops)
