@@ -900,13 +900,19 @@ def attention(lw: _Lowerer) -> LinearProgram:
   starts its running max m (of the scores in base 2: scale / ln 2), its sum of exponentials l and its output accumulators; each
   iteration takes a block of keys (the UNROLL parts), their scores, and rescales l and the accumulators by 2^(m_old - m_new) once
   for the block; after the loop each output is its accumulator / l. All in float32, loads and the store converting 16-bit floats.
-  Causal: the scores of keys past the query's row are -inf (key 0 is in the first block, so m is finite after it)."""
+  The head dims go in vectors of the target's lanes where both divide into them: a score is a vector of products whose lanes are
+  added at the end, an output accumulator a vector. Causal: the scores of keys past the query's row are -inf (key 0 is in the first
+  block, so m is finite after it)."""
   k, node = lw.k, lw.k.attention
   assert node is not None
   q, keys, values = node.src
   scale, causal = node.arg
   n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (q.shape[-1], node.shape[-1])
+  simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
+  lw.width = w = next((w for w in (simd, 8, 4) if w <= simd and e_size % w == 0 and ev_size % w == 0), 1)
+  lw.lane = UOp.var("lane", 0, w - 1)
   def const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(f32, x),))
+  def at(e: int) -> UOp: return UOp.const(dtypes.int64, e) + (lw.lane if w > 1 else 0)
   def read(view: UOp, idx: tuple[UOp, ...]) -> Val:
     val = lw.node(view, idx)
     return val if view.dtype == f32 else lw.alu(Ops.CAST, f32, [val], [view.dtype])
@@ -914,34 +920,51 @@ def attention(lw: _Lowerer) -> LinearProgram:
   def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:  # a tree: neighbours first, so the adds do not wait on each other
     while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
     return vals[0]
-  def acc(name: str, start: float) -> Val:
-    lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, 1, Ops.ADD), dtype=f32))
-    return Val(Kind.SCALAR, (u,))
-  rows = []  # per row: its dims, its query's values, and its accumulators m, l and one per output value
+  def acc(name: str, start: float, width: int = 1) -> Val:
+    lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
+    return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
+  rows = []  # per row: its dims, its query's values, and its accumulators m, l and one per vector of output values
   lw.lines = lw.decls
   for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
     dims = lw.dims(inst)
-    query = [read(q, (*dims[:n], UOp.const(dtypes.int64, e))) for e in range(e_size)]
-    rows.append((dims, query, acc(f"m{r}", -math.inf), acc(f"l{r}", 0.0), [acc(f"o{r}_{d}", 0.0) for d in range(ev_size)]))
+    query = [read(q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
+    outs = [acc(f"o{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
+    rows.append((dims, query, acc(f"m{r}", -math.inf), acc(f"l{r}", 0.0), outs))
   body = lw.lines = []
   lw.memo = {}
   log2_scale = const(scale / math.log(2))
   blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
+  def causal_mask(keys_at: list[tuple[UOp, ...]], row: UOp, t: Val) -> Val:  # -inf past the row (keys_at: one a lane, or one)
+    seen = tuple(lw.simplify(kidx[-1].lt(row + 1)) for kidx in keys_at)
+    return lw.alu(Ops.WHERE, f32, [Val(Kind.LANES, seen) if len(seen) > 1 else lw.index_val(seen[0]), t, const(-math.inf)], [dtypes.bool, f32, f32])
   for dims, query, m, l, outs in rows:
-    scores = []
-    for key in blocks:
-      kidx = (*dims[:n - 1], key)
-      t = op(Ops.MUL, total([op(Ops.MUL, qe, read(keys, (*kidx, UOp.const(dtypes.int64, e)))) for e, qe in enumerate(query)]), log2_scale)
-      if causal: t = lw.alu(Ops.WHERE, f32, [lw.index_val(lw.simplify(key.lt(dims[n - 1] + 1))), t, const(-math.inf)], [dtypes.bool, f32, f32])
-      scores.append((kidx, t))
-    new_m = op(Ops.MAX, m, total([t for _, t in scores], Ops.MAX))
+    keys_at = [(*dims[:n - 1], key) for key in blocks]
+    def dot(kidx: tuple[UOp, ...]) -> Val: return total([op(Ops.MUL, qe, read(keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
+    if lw.target.lane_folds and w > 1:  # w keys' scores in one vector, lane j folding key j's products: one vector exp for w keys
+      chunks = []
+      for chunk in (keys_at[i:i + w] for i in range(0, len(keys_at), w)):
+        lw.count += 1
+        fold = lw.emit(Ops.FOLD, *(lw.vec(dot(kidx)) for kidx in chunk), arg=FoldArg(f"s{lw.count}", w, Ops.ADD, True), dtype=f32)
+        t = op(Ops.MUL, Val(Kind.VECTOR, (fold,)), log2_scale)  # lanes past the chunk's keys repeat its first (see CRenderer.lane_fold)
+        chunks.append((chunk, causal_mask(chunk + chunk[:1] * (w - len(chunk)), dims[n - 1], t) if causal else t))
+      most = total([t for _, t in chunks], Ops.MAX)
+      new_m = op(Ops.MAX, m, total([Val(Kind.SCALAR, (most.lane(i),)) for i in range(w)], Ops.MAX))
+      exps = [(chunk, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, new_m)))) for chunk, t in chunks]
+      probs = [(kidx, Val(Kind.SCALAR, (p.lane(j),))) for chunk, p in exps for j, kidx in enumerate(chunk)]
+    else:
+      scores = []
+      for kidx in keys_at:
+        products = dot(kidx)
+        t = op(Ops.MUL, total([Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
+        scores.append((kidx, causal_mask([kidx], dims[n - 1], t) if causal else t))
+      new_m = op(Ops.MAX, m, total([t for _, t in scores], Ops.MAX))
+      probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, new_m)))) for kidx, t in scores]
     rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, new_m)))
-    probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, new_m)))) for kidx, t in scores]
     updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), total([p for _, p in probs])))]
     for d, o in enumerate(outs):
-      terms = [op(Ops.MUL, p, read(values, (*kidx, UOp.const(dtypes.int64, d)))) for kidx, p in probs]
+      terms = [op(Ops.MUL, p, read(values, (*kidx, at(d * w)))) for kidx, p in probs]
       updates.append((o, op(Ops.ADD, op(Ops.MUL, o, rescale), total(terms))))
-    for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], val.items[0], TRUE)
+    for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
   post = lw.lines = []
   lw.memo = {}
   strides = strides_for(k.out_shape)
@@ -950,8 +973,8 @@ def attention(lw: _Lowerer) -> LinearProgram:
     for d, o in enumerate(outs):
       val = op(Ops.MUL, o, inv)
       if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
-      off = lw.simplify(sum((x * st for x, st in zip((*dims[:n], UOp.const(dtypes.int64, d)), strides) if st), UOp.const(dtypes.int64, 0)))
+      off = lw.simplify(sum((x * st for x, st in zip((*dims[:n], at(d * w)), strides) if st), UOp.const(dtypes.int64, 0)))
       lw.store(val, off, TRUE)
-  if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], 1, post, ())
+  if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], w, post, ())
   else: uops = lw.nesting.cpu([body], [], None, [[]], lw.decls, post)
-  return LinearProgram(k, 1, uops)
+  return LinearProgram(k, w, uops)

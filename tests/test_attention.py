@@ -1,0 +1,101 @@
+"""Attention in one kernel (Ops.ATTENTION, FLASH=2): online softmax in registers, against NumPy on every device, with each opt
+that applies to it; the schedule makes it one kernel, and the gradient goes through the graph (tests/test_tensor_math.py)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.heuristic import default_opts
+from tinytune.codegen.kernel import candidate_opts
+from tinytune.engine import compile_kernel
+from tinytune.engine.schedule import create_schedule
+from tinytune.runtime import DeviceCaps
+from tinytune.uop import Ops
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+  q, k, v = (x.astype(np.float64) for x in (q, k, v))
+  s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+  if causal: s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+  e = np.exp(s - s.max(-1, keepdims=True))
+  return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def inputs(shape_q: tuple[int, ...], shape_kv: tuple[int, ...], ev: int, dtype: np.dtype, seed: int = 0) -> list[np.ndarray]:
+  rng = np.random.default_rng(seed)
+  return [(rng.standard_normal(s) * 2).astype(dtype) for s in (shape_q, shape_kv, (*shape_kv[:-1], ev))]
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, device: str) -> Tensor:
+  with Context(FLASH=2):
+    return Tensor(q, device=device).scaled_dot_product_attention(Tensor(k, device=device), Tensor(v, device=device), is_causal=causal)
+
+
+TOL = {np.float32: 2e-5, np.float16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shapes", [((2, 3, 17, 8), (2, 3, 17, 8), 8), ((1, 2, 33, 16), (1, 2, 40, 16), 4), ((5, 12), (7, 12), 3)])
+def test_matches_numpy(each_device: str, shapes: tuple, causal: bool, dtype: np.dtype) -> None:
+  """Odd lengths, more keys than queries, value dims unlike the query's, no batch dims; float16 loaded and stored as it is."""
+  q, k, v = inputs(shapes[0], shapes[1], shapes[2], dtype)
+  out = attention(q, k, v, causal, each_device)
+  assert out.dtype == dtypes.from_any(dtype) and out.shape == (*q.shape[:-1], v.shape[-1])
+  np.testing.assert_allclose(out.numpy().astype(np.float64), reference(q, k, v, causal), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_one_kernel_reading_its_inputs_from_memory() -> None:
+  """The scores, softmax and P @ V are one kernel; queries computed elementwise and keys read transposed come before it."""
+  q, k, v = (Tensor.rand(2, 16, 8).realize() for _ in range(3))
+  with Context(FLASH=2): out = (q * 2).scaled_dot_product_attention(k.permute(0, 2, 1).permute(0, 2, 1), v) + 1
+  items, _ = create_schedule(out.uop, "CPU")
+  assert [it.ast.op for it in items][-2:] == [Ops.ATTENTION, Ops.ADD] and len(items) == 3
+  with Context(FLASH=0): assert len(create_schedule((q.scaled_dot_product_attention(k, v)).uop, "CPU")[0]) > 1
+
+
+GPU_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+
+
+def kernel(device: str, causal: bool, shape: tuple[int, ...] = (2, 2, 32, 16), caps: DeviceCaps | None = None) -> tuple[Kernel, object, np.ndarray]:
+  q, k, v = inputs(shape, shape, shape[-1], np.float32, seed=1)
+  item = create_schedule(attention(q, k, v, causal, device).uop, device)[0][0]
+  return Kernel(item.ast, caps or Device[device].caps), item, reference(q, k, v, causal)
+
+
+@pytest.mark.parametrize("device", ["CPU", "EMU"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_valid_opt(device: str, causal: bool) -> None:
+  """Each opt that applies to the kernel alone, then the default opts with one more, computes what NumPy does."""
+  k, item, ref = kernel(device, causal)
+  seqs = [[o] for o in candidate_opts(k)] + [default_opts(k) + [o] for o in candidate_opts(k.copy().apply_opts(default_opts(k)))]
+  valid = []
+  for opts in seqs:
+    try: valid.append(k.copy().apply_opts(opts))
+    except KernelOptError: pass
+  kinds = {o.op for kk in valid for o in kk.opts}
+  assert {OptOps.UPCAST, OptOps.UNROLL} <= kinds and (OptOps.LOCAL if device == "EMU" else OptOps.THREAD) in kinds
+  for kk in valid:
+    program, _ = compile_kernel(kk, device)
+    item.out.copyin(np.full(item.out.size, np.nan, np.float32))  # a store left out shows
+    program(item.out, *kk.bufs)
+    np.testing.assert_allclose(item.out.numpy_view(), ref.reshape(-1), rtol=2e-5, atol=2e-5, err_msg=str(kk.opts))
+
+
+def test_opts_that_do_not_apply_say_why() -> None:
+  k, _, _ = kernel("CPU", False, (1, 2, 64, 64))
+  for opt, why in [(Opt(OptOps.GROUP, 0, 2), "does not apply to attention"), (Opt(OptOps.PADTO, 0, 4), "does not apply to attention"),
+                   (Opt(OptOps.UPCAST, 2, 16), "registers"), (Opt(OptOps.UNROLL, 0, 5), "does not divide")]:
+    with pytest.raises(KernelOptError, match=why): k.copy().apply_opt(opt)
+
+
+def test_default_opts() -> None:
+  """A block of keys a vector wide and the rows across the cores on a CPU; a workgroup of query rows on a GPU."""
+  k, _, _ = kernel("CPU", False, (2, 8, 256, 64))
+  opts = default_opts(k)
+  assert Opt(OptOps.UNROLL, 0, k.caps.simd_width) in opts and (k.caps.threads == 1 or any(o.op is OptOps.THREAD for o in opts))
+  gpu = Kernel(k.ast, GPU_CAPS)
+  assert default_opts(gpu) == [Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 2, 128)]
