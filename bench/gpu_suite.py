@@ -264,6 +264,44 @@ def variants(suite: Suite, dev: str) -> None:
       suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
 
 
+# attention at its GPU sizes in one kernel (FLASH=2: online softmax, no scores in memory) against the graph's kernels (FLASH=0):
+# (dtype, causal). The default on CUDA and AMD (tensor/functional.py FLASH_DEVICES) was set by bench/gpu_launch_report.py alone.
+ATTENTION_VARIANTS = [("float32", 0), ("float32", 1), ("float16", 0), ("float16", 1)]
+
+
+def attention_variants(suite: Suite, dev: str) -> None:
+  """Attention in one kernel against the graph's kernels, both with default opts, each checked against PyTorch's SDPA; timed
+  alternately (3 rounds each), medians."""
+  from tinytune import Context
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.baselines import tinytune_timing, torch_baseline
+  from tinytune.search.evaluate import TimingPolicy
+  from tinytune.search.worker import mismatches
+  policy, w = TimingPolicy(min_repeats=3, max_repeats=10, max_seconds=0.5), get_workload("attention")
+  suite.out("| dtype | params | one kernel ms (kernels) | graph ms (kernels) | SDPA ms | graph / one kernel | SDPA / one kernel | output |")
+  suite.out("| --- " * 8 + "|")
+  for dt, causal in ATTENTION_VARIANTS:
+    if suite.left() < 60: suite.out(f"| {dt} | causal={causal} | skipped: no time left |"); continue
+    p = {**w.params({}, gpu=not suite.args.quick), "causal": causal}
+    label = " ".join(f"{k}={v}" for k, v in p.items())
+    try:
+      dtype, times = w.dtype(dt), {0: list[float](), 2: list[float]()}
+      kernels, outs = {}, {}
+      for _ in range(3):
+        for flash in (2, 0):
+          with Context(FLASH=flash): t = tinytune_timing(w, p, dev, False, policy, dtype=dtype)
+          times[flash].append(t.median_s)
+          kernels[flash], outs[flash] = len(t.kernels), t.output
+      b = torch_baseline(w, p, dev, policy, dtype) if torch_cuda() is not None else None
+      one, graph = statistics.median(times[2]), statistics.median(times[0])
+      ok = "-" if b is None or b.output is None or outs[2] is None else "ok" if not mismatches(outs[2], b.output, 2e-2).any() else "**differs**"
+      sdpa = b.median_s if b else float("nan")
+      suite.out(f"| {dt} | {label} | {one * 1e3:.3f} ({kernels[2]}) | {graph * 1e3:.3f} ({kernels[0]}) | {sdpa * 1e3:.3f} | {graph / one:.2f} | "
+                f"{sdpa / one:.2f} | {ok} |")
+    except Exception as e:
+      suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+
+
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
   """Median seconds per step over rounds of `steps` steps, each round ended by a synchronize."""
   for _ in range(3): step()
@@ -356,7 +394,7 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants, attention")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -381,6 +419,7 @@ def main() -> None:
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
     ("variants", "matmul: alternatives to the default, timed against it", lambda: variants(suite, dev)),
+    ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:
     if key not in skip: suite.section(title, fn)

@@ -2,12 +2,17 @@
 that applies to it; the schedule makes it one kernel, and the gradient goes through the graph (tests/test_tensor_math.py)."""
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
 from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import candidate_opts
 from tinytune.engine import compile_kernel
@@ -57,6 +62,13 @@ def test_one_kernel_reading_its_inputs_from_memory() -> None:
   with Context(FLASH=0): assert len(create_schedule((q.scaled_dot_product_attention(k, v)).uop, "CPU")[0]) > 1
 
 
+def test_the_default_is_one_kernel_on_gpus_only() -> None:
+  """FLASH=1: one kernel on CUDA, AMD and EMU (which stands for CUDA), the graph on the CPU (where it measured faster) and OpenCL."""
+  for device, one in [("CPU", False), ("EMU", True)]:
+    q = Tensor.empty(2, 16, 8, device=device)
+    assert (len(create_schedule(q.scaled_dot_product_attention(q, q).uop, device)[0]) == 1) == one
+
+
 GPU_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
 
 
@@ -99,3 +111,35 @@ def test_default_opts() -> None:
   assert Opt(OptOps.UNROLL, 0, k.caps.simd_width) in opts and (k.caps.threads == 1 or any(o.op is OptOps.THREAD for o in opts))
   gpu = Kernel(k.ast, GPU_CAPS)
   assert default_opts(gpu) == [Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 2, 128)]
+
+
+def gpu_kernels(caps: DeviceCaps = GPU_CAPS) -> list[Kernel]:
+  """Attention at the catalog's GPU size (4x16x1024x64) in each 16-bit float and float32, causal or not, with the default opts."""
+  ret = []
+  for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+    q = Tensor.empty(4, 16, 1024, 64, dtype=dt, device="EMU")
+    for causal in (False, True):
+      with Context(FLASH=2): item = create_schedule(q.scaled_dot_product_attention(q, q, is_causal=causal).uop, "EMU")[0][0]
+      ret.append(Kernel(item.ast, caps).apply_opts(default_opts(Kernel(item.ast, caps))))
+  return ret
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
+def test_cuda_source_compiles_in_registers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """ptxas for sm_90 keeps each thread's query and output accumulators (64 + 64 floats) in registers: under 255, at most a word spilled."""
+  for i, k in enumerate(gpu_kernels()):
+    (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[:2000]
+    stats = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|registers)", res.stderr)}
+    assert stats["registers"] < 255 and stats["bytes spill stores"] <= 8, (k.ast.dtype, stats)
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="no clang: the HIP renderer's output is not compile-checked here")
+def test_hip_source_compiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  flags = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]
+  for i, k in enumerate(gpu_kernels(dataclasses.replace(GPU_CAPS, max_local=256))):
+    (tmp_path / f"k{i}.hip").write_text(HIPRenderer().render(k))
+    res = subprocess.run(["clang", *flags, f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    if i == 0 and "offload-arch" in res.stderr: pytest.skip("this clang does not compile HIP for gfx90a")
+    assert res.returncode == 0, res.stderr[:2000]

@@ -901,7 +901,9 @@ def attention(lw: _Lowerer) -> LinearProgram:
   iteration takes a block of keys (the UNROLL parts), their scores, and rescales l and the accumulators by 2^(m_old - m_new) once
   for the block; after the loop each output is its accumulator / l. All in float32, loads and the store converting 16-bit floats.
   The head dims go in vectors of the target's lanes where both divide into them: a score is a vector of products whose lanes are
-  added at the end, an output accumulator a vector. Causal: the scores of keys past the query's row are -inf (key 0 is in the first
+  added at the end, an output accumulator a vector. The products are added in a chain, one multiply-add each (the compiler's
+  contraction; a block's keys and the output's vectors are the independent work), where a tree of adds took twice the
+  instructions. Causal: the scores of keys past the query's row are -inf (key 0 is in the first
   block, so m is finite after it)."""
   k, node = lw.k, lw.k.attention
   assert node is not None
@@ -920,6 +922,10 @@ def attention(lw: _Lowerer) -> LinearProgram:
   def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:  # a tree: neighbours first, so the adds do not wait on each other
     while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
     return vals[0]
+  def fmas(start: Val | None, pairs: list[tuple[Val, Val]]) -> Val:  # start + a0 b0 + a1 b1 + ...: a multiply-add each (see body)
+    for a, b in pairs: start = op(Ops.MUL, a, b) if start is None else op(Ops.ADD, start, op(Ops.MUL, a, b))
+    assert start is not None
+    return start
   def acc(name: str, start: float, width: int = 1) -> Val:
     lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
     return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
@@ -939,7 +945,7 @@ def attention(lw: _Lowerer) -> LinearProgram:
     return lw.alu(Ops.WHERE, f32, [Val(Kind.LANES, seen) if len(seen) > 1 else lw.index_val(seen[0]), t, const(-math.inf)], [dtypes.bool, f32, f32])
   for dims, query, m, l, outs in rows:
     keys_at = [(*dims[:n - 1], key) for key in blocks]
-    def dot(kidx: tuple[UOp, ...]) -> Val: return total([op(Ops.MUL, qe, read(keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
+    def dot(kidx: tuple[UOp, ...]) -> Val: return fmas(None, [(qe, read(keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
     if lw.target.lane_folds and w > 1:  # w keys' scores in one vector, lane j folding key j's products: one vector exp for w keys
       chunks = []
       for chunk in (keys_at[i:i + w] for i in range(0, len(keys_at), w)):
@@ -962,8 +968,7 @@ def attention(lw: _Lowerer) -> LinearProgram:
     rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, new_m)))
     updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), total([p for _, p in probs])))]
     for d, o in enumerate(outs):
-      terms = [op(Ops.MUL, p, read(values, (*kidx, at(d * w)))) for kidx, p in probs]
-      updates.append((o, op(Ops.ADD, op(Ops.MUL, o, rescale), total(terms))))
+      updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, read(values, (*kidx, at(d * w)))) for kidx, p in probs])))
     for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
   post = lw.lines = []
   lw.memo = {}

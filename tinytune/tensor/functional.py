@@ -543,7 +543,12 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
   return _attention_graph(self, key, value, attn_mask, dropout_p, is_causal)
 
 
-FLASH_DEVICES: tuple[str, ...] = ()  # the devices whose default (FLASH=1) is attention in one kernel: where it measured faster
+# the devices whose default (FLASH=1) is attention in one kernel. The CPU's is the graph: one kernel measured 0.6-0.7x its speed at
+# 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3, alternating runs under a load of 9-17; faster only
+# at 1x4x256x64, where both timings were bimodal). The GPUs' was set by bench/gpu_launch_report.py, with no GPU to time it
+# (bench/gpu_suite.py's attention section does): at 4x16x1024x64 on an H100/H200 one kernel is bounded by its float32 FMAs at 292 us,
+# the graph's five kernels at 593 us in all (the scores' and probabilities' trips to memory). EMU stands for CUDA.
+FLASH_DEVICES: tuple[str, ...] = ("CUDA", "AMD", "EMU")
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor) -> bool:
