@@ -143,3 +143,22 @@ def test_hip_source_compiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
     res = subprocess.run(["clang", *flags, f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     if i == 0 and "offload-arch" in res.stderr: pytest.skip("this clang does not compile HIP for gfx90a")
     assert res.returncode == 0, res.stderr[:2000]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_masks(each_device: str, mask_kind: str) -> None:
+  """A mask broadcast over the batch dims: a bool one keeps the scores where true (a row's first block of keys all masked out: the
+  running max is -inf, its exps subtract 0), a float one is added; a row masked out whole is NaN, as the graph's softmax gives."""
+  q, k, v = inputs((2, 3, 9, 8), (2, 3, 24, 8), 8, np.float32)
+  rng = np.random.default_rng(2)
+  mask = rng.random((9, 24)) > 0.5 if mask_kind == "bool" else (rng.standard_normal((9, 24)) * 3).astype(np.float32)
+  if mask_kind == "bool": mask[:, :9], mask[3, 12] = False, True  # every row's first blocks masked out, row 3 all but one key
+  if mask_kind == "bool": mask[5] = False
+  ts = [Tensor(x, device=each_device) for x in (q, k, v, mask)]
+  with Context(FLASH=2):
+    out = ts[0].scaled_dot_product_attention(ts[1], ts[2], ts[3])
+    assert len(create_schedule(out.uop, each_device)[0]) == 1
+    got = out.numpy()
+  with Context(FLASH=0): want = ts[0].scaled_dot_product_attention(ts[1], ts[2], ts[3]).numpy()
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  assert np.isnan(got[:, :, 5]).all() == (mask_kind == "bool")

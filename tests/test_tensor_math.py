@@ -267,13 +267,17 @@ def test_scaled_dot_product_attention(q: tuple, k: tuple, v: tuple, kw: dict, fl
                                    lambda a, b, c: a.scaled_dot_product_attention(b, c, **kw)), atol=1e-5, rtol=1e-4, **GRAD)
 
 
-def test_scaled_dot_product_attention_masks() -> None:
+@pytest.mark.parametrize("flash", [0, 2])
+def test_scaled_dot_product_attention_masks(flash: int) -> None:
+  """A bool mask in one kernel with FLASH=2; a float mask that wants a gradient keeps the graph."""
   mask = np.random.default_rng(1).random((3, 5)) < 0.7
   mask[:, 0] = True  # no row all masked: torch's kernels disagree there
-  helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4)], same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, torch.tensor(mask)),
-                                                         lambda a, b, c: a.scaled_dot_product_attention(b, c, Tensor(mask))), rtol=1e-4, **GRAD)
-  helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4), (3, 5)], same(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m),
-                                                                 lambda a, b, c, m: a.scaled_dot_product_attention(b, c, m)), rtol=1e-4, **GRAD)
+  bool_mask = same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, torch.tensor(mask)),
+                   lambda a, b, c: a.scaled_dot_product_attention(b, c, Tensor(mask)))
+  float_mask = same(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m), lambda a, b, c, m: a.scaled_dot_product_attention(b, c, m))
+  with Context(FLASH=flash):
+    helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4)], bool_mask, rtol=1e-4, **GRAD)
+    helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4), (3, 5)], float_mask, rtol=1e-4, **GRAD)
 
 
 # ***** bad calls fail at the call *****

@@ -900,6 +900,7 @@ def attention(lw: _Lowerer) -> LinearProgram:
   starts its running max m (of the scores in base 2: scale / ln 2), its sum of exponentials l and its output accumulators; each
   iteration takes a block of keys (the UNROLL parts), their scores, and rescales l and the accumulators by 2^(m_old - m_new) once
   for the block; after the loop each output is its accumulator / l. All in float32, loads and the store converting 16-bit floats.
+  A mask (the fourth source) is read at the row and key: a bool one puts -inf where false, another is added.
   The head dims go in vectors of the target's lanes where both divide into them: a score is a vector of products whose lanes are
   added at the end, an output accumulator a vector. The products are added in a chain, one multiply-add each (the compiler's
   contraction; a block's keys and the output's vectors are the independent work), where a tree of adds took twice the
@@ -907,7 +908,7 @@ def attention(lw: _Lowerer) -> LinearProgram:
   block, so m is finite after it)."""
   k, node = lw.k, lw.k.attention
   assert node is not None
-  q, keys, values = node.src
+  q, keys, values, *masks = node.src
   scale, causal = node.arg
   n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (q.shape[-1], node.shape[-1])
   simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
@@ -940,9 +941,18 @@ def attention(lw: _Lowerer) -> LinearProgram:
   lw.memo = {}
   log2_scale = const(scale / math.log(2))
   blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
-  def causal_mask(keys_at: list[tuple[UOp, ...]], row: UOp, t: Val) -> Val:  # -inf past the row (keys_at: one a lane, or one)
-    seen = tuple(lw.simplify(kidx[-1].lt(row + 1)) for kidx in keys_at)
-    return lw.alu(Ops.WHERE, f32, [Val(Kind.LANES, seen) if len(seen) > 1 else lw.index_val(seen[0]), t, const(-math.inf)], [dtypes.bool, f32, f32])
+  def masked(keys_at: list[tuple[UOp, ...]], dims: list[UOp], t: Val) -> Val:  # the scores of keys_at (one a lane, or one), masked
+    def per_key(vals: list[Val]) -> Val: return Val(Kind.LANES, tuple(v.items[0] for v in vals)) if len(vals) > 1 else vals[0]
+    def keep(cond: Val, t: Val) -> Val: return lw.alu(Ops.WHERE, f32, [cond, t, const(-math.inf)], [dtypes.bool, f32, f32])
+    if causal: t = keep(per_key([lw.index_val(lw.simplify(kidx[-1].lt(dims[n - 1] + 1))) for kidx in keys_at]), t)  # -inf past the row
+    for mask in masks:  # read at the row's index and the key's
+      at_key = [(*dims[:n], kidx[-1]) for kidx in keys_at]
+      if mask.dtype == dtypes.bool: t = keep(per_key([lw.node(mask, i) for i in at_key]), t)
+      else: t = op(Ops.ADD, t, op(Ops.MUL, per_key([read(mask, i) for i in at_key]), const(1 / math.log(2))))
+    return t
+  def shift(new_m: Val) -> Val:  # what the exps subtract: with a mask every score so far may be -inf, and then 0, not -inf - -inf
+    if not masks: return new_m
+    return lw.alu(Ops.WHERE, f32, [lw.alu(Ops.CMPNE, dtypes.bool, [new_m, const(-math.inf)], [f32, f32]), new_m, const(0.0)], [dtypes.bool, f32, f32])
   for dims, query, m, l, outs in rows:
     keys_at = [(*dims[:n - 1], key) for key in blocks]
     def dot(kidx: tuple[UOp, ...]) -> Val: return fmas(None, [(qe, read(keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
@@ -952,20 +962,22 @@ def attention(lw: _Lowerer) -> LinearProgram:
         lw.count += 1
         fold = lw.emit(Ops.FOLD, *(lw.vec(dot(kidx)) for kidx in chunk), arg=FoldArg(f"s{lw.count}", w, Ops.ADD, True), dtype=f32)
         t = op(Ops.MUL, Val(Kind.VECTOR, (fold,)), log2_scale)  # lanes past the chunk's keys repeat its first (see CRenderer.lane_fold)
-        chunks.append((chunk, causal_mask(chunk + chunk[:1] * (w - len(chunk)), dims[n - 1], t) if causal else t))
+        chunks.append((chunk, masked(chunk + chunk[:1] * (w - len(chunk)), dims, t)))
       most = total([t for _, t in chunks], Ops.MAX)
       new_m = op(Ops.MAX, m, total([Val(Kind.SCALAR, (most.lane(i),)) for i in range(w)], Ops.MAX))
-      exps = [(chunk, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, new_m)))) for chunk, t in chunks]
+      base = shift(new_m)
+      exps = [(chunk, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for chunk, t in chunks]
       probs = [(kidx, Val(Kind.SCALAR, (p.lane(j),))) for chunk, p in exps for j, kidx in enumerate(chunk)]
     else:
       scores = []
       for kidx in keys_at:
         products = dot(kidx)
         t = op(Ops.MUL, total([Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
-        scores.append((kidx, causal_mask([kidx], dims[n - 1], t) if causal else t))
+        scores.append((kidx, masked([kidx], dims, t)))
       new_m = op(Ops.MAX, m, total([t for _, t in scores], Ops.MAX))
-      probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, new_m)))) for kidx, t in scores]
-    rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, new_m)))
+      base = shift(new_m)
+      probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for kidx, t in scores]
+    rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base)))
     updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), total([p for _, p in probs])))]
     for d, o in enumerate(outs):
       updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, read(values, (*kidx, at(d * w)))) for kidx, p in probs])))

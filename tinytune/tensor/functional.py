@@ -539,7 +539,7 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
       *lead, s, e = t.shape
       return t.unsqueeze(-3).expand(*lead, heads // kv, s, e).reshape(*lead[:-1], heads, s, e)
     key, value = share(key), share(value)
-  if attn_mask is None and not (dropout_p and Tensor.training) and _flash(self, key, value): return _attention(self, key, value, is_causal)
+  if not (dropout_p and Tensor.training) and _flash(self, key, value, attn_mask): return _attention(self, key, value, attn_mask, is_causal)
   return _attention_graph(self, key, value, attn_mask, dropout_p, is_causal)
 
 
@@ -551,22 +551,29 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
 FLASH_DEVICES: tuple[str, ...] = ("CUDA", "AMD", "EMU")
 
 
-def _flash(q: Tensor, k: Tensor, v: Tensor) -> bool:
-  """Whether attention runs in one kernel (see helpers.FLASH): queries, keys and values of one float dtype, the same leading dims."""
+def _flash(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+  """Whether attention runs in one kernel (see helpers.FLASH): queries, keys and values of one float dtype, the same leading dims,
+  and a mask, if any, that broadcasts to the scores and wants no gradient."""
   if not FLASH or q.ndim < 2 or not (q.ndim == k.ndim == v.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]): return False
   if not (q.dtype == k.dtype == v.dtype and q.dtype.is_float and q.dtype.itemsize <= 4) or k.shape[-2] != v.shape[-2]: return False
   if 0 in q.shape + k.shape: return False
+  scores = (*q.shape[:-1], k.shape[-2])
+  if mask is not None and (mask.requires_grad or mask.ndim > len(scores) or any(m not in (1, s) for m, s in zip(mask.shape[::-1], scores[::-1]))):
+    return False
   return FLASH >= 2 or q.device.split(":")[0] in FLASH_DEVICES
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-  """Attention in one kernel (Ops.ATTENTION); its gradient is the graph's (_attention_graph), built only when one is asked."""
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+  """Attention in one kernel (Ops.ATTENTION; a mask is its fourth source, broadcast to the scores); its gradient is the graph's
+  (_attention_graph), built only when one is asked."""
+  scores = (*q.shape[:-1], k.shape[-2])
+  masks = () if mask is None else (mask.reshape(*(1,) * (len(scores) - mask.ndim), *mask.shape).expand(*scores).uop,)
   def fused(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    return Tensor._of(UOp(Ops.ATTENTION, q.dtype, (q.uop, k.uop, v.uop), (1 / math.sqrt(q.shape[-1]), bool(causal))), q.device)
+    return Tensor._of(UOp(Ops.ATTENTION, q.dtype, (q.uop, k.uop, v.uop, *masks), (1 / math.sqrt(q.shape[-1]), bool(causal))), q.device)
   if not autograd.tracking(q, k, v): return autograd.untracked(fused(q, k, v))
   def rule(g: Tensor) -> list[Tensor | None]:
     leaves = [t.detach().requires_grad_(autograd.wanted(t)) for t in (q, k, v)]
-    with autograd.Switch("no_grad", False): out = _attention_graph(leaves[0], leaves[1], leaves[2], None, 0.0, causal)
+    with autograd.Switch("no_grad", False): out = _attention_graph(leaves[0], leaves[1], leaves[2], mask, 0.0, causal)
     return autograd.gradient(out, leaves, g.cast(out.dtype))
   return autograd.record(fused(q.detach(), k.detach(), v.detach()), (q, k, v), rule)
 
