@@ -162,3 +162,12 @@ def test_masks(each_device: str, mask_kind: str) -> None:
   with Context(FLASH=0): want = ts[0].scaled_dot_product_attention(ts[1], ts[2], ts[3]).numpy()
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   assert np.isnan(got[:, :, 5]).all() == (mask_kind == "bool")
+
+
+def test_assigned_into_its_values_memory() -> None:
+  """v.assign(attention(q, k, v)): the kernel reads every row of v for each output row, so it may not write into v's memory as it goes
+  (realize's direct writes: each later row read the rows already overwritten)."""
+  q, k, v = inputs((1, 2, 16, 8), (1, 2, 16, 8), 8, np.float32, seed=3)
+  tv = Tensor(v.copy())
+  with Context(FLASH=2): tv.assign(Tensor(q).scaled_dot_product_attention(Tensor(k), tv)).realize()
+  np.testing.assert_allclose(tv.numpy(), reference(q, k, v, False), rtol=2e-5, atol=2e-5)
