@@ -904,8 +904,8 @@ def attention(lw: _Lowerer) -> LinearProgram:
   The head dims go in vectors of the target's lanes where both divide into them: a score is a vector of products whose lanes are
   added at the end, an output accumulator a vector. The products are added in a chain, one multiply-add each (the compiler's
   contraction; a block's keys and the output's vectors are the independent work), where a tree of adds took twice the
-  instructions. Causal: the scores of keys past the query's row are -inf (key 0 is in the first
-  block, so m is finite after it)."""
+  instructions. Causal: the scores of keys past the query's row are -inf (key 0 is in the first block, so m is finite after it),
+  and a thread skips the blocks past all its rows."""
   k, node = lw.k, lw.k.attention
   assert node is not None
   q, keys, values, *masks = node.src
@@ -982,6 +982,10 @@ def attention(lw: _Lowerer) -> LinearProgram:
     for d, o in enumerate(outs):
       updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, read(values, (*kidx, at(d * w)))) for kidx, p in probs])))
     for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
+  if causal and blocks:  # a block of keys that starts past every row of the thread is all -inf: skipped (half the work)
+    seen = [lw.simplify(blocks[0].lt(row + 1)) for row in dict.fromkeys(dims[n - 1] for dims, *_ in rows)]
+    cond = functools.reduce(lambda a, b: a.alu(Ops.OR, b), seen)
+    body[:] = [stmt(Ops.IF, cond.alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
   post = lw.lines = []
   lw.memo = {}
   strides = strides_for(k.out_shape)
