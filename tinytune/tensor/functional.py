@@ -547,7 +547,7 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
 # 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3, alternating runs under a load of 9-17; faster only
 # at 1x4x256x64, where both timings were bimodal). The GPUs' was set by bench/gpu_launch_report.py, with no GPU to time it
 # (bench/gpu_suite.py's attention section does): at 4x16x1024x64 on an H100/H200 one kernel is bounded by its float32 FMAs at 292 us,
-# the graph's five kernels at 593 us in all (the scores' and probabilities' trips to memory). EMU stands for CUDA.
+# the graph's four kernels at 417 us in all (its two products' FMAs, the scores' trips to memory). EMU stands for CUDA.
 FLASH_DEVICES: tuple[str, ...] = ("CUDA", "AMD", "EMU")
 
 
