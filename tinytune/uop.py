@@ -17,6 +17,10 @@ class Ops(Enum):
   BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE = auto(); CAST = auto(); BITCAST = auto(); VAR = auto(); CONTIGUOUS = auto()  # noqa: E702
   # GATHER(x, index), arg d: x read where dim d's index is index's value (index has x's shape but at d; out of range reads 0)
   GATHER = auto()
+  # ATTENTION(q, k, v[, mask]), arg (scale, causal): softmax(q @ k^T * scale [+ mask]) @ v over the last two dims, (..., L, E) (..., S, E)
+  # (..., S, Ev) [(..., L, S): a bool mask keeps the scores where true, another is added] -> (..., L, Ev), computed in one kernel by
+  # online softmax (causal: query i sees keys 0..i)
+  ATTENTION = auto()
   # unary
   NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto()  # noqa: E702
   # binary
@@ -140,6 +144,7 @@ class UOp:
     if self.op is Ops.VIEW: return self.arg.shape
     if self.op is Ops.REDUCE: return tuple(1 if i in self.arg[1] else s for i, s in enumerate(self.src[0].shape))
     if self.op is Ops.GATHER: return self.src[1].shape
+    if self.op is Ops.ATTENTION: return (*self.src[0].shape[:-1], self.src[2].shape[-1])
     return self.src[0].shape
 
   @property

@@ -184,7 +184,11 @@ class Kernel:
     self.n_global = len(self.out_shape)
     self.reduce_axes: tuple[int, ...] = self.reduceop.arg[1] if self.reduceop is not None else ()
     red_sizes = [self.reduceop.src[0].shape[a] for a in self.reduce_axes] if self.reduceop is not None else []
-    self.sizes: list[int] = list(self.out_shape) + red_sizes  # padded sizes after PADTO
+    # attention in one kernel (Ops.ATTENTION, the whole AST): the output's dims but its values' (each thread's rows keep all of them),
+    # then the keys as the reduce dim
+    self.attention = ast if ast.op is Ops.ATTENTION else None
+    if self.attention is not None: self.n_global, red_sizes = self.n_global - 1, [ast.src[1].shape[-2]]
+    self.sizes: list[int] = list(self.out_shape[:self.n_global]) + red_sizes  # padded sizes after PADTO
     self.axes = [Axis(s, AxisKind.GLOBAL if d < self.n_global else AxisKind.REDUCE, d, 1) for d, s in enumerate(self.sizes)]
     self.global_order = list(range(self.n_global))
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
@@ -245,7 +249,8 @@ class Kernel:
 
   @property
   def name(self) -> str:
-    return ("r_" if self.reduceop is not None else "E_") + "_".join(str(s) for s in self.sizes or [1])
+    prefix = "attn_" if self.attention is not None else "r_" if self.reduceop is not None else "E_"
+    return prefix + "_".join(str(s) for s in self.sizes or [1])
 
   # ***** identity *****
   @cached_property
@@ -264,6 +269,8 @@ class Kernel:
 
   @cached_property
   def flops(self) -> int:
+    if (at := self.attention) is not None:  # per query and key: a dot product of E, one of Ev, the softmax's few
+      return prod(at.shape[:-1]) * at.src[1].shape[-2] * (2 * at.src[0].shape[-1] + 2 * at.shape[-1] + 5)
     ops = 0
     for u in self.ast.toposort:
       if u.op in ALU and u.op is not Ops.CAST: ops += prod(u.shape)
@@ -339,6 +346,12 @@ class Kernel:
       self.stream = True
       self.opts.append(opt)
       return
+    if self.attention is not None:
+      check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP), f"{op.name} does not apply to attention in one kernel")
+      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0:  # each row keeps its query and its output in registers
+        at = self.attention
+        held = self.sizes_of(AxisKind.UPCAST) * arg * (at.src[0].shape[-1] + at.shape[-1])
+        check(held <= 4 * self.caps.max_upcast, f"UPCAST {arg}: the rows' queries and outputs would take {held} registers")
     staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
