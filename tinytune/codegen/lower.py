@@ -880,14 +880,15 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-  tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
+  lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", "warp*256+lane+32*pair"))
   lw.lines = []
   for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-    lw.lines += [wmma("store", j), wmma("sync")]
-    for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
-      lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
-      dims = lw.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
-      val = lw.node(k.ast, tuple(dims[:k.n_global]))
-      lw.store(val, lw.out_offset(dims), TRUE)
-    lw.lines.append(wmma("sync"))
+    # element lane + 32 pair of the 16x16 tile: row lane / 16 + 2 pair, column lane % 16; a loop, as lowering the 8 elements one by
+    # one took most of a 4x4-tile TC matmul's render (30 of 38 ms); values made in one tile's loop are not seen in the next's
+    lw.lines += [wmma("store", j), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+    lw.memo.clear()
+    dims = lw.dims({**tile, row_axis: tile_row + 2 * pair, col_axis: tile_col})
+    lw.store(lw.node(k.ast, tuple(dims[:k.n_global])), lw.out_offset(dims), TRUE)
+    lw.lines += [stmt(Ops.ENDRANGE), wmma("sync")]
   return LinearProgram(k, lw.width, out + lw.lines)
