@@ -851,6 +851,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   tiles = lw.instances((AxisKind.UPCAST,))
   out += [wmma("acc", j) for j in range(len(tiles))]
   frags: dict[tuple[str, object, UOp], str] = {}
+  offsets: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
   body: list[UOp] = []
   wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
@@ -861,7 +862,10 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       st = {d: s for (d, _), s in zip(tile, strides)}
       i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
       layout, ld = ("row_major", st.get(i, 0)) if st.get(j) == 1 else ("col_major", st.get(j, 0))
-    else: off = lw.simplify(view.arg.index(tuple(dims))[0])
+    else:  # A's offset is the same for each tile along B's dim, and B's along A's: worked out once
+      used = tuple(d for d, st in zip(dims, view.arg.strides) if st)
+      if (view, used) not in offsets: offsets[view, used] = lw.simplify(view.arg.index(tuple(dims))[0])
+      off = offsets[view, used]
     if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
