@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Kernel, Opt, OptOps, Tensor
+from tinytune import Kernel, Opt, OptOps, Tensor, engine
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import GPU_THREADS, default_opts
 from tinytune.codegen.kernel import AxisKind
@@ -183,7 +183,7 @@ def test_conv_register_tile_runs_on_emu() -> None:
   p = w.params({"batch": 20, "cin": 4, "cout": 64, "size": 56})
   out, arrays = w.instantiate(p, device="EMU")
   items, _ = schedule(out, "EMU")
-  k = Kernel(items[1].ast, Device["EMU"].caps)
+  k = engine.kernels(items, "EMU")[1][1]
   assert default_opts(k) == [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 1, 2),
                              Opt(OptOps.UNROLL, 2, 3)]
   np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-3)

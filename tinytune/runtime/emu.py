@@ -176,9 +176,6 @@ def convert(x: Any, to: Any) -> Any:
   return x.astype(to)
 
 
-def _int_type(dts: list[DType]) -> Any: return np.uint64 if dtypes.uint64 in dts else np.int64
-
-
 def _divide(floor: bool, remainder: bool) -> Callable[[Any, Any], Any]:
   """Integer division or remainder: floor operations (index math whose numerator can be negative), else C's, which truncate."""
   def divide(a: Any, b: Any) -> Any:
