@@ -15,8 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
@@ -108,14 +107,13 @@ def source_hash(src: str) -> str:
 
 
 class Built(NamedTuple):
-  """A candidate rendered and compiled: its source's hash, the program (base64; None where it did not compile, or where `duplicate`:
-  its source was already built), the seconds of each step, the compiler's first line of error."""
+  """A candidate rendered and compiled: its source's hash, the program (base64; None where it did not compile, or where its source
+  was measured already), the seconds of each step, the compiler's first line of error."""
   source_hash: str
   lib: str | None
   render_s: float
   compile_s: float
   error: str = ""
-  duplicate: bool = False
 
 
 def _build(k: Kernel, render: Callable[[Kernel], str], compile: Callable[[str], bytes]) -> Built:
@@ -210,20 +208,21 @@ class Evaluator:
 
   def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
     """Results in the order given; each new measurement is reported to on_result as it finishes. Up to twice as many candidates as
-    there are compile jobs are rendered and compiled ahead of the one the worker runs. Past the deadline no new candidate is
-    compiled or run: the results stop at the first candidate that was not."""
+    there are compile jobs are rendered and compiled ahead, and the worker runs whichever is built first (a TC candidate's compile
+    took from 1.3 to 38 s on a loaded Zen 4: one slow compile holds up no other). Past the deadline no new candidate is compiled or
+    run: the results stop at the first candidate that was not."""
     results: list[Result | None] = [None] * len(candidates)
-    ahead: deque[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]] = deque()
+    ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]] = []
     building: dict[str, Future[Built]] = {}  # source hash -> its build in flight (compiled in this process: a duplicate waits for it)
     stopped = False
     for i, opts in enumerate(map(tuple, candidates)):
       if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = replace(stored, objective=self.objective); continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
-      while len(ahead) >= 2 * self.pool._max_workers and not stopped: stopped = not self._finish(*ahead.popleft(), results)
+      while len(ahead) >= 2 * self.pool._max_workers and not stopped: stopped = not self._finish(ahead, results)
       if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
       ahead.append((i, opts, k, self._submit(opts, k, building)))
-    while ahead and not stopped: stopped = not self._finish(*ahead.popleft(), results)
+    while ahead and not stopped: stopped = not self._finish(ahead, results)
     return results[:next((i for i, r in enumerate(results) if r is None), len(results))]  # type: ignore[return-value]
 
   def past_deadline(self, rendering: bool = False) -> bool:
@@ -247,20 +246,24 @@ class Evaluator:
     st = time.monotonic()
     src = self.render_source(k)
     self.render_s.append(render_s := time.monotonic() - st)
-    if (h := source_hash(src)) in self.by_source or h in building:
+    if (h := source_hash(src)) in building: return building[h]  # done with the first: it runs, then this takes its result
+    if h in self.by_source:
       done: Future[Built] = Future()
-      done.set_result(Built(h, None, render_s, 0.0, duplicate=True))
+      done.set_result(Built(h, None, render_s, 0.0))
       return done
     building[h] = self.pool.submit(self._compile, src, render_s)
     return building[h]
 
-  def _finish(self, i: int, opts: tuple[Opt, ...], k: Kernel, build: Future[Built], results: list[Result | None]) -> bool:
-    """Wait for a candidate's build and run it (or take the result of its source, measured already); False where the deadline came
-    first. A compile still running at the deadline is left to finish alone (a chunk's compiles ran 2.4 s past a 5 s budget on pocl)."""
+  def _finish(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> bool:
+    """Wait for a candidate in flight to be built, the first given of those that are, and run it (or take the result of its source,
+    measured already); False where the deadline came first. A compile still running at the deadline is left to finish alone (a
+    chunk's compiles ran 2.4 s past a 5 s budget on pocl)."""
     check_stop()
     if self.past_deadline(): return False
-    try: built = build.result(None if self.deadline is None else max(0.0, self.deadline - time.monotonic()))
-    except TimeoutError: return False
+    if not wait([build for *_, build in ahead], None if self.deadline is None else max(0.0, self.deadline - time.monotonic()),
+                FIRST_COMPLETED).done: return False
+    i, opts, k, build = ahead.pop(next(j for j, entry in enumerate(ahead) if entry[3].done()))
+    try: built = build.result()
     except BrokenProcessPool:
       self._close_procs()
       built = Built("", None, 0.0, 0.0, "the compile process died")
