@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ops_support import run_blocks_on_host
 
-from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import ScheduleItem, create_schedule
@@ -169,3 +169,12 @@ def test_tc_epilogue_reading_another_input_per_tile(tmp_path) -> None:  # type: 
   assert run(out, *(buf.numpy_view() for buf in kernel.bufs)) == 0  # type: ignore[attr-defined]
   ref = a_np.astype(np.float32) @ b_np.astype(np.float32) + c_np.astype(np.float32)
   np.testing.assert_allclose(out.reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=2e-2)
+
+
+def test_tc_accumulators_past_the_register_file_are_refused() -> None:
+  """Each 16x16 accumulator tile takes 8 registers of every thread of its warp: 32 tiles (256 registers) cannot fit sm_90's 255, and
+  such a candidate spilled and took 38 s to compile (4096^3 float16 with 128 tiles, loaded Zen 4)."""
+  a, b = (Tensor.empty(512, 512, dtype=dtypes.float16, device="CPU").realize() for _ in range(2))
+  (item,), _ = create_schedule((a @ b).uop, "CPU")
+  k = Kernel(item.ast, H100_TC).apply_opts([Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)])  # 16 tiles
+  with pytest.raises(KernelOptError, match="TC's accumulators would take 256 registers a thread, over 255"): k.apply_opt(Opt(OptOps.UPCAST, 0, 2))
