@@ -184,9 +184,11 @@ def matmul(suite: Suite, dev: str) -> None:
         wall = time.monotonic() - st
         searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5))
         med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
-        compile_ms = med([r.compile_s for r in result.history if r.status != "invalid"])
-        where.append(f"{dt}: per candidate (medians) render {med(ev.render_s):.0f} ms in turn, compile {compile_ms:.0f} ms in "
-                     f"{ev.pool._max_workers} threads, verify + time {med(ev.run_s):.0f} ms in the worker; "
+        built = list({r.source_hash: r for r in result.history if r.status != "invalid" and not r.stored}.values())
+        each = {what: med([getattr(r, f"{what}_s") for r in built]) for what in ("render", "compile", "verify", "run")}
+        where.append(f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in "
+                     f"{ev.pool._max_workers} {'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; "
+                     f"run {each['run']:.0f} ms in the worker, of it verify {each['verify']:.0f} ms; "
                      f"{ev.evaluated} measured, {len(result.history)} tried with the invalid")
       tried = sum(result.counts().values())
       th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from ops_support import run_blocks_on_host
 
-from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import ScheduleItem, create_schedule
@@ -190,3 +190,33 @@ def test_mma_sync_multiplies_on_a_cuda_gpu(ta: bool, tb: bool, k: int, opts: lis
   program, _ = compile_kernel(kernel, "CUDA")
   program(item.out, *kernel.bufs)
   np.testing.assert_allclose(item.out.numpy_view().reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
+def test_tc_epilogue_reading_another_input_per_tile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """What follows the sum (here + a bias per column) is lowered once per accumulator tile in a loop over the tile's rows: a bias read
+  in one tile's loop is read again in the next tile's of the same columns, not taken from a loop that has ended."""
+  rng = np.random.default_rng(1)
+  a_np, b_np, c_np = (rng.standard_normal(shape).astype(np.float16) for shape in ((64, 32), (32, 48), 48))
+  a, b, c = (Tensor(x, device="CPU").cast(dtypes.float16).realize() for x in (a_np, b_np, c_np))
+  (item,), _ = create_schedule((a @ b + c).uop, "CPU")
+  kernel = Kernel(item.ast, H100_TC).apply_opts([Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 3)])
+  src = CUDARenderer().render(kernel)
+  src = re.sub(r"static __device__ inline void tt_(mma|ldmatrix_x4\w*)\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
+  name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
+  args = ", ".join(["(half*)out", *(f"(const half*){x}" for x in ("a", "b", "c"))])
+  run = run_blocks_on_host(tmp_path, SHIM + src, *kernel.launch_dims, f"threadIdx.x = i; blockIdx.x = blk; {name}({args});", result="misaligned_rows",
+                           inputs=("a", "b", "c"))
+  out = np.full(64 * 48, np.nan, np.float16)
+  assert run(out, *(buf.numpy_view() for buf in kernel.bufs)) == 0  # type: ignore[attr-defined]
+  ref = a_np.astype(np.float32) @ b_np.astype(np.float32) + c_np.astype(np.float32)
+  np.testing.assert_allclose(out.reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=2e-2)
+
+
+def test_tc_accumulators_past_the_register_file_are_refused() -> None:
+  """Each 16x16 accumulator tile takes 8 registers of every thread of its warp: 32 tiles (256 registers) cannot fit sm_90's 255, and
+  such a candidate spilled and took 38 s to compile (4096^3 float16 with 128 tiles, loaded Zen 4)."""
+  a, b = (Tensor.empty(512, 512, dtype=dtypes.float16, device="CPU").realize() for _ in range(2))
+  (item,), _ = create_schedule((a @ b).uop, "CPU")
+  k = Kernel(item.ast, H100_TC).apply_opts([Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)])  # 16 tiles
+  with pytest.raises(KernelOptError, match="TC's accumulators would take 256 registers a thread, over 255"): k.apply_opt(Opt(OptOps.UPCAST, 0, 2))

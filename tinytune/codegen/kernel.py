@@ -47,6 +47,7 @@ class TensorCore:
 
 TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
 TC_PAIR = 2  # the CPU's: products along K that one dot-product instruction adds into a lane
+TC_ACC_REGISTERS = TC_SIZE * TC_SIZE // 32  # a GPU's float32 accumulator tile: 8 registers in each of a warp's 32 threads
 
 
 def find_tensor_core(k: Kernel) -> TensorCore:
@@ -413,6 +414,9 @@ class Kernel:
         check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
         check(self.upcast_size(AxisKind[op.name], dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
+      if op is OptOps.UPCAST and self.tc is not None and self.caps.has_local:  # a 4096^3 float16 TC candidate of 128 tiles compiled 38 s
+        need = TC_ACC_REGISTERS * self.sizes_of(AxisKind.UPCAST) * arg
+        check(need <= self.caps.vector_registers, f"TC's accumulators would take {need} registers a thread, over {self.caps.vector_registers}")
       if op is OptOps.LOCAL and dim in self.row_dims:  # a row's threads are the workgroup's, the GROUP's fastest, each a share of it
         group, threads, shared = self.sizes_of(AxisKind.GROUP), self.thread_axes, prod(self.axes[i].size for i in self.row_thread_axes)
         check(bool(threads) and self.axes[threads[-1]].kind is AxisKind.GROUP and group % (arg * shared) == 0,

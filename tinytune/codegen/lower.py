@@ -978,6 +978,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   tiles = lw.instances((AxisKind.UPCAST,))
   out += [wmma("acc", j) for j in range(len(tiles))]
   frags: dict[tuple[str, object, UOp], str] = {}
+  offsets: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
   body: list[UOp] = []
   wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
@@ -989,7 +990,10 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       st = {d: s for (d, _), s in zip(tile, strides)}
       i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
       layout, ld = ("row_major", st.get(i, 0)) if st.get(j) == 1 else ("col_major", st.get(j, 0))
-    else: off = lw.simplify(view.arg.index(tuple(dims))[0])
+    else:  # A's offset is the same for each tile along B's dim, and B's along A's: worked out once
+      used = tuple(d for d, st in zip(dims, view.arg.strides) if st)
+      if (view, used) not in offsets: offsets[view, used] = lw.simplify(view.arg.index(tuple(dims))[0])
+      off = offsets[view, used]
     if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
@@ -1010,16 +1014,17 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-  tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
+  lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", "warp*256+lane+32*pair"))
   lw.lines = []
   for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-    lw.lines += [wmma("store", j), wmma("sync")]
-    for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
-      lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
-      dims = lw.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
-      val = lw.node(k.ast, tuple(dims[:k.n_global]))
-      lw.store(val, lw.out_offset(dims), TRUE)
-    lw.lines.append(wmma("sync"))
+    # element lane + 32 pair of the 16x16 tile: row lane / 16 + 2 pair, column lane % 16; a loop, as lowering the 8 elements one by
+    # one took most of a 4x4-tile TC matmul's render (30 of 38 ms); values made in one tile's loop are not seen in the next's
+    lw.lines += [wmma("store", j), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+    lw.memo.clear()
+    dims = lw.dims({**tile, row_axis: tile_row + 2 * pair, col_axis: tile_col})
+    lw.store(lw.node(k.ast, tuple(dims[:k.n_global])), lw.out_offset(dims), TRUE)
+    lw.lines += [stmt(Ops.ENDRANGE), wmma("sync")]
   return LinearProgram(k, lw.width, out + lw.lines)
 
 
