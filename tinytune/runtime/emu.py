@@ -774,7 +774,7 @@ class EMUDevice(Compiled):
   """A CUDA GPU of TINYTUNE_EMU_ARCH (sm_80 or sm_90), emulated in NumPy (see the module's docstring). Its timings are host seconds of
   an interpreter: never a GPU's speed (`emulated`)."""
   name = "EMU"
-  emulated = True
+  emulated = compiles_apart = True  # the process that renders a kernel keeps its lowered program for compile: the pair runs apart as on CUDA
 
   def __init__(self) -> None:
     self.arch = os.getenv("TINYTUNE_EMU_ARCH") or "sm_90"
