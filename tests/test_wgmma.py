@@ -273,7 +273,8 @@ def test_tc_wgmma_batched(shape: tuple[int, int, int, int], opts: list[Opt]) -> 
 
 
 def test_tc_wgmma_refusals() -> None:
-  """sm_80 has no wgmma; the warpgroup needs 64 rows; LOCAL would split it; TC's arg 2 stages its tiles itself."""
+  """sm_80 has no wgmma; the warpgroup needs 64 rows; LOCAL would split it; TC's arg 2 stages its tiles itself, unswizzled and without
+  PIPELINE's ring (not yet)."""
   with emu_arch("sm_80"):
     out, _ = matmul(dtypes.float16, False, False, 64, 16, 32)
     with pytest.raises(KernelOptError, match=r"TC's arg 2 \(wgmma\) is sm_90's \(Hopper\): this GPU's TC takes args 0 and 1"): tc2_kernel(out, [])
@@ -281,6 +282,8 @@ def test_tc_wgmma_refusals() -> None:
     with pytest.raises(KernelOptError, match="rows a multiple of 64"): tc2_kernel(matmul(dtypes.float16, False, False, 32, 16, 32)[0], [])
     with pytest.raises(KernelOptError, match="LOCAL does not combine"): tc2_kernel(out, [Opt(OptOps.LOCAL, 1, 1)])
     with pytest.raises(KernelOptError, match="stages its K tiles itself"): tc2_kernel(out, [Opt(OptOps.STAGE, 0, 2)])
+    with pytest.raises(KernelOptError, match=r"PIPELINE does not take TC's arg 2 \(wgmma\) yet"):
+      tc2_kernel(matmul(dtypes.float16, False, False, 64, 16, 256)[0], [Opt(OptOps.PIPELINE, 0, 2)])
 
 
 def test_tc_wgmma_descriptors_in_the_source() -> None:
