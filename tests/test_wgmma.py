@@ -20,7 +20,7 @@ from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.lower import LinearProgram, lower, stmt
 from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
-from tinytune.runtime.emu import EMUProgram, dump, load
+from tinytune.runtime.emu import EmuError, EMUProgram, dump, load
 from tinytune.runtime.emu_tc import bits_of, d_at, wgmma_descriptor, wgmma_m64nNk16, wgmma_operand
 from tinytune.uop import Ops
 
@@ -333,3 +333,15 @@ def test_tc_wgmma_kernels_compile_for_sm_90a(tmp_path) -> None:  # type: ignore[
   res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *(f"k{i}.cu" for i in range(len(srcs)))], cwd=tmp_path, capture_output=True, text=True,
                        timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_tc_wgmma_without_the_proxy_fence_fails() -> None:
+  """The staged tiles' stores are generic-proxy writes that wgmma (the async proxy) reads: without each thread's fence.proxy.async after
+  its stores, EMU refuses the wgmma, naming the threads."""
+  with emu_arch("sm_90"):
+    out, _ = matmul(dtypes.float16, False, False, 64, 16, 32)
+    kernel, buf = tc2_kernel(out, [])
+    uops = lower(kernel, Device["EMU"].renderer).uops
+    assert sum(u.op is Ops.WMMA and u.arg[1] == "proxy" for u in uops) == 1
+    with pytest.raises(EmuError, match="with no fence.proxy.async after"):
+      run_lowered(kernel, buf, [u for u in uops if not (u.op is Ops.WMMA and u.arg[1] == "proxy")])

@@ -271,8 +271,8 @@ class TensorCores:
   def wgmma_store(self, u: Node, j: int) -> Fn: return self.mma_store(u, j)
 
   def wgmma_proxy(self, u: Node) -> Fn:
-    """fence.proxy.async.shared::cta after a thread's stores of a staged tile: EMU has one view of shared memory (nothing to order)."""
-    def proxy(s: _Run) -> None: pass
+    """fence.proxy.async.shared::cta: the thread's stores to shared memory so far are seen by wgmma (the async proxy) after a barrier."""
+    def proxy(s: _Run) -> None: s.unfenced[s.active] = False
     return proxy
 
   def wgmma_fence(self, u: Node) -> Fn:
@@ -299,6 +299,9 @@ class TensorCores:
       return value_of(bits, dt).reshape(len(start), rows, 16)
     def mma(s: _Run) -> None:
       on = warpgroups(s, "wgmma.mma_async")
+      if (bad := np.asarray(s.unfenced.reshape(s.groups, -1).any(axis=1))[s.local_g] & s.active).any():  # the workgroup's stores reach wgmma fenced
+        s.fail(f"wgmma.mma_async reads shared memory that {s.who(s.unfenced & np.isin(s.local_g, s.local_g[bad]))} stored to with no "
+               "fence.proxy.async after: the async proxy may not see it")
       first = np.zeros(s.n, bool)
       first[np.flatnonzero(on) * WARPGROUP] = True
       A, B = operand(s, ta, base_a, sa, 64, on, first), operand(s, tb, base_b, sb, 16 * len(js), on, first)
