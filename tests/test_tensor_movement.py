@@ -380,6 +380,13 @@ def test_interpolate_uint8_images() -> None:
                  lambda x: x.interpolate((9, 3), "bilinear", align_corners=True), dtype=dtypes.uint8, low=0, high=255)
 
 
+def test_index_outputs_are_int32_as_argmax() -> None:
+  """Every op that returns indices gives tinygrad's default int, as argmax, sort and topk do (max_pool2d's and cummax's were int64)."""
+  x = Tensor([[[3.0, 1.0, 4.0, 1.0]]])
+  got = [x.argmax(-1), x.sort(-1)[1], x.topk(2)[1], x.max_pool2d((2,), return_indices=True)[1], x.cummax(-1)[1], x.cummin(-1)[1]]
+  assert [t.dtype for t in got] == [dtypes.int32] * len(got)
+
+
 def test_max_pool_indices() -> None:
   """max_pool2d(return_indices=True) gives torch's flat indices: the first of tied maxima, the last NaN of a window that has one."""
   nan = math.nan
