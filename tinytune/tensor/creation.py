@@ -28,7 +28,7 @@ def _leaf(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 def _shape_arg(shape: tuple) -> tuple[int, ...]:
   shape = argfix(*shape)
-  if not all(isinstance(s, int) for s in shape): raise TypeError(f"a shape is ints, got {shape}")
+  if not all(isinstance(s, int) for s in shape): raise ValueError(f"a shape is ints, got {shape}")
   if any(s < 0 for s in shape): raise OpError(f"Dimension size must be non-negative, got {shape}")
   return shape
 
