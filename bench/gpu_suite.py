@@ -215,6 +215,16 @@ def _prefetched(kernel: Any, opts: list) -> list:
   return _with_arg("STAGE", 8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
 
 
+def _raster(band: int) -> Callable[[Any, list], list]:
+  """The default's opts with its workgroups in bands of `band` along the first global axis (RASTER), where that is valid."""
+  def raster(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import KernelOptError, Opt, OptOps
+    try: kernel.copy().apply_opts([*opts, Opt(OptOps.RASTER, kernel.global_order[0], band)])
+    except KernelOptError: return opts
+    return [*opts, Opt(OptOps.RASTER, kernel.global_order[0], band)]
+  return raster
+
+
 def _reserve(kernel: Any, opts: list) -> list:
   """The plan the heuristics hold in reserve beside an unmeasured default's (heuristic.alternative_opts), else the default's."""
   from tinytune.codegen.heuristic import alternative_opts
@@ -230,7 +240,19 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 1))),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
   ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_arg("STAGE", 8)),
-  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched)]
+  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched),
+  ("float32", "workgroups in bands of 16 down the columns (RASTER 0 16): a wave's tiles of A and B, 342 -> 306 MB from memory", _raster(16)),
+  ("float32", "workgroups in bands of 8 (RASTER 0 8)", _raster(8)),
+  ("float16", "TC's workgroups in bands of 16 (RASTER 0 16)", _raster(16))]
+
+
+# workloads whose schedule a variant changes (split-K, SPLITK=0 in place of the planner's choice), each timed against the default
+# schedule: (workload, its params over the GPU sizes, label, the Context of the variant)
+SCHEDULE_VARIANTS: list[tuple[str, dict[str, int], str, dict[str, int]]] = [
+  ("attention", {}, "no split-K (P.V in 256 workgroups, not 4 shares of 1024)", {"SPLITK": 0}),
+  ("linear", {"m": 16, "k": 8192, "n": 4096}, "no split-K (16 shares by default)", {"SPLITK": 0}),
+  ("linear", {"m": 16, "k": 8192, "n": 4096}, "split-K in 4 shares", {"SPLITK": 4}),
+  ("matmul", {"m": 256, "n": 256, "k": 65536}, "no split-K (16 shares by default)", {"SPLITK": 0})]
 
 
 def variants(suite: Suite, dev: str) -> None:
@@ -262,6 +284,31 @@ def variants(suite: Suite, dev: str) -> None:
       suite.out(f"| {dt} | {label} | {opts} | yes | {tf / t_var:.1f} | {tf / t_base:.1f} | {t_base / t_var:.2f} |")
     except Exception as e:
       suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+
+
+def schedule_variants(suite: Suite, dev: str) -> None:
+  """Workloads whose schedule a variant changes (SCHEDULE_VARIANTS): the default's kernels and the variant's, each timed as the
+  catalog times them (events around the whole program after an L2 flush, medians), the variant's output checked against the default's."""
+  from tinytune.helpers import Context
+  from tinytune.kernels import WORKLOADS
+  from tinytune.kernels.baselines import tinytune_timing
+  from tinytune.search.evaluate import TimingPolicy
+  from tinytune.search.worker import mismatches
+  policy = TimingPolicy(min_repeats=3, max_repeats=10 if not suite.args.quick else 3, max_seconds=0.5)
+  suite.out("| workload | params | variant | kernels | default kernels | ms | default ms | variant / default speed | output |")
+  suite.out("| --- " * 9 + "|")
+  for name, extra, label, context in SCHEDULE_VARIANTS:
+    if suite.left() < 60: suite.out(f"| {name} | skipped: no time left |"); continue
+    w = WORKLOADS[name]
+    p = {**w.params({}, gpu=not suite.args.quick), **({} if suite.args.quick else extra)}
+    try:
+      base = tinytune_timing(w, p, dev, False, policy)
+      with Context(**context): var = tinytune_timing(w, p, dev, False, policy)
+      ok = "-" if base.output is None or var.output is None else "ok" if not mismatches(var.output, base.output, 2e-3).any() else "**differs**"
+      suite.out(f"| {name} | {' '.join(f'{k}={v}' for k, v in p.items())} | {label} | {len(var.kernels)} | {len(base.kernels)} | "
+                f"{var.median_s * 1e3:.3f} | {base.median_s * 1e3:.3f} | {base.median_s / var.median_s:.2f} | {ok} |")
+    except Exception as e:
+      suite.out(f"| {name} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
 
 
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
@@ -356,7 +403,7 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants, schedules")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -381,6 +428,7 @@ def main() -> None:
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
     ("variants", "matmul: alternatives to the default, timed against it", lambda: variants(suite, dev)),
+    ("schedules", "Schedules other than the default (split-K), timed against it", lambda: schedule_variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:
     if key not in skip: suite.section(title, fn)

@@ -13,7 +13,7 @@ from tinytune import Device, Kernel, Tensor, engine, tune
 from tinytune.api import TUNE_COLUMNS, TUNE_DTYPES
 from tinytune.codegen.opts import opts_to_json
 from tinytune.engine.realize import capturing
-from tinytune.engine.schedule import create_schedule, realized
+from tinytune.engine.schedule import realized
 from tinytune.helpers import tune_mode
 from tinytune.results_db import Database
 from tinytune.search.progress import ProgressLine
@@ -33,7 +33,7 @@ def db_path(tmp_path, monkeypatch) -> Iterator[str]:  # type: ignore[no-untyped-
 
 def kernels_of(out: Tensor) -> list[Kernel]:
   """The kernels `out` computes, as the default device (where tune() and a realize run them) schedules them."""
-  return [Kernel(item.ast, Device[Device.DEFAULT].caps) for item in create_schedule(out.uop, Device.DEFAULT)[0]]
+  return [k for _, k in engine.kernels(out.uop, Device.DEFAULT)]
 
 
 def runs(path: str) -> list:

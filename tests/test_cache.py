@@ -16,8 +16,7 @@ from typing import Callable
 
 import pytest
 
-from tinytune import Device, Kernel, Opt, OptOps, Tensor
-from tinytune.engine.schedule import create_schedule
+from tinytune import Device, Kernel, Opt, OptOps, Tensor, engine
 from tinytune.results_db import Database, fingerprint_hash
 from tinytune.results_db.cache import FORMAT_VERSION, CacheFile, CacheFileError, Entry, checksum, deployed, export, import_file, merge, prune, write
 from tinytune.runtime import device_fingerprint
@@ -151,7 +150,7 @@ def deployed_run(tmp_path: Path, cache: str) -> subprocess.CompletedProcess:
 
 def matmul32() -> Kernel:
   a, b = Tensor.rand(32, 32).realize(), Tensor.rand(32, 32).realize()
-  return Kernel(create_schedule((a @ b).uop, Device.DEFAULT)[0][0].ast, Device[Device.DEFAULT].caps)
+  return engine.kernels((a @ b).uop, Device.DEFAULT)[0][1]
 
 
 def cache_file(path: Path, opts: str, fp: dict | None = None) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tinytune import runtime
+from tinytune import engine, runtime
 from tinytune.cli import build_parser, main
 from tinytune.kernels import WORKLOADS
 from tinytune.results_db import Database
@@ -392,13 +392,12 @@ def test_a_baseline_that_cannot_run_the_dtype_is_a_note(capsys: pytest.CaptureFi
 
 
 def test_same_named_kernels_are_told_apart(capsys: pytest.CaptureFixture[str], tmp_path: Any, report_db: str) -> None:
-  from tinytune.codegen.kernel import Kernel
   from tinytune.kernels.workload import schedule
   from tinytune.results_db import fingerprint_hash
   db, params = Database(f"sqlite:///{tmp_path / 'names.db'}"), {"rows": 2, "cols": 66000}  # rows too long to fuse the sum (ROW_BYTES)
   device = runtime.Device.DEFAULT
-  for item in schedule(WORKLOADS["softmax"].instantiate(params)[0], device)[0]:  # a tuning cache with the program's kernels
-    db.set_tuned(Kernel(item.ast, runtime.Device[device].caps).key, fingerprint_hash(runtime.device_fingerprint(device)), "[]", 1e-6, 2e-6, None)
+  for _, kernel in engine.kernels(schedule(WORKLOADS["softmax"].instantiate(params)[0], device)[0], device):  # a tuning cache with them
+    db.set_tuned(kernel.key, fingerprint_hash(runtime.device_fingerprint(device)), "[]", 1e-6, 2e-6, None)
   code, out, _ = run(capsys, "search", "softmax", "-p", "rows=2", "-p", "cols=66000", "--db", db.url.render_as_string(), "--json")
   assert code == 0 and [k["kernel"] for k in table(out, "kernels")] == ["r_2_1_66000", "r_2_1_66000#2", "E_2_66000"]  # its max and its sum
   data = json.loads(run(capsys, "report", "--db", report_db, "--kernel", "r_64_64_64", "--json")[1])

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
-from tinytune.codegen.clib import STREAM16, dot_pairs, vector_math
+from tinytune.codegen.clib import STREAM16, dot_pairs, fold_functions, vector_math
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import dtypes
 from tinytune.runtime.cpu import FLAGS, cpuinfo
@@ -85,7 +85,9 @@ def test_vector_math_matches_numpy_in_every_width(cc: str, tmp_path: Path) -> No
     bad = ulps(got, want) > most
     assert not bad.any(), f"{f}({x[bad][:4]}) = {got[bad][:4]}, NumPy: {want[bad][:4]}"
   want = np.where(np.isnan(x) | np.isnan(y), np.nan, np.maximum(x, y))
-  assert all(((o == want) | (np.isnan(o) & np.isnan(want))).all() for (g, _, _), o in outs.items() if g == "max")
+  sign = np.where(x > y, np.signbit(x), np.signbit(y))  # of two zeros, the second
+  assert all(((o == want) | (np.isnan(o) & np.isnan(want))).all() and (np.signbit(o) == sign)[~np.isnan(want)].all()
+             for (g, _, _), o in outs.items() if g == "max")
 
 
 @pytest.mark.parametrize("w", [4, 8, 16])
@@ -118,6 +120,24 @@ def test_half_vectors_round_load_and_store_as_numpy(w: int, tmp_path: Path) -> N
       np.testing.assert_array_equal(z[~nan], y[~nan])
       if h == "bf16": assert (s[nan] == np.where(np.signbit(x[nan]), 0xffc0, 0x7fc0)).all()
       else: assert (s[~nan] == want[~nan].view(np.uint16)).all()
+
+
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path: Path) -> None:
+  """tt_fold_add and tt_fold_max of 16, 8 and 4 vectors (LANES accumulators after their loop, as many at once as a vector has
+  lanes): lane j holds vector j's sum (to float32 rounding, in another order) or max (exactly; a NaN wins), built by gcc and clang."""
+  src = "".join(f"typedef float tt_f{w} __attribute__((vector_size({4 * w})));\n" + vector_math(FP, w) + fold_functions(FP, w) +
+                f"void f{w}(const float* x, float* s, float* m) {{ tt_f{w} v[{w}], r; __builtin_memcpy(v, x, sizeof v);\n"
+                f"  r = tt_fold_add{w}(v); __builtin_memcpy(s, &r, sizeof r); r = tt_fold_max{w}(v); __builtin_memcpy(m, &r, sizeof r); }}\n"
+                for w in (16, 8, 4))
+  lib = build(tmp_path, src, "fold", cc=cc)
+  for w in (16, 8, 4):
+    x = np.random.default_rng(w).standard_normal((w, w)).astype(np.float32)
+    x[1, 3] = np.nan
+    s, m = np.empty(w, np.float32), np.empty(w, np.float32)
+    getattr(lib, f"f{w}")(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, s, m)))
+    np.testing.assert_allclose(s, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(m, x.max(1))
 
 
 def test_streaming_stores_write_every_line(tmp_path: Path) -> None:

@@ -400,13 +400,12 @@ def test_kernel_opts_by_policy(tmp_path, monkeypatch) -> None:  # type: ignore[n
   engine.forget()
 
 
-def test_the_run_path_loads_no_search_and_the_search_registers_its_tuner() -> None:
+def test_the_run_path_loads_no_search_and_the_api_registers_its_tuner() -> None:
   import os
   import subprocess
   import sys
-  code = ("import sys; from tinytune import Tensor; from tinytune.engine import program; (Tensor.ones(4) + 1).numpy()\n"
-          "assert 'tinytune.search.tune' not in sys.modules and program._first_use_tuner is None\n"
-          "from tinytune.search.tune import tune_on_first_use; assert program._first_use_tuner is tune_on_first_use")
+  code = ("import sys; from tinytune import Tensor, api; from tinytune.engine import program; (Tensor.ones(4) + 1).numpy()\n"
+          "assert 'tinytune.search.tune' not in sys.modules and program._first_use_tuner is api._tune_on_first_use")
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TINYTUNE_TUNE": "1"})
   assert proc.returncode == 0, proc.stderr
 

@@ -1,5 +1,5 @@
-"""The CPU's C intrinsics against NumPy: vector math (exp2, log2, sin, sqrt, max, where and comparisons in SIMD lanes), the AVX-512
-paths, streaming stores, lane folds, bfloat16 dot products and 16-bit floats in vector lanes."""
+"""The CPU's C intrinsics in rendered kernels against NumPy: vector math (exp2, log2, sin, sqrt, max, where and comparisons in SIMD
+lanes), streaming stores, bfloat16 dot products and 16-bit floats in vector lanes (test_clib tests the C helper library on its own)."""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,7 @@ from ops_support import (
   realize_or_reject,
 )
 
-from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes, engine
 from tinytune.dtype import DType
 from tinytune.engine.schedule import ScheduleItem
 
@@ -64,42 +64,6 @@ def test_vector_math_dense(lo: float, hi: float) -> None:
 
 
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
-def test_avx512_vector_math_computes_the_generic_bits(cc: str, tmp_path) -> None:
-  """exp2 and max on 16 and 8 lanes in AVX-512 instructions (vscalefps, vmaxps, vminps) and in plain vector code (-mno-avx512f)
-  give the same bits: a kernel's result does not depend on which CPU compiled it, and the scalar versions (the generic ones)
-  agree with their lanes."""
-  import ctypes
-  import shutil
-  import subprocess
-
-  from tinytune.codegen.clib import vector_math
-  from tinytune.runtime.cpu import cpuinfo
-  if shutil.which(cc) is None or "avx512vl" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
-  src = "typedef float tt_f16 __attribute__((vector_size(64)));\ntypedef float tt_f8 __attribute__((vector_size(32)));\n"
-  src += vector_math("static inline", 16) + vector_math("static inline", 8)
-  for w in (16, 8):  # y = exp2(x), z = max(x, reversed x)
-    src += f"void f{w}(const float* x, const float* xr, float* y, float* z, int n) {{ for (int i = 0; i < n; i += {w}) {{\n"
-    src += f"  tt_f{w} v, r; __builtin_memcpy(&v, x + i, {4 * w}); __builtin_memcpy(&r, xr + i, {4 * w}); r = tt_max{w}(v, r);\n"
-    src += f"  __builtin_memcpy(z + i, &r, {4 * w}); v = tt_exp2{w}(v); __builtin_memcpy(y + i, &v, {4 * w}); }} }}\n"
-  (tmp_path / "e.c").write_text(src)
-  x = np.concatenate([EDGES, np.random.default_rng(0).uniform(-160, 140, 4096 - EDGES.size)]).astype(np.float32)
-  x[-1024:] = np.random.default_rng(1).uniform(-0.6, 0.6, 1024)
-  xr = np.ascontiguousarray(x[::-1])
-  outs = []
-  for extra in ([], ["-mno-avx512f"]):
-    lib = tmp_path / f"e{len(extra)}.so"
-    subprocess.run([cc, "-O3", "-march=native", *extra, "-ffp-contract=fast", "-fPIC", "-shared", "e.c", "-o", str(lib)], cwd=tmp_path, check=True)
-    for fn in (getattr(ctypes.CDLL(str(lib)), f"f{w}") for w in (16, 8)):
-      y, z = np.empty_like(x), np.empty_like(x)
-      fn(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, xr, y, z)), ctypes.c_int(x.size))
-      outs.append(np.concatenate([y, z]).view(np.uint32))
-  assert all((o == outs[0]).all() for o in outs[1:])
-  y, z = outs[0].view(np.float32)[:x.size], outs[0].view(np.float32)[x.size:]
-  with np.errstate(all="ignore"): assert ulps(y, np.exp2(x)).max() <= VECTOR_ULPS["exp2"][1]
-  assert (ulps(z, np.maximum(x, xr)) == 0).all() and (np.signbit(z) == np.where(x > xr, np.signbit(x), np.signbit(xr)))[~np.isnan(z)].all()
-
-
-@pytest.mark.parametrize("cc", ["gcc", "clang"])
 def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> None:
   """A STREAM kernel built by gcc and clang, with AVX-512 (non-temporal stores where the line is aligned) and without (plain
   stores), writes the same values into an output that starts on a cache line and into one that does not."""
@@ -127,33 +91,6 @@ def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> 
       out = raw[(-raw.ctypes.data % 64) // 4 + skew:][:x.size]
       fn(out.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p))
       np.testing.assert_array_equal(out, (x + 1) * 2)
-
-
-@pytest.mark.parametrize("cc", ["gcc", "clang"])
-def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path) -> None:
-  """tt_fold_add and tt_fold_max of 16, 8 and 4 vectors (LANES accumulators after their loop, as many at once as a vector has
-  lanes): lane j holds vector j's sum (to float32 rounding, in another order) or max (exactly; a NaN wins), built by gcc and clang."""
-  import ctypes
-  import shutil
-  import subprocess
-
-  from tinytune.codegen.clib import fold_functions, vector_math
-  if shutil.which(cc) is None: pytest.skip(f"needs {cc}")
-  src = "".join(f"typedef float tt_f{w} __attribute__((vector_size({4 * w})));\n" + vector_math("static inline", w) +
-                fold_functions("static inline", w) +
-                f"void f{w}(const float* x, float* s, float* m) {{ tt_f{w} v[{w}], r; __builtin_memcpy(v, x, sizeof v);\n"
-                f"  r = tt_fold_add{w}(v); __builtin_memcpy(s, &r, sizeof r); r = tt_fold_max{w}(v); __builtin_memcpy(m, &r, sizeof r); }}\n"
-                for w in (16, 8, 4))
-  (tmp_path / "f.c").write_text(src)
-  subprocess.run([cc, "-O2", "-march=native", "-fPIC", "-shared", "f.c", "-o", "f.so"], cwd=tmp_path, check=True)
-  lib = ctypes.CDLL(str(tmp_path / "f.so"))
-  for w in (16, 8, 4):
-    x = np.random.default_rng(w).standard_normal((w, w)).astype(np.float32)
-    x[1, 3] = np.nan
-    s, m = np.empty(w, np.float32), np.empty(w, np.float32)
-    getattr(lib, f"f{w}")(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, s, m)))
-    np.testing.assert_allclose(s, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(m, x.max(1))
 
 
 @pytest.mark.usefixtures("on_cpu")  # C built and called here, on the CPU's buffers
@@ -221,15 +158,11 @@ def test_vector_max_where_compare_match_numpy(values: list[float]) -> None:
 @pytest.mark.usefixtures("on_cpu")
 def test_cpu_vector_math_stays_in_lanes() -> None:
   """exp2, log2, sqrt, max, comparisons and where on the CPU are vector calls, not one scalar call per lane."""
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.codegen.kernel import Kernel
   from tinytune.engine import compile_kernel
-  from tinytune.engine.schedule import create_schedule
   a, b = Tensor(rand(256)), Tensor(rand(256))
   out = ((a < b).where(a.exp2(), b.abs().log2()).maximum(a.abs().sqrt())).relu() + a.sin()
-  (item,), _ = create_schedule(out.uop, "CPU")
-  kernel = Kernel(item.ast, Device["CPU"].caps)
-  src = compile_kernel(kernel.apply_opts(default_opts(kernel)), "CPU")[1]
+  ((_, kernel),) = engine.kernels(out.uop, "CPU")
+  src = compile_kernel(kernel.apply_opts(engine.kernel_opts(kernel, "CPU", "default")), "CPU")[1]
   width = Device["CPU"].caps.simd_width
   for fn in ("tt_exp2", "tt_log2", "tt_sin", "tt_sqrt", "tt_max", "tt_where"): assert f"= {fn}{width}(" in src, fn
   assert "exp2f(" not in src and "log2f(" not in src and " sinf(" not in src

@@ -4,22 +4,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tinytune import Context, Device, Kernel, Tensor, dtypes
+from tinytune import Context, Device, Kernel, Tensor, dtypes, engine
 from tinytune.engine import compile_kernel
-from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import cpu
 
 KEY_SCRIPT = """
-from tinytune import Tensor, Kernel, Device
-from tinytune.engine.schedule import create_schedule
+from tinytune import Tensor, engine
 a, b = Tensor.rand({m}, 32).realize(), Tensor.rand(32, 16).realize()
-item = create_schedule(((a @ b).relu() + 1).uop, 'CPU')[0][0]
-print(Kernel(item.ast, Device['CPU'].caps).key)
+print(engine.kernels(((a @ b).relu() + 1).uop, 'CPU')[0][1].key)
 """
 
 
 def kernel_of(t: Tensor) -> Kernel:
-  return Kernel(create_schedule(t.uop, t.device)[0][-1].ast, Device[t.device].caps)
+  return engine.kernels(t.uop, t.device)[-1][1]
 
 
 def keys_in_subprocesses(*ms: int) -> list[str]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tinytune import engine
 from tinytune.dtype import dtypes
 from tinytune.kernels import WORKLOADS, get_workload
 from tinytune.kernels.baselines import numpy_baseline, time_callable, torch_baseline
@@ -184,12 +185,10 @@ def test_peaks_measured_once_and_stored(tmp_path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
-  from tinytune.codegen.kernel import Kernel
   from tinytune.codegen.opts import Opt, OptOps, opts_to_json
-  from tinytune.engine.schedule import create_schedule
   from tinytune.kernels.baselines import tinytune_timing
   from tinytune.results_db import Database, fingerprint_hash
-  from tinytune.runtime import Device, device_fingerprint
+  from tinytune.runtime import device_fingerprint
   w = get_workload("elementwise")
   params = w.params({"n": 256})
   db = Database(f"sqlite:///{tmp_path / 'c.db'}")
@@ -197,8 +196,7 @@ def test_tuned_timing_uses_the_cache(tmp_path) -> None:  # type: ignore[no-untyp
   untuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)
   assert untuned.untuned and untuned.times == default.times and untuned.kernels[0]["opts_from"] == "defaults"
   out, _ = w.instantiate(params)
-  (item,), _ = create_schedule(out.uop, "CPU")
-  kernel = Kernel(item.ast, Device["CPU"].caps)
+  ((_, kernel),) = engine.kernels(out.uop, "CPU")
   opts = [Opt(OptOps.UPCAST, 0, 4)]
   db.set_tuned(kernel.key, fingerprint_hash(device_fingerprint("CPU")), opts_to_json(opts), 1e-6, 2e-6, None)
   tuned = tinytune_timing(w, params, "CPU", True, FAST, db, default)

@@ -6,7 +6,7 @@ import pytest
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
-from tinytune.codegen.lower import STATEMENTS, LinearProgram, lower
+from tinytune.codegen.lower import STATEMENTS, LinearProgram, StoreArg, lower
 from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import DeviceCaps
 from tinytune.uop import ALU, Ops
@@ -244,7 +244,7 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   avx512 = DeviceCaps(threads=2, simd_width=16)
   p = lower(kernel(arr(64, 64).exp() + 1, avx512, [Opt(U, 1, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   stores = [u for u in p.uops if u.op is Ops.STORE]
-  assert len(stores) == 2 and all(u.arg == (16, 0, True) for u in stores)
+  assert len(stores) == 2 and all(u.arg == StoreArg(16, 0, True) for u in stores)
   ends = [(op, depth) for op, depth in structure(p) if op in (Ops.BARRIER, Ops.ENDRANGE)]
   assert ends[-3:] == [(Ops.ENDRANGE, 1), (Ops.BARRIER, 1), (Ops.ENDRANGE, 0)]  # the fence last in the thread's loop
   src = CRenderer().spell(p)
@@ -252,7 +252,7 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   narrow = lower(kernel(arr(64, 64) + 1, CPU, [Opt(U, 1, 8), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   assert not any(u.op is Ops.BARRIER or u.op is Ops.STORE and u.arg[2] for u in narrow.uops)
   softmax = lower(kernel(arr(64, 64).softmax(-1), avx512, [Opt(OptOps.LANES, 0, 32), Opt(U, 1, 32), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
-  assert {u.arg[1:] for u in softmax.uops if u.op is Ops.STORE} == {(0, True), ("row0", False)}
+  assert {u.arg[1:3] for u in softmax.uops if u.op is Ops.STORE} == {(0, True), ("row0", False)}
   with pytest.raises(KernelOptError, match="once per kernel"):
     kernel(arr(64, 64) + 1, CPU, [Opt(OptOps.STREAM, 0, 0), Opt(OptOps.STREAM, 0, 0)])
   with pytest.raises(KernelOptError, match="for the CPU"): kernel(arr(64, 64) + 1, GPU, [Opt(OptOps.STREAM, 0, 0)])

@@ -25,9 +25,14 @@ from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
 
 
+def cpu_kernel(t: Tensor) -> Kernel:
+  """The first kernel of t's program on the CPU."""
+  return engine.kernels(t.uop, "CPU")[0][1]
+
+
 def matmul_kernel(n: int = 64, dtype: DType = dtypes.float32) -> Kernel:
   a, b = Tensor.rand(n, n).cast(dtype).realize(), Tensor.rand(n, n).cast(dtype).realize()
-  return Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  return cpu_kernel(a @ b)
 
 
 def tinytune(*args: str, db: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -326,7 +331,7 @@ def test_optuna_study_reads_back_through_optunas_api(tmp_path) -> None:  # type:
   outcomes = tuner.tune_program(out.uop, "softmax", params)
   assert sorted(s.study_name for s in optuna.get_all_study_summaries(url)) == \
     ["softmax-E_2_66000-CPU-run1", "softmax-r_2_1_66000#2-CPU-run1", "softmax-r_2_1_66000-CPU-run1"]
-  kernels = [Kernel(item.ast, Device["CPU"].caps) for item in create_schedule(out.uop, "CPU")[0]]
+  kernels = [k for _, k in engine.kernels(out.uop, "CPU")]
   for k, o, name in zip(kernels, outcomes, ["r_2_1_66000", "r_2_1_66000#2", "E_2_66000"]):
     study = optuna.load_study(study_name=f"softmax-{name}-CPU-run1", storage=url)
     attrs = study.user_attrs
@@ -346,7 +351,7 @@ def test_optuna_study_reads_back_through_optunas_api(tmp_path) -> None:  # type:
 def test_optuna_stops_with_a_warning_when_the_space_is_used_up(capsys) -> None:  # type: ignore[no-untyped-def]
   from tinytune.search.space import parameter_space
   a = Tensor.rand(4).realize()
-  k = Kernel(create_schedule((a * 2).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  k = cpu_kernel(a * 2)
   size = math.prod(len(c) for c in parameter_space(k).values())
   with Evaluator(k, "CPU") as ev:
     result = run_strategy("optuna", k, ev, Budget(50), default_opts(k), patience=20)
@@ -373,7 +378,7 @@ def test_the_reference_keeps_each_sum_as_the_plain_kernel_adds_it() -> None:
   k = matmul_kernel(96)
   ref = reference_kernel(k)
   assert ref.opts and {o.op for o in ref.opts} <= ORDER_KEEPING and OptOps.UPCAST in {o.op for o in ref.opts}
-  rows = Kernel(create_schedule(Tensor.rand(64, 4096).realize().sum(1).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  rows = cpu_kernel(Tensor.rand(64, 4096).realize().sum(1))
   assert OptOps.LANES in {o.op for o in default_opts(rows)} and not {o.op for o in reference_kernel(rows).opts} - ORDER_KEEPING
   rng = np.random.default_rng(0)
   bufs = [Buffer("CPU", b.size, b.dtype).copyin(rng.standard_normal(b.size).astype(np.float32)) for b in k.bufs]
@@ -444,7 +449,7 @@ def test_beam_starts_from_the_plan_the_heuristics_hold_in_reserve() -> None:
 
 
 def test_beam_returns_early_when_nothing_new_is_left_to_try() -> None:
-  k = Kernel(create_schedule((Tensor.rand(4).realize() * 2).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  k = cpu_kernel(Tensor.rand(4).realize() * 2)
   st = time.monotonic()
   result = run_strategy("beam", k, TableEvaluator(k, {}), Budget(None, 60.0), ())
   assert time.monotonic() - st < 5 and result.best == ()
@@ -453,7 +458,7 @@ def test_beam_returns_early_when_nothing_new_is_left_to_try() -> None:
 def test_a_budget_in_seconds_goes_mostly_to_the_kernels_that_run_longest() -> None:
   from tinytune.search.tune import time_share
   a = Tensor.rand(256, 256).realize()
-  big, small = matmul_kernel(256), Kernel(create_schedule((a + 1).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  big, small = matmul_kernel(256), cpu_kernel(a + 1)
   assert time_share(big, [big, small]) + time_share(small, [big, small]) == pytest.approx(1)
   assert time_share(big, [big, small]) > 0.7 and time_share(small, [big, small]) > 0.25 / 2  # each keeps half of an even share at least
   assert time_share(small, [small]) == pytest.approx(1)  # the last kernel gets all that is left
@@ -469,7 +474,7 @@ def test_search_seconds_alone_end_the_search_and_budget_alone_counts_200() -> No
 
 def test_the_search_pads_only_axes_that_do_not_split_into_vectors() -> None:
   a, b = Tensor.rand(58, 64).realize(), Tensor.rand(64, 1).realize()
-  k = Kernel(create_schedule((a @ b).uop, "CPU")[0][0].ast, Device["CPU"].caps)  # sizes 58 (= 2 * 29), 1, and 64 summed
+  k = cpu_kernel(a @ b)  # sizes 58 (= 2 * 29), 1, and 64 summed
   assert k.sizes == [58, 1, 64] and {o.axis for o in actions(k) if o.op is OptOps.PADTO} == {0}
   assert {o.arg for o in actions(k) if o.op is OptOps.PADTO} >= {4, 8}  # 58 -> 60 or 64: then it splits into vectors of 4 or 8
 
@@ -497,7 +502,7 @@ def test_each_strategy_declares_its_options_and_takes_just_those(name: str) -> N
 def test_a_bad_option_value_is_refused(name: str, options: dict, message: str) -> None:
   from tinytune.search.strategy import check_options
   with pytest.raises(ValueError, match=message): check_options(name, options)
-  k = Kernel(create_schedule((Tensor.rand(8) + 1).uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  k = cpu_kernel(Tensor.rand(8) + 1)
   with pytest.raises(ValueError, match=message): run_strategy(name, k, TableEvaluator(k, {}), Budget(1), (), **options)  # checked there too
 
 

@@ -8,20 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from tinytune import Tensor, TinyJit
-from tinytune.codegen.kernel import Kernel
+from tinytune import Tensor, TinyJit, engine
 from tinytune.engine import schedule_many
 from tinytune.engine.realize import capturing
 from tinytune.engine.schedule import create_schedule
 from tinytune.kernels import get_workload
 from tinytune.kernels.train_step import Trainer
 from tinytune.kernels.workload import schedule
-from tinytune.runtime import Device
 
 SMALL = {"batch": 16, "din": 32, "hidden": 16}
 
 
-def keys(items: list) -> list[str]: return [Kernel(item.ast, Device["CPU"].caps).key for item in items]
+def keys(items: list) -> list[str]: return [k.key for _, k in engine.kernels(items, "CPU")]
 
 
 def test_schedule_many_of_one_target_is_create_schedule() -> None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Device, Kernel, Tensor
+from tinytune import Device, Tensor, engine
 from tinytune.codegen.heuristic import hand_coded_optimizations, stacked_dims
 from tinytune.codegen.kernel import AxisKind
-from tinytune.engine.schedule import create_schedule
 from tinytune.helpers import Context
 from tinytune.runtime import device_status
 from tinytune.search.worker import mismatches
@@ -76,8 +75,7 @@ def test_kernels() -> None:
   """The transforms' stacked dims are upcast (whole where a vector of 16 lanes leaves room), so their masked pieces are vector
   selects at most, never scalar ones; the tile points' matmul is one kernel."""
   x, w = Tensor.randn(2, 16, 8, 8).realize(), Tensor.randn(16, 16, 3, 3).realize()
-  items, _ = create_schedule(x.conv2d(w, padding=1).uop, "CPU")
-  kernels = [Kernel(it.ast, Device["CPU"].caps) for it in items]
+  kernels = [k for _, k in engine.kernels(x.conv2d(w, padding=1).uop, "CPU")]
   assert [k.name for k in kernels] == ["E_2_10_10_16", "E_6_2_2_2_6_16", "E_16_6_6_16", "r_6_8_6_16_16", "E_2_2_4_2_4_16", "E_2_16_8_8"]
   gemm = {a.dim: a.size for a in kernels[3].apply_opts(hand_coded_optimizations(kernels[3])).axes if a.kind is AxisKind.UPCAST}
   # the register tile, as the target's registers hold it: the 16 output channels in one or two vectors, by as many of the 8 tiles'

@@ -4,6 +4,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.opts import Opt
+from tinytune.engine.program import register_first_use_tuner
 from tinytune.helpers import env_count
 from tinytune.tensor import Tensor
 
@@ -99,3 +102,12 @@ def _outputs(program: Any, example_inputs: tuple) -> tuple[list[Tensor], str, di
 
 def _name(fn: Callable) -> str: return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 def _shapes(tensors: list[Tensor]) -> list[str]: return [f"{'x'.join(map(str, t.shape)) or 'scalar'} {t.dtype.name}" for t in tensors]
+
+
+def _tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
+  """The engine's first-use tuner (TINYTUNE_TUNE=beam): the search, and SQLAlchemy with it, load when it first tunes a kernel."""
+  from tinytune.search.tune import tune_on_first_use
+  return tune_on_first_use(kernel, device, strategy)
+
+
+register_first_use_tuner(_tune_on_first_use)

@@ -237,7 +237,7 @@ class CStyleRenderer:
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
   def store_stmt(self, u: UOp, at: _At) -> str:
-    (idx, val, guard), (w, buf, stream) = u.src, u.arg
+    (idx, val, guard), (w, buf, stream) = u.src, u.arg[:3]
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
     vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see clib.STREAM16
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)

@@ -192,6 +192,7 @@ class Kernel:
     self.tc: TensorCore | None = None
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
+    self.raster: tuple[int, int] | None = None  # RASTER: (the global dim of the bands, their workgroups along it)
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
     self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
@@ -207,15 +208,30 @@ class Kernel:
   def sizes_of(self, *kinds: AxisKind) -> int: return prod(a.size for a in self.axes if a.kind in kinds)
   @property
   def launch_dims(self) -> tuple[int, int]:
-    """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
-    return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None and self.caps.has_local else 1)
+    """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups, but a row's (row_dims),
+    which loop in each thread after the row's statistic, its LOCAL parts threads that the other LOCAL and GROUP parts have already."""
+    rows, warp = self.row_dims, 32 if self.tc is not None and self.caps.has_local else 1
+    return prod(a.size for a in self.axes if a.kind is AxisKind.GLOBAL and a.dim not in rows), \
+      prod(a.size for a in self.axes if a.kind in (AxisKind.LOCAL, AxisKind.GROUP) and a.dim not in rows) * warp
+  @property
+  def row_dims(self) -> frozenset[int]:
+    """The output dims of a row written after its statistic (softmax's columns: see reduce_out_dims), none in other kernels."""
+    return frozenset(d for d in range(self.n_global) if d not in self.reduce_out_dims) if self.reduceop is not None else frozenset()
+  @property
+  def row_thread_axes(self) -> list[int]:
+    """The LOCAL parts of the row's dims (see launch_dims), slowest first: each thread's place along the row."""
+    rows = self.row_dims
+    return sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL and a.dim in rows),
+                  key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
   @property
   def thread_axes(self) -> list[int]:
     """A workgroup's thread parts (LOCAL and GROUP axes), slowest first: the linear thread id is taken apart with the last fastest.
     LOCAL parts by dim (a dim's inner part fastest), and the GROUP parts (the same) fastest where the reduce reads an input contiguous along a
     grouped dim (a row sum: neighbouring threads read neighbouring elements of the row), else slowest (a column sum: neighbouring
     threads read along the kept row, each group of them down its own share of the rows)."""
-    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    rows = self.row_dims
+    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL and a.dim not in rows),
+                   key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
     group = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.GROUP), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
     if not local or not group: return local + group
     dims = {self.axes[i].dim for i in group}
@@ -276,6 +292,9 @@ class Kernel:
       check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
       tc = replace(find_tensor_core(self), mma=arg == 1)
       check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
+      if arg == 0 and self.caps.has_local:  # load_matrix_sync: each 16x16 tile's first element 32-byte aligned, wherever its batch is
+        check(all(v.arg.offset % 16 == 0 and all(st % 16 == 0 for d, st in enumerate(v.arg.strides) if d not in (tc.row, tc.col, self.n_global))
+                  for v in (tc.a, tc.b)), "TC's arg 0 (wmma) needs each 16x16 tile 32-byte aligned: arg 1 takes 16-byte aligned rows")
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
@@ -290,6 +309,16 @@ class Kernel:
       self.prefetch = True
       self.opts.append(opt)
       return
+    if op is OptOps.RASTER:
+      check(self.caps.has_local, "RASTER needs a device with workgroups")
+      check(self.raster is None, "one RASTER opt per kernel")
+      order = [d for d in self.global_order if d not in self.row_dims]  # the dims of the workgroups (see launch_dims)
+      check(opt.axis in order and order.index(opt.axis) < len(order) - 1, "RASTER needs an axis of workgroups, and another after it")
+      size = self.remaining(opt.axis).size
+      check(1 < arg < size and size % arg == 0, f"RASTER {arg} does not split the {size} workgroups along axis {opt.axis} into bands")
+      self.raster = (opt.axis, arg)
+      self.opts.append(opt)
+      return
     if op is OptOps.STREAM:
       check(opt.axis == 0 and arg == 0, "STREAM takes axis 0 and arg 0")
       check(not self.caps.has_local and not self.stream, "STREAM is for the CPU, once per kernel")
@@ -299,12 +328,10 @@ class Kernel:
     staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
-      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE) if self.caps.has_local else \
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
-    if op in (OptOps.GROUP, OptOps.GROUPTOP):
-      check(len(self.reduceops) <= 1, f"{op.name} needs one reduce: a chain's loop reads the last one's total")
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis
@@ -315,6 +342,11 @@ class Kernel:
       check(0 <= opt.axis < len(self.sizes), f"PADTO axis {opt.axis} is not one of the {len(self.sizes)} axes")
       dim = opt.axis
     rem = self.remaining(dim)
+    if self.raster is not None:  # RASTER's bands stay whole
+      check(op is not OptOps.SWAP, "SWAP comes before RASTER: it changes the workgroups' order")
+      if dim == self.raster[0] and op in (OptOps.PADTO, OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
+        check(op is not OptOps.PADTO and arg > 0 and (rem.size // arg) % self.raster[1] == 0 and rem.size // arg > self.raster[1],
+              f"{op.name} after RASTER {self.raster[1]} would leave axis {dim}'s workgroups in no whole number of bands")
     if op is OptOps.SWAP:
       check(dim < arg < self.n_global, f"SWAP {dim} needs a later global axis, got {arg}")  # one spelling per swap: no (1, 0) after (0, 1)
       i, j = self.global_order.index(dim), self.global_order.index(arg)
@@ -354,7 +386,11 @@ class Kernel:
         check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
         check(self.upcast_size(AxisKind[op.name], dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
-      if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+      if op is OptOps.LOCAL and dim in self.row_dims:  # a row's threads are the workgroup's, the GROUP's fastest, each a share of it
+        group, threads, shared = self.sizes_of(AxisKind.GROUP), self.thread_axes, prod(self.axes[i].size for i in self.row_thread_axes)
+        check(bool(threads) and self.axes[threads[-1]].kind is AxisKind.GROUP and group % (arg * shared) == 0,
+              "LOCAL along a row written after its statistic splits it over the reduce's GROUP threads, fastest: its product divides theirs")
+      elif op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
       if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
         if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
@@ -362,8 +398,11 @@ class Kernel:
           check(need <= self.caps.shared_bytes, f"TC needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
         if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg) + self.tc_shared()) > self.caps.shared_bytes:
           raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
-        if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
-          shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
+        rows = self.row_dims  # a row's parts add no accumulators nor threads (see launch_dims)
+        if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)) and \
+           dim not in rows:
+          shared = prod(a.size for a in self.axes if a.kind is AxisKind.UPCAST and a.dim not in rows) * self.launch_dims[1] * arg * \
+            max(r.dtype.itemsize for r in self.reduceops)
           check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")
       if op is OptOps.THREAD:
         check(self.caps.threads > 1 and arg <= 4 * self.caps.threads, f"THREAD {arg} over this device's {self.caps.threads} threads")
@@ -434,16 +473,20 @@ class Kernel:
   def stage_tiles(self, dim: int = -1, grow: int = 1) -> list[tuple[UOp, list[tuple[int, int]], int]]:
     """Each staged input's tile in shared memory: (view, [(dim, extent)] outermost first, the padding after each row). The reduce dim
     is outermost, then the output dims in order, so the register tile's reads are contiguous along both output dims (A is stored
-    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 16 bytes, which keeps
-    16-byte alignment and spreads the column's stores over the banks."""
+    transposed); with TC, the fragment's dim innermost. A row that the copy writes across (its fastest dim in memory is not the row's)
+    is padded by 16 bytes (32 for TC's wmma fragments), which keeps their alignment and spreads the column's stores over the banks."""
     ret = []
     for view in self.stage_inputs:
       v = view.arg
       used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
+      if self.tc is not None:  # TC's rows of A or columns of B innermost, where a 16x16 fragment is contiguous (a batch dim outside them)
+        inner = self.tc.row if view is self.tc.a else self.tc.col
+        dims = [dn for dn in dims if dn[0] != inner] + [dn for dn in dims if dn[0] == inner]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
-      ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
+      pad = 32 if self.tc is not None and not self.tc.mma else 16  # load_matrix_sync takes 32-byte aligned fragments, ldmatrix 16-byte rows
+      ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:
@@ -457,6 +500,7 @@ class Kernel:
 CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
 
 
+RASTER_ARGS = (4, 8, 16)  # workgroups a RASTER band holds
 STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
 
 
@@ -470,6 +514,7 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     if d < k.n_global:
       ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
       ret += [Opt(OptOps.SWAP, d, o) for o in range(d + 1, k.n_global)]
+      ret += [Opt(OptOps.RASTER, d, a) for a in RASTER_ARGS]
     else:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]

@@ -26,7 +26,8 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done), WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
+#   streaming stores done, "commit_group" and ("wait_group", n): PTX cp.async's, see StoreArg.cp_async),
+#   WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -66,6 +67,8 @@ class StoreArg(NamedTuple):  # STORE
   width: int
   buf: int | str
   stream: bool  # a whole 64-byte line past the caches
+  cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
+  # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
 
 
 class FoldArg(NamedTuple):  # FOLD
@@ -211,6 +214,10 @@ class LoopNest:
              AxisKind.STAGE: "s"}
     self.vars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                  for i, a in enumerate(k.axes) if a.kind in names}
+    if k.raster is not None:  # RASTER: the dim's workgroup index is its band's first plus the place in the band (see group_ids)
+      i, band = k.axes.index(k.remaining(k.raster[0])), k.raster[1]
+      self.band = (UOp.var(f"g{i}b", 0, k.axes[i].size // band - 1), UOp.var(f"g{i}w", 0, band - 1))
+      self.vars[i] = self.band[0] * band + self.band[1]
 
   def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
     """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
@@ -257,56 +264,104 @@ class LoopNest:
     (next_loads, next_stores) = copies[1]
     return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
 
-  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
-    """Each axis's index from one linear id, the last axis fastest."""
-    out, mult = [], 1
+  def unflatten(self, axes: list[int], linear: str, mult: int = 1, outer: bool = False) -> list[UOp]:
+    """Each axis's index from one linear id (over `mult`), the last axis fastest (`outer`: more come before the first)."""
+    out = []
     for n, i in enumerate(reversed(axes)):
       size = self.k.axes[i].size
-      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      if size > 1:
+        out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 and not outer else size)))
       mult *= size
     return out
+
+  def group_ids(self) -> list[UOp]:
+    """Each global axis's workgroup index from the workgroup id, in the global order, the last fastest. With RASTER (a dim, bands of
+    b workgroups along it) that dim and the next one in the order, c, go in bands: consecutive ids walk down the b workgroups of a
+    band in one column of c, then the next column, then the next band, so the workgroups at work together share their rows of one
+    input and their columns of the other (in L2) where row after row would read every column of the other input."""
+    k = self.k
+    axes = [k.axes.index(k.remaining(d)) for d in k.global_order if d not in k.row_dims]  # a row's dims loop (see workgroups)
+    if k.raster is None: return self.unflatten(axes, "group_id")
+    d = axes.index(k.axes.index(k.remaining(k.raster[0])))
+    (rows, cols), band, col, (first, place) = (k.axes[i].size for i in axes[d:d + 2]), k.raster[1], self.vars[axes[d + 1]], self.band
+    out, mult = self.unflatten(axes[d + 2:], "group_id", outer=True), prod(k.axes[i].size for i in axes[d + 2:])
+    if cols > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(col.arg[0], "group_id", mult * band, cols)))
+    out.append(stmt(Ops.SPECIAL, arg=SpecialArg(place.arg[0], "group_id", mult, band)))
+    out.append(stmt(Ops.SPECIAL, arg=SpecialArg(first.arg[0], "group_id", mult * band * cols, 0 if d == 0 else rows // band)))
+    return out + self.unflatten(axes[:d], "group_id", mult * rows * cols)
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp], copies: Copies) -> list[UOp]:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
-    taken apart from one linear id. Each GROUP thread reduces its share into shared memory; a group of a power of two adds them
-    in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one by one
-    took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
-    first thread stores. With STAGE, the K tiles' loop (see staged)."""
+    taken apart from one linear id. Each GROUP thread reduces its share into shared memory, and the group adds them (group_sum);
+    its first thread stores. A row written after its statistic (Kernel.row_dims, softmax's) or a chain of statistics: every thread
+    takes each total, then the row's loops run in every thread, each over its share of the row (its LOCAL parts). With STAGE, the K
+    tiles' loop (see staged)."""
     k = self.k
-    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    out = self.group_ids()
     threads = k.thread_axes
     if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
-    out += self.unflatten(threads, "lid")
+    out += self.unflatten(threads, "lid") + self.unflatten(k.row_thread_axes, "lid", outer=True)
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    groups = k.sizes_of(AxisKind.GROUP)
+    every = groups > 1 and (len(k.reduceops) > 1 or bool(k.row_dims))  # every thread needs each total
+    def partials(stage: int | None) -> list[tuple[UOp, UOp]]:
+      return [(r, u) for r, _, acc in accs if stage is None or k.reduceops.index(r) == stage
+              for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
+    if groups > 1:
+      most = max(len(partials(s)) for s in range(len(bodies))) if every else len(partials(None))
+      dt = max((r.dtype for r in k.reduceops), key=lambda d: d.itemsize)
+      decls = [*decls, stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", most * k.launch_dims[1]), dtype=dt)]
+      if every:  # the thread's group's first thread (group_sum): lid less its place in the group
+        step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else k.launch_dims[1] // groups
+        decls.append(stmt(Ops.SPECIAL, arg=SpecialArg("q0", "lid", groups, 0) if step == 1 else SpecialArg("q0", "lid", 1, step)))
     if copies: out += decls + self.staged(copies, self.nest(red, bodies[0])) + combine[0]  # one reduce (Kernel.stage_inputs)
-    else: out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
-    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      n = k.launch_dims[1]
-      step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
-      partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, n - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * n), dtype=dt))
-      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
-      out.append(stmt(Ops.BARRIER))
-      if groups & (groups - 1):  # the first thread adds the others' partials one by one
-        out += [stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False))]
-        at = "lid+q" if step == 1 else f"lid+q*{step}"
-        out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-        out.append(stmt(Ops.ENDRANGE))
-        return out + post
+    else:
+      out += decls
+      for stage, body in enumerate(bodies): out += self.nest(red, body) + combine[stage] + (self.group_sum(partials(stage), True) if every else [])
+    if groups > 1 and not every: out += self.group_sum(partials(None), False)
+    row = self.nest([k.axes.index(k.remaining(d)) for d in k.global_order if d in k.row_dims], post)
+    if not every or (shared := prod(k.axes[i].size for i in k.row_thread_axes)) == groups: return out + row
+    # fewer threads share the row than the group has (Kernel.apply_opt: they are its fastest): the others have nothing to write
+    place = UOp.var("lid", 0, k.launch_dims[1] - 1) % groups
+    return [*out, stmt(Ops.IF, place.lt(shared).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *row, stmt(Ops.ENDIF)]
+
+  def group_sum(self, partials: list[tuple[UOp, UOp]], every: bool) -> list[UOp]:
+    """The GROUP threads' partials (reduce, accumulator) added up: each thread's into shared memory, then a group of a power of two
+    adds them in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one
+    by one took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one. Then
+    only the first thread goes on, or (`every`) each thread reads its group's total from the first's place, behind a barrier, and
+    a barrier after it frees the partials for the next reduce."""
+    k = self.k
+    n, groups, threads = k.launch_dims[1], k.sizes_of(AxisKind.GROUP), k.thread_axes
+    step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
+    dt, lid = max((r.dtype for r in k.reduceops), key=lambda d: d.itemsize), UOp.var("lid", 0, n - 1)  # as workgroups declares them
+    def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
+    out = [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+    place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
+    first, no = place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)), UOp.const(dtypes.bool, False)
+    out.append(stmt(Ops.BARRIER))
+    if groups & (groups - 1):  # the first thread adds the others' partials one by one
+      out.append(stmt(Ops.IF, place.lt(1).alu(Ops.CMPNE, no)) if every else stmt(Ops.EXIT, first))
+      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
+      at = "lid+q" if step == 1 else f"lid+q*{step}"
+      out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      out.append(stmt(Ops.ENDRANGE))
+      if not every: return out
+      out += [*(stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)), stmt(Ops.ENDIF)]
+    else:
       half = groups // 2
       while half:  # a power of two: the lower half adds the upper half's partials, then a barrier, until one is left
-        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))))
+        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, no)))
         out += [stmt(Ops.ASSIGN, u, cell(j, f"lid+{half * step}"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-        if half > 1: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+        if half > 1 or every: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
         out.append(stmt(Ops.ENDIF))
         if half > 1: out.append(stmt(Ops.BARRIER))
         half //= 2
-      out.append(stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))))
-    return out + post
+      if not every: return [*out, stmt(Ops.EXIT, first)]
+    # every thread: its group's first thread is at lid - place
+    at = f"q0*{groups}" if step == 1 else "q0"  # see workgroups
+    return [*out, stmt(Ops.BARRIER), *(stmt(Ops.ASSIGN, u, cell(j, at), TRUE) for j, (_, u) in enumerate(partials)), stmt(Ops.BARRIER)]
 
 
 class _Lowerer:
@@ -326,7 +381,7 @@ class _Lowerer:
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    self.rows = RowArrays.of(self) if rows and not target.has_local else None
+    self.rows = RowArrays.of(self) if rows else None
     self.in_body = False
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
@@ -762,6 +817,11 @@ class RowArrays:
     if src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
     keep = k.reduce_out_dims != set(range(k.n_global)) and not any(a.kind is AxisKind.KBLOCK for a in k.axes) and \
       any(u.op in ROW_KEPT for u in src.toposort)
+    if keep and k.caps.has_local:  # a GPU's arrays are in shared memory: a workgroup's rows are its threads' own, and fit it
+      rows, threads = k.row_dims, k.launch_dims[1]
+      per = prod(a.size for a in k.axes if a.kind is AxisKind.UPCAST and a.dim not in rows)  # rows a thread computes
+      need = per * (prod(src.shape[d] for d in red.arg[1]) * src.dtype.itemsize + (threads * 8 * len(k.reduceops) if threads > 1 else 0))
+      keep = not any(a.kind is AxisKind.LOCAL and a.dim not in rows for a in k.axes) and need <= k.caps.shared_bytes
     return RowArrays(lw, src, red) if keep else None
 
   def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
@@ -845,7 +905,7 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   k, tc = lw.k, lw.k.tc
   assert tc is not None
   def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma" if tc.mma else "wmma", *arg))
-  out = lw.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+  out = lw.nesting.group_ids()
   out.append(wmma("ids"))
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
   tiles = lw.instances((AxisKind.UPCAST,))

@@ -31,8 +31,9 @@ class _Counters:
 GlobalCounters = _Counters()
 
 
-# what tunes a kernel on first use (TINYTUNE_TUNE=beam, or BEAM=N): (kernel, device, strategy) -> opts. The search registers it when
-# it is imported, which the engine asks for only then: a program that never tunes never loads the search (nor SQLAlchemy).
+# what tunes a kernel on first use (TINYTUNE_TUNE=beam, or BEAM=N): (kernel, device, strategy) -> opts. tinytune.api registers one that
+# loads the search when it is first called: the engine never imports the search, and a program that never tunes never loads it (nor
+# SQLAlchemy).
 _first_use_tuner: Callable[[Kernel, str, str], tuple[Opt, ...]] | None = None
 
 
@@ -73,7 +74,7 @@ def kernel_opts(kernel: Kernel, device: str, policy: Policy = "run", db: Any = N
     if NOOPT or mode == "0": opts, source = tuple(default_opts(kernel)), f"the heuristic defaults ({'NOOPT' if NOOPT else 'TINYTUNE_TUNE=0'})"
     elif not (retune() and mode not in ("1", "")) and (tuned := _tuning_cache().lookup(kernel, device)) is not None:
       opts, source = tuned.opts, f"the tuning cache ({tuned.where})"
-    elif mode not in ("1", ""): opts, source = _tuner()(kernel, device, mode), f"a first-use {mode} search"
+    elif mode not in ("1", ""): opts, source = _tune(kernel, device, mode), f"a first-use {mode} search"
     else: opts, source = tuple(default_opts(kernel)), "the heuristic defaults (not in the tuning cache)"
     if DEBUG >= 2: print(f"{kernel.name} on {device}: opts from {source}")
     opts_memo[key] = opts
@@ -93,11 +94,9 @@ def _tuning_cache(db: Any = None):  # type: ignore[no-untyped-def]
   return TuningCache(db)
 
 
-def _tuner() -> Callable[[Kernel, str, str], tuple[Opt, ...]]:
-  if _first_use_tuner is None:
-    import tinytune.search.tune  # noqa: F401  (it registers the tuner)
-  assert _first_use_tuner is not None, "tinytune.search.tune registers the first-use tuner"
-  return _first_use_tuner
+def _tune(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
+  assert _first_use_tuner is not None, "tinytune.api registers the first-use tuner when tinytune is imported"
+  return _first_use_tuner(kernel, device, strategy)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tinytune.codegen.kernel import dims_read, same_rows
+from tinytune.codegen.heuristic import gpu_split_k
+from tinytune.codegen.kernel import Kernel, dims_read, same_rows
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
@@ -131,6 +132,39 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   return {_epilogue(r, roots, users) for r in bad | (set(rest) - chain)} | computed
 
 
+def split_k(ast: UOp, shares: int, device: str) -> tuple[ScheduleItem, UOp]:
+  """A kernel whose one reduce (over one axis) is split into `shares` (see heuristic.gpu_split_k): the first kernel reduces each
+  share of the axis into a buffer of partial results, the shares outermost (each share's partials contiguous, so the second kernel
+  reads them coalesced, down its columns), and the kernel `ast` becomes one that reduces the partials, in order, where it read the
+  reduce. Returns the first kernel's item and the second's ast."""
+  red = next(u for u in ast.toposort if u.op is Ops.REDUCE)
+  src, (op, (axis,)) = red.src[0], red.arg
+  shape = src.shape
+  split = shape[:axis] + (shares, shape[axis] // shares) + shape[axis + 1:]
+  order = (axis, *(d for d in range(len(split)) if d != axis))
+  def move(v: View) -> View | None: return None if (r := v.reshape(split)) is None else r.permute(order)
+  partial = UOp(Ops.REDUCE, red.dtype, (_moved(src, move),), (op, (axis + 1,)))
+  kept = (shares, *shape[:axis], *shape[axis + 1:])
+  buf = Buffer(device, prod(kept), red.dtype)
+  item = ScheduleItem(graph_rewrite(UOp(Ops.VIEW, red.dtype, (partial,), View.create(partial.shape).reshape(kept)), merge_views), buf, partial,
+                      buffer_view(buf, kept))
+  summed = UOp(Ops.REDUCE, red.dtype, (buffer_view(buf, kept),), (op, (0,)))
+  return item, graph_rewrite(ast.substitute({red: UOp(Ops.VIEW, red.dtype, (summed,), View.create(summed.shape).reshape(red.shape))}), merge_views)
+
+
+def _moved(u: UOp, move: Callable[[View], View | None]) -> UOp:
+  """u's value seen through a movement (`move` of a contiguous view of its shape), pushed through elementwise ops into the views it
+  composes with, so that a kernel still reads its buffers straight from memory (the tiles and tensor cores look for that)."""
+  memo: dict[UOp, UOp] = {}
+  def walk(x: UOp) -> UOp:
+    if x not in memo:
+      if x.op is Ops.VIEW and (v := move(x.arg)) is not None: memo[x] = UOp(Ops.VIEW, x.dtype, x.src, v)
+      elif x.op in ALU: memo[x] = UOp(x.op, x.dtype, tuple(s if s.op is Ops.CONST else walk(s) for s in x.src), x.arg)
+      else: memo[x] = UOp(Ops.VIEW, x.dtype, (x,), move(View.create(x.shape)))
+    return memo[x]
+  return walk(u)
+
+
 def _epilogue(red: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> UOp:
   """What a reduce that becomes a kernel's output hands on: the end of its elementwise epilogue that nothing else reads, up to a
   widening cast (attention's scores cast to bfloat16 and scaled go out as that, rounded once, in half the bytes; read by the
@@ -184,9 +218,9 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   users: dict[UOp, set[UOp]] = {}
   for u in target.toposort:
     for s in u.src: users.setdefault(s, set()).add(u)
-  # row statistics stay in their kernels on the CPU (a GPU thread per output would compute one once per element), but for those
+  # row statistics stay in their kernels (the CPU's loops, a GPU's workgroup per row: see Kernel.row_dims), but for those
   # _row_statistics refuses: the cut is made again without them
-  outputs_only, refused, rows = set(roots), set[UOp](), not Device[device].caps.has_local
+  outputs_only, refused, rows = set(roots), set[UOp](), True
   def row(u: UOp) -> bool: return rows and u not in refused
   while True:
     roots = set(outputs_only)
@@ -198,6 +232,9 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   items = []
   for root in order:
     ast = graph_rewrite(root.substitute({r: outputs[r] for r in outputs}), merge_views)
+    if Device[device].caps.has_local and (shares := gpu_split_k(Kernel(ast, Device[device].caps))) > 1:
+      part, ast = split_k(ast, shares, device)
+      items.append(part)
     buf = into if into is not None and root is target else Buffer(device, prod(root.shape), root.dtype)
     outputs[root] = buffer_view(buf, root.shape)
     items.append(ScheduleItem(ast, buf, root, outputs[root]))

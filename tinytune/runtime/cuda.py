@@ -121,7 +121,7 @@ class CUDADevice(Compiled):
     self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
     self.scratch: Any = None  # flush_cache's buffer
     self.renderer = CUDARenderer()
-    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))
 
   asynchronous = is_gpu = True
   def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")

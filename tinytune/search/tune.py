@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from tinytune import engine
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt, opts_to_json
-from tinytune.engine.program import register_first_use_tuner, retune
+from tinytune.engine.program import retune
 from tinytune.engine.schedule import ScheduleItem
 from tinytune.helpers import env_count
 from tinytune.results_db import Database, DatabaseError, SchemaError, fingerprint_hash
@@ -228,12 +228,10 @@ def _first_use_tuner(db: str | None, device: str, strategy: str, candidates: int
 
 
 def tune_on_first_use(kernel: Kernel, device: str, strategy: str) -> tuple[Opt, ...]:
-  """What the engine calls (registered below) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
+  """What the engine calls (tinytune.api registers it) for a kernel the tuning cache lacks, under TINYTUNE_TUNE=strategy."""
   get_strategy(strategy)  # TINYTUNE_TUNE=bem fails with the names it could be, before anything is recorded
   tuner = first_use_tuner(device, strategy)
   try: return tuner.tune_on_first_use(kernel)
   finally:
     if isinstance(tuner.on_result, ProgressLine): tuner.on_result.done()
 
-
-register_first_use_tuner(tune_on_first_use)
