@@ -44,7 +44,7 @@ def single_core_seconds(k: Kernel) -> float:
   steps = prod(k.sizes)
   moved = prod(k.out_shape) * k.ast.dtype.itemsize + sum(min(b.nbytes, steps * b.dtype.itemsize) for b in k.bufs)
   ops = [(u.op in TRANSCENDENTAL, prod(u.shape)) for u in k.ast.toposort if u.op in ALU and u.op is not Ops.CAST]
-  ops += [(False, prod(r.src[0].shape)) for r in k.reduceops]
+  ops += [(False, prod(r.src[0].shape)) for r in k.reduceops] + ([(False, k.flops)] if k.attention is not None else [])
   return max(moved / CORE_BYTES_PER_S, sum(n / (CORE_MATH_PER_S if math else CORE_OPS_PER_S) for math, n in ops))
 
 
@@ -258,8 +258,22 @@ def streaming_stores(p: Plan) -> None:
 CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_panels, k_blocks, streaming_stores)
 
 
+def attention_opts(kernel: Kernel) -> list[Opt]:
+  """Attention in one kernel (see lower.attention): the keys in blocks of the SIMD width (a vector of scores on a CPU), else 8, 4 or 2
+  (one rescale a block); on a CPU the rows across its cores where it is long enough for them, on a GPU a workgroup of up to 128 query
+  rows (they read the same keys and values, from L1)."""
+  k, rows = kernel.copy(), kernel.n_global - 1
+  _first_valid(k, *(Opt(OptOps.UNROLL, 0, u) for u in (k.caps.simd_width, 8, 4, 2) if u > 1))
+  if k.caps.has_local: _first_valid(k, *(Opt(OptOps.LOCAL, rows, n) for n in (128, 64, 32, 16, 8, 4, 2)))
+  elif k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
+    _first_valid(k, *(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+  return k.opts
+
+
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
-  """The first of CPU_PLANNERS that takes the kernel, then each step of CPU_TAIL (devices with workgroups: workgroup_optimizations)."""
+  """The first of CPU_PLANNERS that takes the kernel, then each step of CPU_TAIL (devices with workgroups: workgroup_optimizations);
+  attention in one kernel: attention_opts."""
+  if kernel.attention is not None: return attention_opts(kernel)
   if kernel.caps.has_local: return workgroup_optimizations(kernel)
   p = Plan.of(kernel.copy())
   p.planner = next(planner for planner in CPU_PLANNERS if planner(p))

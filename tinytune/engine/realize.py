@@ -187,7 +187,7 @@ def _reads_in_place(value: UOp, memory: Buffer | None, computed: Callable[[UOp],
     seen.add((u, elsewhere))
     if u.op is Ops.BUFFER and u.arg is memory: return False  # reached through a view other than the whole one, or read elsewhere
     if u is whole and not elsewhere: continue
-    stack.extend((s, elsewhere or u.op is Ops.REDUCE or (u.op is Ops.GATHER and i == 0)) for i, s in enumerate(u.src))
+    stack.extend((s, elsewhere or u.op in (Ops.REDUCE, Ops.ATTENTION) or (u.op is Ops.GATHER and i == 0)) for i, s in enumerate(u.src))
   return True
 
 

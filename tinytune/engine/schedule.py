@@ -6,7 +6,8 @@ when it is read through an expanding or padding view or a gather, from inside an
 elementwise work after it that nothing else reads goes with it (see _epilogue).
 Elementwise work read through an expanding view becomes a kernel's output too where recomputing it at every place costs more
 (see _computed_once): transcendental work a reduce reads (softmax's probabilities in softmax(x) @ v, computed as vectors once),
-and the epilogue of a reduce nothing else reads (a matmul's bias and relu, computed in its kernel, not in the next matmul's)."""
+and the epilogue of a reduce nothing else reads (a matmul's bias and relu, computed in its kernel, not in the next matmul's).
+Attention in one kernel (Ops.ATTENTION) is a kernel of its own whose queries, keys and values are buffers (or views of them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,6 +107,10 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
     if (u, expanded, in_reduce) in seen: continue
     seen.add((u, expanded, in_reduce))
     if u is not root and u in roots or u.op in (Ops.BUFFER, Ops.CONST): continue
+    if u.op is Ops.ATTENTION:  # a kernel of its own, reading its queries, keys and values from memory
+      if u is not root: computed.add(u)
+      else: computed.update(x for x in (_unviewed(s) for s in u.src) if x.op not in (Ops.BUFFER, Ops.CONST) and x not in roots)
+      continue
     if u.op is Ops.REDUCE:
       # inside another reduce, only a statistic of the same rows, read expanded: one loop of the chain before the other (see Kernel)
       found[u] = found.get(u, True) and (not expanded or row(u)) and (in_reduce is None or expanded and same_rows(u, in_reduce))
@@ -130,6 +135,11 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   rest = sorted((r for r in found if r not in bad), key=lambda r: (r not in statistics, root.toposort.index(r)))
   chain = {r for r in rest if r in statistics and same_rows(r, rest[-1])} if rest and rest[-1] in statistics else set(rest[-1:])
   return {_epilogue(r, roots, users) for r in bad | (set(rest) - chain)} | computed
+
+
+def _unviewed(u: UOp) -> UOp:
+  while u.op is Ops.VIEW: u = u.src[0]
+  return u
 
 
 def split_k(ast: UOp, shares: int, device: str) -> tuple[ScheduleItem, UOp]:

@@ -291,6 +291,7 @@ class _Run:
     self.active, self.full, self.any = self.alive, True, True
     self.shared: dict[str, _Shared] = {}
     self.copies = AsyncCopies(self.n)
+    self.unfenced = np.zeros(self.n, bool)  # threads that stored to shared memory since their last fence.proxy.async (wgmma reads it)
 
   def set_active(self, mask: np.ndarray) -> None:
     self.active = mask
@@ -657,6 +658,7 @@ class EMUProgram(Program):
     if (bad := np.asarray(sh.copying[flat] > 0).reshape(len(idx), -1).any(axis=1)).any():
       failing(bad, "that a cp.async copies to, before a cp.async.wait_group covers its group: a race")
     if writing:
+      if record: s.unfenced[mask] = True
       if record:
         np.minimum.at(sh.wmin, flat.ravel(), np.broadcast_to(lo_t, flat.shape).ravel())
         np.maximum.at(sh.wmax, flat.ravel(), np.broadcast_to(hi_t, flat.shape).ravel())
@@ -774,7 +776,7 @@ class EMUDevice(Compiled):
   """A CUDA GPU of TINYTUNE_EMU_ARCH (sm_80 or sm_90), emulated in NumPy (see the module's docstring). Its timings are host seconds of
   an interpreter: never a GPU's speed (`emulated`)."""
   name = "EMU"
-  emulated = True
+  emulated = compiles_apart = True  # the process that renders a kernel keeps its lowered program for compile: the pair runs apart as on CUDA
 
   def __init__(self) -> None:
     self.arch = os.getenv("TINYTUNE_EMU_ARCH") or "sm_90"

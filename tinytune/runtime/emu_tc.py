@@ -7,7 +7,9 @@ elements 2 w and 2 w + 1 of row r, or of column r with .trans) and the wmma API,
 fragment as its whole 16x16 tile and checks that the warp's 32 lanes run each call together, with the pointer alignment and leading
 dimension the API requires. Which elements a lane loads into which register, and where it stores C, is the renderer's choice
 (CUDARenderer.MMA_PAIRS and its mma statements), which EMU follows: a renderer whose table disagrees with the ISA gives wrong products.
-cp.async (StoreArg.cp_async, BARRIER "commit_group" and ("wait_group", n)) lands in shared memory only at the wait that covers its group."""
+cp.async (StoreArg.cp_async, BARRIER "commit_group" and ("wait_group", n)) lands in shared memory only at the wait that covers its group.
+wgmma.mma_async (sm_90a) reads A and B from shared memory through matrix descriptors, decoded by the ISA's "Matrix Descriptor Format"
+(the unswizzled, K-major core-matrix layout), and keeps D in the warpgroup's registers as the ISA's figure for .m64nNk16 lays them out."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -70,6 +72,61 @@ def ldmatrix_x4(rows: np.ndarray, trans: bool) -> np.ndarray:
   return (m[:, :, r, 2 * w] | m[:, :, r, 2 * w + 1] << 16).transpose(0, 2, 1)
 
 
+# ***** wgmma (sm_90a): a warpgroup's 128 threads multiply A and B that shared memory holds, each named by a 64-bit matrix descriptor *****
+WARPGROUP = 128
+SWIZZLES = ("none", "128B", "64B", "32B")  # the descriptor's bits 62-63
+
+
+def wgmma_descriptor(desc: int) -> dict[str, Any]:
+  """A matrix descriptor's fields as the PTX ISA's "Matrix Descriptor Format" packs them: the start address, the leading and the stride
+  dimension byte offsets, each a byte count shifted right by 4 in bits 0-13, 16-29 and 32-45; the matrix base offset in bits 49-51; the
+  swizzle mode in bits 62-63."""
+  return {"start": (desc & 0x3FFF) << 4, "lbo": (desc >> 16 & 0x3FFF) << 4, "sbo": (desc >> 32 & 0x3FFF) << 4, "base": desc >> 49 & 7,
+          "swizzle": SWIZZLES[desc >> 62 & 3]}
+
+
+def wgmma_addresses(desc: int, rows: int) -> np.ndarray:
+  """The byte addresses (rows, 16) of the rows x 16 matrix (A's M x K or B's N x K, K-major) of 16-bit elements that an unswizzled
+  descriptor names: core matrices of 8 rows of 16 bytes (8 elements along K), each row's bytes contiguous and the 8 rows one after
+  another (128 bytes); the core matrix i along M or N and j along K at start + i * stride offset + j * leading offset."""
+  f = wgmma_descriptor(desc)
+  if f["swizzle"] != "none" or f["base"]: raise ValueError(f"wgmma descriptor {desc:#x}: EMU takes the unswizzled layout (swizzle {f['swizzle']})")
+  r, k = np.divmod(np.arange(rows * 16), 16)
+  return (f["start"] + r // 8 * f["sbo"] + k // 8 * f["lbo"] + r % 8 * 16 + k % 8 * 2).reshape(rows, 16)
+
+
+def wgmma_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
+  """The matrix's elements (bits, little-endian) at wgmma_addresses in `smem`, a workgroup's shared memory as bytes."""
+  at = wgmma_addresses(desc, rows)
+  if at.max() + 2 > len(smem): raise ValueError(f"wgmma descriptor {desc:#x} reads past shared memory's {len(smem)} bytes")
+  return smem[at].astype(np.uint16) | smem[at + 1].astype(np.uint16) << 8
+
+
+def d_at(lane: Any, i: Any) -> tuple[Any, Any]:
+  """wgmma's f32 accumulator D (m64nN) in the warpgroup's lanes: register i of lane 32 w + 4 g + t at (16 w + g + 8 (i / 2 % 2),
+  8 (i / 4) + 2 t + i % 2), the ISA's figure for .m64nNk16: warp w holds rows 16 w to 16 w + 15, each 8 columns as mma.sync's C."""
+  w, g, t = lane // 32, lane % 32 // 4, lane % 4
+  return 16 * w + g + 8 * (i // 2 % 2), 8 * (i // 4) + 2 * t + i % 2
+
+
+def wgmma_m64nNk16(d: np.ndarray, smem: np.ndarray, desc_a: int, desc_b: int, dt: DType, scale_d: bool = True) -> np.ndarray:
+  """wgmma.mma_async.sync.aligned.m64nNk16.f32.{dt}.{dt} d, desc_a, desc_b, scale_d, 1, 1, 0, 0 (A and B K-major, not negated) for one
+  warpgroup: d (128, N / 2) floats, smem its workgroup's shared memory as bytes; returns the new d = A @ B (+ d where scale_d)."""
+  n = d.shape[1] * 2
+  if d.shape[0] != WARPGROUP or n % 8 or not 8 <= n <= 256: raise ValueError(f"wgmma m64n{n}k16: N is a multiple of 8 from 8 to 256")
+  return wgmma_product(d[None], value_of(wgmma_operand(smem, desc_a, 64), dt)[None], value_of(wgmma_operand(smem, desc_b, n), dt)[None], scale_d)[0]
+
+
+def wgmma_product(d: np.ndarray, A: np.ndarray, B: np.ndarray, scale_d: bool = True) -> np.ndarray:
+  """D = A @ B (+ d where scale_d) for warpgroups side by side: d (groups, 128, N / 2) floats by d_at, A (groups, 64, 16), B (groups, N, 16)."""
+  n = B.shape[1]
+  lane, i = np.arange(WARPGROUP)[:, None], np.arange(n // 2)[None, :]
+  D = np.zeros((len(d), 64, n), np.float32)
+  if scale_d: D[(slice(None), *d_at(lane, i))] = d
+  for k in range(16): D += A[:, :, k, None] * B[:, None, :, k]  # each product exact in float32, summed in float32 in K's order
+  return D[(slice(None), *d_at(lane, i))]
+
+
 # ***** the renderer's statements (Ops.WMMA, arg (kind, what, ...): see CUDARenderer.wmma) *****
 
 def warps(s: _Run, what: str) -> np.ndarray:
@@ -80,15 +137,25 @@ def warps(s: _Run, what: str) -> np.ndarray:
   return np.asarray(active[:, 0])
 
 
-def uniform(s: _Run, x: Any, on: np.ndarray, what: str) -> np.ndarray:
-  """A warp-wide call's operand, which must be the same in each lane of the warp: one value per warp of `on`."""
-  x = s.lanes(np.asarray(x, np.int64)).reshape(-1, WARP)[on]
-  if (bad := (x != x[:, :1]).any(axis=1)).any(): s.fail(f"{what}: lanes of a warp give different pointers ({x[bad][0][:4].tolist()}, ...)")
+def warpgroups(s: _Run, what: str) -> np.ndarray:
+  """The warpgroups (a mask over s.n // 128) that run a warpgroup-wide call: every thread of such a warpgroup must run it."""
+  if s.n % WARPGROUP: s.fail(f"{what} with workgroups of {s.n} threads: not whole warpgroups of {WARPGROUP}")
+  active = s.active.reshape(-1, WARPGROUP)
+  if (split := active.any(axis=1) & ~active.all(axis=1)).any():
+    s.fail(f"{what} in code that only some threads of a warpgroup run: {s.who(np.repeat(split, WARPGROUP) & ~s.active)} of it do not")
+  return np.asarray(active[:, 0])
+
+
+def uniform(s: _Run, x: Any, on: np.ndarray, what: str, size: int = WARP) -> np.ndarray:
+  """A warp-wide (or `size`-wide) call's operand, which must be the same in each lane of the warp: one value per warp of `on`."""
+  x = s.lanes(np.asarray(x, np.int64)).reshape(-1, size)[on]
+  if (bad := (x != x[:, :1]).any(axis=1)).any():
+    s.fail(f"{what}: lanes of a warp{'group' if size > WARP else ''} give different pointers ({x[bad][0][:4].tolist()}, ...)")
   return np.asarray(x[:, 0])
 
 
 class TensorCores:
-  """The statements of TC (arg 0: the wmma API, arg 1: mma.sync), each compiled to a closure over an EMU run, for one program."""
+  """The statements of TC (arg 0: the wmma API, arg 1: mma.sync, arg 2: wgmma), each compiled to a closure over an EMU run, for one program."""
 
   def __init__(self, prog: EMUProgram): self.prog = prog
 
@@ -195,6 +262,53 @@ class TensorCores:
       at = np.stack([w * 256 + (mg + 8 * q) * 16 + 8 * h + 2 * mt + e for h in range(2) for q in range(2) for e in range(2)], axis=1)
       self.prog.shared_elements(s, self.prog.shared_array(s, "tiles"), mask, at, s.env[f"acc{j}"][mask])
     return store
+
+  # ***** arg 2: wgmma, a warpgroup's, from the staged tiles in shared memory *****
+  def wgmma_accs(self, u: Node, js: tuple[int, ...]) -> Fn:
+    def accs(s: _Run) -> None: s.env.update({f"acc{j}": np.zeros((s.n, 8), np.float32) for j in js})
+    return accs
+
+  def wgmma_store(self, u: Node, j: int) -> Fn: return self.mma_store(u, j)
+
+  def wgmma_proxy(self, u: Node) -> Fn:
+    """fence.proxy.async.shared::cta: the thread's stores to shared memory so far are seen by wgmma (the async proxy) after a barrier."""
+    def proxy(s: _Run) -> None: s.unfenced[s.active] = False
+    return proxy
+
+  def wgmma_fence(self, u: Node) -> Fn:
+    def fence(s: _Run) -> None: warpgroups(s, "wgmma.fence")
+    return fence
+
+  def wgmma_wait(self, u: Node) -> Fn:
+    """commit_group, then wait_group 0: EMU's wgmma completes as it is issued, so the wait only checks the warpgroup is whole."""
+    def wait(s: _Run) -> None: warpgroups(s, "wgmma.wait_group")
+    return wait
+
+  def wgmma_mma(self, u: Node, js: tuple[int, ...], ta: str, sa: int, tb: str, sb: int, dt: DType) -> Fn:
+    """tt_wgmma_m64n{16 len(js)}k16(accw, desc(ta + a, 128, sa), desc(tb + b, 128, sb)), D the tiles' accumulators js side by side (8
+    floats each), each operand's descriptor packed from its byte address
+    (the array's first byte at shared address 0) and offsets, decoded by the ISA's table into the elements it names; the warpgroup's
+    128 lanes read them together."""
+    base_a, base_b = self.prog.expr(u.src[0]), self.prog.expr(u.src[1])
+    def operand(s: _Run, name: str, base: Fn, sbo: int, rows: int, on: np.ndarray, first: np.ndarray) -> np.ndarray:
+      sh = self.prog.shared_array(s, name)
+      start = uniform(s, base(s), on, "wgmma's descriptor", WARPGROUP) * sh.dtype.itemsize
+      if (bad := start % 16 != 0).any(): s.fail(f"wgmma's descriptor of {name} starts at byte {start[bad][0]}: not 16-byte aligned")
+      at = np.stack([wgmma_addresses(int(b) >> 4 | (128 >> 4) << 16 | (sbo >> 4) << 32, rows) for b in start]).reshape(len(start), -1) // 2
+      bits = self.read(s, name, at, first, "wgmma reads", by=(s.t[first], s.t[first] + WARPGROUP - 1))
+      return value_of(bits, dt).reshape(len(start), rows, 16)
+    def mma(s: _Run) -> None:
+      on = warpgroups(s, "wgmma.mma_async")
+      if (bad := np.asarray(s.unfenced.reshape(s.groups, -1).any(axis=1))[s.local_g] & s.active).any():  # the workgroup's stores reach wgmma fenced
+        s.fail(f"wgmma.mma_async reads shared memory that {s.who(s.unfenced & np.isin(s.local_g, s.local_g[bad]))} stored to with no "
+               "fence.proxy.async after: the async proxy may not see it")
+      first = np.zeros(s.n, bool)
+      first[np.flatnonzero(on) * WARPGROUP] = True
+      A, B = operand(s, ta, base_a, sa, 64, on, first), operand(s, tb, base_b, sb, 16 * len(js), on, first)
+      acc, lanes = np.concatenate([s.env[f"acc{j}"] for j in js], axis=1), np.repeat(on, WARPGROUP)
+      acc[lanes] = wgmma_product(acc[lanes].reshape(-1, WARPGROUP, 8 * len(js)), A, B).reshape(-1, 8 * len(js))
+      for i, j in enumerate(js): s.env[f"acc{j}"] = acc[:, 8 * i:8 * i + 8]
+    return mma
 
   # ***** arg 0: the wmma API, a warp's fragment kept as its whole tile *****
   def wmma_acc(self, u: Node, j: int) -> Fn:
