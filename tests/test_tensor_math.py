@@ -344,6 +344,7 @@ def test_logaddexp_and_atan_match_numpy(a: np.ndarray, b: np.ndarray) -> None:
   ("floordiv_by_0", lambda a, b: a // 0), ("floordiv_by_tensor_0", lambda a, b: a // b), ("mod_by_0", lambda a, b: a % 0),
   ("trunc_div_by_0", lambda a, b: a.div(b, rounding_mode="trunc") if isinstance(a, Tensor) else torch.div(a, b, rounding_mode="trunc")),
 ])
+@pytest.mark.usefixtures("oracle_device")
 def test_int_division_by_zero_raises(name: str, fn) -> None:
   """As torch: it returned the dividend."""
   a, b = np.array([5, -7, 9], np.int32), np.array([1, 0, 3], np.int32)
@@ -352,6 +353,7 @@ def test_int_division_by_zero_raises(name: str, fn) -> None:
 
 
 @pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.int8, dtypes.uint8])
+@pytest.mark.usefixtures("oracle_device")
 def test_shifts_out_of_range_match_torch(dtype) -> None:
   """A shift below 0 or from the bit width up: 0 (or -1 for a negative number shifted right), as torch; int32 1 << 40 gave 256."""
   bits = dtype.itemsize * 8

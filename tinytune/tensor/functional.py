@@ -375,7 +375,8 @@ def _ceil_pads(spatial: tuple[int, ...], pads: tuple[tuple[int, int], ...], k: t
 def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
                return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
   """Max over windows of the last len(kernel_size) dims (2 for an int kernel), arguments in torch's order. return_indices: also the
-  int64 index of each max in its flattened spatial dims, as torch gives (the first one on ties, the last NaN where there is one)."""
+  index of each max in its flattened spatial dims as torch gives it (the first one on ties, the last NaN where there is one), int32 as
+  tinygrad's and argmax's (int64 past int32's range)."""
   k, st, dl, pd = _pool_args(self, "max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
   d = len(k)
   fill = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
@@ -384,7 +385,8 @@ def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: 
   pooled = windows.max(axes)
   if not return_indices: return pooled
   size = prod(self.shape[-d:])
-  where = Tensor.arange(size, dtype=dtypes.int64, device=self.device).reshape(self.shape[-d:]).pad(pd, value=size)._windows(k, st, dl)
+  where = Tensor.arange(size, dtype=dtypes.int32 if size < 2**31 else dtypes.int64, device=self.device).reshape(self.shape[-d:])
+  where = where.pad(pd, value=size)._windows(k, st, dl)
   first = (windows == pooled.reshape(*pooled.shape, *(1,) * d)).where(where, size).min(axes)
   if not self.dtype.is_float: return pooled, first.detach()
   last_nan = windows.isnan().where(where, -1).max(axes)  # torch's scan takes each NaN it meets: a window's last NaN
