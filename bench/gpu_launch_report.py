@@ -1,6 +1,7 @@
 """What each kernel of a workload does on a big NVIDIA GPU, worked out from its lowered program with no GPU at hand.
 
   python bench/gpu_launch_report.py [conv2d reduce:axis=0 attention:seq=2048,causal=1 ...] [--schedule-device EMU] [--noopt]
+      [--splitk N] [--raster B]
 
 Each workload at its GPU sizes (`Workload.params({}, gpu=True)`; parameters after a colon override them) is scheduled on a
 device with workgroups (EMU, which needs no driver; OPENCL or CUDA schedule the same kernels) and each kernel gets the default
@@ -12,7 +13,14 @@ memory: the share of the 32-byte sectors they touch that they use ("1.00": coale
 a gather). Then the kernel's FLOPs, its least memory traffic (each buffer once), the sector bytes its global loads and stores
 request (what L1 must serve; shared memory is not counted), and the times these give at 4.8 TB/s (H200 HBM3e), 60 TFLOPS
 (float32 FMA) and ~30 TB/s of L1 (132 SMs x 128 B x 1.755 GHz): the largest of them is the best that kernel can do, and a
-measured time far above it names what to look at. Estimates only: nothing here runs on a GPU."""
+measured time far above it names what to look at. For a kernel with a reduce, "wave MB": the input bytes that the workgroups at
+work at once (a wave: as many as the SMs hold, by threads and by an estimate of registers, REGISTERS) read, each distinct tile of
+an input once a wave (what the block raster order, RASTER, cuts), summed over the waves: where that is well above "min MB", the
+inputs pass from memory to the 50 MB L2 more than once. Each workload's first row counts its kernels and the global loads of each
+of its inputs per element over all of them (softmax 8192^2: 3 in three kernels, each reading the input from memory; 2 in one
+kernel now, a workgroup a row, whose second load of a row of 32 KiB hits L1 or L2, the row's exps read back from shared memory).
+--splitk sets SPLITK for the schedule (0: no split-K; N: every reduce that can be split, in N shares) and --raster B adds
+RASTER B to each kernel's opts along its first global axis where that is valid. Estimates only: nothing here runs on a GPU."""
 from __future__ import annotations
 
 import argparse
@@ -21,21 +29,23 @@ import operator
 from typing import Any, Callable
 
 from tinytune import Kernel, Tensor
+from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import AxisKind
 from tinytune.codegen.lower import lower
-from tinytune.helpers import prod
+from tinytune.codegen.opts import KernelOptError, Opt, OptOps
+from tinytune.helpers import Context, prod
 from tinytune.kernels import get_workload
 from tinytune.kernels.workload import schedule
-from tinytune.runtime import DeviceCaps
 from tinytune.uop import Ops, UOp
 
 # an H100/H200 as the CUDA device reports it (runtime/cuda.py), without opening one
-GPU_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024,
-                      shared_bytes=48 * 1024, tensor_cores=("float16", "bfloat16"))
+GPU_CAPS = cuda_caps("sm_90")
 SMS, THREADS_PER_SM, BLOCKS_PER_SM, HBM, FP32, L1 = 132, 2048, 32, 4.8e12, 60e12, 132 * 128 * 1.755e9
 WARP, SECTOR = 32, 32
+REGISTERS, REGISTER_FILE = 40, 65536  # registers a thread needs beyond one per output it holds (the 8x8 tile: 103 on sm_90); an SM's
+WAVE_GROUPS = 1 << 16  # kernels with more workgroups than this get no "wave MB" (each workgroup's tiles are worked out in Python)
 DEFAULT = ["conv2d", "reduce:axis=0", "reduce:axis=1", "softmax", "layernorm", "attention", "elementwise", "matmul"]
 
 BINARY: dict[Ops, Callable[[Any, Any], Any]] = {
@@ -75,6 +85,35 @@ def warp_access(addrs: list[int | None], nbytes: int, itemsize: int) -> tuple[in
   return sectors, "bcast" if len(set(addrs)) == 1 and len(addrs) > 1 else f"{len(used) / (sectors * SECTOR):.2f}"
 
 
+def group_env(uops: list[UOp], gid: int) -> dict[str, int]:
+  """Each variable that a SPECIAL takes from the workgroup id, for workgroup `gid` (RASTER's parts of a dim's index among them)."""
+  env: dict[str, int] = {}
+  for u in uops:
+    if u.op is Ops.SPECIAL and u.arg.id == "group_id":
+      v = gid // u.arg.divisor
+      env[u.arg.var] = v % u.arg.modulus if u.arg.modulus else v
+  return env
+
+
+def wave_bytes(k: Kernel) -> float | None:
+  """The input bytes the kernel's waves of workgroups read from memory (see the docstring's "wave MB"); None for a kernel without a
+  reduce or with over WAVE_GROUPS workgroups. A workgroup's tile of an input is told by where its first load of it reads with every
+  loop and thread index at 0; the input's bytes are shared out evenly among its distinct tiles."""
+  groups, threads = k.launch_dims
+  if k.reduceop is None or groups > WAVE_GROUPS: return None
+  prog = lower(k, CUDARenderer())
+  first = {u.arg.buf: u.src[0] for u in reversed(prog.uops) if u.op is Ops.LOAD and isinstance(u.arg.buf, int)}
+  per_sm = max(1, min(BLOCKS_PER_SM, THREADS_PER_SM // threads, REGISTER_FILE // (threads * (prod(a.size for a in k.axes if a.kind is AxisKind.UPCAST)
+                                                                                             + REGISTERS))))
+  wave = SMS * per_sm
+  tiles = [{b: evaluate(idx, env) for b, idx in first.items()} for env in (group_env(prog.uops, g) for g in range(groups))]
+  total = 0.0
+  for b in first:
+    every = len({t[b] for t in tiles})
+    total += sum(len({t[b] for t in tiles[w:w + wave]}) for w in range(0, groups, wave)) / every * k.bufs[b - 1].nbytes
+  return total
+
+
 def accesses(k: Kernel) -> list[dict[str, Any]]:
   """Each global load and store of the kernel's lowered program: buffer, width, executions per thread, sectors per warp, warp use."""
   prog = lower(k, CUDARenderer())
@@ -97,6 +136,7 @@ def report(k: Kernel) -> dict[str, Any]:
   for a in acc:
     if not a["store"]: loads[a["buf"]] = loads.get(a["buf"], 0) + a["trips"] * a["width"]
     use.setdefault("out" if a["store"] else f"in{a['buf']}", []).append(a["use"])
+  reads = {id(k.bufs[b - 1]): n * groups * threads / k.bufs[b - 1].size for b, n in loads.items()}  # passes over each input
   sector_bytes = sum(a["sectors"] * a["trips"] for a in acc) * SECTOR * groups * math.ceil(threads / WARP)
   times = {"hbm": k.mem_bytes / HBM, "fp32": k.flops / FP32, "l1": sector_bytes / L1}
   def size(kind: AxisKind) -> int: return prod(a.size for a in k.axes if a.kind is kind)
@@ -104,13 +144,14 @@ def report(k: Kernel) -> dict[str, Any]:
               fill=groups * threads / (SMS * THREADS_PER_SM), occupancy=min(THREADS_PER_SM, BLOCKS_PER_SM * threads) / THREADS_PER_SM,
               outputs=size(AxisKind.UPCAST), trips=size(AxisKind.REDUCE), loads=" ".join(f"in{b}:{n}" for b, n in sorted(loads.items())),
               use=" ".join(f"{b}:{'/'.join(dict.fromkeys(v))}" for b, v in use.items()), gflop=k.flops / 1e9, mb=k.mem_bytes / 1e6,
-              l1mb=sector_bytes / 1e6, best_us=max(times.values()) * 1e6, bound=max(times, key=lambda t: times[t]))
+              l1mb=sector_bytes / 1e6, best_us=max(times.values()) * 1e6, bound=max(times, key=lambda t: times[t]),
+              wavemb="-" if (wave := wave_bytes(k)) is None else f"{wave / 1e6:.1f}", reads=reads)
 
 
 COLUMNS = [("kernel", "name", "{}"), ("opts", "opts", "{}"), ("launch", "launch", "{}"), ("threads/GPU", "fill", "{:.2f}"),
            ("SM use", "occupancy", "{:.2f}"), ("out/thread", "outputs", "{}"), ("trips", "trips", "{}"), ("loads/thread", "loads", "{}"),
            ("warp use", "use", "{}"), ("GFLOP", "gflop", "{:.3f}"), ("min MB", "mb", "{:.1f}"), ("L1 MB", "l1mb", "{:.1f}"),
-           ("best us", "best_us", "{:.1f}"), ("bound", "bound", "{}")]
+           ("best us", "best_us", "{:.1f}"), ("bound", "bound", "{}"), ("wave MB", "wavemb", "{}")]
 
 
 def parse(spec: str) -> tuple[str, dict[str, int]]:
@@ -123,6 +164,8 @@ def main() -> None:
   ap.add_argument("workloads", nargs="*", default=DEFAULT, help="name or name:param=value,... (the GPU sizes otherwise)")
   ap.add_argument("--schedule-device", default="EMU", help="a device with workgroups to schedule on (only the inputs are made there)")
   ap.add_argument("--noopt", action="store_true", help="the kernels with no opts")
+  ap.add_argument("--splitk", type=int, default=-1, help="SPLITK for the schedule: 0 no split-K, N > 1 every reduce that can be in N shares")
+  ap.add_argument("--raster", type=int, default=0, help="RASTER B after the default opts, along each kernel's first global axis, where valid")
   args = ap.parse_args()
   print("| " + " | ".join(c for c, _, _ in COLUMNS) + " |")
   print("|" + " --- |" * len(COLUMNS))
@@ -133,14 +176,21 @@ def main() -> None:
     # a buffer each, holding nothing of interest (equal constants would be one buffer: Q, K and V of attention the same)
     ins = [Tensor.full(shape, i + 1.0, device=args.schedule_device).contiguous().realize() for i, shape in enumerate(w.inputs(params))]
     built = w.build(params, *ins)
-    items, _ = schedule(built, args.schedule_device)
-    label = f"**{name}** " + " ".join(f"{k}={v}" for k, v in params.items())
-    print(f"| {label} |" + " |" * (len(COLUMNS) - 1))
+    with Context(SPLITK=args.splitk): items, _ = schedule(built, args.schedule_device)
+    rows = []
     for item in items:
       k = Kernel(item.ast, GPU_CAPS)
       if not args.noopt: k.apply_opts(default_opts(k))
-      row = report(k)
-      print("| " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |", flush=True)
+      if args.raster:
+        try: k.apply_opt(Opt(OptOps.RASTER, k.global_order[0], args.raster))
+        except KernelOptError: pass
+      rows.append(report(k))
+    made = {id(item.out) for item in items}
+    inputs = list(dict.fromkeys(id(u.arg) for item in items for u in item.ast.toposort if u.op is Ops.BUFFER and id(u.arg) not in made))
+    passes = " ".join(f"input{i}:{sum(r['reads'].get(b, 0) for r in rows):.2f}" for i, b in enumerate(inputs))
+    label = f"**{name}** " + " ".join(f"{k}={v}" for k, v in params.items()) + f" ({len(items)} kernels; reads per input element {passes})"
+    print(f"| {label} |" + " |" * (len(COLUMNS) - 1))
+    for row in rows: print("| " + " | ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -184,9 +184,11 @@ def matmul(suite: Suite, dev: str) -> None:
         wall = time.monotonic() - st
         searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5))
         med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
-        compile_ms = med([r.compile_s for r in result.history if r.status != "invalid"])
-        where.append(f"{dt}: per candidate (medians) render {med(ev.render_s):.0f} ms in turn, compile {compile_ms:.0f} ms in "
-                     f"{ev.pool._max_workers} threads, verify + time {med(ev.run_s):.0f} ms in the worker; "
+        built = list({r.source_hash: r for r in result.history if r.status != "invalid" and not r.stored}.values())
+        each = {what: med([getattr(r, f"{what}_s") for r in built]) for what in ("render", "compile", "verify", "run")}
+        where.append(f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in "
+                     f"{ev.pool._max_workers} {'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; "
+                     f"run {each['run']:.0f} ms in the worker, of it verify {each['verify']:.0f} ms; "
                      f"{ev.evaluated} measured, {len(result.history)} tried with the invalid")
       tried = sum(result.counts().values())
       th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
@@ -215,6 +217,49 @@ def _prefetched(kernel: Any, opts: list) -> list:
   return _with_arg("STAGE", 8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
 
 
+def _wgmma(rows: int, cols: int) -> Callable[[Any, list], list]:
+  """TC's arg 2 (wgmma, sm_90a) in place of the default: one warpgroup a workgroup, its tile 64 `rows` x 16 `cols` (UPCASTs: each K
+  step one m64n(16 cols)k16 per 64 rows), K tiles of 64 in shared memory; the default where that is not valid (another GPU)."""
+  def wgmma(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import KernelOptError, Opt, OptOps
+    try:
+      tc = kernel.copy().apply_opts([Opt(OptOps.TC, 0, 2)]).tc  # the matmul's dims of A's rows and B's columns (after a split of K)
+      ret = [Opt(OptOps.TC, 0, 2), Opt(OptOps.UPCAST, tc.col, cols), *([Opt(OptOps.UPCAST, tc.row, rows)] if rows > 1 else [])]
+      kernel.copy().apply_opts(ret)
+    except KernelOptError: return opts
+    return ret
+  return wgmma
+
+
+def _pipelined(stages: int, change: Callable[[Any, list], list] = lambda kernel, opts: opts) -> Callable[[Any, list], list]:
+  """`change`'s opts with STAGE's copies made by cp.async into a ring of `stages` shared buffers (PIPELINE)."""
+  def pipelined(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import Opt, OptOps
+    return [*change(kernel, opts), Opt(OptOps.PIPELINE, 0, stages)]
+  return pipelined
+
+
+def _mma_staged(m_fragments: int = 0) -> Callable[[Any, list], list]:
+  """TC as mma.sync from swizzled K tiles of 32 in shared memory (STAGE 2): the default's warps and fragments (`m_fragments` a warp
+  along M where given) without its UNROLL, which would make the K tile 64."""
+  def staged(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import Opt, OptOps
+    tiles = [Opt(o.op, 0, m_fragments) if m_fragments and o.op is OptOps.UPCAST and o.axis == 0 else o
+             for o in _with_arg("TC", 1)(kernel, opts) if o.op is not OptOps.UNROLL]
+    return [*tiles, Opt(OptOps.STAGE, 0, 2)]
+  return staged
+
+
+def _raster(band: int) -> Callable[[Any, list], list]:
+  """The default's opts with its workgroups in bands of `band` along the first global axis (RASTER), where that is valid."""
+  def raster(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import KernelOptError, Opt, OptOps
+    try: kernel.copy().apply_opts([*opts, Opt(OptOps.RASTER, kernel.global_order[0], band)])
+    except KernelOptError: return opts
+    return [*opts, Opt(OptOps.RASTER, kernel.global_order[0], band)]
+  return raster
+
+
 def _reserve(kernel: Any, opts: list) -> list:
   """The plan the heuristics hold in reserve beside an unmeasured default's (heuristic.alternative_opts), else the default's."""
   from tinytune.codegen.heuristic import alternative_opts
@@ -228,9 +273,30 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_arg("TC", 1)),
   ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 0))),
   ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 1))),
+  ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile (m64n64k16 x 2), K tiles of 64 in shared memory", _wgmma(2, 4)),
+  ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
+  ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
   ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_arg("STAGE", 8)),
-  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched)]
+  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched),
+  # cp.async (PIPELINE), unmeasured: 48 KB of static shared memory holds 2 stages of 128x128 16-bit tiles with K 32, 3 of 64x128
+  ("float16", "TC as mma.sync from swizzled K tiles of 32 (STAGE 2, no UNROLL) in 2 cp.async stages (PIPELINE 2)", _pipelined(2, _mma_staged())),
+  ("float16", "the same in 64x128 tiles (2 fragments a warp along M) in 3 cp.async stages (PIPELINE 3)", _pipelined(3, _mma_staged(2))),
+  ("float32", "the default's K tiles of 16 in 2 cp.async stages (PIPELINE 2; 107 registers on sm_90)", _pipelined(2)),
+  ("float32", "K tiles of 8 in 3 cp.async stages (STAGE 8, PIPELINE 3; 127 registers on sm_90)", _pipelined(3, _with_arg("STAGE", 8))),
+  ("float32", "workgroups in bands of 16 down the columns (RASTER 0 16): a wave's tiles of A and B, 342 -> 306 MB from memory", _raster(16)),
+  ("float32", "workgroups in bands of 8 (RASTER 0 8)", _raster(8)),
+  ("float16", "TC's workgroups in bands of 16 (RASTER 0 16)", _raster(16))]
+
+
+# workloads whose schedule a variant changes (split-K, SPLITK=0 in place of the planner's choice), each timed against the default
+# schedule: (workload, its params over the GPU sizes, label, the Context of the variant, the Context of both: attention's P.V is a
+# kernel of its own only as the graph, FLASH=0)
+SCHEDULE_VARIANTS: list[tuple[str, dict[str, int], str, dict[str, int], dict[str, int]]] = [
+  ("attention", {}, "no split-K (P.V in 256 workgroups, not 4 shares of 1024)", {"SPLITK": 0}, {"FLASH": 0}),
+  ("linear", {"m": 16, "k": 8192, "n": 4096}, "no split-K (16 shares by default)", {"SPLITK": 0}, {}),
+  ("linear", {"m": 16, "k": 8192, "n": 4096}, "split-K in 4 shares", {"SPLITK": 4}, {}),
+  ("matmul", {"m": 256, "n": 256, "k": 65536}, "no split-K (16 shares by default)", {"SPLITK": 0}, {})]
 
 
 def variants(suite: Suite, dev: str) -> None:
@@ -260,6 +326,69 @@ def variants(suite: Suite, dev: str) -> None:
         t_base, t_var = (t.median for t in ev.retime([base, opts], rounds=5))
       tf = 2 * n ** 3 / 1e12
       suite.out(f"| {dt} | {label} | {opts} | yes | {tf / t_var:.1f} | {tf / t_base:.1f} | {t_base / t_var:.2f} |")
+    except Exception as e:
+      suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+
+
+def schedule_variants(suite: Suite, dev: str) -> None:
+  """Workloads whose schedule a variant changes (SCHEDULE_VARIANTS): the default's kernels and the variant's, each timed as the
+  catalog times them (events around the whole program after an L2 flush, medians), the variant's output checked against the default's."""
+  from tinytune.helpers import Context
+  from tinytune.kernels import WORKLOADS
+  from tinytune.kernels.baselines import tinytune_timing
+  from tinytune.search.evaluate import TimingPolicy
+  from tinytune.search.worker import mismatches
+  policy = TimingPolicy(min_repeats=3, max_repeats=10 if not suite.args.quick else 3, max_seconds=0.5)
+  suite.out("| workload | params | variant | kernels | default kernels | ms | default ms | variant / default speed | output |")
+  suite.out("| --- " * 9 + "|")
+  for name, extra, label, context, both in SCHEDULE_VARIANTS:
+    if suite.left() < 60: suite.out(f"| {name} | skipped: no time left |"); continue
+    w = WORKLOADS[name]
+    p = {**w.params({}, gpu=not suite.args.quick), **({} if suite.args.quick else extra)}
+    try:
+      with Context(**both): base = tinytune_timing(w, p, dev, False, policy)
+      with Context(**both, **context): var = tinytune_timing(w, p, dev, False, policy)
+      ok = "-" if base.output is None or var.output is None else "ok" if not mismatches(var.output, base.output, 2e-3).any() else "**differs**"
+      suite.out(f"| {name} | {' '.join(f'{k}={v}' for k, v in p.items())} | {label} | {len(var.kernels)} | {len(base.kernels)} | "
+                f"{var.median_s * 1e3:.3f} | {base.median_s * 1e3:.3f} | {base.median_s / var.median_s:.2f} | {ok} |")
+    except Exception as e:
+      suite.out(f"| {name} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+
+
+# attention at its GPU sizes in one kernel (FLASH=2: online softmax, no scores in memory) against the graph's kernels (FLASH=0):
+# (dtype, causal). The default on CUDA and AMD (tensor/functional.py FLASH_DEVICES) was set by bench/gpu_launch_report.py alone.
+ATTENTION_VARIANTS = [("float32", 0), ("float32", 1), ("float16", 0), ("float16", 1)]
+
+
+def attention_variants(suite: Suite, dev: str) -> None:
+  """Attention in one kernel against the graph's kernels, both with default opts, each checked against PyTorch's SDPA; timed
+  alternately (3 rounds each), medians."""
+  from tinytune import Context
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.baselines import tinytune_timing, torch_baseline
+  from tinytune.search.evaluate import TimingPolicy
+  from tinytune.search.worker import mismatches
+  policy, w = TimingPolicy(min_repeats=3, max_repeats=10, max_seconds=0.5), get_workload("attention")
+  suite.out("| dtype | params | one kernel ms (kernels) | graph ms (kernels) | SDPA ms | graph / one kernel | SDPA / one kernel | output |")
+  suite.out("| --- " * 8 + "|")
+  for dt, causal in ATTENTION_VARIANTS:
+    if suite.left() < 60: suite.out(f"| {dt} | causal={causal} | skipped: no time left |"); continue
+    p = {**w.params({}, gpu=not suite.args.quick), "causal": causal}
+    label = " ".join(f"{k}={v}" for k, v in p.items())
+    try:
+      dtype, times = w.dtype(dt), {0: list[float](), 2: list[float]()}
+      kernels, outs = {}, {}
+      for _ in range(3):
+        for flash in (2, 0):
+          with Context(FLASH=flash): t = tinytune_timing(w, p, dev, False, policy, dtype=dtype)
+          times[flash].append(t.median_s)
+          kernels[flash], outs[flash] = len(t.kernels), t.output
+      b = torch_baseline(w, p, dev, policy, dtype) if torch_cuda() is not None else None
+      one, graph = statistics.median(times[2]), statistics.median(times[0])
+      ok = "-" if b is None or b.output is None or outs[2] is None else "ok" if not mismatches(outs[2], b.output, 2e-2).any() else "**differs**"
+      sdpa = b.median_s if b else float("nan")
+      suite.out(f"| {dt} | {label} | {one * 1e3:.3f} ({kernels[2]}) | {graph * 1e3:.3f} ({kernels[0]}) | {sdpa * 1e3:.3f} | {graph / one:.2f} | "
+                f"{sdpa / one:.2f} | {ok} |")
     except Exception as e:
       suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
 
@@ -356,7 +485,8 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants, schedules, "
+                  "attention")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -381,6 +511,8 @@ def main() -> None:
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
     ("variants", "matmul: alternatives to the default, timed against it", lambda: variants(suite, dev)),
+    ("schedules", "Schedules other than the default (split-K), timed against it", lambda: schedule_variants(suite, dev)),
+    ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:
     if key not in skip: suite.section(title, fn)

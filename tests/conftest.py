@@ -81,6 +81,15 @@ def each_device(request: pytest.FixtureRequest) -> Iterator[str]:
   finally: Device.DEFAULT = default
 
 
+@pytest.fixture(params=["CPU", *WORKGROUP_DEVICES])
+def oracle_device(request: pytest.FixtureRequest) -> Iterator[str]:
+  """each_device without EMU, for the PyTorch-oracle checks of behaviours (errors, edge values, gradients) that a GPU's kernels
+  must keep as the CPU's do: the CPU and the devices with workgroups here (OPENCL through pocl)."""
+  default, Device.DEFAULT = Device.DEFAULT, request.param
+  try: yield request.param
+  finally: Device.DEFAULT = default
+
+
 def reset_postgres(url: str) -> None:
   """Drop every table of the test database at `url`: ours, our version table and optuna's."""
   from sqlalchemy import MetaData, create_engine

@@ -145,12 +145,12 @@ def _axis_arg(draw: Any, nd: int) -> Any:
 
 
 def run_blocks_on_host(tmp_path: Any, source: str, blocks: int, threads: int, each_thread: str, result: str = "0",
-                       flags: Sequence[str] = ()) -> Callable[..., int]:
-  """GPU source made host C++ by its test's shim, built with g++ as a library whose `run(out, a, b)` runs `blocks` blocks one after
+                       flags: Sequence[str] = (), inputs: Sequence[str] = ("a", "b")) -> Callable[..., int]:
+  """GPU source made host C++ by its test's shim, built with g++ as a library whose `run(out, *inputs)` runs `blocks` blocks one after
   another, each as `threads` std::threads that share `block_sync` (the shim's barrier for warp-wide calls and __syncthreads);
   `each_thread` is a thread's body (i, blk: its thread and block ids), `result` what run returns when all are done."""
   (tmp_path / "k.cpp").write_text(source + f"""
-extern "C" int run(void* out, const void* a, const void* b) {{
+extern "C" int run(void* out, {", ".join(f"const void* {x}" for x in inputs)}) {{
   for (int blk = 0; blk < {blocks}; blk++) {{
     std::barrier<> sync({threads});
     block_sync = &sync;

@@ -157,12 +157,14 @@ def test_max_pool_gradient_after_an_expression() -> None:
   ("cumprod", [(3, 5)], lambda a: a.cumprod(1)),
   ("cummax", [(3, 5)], lambda a: a.cummax(1)[0]),
 ])
+@pytest.mark.usefixtures("oracle_device")
 def test_gradient_without_requires_grad(name: str, shapes: list, fn) -> None:
   """As in tinygrad, loss.gradient(*inputs) follows the graph from inputs made without requires_grad (None): their ops record,
   and those with an inference form of their own (matmul, conv2d, cumprod, cummax) keep it and build the training form if asked."""
   helper_test_op(shapes, fn, atol=1e-4, rtol=1e-4, grad_atol=1e-4, grad_rtol=1e-3, untracked=True)
 
 
+@pytest.mark.usefixtures("oracle_device")
 def test_requires_grad_none_false_true() -> None:
   x, w, k = Tensor([1.0, -2.0, 3.0]), Tensor([0.5, 0.5, 0.5], requires_grad=True), Tensor([2.0, 2.0, 2.0], requires_grad=False)
   loss = (x * w * k).sum()
@@ -223,11 +225,13 @@ def test_untracked_inference_keeps_its_kernels() -> None:
   ("gelu_far", lambda a: F.gelu(a) if isinstance(a, torch.Tensor) else a.gelu(), [[-1000.0, -10.0, 0.0, 10.0, 1000.0]]),
   ("gelu_tanh_far", lambda a: F.gelu(a, approximate="tanh") if isinstance(a, torch.Tensor) else a.gelu("tanh"), [[-1000.0, -10.0, 0.0, 1000.0]]),
 ])
+@pytest.mark.usefixtures("oracle_device")
 def test_gradient_edges(name: str, fn, vals: list) -> None:
   """PyTorch's gradients at the kinks, ties and edges, and far out where a composition's chain rule met inf * 0."""
   helper_test_op(None, fn, vals=vals, untracked=True)
 
 
+@pytest.mark.usefixtures("oracle_device")
 def test_creation_takes_requires_grad_and_comparisons_pass_no_gradient() -> None:
   """Tensor.randn(4, requires_grad=True) as in torch and tinygrad (a TypeError before); a comparison in the graph passes no gradient."""
   tt = Tensor.randn(4, requires_grad=True)

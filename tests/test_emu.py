@@ -3,7 +3,6 @@ undefined (races, accesses out of bounds), its CUDA source and its place among t
 property tests (each_device) run on it too, with the caps of sm_80 and sm_90."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from test_opts import KERNELS, case, kernel_cases, random_sequence
 
-from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune import Device, Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.cli import main
 from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.lower import TRUE, LinearProgram, LoadArg, LocalArg, SpecialArg, StoreArg, lower, stmt
@@ -241,11 +240,9 @@ def test_exit_and_workgroups() -> None:
 
 # ***** the device *****
 
-def test_caps_are_cudas_without_tensor_cores() -> None:
-  for arch in ("sm_80", "sm_90"): assert emu_caps(arch) == dataclasses.replace(cuda_caps(arch), tensor_cores=())
+def test_caps_are_cudas() -> None:
+  for arch in ("sm_80", "sm_90"): assert emu_caps(arch) == cuda_caps(arch) and emu_caps(arch).tensor_cores == ("float16", "bfloat16")
   with pytest.raises(ValueError, match="TINYTUNE_EMU_ARCH='sm_75': EMU emulates sm_80 or sm_90"): emu_caps("sm_75")
-  k, _ = emu_kernel(Tensor.ones(32, 16, dtype=dtypes.float16, device="EMU") @ Tensor.ones(16, 16, dtype=dtypes.float16, device="EMU"), [])
-  with pytest.raises(KernelOptError, match="TC needs a device with tensor cores"): k.apply_opt(Opt(OptOps.TC, 0, 0))
 
 
 def test_compile_takes_only_its_renderers_sources() -> None:

@@ -1,12 +1,14 @@
 """Lowering: a kernel with its opts as a linear program of UOps (codegen/lower.py), and renderers that spell every statement of it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
-from tinytune.codegen.lower import STATEMENTS, LinearProgram, lower
+from tinytune.codegen.lower import STATEMENTS, LinearProgram, StoreArg, lower
 from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import DeviceCaps
 from tinytune.uop import ALU, Ops
@@ -135,6 +137,7 @@ def programs() -> list[tuple[str, LinearProgram, Kernel]]:
     ("cpu", kernel((x.bitcast(dtypes.int32) + 1).sum(-1), CPU, [])),
     ("gpu", kernel(a @ b, GPU, [Opt(U, 1, 4), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.GROUPTOP, 0, 4)])),
     ("tc", kernel(h1 @ h2, GPU, [Opt(OptOps.TC, 0, 0), Opt(OptOps.LOCAL, 0, 2)])),
+    ("tc", kernel(a @ b, replace(GPU, async_copy=True), [Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 4), Opt(OptOps.PIPELINE, 0, 2)])),  # cp.async
     ("cpu", kernel(arr(8, 16, dtype=BF16) @ arr(16, 8, dtype=BF16), CPU_BF16, [Opt(OptOps.TC, 0, 0), Opt(U, 1, 8)])),
   ]
   return [(where, lower(k, CRenderer() if where == "cpu" else CUDARenderer()), k) for where, k in cases]
@@ -252,13 +255,16 @@ def test_a_row_read_off_its_statistic_is_recomputed() -> None:
 
 
 def test_a_chain_of_statistics_on_workgroups() -> None:
-  """A kernel with softmax's chain of reduces (scheduled for the CPU) on a device with workgroups: each thread runs the max's
-  loop, then the sum's, then writes its element; GROUP, whose partials combine after the loops, is refused."""
-  k = kernel(arr(6, 40).softmax(-1), GPU, [Opt(OptOps.LOCAL, 1, 8)])
+  """A kernel with softmax's chain of reduces (scheduled for the CPU) on a device with workgroups: with threads across rows each
+  runs the max's loop, then the sum's, then writes its row; threads along the row must be the reduce's GROUP threads (a row
+  kernel: each statistic's partials combined between barriers), so LOCAL along the row alone is refused."""
+  k = kernel(arr(6, 40).softmax(-1), GPU, [Opt(OptOps.LOCAL, 0, 2)])
   assert len(k.reduceops) == 2
-  loops = [u.arg[0] for u in lower(k, CUDARenderer()).uops if u.op is Ops.RANGE]
-  assert loops == ["r2", "r2"]
-  with pytest.raises(KernelOptError, match="GROUP needs one reduce"): k.apply_opt(Opt(OptOps.GROUP, 0, 4))
+  assert [u.arg[0] for u in lower(k, CUDARenderer()).uops if u.op is Ops.RANGE] == ["r2", "r2", "g1"]
+  with pytest.raises(KernelOptError, match="GROUP threads"): kernel(arr(6, 40).softmax(-1), GPU, [Opt(OptOps.LOCAL, 1, 8)])
+  row = lower(kernel(arr(6, 40).softmax(-1), GPU, [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.LOCAL, 1, 4)]), CUDARenderer()).uops
+  loops = [u.arg[0] for u in row if u.op is Ops.RANGE]
+  assert loops == ["r2", "r2", "g1"] and sum(u.op is Ops.BARRIER for u in row) >= 2
 
 
 def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> None:
@@ -267,7 +273,7 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   avx512 = DeviceCaps(threads=2, simd_width=16)
   p = lower(kernel(arr(64, 64).exp() + 1, avx512, [Opt(U, 1, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   stores = [u for u in p.uops if u.op is Ops.STORE]
-  assert len(stores) == 2 and all(u.arg == (16, 0, True) for u in stores)
+  assert len(stores) == 2 and all(u.arg == StoreArg(16, 0, True) for u in stores)
   ends = [(op, depth) for op, depth in structure(p) if op in (Ops.BARRIER, Ops.ENDRANGE)]
   assert ends[-3:] == [(Ops.ENDRANGE, 1), (Ops.BARRIER, 1), (Ops.ENDRANGE, 0)]  # the fence last in the thread's loop
   src = CRenderer().spell(p)
@@ -275,7 +281,7 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   narrow = lower(kernel(arr(64, 64) + 1, CPU, [Opt(U, 1, 8), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   assert not any(u.op is Ops.BARRIER or u.op is Ops.STORE and u.arg[2] for u in narrow.uops)
   softmax = lower(kernel(arr(64, 64).softmax(-1), avx512, [Opt(OptOps.LANES, 0, 32), Opt(U, 1, 32), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
-  assert {u.arg[1:] for u in softmax.uops if u.op is Ops.STORE} == {(0, True), ("row0", False)}
+  assert {u.arg[1:3] for u in softmax.uops if u.op is Ops.STORE} == {(0, True), ("row0", False)}
   with pytest.raises(KernelOptError, match="once per kernel"):
     kernel(arr(64, 64) + 1, CPU, [Opt(OptOps.STREAM, 0, 0), Opt(OptOps.STREAM, 0, 0)])
   with pytest.raises(KernelOptError, match="for the CPU"): kernel(arr(64, 64) + 1, GPU, [Opt(OptOps.STREAM, 0, 0)])

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 import shutil
+from typing import Sequence
 
 import numpy as np
 import pytest
 from ops_support import run_blocks_on_host
 
-from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import ScheduleItem, create_schedule
@@ -23,11 +24,15 @@ H100_TC = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, ve
 # a block's threads in lock step at each warp-wide call; lane 4 g + t of a warp holds A's pairs at (g, 2t), (g+8, 2t), (g, 2t+8), (g+8, 2t+8),
 # B's at (2t, g), (2t+8, g) (each pair the next along K), and C's floats at (g, 2t + e), (g+8, 2t + e)
 SHIM = r"""
+#include <atomic>
 #include <barrier>
 #include <cstring>
 #include <thread>
 #include <vector>
 typedef _Float16 half;
+// the shared-memory addresses of each warp-wide access, for the bank-conflict count: ldmatrix's 32 rows (lane order) and each thread's
+// cp.asyncs in turn (block, thread, its count so far, bytes, address)
+static std::atomic<int> tt_nrows, tt_ncopies; static long tt_rows[1 << 20], tt_copies[5 << 20]; static thread_local long tt_seq;
 struct dim { int x; };
 static thread_local dim threadIdx, blockIdx;
 static std::barrier<>* block_sync;
@@ -77,6 +82,10 @@ static void ldmatrix_x4(unsigned* d, const void* row, bool trans) {
   int id = threadIdx.x;
   lane_row[id] = (const unsigned short*)row, lane_d[id] = d;
   block_sync->arrive_and_wait();
+  if (id % 32 == 0) {
+    int at = tt_nrows.fetch_add(32);
+    if (at + 32 <= (1 << 20)) for (int l = 0; l < 32; l++) tt_rows[at + l] = (long)lane_row[id + l];
+  }
   if (id % 32 == 0)
     for (int q = 0; q < 4; q++) {
       const unsigned short* const* m = lane_row + id + 8 * q;
@@ -91,18 +100,51 @@ static void ldmatrix_x4(unsigned* d, const void* row, bool trans) {
 }
 static void tt_ldmatrix_x4(unsigned* d, const void* row) { ldmatrix_x4(d, row, false); }
 static void tt_ldmatrix_x4_trans(unsigned* d, const void* row) { ldmatrix_x4(d, row, true); }
+// cp.async as a copy deferred to the thread's wait_group that leaves at most N of its later groups pending (the latest a GPU may land it):
+// a read of a tile its thread has not waited for sees the tile's old contents. -DTT_EAGER lands each copy at once (the earliest).
+struct tt_copy { void* dst; const void* src; int n; bool full; };
+static thread_local std::vector<std::vector<tt_copy>> tt_groups; static thread_local std::vector<tt_copy> tt_open;
+static void tt_land(const tt_copy& c) { if (c.full) memcpy(c.dst, c.src, c.n); else memset(c.dst, 0, c.n); }
+static int misaligned_copies;
+template <int N> static void tt_cp_async(void* dst, const void* src, bool full) {
+  static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+  misaligned_copies += (size_t)dst % N != 0 || (size_t)src % N != 0;
+  int at = tt_ncopies.fetch_add(5);
+  long entry[5] = {blockIdx.x, threadIdx.x, tt_seq++, N, (long)dst};
+  if (at + 5 <= (5 << 20)) memcpy(tt_copies + at, entry, sizeof entry);
+#ifdef TT_EAGER
+  tt_land({dst, src, N, full});
+#else
+  tt_open.push_back({dst, src, N, full});
+#endif
+}
+static void tt_cp_commit() { tt_groups.push_back(tt_open); tt_open.clear(); }
+template <int N> static void tt_cp_wait() {
+  while (tt_groups.size() > N) { for (auto& c : tt_groups.front()) tt_land(c); tt_groups.erase(tt_groups.begin()); }
+}
+struct float4 { float x, y, z, w; };
+static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+extern "C" int rows_logged(long* out) { int n = tt_nrows; memcpy(out, tt_rows, sizeof(long) * n); return n; }
+extern "C" int copies_logged(long* out) { int n = tt_ncopies; memcpy(out, tt_copies, sizeof(long) * n); return n; }
 """
 
 
-def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray) -> str:  # type: ignore[no-untyped-def]
-  """Runs the kernel's CUDA source on the host and returns the source; fails where an ldmatrix row was not 16-byte aligned."""
+def host_source(k: Kernel) -> str:
+  """The kernel's CUDA source without the device code that SHIM stands in for: its PTX helpers (mma.sync, ldmatrix, cp.async)."""
   src = CUDARenderer().render(k)
-  src = re.sub(r"static __device__ inline void tt_(mma|ldmatrix_x4\w*)\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
+  src = re.sub(r"(template <int N> )?static __device__ inline void tt_(mma|ldmatrix_x4\w*|cp_\w+)\(.*?\); }\n", "", src, flags=re.S)
+  return src.replace("#include <cuda_fp16.h>\n", "")
+
+
+def _run_on_host(k: Kernel, tmp_path, out: np.ndarray, *inputs: np.ndarray, src: str | None = None, flags: Sequence[str] = ()) -> str:  # type: ignore[no-untyped-def]
+  """Runs the kernel's CUDA source (or `src`) on the host and returns it; fails where an ldmatrix row or a cp.async was misaligned."""
+  src = src or host_source(k)
   name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
   blocks, threads = k.launch_dims
-  body = f"threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b);"
-  run = run_blocks_on_host(tmp_path, SHIM + src, blocks, threads, body, result="misaligned_rows")
-  assert run(out, *inputs) == 0, "misaligned ldmatrix rows"
+  ty = "float" if k.ast.dtype == dtypes.float32 else "half"
+  body = f"threadIdx.x = i; blockIdx.x = blk; {name}(({ty}*)out, (const {ty}*)a, (const {ty}*)b);"
+  run = run_blocks_on_host(tmp_path, SHIM + src, blocks, threads, body, result="misaligned_rows * 1000 + misaligned_copies", flags=flags)
+  assert run(out, *inputs) == 0, "misaligned ldmatrix rows or cp.async copies"
   return src
 
 
@@ -148,3 +190,33 @@ def test_mma_sync_multiplies_on_a_cuda_gpu(ta: bool, tb: bool, k: int, opts: lis
   program, _ = compile_kernel(kernel, "CUDA")
   program(item.out, *kernel.bufs)
   np.testing.assert_allclose(item.out.numpy_view().reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
+def test_tc_epilogue_reading_another_input_per_tile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """What follows the sum (here + a bias per column) is lowered once per accumulator tile in a loop over the tile's rows: a bias read
+  in one tile's loop is read again in the next tile's of the same columns, not taken from a loop that has ended."""
+  rng = np.random.default_rng(1)
+  a_np, b_np, c_np = (rng.standard_normal(shape).astype(np.float16) for shape in ((64, 32), (32, 48), 48))
+  a, b, c = (Tensor(x, device="CPU").cast(dtypes.float16).realize() for x in (a_np, b_np, c_np))
+  (item,), _ = create_schedule((a @ b + c).uop, "CPU")
+  kernel = Kernel(item.ast, H100_TC).apply_opts([Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.LOCAL, 1, 3)])
+  src = CUDARenderer().render(kernel)
+  src = re.sub(r"static __device__ inline void tt_(mma|ldmatrix_x4\w*)\(.*?\); }\n", "", src, flags=re.S).replace("#include <cuda_fp16.h>\n", "")
+  name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
+  args = ", ".join(["(half*)out", *(f"(const half*){x}" for x in ("a", "b", "c"))])
+  run = run_blocks_on_host(tmp_path, SHIM + src, *kernel.launch_dims, f"threadIdx.x = i; blockIdx.x = blk; {name}({args});", result="misaligned_rows",
+                           inputs=("a", "b", "c"))
+  out = np.full(64 * 48, np.nan, np.float16)
+  assert run(out, *(buf.numpy_view() for buf in kernel.bufs)) == 0  # type: ignore[attr-defined]
+  ref = a_np.astype(np.float32) @ b_np.astype(np.float32) + c_np.astype(np.float32)
+  np.testing.assert_allclose(out.reshape(64, 48).astype(np.float32), ref, rtol=1e-2, atol=2e-2)
+
+
+def test_tc_accumulators_past_the_register_file_are_refused() -> None:
+  """Each 16x16 accumulator tile takes 8 registers of every thread of its warp: 32 tiles (256 registers) cannot fit sm_90's 255, and
+  such a candidate spilled and took 38 s to compile (4096^3 float16 with 128 tiles, loaded Zen 4)."""
+  a, b = (Tensor.empty(512, 512, dtype=dtypes.float16, device="CPU").realize() for _ in range(2))
+  (item,), _ = create_schedule((a @ b).uop, "CPU")
+  k = Kernel(item.ast, H100_TC).apply_opts([Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)])  # 16 tiles
+  with pytest.raises(KernelOptError, match="TC's accumulators would take 256 registers a thread, over 255"): k.apply_opt(Opt(OptOps.UPCAST, 0, 2))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import helper_test_op, torch
 
-from tinytune import Tensor, dtypes
+from tinytune import Context, Tensor, dtypes
 
 F = torch.nn.functional
 GRAD = dict(grad_atol=1e-4, grad_rtol=1e-3)
@@ -259,18 +259,25 @@ def test_sparse_categorical_crossentropy(reduction: str, smoothing: float, ignor
   ((2, 3, 4, 8), (2, 3, 5, 8), (2, 3, 5, 6), {}), ((4, 8), (5, 8), (5, 8), {}), ((2, 4, 4, 8), (2, 4, 4, 8), (2, 4, 4, 8), {"is_causal": True}),
   ((1, 3, 6), (1, 7, 6), (1, 7, 2), {"is_causal": True}), ((2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 8), {"enable_gqa": True}),
 ])
-def test_scaled_dot_product_attention(q: tuple, k: tuple, v: tuple, kw: dict) -> None:
-  helper_test_op([q, k, v], same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
-                                 lambda a, b, c: a.scaled_dot_product_attention(b, c, **kw)), atol=1e-5, rtol=1e-4, **GRAD)
+@pytest.mark.parametrize("flash", [0, 2])
+def test_scaled_dot_product_attention(q: tuple, k: tuple, v: tuple, kw: dict, flash: int) -> None:
+  """As the graph (FLASH=0) and in one kernel (FLASH=2: online softmax; the gradient through the graph)."""
+  with Context(FLASH=flash):
+    helper_test_op([q, k, v], same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, **kw),
+                                   lambda a, b, c: a.scaled_dot_product_attention(b, c, **kw)), atol=1e-5, rtol=1e-4, **GRAD)
 
 
-def test_scaled_dot_product_attention_masks() -> None:
+@pytest.mark.parametrize("flash", [0, 2])
+def test_scaled_dot_product_attention_masks(flash: int) -> None:
+  """A bool mask in one kernel with FLASH=2; a float mask that wants a gradient keeps the graph."""
   mask = np.random.default_rng(1).random((3, 5)) < 0.7
   mask[:, 0] = True  # no row all masked: torch's kernels disagree there
-  helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4)], same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, torch.tensor(mask)),
-                                                         lambda a, b, c: a.scaled_dot_product_attention(b, c, Tensor(mask))), rtol=1e-4, **GRAD)
-  helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4), (3, 5)], same(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m),
-                                                                 lambda a, b, c, m: a.scaled_dot_product_attention(b, c, m)), rtol=1e-4, **GRAD)
+  bool_mask = same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, torch.tensor(mask)),
+                   lambda a, b, c: a.scaled_dot_product_attention(b, c, Tensor(mask)))
+  float_mask = same(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, m), lambda a, b, c, m: a.scaled_dot_product_attention(b, c, m))
+  with Context(FLASH=flash):
+    helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4)], bool_mask, rtol=1e-4, **GRAD)
+    helper_test_op([(2, 3, 8), (2, 5, 8), (2, 5, 4), (3, 5)], float_mask, rtol=1e-4, **GRAD)
 
 
 # ***** bad calls fail at the call *****
@@ -337,6 +344,7 @@ def test_logaddexp_and_atan_match_numpy(a: np.ndarray, b: np.ndarray) -> None:
   ("floordiv_by_0", lambda a, b: a // 0), ("floordiv_by_tensor_0", lambda a, b: a // b), ("mod_by_0", lambda a, b: a % 0),
   ("trunc_div_by_0", lambda a, b: a.div(b, rounding_mode="trunc") if isinstance(a, Tensor) else torch.div(a, b, rounding_mode="trunc")),
 ])
+@pytest.mark.usefixtures("oracle_device")
 def test_int_division_by_zero_raises(name: str, fn) -> None:
   """As torch: it returned the dividend."""
   a, b = np.array([5, -7, 9], np.int32), np.array([1, 0, 3], np.int32)
@@ -345,6 +353,7 @@ def test_int_division_by_zero_raises(name: str, fn) -> None:
 
 
 @pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.int8, dtypes.uint8])
+@pytest.mark.usefixtures("oracle_device")
 def test_shifts_out_of_range_match_torch(dtype) -> None:
   """A shift below 0 or from the bit width up: 0 (or -1 for a negative number shifted right), as torch; int32 1 << 40 gave 256."""
   bits = dtype.itemsize * 8

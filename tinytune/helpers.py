@@ -68,6 +68,12 @@ DEBUG = ContextVar("DEBUG", 0)
 NOOPT = ContextVar("NOOPT", 0)
 # WINO=0: 3x3 stride-1 convolutions always as direct sums, never by Winograd's transforms; 2: by Winograd's wherever they apply.
 WINO = ContextVar("WINO", 1)
+# FLASH=0: attention always as its graph (scores, softmax, P @ V); 1: in one kernel (online softmax) on the devices where that is the
+# default (see tensor/functional.py's _flash); 2: in one kernel wherever it applies.
+FLASH = ContextVar("FLASH", 1)
+# SPLITK=0: a GPU's reduces never split across workgroups (split-K); N > 1: every reduce that can be, into N shares; unset: where
+# the GPU planner says its workgroups are too few to fill the GPU (heuristic.gpu_split_k).
+SPLITK = ContextVar("SPLITK", -1)
 
 
 def env_int(key: str, default: int, least: int | None = None) -> int:
@@ -97,7 +103,7 @@ def env_seconds(key: str, default: float) -> float:
 
 # every number-valued variable tinytune reads, with how it is parsed: `check_environment` parses them all at once
 ENVIRONMENT: dict[str, Any] = {
-  **{v.key: (lambda v=v: v.value) for v in (DEBUG, NOOPT, WINO)},
+  **{v.key: (lambda v=v: v.value) for v in (DEBUG, NOOPT, WINO, FLASH, SPLITK)},
   "BEAM": lambda: env_count("BEAM", 0), "TINYTUNE_BUDGET": lambda: env_count("TINYTUNE_BUDGET", 1),
   "TINYTUNE_POOL_BYTES": lambda: env_count("TINYTUNE_POOL_BYTES", 0), "TINYTUNE_DB_TIMEOUT": lambda: db_timeout(),
   **{k: (lambda k=k: env_int(k, 0, 0)) for k in ("TINYTUNE_OPENCL_DEVICE", "TINYTUNE_CUDA_DEVICE", "TINYTUNE_AMD_DEVICE")},

@@ -17,6 +17,10 @@ class Ops(Enum):
   BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE = auto(); CAST = auto(); BITCAST = auto(); VAR = auto(); CONTIGUOUS = auto()  # noqa: E702
   # GATHER(x, index), arg d: x read where dim d's index is index's value (index has x's shape but at d; out of range reads 0)
   GATHER = auto()
+  # ATTENTION(q, k, v[, mask]), arg (scale, causal): softmax(q @ k^T * scale [+ mask]) @ v over the last two dims, (..., L, E) (..., S, E)
+  # (..., S, Ev) [(..., L, S): a bool mask keeps the scores where true, another is added] -> (..., L, Ev), computed in one kernel by
+  # online softmax (causal: query i sees keys 0..i)
+  ATTENTION = auto()
   # unary
   NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto()  # noqa: E702
   # binary
@@ -140,6 +144,7 @@ class UOp:
     if self.op is Ops.VIEW: return self.arg.shape
     if self.op is Ops.REDUCE: return tuple(1 if i in self.arg[1] else s for i, s in enumerate(self.src[0].shape))
     if self.op is Ops.GATHER: return self.src[1].shape
+    if self.op is Ops.ATTENTION: return (*self.src[0].shape[:-1], self.src[2].shape[-1])
     return self.src[0].shape
 
   @property
@@ -191,6 +196,8 @@ class UOp:
       c = s[1][0]
       return s[0] if 0 <= s[0][0] and s[0][1] < c and s[0][0] // c == s[0][1] // c else (0, c - 1)
     if self.op is Ops.CMPLT: return (int(s[0][1] < s[1][0]), int(s[0][0] < s[1][1]))
+    if self.op is Ops.XOR and self.dtype.is_int and s[0][0] >= 0 and s[1][0] >= 0 and not math.isinf(s[0][1]) and not math.isinf(s[1][1]):
+      return (0, (1 << int(max(s[0][1], s[1][1])).bit_length()) - 1)  # a swizzled offset (lower.py): the bits of neither operand
     if self.op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
     if self.op is Ops.CAST and self.dtype.is_int and dtypes.min(self.dtype) <= s[0][0] and s[0][1] <= dtypes.max(self.dtype): return s[0]
     if self.dtype.kind == "b": return (0, 1)

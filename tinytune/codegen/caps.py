@@ -15,22 +15,27 @@ class DeviceCaps:
   max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
   shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
   tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
-  tc_args: tuple[int, ...] = (0, 1)  # the TC args its renderer spells: 0 (CUDA's wmma API, RDNA3's WMMA), 1 (PTX mma.sync, CUDA's)
+  tc_args: tuple[int, ...] = (0, 1)  # the TC args its renderer spells: 0 (CUDA's wmma API, RDNA3's WMMA), 1 (PTX mma.sync), 2 (wgmma, sm_90's)
   no_tc: str = ""  # why a GPU's matrix units are not TC's: what TC is refused with there
   l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
   l2_bytes: int = 1 << 20
   gpu: bool = False  # a GPU, whose shared memory is on chip (pocl's CPU device runs workgroups, with shared memory in ordinary memory)
+  async_copy: bool = False  # cp.async (CUDA, sm_80+): PIPELINE's copies of STAGE's tiles to shared memory, in flight while the compute runs
+  sms: int = 0  # a GPU's multiprocessors (CUDA's SMs, AMD's CUs): what the GPU planners size the workgroups they launch by (0: unknown)
 
 
 CUDA_ARCHS = ("sm_80", "sm_90")  # the architectures whose caps a device without the GPU (EMU) can take
+ARCH_SMS = {"sm_80": 108, "sm_90": 132}  # the SMs of each architecture's flagship (A100, H100 SXM and H200): what EMU schedules for
 
 
-def cuda_caps(arch: str, max_local: int = 1024) -> DeviceCaps:
+def cuda_caps(arch: str, max_local: int = 1024, sms: int = 0) -> DeviceCaps:
   """An NVIDIA GPU's caps by its architecture (`sm_90`), what the CUDA device and the emulator (EMU) both schedule kernels for;
-  `max_local` is the GPU's threads per block (1024 on every architecture since sm_20)."""
+  `max_local` is the GPU's threads per block (1024 on every architecture since sm_20), `sms` its SMs (the flagship's where 0)."""
   major, minor = divmod(int(arch.removeprefix("sm_")), 10)
   return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=48 * 1024,
-                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else (), gpu=True)
+                    tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else (), gpu=True, sms=sms or ARCH_SMS.get(arch, 0),
+                    tc_args=(0, 1, 2) if arch == "sm_90" else (0, 1),  # wgmma is sm_90a's alone (not sm_100's)
+                    async_copy=major >= 8)
 
 
 def amd_caps(arch: str, max_local: int = 1024, shared_bytes: int = 64 * 1024) -> DeviceCaps:

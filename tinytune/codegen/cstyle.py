@@ -237,7 +237,7 @@ class CStyleRenderer:
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
   def store_stmt(self, u: UOp, at: _At) -> str:
-    (idx, val, guard), (w, buf, stream) = u.src, u.arg
+    (idx, val, guard), (w, buf, stream) = u.src, u.arg[:3]
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
     vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see clib.STREAM16
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
@@ -250,12 +250,15 @@ class CStyleRenderer:
     var, start, end, parallel = u.arg
     return (self.parallel_prefix + "  " * at.depth if parallel else "") + f"for ({self.index_type} {var} = {start}; {var} < {end}; {var}++) {{"
   parallel_prefix = ""  # before a loop whose iterations run on the cores
+  def sync(self, arg: object) -> str:  # a BARRIER other than the workgroup's
+    if arg == "stores": return "tt_fence();"
+    raise NotImplementedError(f"{type(self).__name__} has no BARRIER {arg}: PIPELINE's cp.async is CUDA's")
 
   statements: dict[Ops, Callable[..., str]] = {
     Ops.RANGE: loop, Ops.ENDRANGE: lambda r, u, at: "}", Ops.IF: lambda r, u, at: f"if ({r.cond(u, at)}) {{",
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
-    Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else "tt_fence();",
+    Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else r.sync(u.arg),
     Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype, u.arg.stored)} {u.arg.name}[{u.arg.size}];",
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
@@ -384,8 +387,17 @@ class CUDARenderer(_GPURenderer):
     kind, what, *arg = u.arg
     if what == "ids":
       return (f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16"
-              + (", mg = lane / 4, mt = lane % 4;" if kind == "mma" else ";"))
-    if kind == "mma" and what != "sync": return self.mma(u, at, what, arg)
+              + (", mg = lane / 4, mt = lane % 4;" if kind != "wmma" else ";"))
+    if kind == "wgmma" and what in ("proxy", "fence", "wait"): return f"tt_wgmma_{what}();"
+    if kind == "wgmma" and what == "accs":  # one array of the wgmma's D, each tile's 8 floats of it named as mma.sync's acc
+      js = arg[0]
+      return f"float accw{js[0]}[{8 * len(js)}] = {{}}; float " + ", ".join(f"*acc{j} = accw{js[0]} + {8 * i}" for i, j in enumerate(js)) + ";"
+    if kind == "wgmma" and what == "mma":  # the descriptors' leading offset: K's next core matrix, 128 bytes on (_Lowerer.tile_offset)
+      js, ta, sa, tb, sb, _ = arg
+      def desc(tile: str, src: UOp, sbo: int) -> str:
+        return f"tt_wgmma_desc((unsigned)__cvta_generic_to_shared({tile}+{self.index(src, at.index)}), 128, {sbo})"
+      return f"tt_wgmma_m64n{16 * len(js)}k16(accw{js[0]}, {desc(ta, u.src[0], sa)}, {desc(tb, u.src[1], sb)});"
+    if kind in ("mma", "wgmma") and what != "sync": return self.mma(u, at, what, arg)
     if what == "acc": return f"wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc{arg[0]}; wmma::fill_fragment(acc{arg[0]}, 0.0f);"
     if what == "fragment":
       name, which, dtype, layout = arg
@@ -406,13 +418,15 @@ class CUDARenderer(_GPURenderer):
     if what == "acc": return f"float acc{arg[0]}[8] = {{}};"
     if what == "fragment": return f"unsigned {arg[0]}[4];"
     if what == "load":
-      name, buf, ld, which, layout, rows = arg
+      name, buf, ld, which, layout, rows, *line = arg  # a swizzled tile's line (lower.StagedTile.line) last
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
       out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       if rows:  # ldmatrix: register r's 8x8 block at MMA_PAIRS[r] is matrix r, lane 8 r + e gives the address of its row e in memory
         row = f"tile_col*{ld}+tile_row*8" if layout == "row_major" else f"(tile_row*8+lane%8)*{ld}+(lane&8)"
-        return f"{out[0]} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, p+{row}); }}"
+        # a swizzled tile (lower.StagedTile.line): the row's offset from the array's start XORs its 16-byte chunk with its line's index
+        at_row = f"{self.ptr(buf)}+tt_swizzle(p-{self.ptr(buf)}+{row}, {line[0]})" if line else f"p+{row}"
+        return f"{out[0]} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, {at_row}); }}"
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
         i, j = (f"mg+{di}", f"2*mt+{dj}") if which == "a" else (f"2*mt+{di}", f"mg+{dj}")
         nxt = off(i, f"{j}+1") if which == "a" else off(f"{i}+1", j)
@@ -424,18 +438,62 @@ class CUDARenderer(_GPURenderer):
             f"tiles[warp*256+(mg+8)*16+8*h+2*mt+e] = acc{arg[0]}[4*h+2+e]; }}")
   def mma_prelude(self, dtype: DType) -> str:
     """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half;
-    tt_ldmatrix_x4 (and _trans): a warp's four 8x8 matrices from shared memory, each lane giving the address of one 16-byte row."""
+    tt_ldmatrix_x4 (and _trans): a warp's four 8x8 matrices from shared memory, each lane giving the address of one 16-byte row;
+    tt_swizzle: where a swizzled tile's element `e` is (lines of `line` elements, 8 a chunk: see lower.StagedTile)."""
     ty, f = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix
     return (f"{f} void tt_mma(float* c, const unsigned* a, const unsigned* b) {{\n"
             f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"\n'
             '    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); }\n'
             f"template <class T> {f} unsigned tt_pack(T x, T y) {{ unsigned short lo, hi; memcpy(&lo, &x, 2); memcpy(&hi, &y, 2); "
             "return lo | (unsigned)hi << 16; }\n"
+            f"{f} int tt_swizzle(int e, int line) {{ return e ^ (int)((unsigned)e / line % 8) * 8; }}\n"
             + "".join(f"{f} void tt_ldmatrix_x4{t}(unsigned* d, const void* row) {{\n"
                       f'  asm volatile("ldmatrix.sync.aligned.m8n8.x4{t.replace("_", ".")}.shared.b16 {{%0,%1,%2,%3}}, [%4];"\n'
                       '    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])\n'
                       '    : "r"((unsigned)__cvta_generic_to_shared(row))); }\n' for t in ("", "_trans")))
-  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
+  def wgmma_prelude(self, dtype: DType, n: int) -> str:
+    """sm_90a's warpgroup MMA from shared memory (PTX wgmma): tt_wgmma_desc packs a K-major, unswizzled operand's matrix descriptor
+    from its shared-memory byte address and the byte offsets between core matrices (8 rows of 16 bytes, 128 contiguous bytes) along K
+    (leading) and along M or N (stride); tt_wgmma_m64n{n}k16: d (n / 2 floats a lane, the warpgroup's 64 x n tile) += A (64 x 16) @ B
+    (16 x n, K-major: B's columns as rows); tt_wgmma_proxy, after a thread's stores to shared memory (before the barrier), makes them
+    visible to wgmma's reads (the async proxy); tt_wgmma_fence orders d's registers before the wgmmas; tt_wgmma_wait commits the
+    wgmmas issued and waits for them all."""
+    ty, f, regs = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix, n // 2
+    outs, ins = ", ".join(f'"+f"(d[{i}])' for i in range(regs)), '"l"(a), "l"(b)'
+    d = ",".join(f"%{i}" for i in range(regs))
+    return (f"{f} unsigned long long tt_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {{\n"
+            "  return (unsigned long long)(addr >> 4 & 0x3FFF) | (unsigned long long)(lbo >> 4 & 0x3FFF) << 16 "
+            "| (unsigned long long)(sbo >> 4 & 0x3FFF) << 32; }\n"
+            f"{f} void tt_wgmma_m64n{n}k16(float* d, unsigned long long a, unsigned long long b) {{\n"
+            f'  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d}}}, %{regs}, %{regs + 1}, 1, 1, 1, 0, 0;"\n'
+            f"    : {outs} : {ins}); }}\n"
+            f'{f} void tt_wgmma_proxy() {{ asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }}\n'
+            f'{f} void tt_wgmma_fence() {{ asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }}\n'
+            f'{f} void tt_wgmma_wait() {{ asm volatile("wgmma.commit_group.sync.aligned;\\n\\twgmma.wait_group.sync.aligned 0;" ::: "memory"); }}\n')
+
+  def sync(self, arg: object) -> str:
+    if arg == "commit_group": return "tt_cp_commit();"
+    return f"tt_cp_wait<{arg[1]}>();" if isinstance(arg, tuple) and arg[0] == "wait_group" else super().sync(arg)
+  def store_stmt(self, u: UOp, at: _At) -> str:
+    """A store, or PIPELINE's cp.async of its inline load's elements to shared memory: zeros where the load is not valid (its source
+    then reads 0 bytes, from the buffer's start)."""
+    if not u.arg.cp_async: return super().store_stmt(u, at)
+    (dst, load, guard), (src, valid) = u.src, u.src[1].src
+    nbytes = u.arg.width * u.dtype.itemsize
+    full, s = ("true", self.index(src, at.index)) if valid is TRUE else (v := self.index(valid, at.index), f"({v}?{self.index(src, at.index)}:0)")
+    return self.guarded(f"tt_cp_async<{nbytes}>({u.arg.buf}+{self.index(dst, at.index)}, {self.ptr(load.arg.buf)}+{s}, {full});", guard, at)
+  def async_prelude(self) -> str:
+    """tt_cp_async<N>: cp.async of N bytes (.cg, past L1, for 16; .ca for 4 and 8), all zeros where not `full`; tt_cp_commit: the
+    thread's cp.asyncs so far are a group; tt_cp_wait<N>: until all but the newest N groups have landed."""
+    f = self.func_prefix
+    return (f"template <int N> {f} void tt_cp_async(void* dst, const void* src, bool full) {{\n"
+            '  if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), '
+            '"l"(src), "r"(full ? 16 : 0) : "memory");\n'
+            '  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), '
+            '"n"(N), "r"(full ? N : 0) : "memory"); }\n'
+            f'{f} void tt_cp_commit() {{ asm volatile("cp.async.commit_group;" ::: "memory"); }}\n'
+            f'template <int N> {f} void tt_cp_wait() {{ asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }}\n')
+  statements = {**CStyleRenderer.statements, Ops.WMMA: wmma, Ops.STORE: store_stmt}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
   aligned_vectors = True
@@ -453,11 +511,13 @@ class CUDARenderer(_GPURenderer):
 
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
-    mma = "" if k.tc is None else self.mma_prelude(k.tc.a.dtype) if k.tc.mma else "#include <mma.h>\nusing namespace nvcuda;\n"
+    tc = k.tc
+    mma = "" if tc is None else self.wgmma_prelude(tc.a.dtype, 16 * k.wgmma_cols()[1]) if tc.wgmma else self.mma_prelude(tc.a.dtype) \
+      if tc.mma else "#include <mma.h>\nusing namespace nvcuda;\n"
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
-      + mma + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
+      + mma + (self.async_prelude() if k.stages > 1 else "") + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
 
 
 class HIPRenderer(_GPURenderer):

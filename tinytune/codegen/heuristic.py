@@ -8,7 +8,7 @@ from tinytune.codegen.kernel import PACK_BYTES, AxisKind, Kernel, KernelOptError
 from tinytune.codegen.lower import FLOAT_LANES
 from tinytune.codegen.opts import Opt, OptOps
 from tinytune.dtype import dtypes
-from tinytune.helpers import NOOPT, divisors, prod, round_up
+from tinytune.helpers import NOOPT, SPLITK, divisors, prod, round_up
 from tinytune.shape import split_offset
 from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, simplify
 
@@ -53,7 +53,7 @@ def single_core_seconds(k: Kernel) -> float:
   steps = prod(k.sizes)
   moved = prod(k.out_shape) * k.ast.dtype.itemsize + sum(min(b.nbytes, steps * b.dtype.itemsize) for b in k.bufs)
   ops = [(u.op in TRANSCENDENTAL, prod(u.shape)) for u in k.ast.toposort if u.op in ALU and u.op is not Ops.CAST]
-  ops += [(False, prod(r.src[0].shape)) for r in k.reduceops]
+  ops += [(False, prod(r.src[0].shape)) for r in k.reduceops] + ([(False, k.flops)] if k.attention is not None else [])
   return max(moved / CORE_BYTES_PER_S, sum(n / (CORE_MATH_PER_S if math else CORE_OPS_PER_S) for math, n in ops))
 
 
@@ -286,8 +286,22 @@ def packed_panels(p: Plan) -> None:
 CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_panels, k_blocks, streaming_stores, packed_panels)
 
 
+def attention_opts(kernel: Kernel) -> list[Opt]:
+  """Attention in one kernel (see lower.attention): the keys in blocks of the SIMD width (a vector of scores on a CPU), else 8, 4 or 2
+  (one rescale a block); on a CPU the rows across its cores where it is long enough for them, on a GPU a workgroup of up to 128 query
+  rows (they read the same keys and values, from L1)."""
+  k, rows = kernel.copy(), kernel.n_global - 1
+  _first_valid(k, *(Opt(OptOps.UNROLL, 0, u) for u in (k.caps.simd_width, 8, 4, 2) if u > 1))
+  if k.caps.has_local: _first_valid(k, *(Opt(OptOps.LOCAL, rows, n) for n in (128, 64, 32, 16, 8, 4, 2)))
+  elif k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
+    _first_valid(k, *(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+  return k.opts
+
+
 def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
-  """The first of CPU_PLANNERS that takes the kernel, then each step of CPU_TAIL (devices with workgroups: workgroup_optimizations)."""
+  """The first of CPU_PLANNERS that takes the kernel, then each step of CPU_TAIL (devices with workgroups: workgroup_optimizations);
+  attention in one kernel: attention_opts."""
+  if kernel.attention is not None: return attention_opts(kernel)
   if kernel.caps.has_local: return workgroup_optimizations(kernel)
   p = Plan.of(kernel.copy())
   p.planner = next(planner for planner in CPU_PLANNERS if planner(p))
@@ -509,6 +523,28 @@ def gpu_column_reduce(k: Kernel) -> bool:
   return True
 
 
+ROW_THREADS = 256  # threads that share a row written after its statistic: 8192 floats, 32 a thread
+
+
+def gpu_row_statistic(k: Kernel) -> bool:
+  """A row written after its statistics (softmax's max and sum, layernorm's mean and variance: Kernel.row_dims), one kernel: a
+  workgroup per row (or rows, to fill it), the row's threads each adding every ROW_THREADS-th element of it to its partials (their
+  loads side by side), the group's totals shared with all of them (lower.group_sum), then each writing its share of the row, in
+  16-byte stores where the row allows. The loops after the first read the row again from L1 or L2 (32 KiB for 8192 floats): the
+  input passes through memory once where it had three kernels, each reading it."""
+  if not k.row_dims or k.n_reduce != 1 or (lane := lane_dim(k)) is None or lane not in k.row_dims: return False
+  size, red = k.sizes[-1], k.n_reduce - 1
+  threads = max(g for g in divisors(size) if g <= min(ROW_THREADS, max(size // 4, 1)))
+  if threads > 1: _first_valid(k, Opt(OptOps.GROUP, red, threads))
+  if k.ast.dtype == dtypes.float32 and k.sizes[lane] % (4 * threads) == 0: _first_valid(k, Opt(OptOps.UPCAST, lane, 4))
+  if threads > 1: _first_valid(k, Opt(OptOps.LOCAL, lane, _largest(k.remaining(lane).size, threads)))
+  for d in reversed(sorted(set(range(k.n_global)) - k.row_dims)):  # rows a workgroup, to WORKGROUP_MIN threads
+    if (have := k.launch_dims[1]) < WORKGROUP_MIN and (amt := _largest(k.remaining(d).size, WORKGROUP_MIN // have)) > 1:
+      _first_valid(k, Opt(OptOps.LOCAL, d, amt))
+  _first_valid(k, Opt(OptOps.UNROLL, red, 4))  # loads in flight
+  return True
+
+
 def gpu_workgroups(k: Kernel) -> bool:
   """Anything else. A reduce along a contiguous axis with few outputs: a workgroup shares it; with many (attention's row max over
   64Ki rows), a group of about the square root of its length shares each row (each thread's loads against the partials one thread
@@ -535,8 +571,35 @@ def gpu_workgroups(k: Kernel) -> bool:
   return True
 
 
-GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_tensor_cores, gpu_shared_tile, gpu_conv, gpu_register_tile, gpu_column_reduce,
-                                                     gpu_workgroups)
+# split-K: a matmul-like GPU kernel whose default plan launches fewer threads than SM_THREADS a multiprocessor leaves SMs idle or
+# latency unhidden (attention's P.V at 4x16x1024x64: 256 workgroups of 256 threads, 64 outputs each, 0.24 of an H200's 132 x 2048
+# thread slots; a linear layer of a few rows); K is cut into shares, a workgroup's each, down to SPLIT_MIN_K (shorter shares spend
+# more on writing and re-reading their partial sums than they gain). Unmeasured on a GPU so far
+SM_THREADS, SPLIT_MIN_K, SPLIT_MAX = 1024, 256, 16
+
+
+def gpu_split_k(k: Kernel) -> int:
+  """Into how many shares a kernel's reduce is split across workgroups (split-K; 1: not split): on a GPU (caps with its SM count), a
+  matmul-like kernel over one long reduce axis whose default plan launches fewer than SMs x SM_THREADS threads, the fewest shares (a
+  power of two) that reach that, each at least SPLIT_MIN_K long. SPLITK=0 never splits, SPLITK=N splits any one-axis sum or max
+  into N shares (where N divides it) on any device with workgroups. The schedule runs the shares as one kernel that writes each
+  share's partial results and a second that combines them in order (schedule.split_k): the same result every run, where atomic adds
+  into the output would add in any order (and OpenCL 1.2 has no float atomics)."""
+  forced = SPLITK.value
+  if forced == 0 or not k.caps.has_local or (red := k.reduceop) is None or len(k.reduceops) != 1 or k.n_reduce != 1 or \
+     red.arg[0] not in (Ops.ADD, Ops.MAX): return 1
+  length = k.sizes[-1]
+  if forced > 0: return forced if forced > 1 and length % forced == 0 else 1
+  if not k.caps.gpu or not k.caps.sms or length < 2 * SPLIT_MIN_K or _tile_row(k, lane_dim(k), input_strides(k)) is None: return 1
+  groups, threads = k.copy().apply_opts(workgroup_optimizations(k)).launch_dims
+  shares = 1
+  while groups * threads * shares < k.caps.sms * SM_THREADS and length % (2 * shares) == 0 and length // (2 * shares) >= SPLIT_MIN_K and \
+        2 * shares <= SPLIT_MAX: shares *= 2
+  return shares
+
+
+GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_row_statistic, gpu_tensor_cores, gpu_shared_tile, gpu_conv, gpu_register_tile,
+                                                     gpu_column_reduce, gpu_workgroups)
 
 
 def workgroup_optimizations(kernel: Kernel, planners: Sequence[Callable[[Kernel], bool]] = GPU_PLANNERS) -> list[Opt]:

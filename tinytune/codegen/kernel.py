@@ -43,10 +43,13 @@ class TensorCore:
   a_ld: int  # elements between the tile's rows (row major) or columns (column major)
   b_ld: int
   mma: bool = False
+  wgmma: bool = False  # TC's arg 2: a warpgroup's PTX wgmma.m64n16k16 from staged tiles in shared memory, through matrix descriptors
 
 
 TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
+WARPGROUP_ROWS = 64  # wgmma's m64: a warpgroup's 4 warps, 16 rows each
 TC_PAIR = 2  # the CPU's: products along K that one dot-product instruction adds into a lane
+TC_ACC_REGISTERS = TC_SIZE * TC_SIZE // 32  # a GPU's float32 accumulator tile: 8 registers in each of a warp's 32 threads
 
 
 def find_tensor_core(k: Kernel) -> TensorCore:
@@ -185,7 +188,11 @@ class Kernel:
     self.n_global = len(self.out_shape)
     self.reduce_axes: tuple[int, ...] = self.reduceop.arg[1] if self.reduceop is not None else ()
     red_sizes = [self.reduceop.src[0].shape[a] for a in self.reduce_axes] if self.reduceop is not None else []
-    self.sizes: list[int] = list(self.out_shape) + red_sizes  # padded sizes after PADTO
+    # attention in one kernel (Ops.ATTENTION, the whole AST): the output's dims but its values' (each thread's rows keep all of them),
+    # then the keys as the reduce dim
+    self.attention = ast if ast.op is Ops.ATTENTION else None
+    if self.attention is not None: self.n_global, red_sizes = self.n_global - 1, [ast.src[1].shape[-2]]
+    self.sizes: list[int] = list(self.out_shape[:self.n_global]) + red_sizes  # padded sizes after PADTO
     self.axes = [Axis(s, AxisKind.GLOBAL if d < self.n_global else AxisKind.REDUCE, d, 1) for d, s in enumerate(self.sizes)]
     self.global_order = list(range(self.n_global))
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
@@ -194,6 +201,8 @@ class Kernel:
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
     self.pack = False  # PACK: the inputs of pack_tiles are read from contiguous copies of their panels
+    self.stages = 1  # PIPELINE: STAGE's tiles in a ring of this many shared buffers, filled by cp.async
+    self.raster: tuple[int, int] | None = None  # RASTER: (the global dim of the bands, their workgroups along it)
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
     self.strides_seen: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {}  # see input_strides; its copies share it
 
@@ -209,15 +218,30 @@ class Kernel:
   def sizes_of(self, *kinds: AxisKind) -> int: return prod(a.size for a in self.axes if a.kind in kinds)
   @property
   def launch_dims(self) -> tuple[int, int]:
-    """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups."""
-    return self.sizes_of(AxisKind.GLOBAL), self.sizes_of(AxisKind.LOCAL, AxisKind.GROUP) * (32 if self.tc is not None and self.caps.has_local else 1)
+    """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups, but a row's (row_dims),
+    which loop in each thread after the row's statistic, its LOCAL parts threads that the other LOCAL and GROUP parts have already."""
+    rows, warp = self.row_dims, 32 if self.tc is not None and self.caps.has_local else 1
+    return prod(a.size for a in self.axes if a.kind is AxisKind.GLOBAL and a.dim not in rows), \
+      prod(a.size for a in self.axes if a.kind in (AxisKind.LOCAL, AxisKind.GROUP) and a.dim not in rows) * warp
+  @property
+  def row_dims(self) -> frozenset[int]:
+    """The output dims of a row written after its statistic (softmax's columns: see reduce_out_dims), none in other kernels."""
+    return frozenset(d for d in range(self.n_global) if d not in self.reduce_out_dims) if self.reduceop is not None else frozenset()
+  @property
+  def row_thread_axes(self) -> list[int]:
+    """The LOCAL parts of the row's dims (see launch_dims), slowest first: each thread's place along the row."""
+    rows = self.row_dims
+    return sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL and a.dim in rows),
+                  key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
   @property
   def thread_axes(self) -> list[int]:
     """A workgroup's thread parts (LOCAL and GROUP axes), slowest first: the linear thread id is taken apart with the last fastest.
     LOCAL parts by dim (a dim's inner part fastest), and the GROUP parts (the same) fastest where the reduce reads an input contiguous along a
     grouped dim (a row sum: neighbouring threads read neighbouring elements of the row), else slowest (a column sum: neighbouring
     threads read along the kept row, each group of them down its own share of the rows)."""
-    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
+    rows = self.row_dims
+    local = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.LOCAL and a.dim not in rows),
+                   key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
     group = sorted((i for i, a in enumerate(self.axes) if a.kind is AxisKind.GROUP), key=lambda i: (self.axes[i].dim, -self.axes[i].stride))
     if not local or not group: return local + group
     dims = {self.axes[i].dim for i in group}
@@ -230,7 +254,8 @@ class Kernel:
 
   @property
   def name(self) -> str:
-    return ("r_" if self.reduceop is not None else "E_") + "_".join(str(s) for s in self.sizes or [1])
+    prefix = "attn_" if self.attention is not None else "r_" if self.reduceop is not None else "E_"
+    return prefix + "_".join(str(s) for s in self.sizes or [1])
 
   # ***** identity *****
   @cached_property
@@ -249,6 +274,8 @@ class Kernel:
 
   @cached_property
   def flops(self) -> int:
+    if (at := self.attention) is not None:  # per query and key: a dot product of E, one of Ev, the softmax's few
+      return prod(at.shape[:-1]) * at.src[1].shape[-2] * (2 * at.src[0].shape[-1] + 2 * at.shape[-1] + 5)
     ops = 0
     for u in self.ast.toposort:
       if u.op in ALU and u.op is not Ops.CAST: ops += prod(u.shape)
@@ -274,21 +301,36 @@ class Kernel:
     check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
     op, arg = opt.op, opt.arg
     if op is OptOps.TC:
-      check(opt.axis == 0 and arg in (0, 1), "TC takes axis 0 and arg 0 (wmma) or 1 (mma.sync): the kernel's matmul picks its axes")
-      check(arg == 0 or self.caps.has_local, "TC's arg 1 (mma.sync) is a GPU's")
-      tc = replace(find_tensor_core(self), mma=arg == 1)
+      check(opt.axis == 0 and arg in (0, 1, 2), "TC takes axis 0 and arg 0 (wmma), 1 (mma.sync) or 2 (wgmma): the kernel's matmul picks its axes")
+      check(arg == 0 or self.caps.has_local, f"TC's arg {arg} ({'mma.sync' if arg == 1 else 'wgmma'}) is a GPU's")
+      tc = replace(find_tensor_core(self), mma=arg == 1, wgmma=arg == 2)
+      check(arg != 2 or 2 in self.caps.tc_args, "TC's arg 2 (wgmma) is sm_90's (Hopper): this GPU's TC takes args "
+            + " and ".join(map(str, self.caps.tc_args)))
       check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
+      check(arg != 2 or self.sizes[tc.row] % WARPGROUP_ROWS == 0,
+            f"TC's arg 2 (wgmma) needs the matmul's rows a multiple of {WARPGROUP_ROWS}: a warpgroup's 4 warps take 16 each")
+      if arg == 0 and self.caps.has_local:  # load_matrix_sync: each 16x16 tile's first element 32-byte aligned, wherever its batch is
+        check(all(v.arg.offset % 16 == 0 and all(st % 16 == 0 for d, st in enumerate(v.arg.strides) if d not in (tc.row, tc.col, self.n_global))
+                  for v in (tc.a, tc.b)), "TC's arg 0 (wmma) needs each 16x16 tile 32-byte aligned: arg 1 takes 16-byte aligned rows")
       for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
         rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
         self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
         rem.stride, rem.size = rem.stride * size, rem.size // size
       self.tc = tc
+      if tc.wgmma:  # the warpgroup (4 warps along A's rows, 16 each), and STAGE's K tiles, which its descriptors name: 64 of K where K allows
+        rem = self.remaining(tc.row)
+        self.axes.append(Axis(4, AxisKind.LOCAL, tc.row, rem.stride))
+        rem.stride, rem.size = rem.stride * 4, rem.size // 4
+        rem = self.remaining(self.n_global)
+        size = next(s for s in (4, 2, 1) if rem.size % s == 0)
+        self.axes.append(Axis(rem.size // size, AxisKind.STAGE, self.n_global, rem.stride * size))
+        rem.size = size
       self.opts.append(opt)
       return
     if op is OptOps.PREFETCH:
       check(opt.axis == 0 and arg == 0, "PREFETCH takes axis 0 and arg 0")
       check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PREFETCH needs STAGE with more than one K tile")
-      check(not self.prefetch, "one PREFETCH opt per kernel")
+      check(not self.prefetch and self.stages == 1, "one PREFETCH opt per kernel, not with PIPELINE")
       self.prefetch = True
       self.opts.append(opt)
       return
@@ -300,21 +342,51 @@ class Kernel:
       self.pack = True
       self.opts.append(opt)
       return
+    if op is OptOps.PIPELINE:
+      check(opt.axis == 0 and 2 <= arg <= 8, "PIPELINE takes axis 0 and 2 to 8 stages")
+      check(self.caps.async_copy, "PIPELINE is cp.async, CUDA's on sm_80 and later: on HIP and OpenCL STAGE copies its tiles with plain loads "
+            "and stores (PREFETCH overlaps them with the compute)")
+      check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PIPELINE needs STAGE with more than one K tile")
+      check(self.stages == 1 and not self.prefetch, "one PIPELINE opt per kernel, not with PREFETCH")
+      check(self.tc is None or not self.tc.wgmma, "PIPELINE does not take TC's arg 2 (wgmma) yet: its core-matrix tiles are copied by "
+            "plain stores, 16 bytes of a row of 8 rows at a time")
+      check(self.tc is None or self.tc.mma, "PIPELINE with TC needs TC's arg 1 (mma.sync): wmma's tiles hold A transposed, which cp.async "
+            "cannot copy")
+      check((need := self.stage_bytes() * arg + self.tc_shared()) <= self.caps.shared_bytes,
+            f"PIPELINE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+      self.stages = arg
+      self.opts.append(opt)
+      return
+    if op is OptOps.RASTER:
+      check(self.caps.has_local, "RASTER needs a device with workgroups")
+      check(self.raster is None, "one RASTER opt per kernel")
+      order = [d for d in self.global_order if d not in self.row_dims]  # the dims of the workgroups (see launch_dims)
+      check(opt.axis in order and order.index(opt.axis) < len(order) - 1, "RASTER needs an axis of workgroups, and another after it")
+      size = self.remaining(opt.axis).size
+      check(1 < arg < size and size % arg == 0, f"RASTER {arg} does not split the {size} workgroups along axis {opt.axis} into bands")
+      self.raster = (opt.axis, arg)
+      self.opts.append(opt)
+      return
     if op is OptOps.STREAM:
       check(opt.axis == 0 and arg == 0, "STREAM takes axis 0 and arg 0")
       check(not self.caps.has_local and not self.stream, "STREAM is for the CPU, once per kernel")
       self.stream = True
       self.opts.append(opt)
       return
+    if self.attention is not None:
+      check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP), f"{op.name} does not apply to attention in one kernel")
+      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0:  # each row keeps its query and its output in registers
+        at = self.attention
+        held = self.sizes_of(AxisKind.UPCAST) * arg * (at.src[0].shape[-1] + at.shape[-1])
+        check(held <= 4 * self.caps.max_upcast, f"UPCAST {arg}: the rows' queries and outputs would take {held} registers")
     staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
-      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE) if self.caps.has_local else \
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
+      check(not self.tc.wgmma or op is not OptOps.LOCAL, "TC's arg 2 (wgmma) keeps one warpgroup a workgroup: LOCAL does not combine with it")
     if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP): check(self.caps.has_local, f"{op.name} needs a device with workgroups")
-    if op in (OptOps.GROUP, OptOps.GROUPTOP):
-      check(len(self.reduceops) <= 1, f"{op.name} needs one reduce: a chain's loop reads the last one's total")
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis
@@ -325,6 +397,11 @@ class Kernel:
       check(0 <= opt.axis < len(self.sizes), f"PADTO axis {opt.axis} is not one of the {len(self.sizes)} axes")
       dim = opt.axis
     rem = self.remaining(dim)
+    if self.raster is not None:  # RASTER's bands stay whole
+      check(op is not OptOps.SWAP, "SWAP comes before RASTER: it changes the workgroups' order")
+      if dim == self.raster[0] and op in (OptOps.PADTO, OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
+        check(op is not OptOps.PADTO and arg > 0 and (rem.size // arg) % self.raster[1] == 0 and rem.size // arg > self.raster[1],
+              f"{op.name} after RASTER {self.raster[1]} would leave axis {dim}'s workgroups in no whole number of bands")
     if op is OptOps.SWAP:
       check(dim < arg < self.n_global, f"SWAP {dim} needs a later global axis, got {arg}")  # one spelling per swap: no (1, 0) after (0, 1)
       i, j = self.global_order.index(dim), self.global_order.index(arg)
@@ -332,6 +409,7 @@ class Kernel:
       self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
     elif op is OptOps.STAGE:
       check(self.caps.has_local, "STAGE needs a device with workgroups and shared memory")
+      check(self.tc is None or not self.tc.wgmma, "TC's arg 2 (wgmma) stages its K tiles itself: STAGE does not combine with it")
       check(not staged, "one STAGE opt per kernel")
       check(all(a.kind not in (AxisKind.GROUP, AxisKind.LANES) for a in self.axes), "STAGE does not combine with GROUP or LANES")
       check(bool(self.stage_inputs), "STAGE needs an input read along the kernel's one reduce dim, its last, straight from memory")
@@ -364,7 +442,14 @@ class Kernel:
         check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
         check(self.upcast_size(AxisKind[op.name], dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
-      if op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+      if op is OptOps.UPCAST and self.tc is not None and self.caps.has_local:  # a 4096^3 float16 TC candidate of 128 tiles compiled 38 s
+        need = TC_ACC_REGISTERS * self.sizes_of(AxisKind.UPCAST) * arg
+        check(need <= self.caps.vector_registers, f"TC's accumulators would take {need} registers a thread, over {self.caps.vector_registers}")
+      if op is OptOps.LOCAL and dim in self.row_dims:  # a row's threads are the workgroup's, the GROUP's fastest, each a share of it
+        group, threads, shared = self.sizes_of(AxisKind.GROUP), self.thread_axes, prod(self.axes[i].size for i in self.row_thread_axes)
+        check(bool(threads) and self.axes[threads[-1]].kind is AxisKind.GROUP and group % (arg * shared) == 0,
+              "LOCAL along a row written after its statistic splits it over the reduce's GROUP threads, fastest: its product divides theirs")
+      elif op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
         check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
       if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
         if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
@@ -372,8 +457,11 @@ class Kernel:
           check(need <= self.caps.shared_bytes, f"TC needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
         if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg) + self.tc_shared()) > self.caps.shared_bytes:
           raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
-        if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)):
-          shared = self.sizes_of(AxisKind.UPCAST) * self.launch_dims[1] * arg * self.reduceop.dtype.itemsize
+        rows = self.row_dims  # a row's parts add no accumulators nor threads (see launch_dims)
+        if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)) and \
+           dim not in rows:
+          shared = prod(a.size for a in self.axes if a.kind is AxisKind.UPCAST and a.dim not in rows) * self.launch_dims[1] * arg * \
+            max(r.dtype.itemsize for r in self.reduceops)
           check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")
       if op is OptOps.THREAD:
         check(self.caps.threads > 1 and arg <= 4 * self.caps.threads, f"THREAD {arg} over this device's {self.caps.threads} threads")
@@ -440,6 +528,14 @@ class Kernel:
       if prod(e for _, e in dims) * u.dtype.itemsize <= PACK_BYTES: ret.append((u, at, dims))
     return ret
 
+  def wgmma_cols(self) -> tuple[int, int]:
+    """TC's arg 2: (axis, size) of the UPCAST part of B's columns right after TC's 16, whose tiles one m64nNk16 computes side by side
+    (N = 16 x size, at most 256); (-1, 1) where there is none."""
+    tc = self.tc
+    if tc is None or not tc.wgmma: return -1, 1
+    return next(((i, a.size) for i, a in enumerate(self.axes) if a.kind is AxisKind.UPCAST and a.dim == tc.col and a.stride == TC_SIZE
+                 and a.size * TC_SIZE <= 256), (-1, 1))
+
   def tc_shared(self, grow: int = 1) -> int:
     """The shared memory TC's accumulator tiles take: 256 floats a warp (with LOCAL about to grow by `grow`)."""
     return self.sizes_of(AxisKind.LOCAL) * grow * 1024 if self.tc is not None else 0
@@ -478,29 +574,53 @@ class Kernel:
   def stage_tiles(self, dim: int = -1, grow: int = 1) -> list[tuple[UOp, list[tuple[int, int]], int]]:
     """Each staged input's tile in shared memory: (view, [(dim, extent)] outermost first, the padding after each row). The reduce dim
     is outermost, then the output dims in order, so the register tile's reads are contiguous along both output dims (A is stored
-    transposed). A row that the copy writes across (its fastest dim in memory is not the row's) is padded by 16 bytes, which keeps
-    16-byte alignment and spreads the column's stores over the banks."""
+    transposed); with TC, the fragment's dim innermost. A row that the copy writes across (its fastest dim in memory is not the row's)
+    is padded by 16 bytes (32 for TC's wmma fragments), which keeps their alignment and spreads the column's stores over the banks.
+    mma.sync's tiles keep the fragment's two dims in memory's order (rows whole 16-byte chunks, copied as they are: cp.async), swizzled
+    or padded (see swizzle_line)."""
     ret = []
     for view in self.stage_inputs:
       v = view.arg
       used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
+      if self.tc is not None:  # TC's rows of A or columns of B innermost, where a 16x16 fragment is contiguous (a batch dim outside them)
+        inner = self.tc.row if view is self.tc.a else self.tc.col
+        dims = [dn for dn in dims if dn[0] != inner] + [dn for dn in dims if dn[0] == inner]
       fastest = min((d for d, n in dims if n > 1), key=lambda d: (abs(v.strides[d]) or 1 << 62, -d), default=dims[-1][0])
-      ret.append((view, dims, 16 // view.dtype.itemsize if fastest != dims[-1][0] else 0))
+      if self.tc is not None and self.tc.mma:  # ldmatrix reads and cp.async writes 16-byte rows: the fragment's dims innermost (a batch
+        # dim outside them) in memory's order, swizzled
+        frag = (self.n_global, self.tc.row if view is self.tc.a else self.tc.col)
+        dims = [dn for dn in dims if dn[0] not in frag] + sorted((dn for dn in dims if dn[0] in frag), key=lambda dn: dn[0] == fastest)
+        row = dims[-1][1] * view.dtype.itemsize
+        ret.append((view, dims, 16 // view.dtype.itemsize if row % 32 == 0 and swizzle_line(row) == 0 else 0))
+      else:  # load_matrix_sync takes 32-byte aligned fragments; wgmma's core matrices (see _Lowerer.tile_offset) are not padded
+        pad = 0 if self.tc is not None and self.tc.wgmma else 32 if self.tc is not None else 16
+        ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
 
   def stage_bytes(self, dim: int = -1, grow: int = 1) -> int:
-    """The shared memory of the staged tiles (with a split of `grow` about to be made along `dim`)."""
-    return sum(prod(n for _, n in dims[:-1]) * (dims[-1][1] + pad) * view.dtype.itemsize for view, dims, pad in self.stage_tiles(dim, grow))
+    """The shared memory of the staged tiles (with a split of `grow` about to be made along `dim`), PIPELINE's ring of them."""
+    tiles = self.stage_tiles(dim, grow)
+    return self.stages * sum(prod(n for _, n in dims[:-1]) * (dims[-1][1] + pad) * view.dtype.itemsize for view, dims, pad in tiles)
 
   def __repr__(self) -> str:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
 
 
+def swizzle_line(row: int) -> int:
+  """The bytes of a swizzled tile's line for rows of `row` bytes (0: not swizzled). Eight rows at one 16-byte column (a warp's ldmatrix
+  matrix, read in one pass) hit all 32 banks where the rows' 16-byte chunks (2, 4, or a multiple of 8 a row) are XORed with the line's
+  index: the 128 bytes of one row (or of the rows in 128 bytes) a line, chunk c of line i at c ^ (i % 8). Rows of an odd number of chunks
+  are conflict-free as they are; other even ones are padded by one chunk (Kernel.stage_tiles), which makes them odd."""
+  chunks = row // 16 if row % 16 == 0 else 0
+  return 128 if chunks in (2, 4) else row if chunks and chunks % 8 == 0 else 0
+
+
 CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register target's register tile (see plan_register_tile)
 
 
+RASTER_ARGS = (4, 8, 16)  # workgroups a RASTER band holds
 STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
 
 
@@ -515,9 +635,11 @@ def candidate_opts(k: Kernel) -> list[Opt]:
     if d < k.n_global:
       ret += [Opt(op, d, a) for op in (OptOps.UPCAST, OptOps.THREAD, OptOps.LOCAL) for a in args]
       ret += [Opt(OptOps.SWAP, d, o) for o in range(d + 1, k.n_global)]
+      ret += [Opt(OptOps.RASTER, d, a) for a in RASTER_ARGS]
     else:
       ret += [Opt(op, d - k.n_global, a) for op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP) for a in args]
       ret += [Opt(OptOps.KBLOCK, d - k.n_global, a) for a in divisors(size)[1:-1]]
       ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
-  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0), Opt(OptOps.PACK, 0, 0)]
+  return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.TC, 0, 2), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0),
+                *(Opt(OptOps.PIPELINE, 0, s) for s in (2, 3, 4)), Opt(OptOps.PACK, 0, 0)]

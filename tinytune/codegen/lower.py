@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol
 
-from tinytune.codegen.kernel import AxisKind, Kernel
+from tinytune.codegen.kernel import AxisKind, Kernel, swizzle_line
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
@@ -26,7 +26,10 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   an ALU op (operands; ValueArg), FOLD (values; FoldArg): values[0] op values[1] op ..., INRANGE (x, n; ValueArg): 0 <= x < n
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
-#   streaming stores done), WMMA (src; "wmma" or "mma", what, ...): a GPU's tensor core statements (the API, or PTX mma.sync); the
+#   streaming stores done, "commit_group" and ("wait_group", n): PTX cp.async's, see StoreArg.cp_async),
+#   WMMA (src; "wmma", "mma" or "wgmma", what, ...): a GPU's tensor core statements (the API, PTX mma.sync, or sm_90a's wgmma from shared
+#   tiles: ("wgmma", "accs", tiles) the accumulators of the tiles that one wgmma computes side by side, ("wgmma", "mma", tiles, A's tile,
+#   its stride offset, B's tile, its stride offset, dtype) with src the tiles' element offsets); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -66,6 +69,8 @@ class StoreArg(NamedTuple):  # STORE
   width: int
   buf: int | str
   stream: bool  # a whole 64-byte line past the caches
+  cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
+  # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
 
 
 class FoldArg(NamedTuple):  # FOLD
@@ -87,6 +92,14 @@ class SpecialArg(NamedTuple):  # SPECIAL: var = id / divisor % modulus (no modul
   id: str
   divisor: int
   modulus: int
+
+
+class StagedTile(NamedTuple):  # STAGE: a staged input's tile in shared memory
+  name: str
+  dims: list[tuple[int, int]]  # (dim, extent), outermost first (Kernel.stage_tiles)
+  strides: list[int]
+  size: int  # elements of one K tile: PIPELINE's ring holds Kernel.stages of them
+  line: int  # elements of a swizzled line (kernel.swizzle_line; 0: not swizzled): 16-byte chunk c of line i is at c ^ (i % 8)
 
 
 class LocalArg(NamedTuple):  # DEFINE_LOCAL
@@ -159,7 +172,8 @@ def describe(u: UOp) -> str:
     return f"{head} {', '.join(show(s) for s in src)}" + (f" {arg.op.name}" if op in (Ops.DEFINE_ACC, Ops.FOLD) else "")
   if op is Ops.RANGE: return f"RANGE {arg.var} {arg.start}..{arg.end}" + (" parallel" if arg.parallel else "")
   if op is Ops.STORE:
-    return f"STORE{f'<{arg.width}>' if arg.width > 1 else ''}{' stream' if arg.stream else ''} {at(arg.buf, src[0], src[2])} = {show(src[1])}"
+    kind = f"{' stream' if arg.stream else ''}{f' cp.async.{arg.cp_async}' if arg.cp_async else ''}"
+    return f"STORE{f'<{arg.width}>' if arg.width > 1 else ''}{kind} {at(arg.buf, src[0], src[2])} = {show(src[1])}"
   if op is Ops.ASSIGN:
     return f"ASSIGN {show(src[0])} {arg.name if arg else ''}= {show(src[1])}" + ("" if src[2] is TRUE else f" if {pretty(src[2])}")
   return f"{op.name} {', '.join(show(s) for s in src)} {'' if arg is None else tuple(arg) if isinstance(arg, tuple) else arg}".rstrip()
@@ -193,6 +207,7 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
+  if k.attention is not None: return attention(lowerer)
   if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
   # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
@@ -211,6 +226,10 @@ class LoopNest:
              AxisKind.STAGE: "s"}
     self.vars = {i: UOp.var(f"{names[a.kind]}{i}", 0, max(a.size - 1, 0)) if a.size != 1 else UOp.const(dtypes.int64, 0)
                  for i, a in enumerate(k.axes) if a.kind in names}
+    if k.raster is not None:  # RASTER: the dim's workgroup index is its band's first plus the place in the band (see group_ids)
+      i, band = k.axes.index(k.remaining(k.raster[0])), k.raster[1]
+      self.band = (UOp.var(f"g{i}b", 0, k.axes[i].size // band - 1), UOp.var(f"g{i}w", 0, band - 1))
+      self.vars[i] = self.band[0] * band + self.band[1]
 
   def nest(self, axes: list[int], body: list[UOp], start: int = 0, end: int = -1, parallel: bool = False) -> list[UOp]:
     """The loops of `axes` (outermost first; a size-1 axis has none, a size-0 one runs no times) around `body`; `start` and `end`
@@ -223,7 +242,7 @@ class LoopNest:
     return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
   def cpu(self, bodies: list[list[UOp]], full_bodies: list[list[UOp]], split: int | None, combine: list[list[UOp]], decls: list[UOp],
-          post: list[UOp], packs: dict[int, list[UOp]]) -> list[UOp]:
+          post: list[UOp], packs: dict[int, list[UOp]] | None = None) -> list[UOp]:
     """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
     loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
     Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
@@ -241,70 +260,126 @@ class LoopNest:
     # the thread's streaming stores, visible before the kernel ends: a fence last in its share
     fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
     body, end = decls + reduce + self.nest(outer[n:], post), n
-    for at in sorted(packs, reverse=True): body, end = packs[at] + self.nest(outer[at:end], body), at
+    for at, copies in sorted((packs or {}).items(), reverse=True): body, end = copies + self.nest(outer[at:end], body), at
     return self.nest(outer[:t], self.nest(outer[t:end], body) + fence, parallel=True)
 
   def staged(self, copies: Copies, body: list[UOp]) -> list[UOp]:
     """STAGE's loop of K tiles around `body` (the loops in a tile): each iteration copies the tiles to shared memory (`copies`:
     loads and stores) between two barriers, the copy waiting until every thread is done reading the last tile, the reads until
     the copy is whole. With PREFETCH (two copies: the first tile's and the next's) the first tile is copied before the loop, and
-    each iteration loads the next into registers before the compute and stores it after (the loads' latency behind the compute)."""
+    each iteration loads the next into registers before the compute and stores it after (the loads' latency behind the compute).
+    With PIPELINE (S stages: S-1 copies before the loop, one in it) the copies are cp.async groups into a ring of S buffers: the first
+    S-1 tiles' before the loop (a group each, empty past the last tile), and each iteration waits for its tile's group (all but the
+    newest S-2), meets the others at one barrier (after which every thread is done reading the buffer of the tile before, which the
+    copy of the tile S-1 ahead then fills) and issues that copy as a group before computing."""
     tiles = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
     (loads, stores), barrier = copies[0], stmt(Ops.BARRIER)
+    if (stages := self.k.stages) > 1:
+      commit, (ahead_loads, ahead_stores) = stmt(Ops.BARRIER, arg="commit_group"), copies[-1]
+      first = [u for ld, st in copies[:-1] for u in (*ld, *st, stmt(Ops.BARRIER, arg="commit_group"))]
+      return first + self.nest([tiles], [stmt(Ops.BARRIER, arg=("wait_group", stages - 2)), barrier, *ahead_loads, *ahead_stores, commit, *body])
     if len(copies) == 1: return self.nest([tiles], [*loads, *stores, barrier, *body, stmt(Ops.BARRIER)])
     (next_loads, next_stores) = copies[1]
     return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
 
-  def unflatten(self, axes: list[int], linear: str) -> list[UOp]:
-    """Each axis's index from one linear id, the last axis fastest."""
-    out, mult = [], 1
+  def unflatten(self, axes: list[int], linear: str, mult: int = 1, outer: bool = False) -> list[UOp]:
+    """Each axis's index from one linear id (over `mult`), the last axis fastest (`outer`: more come before the first)."""
+    out = []
     for n, i in enumerate(reversed(axes)):
       size = self.k.axes[i].size
-      if size > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 else size)))
+      if size > 1:
+        out.append(stmt(Ops.SPECIAL, arg=SpecialArg(self.vars[i].arg[0], linear, mult, 0 if n == len(axes) - 1 and not outer else size)))
       mult *= size
     return out
+
+  def group_ids(self) -> list[UOp]:
+    """Each global axis's workgroup index from the workgroup id, in the global order, the last fastest. With RASTER (a dim, bands of
+    b workgroups along it) that dim and the next one in the order, c, go in bands: consecutive ids walk down the b workgroups of a
+    band in one column of c, then the next column, then the next band, so the workgroups at work together share their rows of one
+    input and their columns of the other (in L2) where row after row would read every column of the other input."""
+    k = self.k
+    axes = [k.axes.index(k.remaining(d)) for d in k.global_order if d not in k.row_dims]  # a row's dims loop (see workgroups)
+    if k.raster is None: return self.unflatten(axes, "group_id")
+    d = axes.index(k.axes.index(k.remaining(k.raster[0])))
+    (rows, cols), band, col, (first, place) = (k.axes[i].size for i in axes[d:d + 2]), k.raster[1], self.vars[axes[d + 1]], self.band
+    out, mult = self.unflatten(axes[d + 2:], "group_id", outer=True), prod(k.axes[i].size for i in axes[d + 2:])
+    if cols > 1: out.append(stmt(Ops.SPECIAL, arg=SpecialArg(col.arg[0], "group_id", mult * band, cols)))
+    out.append(stmt(Ops.SPECIAL, arg=SpecialArg(place.arg[0], "group_id", mult, band)))
+    out.append(stmt(Ops.SPECIAL, arg=SpecialArg(first.arg[0], "group_id", mult * band * cols, 0 if d == 0 else rows // band)))
+    return out + self.unflatten(axes[:d], "group_id", mult * rows * cols)
 
   def workgroups(self, bodies: list[list[UOp]], combine: list[list[UOp]], decls: list[UOp], accs: list[tuple[UOp, tuple[UOp, ...], Val]],
                  width: int, post: list[UOp], copies: Copies) -> list[UOp]:
     """The global loops become workgroups and the LOCAL and GROUP parts their threads (in Kernel.thread_axes order), each index
-    taken apart from one linear id. Each GROUP thread reduces its share into shared memory; a group of a power of two adds them
-    in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one by one
-    took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one; the group's
-    first thread stores. With STAGE, the K tiles' loop (see staged)."""
+    taken apart from one linear id. Each GROUP thread reduces its share into shared memory, and the group adds them (group_sum);
+    its first thread stores. A row written after its statistic (Kernel.row_dims, softmax's) or a chain of statistics: every thread
+    takes each total, then the row's loops run in every thread, each over its share of the row (its LOCAL parts). With STAGE, the K
+    tiles' loop (see staged)."""
     k = self.k
-    out = self.unflatten([self.k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+    out = self.group_ids()
     threads = k.thread_axes
     if threads: out.append(stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0)))
-    out += self.unflatten(threads, "lid")
+    out += self.unflatten(threads, "lid") + self.unflatten(k.row_thread_axes, "lid", outer=True)
     red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
+    groups = k.sizes_of(AxisKind.GROUP)
+    every = groups > 1 and (len(k.reduceops) > 1 or bool(k.row_dims))  # every thread needs each total
+    def partials(stage: int | None) -> list[tuple[UOp, UOp]]:
+      return [(r, u) for r, _, acc in accs if stage is None or k.reduceops.index(r) == stage
+              for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
+    if groups > 1:
+      most = max(len(partials(s)) for s in range(len(bodies))) if every else len(partials(None))
+      dt = max((r.dtype for r in k.reduceops), key=lambda d: d.itemsize)
+      decls = [*decls, stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", most * k.launch_dims[1]), dtype=dt)]
+      if every:  # the thread's group's first thread (group_sum): lid less its place in the group
+        step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else k.launch_dims[1] // groups
+        decls.append(stmt(Ops.SPECIAL, arg=SpecialArg("q0", "lid", groups, 0) if step == 1 else SpecialArg("q0", "lid", 1, step)))
     if copies: out += decls + self.staged(copies, self.nest(red, bodies[0])) + combine[0]  # one reduce (Kernel.stage_inputs)
-    else: out += decls + [u for stage, body in enumerate(bodies) for u in self.nest(red, body) + combine[stage]]
-    if (groups := k.sizes_of(AxisKind.GROUP)) > 1:
-      n = k.launch_dims[1]
-      step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
-      partials = [(red, u) for red, _, acc in accs for u in (acc.lane(i) for i in range(width if acc.kind is not Kind.SCALAR else 1))]
-      dt, lid = partials[0][0].dtype, UOp.var("lid", 0, n - 1)
-      def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
-      out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", len(partials) * n), dtype=dt))
-      out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
-      place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
-      out.append(stmt(Ops.BARRIER))
-      if groups & (groups - 1):  # the first thread adds the others' partials one by one
-        out += [stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))), stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False))]
-        at = "lid+q" if step == 1 else f"lid+q*{step}"
-        out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-        out.append(stmt(Ops.ENDRANGE))
-        return out + post
+    else:
+      out += decls
+      for stage, body in enumerate(bodies): out += self.nest(red, body) + combine[stage] + (self.group_sum(partials(stage), True) if every else [])
+    if groups > 1 and not every: out += self.group_sum(partials(None), False)
+    row = self.nest([k.axes.index(k.remaining(d)) for d in k.global_order if d in k.row_dims], post)
+    if not every or (shared := prod(k.axes[i].size for i in k.row_thread_axes)) == groups: return out + row
+    # fewer threads share the row than the group has (Kernel.apply_opt: they are its fastest): the others have nothing to write
+    place = UOp.var("lid", 0, k.launch_dims[1] - 1) % groups
+    return [*out, stmt(Ops.IF, place.lt(shared).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *row, stmt(Ops.ENDIF)]
+
+  def group_sum(self, partials: list[tuple[UOp, UOp]], every: bool) -> list[UOp]:
+    """The GROUP threads' partials (reduce, accumulator) added up: each thread's into shared memory, then a group of a power of two
+    adds them in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one
+    by one took thousands of cycles while the workgroup's other threads waited), any other group's first thread one by one. Then
+    only the first thread goes on, or (`every`) each thread reads its group's total from the first's place, behind a barrier, and
+    a barrier after it frees the partials for the next reduce."""
+    k = self.k
+    n, groups, threads = k.launch_dims[1], k.sizes_of(AxisKind.GROUP), k.thread_axes
+    step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
+    dt, lid = max((r.dtype for r in k.reduceops), key=lambda d: d.itemsize), UOp.var("lid", 0, n - 1)  # as workgroups declares them
+    def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
+    out = [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+    place = lid % groups if step == 1 else lid // step  # the thread's place in its group: the first adds up the partials
+    first, no = place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0)), UOp.const(dtypes.bool, False)
+    out.append(stmt(Ops.BARRIER))
+    if groups & (groups - 1):  # the first thread adds the others' partials one by one
+      out.append(stmt(Ops.IF, place.lt(1).alu(Ops.CMPNE, no)) if every else stmt(Ops.EXIT, first))
+      out.append(stmt(Ops.RANGE, arg=LoopArg("q", 1, groups, False)))
+      at = "lid+q" if step == 1 else f"lid+q*{step}"
+      out += [stmt(Ops.ASSIGN, u, cell(j, at), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
+      out.append(stmt(Ops.ENDRANGE))
+      if not every: return out
+      out += [*(stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)), stmt(Ops.ENDIF)]
+    else:
       half = groups // 2
       while half:  # a power of two: the lower half adds the upper half's partials, then a barrier, until one is left
-        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))))
+        out.append(stmt(Ops.IF, place.lt(half).alu(Ops.CMPNE, no)))
         out += [stmt(Ops.ASSIGN, u, cell(j, f"lid+{half * step}"), TRUE, arg=red.arg[0]) for j, (red, u) in enumerate(partials)]
-        if half > 1: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
+        if half > 1 or every: out += [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
         out.append(stmt(Ops.ENDIF))
         if half > 1: out.append(stmt(Ops.BARRIER))
         half //= 2
-      out.append(stmt(Ops.EXIT, place.alu(Ops.CMPNE, UOp.const(dtypes.int64, 0))))
-    return out + post
+      if not every: return [*out, stmt(Ops.EXIT, first)]
+    # every thread: its group's first thread is at lid - place
+    at = f"q0*{groups}" if step == 1 else "q0"  # see workgroups
+    return [*out, stmt(Ops.BARRIER), *(stmt(Ops.ASSIGN, u, cell(j, at), TRUE) for j, (_, u) in enumerate(partials)), stmt(Ops.BARRIER)]
 
 
 class _Lowerer:
@@ -324,15 +399,17 @@ class _Lowerer:
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    self.rows = RowArrays.of(self) if rows and not target.has_local else None
+    self.rows = RowArrays.of(self) if rows else None
     self.in_body = False
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
-    # STAGE: each staged input's shared array, its tile's dims (outermost first, see Kernel.stage_tiles) and the array's strides
-    self.staged: dict[UOp, tuple[str, list[tuple[int, int]], list[int]]] = {}
+    # STAGE: each staged input's tile in shared memory (mma.sync's swizzled, see Kernel.stage_tiles)
+    self.staged: dict[UOp, StagedTile] = {}
     if target.has_local and any(a.kind is AxisKind.STAGE for a in k.axes):
       for j, (view, dims, pad) in enumerate(k.stage_tiles()):
-        self.staged[view] = (f"tile{j}", dims, list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad))))
+        strides = list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad)))
+        line = swizzle_line(dims[-1][1] * view.dtype.itemsize) // view.dtype.itemsize if k.tc is not None and k.tc.mma and not pad else 0
+        self.staged[view] = StagedTile(f"tile{j}", dims, strides, dims[0][1] * strides[0], line)
     # PACK: each packed input's array, its panel's dims (see Kernel.pack_tiles), the array's strides and where its copy goes
     self.packed: dict[UOp, tuple[str, list[tuple[int, int]], list[int], int]] = {}
     for j, (view, at, dims) in enumerate(k.pack_tiles() if k.pack else []):
@@ -345,7 +422,7 @@ class _Lowerer:
     pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
     self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
-    for i, a in enumerate(k.axes):
+    for i, a in enumerate(k.axes if k.attention is None else ()):  # attention's rows are scalars (see attention)
       if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
          self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype in self.vf:
         self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
@@ -505,18 +582,38 @@ class _Lowerer:
     return [linear_sum(dtypes.int64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0, self.simplified)
             for d in range(len(k.sizes))]
 
-  def tile_offset(self, view: UOp, at: dict[int, UOp]) -> UOp:
-    """Where the element at tile coordinates `at` (dim -> index in the tile) is in the view's shared array."""
-    _, dims, strides = self.staged[view]
-    return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(dims, strides)], 0, self.simplified)
+  @functools.cached_property
+  def stage_axis(self) -> int: return next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
+
+  def tile_offset(self, view: UOp, at: dict[int, UOp], tile: UOp | None = None) -> UOp:
+    """Where the element at tile coordinates `at` (dim -> index in the tile) of K tile `tile` (the loop's where None) is in the view's
+    shared array, before the swizzle: with PIPELINE, in the ring's buffer tile % stages."""
+    t, stages = self.staged[view], self.k.stages
+    slot = [] if stages == 1 else [((self.nesting.vars[self.stage_axis] if tile is None else tile) % stages, t.size)]
+    if (tc := self.k.tc) is None or not tc.wgmma:
+      return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(t.dims, t.strides)] + slot, 0, self.simplified)
+    # wgmma's unswizzled K-major layout: core matrices of 8 rows (A's M or B's N, the tile's last dim) by 8 of K (its first), 128
+    # contiguous bytes each, K's next (the leading offset, 128 bytes), then the next 8 rows (the stride offset: 16 bytes a K of the
+    # tile); a batch dim between them outside the whole K x rows block
+    (kd, kt), rd = t.dims[0], t.dims[-1][0]
+    r, kk = at[rd], at[kd]
+    core = r // 8 * (kt * 8) + kk // 8 * 64 + r % 8 * 8 + kk % 8
+    batch = [(at[d], st * kt) for (d, _), st in zip(t.dims[1:-1], t.strides[1:-1])]
+    return self.simplify(linear_sum(dtypes.int64, batch + slot, 0, self.simplified) + core)
+
+  def swizzle(self, view: UOp, off: UOp) -> UOp:
+    """A tile's element offset where it is stored: the 16-byte chunk XORed with its line's index (see StagedTile.line)."""
+    t = self.staged[view]
+    if not t.line: return off
+    return self.simplify(off.alu(Ops.XOR, off // t.line % 8 * (16 // view.dtype.itemsize)))
 
   def tile_read(self, view: UOp) -> Val:
     """A staged input's value at the dims add() reads, from its tile (by the dims unclamped: the copy clamped them). A float32 read along the
     tile's rows but not the lanes (A's rows of a register tile, A transposed in shared memory) takes the aligned 16-byte vector
     around it, once per reduce body, where the thread's register part along the row is whole vectors."""
-    name, dims, _ = self.staged[view]
+    name, dims = self.staged[view][:2]
     wg = {v: UOp.const(dtypes.int64, 0) for part in self.workgroup_parts for v in part.vars}
-    off = self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims})
+    off = self.swizzle(view, self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims}))
     row, w = dims[-1][0], self.width
     if w == 4 and view.dtype == dtypes.float32 and not self.lane_dep(off) and \
        any(a.kind is AxisKind.UPCAST and a.dim == row and a.stride == 1 and a.size % w == 0 for a in self.k.axes):
@@ -528,43 +625,72 @@ class _Lowerer:
     return self.memo[key]
 
   def stage_copies_all(self) -> Copies:
-    """STAGE's copies (see LoopNest.staged): the loop's tile, or with PREFETCH the first tile and the loop's next; none without STAGE."""
+    """STAGE's copies (see LoopNest.staged): the loop's tile; with PREFETCH the first tile and the loop's next; with PIPELINE the
+    first stages-1 tiles (none past the last) and the loop's tile stages-1 ahead. None without STAGE."""
     if not self.staged: return ()
-    return (self.stage_copies("first"), self.stage_copies("next")) if self.k.prefetch else (self.stage_copies("loop"),)
+    k, var = self.k, self.nesting.vars[self.stage_axis]
+    n, zero = k.axes[self.stage_axis].size, UOp.const(dtypes.int64, 0)
+    self.decls += [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(t.name, t.size * k.stages, k.tc is not None), dtype=view.dtype)
+                   for view, t in self.staged.items()]
+    if k.stages > 1:
+      ahead = self.simplify(var + (k.stages - 1))
+      first = [self.stage_copies(UOp.const(dtypes.int64, j), TRUE) if j < n else ([], []) for j in range(k.stages - 1)]
+      return (*first, self.stage_copies(ahead, self.simplify(ahead.lt(n))))
+    if k.prefetch: return (self.stage_copies(zero, TRUE), self.stage_copies(self.simplify(var + 1), self.simplify(var.lt(n - 1))))
+    return (self.stage_copies(var, TRUE),)
 
-  def stage_copies(self, tile: str) -> tuple[list[UOp], list[UOp]]:
-    """The loads and the stores by which a workgroup's threads copy each staged input's tile for one K tile to shared memory: the
-    tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
-    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. The K tile is the loop's
-    (`tile` "loop"), the first ("first"), or the loop's next, none after the last ("next": PREFETCH's)."""
+  def stage_copies(self, tile: UOp, exists: UOp) -> tuple[list[UOp], list[UOp]]:
+    """The loads and the stores by which a workgroup's threads copy each staged input's K tile `tile` (where `exists`) to shared memory:
+    the tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
+    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. With PIPELINE the stores are
+    cp.async's (StoreArg.cp_async, of an inline load; no loads apart): 16 bytes where a chunk is contiguous and 16-byte aligned in
+    memory and in the tile, else an element each (16-bit elements, which cp.async cannot copy alone: a load and a store)."""
     k, n = self.k, self.k.launch_dims[1]
     loads, stores = list[UOp](), list[UOp]()
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
-    tiles = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
-    var, at_tile, last = self.nesting.vars[tiles], dict[UOp, UOp](), TRUE
-    if tile == "first": at_tile = {var: UOp.const(dtypes.int64, 0)}
-    if tile == "next": at_tile, last = {var: var + 1}, self.simplify(var.lt(k.axes[tiles].size - 1))
-    for view, (name, dims, strides) in self.staged.items():
-      if tile != "next": self.decls.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, dims[0][1] * strides[0], k.tc is not None), dtype=view.dtype))
-      st = view.arg.strides
-      order = sorted(dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
-      fast = order[0][0]
-      w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
+    var = self.nesting.vars[self.stage_axis]
+    at_tile = {var: tile} if var.op is Ops.VAR else {}
+    chunk_lane = UOp.var("chunk_lane", 0, 15)
+    for view, t in self.staged.items():
+      st, size, buf = view.arg.strides, view.dtype.itemsize, self.bufs[view.src[0].arg]
+      order = sorted(t.dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
+      fast, run = order[0][0], 16 // size
+      if k.stages > 1: w = run if st[fast] == 1 and t.dims[-1][0] == fast and order[0][1] % run == 0 else 1
+      else: w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
+      lane = chunk_lane if k.stages > 1 else self.lane
       counts = [size // w if d == fast else size for d, size in order]
       for j in range(-(-prod(counts) // n)):
         rest = e = self.simplify(lid + j * n)
-        guard = last if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(last))
+        guard = exists if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(exists))
         at: dict[int, UOp] = {}
         for i, ((d, _), c) in enumerate(zip(order, counts)):
           at[d] = self.simplify(rest if i == len(order) - 1 else rest % c)
           rest = self.simplify(rest // c)
-        if w > 1: at[fast] = self.simplify(at[fast] * w + self.lane)
+        if w > 1: at[fast] = self.simplify(at[fast] * w + lane)
         idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d].substitute(at_tile) + at.get(d, 0))) for d in range(len(k.sizes)))
         off, valid, _ = self.view_index(view, idx)
-        self.lines = loads
-        val = self.read(view.dtype, self.bufs[view.src[0].arg], off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
-        self.lines = stores
-        self.store(val, self.tile_offset(view, at), guard, name, view.dtype)
+        dst = self.tile_offset(view, at, tile)
+        if k.stages == 1:
+          self.lines = loads
+          val = self.read(view.dtype, buf, off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
+          self.lines = stores
+          self.store(val, self.swizzle(view, dst), guard, t.name, view.dtype)
+          continue
+        first = {chunk_lane: UOp.const(dtypes.int64, 0)}
+        off0, dst0 = self.simplify(off.substitute(first)), self.simplify(dst.substitute(first))
+        if w > 1 and self.simplify(off - off0) is chunk_lane and chunk_lane not in valid.vars and self.simplify(off0 % w).arg == 0 \
+           and self.simplify(dst0 % w).arg == 0:
+          stores.append(self.cp_async(view, self.swizzle(view, dst0), off0, valid, guard, w))
+          continue
+        for c in range(w):  # element by element
+          at_c = {chunk_lane: UOp.const(dtypes.int64, c)}
+          off_c, valid_c, dst_c = (self.simplify(x.substitute(at_c)) for x in (off, valid, dst))
+          if size >= 4:
+            stores.append(self.cp_async(view, self.swizzle(view, dst_c), off_c, valid_c, guard, 1))
+          else:
+            self.lines = stores
+            val = self.read(view.dtype, buf, off_c, self.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
+            self.store(val, self.swizzle(view, dst_c), guard, t.name, view.dtype)
     return loads, stores
 
   # ***** PACK: panels of the inputs in arrays of the thread's (the CPU's) *****
@@ -608,6 +734,13 @@ class _Lowerer:
         self.store(val, linear_sum(dtypes.int64, [(pos[d], s) for (d, _), s in zip(dims, strides)], 0, self.simplified), TRUE, name, view.dtype)
       self.lines += [stmt(Ops.ENDRANGE) for _ in loops]
     return ret
+
+  def cp_async(self, view: UOp, dst: UOp, src: UOp, valid: UOp, guard: UOp, width: int) -> UOp:
+    """A store of `width` elements of `view`'s buffer at `src` (zeros where not `valid`) to its tile at `dst` by cp.async (where `guard`):
+    .cg (past L1) for 16 bytes, else .ca."""
+    t, dt = self.staged[view], view.dtype
+    load = stmt(Ops.LOAD, src, valid, arg=LoadArg(None, width, self.bufs[view.src[0].arg]), dtype=dt)
+    return stmt(Ops.STORE, dst, load, guard, arg=StoreArg(width, t.name, False, "cg" if width * dt.itemsize == 16 else "ca"), dtype=dt)
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
@@ -807,6 +940,11 @@ class RowArrays:
     if src.op is Ops.CAST and src.src[0].dtype.is_float and src.dtype.itemsize > src.src[0].dtype.itemsize: src = src.src[0]
     keep = k.reduce_out_dims != set(range(k.n_global)) and not any(a.kind is AxisKind.KBLOCK for a in k.axes) and \
       any(u.op in ROW_KEPT for u in src.toposort)
+    if keep and k.caps.has_local:  # a GPU's arrays are in shared memory: a workgroup's rows are its threads' own, and fit it
+      rows, threads = k.row_dims, k.launch_dims[1]
+      per = prod(a.size for a in k.axes if a.kind is AxisKind.UPCAST and a.dim not in rows)  # rows a thread computes
+      need = per * (prod(src.shape[d] for d in red.arg[1]) * src.dtype.itemsize + (threads * 8 * len(k.reduceops) if threads > 1 else 0))
+      keep = not any(a.kind is AxisKind.LOCAL and a.dim not in rows for a in k.axes) and need <= k.caps.shared_bytes
     return RowArrays(lw, src, red) if keep else None
 
   def row_of(self, idx: tuple[UOp, ...]) -> tuple[UOp, ...]:  # the row `idx` is in: its index along the dims the reduce keeps
@@ -889,50 +1027,184 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   what follows the sum and store."""
   k, tc = lw.k, lw.k.tc
   assert tc is not None
-  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma" if tc.mma else "wmma", *arg))
-  out = lw.nesting.unflatten([k.axes.index(k.remaining(d)) for d in k.global_order], "group_id")
+  kind = "wgmma" if tc.wgmma else "mma" if tc.mma else "wmma"
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=(kind, *arg))
+  out = lw.nesting.group_ids()
   out.append(wmma("ids"))
   out += lw.nesting.unflatten(sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: k.axes[i].dim), "warp")
   tiles = lw.instances((AxisKind.UPCAST,))
-  out += [wmma("acc", j) for j in range(len(tiles))]
+  # wgmma: the tiles side by side along B's columns (Kernel.wgmma_cols) are one m64nNk16, their accumulators one array of its D
+  wide = k.wgmma_cols()
+  runs: dict[tuple[tuple[int, UOp], ...], list[int]] = {}
+  for j, tile in enumerate(tiles): runs.setdefault(tuple((i, v) for i, v in tile.items() if i != wide[0]), []).append(j)
+  out += [wmma("accs", tuple(js)) for js in runs.values()] if tc.wgmma else [wmma("acc", j) for j in range(len(tiles))]
   frags: dict[tuple[str, object, UOp], str] = {}
+  offsets: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
   body: list[UOp] = []
   wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
     buf: int | str = lw.bufs[view.src[0].arg]
-    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory, K its outer dim (Kernel.stage_tiles)
-      buf, tile, strides = lw.staged[view]
+    line = 0
+    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory (Kernel.stage_tiles; mma.sync's in memory's order, swizzled)
+      buf, tile, strides, _, line = lw.staged[view]
       off = lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(wg)) for d, _ in tile})
       st = {d: s for (d, _), s in zip(tile, strides)}
       i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
       layout, ld = ("row_major", st.get(i, 0)) if st.get(j) == 1 else ("col_major", st.get(j, 0))
-    else: off = lw.simplify(view.arg.index(tuple(dims))[0])
+    else:  # A's offset is the same for each tile along B's dim, and B's along A's: worked out once
+      used = tuple(d for d, st in zip(dims, view.arg.strides) if st)
+      if (view, used) not in offsets: offsets[view, used] = lw.simplify(view.arg.index(tuple(dims))[0])
+      off = offsets[view, used]
     if (key := (which, buf, off)) not in frags:
       frags[key] = name = f"{which}{len(frags)}"
       body.append(wmma("fragment", name, which, view.dtype, layout))
       # mma.sync from shared memory takes ldmatrix, whose rows of 8 elements must start 16-byte aligned (the array is 32-byte aligned)
       r = lw.simplify(off % 8)
-      rows = (isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0,) if tc.mma else ()
+      ldmatrix = isinstance(buf, str) and ld % 8 == 0 and r.op is Ops.CONST and r.arg == 0
+      assert ldmatrix or not line, "a swizzled tile is read by ldmatrix: its fragments' rows start at multiples of 16 bytes"
+      rows = (ldmatrix, *((line,) if line else ())) if tc.mma else ()  # a swizzled tile's line last
       body.append(wmma("load", name, buf, ld, which, layout, *rows, src=(off,)))
     return frags[key]
-  for unroll in lw.instances((AxisKind.UNROLL,)):
+  if tc.wgmma:  # the warpgroup's wgmmas, each from descriptors of its 64 rows of A and 16 columns of B at the K step (warp 0's)
+    warp0 = {**wg, **{lw.nesting.vars[i]: UOp.const(dtypes.int64, 0) for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL}}
+    def desc(view: UOp, dims: list[UOp]) -> tuple[str, UOp, int]:
+      t = lw.staged[view]
+      return t.name, lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(warp0)) for d, _ in t.dims}), t.dims[0][1] * 16
+    body.append(wmma("fence"))
+    for unroll in lw.instances((AxisKind.UNROLL,)):
+      for js in runs.values():
+        dims = lw.dims({**tiles[js[0]], **unroll})
+        (ta, oa, sa), (tb, ob, sb) = desc(tc.a, dims), desc(tc.b, dims)
+        body.append(wmma("mma", tuple(js), ta, sa, tb, sb, tc.a.dtype, src=(oa, ob)))
+    body.append(wmma("wait"))
+  for unroll in lw.instances((AxisKind.UNROLL,)) if not tc.wgmma else ():
     for j, tile in enumerate(tiles):
       dims = lw.dims({**tile, **unroll})
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
       body.append(wmma("mma", j, a, b, tc.a.dtype))
   red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-  if copies := lw.stage_copies_all(): out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body))  # as LoopNest.workgroups
+  copies = lw.stage_copies_all()
+  if tc.wgmma: copies = tuple((loads, [*stores, wmma("proxy")]) for loads, stores in copies)  # the copy's stores seen by wgmma's reads
+  if copies: out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body))  # as LoopNest.workgroups
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-  tile_row, tile_col = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15)
+  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
+  lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", "warp*256+lane+32*pair"))
   lw.lines = []
   for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-    lw.lines += [wmma("store", j), wmma("sync")]
-    for t in range(8):  # element lane + 32 t of the 16x16 tile: row lane / 16 + 2 t, column lane % 16
-      lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{32 * t}"))
-      dims = lw.dims({**tile, row_axis: tile_row + 2 * t, col_axis: tile_col})
-      val = lw.node(k.ast, tuple(dims[:k.n_global]))
-      lw.store(val, lw.out_offset(dims), TRUE)
-    lw.lines.append(wmma("sync"))
+    # element lane + 32 pair of the 16x16 tile: row lane / 16 + 2 pair, column lane % 16; a loop, as lowering the 8 elements one by
+    # one took most of a 4x4-tile TC matmul's render (30 of 38 ms); values made in one tile's loop are not seen in the next's
+    lw.lines += [wmma("store", j), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+    lw.memo.clear()
+    dims = lw.dims({**tile, row_axis: tile_row + 2 * pair, col_axis: tile_col})
+    lw.store(lw.node(k.ast, tuple(dims[:k.n_global])), lw.out_offset(dims), TRUE)
+    lw.lines += [stmt(Ops.ENDRANGE), wmma("sync")]
   return LinearProgram(k, lw.width, out + lw.lines)
+
+
+def attention(lw: _Lowerer) -> LinearProgram:
+  """The pass for attention in one kernel (Kernel.attention): each thread computes its rows (the UPCAST parts) of
+  softmax(q k^T scale) v by online softmax, the scores never leaving registers. Before the keys' loop it loads each row's query and
+  starts its running max m (of the scores in base 2: scale / ln 2), its sum of exponentials l and its output accumulators; each
+  iteration takes a block of keys (the UNROLL parts), their scores, and rescales l and the accumulators by 2^(m_old - m_new) once
+  for the block; after the loop each output is its accumulator / l. All in float32, loads and the store converting 16-bit floats.
+  A mask (the fourth source) is read at the row and key: a bool one puts -inf where false, another is added.
+  The head dims go in vectors of the target's lanes where both divide into them: a score is a vector of products whose lanes are
+  added at the end, an output accumulator a vector. The products are added in a chain, one multiply-add each (the compiler's
+  contraction; a block's keys and the output's vectors are the independent work), where a tree of adds took twice the
+  instructions. Causal: the scores of keys past the query's row are -inf (key 0 is in the first block, so m is finite after it),
+  and a thread skips the blocks past all its rows."""
+  k, node = lw.k, lw.k.attention
+  assert node is not None
+  q, keys, values, *masks = node.src
+  scale, causal = node.arg
+  n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (q.shape[-1], node.shape[-1])
+  simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
+  lw.width = w = next((w for w in (simd, 8, 4) if w <= simd and e_size % w == 0 and ev_size % w == 0), 1)
+  lw.lane = UOp.var("lane", 0, w - 1)
+  def const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(f32, x),))
+  def at(e: int) -> UOp: return UOp.const(dtypes.int64, e) + (lw.lane if w > 1 else 0)
+  def read(view: UOp, idx: tuple[UOp, ...]) -> Val:
+    val = lw.node(view, idx)
+    return val if view.dtype == f32 else lw.alu(Ops.CAST, f32, [val], [view.dtype])
+  def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
+  def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:  # a tree: neighbours first, so the adds do not wait on each other
+    while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]
+  def fmas(start: Val | None, pairs: list[tuple[Val, Val]]) -> Val:  # start + a0 b0 + a1 b1 + ...: a multiply-add each (see body)
+    for a, b in pairs: start = op(Ops.MUL, a, b) if start is None else op(Ops.ADD, start, op(Ops.MUL, a, b))
+    assert start is not None
+    return start
+  def acc(name: str, start: float, width: int = 1) -> Val:
+    lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
+    return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
+  rows = []  # per row: its dims, its query's values, and its accumulators m, l and one per vector of output values
+  lw.lines = lw.decls
+  for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
+    dims = lw.dims(inst)
+    query = [read(q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
+    outs = [acc(f"o{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
+    rows.append((dims, query, acc(f"m{r}", -math.inf), acc(f"l{r}", 0.0), outs))
+  body = lw.lines = []
+  lw.memo = {}
+  log2_scale = const(scale / math.log(2))
+  blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
+  def masked(keys_at: list[tuple[UOp, ...]], dims: list[UOp], t: Val) -> Val:  # the scores of keys_at (one a lane, or one), masked
+    def per_key(vals: list[Val]) -> Val: return Val(Kind.LANES, tuple(v.items[0] for v in vals)) if len(vals) > 1 else vals[0]
+    def keep(cond: Val, t: Val) -> Val: return lw.alu(Ops.WHERE, f32, [cond, t, const(-math.inf)], [dtypes.bool, f32, f32])
+    if causal: t = keep(per_key([lw.index_val(lw.simplify(kidx[-1].lt(dims[n - 1] + 1))) for kidx in keys_at]), t)  # -inf past the row
+    for mask in masks:  # read at the row's index and the key's
+      at_key = [(*dims[:n], kidx[-1]) for kidx in keys_at]
+      if mask.dtype == dtypes.bool: t = keep(per_key([lw.node(mask, i) for i in at_key]), t)
+      else: t = op(Ops.ADD, t, op(Ops.MUL, per_key([read(mask, i) for i in at_key]), const(1 / math.log(2))))
+    return t
+  def shift(new_m: Val) -> Val:  # what the exps subtract: with a mask every score so far may be -inf, and then 0, not -inf - -inf
+    if not masks: return new_m
+    return lw.alu(Ops.WHERE, f32, [lw.alu(Ops.CMPNE, dtypes.bool, [new_m, const(-math.inf)], [f32, f32]), new_m, const(0.0)], [dtypes.bool, f32, f32])
+  for dims, query, m, l, outs in rows:
+    keys_at = [(*dims[:n - 1], key) for key in blocks]
+    def dot(kidx: tuple[UOp, ...]) -> Val: return fmas(None, [(qe, read(keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
+    if lw.target.lane_folds and w > 1:  # w keys' scores in one vector, lane j folding key j's products: one vector exp for w keys
+      chunks = []
+      for chunk in (keys_at[i:i + w] for i in range(0, len(keys_at), w)):
+        lw.count += 1
+        fold = lw.emit(Ops.FOLD, *(lw.vec(dot(kidx)) for kidx in chunk), arg=FoldArg(f"s{lw.count}", w, Ops.ADD, True), dtype=f32)
+        t = op(Ops.MUL, Val(Kind.VECTOR, (fold,)), log2_scale)  # lanes past the chunk's keys repeat its first (see CRenderer.lane_fold)
+        chunks.append((chunk, masked(chunk + chunk[:1] * (w - len(chunk)), dims, t)))
+      most = total([t for _, t in chunks], Ops.MAX)
+      new_m = op(Ops.MAX, m, total([Val(Kind.SCALAR, (most.lane(i),)) for i in range(w)], Ops.MAX))
+      base = shift(new_m)
+      exps = [(chunk, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for chunk, t in chunks]
+      probs = [(kidx, Val(Kind.SCALAR, (p.lane(j),))) for chunk, p in exps for j, kidx in enumerate(chunk)]
+    else:
+      scores = []
+      for kidx in keys_at:
+        products = dot(kidx)
+        t = op(Ops.MUL, total([Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
+        scores.append((kidx, masked([kidx], dims, t)))
+      new_m = op(Ops.MAX, m, total([t for _, t in scores], Ops.MAX))
+      base = shift(new_m)
+      probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for kidx, t in scores]
+    rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base)))
+    updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), total([p for _, p in probs])))]
+    for d, o in enumerate(outs):
+      updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, read(values, (*kidx, at(d * w)))) for kidx, p in probs])))
+    for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
+  if causal and blocks:  # a block of keys that starts past every row of the thread is all -inf: skipped (half the work)
+    seen = [lw.simplify(blocks[0].lt(row + 1)) for row in dict.fromkeys(dims[n - 1] for dims, *_ in rows)]
+    cond = functools.reduce(lambda a, b: a.alu(Ops.OR, b), seen)
+    body[:] = [stmt(Ops.IF, cond.alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  post = lw.lines = []
+  lw.memo = {}
+  strides = strides_for(k.out_shape)
+  for dims, _, _, l, outs in rows:
+    inv = op(Ops.RECIP, l)
+    for d, o in enumerate(outs):
+      val = op(Ops.MUL, o, inv)
+      if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+      off = lw.simplify(sum((x * st for x, st in zip((*dims[:n], at(d * w)), strides) if st), UOp.const(dtypes.int64, 0)))
+      lw.store(val, off, TRUE)
+  if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], w, post, ())
+  else: uops = lw.nesting.cpu([body], [], None, [[]], lw.decls, post)
+  return LinearProgram(k, w, uops)

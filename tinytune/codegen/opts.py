@@ -24,6 +24,8 @@ class OptOps(Enum):
   STAGE = "STAGE"  # split a reduce axis into tiles of arg; the workgroup copies each tile of its inputs to shared memory, then reads it there
   PREFETCH = "PREFETCH"  # STAGE's next tile is read from memory into registers while the current one is computed
   PACK = "PACK"  # the CPU copies an input's panel (per K block) to a contiguous array of the thread's, which the loops inside reuse
+  PIPELINE = "PIPELINE"  # STAGE's tiles copied by cp.async into a ring of arg shared buffers: tile k+arg-1's copy in flight while tile k is computed
+  RASTER = "RASTER"  # workgroups numbered in bands of arg along a global axis, a band down each column of the next axis in turn (L2 reuse)
 
 
 class KernelOptError(Exception):

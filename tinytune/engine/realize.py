@@ -10,7 +10,7 @@ from tinytune.dtype import DType
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, compiled, kernels
 from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
-from tinytune.helpers import DEBUG, NOOPT, prod, tune_mode
+from tinytune.helpers import DEBUG, NOOPT, SPLITK, prod, tune_mode
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
 from tinytune.uop import Ops, UOp
@@ -84,7 +84,7 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
   run = [item for item in items if item.out.size]  # an empty output: nothing to compute
   steps = [Step(compiled(k, device), tuple(slot[id(b)] for b in (item.out, *k.bufs))) for item, (_, k) in zip(run, kernels(run, device))]
   return Plan(tuple((item.out.size, item.out.dtype) for item in made), tuple(steps),
-              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made))
+              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made if item.node in index))
 
 
 _plans: dict[tuple, Plan] = {}
@@ -110,7 +110,7 @@ def realize(target: UOp, device: str, into: Buffer | None = None) -> UOp:
   if into is not None:
     alias = next((i for i, b in enumerate(inputs) if b is into), -1)  # the write's memory may be one the graph reads too
     inputs.append(into)
-  key = (key, into is not None, alias, device, NOOPT.value, tune_mode())  # the opts policy in force picks the plan's programs
+  key = (key, into is not None, alias, device, NOOPT.value, tune_mode(), SPLITK.value)  # the opts policy (and split-K's) picks the plan's programs
   if (plan := _plans.get(key)) is None:
     GlobalCounters.schedule_misses += 1
     if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]  # a program of ever new shapes keeps the newest
@@ -187,7 +187,7 @@ def _reads_in_place(value: UOp, memory: Buffer | None, computed: Callable[[UOp],
     seen.add((u, elsewhere))
     if u.op is Ops.BUFFER and u.arg is memory: return False  # reached through a view other than the whole one, or read elsewhere
     if u is whole and not elsewhere: continue
-    stack.extend((s, elsewhere or u.op is Ops.REDUCE or (u.op is Ops.GATHER and i == 0)) for i, s in enumerate(u.src))
+    stack.extend((s, elsewhere or u.op in (Ops.REDUCE, Ops.ATTENTION) or (u.op is Ops.GATHER and i == 0)) for i, s in enumerate(u.src))
   return True
 
 

@@ -6,13 +6,15 @@ when it is read through an expanding or padding view or a gather, from inside an
 elementwise work after it that nothing else reads goes with it (see _epilogue).
 Elementwise work read through an expanding view becomes a kernel's output too where recomputing it at every place costs more
 (see _computed_once): transcendental work a reduce reads (softmax's probabilities in softmax(x) @ v, computed as vectors once),
-and the epilogue of a reduce nothing else reads (a matmul's bias and relu, computed in its kernel, not in the next matmul's)."""
+and the epilogue of a reduce nothing else reads (a matmul's bias and relu, computed in its kernel, not in the next matmul's).
+Attention in one kernel (Ops.ATTENTION) is a kernel of its own whose queries, keys and values are buffers (or views of them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from tinytune.codegen.kernel import dims_read, same_rows
+from tinytune.codegen.heuristic import gpu_split_k
+from tinytune.codegen.kernel import Kernel, dims_read, same_rows
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
@@ -105,6 +107,10 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
     if (u, expanded, in_reduce) in seen: continue
     seen.add((u, expanded, in_reduce))
     if u is not root and u in roots or u.op in (Ops.BUFFER, Ops.CONST): continue
+    if u.op is Ops.ATTENTION:  # a kernel of its own, reading its queries, keys and values from memory
+      if u is not root: computed.add(u)
+      else: computed.update(x for x in (_unviewed(s) for s in u.src) if x.op not in (Ops.BUFFER, Ops.CONST) and x not in roots)
+      continue
     if u.op is Ops.REDUCE:
       # inside another reduce, only a statistic of the same rows, read expanded: one loop of the chain before the other (see Kernel)
       found[u] = found.get(u, True) and (not expanded or row(u)) and (in_reduce is None or expanded and same_rows(u, in_reduce))
@@ -129,6 +135,44 @@ def _kernel_reduces(root: UOp, roots: set[UOp], users: dict[UOp, set[UOp]], row:
   rest = sorted((r for r in found if r not in bad), key=lambda r: (r not in statistics, root.toposort.index(r)))
   chain = {r for r in rest if r in statistics and same_rows(r, rest[-1])} if rest and rest[-1] in statistics else set(rest[-1:])
   return {_epilogue(r, roots, users) for r in bad | (set(rest) - chain)} | computed
+
+
+def _unviewed(u: UOp) -> UOp:
+  while u.op is Ops.VIEW: u = u.src[0]
+  return u
+
+
+def split_k(ast: UOp, shares: int, device: str) -> tuple[ScheduleItem, UOp]:
+  """A kernel whose one reduce (over one axis) is split into `shares` (see heuristic.gpu_split_k): the first kernel reduces each
+  share of the axis into a buffer of partial results, the shares outermost (each share's partials contiguous, so the second kernel
+  reads them coalesced, down its columns), and the kernel `ast` becomes one that reduces the partials, in order, where it read the
+  reduce. Returns the first kernel's item and the second's ast."""
+  red = next(u for u in ast.toposort if u.op is Ops.REDUCE)
+  src, (op, (axis,)) = red.src[0], red.arg
+  shape = src.shape
+  split = shape[:axis] + (shares, shape[axis] // shares) + shape[axis + 1:]
+  order = (axis, *(d for d in range(len(split)) if d != axis))
+  def move(v: View) -> View | None: return None if (r := v.reshape(split)) is None else r.permute(order)
+  partial = UOp(Ops.REDUCE, red.dtype, (_moved(src, move),), (op, (axis + 1,)))
+  kept = (shares, *shape[:axis], *shape[axis + 1:])
+  buf = Buffer(device, prod(kept), red.dtype)
+  item = ScheduleItem(graph_rewrite(UOp(Ops.VIEW, red.dtype, (partial,), View.create(partial.shape).reshape(kept)), merge_views), buf, partial,
+                      buffer_view(buf, kept))
+  summed = UOp(Ops.REDUCE, red.dtype, (buffer_view(buf, kept),), (op, (0,)))
+  return item, graph_rewrite(ast.substitute({red: UOp(Ops.VIEW, red.dtype, (summed,), View.create(summed.shape).reshape(red.shape))}), merge_views)
+
+
+def _moved(u: UOp, move: Callable[[View], View | None]) -> UOp:
+  """u's value seen through a movement (`move` of a contiguous view of its shape), pushed through elementwise ops into the views it
+  composes with, so that a kernel still reads its buffers straight from memory (the tiles and tensor cores look for that)."""
+  memo: dict[UOp, UOp] = {}
+  def walk(x: UOp) -> UOp:
+    if x not in memo:
+      if x.op is Ops.VIEW and (v := move(x.arg)) is not None: memo[x] = UOp(Ops.VIEW, x.dtype, x.src, v)
+      elif x.op in ALU: memo[x] = UOp(x.op, x.dtype, tuple(s if s.op is Ops.CONST else walk(s) for s in x.src), x.arg)
+      else: memo[x] = UOp(Ops.VIEW, x.dtype, (x,), move(View.create(x.shape)))
+    return memo[x]
+  return walk(u)
 
 
 def _epilogue(red: UOp, roots: set[UOp], users: dict[UOp, set[UOp]]) -> UOp:
@@ -184,9 +228,9 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   users: dict[UOp, set[UOp]] = {}
   for u in target.toposort:
     for s in u.src: users.setdefault(s, set()).add(u)
-  # row statistics stay in their kernels on the CPU (a GPU thread per output would compute one once per element), but for those
+  # row statistics stay in their kernels (the CPU's loops, a GPU's workgroup per row: see Kernel.row_dims), but for those
   # _row_statistics refuses: the cut is made again without them
-  outputs_only, refused, rows = set(roots), set[UOp](), not Device[device].caps.has_local
+  outputs_only, refused, rows = set(roots), set[UOp](), True
   def row(u: UOp) -> bool: return rows and u not in refused
   while True:
     roots = set(outputs_only)
@@ -198,6 +242,9 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
   items = []
   for root in order:
     ast = graph_rewrite(root.substitute({r: outputs[r] for r in outputs}), merge_views)
+    if Device[device].caps.has_local and (shares := gpu_split_k(Kernel(ast, Device[device].caps))) > 1:
+      part, ast = split_k(ast, shares, device)
+      items.append(part)
     buf = into if into is not None and root is target else Buffer(device, prod(root.shape), root.dtype)
     outputs[root] = buffer_view(buf, root.shape)
     items.append(ScheduleItem(ast, buf, root, outputs[root]))

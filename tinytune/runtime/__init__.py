@@ -52,6 +52,7 @@ class Compiled:
   is_gpu = False  # a GPU takes the workloads' GPU default sizes
   asynchronous = False  # launches return before the kernel has run: copyout, synchronize() and timing wait
   emulated = False  # an emulator (EMU): its timings are the host's seconds of running it, never the emulated device's speed
+  compiles_apart = False  # render and compile touch no device state: the search renders and compiles in forked processes
   def synchronize(self) -> None:
     """Wait for every kernel launched so far."""
   def timed(self, run: Callable[[], Any]) -> float:

@@ -4,6 +4,7 @@ waits for the kernels before it. Timing records CUDA events around the timed wor
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 from typing import Any, Callable
@@ -121,9 +122,9 @@ class CUDADevice(Compiled):
     self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
     self.scratch: Any = None  # flush_cache's buffer
     self.renderer = CUDARenderer()
-    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))
 
-  asynchronous = is_gpu = True
+  asynchronous = is_gpu = compiles_apart = True  # NVRTC needs no context: a forked process compiles while the parent's GPU times
   def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")
   def timed(self, run: Callable[[], Any]) -> float:
     """Device seconds between events recorded before and after what `run` launches."""
@@ -151,8 +152,9 @@ class CUDADevice(Compiled):
     return out
 
   def compile(self, src: str) -> bytes:
-    """Source -> cubin for this GPU's architecture, cached on disk by source, architecture and NVRTC version."""
-    return compile_cuda(src, self.arch, self.nvrtc_version)
+    """Source -> cubin for this GPU's architecture (sm_90a for TC's wgmma, which sm_90 lacks), cached on disk by source, architecture
+    and NVRTC version."""
+    return compile_cuda(src, self.arch + ("a" if self.arch == "sm_90" and "tt_wgmma" in src else ""), self.nvrtc_version)  # wgmma: sm_90a's
 
   def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CUDAProgram(self, name, lib, launch)
 
@@ -171,7 +173,7 @@ def compile_cuda(src: str, arch: str, version: str) -> bytes:
 def _nvrtc(src: str, arch: str) -> bytes:
   prog = _check(nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], []), "nvrtcCreateProgram")
   try:
-    opts = [f"--gpu-architecture={arch}".encode(), *(f.encode() for f in NVRTC_FLAGS), *(f"-I{d}".encode() for d in _include_dirs())]
+    opts = [f"--gpu-architecture={arch}".encode(), *(f.encode() for f in NVRTC_FLAGS), *(f"-I{d}".encode() for d in _include_dirs()), *_pch()]
     if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
       log = bytearray(_check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize"))
       nvrtc.nvrtcGetProgramLog(prog, log)
@@ -180,6 +182,14 @@ def _nvrtc(src: str, arch: str) -> bytes:
     _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
   finally: nvrtc.nvrtcDestroyProgram(prog)
   return cubin
+
+
+@functools.cache
+def _pch() -> list[bytes]:
+  """NVRTC's automatic precompiled headers (12.4 on): a process's later compiles reuse the headers (cuda_fp16.h, mma.h) as its first
+  parsed them, which took 150 ms of a wmma kernel's compile (75 ms with them; 70 and 24 ms for cuda_fp16.h alone: loaded Zen 4). The
+  code is the same, so the disk cache's key and the fingerprint's flags leave it out."""
+  return [b"-pch"] if tuple(_check(nvrtc.nvrtcVersion(), "nvrtcVersion")) >= (12, 4) else []
 
 
 def _include_dirs() -> list[str]:

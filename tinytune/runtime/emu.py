@@ -10,22 +10,23 @@ give an undefined result EMU raises EmuError, naming the kernel, the memory and 
 buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
 no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one element of a buffer, a thread
 loading an element another thread stored to earlier in the launch, a barrier only some threads of a workgroup reach; and it
-refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory, a warp-level or tensor
-core statement). Loops run all threads alike (their bounds are constants). Exact but for two things: CUDA may contract a
-multiply and an add into one FMA (EMU rounds both), and exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an
-ulp or two). No tensor cores yet (TC is refused: its caps list none; the CUDA renderer emits no other warp-level instruction).
+refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory). Loops run all threads alike
+(their bounds are constants). Exact but for two things: CUDA may contract a multiply and an add into one FMA (EMU rounds both), and
+exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an ulp or two). The warp-level instructions the CUDA renderer
+emits are emu_tc.py's: TC's mma.sync, ldmatrix and wmma API (a warp split at one of them is an error too), __syncwarp(), and
+cp.async, whose shared-memory elements are a race to touch until the wait_group that covers their group. A tensor core's sums are
+float32 in K's order (the hardware's order and rounding inside one mma are its own: results agree to float32 rounding).
 
 EMU's timings are the host seconds its interpreter takes, nothing like a GPU's: the device says so (`emulated`), and the search
 and benchmarks mark them as such. Memory is host NumPy arrays; launches run at once (not asynchronous)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.lower import VALUES, AccArg, FoldArg, LinearProgram, LoadArg, LocalArg, LoopArg, SpecialArg, StoreArg, ValueArg, lower
 from tinytune.dtype import DType, dtypes
 from tinytune.runtime import Buffer, Compiled, CompileError, Program
+from tinytune.runtime.emu_tc import AsyncCopies, TensorCores
 from tinytune.uop import ALU, Ops
 
 
@@ -43,9 +45,9 @@ class EmuError(RuntimeError):
 
 
 def emu_caps(arch: str) -> DeviceCaps:
-  """The CUDA GPU's caps for `arch`, less the tensor cores EMU does not emulate yet (mma.sync comes with the tensor-core work)."""
+  """The CUDA GPU's caps for `arch`, tensor cores included."""
   if arch not in CUDA_ARCHS: raise ValueError(f"TINYTUNE_EMU_ARCH={arch!r}: EMU emulates {' or '.join(CUDA_ARCHS)}")
-  return dataclasses.replace(cuda_caps(arch), tensor_cores=())
+  return cuda_caps(arch)
 
 
 # ***** the renderer: CUDA's, keeping each source's lowered program for compile *****
@@ -251,10 +253,11 @@ class _Shared:
   """A shared-memory array of every workgroup in the run, with who wrote and read each element since the last barrier."""
   NONE = np.iinfo(np.int32).max
 
-  def __init__(self, name: str, groups: int, size: int, dtype: DType):
-    self.name, self.size, self.dtype = name, size, dtype
+  def __init__(self, name: str, groups: int, size: int, dtype: DType, stored: bool):
+    self.name, self.size, self.dtype, self.stored = name, size, dtype, stored
     self.data = np.zeros(groups * size, reg(dtype))
     self.written = np.zeros(groups * size, bool)
+    self.copying = np.zeros(groups * size, np.int32)  # cp.async copies to each element that have not landed
     self.wmin, self.wmax, self.rmin, self.rmax = (np.empty(groups * size, np.int32) for _ in range(4))
     self.barrier()
 
@@ -263,6 +266,13 @@ class _Shared:
     for arr, none in ((self.wmin, self.NONE), (self.rmin, self.NONE), (self.wmax, -1), (self.rmax, -1)):
       if groups is None: arr.fill(none)
       else: arr.reshape(-1, self.size)[groups] = none
+
+  def warp_barrier(self, on: np.ndarray) -> None:
+    """__syncwarp() in the warps of `on` ((groups, warps) mask): an element only the lanes of one of them touched is ordered."""
+    lo, hi = np.minimum(self.wmin, self.rmin), np.maximum(self.wmax, self.rmax)
+    group = np.arange(lo.size) // self.size
+    synced = (lo != self.NONE) & (lo // 32 == hi // 32) & on[group, np.minimum(lo // 32, on.shape[1] - 1)]
+    for arr, none in ((self.wmin, self.NONE), (self.rmin, self.NONE), (self.wmax, -1), (self.rmax, -1)): arr[synced] = none
 
 
 class _Run:
@@ -280,6 +290,8 @@ class _Run:
     self.alive = np.ones(self.n, bool)
     self.active, self.full, self.any = self.alive, True, True
     self.shared: dict[str, _Shared] = {}
+    self.copies = AsyncCopies(self.n)
+    self.unfenced = np.zeros(self.n, bool)  # threads that stored to shared memory since their last fence.proxy.async (wgmma reads it)
 
   def set_active(self, mask: np.ndarray) -> None:
     self.active = mask
@@ -335,11 +347,12 @@ class EMUProgram(Program):
 
   def __init__(self, name: str, stmts: list[Node], launch: tuple[int, int]):
     self.name, self.launch = name, launch
-    shared = sum(u.arg.size * np.dtype(reg(u.dtype)).itemsize for u in stmts if u.op is Ops.DEFINE_LOCAL)
+    shared = sum(u.arg.size * (u.dtype.itemsize if u.arg.stored else np.dtype(reg(u.dtype)).itemsize) for u in stmts if u.op is Ops.DEFINE_LOCAL)
     if shared > STATIC_SHARED:
       raise CompileError(f"EMU: kernel {name}: {shared} bytes of shared memory, over the {STATIC_SHARED} a CUDA block may declare")
     if launch[1] > MAX_THREADS: raise CompileError(f"EMU: kernel {name}: {launch[1]} threads a workgroup, over CUDA's {MAX_THREADS}")
     self.exprs: dict[int, Fn] = {}
+    self.tc = TensorCores(self)
     self.body, end = self.block(stmts, 0)
     if end != len(stmts): raise CompileError(f"EMU: kernel {name}: a {stmts[end].op.name} closes nothing")
 
@@ -391,7 +404,9 @@ class EMUProgram(Program):
     return out, i
 
   def expect(self, stmts: list[Node], i: int, op: Ops) -> None:
-    if i >= len(stmts) or stmts[i].op is not op: raise CompileError(f"EMU: kernel {self.name}: a block is not closed by {op.name}")
+    if i >= len(stmts) or stmts[i].op is not op: self.fail_compile(f"a block is not closed by {op.name}")
+
+  def fail_compile(self, what: str) -> NoReturn: raise CompileError(f"EMU: kernel {self.name}: {what}")
 
   # ***** statements *****
   def statement(self, u: Node) -> Fn:
@@ -411,10 +426,15 @@ class EMUProgram(Program):
       return leave
     if op is Ops.DEFINE_LOCAL:
       def define_local(s: _Run) -> None:
-        if arg.name not in s.shared: s.shared[arg.name] = _Shared(arg.name, s.groups, arg.size, u.dtype)
+        if arg.name not in s.shared: s.shared[arg.name] = _Shared(arg.name, s.groups, arg.size, u.dtype, arg.stored)
       return define_local
-    if op is Ops.BARRIER: return self.barrier if arg is None else lambda s: None  # "stores": the CPU's streaming stores
-    if op is Ops.WMMA: raise CompileError(f"EMU: kernel {self.name}: no tensor cores (WMMA) on EMU yet: schedule it without TC")
+    if op is Ops.BARRIER:
+      if arg is None: return self.barrier
+      if arg == "stores": return lambda s: None  # the CPU's streaming stores
+      if arg == "commit_group": return lambda s: s.copies.commit(s.active)
+      if isinstance(arg, tuple) and arg[0] == "wait_group": return lambda s: s.copies.wait(self, s, arg[1])
+      self.fail_compile(f"no barrier {arg!r}")
+    if op is Ops.WMMA: return self.tc.statement(u)
     raise CompileError(f"EMU: kernel {self.name}: no statement {op.name}")
 
   def barrier(self, s: _Run) -> None:
@@ -470,8 +490,9 @@ class EMUProgram(Program):
     return self.expr(guard)
 
   def store(self, u: Node) -> Fn:
-    (idx, val, guard), (width, buf, _) = u.src, u.arg
+    (idx, val, guard), (width, buf, *_) = u.src, u.arg
     at, value, g, dt = self.expr(idx), self.expr(val), self.guard(guard), u.dtype
+    if u.arg.cp_async: return self.copy_async(u)
     if isinstance(buf, str):  # the CUDA source stores bfloat16 into a float array by way of its 16 bits: rounded
       def store_shared(s: _Run) -> None:
         mask = s.mask(g(s))
@@ -487,6 +508,26 @@ class EMUProgram(Program):
       v = s.lanes(under(s, mask, value), width)[mask]
       mem[offs] = to_memory(v.reshape(offs.shape), dt)
     return store
+
+  def copy_async(self, u: Node) -> Fn:
+    """cp.async.{ca,cg}.shared.global [shared + idx], [global], bytes: the source is read now, the shared elements are written at the
+    cp.async.wait_group that covers the copy's group (AsyncCopies); until then any access of them is a race."""
+    (idx, val, guard), (width, buf, _, cache), dt = u.src, u.arg, u.dtype
+    size = width * (dt.itemsize if dt.is_half else np.dtype(reg(dt)).itemsize)
+    if not isinstance(buf, str) or val.op is not Ops.LOAD or isinstance(val.arg.buf, str) or val.dtype != dt:
+      self.fail_compile("a cp.async copies elements of a global buffer to a shared array of their type")
+    if size not in (4, 8, 16) or cache == "cg" and size != 16: self.fail_compile(f"cp.async.{cache} of {size} bytes (ca: 4, 8 or 16; cg: 16)")
+    at, value, g = self.expr(idx), self.expr(val), self.guard(guard)
+    def copy(s: _Run) -> None:
+      mask = s.mask(g(s))
+      if not mask.any(): return
+      sh, start = self.shared_array(s, buf), s.lanes(np.asarray(at(s), np.int64))
+      if (bad := start[mask] % width != 0).any(): s.fail(f"{s.who(self.rows(s, mask, bad), start)} cp.async to shared {buf} misaligned")
+      dst = start[mask][:, None] + np.arange(width)
+      v = s.lanes(under(s, mask, value), width)[mask].reshape(dst.shape)
+      self.shared_elements(s, sh, mask, dst, v, at=start, record=False)  # the checks of a write: the copy lands at some time from now
+      s.copies.issue(s, sh, np.flatnonzero(mask), dst, v)
+    return copy
 
   def check_stores(self, s: _Run, buf: int, offs: np.ndarray, tid: np.ndarray, mask: np.ndarray) -> None:
     """Two threads storing to one element of a buffer: which value lands is up to the GPU."""
@@ -568,45 +609,70 @@ class EMUProgram(Program):
     def access(s: _Run, mask: np.ndarray, value: Any = None) -> Any: return self.shared_access(s, name, at(s), 1, mask, value)
     return access
 
-  def shared_access(self, s: _Run, name: str, at: Any, width: int, mask: np.ndarray, value: Any = None) -> Any:
-    """A read (value None) or write of shared array `name` by the masked threads, with the race checks; a read returns every thread's
-    value (0 where masked off)."""
+  def shared_array(self, s: _Run, name: str) -> _Shared:
     if (sh := s.shared.get(name)) is None: s.fail(f"{name} is used before its DEFINE_LOCAL")
     assert sh is not None
-    writing = value is not None
-    out = None if writing else np.zeros((s.n, width) if width > 1 else s.n, reg(sh.dtype))
-    if not mask.any(): return out
-    idx = s.lanes(np.asarray(at, np.int64))[mask]
-    what = f"shared {name}[{sh.size}]"
-    def failing(bad: np.ndarray, why: str) -> None:
-      where = np.zeros(s.n, bool)
-      where[np.flatnonzero(mask)[bad]] = True
-      s.fail(f"{s.who(where, s.lanes(np.asarray(at)))} {'write' if writing else 'read'} {what} {why}")
+    return sh
+
+  def shared_access(self, s: _Run, name: str, at: Any, width: int, mask: np.ndarray, value: Any = None) -> Any:
+    """A read (value None) or write of `width` elements at `at` of shared array `name` by the masked threads, with the race checks; a
+    read returns every thread's value (0 where masked off)."""
+    sh, at = self.shared_array(s, name), s.lanes(np.asarray(at, np.int64))
+    if not mask.any(): return None if value is not None else np.zeros((s.n, width) if width > 1 else s.n, reg(sh.dtype))
+    idx = at[mask]
     if width > 1:
-      if (bad := idx % width != 0).any(): failing(bad, f"with a misaligned {width}-wide vector access")
+      if (bad := idx % width != 0).any():
+        s.fail(f"{s.who(self.rows(s, mask, bad), at)} {'write' if value is not None else 'read'} shared {name}[{sh.size}] "
+               f"with a misaligned {width}-wide vector access")
       idx = idx[:, None] + np.arange(width)
+    return self.shared_elements(s, sh, mask, idx, None if value is None else s.lanes(value, width)[mask], at=at)
+
+  @staticmethod
+  def rows(s: _Run, mask: np.ndarray, bad: Any) -> np.ndarray:
+    """The threads of `mask` whose rows (in order) are `bad`, as a mask over the lanes."""
+    where = np.zeros(s.n, bool)
+    where[np.flatnonzero(mask)[bad]] = True
+    return where
+
+  def shared_elements(self, s: _Run, sh: _Shared, mask: np.ndarray, idx: np.ndarray, value: Any = None, at: np.ndarray | None = None,
+                      by: tuple[np.ndarray, np.ndarray] | None = None, record: bool = True) -> Any:
+    """A read (value None) or write of elements `idx` of `sh` (a row for each thread of `mask`, in order: (rows,) or (rows, k)), with the
+    race checks; `by` (first, last thread of each row): rows a warp's lanes access together; `record` False: only the checks (a
+    cp.async's issue). A read returns every thread's values (0 where masked off)."""
+    writing = value is not None
+    out = None if writing else np.zeros((s.n, *idx.shape[1:]), reg(sh.dtype))
+    if not mask.any(): return out
+    def failing(bad: Any, why: str) -> None:
+      s.fail(f"{s.who(self.rows(s, mask, bad), at)} {'write' if writing else 'read'} shared {sh.name}[{sh.size}] {why}")
     if (bad := ((idx < 0) | (idx >= sh.size)).reshape(len(idx), -1).any(axis=1)).any(): failing(bad, "out of its bounds")
-    tid = s.t[mask].astype(np.int32)
-    t = tid[:, None] if width > 1 else tid
-    flat = s.local_g[mask].reshape(t.shape[:1] + (1,) * (idx.ndim - 1)) * sh.size + idx
-    def others(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:  # another thread than t is in [lo, hi]: it touched the element
-      return ((lo[flat] != sh.NONE) & ((lo[flat] != t) | (hi[flat] != t))).reshape(len(tid), -1).any(axis=1)
+    lo_t, hi_t = (s.t[mask], s.t[mask]) if by is None else by
+    def per_row(x: np.ndarray) -> np.ndarray: return x.astype(np.int32).reshape(-1, *([1] * (idx.ndim - 1)))
+    lo_t, hi_t = per_row(lo_t), per_row(hi_t)
+    flat = per_row(s.local_g[mask]).astype(np.int64) * sh.size + idx
+    def others(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:  # another thread than the row's is in [lo, hi]: it touched the element
+      return ((lo[flat] != sh.NONE) & ((lo[flat] != lo_t) | (hi[flat] != hi_t))).reshape(len(idx), -1).any(axis=1)
     def other(lo: np.ndarray, hi: np.ndarray) -> str:
-      i = flat.ravel()[np.flatnonzero(((lo[flat] != sh.NONE) & ((lo[flat] != t) | (hi[flat] != t))).ravel())[0]]
-      return f"thread {lo[i] if lo[i] != t.ravel()[0] else hi[i]}"
+      clash = ((lo[flat] != sh.NONE) & ((lo[flat] != lo_t) | (hi[flat] != hi_t)))
+      i, mine = flat[clash][0], np.broadcast_to(lo_t, flat.shape)[clash][0]
+      return f"thread {lo[i] if lo[i] != mine else hi[i]}"
+    if (bad := np.asarray(sh.copying[flat] > 0).reshape(len(idx), -1).any(axis=1)).any():
+      failing(bad, "that a cp.async copies to, before a cp.async.wait_group covers its group: a race")
     if writing:
-      np.minimum.at(sh.wmin, flat.ravel(), np.broadcast_to(t, flat.shape).ravel())
-      np.maximum.at(sh.wmax, flat.ravel(), np.broadcast_to(t, flat.shape).ravel())
+      if record: s.unfenced[mask] = True
+      if record:
+        np.minimum.at(sh.wmin, flat.ravel(), np.broadcast_to(lo_t, flat.shape).ravel())
+        np.maximum.at(sh.wmax, flat.ravel(), np.broadcast_to(hi_t, flat.shape).ravel())
       if (bad := others(sh.wmin, sh.wmax)).any(): failing(bad, f"that {other(sh.wmin, sh.wmax)} writes too with no barrier between: a race")
       if (bad := others(sh.rmin, sh.rmax)).any(): failing(bad, f"that {other(sh.rmin, sh.rmax)} read with no barrier between: a race")
-      v = s.lanes(value, width)[mask]
-      sh.data[flat] = convert(v, reg(sh.dtype)).reshape(flat.shape)
+      if not record: return None
+      v = convert(np.broadcast_to(value, flat.shape), reg(sh.dtype))
+      sh.data[flat] = round_half(v, sh.dtype) if sh.stored and sh.dtype.is_half else v  # C converts to the array's half: rounded
       sh.written[flat] = True
       return None
     if (bad := others(sh.wmin, sh.wmax)).any(): failing(bad, f"that {other(sh.wmin, sh.wmax)} wrote with no barrier between: a race")
-    if (bad := ~sh.written[flat].reshape(len(tid), -1).all(axis=1)).any(): failing(bad, "that no thread wrote")
-    np.minimum.at(sh.rmin, flat.ravel(), np.broadcast_to(t, flat.shape).ravel())
-    np.maximum.at(sh.rmax, flat.ravel(), np.broadcast_to(t, flat.shape).ravel())
+    if (bad := ~sh.written[flat].reshape(len(idx), -1).all(axis=1)).any(): failing(bad, "that no thread wrote")
+    np.minimum.at(sh.rmin, flat.ravel(), np.broadcast_to(lo_t, flat.shape).ravel())
+    np.maximum.at(sh.rmax, flat.ravel(), np.broadcast_to(hi_t, flat.shape).ravel())
     assert out is not None
     out[mask] = sh.data[flat]
     return out
@@ -710,7 +776,7 @@ class EMUDevice(Compiled):
   """A CUDA GPU of TINYTUNE_EMU_ARCH (sm_80 or sm_90), emulated in NumPy (see the module's docstring). Its timings are host seconds of
   an interpreter: never a GPU's speed (`emulated`)."""
   name = "EMU"
-  emulated = True
+  emulated = compiles_apart = True  # the process that renders a kernel keeps its lowered program for compile: the pair runs apart as on CUDA
 
   def __init__(self) -> None:
     self.arch = os.getenv("TINYTUNE_EMU_ARCH") or "sm_90"
@@ -726,7 +792,6 @@ class EMUDevice(Compiled):
     """The lowered program of a source this device's renderer made (in this process), as bytes a program is made from anywhere."""
     if (p := self.renderer.lowered(src)) is None:
       raise CompileError("EMU runs the programs its own renderer lowered: render the kernel with Device['EMU'].renderer first")
-    if any(u.op is Ops.WMMA for u in p.uops): raise CompileError(f"EMU: kernel {p.kernel.name}: no tensor cores (WMMA) on EMU yet")
     return dump(p)
 
   def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return EMUProgram(name, load(lib), launch)

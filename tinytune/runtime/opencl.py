@@ -48,7 +48,8 @@ class OpenCLDevice(Compiled):
     fp64 = "cl_khr_fp64" in self.device.extensions or bool(getattr(self.device, "double_fp_config", 0))
     self.renderer = OpenCLRenderer(fp16="cl_khr_fp16" in self.device.extensions, fp64=fp64)
     self.caps = DeviceCaps(has_local=True, threads=1, max_upcast=64, simd_width=4, vector_registers=64,
-                           max_local=min(self.device.max_work_group_size, 1024), shared_bytes=self.device.local_mem_size, gpu=self.is_gpu)
+                           max_local=min(self.device.max_work_group_size, 1024), shared_bytes=self.device.local_mem_size, gpu=self.is_gpu,
+                           sms=self.device.max_compute_units if self.is_gpu else 0)  # a GPU's compute units: its SMs or CUs
 
   asynchronous = True  # one in-order queue: a launch is queued, and blocking copies wait for what is before them
   def synchronize(self) -> None: self.queue.finish()

@@ -15,13 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple, Sequence
+from multiprocessing import get_context
+from typing import Any, Callable, NamedTuple, Sequence
 
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import Kernel, KernelOptError
-from tinytune.codegen.opts import Opt, OptOps, opts_to_json
+from tinytune.codegen.opts import Opt, OptOps, opts_from_json, opts_to_json
 from tinytune.helpers import check_stop
 from tinytune.runtime import Device
 
@@ -40,6 +42,9 @@ class Result:
   error: str = ""
   stored: bool = False  # read back from the results database, not measured now
   objective: str = "median"  # which of its timings ranks it: "median" or "min" (see OBJECTIVES)
+  render_s: float = 0.0  # where its seconds went: rendering its source, ...
+  verify_s: float = 0.0  # ... checking its output in the worker, ...
+  run_s: float = 0.0  # ... and the whole run request (load, verify, time, the worker's round trip); compile_s above
 
   @property
   def time(self) -> float: return (self.min_s if self.objective == "min" else self.median_s) if self.status == "ok" else math.inf
@@ -101,6 +106,32 @@ def source_hash(src: str) -> str:
   return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
+class Built(NamedTuple):
+  """A candidate rendered and compiled: its source's hash, the program (base64; None where it did not compile, or where its source
+  was measured already), the seconds of each step, the compiler's first line of error."""
+  source_hash: str
+  lib: str | None
+  render_s: float
+  compile_s: float
+  error: str = ""
+
+
+def _build(k: Kernel, render: Callable[[Kernel], str], compile: Callable[[str], bytes]) -> Built:
+  st = time.perf_counter()
+  src = render(k)
+  render_s, st = time.perf_counter() - st, time.perf_counter()
+  try: return Built(source_hash(src), _b64(compile(src)), render_s, time.perf_counter() - st)
+  except Exception as e: return Built(source_hash(src), None, render_s, time.perf_counter() - st, (str(e).splitlines() or [type(e).__name__])[0])
+
+
+# what the compile processes of a device that compiles apart render and compile; set just before they are forked, so they inherit it
+_FORKED: dict[str, Any] = {}
+
+
+def _build_forked(opts_json: str) -> Built:
+  return _build(_FORKED["kernel"].copy().apply_opts(opts_from_json(opts_json)), _FORKED["render"], _FORKED["dev"].compile)
+
+
 # ***** the evaluator *****
 
 # the slowest the reference runs, with time to spare: the kernel with no opts ran a 2048^3 matmul, reading B down its columns, in 52 s
@@ -144,6 +175,7 @@ class Evaluator:
     self.dev = Device[self.device]
     self.render_source: Callable[[Kernel], str] = self.render or self.dev.renderer.render
     self.by_source: dict[str, Result] = {}
+    self.libs: dict[tuple[Opt, ...], str] = {}  # the programs of candidates that ran, for the finalists' re-time (not built again)
     self.worker: _Worker | None = None
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
     self.run_s: list[float] = []  # the wall time of each candidate's run in the worker
@@ -151,77 +183,107 @@ class Evaluator:
     ref = reference_kernel(self.kernel)
     self.ref = (_b64(self.dev.compile(self.dev.renderer.render(ref))), ref.name, ref.launch_dims)
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
+    # where the device compiles apart (a GPU's NVRTC: no device state), candidates are rendered and compiled in forked processes
+    # while the worker verifies and times those before them: a float16 TC candidate took 60 ms to render and 600 ms to compile,
+    # 165 ms to verify and time (H200)
+    self.procs: ProcessPoolExecutor | None = None
     self.ref_dir = tempfile.TemporaryDirectory(prefix="tinytune-ref-")  # the reference output, kept for workers that replace one that died
 
-  def _request(self, msg: list, timeout: float | None = None) -> list:
+  def _started(self) -> _Worker:
+    """The worker, started (with the reference computed) where there is none: a second or more, which no candidate's run counts."""
     if self.worker is None:
       spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
               "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
               "ref_file": os.path.join(self.ref_dir.name, "ref.npy")}
       self.worker = _Worker(spec, self.timeout_s + 10 + self.kernel.flops / REF_MIN_FLOPS)
       if self.worker.ready[0] != "ready": raise RuntimeError(f"the reference kernel failed in the worker: {self.worker.ready[1]}")
-    reply = self.worker.request(msg, timeout or self.timeout_s)
+    return self.worker
+
+  def _request(self, msg: list, timeout: float | None = None) -> list:
+    reply = self._started().request(msg, timeout or self.timeout_s)
     if reply[0] in ("crashed", "timeout"): self.worker = None
     return reply
 
   def kernel_for(self, opts: Sequence[Opt]) -> Kernel: return self.kernel.copy().apply_opts(opts)
 
   def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
-    """Results in the order given; each new measurement is reported to on_result as it finishes. Past the deadline no new
-    candidate is compiled or run: the results stop at the first candidate that was not."""
-    results: list[Result] = []
-    chunk = 2 * self.pool._max_workers  # compile a few in parallel, run them, look at the clock
-    for start in range(0, len(candidates), chunk):
-      check_stop()
-      results += (done := self._evaluate(candidates[start:start + chunk]))
-      if len(done) < len(candidates[start:start + chunk]): break
-    return results
-
-  def past_deadline(self, rendering: bool = False) -> bool:
-    """Whether a new candidate would end past the deadline, going by how long the candidates so far took to run (a 2048^3
-    matmul's take seconds each, and one started just before the deadline overran a 20 s budget by 4 s) and, before it is
-    rendered, to render (a tensor-core matmul's lowering takes 0.2 to 0.4 s of Python, and a chunk of them is rendered in turn)."""
-    typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
-    if rendering and self.render_s: typical += statistics.median(self.render_s[-8:])
-    return self.deadline is not None and time.monotonic() + typical > self.deadline
-
-  def _evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
+    """Results in the order given; each new measurement is reported to on_result as it finishes. Up to twice as many candidates as
+    there are compile jobs are rendered and compiled ahead, and the worker runs whichever is built first (a TC candidate's compile
+    took from 1.3 to 38 s on a loaded Zen 4: one slow compile holds up no other). Past the deadline no new candidate is compiled or
+    run: the results stop at the first candidate that was not."""
     results: list[Result | None] = [None] * len(candidates)
-    todo: list[tuple[int, tuple[Opt, ...], Kernel, str, str]] = []
+    ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]] = []
+    building: dict[str, Future[Built]] = {}  # source hash -> its build in flight (compiled in this process: a duplicate waits for it)
+    stopped = False
     for i, opts in enumerate(map(tuple, candidates)):
       if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = replace(stored, objective=self.objective); continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
-      if self.past_deadline(rendering=True): break
-      st = time.monotonic()
-      src = self.render_source(k)
-      self.render_s.append(time.monotonic() - st)
-      todo.append((i, opts, k, src, source_hash(src)))
-    fresh = {h: (k, src) for _, _, k, src, h in todo if h not in self.by_source}
-    compiling = {h: self.pool.submit(self._compile, src) for h, (_, src) in fresh.items()}
-    for i, opts, k, src, h in todo:
-      if h not in self.by_source:
-        if self.past_deadline(): break
-        # a compile still running at the deadline is left to finish alone (a chunk's compiles ran 2.4 s past a 5 s budget on pocl)
-        try: lib, compile_s, error = compiling[h].result(None if self.deadline is None else max(0.0, self.deadline - time.monotonic()))
-        except TimeoutError: break
-        if lib is None: res = Result(opts, "compile_error", compile_s=compile_s, source_hash=h, error=error)
-        else:
-          st = time.monotonic()
-          res = self._run(opts, lib, k, h, compile_s)
-          self.run_s.append(time.monotonic() - st)
-        self.by_source[h] = res
-        self.evaluated += 1
-        if self.on_result is not None: self.on_result(res)
-      results[i] = replace(self.by_source[h], opts=opts)
+      while len(ahead) >= 2 * self.pool._max_workers and not stopped: stopped = not self._finish(ahead, results)
+      if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
+      ahead.append((i, opts, k, self._submit(opts, k, building)))
+    while ahead and not stopped: stopped = not self._finish(ahead, results)
     return results[:next((i for i, r in enumerate(results) if r is None), len(results))]  # type: ignore[return-value]
 
-  def _compile(self, src: str) -> tuple[str | None, float, str]:
-    st = time.perf_counter()
-    try: return _b64(self.dev.compile(src)), time.perf_counter() - st, ""
-    except Exception as e: return None, time.perf_counter() - st, str(e).splitlines()[0]
+  def past_deadline(self, rendering: bool = False) -> bool:
+    """Whether a new candidate would end past the deadline, going by how long the candidates so far took to run (a 2048^3
+    matmul's take seconds each, and one started just before the deadline overran a 20 s budget by 4 s) and, before it is
+    rendered in this process, to render (a tensor-core matmul's lowering took 0.2 to 0.4 s of Python)."""
+    typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
+    if rendering and self.render_s: typical += statistics.median(self.render_s[-8:])
+    return self.deadline is not None and time.monotonic() + typical > self.deadline
 
-  def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, source_hash: str, compile_s: float) -> Result:
+  def _submit(self, opts: tuple[Opt, ...], k: Kernel, building: dict[str, Future[Built]]) -> Future[Built]:
+    """Start rendering and compiling a candidate: in a compile process where the device compiles apart, else rendered here (a
+    source already built or in flight is not compiled again) and compiled in a thread."""
+    if self.dev.compiles_apart:
+      if self.procs is None:  # forked at the first candidate, inheriting the kernel and the renderer as they are now
+        _FORKED.update(kernel=self.kernel, render=self.render_source, dev=self.dev)
+        self.procs = ProcessPoolExecutor(self.pool._max_workers, mp_context=get_context("fork"))
+      try: return self.procs.submit(_build_forked, opts_to_json(opts))
+      except BrokenProcessPool: self._close_procs()  # a compiler crashed its process: a fresh pool for the next candidate
+      return self._submit(opts, k, building)
+    st = time.monotonic()
+    src = self.render_source(k)
+    self.render_s.append(render_s := time.monotonic() - st)
+    if (h := source_hash(src)) in building: return building[h]  # done with the first: it runs, then this takes its result
+    if h in self.by_source:
+      done: Future[Built] = Future()
+      done.set_result(Built(h, None, render_s, 0.0))
+      return done
+    building[h] = self.pool.submit(self._compile, src, render_s)
+    return building[h]
+
+  def _finish(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> bool:
+    """Wait for a candidate in flight to be built, the first given of those that are, and run it (or take the result of its source,
+    measured already); False where the deadline came first. A compile still running at the deadline is left to finish alone (a
+    chunk's compiles ran 2.4 s past a 5 s budget on pocl)."""
+    check_stop()
+    if self.past_deadline(): return False
+    if not wait([build for *_, build in ahead], None if self.deadline is None else max(0.0, self.deadline - time.monotonic()),
+                FIRST_COMPLETED).done: return False
+    i, opts, k, build = ahead.pop(next(j for j, entry in enumerate(ahead) if entry[3].done()))
+    try: built = build.result()
+    except BrokenProcessPool:
+      self._close_procs()
+      built = Built("", None, 0.0, 0.0, "the compile process died")
+    if self.dev.compiles_apart: self.render_s.append(built.render_s)
+    if built.source_hash not in self.by_source or not built.source_hash:
+      if built.lib is None: res = Result(opts, "compile_error", compile_s=built.compile_s, source_hash=built.source_hash, error=built.error,
+                                         render_s=built.render_s)
+      else:
+        res = self._run(opts, built.lib, k, built)
+        self.run_s.append(res.run_s)
+      self.by_source[built.source_hash] = res
+      self.evaluated += 1
+      if self.on_result is not None: self.on_result(res)
+    results[i] = res = replace(self.by_source[built.source_hash], opts=opts)
+    if res.status == "ok" and (lib := built.lib or self.libs.get(self.by_source[built.source_hash].opts)): self.libs[opts] = lib
+    return True
+
+  def _compile(self, src: str, render_s: float) -> Built: return _build(self.kernel, lambda _: src, self.dev.compile)._replace(render_s=render_s)
+
+  def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, built: Built) -> Result:
     best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
     policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
     if self.end is not None:  # near the budget's end, time each candidate for a part of what is left
@@ -230,19 +292,23 @@ class Evaluator:
     # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
     cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
     if self.end is not None and math.isfinite(best): cut = min(cut, max(CUT_MIN_S, self.end - time.monotonic()))  # none runs far past the end
+    self._started()
+    st = time.monotonic()
     reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
+    res = Result(opts, reply[0], compile_s=built.compile_s, source_hash=built.source_hash, objective=self.objective, render_s=built.render_s,
+                 verify_s=float(reply[2]) if len(reply) > 2 else 0.0, run_s=time.monotonic() - st)
     if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
-    if reply[0] != "ok": return Result(opts, reply[0], compile_s=compile_s, source_hash=source_hash, error=reply[1])
+    if reply[0] != "ok": return replace(res, error=reply[1])
     times = reply[1]
     med = statistics.median(times)
-    return Result(opts, "ok", min(times), med, (med - min(times)) / med if med else 0.0, compile_s, source_hash, objective=self.objective)
+    return replace(res, min_s=min(times), median_s=med, spread=(med - min(times)) / med if med else 0.0)
 
   def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[Timing]:
     """Time candidates again, interleaved round by round so drift hits all alike; the median and spread per candidate."""
     libs = []
-    for opts in candidates:
+    for opts in map(tuple, candidates):
       k = self.kernel_for(opts)
-      libs.append((_b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
+      libs.append((self.libs.get(opts) or _b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
     policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2, "cutoff": 0}
     samples: list[list[float]] = [[] for _ in candidates]
     for r in range(rounds):
@@ -253,11 +319,19 @@ class Evaluator:
     spreads = [(med - min(s)) / med if math.isfinite(med := statistics.median(s)) and med else 0.0 for s in samples]
     return [Timing(min(s) if self.objective == "min" else statistics.median(s), spread, len(s)) for s, spread in zip(samples, spreads)]
 
+  def _close_procs(self) -> None:
+    """Stop the compile processes, those still compiling too (candidates past the deadline): the search does not wait for them."""
+    if self.procs is None: return
+    for proc in list((getattr(self.procs, "_processes", None) or {}).values()): proc.terminate()  # the executor's own table of them
+    self.procs.shutdown(wait=False, cancel_futures=True)
+    self.procs = None
+
   def close(self) -> None:
     if self.worker is not None:
       self.worker.kill()
       self.worker = None
     self.pool.shutdown(wait=False, cancel_futures=True)  # compiles past the deadline: not waited for
+    self._close_procs()
     self.ref_dir.cleanup()
 
   def __enter__(self) -> Evaluator: return self

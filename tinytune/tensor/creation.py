@@ -9,7 +9,7 @@ import numpy as np
 
 from tinytune import rng
 from tinytune.dtype import dtypes
-from tinytune.errors import OpError
+from tinytune.errors import OpError, OpIndexError
 from tinytune.helpers import argfix, prod
 from tinytune.runtime import Device
 
@@ -28,7 +28,8 @@ def _leaf(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 def _shape_arg(shape: tuple) -> tuple[int, ...]:
   shape = argfix(*shape)
-  if not all(isinstance(s, int) and s >= 0 for s in shape): raise ValueError(f"a shape is non-negative ints, got {shape}")
+  if not all(isinstance(s, int) for s in shape): raise ValueError(f"a shape is ints, got {shape}")
+  if any(s < 0 for s in shape): raise OpError(f"Dimension size must be non-negative, got {shape}")
   return shape
 
 
@@ -51,7 +52,7 @@ def ones(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
 @_leaf
 def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None, device: str | None = None) -> Tensor:
   if stop is None: start, stop = 0, start
-  if step == 0: raise ValueError("arange step must not be zero")
+  if step == 0: raise OpError("step must be nonzero")
   whole = all(isinstance(x, int) for x in (start, stop, step))
   big = whole and not all(-2**31 <= x < 2**31 for x in (start, stop))  # as torch: ints past int32's range in int64
   dt = dtypes.from_any(dtype) if dtype else (dtypes.int64 if big else dtypes.default_int) if whole else dtypes.default_float
@@ -92,7 +93,7 @@ def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: Any = None,
 @_leaf
 def randint(*shape: Any, low: int = 0, high: int = 10, dtype: Any = None, device: str | None = None) -> Tensor:
   """Integers in [low, high), uniform."""
-  if not high > low: raise ValueError(f"randint needs low < high, got low={low} high={high}")
+  if not high > low: raise OpError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
   return ((Tensor.rand(*shape, device=device) * (high - low)).cast(dtypes.int64) + low).cast(dtype or dtypes.default_int).realize()
 
 
@@ -120,7 +121,8 @@ def empty(*shape: Any, dtype: Any = None, device: str | None = None) -> Tensor:
 @_leaf
 def linspace(start: Scalar, stop: Scalar, steps: int, dtype: Any = None, device: str | None = None) -> Tensor:
   """steps evenly spaced values from start to stop, both included: the first half counted from start, the rest from stop."""
-  if not isinstance(steps, int) or steps < 0: raise ValueError(f"linspace steps is an int >= 0, got {steps!r}")
+  if not isinstance(steps, int): raise TypeError(f"linspace steps is an int, got {steps!r}")
+  if steps < 0: raise OpError("number of steps must be non-negative")
   dt = dtypes.from_any(dtype) if dtype else dtypes.default_float
   if dt == dtypes.bool: raise NotImplementedError("linspace of bool is not implemented, as in torch; make it in another dtype and cast")
   ft = dtypes.float64 if dt == dtypes.float64 else dtypes.float32  # computed in float32, or float64 for a float64 result
@@ -133,7 +135,7 @@ def meshgrid(self: Tensor | Sequence[Tensor], *args: Tensor, indexing: str = "ij
   """Coordinate grids of 1-d tensors: x.meshgrid(y) or Tensor.meshgrid(x, y); indexing 'ij' (matrix) or 'xy' (the first two swapped)."""
   ts: list[Tensor] = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]  # type: ignore[list-item]
   if indexing not in ("ij", "xy"): raise OpError(f"meshgrid indexing is 'ij' or 'xy', got {indexing!r}")
-  if not all(isinstance(t, Tensor) and t.ndim <= 1 for t in ts): raise ValueError("meshgrid needs 0-d or 1-d Tensors")
+  if not all(isinstance(t, Tensor) and t.ndim <= 1 for t in ts): raise OpError("meshgrid: Expected 0D or 1D tensors")
   at = list(range(len(ts)))
   if indexing == "xy" and len(ts) > 1: at[0], at[1] = 1, 0
   shape = [0] * len(ts)
@@ -142,7 +144,7 @@ def meshgrid(self: Tensor | Sequence[Tensor], *args: Tensor, indexing: str = "ij
 
 
 def _triangle(self: Tensor, keep: Callable[[Tensor], Tensor], what: str) -> Tensor:
-  if self.ndim < 2: raise ValueError(f"{what} needs a tensor of at least 2 dims, got {self.shape}")
+  if self.ndim < 2: raise OpError(f"{what}: input tensor must have at least 2 dimensions")
   r, c = self.shape[-2:]
   return keep(Tensor.arange(c, device=self.device) - Tensor.arange(r, device=self.device).reshape(r, 1)).where(self, self.zeros_like())
 
@@ -159,9 +161,9 @@ def triu(self: Tensor, diagonal: int = 0) -> Tensor:
 
 def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
   """The diagonal of dims dim1 and dim2 (offset above it when positive) as a last dim, like torch.diagonal: only views."""
-  if self.ndim < 2: raise ValueError(f"diagonal needs a tensor of at least 2 dims, got {self.shape}")
+  if self.ndim < 2: raise OpIndexError(f"Dimension out of range (expected to be in range of [-1, 0], but got {dim2})")
   d1, d2 = self._axis(dim1), self._axis(dim2)
-  if d1 == d2: raise ValueError(f"diagonal dims cannot be identical, got {dim1} and {dim2}")
+  if d1 == d2: raise OpError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
   x = self.permute([i for i in range(self.ndim) if i not in (d1, d2)] + [d1, d2])
   (*lead, a, b), (r0, c0) = x.shape, ((0, offset) if offset >= 0 else (-offset, 0))
   m, keep = max(0, min(a - r0, b - c0)), tuple((0, s) for s in lead)
@@ -173,7 +175,7 @@ def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Ten
 def diag(self: Tensor, diagonal: int = 0) -> Tensor:
   """A 1-d tensor as the diagonal'th diagonal of a square matrix, or a 2-d tensor's diagonal'th diagonal, like torch.diag."""
   if self.ndim == 2: return self.diagonal(diagonal)
-  if self.ndim != 1: raise ValueError(f"diag needs a 1-d or 2-d tensor, got {self.shape}")
+  if self.ndim != 1: raise OpError(f"diag(): Supports 1D or 2D tensors. Got {self.ndim}D")
   n, k = self.shape[0], abs(diagonal)
   square = (Tensor.arange(n, device=self.device).reshape(n, 1) == Tensor.arange(n, device=self.device)).where(self.reshape(n, 1), self.zeros_like())
   return square.pad(((0, k), (k, 0)) if diagonal >= 0 else ((k, 0), (0, k)))

@@ -11,7 +11,7 @@ import numpy as np
 
 from tinytune.dtype import dtypes, least_upper
 from tinytune.errors import OpError
-from tinytune.helpers import WINO, prod, round_up
+from tinytune.helpers import FLASH, WINO, prod, round_up
 from tinytune.runtime import Device
 from tinytune.shape import View
 from tinytune.tensor import autograd
@@ -375,7 +375,8 @@ def _ceil_pads(spatial: tuple[int, ...], pads: tuple[tuple[int, int], ...], k: t
 def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
                return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
   """Max over windows of the last len(kernel_size) dims (2 for an int kernel), arguments in torch's order. return_indices: also the
-  int64 index of each max in its flattened spatial dims, as torch gives (the first one on ties, the last NaN where there is one)."""
+  index of each max in its flattened spatial dims as torch gives it (the first one on ties, the last NaN where there is one), int32 as
+  tinygrad's and argmax's (int64 past int32's range)."""
   k, st, dl, pd = _pool_args(self, "max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
   d = len(k)
   fill = -math.inf if self.dtype.is_float else dtypes.min(self.dtype)
@@ -384,7 +385,8 @@ def max_pool2d(self: Tensor, kernel_size: Any = 2, stride: Any = None, padding: 
   pooled = windows.max(axes)
   if not return_indices: return pooled
   size = prod(self.shape[-d:])
-  where = Tensor.arange(size, dtype=dtypes.int64, device=self.device).reshape(self.shape[-d:]).pad(pd, value=size)._windows(k, st, dl)
+  where = Tensor.arange(size, dtype=dtypes.int32 if size < 2**31 else dtypes.int64, device=self.device).reshape(self.shape[-d:])
+  where = where.pad(pd, value=size)._windows(k, st, dl)
   first = (windows == pooled.reshape(*pooled.shape, *(1,) * d)).where(where, size).min(axes)
   if not self.dtype.is_float: return pooled, first.detach()
   last_nan = windows.isnan().where(where, -1).max(axes)  # torch's scan takes each NaN it meets: a window's last NaN
@@ -539,6 +541,46 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
       *lead, s, e = t.shape
       return t.unsqueeze(-3).expand(*lead, heads // kv, s, e).reshape(*lead[:-1], heads, s, e)
     key, value = share(key), share(value)
+  if not (dropout_p and Tensor.training) and _flash(self, key, value, attn_mask): return _attention(self, key, value, attn_mask, is_causal)
+  return _attention_graph(self, key, value, attn_mask, dropout_p, is_causal)
+
+
+# the devices whose default (FLASH=1) is attention in one kernel. The CPU's is the graph: one kernel measured 0.6-0.7x its speed at
+# 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3, alternating runs under a load of 9-17; faster only
+# at 1x4x256x64, where both timings were bimodal). The GPUs' was set by bench/gpu_launch_report.py, with no GPU to time it
+# (bench/gpu_suite.py's attention section does): at 4x16x1024x64 on an H100/H200 one kernel is bounded by its float32 FMAs at 292 us,
+# the graph's four kernels at 417 us in all (its two products' FMAs, the scores' trips to memory). EMU stands for CUDA.
+FLASH_DEVICES: tuple[str, ...] = ("CUDA", "AMD", "EMU")
+
+
+def _flash(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+  """Whether attention runs in one kernel (see helpers.FLASH): queries, keys and values of one float dtype, the same leading dims,
+  and a mask, if any, that broadcasts to the scores and wants no gradient."""
+  if not FLASH or q.ndim < 2 or not (q.ndim == k.ndim == v.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]): return False
+  if not (q.dtype == k.dtype == v.dtype and q.dtype.is_float and q.dtype.itemsize <= 4) or k.shape[-2] != v.shape[-2]: return False
+  if 0 in q.shape + k.shape: return False
+  scores = (*q.shape[:-1], k.shape[-2])
+  if mask is not None and (mask.requires_grad or mask.ndim > len(scores) or any(m not in (1, s) for m, s in zip(mask.shape[::-1], scores[::-1]))):
+    return False
+  return FLASH >= 2 or q.device.split(":")[0] in FLASH_DEVICES
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+  """Attention in one kernel (Ops.ATTENTION; a mask is its fourth source, broadcast to the scores); its gradient is the graph's
+  (_attention_graph), built only when one is asked."""
+  scores = (*q.shape[:-1], k.shape[-2])
+  masks = () if mask is None else (mask.reshape(*(1,) * (len(scores) - mask.ndim), *mask.shape).expand(*scores).uop,)
+  def fused(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return Tensor._of(UOp(Ops.ATTENTION, q.dtype, (q.uop, k.uop, v.uop, *masks), (1 / math.sqrt(q.shape[-1]), bool(causal))), q.device)
+  if not autograd.tracking(q, k, v): return autograd.untracked(fused(q, k, v))
+  def rule(g: Tensor) -> list[Tensor | None]:
+    leaves = [t.detach().requires_grad_(autograd.wanted(t)) for t in (q, k, v)]
+    with autograd.Switch("no_grad", False): out = _attention_graph(leaves[0], leaves[1], leaves[2], mask, 0.0, causal)
+    return autograd.gradient(out, leaves, g.cast(out.dtype))
+  return autograd.record(fused(q.detach(), k.detach(), v.detach()), (q, k, v), rule)
+
+
+def _attention_graph(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool) -> Tensor:
   scores = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
   if is_causal:
     n, m = scores.shape[-2:]

@@ -153,14 +153,16 @@ def cumprod(self: Tensor, axis: int = 0) -> Tensor:
 
 
 def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
-  """(values, indices) of the running max along axis, like torch (and tinygrad): a NaN carries on, and the int64 index is that of the
-  last occurrence of each running max (of the last NaN, once one came). O(n min(n, sqrt(n) + BLOCK)) work along axis for each; the
-  gradient goes to that index: the value is self gathered there, whose gradient adds each output's back at that place."""
+  """(values, indices) of the running max along axis, like torch (and tinygrad): a NaN carries on, and the index (int32 as tinygrad's
+  and argmax's, int64 past int32's range) is that of the last occurrence of each running max (of the last NaN, once one came).
+  O(n min(n, sqrt(n) + BLOCK)) work along axis for each; the gradient goes to that index: the value is self gathered there, whose
+  gradient adds each output's back at that place."""
   def running_max(x: Tensor) -> Tensor: return _running(x, axis, dtypes.min(x.dtype), lambda t: t.max(-1), lambda a, b: a.maximum(b))
   x = self.detach()
   v = running_max(x)
   d = self._axis(axis) if self.ndim else 0
-  at = Tensor.arange(self.shape[d] if self.ndim else 1, dtype=dtypes.int64, device=self.device)
+  n = self.shape[d] if self.ndim else 1
+  at = Tensor.arange(n, dtype=dtypes.int32 if n < 2**31 else dtypes.int64, device=self.device)
   record = (x == v) | (x.isnan() & v.isnan()) if x.dtype.is_float else x == v  # where a running max is reached (again)
   index = running_max(record.where(at.reshape(tuple(-1 if i == d else 1 for i in range(self.ndim))), 0))
   if not (self.dtype.is_float and tracking(self)): return v, index

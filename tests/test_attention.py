@@ -1,0 +1,173 @@
+"""Attention in one kernel (Ops.ATTENTION, FLASH=2): online softmax in registers, against NumPy on every device, with each opt
+that applies to it; the schedule makes it one kernel, and the gradient goes through the graph (tests/test_tensor_math.py)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer
+from tinytune.codegen.heuristic import default_opts
+from tinytune.codegen.kernel import candidate_opts
+from tinytune.engine import compile_kernel
+from tinytune.engine.schedule import create_schedule
+from tinytune.runtime import DeviceCaps
+from tinytune.uop import Ops
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
+  q, k, v = (x.astype(np.float64) for x in (q, k, v))
+  s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+  if causal: s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+  e = np.exp(s - s.max(-1, keepdims=True))
+  return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def inputs(shape_q: tuple[int, ...], shape_kv: tuple[int, ...], ev: int, dtype: np.dtype, seed: int = 0) -> list[np.ndarray]:
+  rng = np.random.default_rng(seed)
+  return [(rng.standard_normal(s) * 2).astype(dtype) for s in (shape_q, shape_kv, (*shape_kv[:-1], ev))]
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, device: str) -> Tensor:
+  with Context(FLASH=2):
+    return Tensor(q, device=device).scaled_dot_product_attention(Tensor(k, device=device), Tensor(v, device=device), is_causal=causal)
+
+
+TOL = {np.float32: 2e-5, np.float16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shapes", [((2, 3, 17, 8), (2, 3, 17, 8), 8), ((1, 2, 33, 16), (1, 2, 40, 16), 4), ((5, 12), (7, 12), 3)])
+def test_matches_numpy(each_device: str, shapes: tuple, causal: bool, dtype: np.dtype) -> None:
+  """Odd lengths, more keys than queries, value dims unlike the query's, no batch dims; float16 loaded and stored as it is."""
+  q, k, v = inputs(shapes[0], shapes[1], shapes[2], dtype)
+  out = attention(q, k, v, causal, each_device)
+  assert out.dtype == dtypes.from_any(dtype) and out.shape == (*q.shape[:-1], v.shape[-1])
+  np.testing.assert_allclose(out.numpy().astype(np.float64), reference(q, k, v, causal), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_one_kernel_reading_its_inputs_from_memory() -> None:
+  """The scores, softmax and P @ V are one kernel; queries computed elementwise and keys read transposed come before it."""
+  q, k, v = (Tensor.rand(2, 16, 8).realize() for _ in range(3))
+  with Context(FLASH=2): out = (q * 2).scaled_dot_product_attention(k.permute(0, 2, 1).permute(0, 2, 1), v) + 1
+  items, _ = create_schedule(out.uop, "CPU")
+  assert [it.ast.op for it in items][-2:] == [Ops.ATTENTION, Ops.ADD] and len(items) == 3
+  with Context(FLASH=0): assert len(create_schedule((q.scaled_dot_product_attention(k, v)).uop, "CPU")[0]) > 1
+
+
+def test_the_default_is_one_kernel_on_gpus_only() -> None:
+  """FLASH=1: one kernel on CUDA, AMD and EMU (which stands for CUDA), the graph on the CPU (where it measured faster) and OpenCL."""
+  for device, one in [("CPU", False), ("EMU", True)]:
+    q = Tensor.empty(2, 16, 8, device=device)
+    assert (len(create_schedule(q.scaled_dot_product_attention(q, q).uop, device)[0]) == 1) == one
+
+
+GPU_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)
+
+
+def kernel(device: str, causal: bool, shape: tuple[int, ...] = (2, 2, 32, 16), caps: DeviceCaps | None = None) -> tuple[Kernel, object, np.ndarray]:
+  q, k, v = inputs(shape, shape, shape[-1], np.float32, seed=1)
+  item = create_schedule(attention(q, k, v, causal, device).uop, device)[0][0]
+  return Kernel(item.ast, caps or Device[device].caps), item, reference(q, k, v, causal)
+
+
+@pytest.mark.parametrize("device", ["CPU", "EMU"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_valid_opt(device: str, causal: bool) -> None:
+  """Each opt that applies to the kernel alone, then the default opts with one more, computes what NumPy does."""
+  k, item, ref = kernel(device, causal)
+  seqs = [[o] for o in candidate_opts(k)] + [default_opts(k) + [o] for o in candidate_opts(k.copy().apply_opts(default_opts(k)))]
+  valid = []
+  for opts in seqs:
+    try: valid.append(k.copy().apply_opts(opts))
+    except KernelOptError: pass
+  kinds = {o.op for kk in valid for o in kk.opts}
+  assert {OptOps.UPCAST, OptOps.UNROLL} <= kinds and (OptOps.LOCAL if device == "EMU" else OptOps.THREAD) in kinds
+  for kk in valid:
+    program, _ = compile_kernel(kk, device)
+    item.out.copyin(np.full(item.out.size, np.nan, np.float32))  # a store left out shows
+    program(item.out, *kk.bufs)
+    np.testing.assert_allclose(item.out.numpy_view(), ref.reshape(-1), rtol=2e-5, atol=2e-5, err_msg=str(kk.opts))
+
+
+def test_opts_that_do_not_apply_say_why() -> None:
+  k, _, _ = kernel("CPU", False, (1, 2, 64, 64))
+  for opt, why in [(Opt(OptOps.GROUP, 0, 2), "does not apply to attention"), (Opt(OptOps.PADTO, 0, 4), "does not apply to attention"),
+                   (Opt(OptOps.UPCAST, 2, 16), "registers"), (Opt(OptOps.UNROLL, 0, 5), "does not divide")]:
+    with pytest.raises(KernelOptError, match=why): k.copy().apply_opt(opt)
+
+
+def test_default_opts() -> None:
+  """A block of keys a vector wide and the rows across the cores on a CPU; a workgroup of query rows on a GPU."""
+  k, _, _ = kernel("CPU", False, (2, 8, 256, 64))
+  opts = default_opts(k)
+  assert Opt(OptOps.UNROLL, 0, k.caps.simd_width) in opts and (k.caps.threads == 1 or any(o.op is OptOps.THREAD for o in opts))
+  gpu = Kernel(k.ast, GPU_CAPS)
+  assert default_opts(gpu) == [Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 2, 128)]
+
+
+def gpu_kernels(caps: DeviceCaps = GPU_CAPS) -> list[Kernel]:
+  """Attention at the catalog's GPU size (4x16x1024x64) in each 16-bit float and float32, causal or not, with the default opts."""
+  ret = []
+  for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+    q = Tensor.empty(4, 16, 1024, 64, dtype=dt, device="EMU")
+    for causal in (False, True):
+      with Context(FLASH=2): item = create_schedule(q.scaled_dot_product_attention(q, q, is_causal=causal).uop, "EMU")[0][0]
+      ret.append(Kernel(item.ast, caps).apply_opts(default_opts(Kernel(item.ast, caps))))
+  return ret
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
+def test_cuda_source_compiles_in_registers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """ptxas for sm_90 keeps each thread's query and output accumulators (64 + 64 floats) in registers: under 255, at most a word spilled."""
+  for i, k in enumerate(gpu_kernels()):
+    (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[:2000]
+    stats = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|registers)", res.stderr)}
+    assert stats["registers"] < 255 and stats["bytes spill stores"] <= 8, (k.ast.dtype, stats)
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="no clang: the HIP renderer's output is not compile-checked here")
+def test_hip_source_compiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  flags = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]
+  for i, k in enumerate(gpu_kernels(dataclasses.replace(GPU_CAPS, max_local=256))):
+    (tmp_path / f"k{i}.hip").write_text(HIPRenderer().render(k))
+    res = subprocess.run(["clang", *flags, f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    if i == 0 and "offload-arch" in res.stderr: pytest.skip("this clang does not compile HIP for gfx90a")
+    assert res.returncode == 0, res.stderr[:2000]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_masks(each_device: str, mask_kind: str) -> None:
+  """A mask broadcast over the batch dims: a bool one keeps the scores where true (a row's first block of keys all masked out: the
+  running max is -inf, its exps subtract 0), a float one is added; a row masked out whole is NaN, as the graph's softmax gives."""
+  q, k, v = inputs((2, 3, 9, 8), (2, 3, 24, 8), 8, np.float32)
+  rng = np.random.default_rng(2)
+  mask = rng.random((9, 24)) > 0.5 if mask_kind == "bool" else (rng.standard_normal((9, 24)) * 3).astype(np.float32)
+  if mask_kind == "bool": mask[:, :9], mask[3, 12] = False, True  # every row's first blocks masked out, row 3 all but one key
+  if mask_kind == "bool": mask[5] = False
+  ts = [Tensor(x, device=each_device) for x in (q, k, v, mask)]
+  with Context(FLASH=2):
+    out = ts[0].scaled_dot_product_attention(ts[1], ts[2], ts[3])
+    assert len(create_schedule(out.uop, each_device)[0]) == 1
+    got = out.numpy()
+  with Context(FLASH=0): want = ts[0].scaled_dot_product_attention(ts[1], ts[2], ts[3]).numpy()
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  assert np.isnan(got[:, :, 5]).all() == (mask_kind == "bool")
+
+
+def test_assigned_into_its_values_memory() -> None:
+  """v.assign(attention(q, k, v)): the kernel reads every row of v for each output row, so it may not write into v's memory as it goes
+  (realize's direct writes: each later row read the rows already overwritten)."""
+  q, k, v = inputs((1, 2, 16, 8), (1, 2, 16, 8), 8, np.float32, seed=3)
+  tv = Tensor(v.copy())
+  with Context(FLASH=2): tv.assign(Tensor(q).scaled_dot_product_attention(Tensor(k), tv)).realize()
+  np.testing.assert_allclose(tv.numpy(), reference(q, k, v, False), rtol=2e-5, atol=2e-5)

@@ -1,0 +1,95 @@
+"""Split-K: a GPU reduce whose outputs are too few to fill the device, cut into shares across workgroups (heuristic.gpu_split_k),
+the partials combined in order by a second kernel (schedule.split_k)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinytune import Kernel, Tensor, engine
+from tinytune.codegen.caps import cuda_caps
+from tinytune.codegen.heuristic import SPLIT_MIN_K, gpu_split_k
+from tinytune.engine.schedule import create_schedule
+from tinytune.helpers import Context
+from tinytune.kernels import get_workload
+from tinytune.kernels.workload import result, schedule
+from tinytune.runtime import device_status
+
+WORKGROUPS = [d for d in ("OPENCL", "EMU") if device_status(d) is None]
+
+
+def kernels(t: Tensor, device: str) -> list[Kernel]: return [k for _, k in engine.kernels(t.uop, device)]
+
+
+CASES = {  # name -> (the inputs' shapes, the tensor computation, NumPy's)
+  "matmul, bias and relu": ([(6, 512), (512, 8), (8,)], lambda a, b, c: (a @ b + c).relu(), lambda a, b, c: np.maximum(a @ b + c, 0)),
+  "row max": ([(3, 1024)], lambda a: a.max(axis=1), lambda a: a.max(axis=1)),
+  "column sum": ([(1024, 12)], lambda a: a.sum(axis=0), lambda a: a.sum(axis=0)),
+  "batched matmul": ([(2, 4, 256), (2, 256, 8)], lambda a, b: a @ b, lambda a, b: a @ b),
+}
+
+
+@pytest.mark.parametrize("device", WORKGROUPS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_forced_split_matches_numpy(device: str, case: str) -> None:
+  """SPLITK=4: one kernel more (the partials, then the kernel that combines them and runs the epilogue), the same values as NumPy."""
+  shapes, fn, ref = CASES[case]
+  arrays = [np.random.randn(*s).astype(np.float32) for s in shapes]
+  with Context(SPLITK=0):
+    plain = fn(*[Tensor(a, device=device) for a in arrays])
+    n = len(kernels(plain, device))
+  with Context(SPLITK=4):
+    out = fn(*[Tensor(a, device=device) for a in arrays])
+    assert len(kernels(out, device)) == n + 1
+    np.testing.assert_allclose(out.numpy(), ref(*arrays), rtol=1e-4, atol=1e-4)
+
+
+def test_split_runs_in_order_every_time() -> None:
+  """The partials are added in one order (no atomics): two runs give the same bits."""
+  a, b = np.random.randn(4, 2048).astype(np.float32), np.random.randn(2048, 4).astype(np.float32)
+  with Context(SPLITK=8):
+    first, second = ((Tensor(a, device="EMU") @ Tensor(b, device="EMU")).numpy() for _ in range(2))
+  assert first.tobytes() == second.tobytes()
+
+
+def gpu_kernels(name: str, device: str = "EMU", **params: int) -> list[Kernel]:
+  w = get_workload(name)
+  ins = [Tensor.full(shape, i + 1.0, device=device).contiguous().realize() for i, shape in enumerate(w.inputs(w.params(params)))]
+  items, _ = schedule(w.build(w.params(params), *ins), device)
+  return [Kernel(item.ast, cuda_caps("sm_90")) for item in items]
+
+
+def test_attention_pv_is_split_on_an_h200() -> None:
+  """Attention 4x16x1024x64's P.V (65536 threads of 64 outputs, a quarter of an H200's thread slots) is split in 4 (1024 workgroups),
+  its combine a fourth kernel (after QK^T and the softmax); QK^T and a matmul 4096^3 (1024 workgroups of 128x128) are not; SPLITK=0
+  turns it off. Attention as its graph (FLASH=0): in one kernel it has no P.V of its own."""
+  with Context(FLASH=0): ks = gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64)
+  assert [k.name for k in ks][-2:] == ["r_4_4_16_1024_64_256", "r_4_16_1024_64_4"] and len(ks) == 4
+  assert gpu_split_k(ks[0]) == 1
+  with Context(SPLITK=0, FLASH=0): assert len(gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64)) == 3
+  assert len(gpu_kernels("matmul", m=4096, n=4096, k=4096)) == 1
+
+
+def test_few_rows_with_a_long_k_are_split() -> None:
+  """A linear layer of 16 rows (16x4096 @ 4096x1024): a few thousand threads; split into the most shares (16) that keep K's shares
+  SPLIT_MIN_K long or longer. With a K of 2 x SPLIT_MIN_K, 2 shares; shorter, none; on sm_80 (108 SMs) as on sm_90."""
+  for k, shares in ((4096, 16), (2 * SPLIT_MIN_K, 2), (SPLIT_MIN_K, 1)):
+    a, b = (Tensor.full(s, 1.0, device="EMU").contiguous().realize() for s in ((16, k), (k, 1024)))
+    with Context(SPLITK=0): (ast,) = [item.ast for item in create_schedule((a @ b).uop, "EMU")[0]]
+    assert [gpu_split_k(Kernel(ast, cuda_caps(arch))) for arch in ("sm_80", "sm_90")] == [shares] * 2
+
+
+def test_heuristic_split_on_emu_matches_numpy() -> None:
+  """The planner's own split (8x1024 @ 1024x64: 2 workgroups), run warp by warp on EMU."""
+  a, b = np.random.randn(8, 1024).astype(np.float32), np.random.randn(1024, 64).astype(np.float32)
+  out = Tensor(a, device="EMU") @ Tensor(b, device="EMU")
+  assert [k.out_shape for k in kernels(out, "EMU")] == [(4, 8, 64), (8, 64)]
+  np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(device_status("OPENCL") is not None, reason=f"OPENCL: {device_status('OPENCL')}")
+def test_small_attention_split_matches_numpy_on_opencl() -> None:
+  w = get_workload("attention")
+  p = w.params({"batch": 1, "heads": 2, "seq": 512, "dim": 16})
+  with Context(SPLITK=2):
+    out, arrays = w.instantiate(p, device="OPENCL")
+    np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-4)
