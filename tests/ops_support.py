@@ -17,6 +17,15 @@ from tinytune import Device, Tensor
 from tinytune.dtype import DType
 
 
+def nvrtc_missing() -> str | None:
+  """Why NVRTC (cuda-bindings) cannot compile here, or None: its tests skip with that reason."""
+  try:
+    from cuda.bindings import nvrtc
+    nvrtc.nvrtcVersion()
+  except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
+  return None
+
+
 def examples(n: int) -> int: return n * int(os.getenv("TT_FUZZ_SCALE", "1"))
 def device_examples(n: int, device: str) -> int:
   """examples(n), but half of n on OpenCL, where pocl builds each kernel slowly, unless TT_FUZZ_SCALE is 2 or more."""

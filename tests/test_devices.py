@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from ops_support import nvrtc_missing
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
@@ -393,15 +394,7 @@ def test_cuda_bfloat16_rounding_matches_ml_dtypes(tmp_path) -> None:
   np.testing.assert_array_equal(got, exp)
 
 
-def _nvrtc_missing() -> str | None:
-  try:
-    from cuda.bindings import nvrtc
-    nvrtc.nvrtcVersion()
-  except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
-  return None
-
-
-@pytest.mark.skipif(bool(_nvrtc_missing()), reason=str(_nvrtc_missing()))
+@pytest.mark.skipif(bool(nvrtc_missing()), reason=str(nvrtc_missing()))
 def test_cuda_source_compiles_with_nvrtc() -> None:
   """The CUDA device's own compile path, NVRTC through cuda-bindings with the headers it finds, needs no GPU: every catalog, TC and
   dtype kernel (bitcasts and copysign included: nvcc takes GNU statement expressions, NVRTC does not)."""

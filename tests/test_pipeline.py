@@ -12,6 +12,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from ops_support import nvrtc_missing
 from test_mma_on_host import _run_on_host, host_source
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
@@ -219,15 +220,7 @@ def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) ->
       assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)
 
 
-def _nvrtc_missing() -> str | None:
-  try:
-    from cuda.bindings import nvrtc
-    nvrtc.nvrtcVersion()
-  except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
-  return None
-
-
-@pytest.mark.skipif(bool(_nvrtc_missing()), reason=str(_nvrtc_missing()))
+@pytest.mark.skipif(bool(nvrtc_missing()), reason=str(nvrtc_missing()))
 def test_pipelined_source_compiles_with_nvrtc() -> None:
   """The CUDA device's own compile path (NVRTC, which takes the cp.async helpers' inline PTX and templates as nvcc does), for sm_80 and sm_90."""
   from tinytune.runtime.cuda import _nvrtc
