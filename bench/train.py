@@ -1,6 +1,6 @@
 """A training step against PyTorch eager on the same threads, in one run.
 
-  python bench/train.py [--threads 2] [--rounds 5] [--steps 50] [--skip-cnn]
+  python bench/train.py [--threads 2] [--rounds 5] [--steps 50] [--skip-cnn] [--target x86-64-v3]
 
 (a) the MLP 784 -> 128 -> 10, batch 128, Adam, data in memory: one step = sample a batch + forward + backward + update; tinytune
     under TinyJit against torch eager. The figure is torch's time per step over tinytune's (above 1: tinytune is faster).
@@ -8,11 +8,13 @@
     targets, batchnorm by batch statistics) under TinyJit against the same step in torch eager. Its kernels are the workload's,
     so `tinytune search train_step -p model=cnn --seconds 120` tunes them; run this again afterwards for the tuned figure.
 Every figure is the median of --rounds rounds of --steps steps, tinytune's and torch's rounds in turn (a load that comes and
-goes falls on both); the first steps (compile, capture) are not timed.
+goes falls on both); the first steps (compile, capture) are not timed. With --target (or $TINYTUNE_CPU_TARGET) narrower than this
+CPU, PyTorch is held to the target's ISA too (it reads that as it loads, so before it is imported here).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Callable
@@ -116,8 +118,15 @@ def main() -> None:
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--steps", type=int, default=50)
   ap.add_argument("--skip-cnn", action="store_true", help="only (a)")
+  ap.add_argument("--target", default=None, help="CPU target of tinytune's kernels and PyTorch's ISA: native (default), x86-64-v3, ...")
   args = ap.parse_args()
+  from tinytune.kernels.baselines import torch_env
+  from tinytune.runtime.cpu import cpu_target
+  try: target = cpu_target(args.target).name
+  except ValueError as e: raise SystemExit(f"error: {e}") from None
+  os.environ.update(torch_env(target), TINYTUNE_CPU_TARGET=target)  # before tinytune's CPU device opens and before PyTorch loads
   import torch
+  print(f"target {target}; PyTorch's CPU capability: {torch.backends.cpu.get_cpu_capability()}")
   torch.set_num_threads(args.threads)
   rng = np.random.default_rng(0)
   X, Y = rng.random((60000, 784), dtype=np.float32), rng.integers(0, 10, 60000).astype(np.int32)
