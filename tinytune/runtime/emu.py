@@ -491,8 +491,8 @@ class EMUProgram(Program):
 
   def store(self, u: Node) -> Fn:
     (idx, val, guard), (width, buf, *_) = u.src, u.arg
-    at, value, g, dt = self.expr(idx), self.expr(val), self.guard(guard), u.dtype
     if u.arg.cp_async: return self.copy_async(u)
+    at, value, g, dt = self.expr(idx), self.expr(val), self.guard(guard), u.dtype
     if isinstance(buf, str):  # the CUDA source stores bfloat16 into a float array by way of its 16 bits: rounded
       def store_shared(s: _Run) -> None:
         mask = s.mask(g(s))
