@@ -658,8 +658,8 @@ class EMUProgram(Program):
     if (bad := np.asarray(sh.copying[flat] > 0).reshape(len(idx), -1).any(axis=1)).any():
       failing(bad, "that a cp.async copies to, before a cp.async.wait_group covers its group: a race")
     if writing:
-      if record: s.unfenced[mask] = True
       if record:
+        s.unfenced[mask] = True
         np.minimum.at(sh.wmin, flat.ravel(), np.broadcast_to(lo_t, flat.shape).ravel())
         np.maximum.at(sh.wmax, flat.ravel(), np.broadcast_to(hi_t, flat.shape).ravel())
       if (bad := others(sh.wmin, sh.wmax)).any(): failing(bad, f"that {other(sh.wmin, sh.wmax)} writes too with no barrier between: a race")
