@@ -146,6 +146,13 @@ def warpgroups(s: _Run, what: str) -> np.ndarray:
   return np.asarray(active[:, 0])
 
 
+def leaders(s: _Run, on: np.ndarray, size: int = WARP) -> np.ndarray:
+  """The first thread of each warp (or `size`-wide warpgroup) of `on`, as a mask over the lanes: the one that acts for all of them."""
+  first = np.zeros(s.n, bool)
+  first[np.flatnonzero(on) * size] = True
+  return first
+
+
 def uniform(s: _Run, x: Any, on: np.ndarray, what: str, size: int = WARP) -> np.ndarray:
   """A warp-wide (or `size`-wide) call's operand, which must be the same in each lane of the warp: one value per warp of `on`."""
   x = s.lanes(np.asarray(x, np.int64)).reshape(-1, size)[on]
@@ -302,8 +309,7 @@ class TensorCores:
       if (bad := np.asarray(s.unfenced.reshape(s.groups, -1).any(axis=1))[s.local_g] & s.active).any():  # the workgroup's stores reach wgmma fenced
         s.fail(f"wgmma.mma_async reads shared memory that {s.who(s.unfenced & np.isin(s.local_g, s.local_g[bad]))} stored to with no "
                "fence.proxy.async after: the async proxy may not see it")
-      first = np.zeros(s.n, bool)
-      first[np.flatnonzero(on) * WARPGROUP] = True
+      first = leaders(s, on, WARPGROUP)
       A, B = operand(s, ta, base_a, sa, 64, on, first), operand(s, tb, base_b, sb, 16 * len(js), on, first)
       acc, lanes = np.concatenate([s.env[f"acc{j}"] for j in js], axis=1), np.repeat(on, WARPGROUP)
       acc[lanes] = wgmma_product(acc[lanes].reshape(-1, WARPGROUP, 8 * len(js)), A, B).reshape(-1, 8 * len(js))
@@ -329,8 +335,7 @@ class TensorCores:
     def load(s: _Run) -> None:
       on = warps(s, "wmma::load_matrix_sync")
       p = uniform(s, base(s), on, "wmma::load_matrix_sync")
-      first = np.zeros(s.n, bool)
-      first[np.flatnonzero(on) * WARP] = True
+      first = leaders(s, on)
       self.aligned(s, p, first, 16, "gives load_matrix_sync a pointer")
       bits = self.read(s, buf, p[:, None] + tile, first, "load_matrix_sync reads", by=(s.t[first], s.t[first] + WARP - 1))
       out = np.zeros((s.n // WARP, 16, 16), np.uint16)
@@ -354,8 +359,7 @@ class TensorCores:
     """store_matrix_sync(tiles + warp * 256, acc, 16, mem_row_major): the warp's lanes write its 256 floats together."""
     def store(s: _Run) -> None:
       on = warps(s, "wmma::store_matrix_sync")
-      first = np.zeros(s.n, bool)
-      first[np.flatnonzero(on) * WARP] = True
+      first = leaders(s, on)
       at = (s.t[first] // WARP * 256)[:, None] + np.arange(256)
       self.prog.shared_elements(s, self.prog.shared_array(s, "tiles"), first, at, s.env[f"acc{j}"][on].reshape(-1, 256),
                                 by=(s.t[first], s.t[first] + WARP - 1))
