@@ -33,7 +33,7 @@ from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import AxisKind
-from tinytune.codegen.lower import lower
+from tinytune.codegen.lower import LinearProgram, lower
 from tinytune.codegen.opts import KernelOptError, Opt, OptOps
 from tinytune.helpers import Context, prod
 from tinytune.kernels import get_workload
@@ -95,13 +95,12 @@ def group_env(uops: list[UOp], gid: int) -> dict[str, int]:
   return env
 
 
-def wave_bytes(k: Kernel) -> float | None:
-  """The input bytes the kernel's waves of workgroups read from memory (see the docstring's "wave MB"); None for a kernel without a
-  reduce or with over WAVE_GROUPS workgroups. A workgroup's tile of an input is told by where its first load of it reads with every
-  loop and thread index at 0; the input's bytes are shared out evenly among its distinct tiles."""
+def wave_bytes(k: Kernel, prog: LinearProgram) -> float | None:
+  """The input bytes the kernel's waves of workgroups read from memory (see the docstring's "wave MB"), from its lowered program
+  `prog`; None for a kernel without a reduce or with over WAVE_GROUPS workgroups. A workgroup's tile of an input is told by where its
+  first load of it reads with every loop and thread index at 0; the input's bytes are shared out evenly among its distinct tiles."""
   groups, threads = k.launch_dims
   if k.reduceop is None or groups > WAVE_GROUPS: return None
-  prog = lower(k, CUDARenderer())
   first = {u.arg.buf: u.src[0] for u in reversed(prog.uops) if u.op is Ops.LOAD and isinstance(u.arg.buf, int)}
   per_sm = max(1, min(BLOCKS_PER_SM, THREADS_PER_SM // threads, REGISTER_FILE // (threads * (prod(a.size for a in k.axes if a.kind is AxisKind.UPCAST)
                                                                                              + REGISTERS))))
@@ -114,9 +113,8 @@ def wave_bytes(k: Kernel) -> float | None:
   return total
 
 
-def accesses(k: Kernel) -> list[dict[str, Any]]:
-  """Each global load and store of the kernel's lowered program: buffer, width, executions per thread, sectors per warp, warp use."""
-  prog = lower(k, CUDARenderer())
+def accesses(k: Kernel, prog: LinearProgram) -> list[dict[str, Any]]:
+  """Each global load and store of the kernel's lowered program `prog`: buffer, width, executions per thread, sectors per warp, warp use."""
   envs = [thread_env(prog.uops, t) for t in range(min(WARP, k.launch_dims[1]))]
   trips, ret = [1], []
   for u in prog.uops:
@@ -132,7 +130,8 @@ def accesses(k: Kernel) -> list[dict[str, Any]]:
 def report(k: Kernel) -> dict[str, Any]:
   """The kernel's row of the table (see COLUMNS)."""
   groups, threads = k.launch_dims
-  acc, loads, use = accesses(k), dict[int, int](), dict[str, list[str]]()
+  prog = lower(k, CUDARenderer())
+  acc, loads, use = accesses(k, prog), dict[int, int](), dict[str, list[str]]()
   for a in acc:
     if not a["store"]: loads[a["buf"]] = loads.get(a["buf"], 0) + a["trips"] * a["width"]
     use.setdefault("out" if a["store"] else f"in{a['buf']}", []).append(a["use"])
@@ -145,7 +144,7 @@ def report(k: Kernel) -> dict[str, Any]:
               outputs=size(AxisKind.UPCAST), trips=size(AxisKind.REDUCE), loads=" ".join(f"in{b}:{n}" for b, n in sorted(loads.items())),
               use=" ".join(f"{b}:{'/'.join(dict.fromkeys(v))}" for b, v in use.items()), gflop=k.flops / 1e9, mb=k.mem_bytes / 1e6,
               l1mb=sector_bytes / 1e6, best_us=max(times.values()) * 1e6, bound=max(times, key=lambda t: times[t]),
-              wavemb="-" if (wave := wave_bytes(k)) is None else f"{wave / 1e6:.1f}", reads=reads)
+              wavemb="-" if (wave := wave_bytes(k, prog)) is None else f"{wave / 1e6:.1f}", reads=reads)
 
 
 COLUMNS = [("kernel", "name", "{}"), ("opts", "opts", "{}"), ("launch", "launch", "{}"), ("threads/GPU", "fill", "{:.2f}"),

@@ -121,6 +121,11 @@ def tests(suite: Suite, dev: str, junit: pathlib.Path) -> None:
   if interrupted: raise RuntimeError(f"the tests did not all run within {cap:.0f} s (--tests-seconds)")
 
 
+def _failed(e: Exception) -> str:
+  """A table cell for a row that raised: the exception's type and its first line."""
+  return f"failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}`"
+
+
 def catalog(suite: Suite, dev: str) -> None:
   """Each workload at its GPU defaults: tinytune's default opts against PyTorch, both by events around the whole program after an
   L2 flush, medians; the output checked against PyTorch's."""
@@ -145,7 +150,7 @@ def catalog(suite: Suite, dev: str) -> None:
       t = tinytune_timing(w, p, dev, False, policy)
       b = torch_baseline(w, p, dev, policy) if torch is not None and w.torch is not None else None
     except Exception as e:
-      suite.out(f"| {name} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+      suite.out(f"| {name} | {label} | {_failed(e)} |")
       continue
     ok = "-" if b is None or t.output is None or b.output is None else \
       "ok" if t.output.shape == b.output.shape and not mismatches(t.output, b.output, 2e-3).any() else "**differs**"
@@ -195,7 +200,7 @@ def matmul(suite: Suite, dev: str) -> None:
       suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
                 f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {list(result.best)} |")
     except Exception as e:
-      suite.out(f"| {dt} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+      suite.out(f"| {dt} | {_failed(e)} |")
   suite.out("\n" + "\n".join(f"- {line}" for line in where))
 
 
@@ -327,7 +332,7 @@ def variants(suite: Suite, dev: str) -> None:
       tf = 2 * n ** 3 / 1e12
       suite.out(f"| {dt} | {label} | {opts} | yes | {tf / t_var:.1f} | {tf / t_base:.1f} | {t_base / t_var:.2f} |")
     except Exception as e:
-      suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+      suite.out(f"| {dt} | {label} | {_failed(e)} |")
 
 
 def schedule_variants(suite: Suite, dev: str) -> None:
@@ -352,7 +357,7 @@ def schedule_variants(suite: Suite, dev: str) -> None:
       suite.out(f"| {name} | {' '.join(f'{k}={v}' for k, v in p.items())} | {label} | {len(var.kernels)} | {len(base.kernels)} | "
                 f"{var.median_s * 1e3:.3f} | {base.median_s * 1e3:.3f} | {base.median_s / var.median_s:.2f} | {ok} |")
     except Exception as e:
-      suite.out(f"| {name} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+      suite.out(f"| {name} | {label} | {_failed(e)} |")
 
 
 # attention at its GPU sizes in one kernel (FLASH=2: online softmax, no scores in memory) against the graph's kernels (FLASH=0):
@@ -390,7 +395,7 @@ def attention_variants(suite: Suite, dev: str) -> None:
       suite.out(f"| {dt} | {label} | {one * 1e3:.3f} ({kernels[2]}) | {graph * 1e3:.3f} ({kernels[0]}) | {sdpa * 1e3:.3f} | {graph / one:.2f} | "
                 f"{sdpa / one:.2f} | {ok} |")
     except Exception as e:
-      suite.out(f"| {dt} | {label} | failed: `{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}` |")
+      suite.out(f"| {dt} | {label} | {_failed(e)} |")
 
 
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:

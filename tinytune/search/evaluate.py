@@ -116,10 +116,8 @@ class Built(NamedTuple):
   error: str = ""
 
 
-def _build(k: Kernel, render: Callable[[Kernel], str], compile: Callable[[str], bytes]) -> Built:
+def _build(src: str, render_s: float, compile: Callable[[str], bytes]) -> Built:
   st = time.perf_counter()
-  src = render(k)
-  render_s, st = time.perf_counter() - st, time.perf_counter()
   try: return Built(source_hash(src), _b64(compile(src)), render_s, time.perf_counter() - st)
   except Exception as e: return Built(source_hash(src), None, render_s, time.perf_counter() - st, (str(e).splitlines() or [type(e).__name__])[0])
 
@@ -129,7 +127,10 @@ _FORKED: dict[str, Any] = {}
 
 
 def _build_forked(opts_json: str) -> Built:
-  return _build(_FORKED["kernel"].copy().apply_opts(opts_from_json(opts_json)), _FORKED["render"], _FORKED["dev"].compile)
+  k = _FORKED["kernel"].copy().apply_opts(opts_from_json(opts_json))
+  st = time.perf_counter()
+  src = _FORKED["render"](k)
+  return _build(src, time.perf_counter() - st, _FORKED["dev"].compile)
 
 
 # ***** the evaluator *****
@@ -281,7 +282,7 @@ class Evaluator:
     if res.status == "ok" and (lib := built.lib or self.libs.get(self.by_source[built.source_hash].opts)): self.libs[opts] = lib
     return True
 
-  def _compile(self, src: str, render_s: float) -> Built: return _build(self.kernel, lambda _: src, self.dev.compile)._replace(render_s=render_s)
+  def _compile(self, src: str, render_s: float) -> Built: return _build(src, render_s, self.dev.compile)
 
   def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, built: Built) -> Result:
     best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
