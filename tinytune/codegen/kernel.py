@@ -518,8 +518,7 @@ class Kernel:
     for u in red.src[0].toposort:
       if u.op is not Ops.VIEW or u.src[0].op is not Ops.BUFFER or u.shape != red.src[0].shape or u.dtype != dtypes.float32 or u in seen: continue
       seen.add(u)
-      v = u.arg
-      used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
+      used = self.dims_used(u)
       if not any(d >= self.n_global for d in used): continue
       at = max([t] + [j + 1 for j in range(t, n) if self.axes[outer[j]].dim in used or self.axes[outer[j]].kind is AxisKind.KBLOCK])
       if prod(self.axes[i].size for i in outer[at:n]) <= 1: continue  # nothing reads the panel again
@@ -527,6 +526,11 @@ class Kernel:
               for d in [*(d for d in used if d >= self.n_global), *(d for d in used if d < self.n_global)]]
       if prod(e for _, e in dims) * u.dtype.itemsize <= PACK_BYTES: ret.append((u, at, dims))
     return ret
+
+  def dims_used(self, view: UOp) -> list[int]:
+    """The kernel dims along which a view of a buffer changes (a stride, or a mask that cuts the dim)."""
+    v = view.arg
+    return [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
 
   def wgmma_cols(self) -> tuple[int, int]:
     """TC's arg 2: (axis, size) of the UPCAST part of B's columns right after TC's 16, whose tiles one m64nNk16 computes side by side
@@ -580,8 +584,7 @@ class Kernel:
     or padded (see swizzle_line)."""
     ret = []
     for view in self.stage_inputs:
-      v = view.arg
-      used = [d for d in range(len(self.sizes)) if v.strides[d] != 0 or v.mask is not None and v.mask[d] != (0, v.shape[d])]
+      v, used = view.arg, self.dims_used(view)
       dims = [(d, self.stage_extent(d, grow if d == dim else 1)) for d in [self.n_global, *(d for d in used if d < self.n_global)]]
       dims = [(d, n) for d, n in dims if n > 1 or d == self.n_global]
       if self.tc is not None:  # TC's rows of A or columns of B innermost, where a 16x16 fragment is contiguous (a batch dim outside them)

@@ -331,7 +331,7 @@ class LoopNest:
       dt = max((r.dtype for r in k.reduceops), key=lambda d: d.itemsize)
       decls = [*decls, stmt(Ops.DEFINE_LOCAL, arg=LocalArg("partials", most * k.launch_dims[1]), dtype=dt)]
       if every:  # the thread's group's first thread (group_sum): lid less its place in the group
-        step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else k.launch_dims[1] // groups
+        step = self.group_step()
         decls.append(stmt(Ops.SPECIAL, arg=SpecialArg("q0", "lid", groups, 0) if step == 1 else SpecialArg("q0", "lid", 1, step)))
     if copies: out += decls + self.staged(copies, self.nest(red, bodies[0])) + combine[0]  # one reduce (Kernel.stage_inputs)
     else:
@@ -344,6 +344,11 @@ class LoopNest:
     place = UOp.var("lid", 0, k.launch_dims[1] - 1) % groups
     return [*out, stmt(Ops.IF, place.lt(shared).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *row, stmt(Ops.ENDIF)]
 
+  def group_step(self) -> int:
+    """lid's step between a thread's GROUP neighbours: 1 where the GROUP parts are the fastest threads (Kernel.thread_axes)."""
+    k = self.k
+    return 1 if k.axes[k.thread_axes[-1]].kind is AxisKind.GROUP else k.launch_dims[1] // k.sizes_of(AxisKind.GROUP)
+
   def group_sum(self, partials: list[tuple[UOp, UOp]], every: bool) -> list[UOp]:
     """The GROUP threads' partials (reduce, accumulator) added up: each thread's into shared memory, then a group of a power of two
     adds them in a tree (half the threads each level, a barrier between levels: log2 steps, where one thread adding 255 partials one
@@ -351,8 +356,8 @@ class LoopNest:
     only the first thread goes on, or (`every`) each thread reads its group's total from the first's place, behind a barrier, and
     a barrier after it frees the partials for the next reduce."""
     k = self.k
-    n, groups, threads = k.launch_dims[1], k.sizes_of(AxisKind.GROUP), k.thread_axes
-    step = 1 if k.axes[threads[-1]].kind is AxisKind.GROUP else n // groups  # lid's step between a thread's group neighbours
+    n, groups = k.launch_dims[1], k.sizes_of(AxisKind.GROUP)
+    step = self.group_step()
     dt, lid = max((r.dtype for r in k.reduceops), key=lambda d: d.itemsize), UOp.var("lid", 0, n - 1)  # as workgroups declares them
     def cell(j: int, at: str) -> UOp: return UOp(Ops.CELL, dt, (), ("partials", f"{j * n}+{at}"))
     out = [stmt(Ops.ASSIGN, cell(j, "lid"), u, TRUE) for j, (_, u) in enumerate(partials)]
