@@ -230,10 +230,13 @@ def batch_outer(p: Plan) -> None:
 def threads(p: Plan) -> None:
   """The device's cores, where the kernel is long enough for them (THREAD_MIN_SECONDS); where B is packed, the rows last, so each core
   packs its own panels (linear 64x1024x1024 on AVX-512 with the rows split: 3x slower, each core copying every panel)."""
-  k = p.k
+  _cores(p.k, sorted(p.k.global_order, key=lambda d: p.pack and d == p.tile_row))
+
+
+def _cores(k: Kernel, order: Sequence[int]) -> None:
+  """The device's cores along the first dim of `order` long enough for them, where the kernel is long enough (THREAD_MIN_SECONDS)."""
   if k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
-    order = sorted(k.global_order, key=lambda d: p.pack and d == p.tile_row)
-    p.first_valid(*(Opt(OptOps.THREAD, d, k.caps.threads) for d in order if k.remaining(d).size >= k.caps.threads))
+    _first_valid(k, *(Opt(OptOps.THREAD, d, k.caps.threads) for d in order if k.remaining(d).size >= k.caps.threads))
 
 
 def column_panels(p: Plan) -> None:
@@ -293,8 +296,7 @@ def attention_opts(kernel: Kernel) -> list[Opt]:
   k, rows = kernel.copy(), kernel.n_global - 1
   _first_valid(k, *(Opt(OptOps.UNROLL, 0, u) for u in (k.caps.simd_width, 8, 4, 2) if u > 1))
   if k.caps.has_local: _first_valid(k, *(Opt(OptOps.LOCAL, rows, n) for n in (128, 64, 32, 16, 8, 4, 2)))
-  elif k.caps.threads > 1 and single_core_seconds(k) >= THREAD_MIN_SECONDS:
-    _first_valid(k, *(Opt(OptOps.THREAD, d, k.caps.threads) for d in k.global_order if k.remaining(d).size >= k.caps.threads))
+  else: _cores(k, k.global_order)
   return k.opts
 
 

@@ -230,12 +230,12 @@ def create_schedule(target: UOp, device: str, into: Buffer | None = None) -> tup
     for s in u.src: users.setdefault(s, set()).add(u)
   # row statistics stay in their kernels (the CPU's loops, a GPU's workgroup per row: see Kernel.row_dims), but for those
   # _row_statistics refuses: the cut is made again without them
-  outputs_only, refused, rows = set(roots), set[UOp](), True
-  def row(u: UOp) -> bool: return rows and u not in refused
+  outputs_only, refused = set(roots), set[UOp]()
+  def row(u: UOp) -> bool: return u not in refused
   while True:
     roots = set(outputs_only)
     while new := set().union(*(_kernel_reduces(root, roots, users, row) for root in roots)) - roots: roots |= new
-    if not rows or not (new := _row_statistics(roots) - refused): break
+    if not (new := _row_statistics(roots) - refused): break
     refused |= new
   order = [u for u in target.toposort if u in roots]
   outputs: dict[UOp, UOp] = {}
