@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import traceback
 from typing import Any, Callable, Sequence
@@ -24,6 +25,15 @@ def nvrtc_missing() -> str | None:
     nvrtc.nvrtcVersion()
   except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
   return None
+
+
+def ptxas_stats(tmp_path: Any, src: str, arch: str) -> dict[str, int]:
+  """src built by nvcc for `arch` with ptxas' verbose report: its registers, spill bytes and shared-memory bytes."""
+  (tmp_path / f"k_{arch}.cu").write_text(src)
+  res = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", f"k_{arch}.cu", "-o", f"k_{arch}.cubin"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
 
 
 def examples(n: int) -> int: return n * int(os.getenv("TT_FUZZ_SCALE", "1"))

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from ops_support import nvrtc_missing
+from ops_support import nvrtc_missing, ptxas_stats
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
@@ -113,11 +113,8 @@ def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
 def test_staged_matmuls_compile_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """ptxas for sm_90 fits the default shared-memory tiles (8x8 accumulators a thread) in registers, with no spills, and their tiles in
   the 48 KiB of static shared memory a workgroup has; with K tiles of 8 and PREFETCH too (125 registers: 16 of K took 155)."""
-  for i, k in enumerate([*staged_matmuls(), prefetched_matmul()]):
-    (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[:2000]
-    stats = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
+  for k in [*staged_matmuls(), prefetched_matmul()]:
+    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), "sm_90")
     assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] < 255, (k.opts, stats)
     assert stats["bytes smem"] == k.stage_bytes() <= 48 * 1024, (k.opts, stats)
 
