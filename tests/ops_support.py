@@ -3,7 +3,10 @@ file that imports it), known bugs that fuzz examples are rejected for, and the o
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import re
+import shutil
 import subprocess
 import traceback
 from typing import Any, Callable, Sequence
@@ -23,6 +26,30 @@ def nvrtc_missing() -> str | None:
     from cuda.bindings import nvrtc
     nvrtc.nvrtcVersion()
   except Exception as e: return f"no NVRTC here ({type(e).__name__}): pip install -e '.[cuda]'"
+  return None
+
+
+def ptxas_stats(tmp_path: Any, src: str, arch: str) -> dict[str, int]:
+  """src built by nvcc for `arch` with ptxas' verbose report: its registers, spill bytes and shared-memory bytes."""
+  (tmp_path / f"k_{arch}.cu").write_text(src)
+  res = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", f"k_{arch}.cu", "-o", f"k_{arch}.cubin"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
+
+
+def hip_flags(arch: str) -> list[str]:
+  """clang's flags that compile HIP device code for `arch` to assembly with no ROCm installed."""
+  return ["-x", "hip", f"--offload-arch={arch}", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]
+
+
+@functools.cache
+def hip_clang(arch: str) -> str | None:
+  """A clang that compiles HIP device code for `arch` with hip_flags (Debian's clang 15 and later do), or None: its tests skip."""
+  for clang in filter(None, map(shutil.which, ("clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15"))):
+    res = subprocess.run([clang, *hip_flags(arch), "-", "-o", "-"], input='extern "C" __attribute__((global)) void k(float* a) { a[0] = 1; }\n',
+                         capture_output=True, text=True)
+    if res.returncode == 0: return clang
   return None
 
 

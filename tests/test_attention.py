@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
+from ops_support import hip_clang, hip_flags, ptxas_stats
 
 from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer
@@ -127,21 +127,17 @@ def gpu_kernels(caps: DeviceCaps = GPU_CAPS) -> list[Kernel]:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_cuda_source_compiles_in_registers(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """ptxas for sm_90 keeps each thread's query and output accumulators (64 + 64 floats) in registers: under 255, at most a word spilled."""
-  for i, k in enumerate(gpu_kernels()):
-    (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[:2000]
-    stats = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|registers)", res.stderr)}
+  for k in gpu_kernels():
+    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), "sm_90")
     assert stats["registers"] < 255 and stats["bytes spill stores"] <= 8, (k.ast.dtype, stats)
 
 
-@pytest.mark.skipif(shutil.which("clang") is None, reason="no clang: the HIP renderer's output is not compile-checked here")
+@pytest.mark.skipif(hip_clang("gfx90a") is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked")
 def test_hip_source_compiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
-  flags = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]
   for i, k in enumerate(gpu_kernels(dataclasses.replace(GPU_CAPS, max_local=256))):
     (tmp_path / f"k{i}.hip").write_text(HIPRenderer().render(k))
-    res = subprocess.run(["clang", *flags, f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    if i == 0 and "offload-arch" in res.stderr: pytest.skip("this clang does not compile HIP for gfx90a")
+    res = subprocess.run([str(hip_clang("gfx90a")), *hip_flags("gfx90a"), f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 0, res.stderr[:2000]
 
 

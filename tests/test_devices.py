@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from ops_support import nvrtc_missing
+from ops_support import hip_clang, hip_flags, nvrtc_missing, ptxas_stats
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
@@ -113,11 +113,8 @@ def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
 def test_staged_matmuls_compile_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """ptxas for sm_90 fits the default shared-memory tiles (8x8 accumulators a thread) in registers, with no spills, and their tiles in
   the 48 KiB of static shared memory a workgroup has; with K tiles of 8 and PREFETCH too (125 registers: 16 of K took 155)."""
-  for i, k in enumerate([*staged_matmuls(), prefetched_matmul()]):
-    (tmp_path / f"k{i}.cu").write_text(CUDARenderer().render(k))
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", f"k{i}.cu"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[:2000]
-    stats = {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
+  for k in [*staged_matmuls(), prefetched_matmul()]:
+    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), "sm_90")
     assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] < 255, (k.opts, stats)
     assert stats["bytes smem"] == k.stage_bytes() <= 48 * 1024, (k.opts, stats)
 
@@ -159,31 +156,19 @@ def test_cuda_source_compiles_with_nvcc() -> None:
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
-def _hip_clang() -> str | None:
-  """A clang that compiles HIP device code with no ROCm installed (Debian's does), or None."""
-  if (clang := shutil.which("clang")) is None: return None
-  with tempfile.TemporaryDirectory() as tmp:
-    with open(os.path.join(tmp, "t.hip"), "w") as f: f.write('extern "C" __attribute__((global)) void k(float* a) { a[0] = 1; }\n')
-    res = subprocess.run([clang, *HIP_FLAGS, "t.hip", "-o", "t.s"], capture_output=True, cwd=tmp)
-  return clang if res.returncode == 0 else None
-
-
-HIP_FLAGS = ["-x", "hip", "--offload-arch=gfx90a", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]
-
-
-@pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
+@pytest.mark.skipif(hip_clang("gfx90a") is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked")
 def test_hip_source_compiles_with_clang() -> None:
   srcs = [HIPRenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels() + staged_matmuls()]
-  assert not (errors := _compile_all([str(_hip_clang()), *HIP_FLAGS], ".hip", srcs)), errors[0]
+  assert not (errors := _compile_all([str(hip_clang("gfx90a")), *hip_flags("gfx90a")], ".hip", srcs)), errors[0]
 
 
-@pytest.mark.skipif(_hip_clang() is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked here")
+@pytest.mark.skipif(hip_clang("gfx90a") is None, reason="no clang that compiles HIP for gfx90a: the HIP renderer's output is not compile-checked")
 def test_hip_float16_products_do_not_fuse(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """HIP computes float16 natively, where clang fused a product and the add after it into v_fma_f16 (rounded once; NumPy rounds twice)."""
   a, b, c = (Tensor(np.arange(64), dtype=dtypes.float16, device="CPU") for _ in range(3))
   (item,), _ = create_schedule((a * b + c * 3 - a * c).uop, "CPU")
   (tmp_path / "k.hip").write_text(HIPRenderer().render(Kernel(item.ast, H100)))
-  subprocess.run([str(_hip_clang()), *HIP_FLAGS, "k.hip", "-o", "k.s"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
+  subprocess.run([str(hip_clang("gfx90a")), *hip_flags("gfx90a"), "k.hip", "-o", "k.s"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
   asm = (tmp_path / "k.s").read_text()
   assert "v_mul_f16" in asm and not re.findall(r"\bv_(?:pk_)?(?:fma|fmac|mad|mac)_(?:f16|mix)", asm)
 

@@ -197,19 +197,17 @@ def test_renderers_lane_loads_and_stores_are_the_isas(case: tuple) -> None:
 @pytest.mark.parametrize("ldmatrix", [True, False])
 @pytest.mark.parametrize("case", [CASES[4], CASES[5]], ids=["A transposed", "B transposed"])
 def test_swizzled_tiles(case: tuple, ldmatrix: bool) -> None:
-  """A staged tile stored swizzled (element e at e ^ (e / 64 % 8) * 8), its fragments loaded (by ldmatrix, or each lane's loads) with
-  the load's `line` 64: NumPy's product; loaded as if not swizzled, the fragments take elements no thread wrote."""
+  """A staged tile the lowering stores swizzled (element e at e ^ (e / 64 % 8) * 8), its fragments loaded (by ldmatrix, or each lane's
+  loads) with the load's `line` 64: NumPy's product; loaded as if not swizzled, the fragments take the wrong elements."""
   kernel, out, ref = tc_kernel(*case, dtypes.float16, 1)
   uops = lower(kernel, Device["EMU"].renderer).uops
-  def swizzle(idx: UOp) -> UOp: return idx.alu(Ops.XOR, idx // 64 % 8 * 8)
-  stores = [stmt(Ops.STORE, swizzle(u.src[0]), *u.src[1:], arg=u.arg, dtype=u.dtype) if u.op is Ops.STORE and isinstance(u.arg.buf, str)
-            and u.arg.buf != "tiles" else u for u in uops]
-  if any(u.op is Ops.WMMA and u.arg[1] == "load" and u.arg[8:9] not in ((), (0,)) for u in uops): pytest.skip("the lowering swizzles these tiles")
-  stores = [stmt(Ops.WMMA, *u.src, arg=(*u.arg[:7], ldmatrix)) if u.op is Ops.WMMA and u.arg[1] == "load" else u for u in stores]
-  loads = [stmt(Ops.WMMA, *u.src, arg=(*u.arg[:8], 64)) if u.op is Ops.WMMA and u.arg[1] == "load" else u for u in stores]
-  assert any(u.op is Ops.WMMA and u.arg[1] == "load" and isinstance(u.arg[3], str) for u in loads)
-  np.testing.assert_allclose(run_tc(kernel, out, loads), ref, rtol=2 ** -10, atol=2 ** -14 * np.abs(ref).max())
-  with pytest.raises(EmuError, match="read shared tile.* that no thread wrote"): run_tc(kernel, out, stores)
+  assert any(u.op is Ops.WMMA and u.arg[1] == "load" and u.arg[8:] == (64,) for u in uops)
+  def loads(swizzled: bool) -> list[UOp]:
+    return [stmt(Ops.WMMA, *u.src, arg=(*u.arg[:7], ldmatrix, *(u.arg[8:] if swizzled else ()))) if u.op is Ops.WMMA and u.arg[1] == "load" else u
+            for u in uops]
+  tol = dict(rtol=2 ** -10, atol=2 ** -14 * np.abs(ref).max())
+  np.testing.assert_allclose(run_tc(kernel, out, loads(True)), ref, **tol)
+  assert not np.allclose(run_tc(kernel, out, loads(False)), ref, **tol)
 
 
 def without(uops: list, drop: object) -> list:

@@ -3,14 +3,13 @@ for gfx1100 into v_wmma instructions; and that source run on the host, as test_m
 thread and the WMMA builtins written here from AMD's documented lane layout, apart from the renderer's."""
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
-from ops_support import run_blocks_on_host
+from ops_support import hip_clang, hip_flags, run_blocks_on_host
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.caps import amd_caps
@@ -63,26 +62,14 @@ CASES = [  # (A transposed, B transposed, K, dtype, opts): every layout of A and
   (True, True, 64, dtypes.float16, [Opt(OptOps.TC, 0, 0), Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.STAGE, 0, 2), Opt(OptOps.UPCAST, 1, 3)])]
 
 
-@functools.cache
-def _clang_for_gfx1100() -> str | None:
-  """A clang that compiles HIP device code for gfx1100 with no ROCm installed (Debian's clang 15 and later do), or None."""
-  for clang in filter(None, map(shutil.which, ("clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15"))):
-    res = subprocess.run([clang, *HIP_GFX1100, "-", "-o", "-"], input='extern "C" __attribute__((global)) void k(float* a) { a[0] = 1; }\n',
-                         capture_output=True, text=True)
-    if res.returncode == 0: return clang
-  return None
-
-
-HIP_GFX1100 = ["-x", "hip", "--offload-arch=gfx1100", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-S", "-O3"]  # test_devices' HIP_FLAGS
-
-
-@pytest.mark.skipif(_clang_for_gfx1100() is None, reason="no clang that compiles HIP for gfx1100: the WMMA source is not compile-checked here")
+@pytest.mark.skipif(hip_clang("gfx1100") is None, reason="no clang that compiles HIP for gfx1100: the WMMA source is not compile-checked here")
 def test_wmma_source_compiles_for_gfx1100(tmp_path) -> None:  # type: ignore[no-untyped-def]
   for i, (ta, tb, k, dtype, opts) in enumerate([*CASES, (False, False, 256, dtypes.float16, None)]):
     ast, *_ = _matmul(ta, tb, k, dtype)
     kernel = Kernel(ast, RDNA3).apply_opts(hand_coded_optimizations(Kernel(ast, RDNA3)) if opts is None else opts)
     (tmp_path / f"k{i}.hip").write_text(HIPRenderer().render(kernel))
-    res = subprocess.run([str(_clang_for_gfx1100()), *HIP_GFX1100, f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True, text=True)
+    res = subprocess.run([str(hip_clang("gfx1100")), *hip_flags("gfx1100"), f"k{i}.hip", "-o", f"k{i}.s"], cwd=tmp_path, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stderr[:3000]
     ty = "bf16" if dtype == dtypes.bfloat16 else "f16"
     assert f"v_wmma_f32_16x16x16_{ty}" in (tmp_path / f"k{i}.s").read_text(), kernel.opts

@@ -8,11 +8,10 @@ import ctypes
 import random
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from ops_support import nvrtc_missing
+from ops_support import nvrtc_missing, ptxas_stats
 from test_mma_on_host import _run_on_host, host_source
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
@@ -185,14 +184,6 @@ def test_pipeline_opt_checks() -> None:
   assert kern(dtype=dtypes.float16).apply_opts([o(t.TC, 0, 1), o(t.STAGE, 0, 4), o(t.PIPELINE, 0, 4)]).stages == 4
 
 
-def _ptxas(tmp_path, src: str, arch: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
-  (tmp_path / f"k_{arch}.cu").write_text(src)
-  res = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", f"k_{arch}.cu", "-o", f"k_{arch}.cubin"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
-  assert res.returncode == 0, res.stderr[-3000:]
-  return {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
-
-
 def gpu_sized() -> list[Kernel]:
   """The GPU suite's PIPELINE variants at 4096^3 (bench/gpu_suite.py): float16 mma.sync from 2 stages of 128x128 swizzled tiles and 3 of
   64x128 (K tiles of 32), float32's default register tiles from 2 stages of K tiles of 16 and 3 of 8."""
@@ -216,7 +207,7 @@ def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) ->
     src = CUDARenderer().render(k)
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
     for arch in ("sm_80", "sm_90"):
-      stats = _ptxas(tmp_path, src, arch)
+      stats = ptxas_stats(tmp_path, src, arch)
       assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)
 
 
