@@ -209,17 +209,17 @@ def _with_arg(op: str, arg: int) -> Callable[[Any, list], list]:
   return lambda kernel, opts: [type(o)(o.op, o.axis, arg) if o.op.name == op else o for o in opts]
 
 
-def _staged(change: Callable[[Any, list], list]) -> Callable[[Any, list], list]:
-  def staged(kernel: Any, opts: list) -> list:
-    from tinytune.codegen.opts import Opt, OptOps  # imported when run: main() puts this checkout on the path first
-    return [*change(kernel, opts), Opt(OptOps.STAGE, 0, 2)]
-  return staged
+def _without(op: str) -> Callable[[Any, list], list]:
+  """The default's opts without `op`."""
+  return lambda kernel, opts: [o for o in opts if o.op.name != op]
 
 
-def _prefetched(kernel: Any, opts: list) -> list:
-  """The default's shared-memory tile in K tiles of 8, each loaded into registers during the last one's compute."""
+def _wmma(kernel: Any, opts: list) -> list:
+  """The wmma API's fragments loaded from global memory, 64x64 a warp, 2x2 warps (the TC default before mma.sync's pipeline)."""
   from tinytune.codegen.opts import Opt, OptOps
-  return _with_arg("STAGE", 8)(kernel, opts) + [Opt(OptOps.PREFETCH, 0, 0)] if any(o.op is OptOps.STAGE for o in opts) else opts
+  tc = kernel.copy().apply_opts([Opt(OptOps.TC, 0, 0)]).tc
+  return [Opt(OptOps.TC, 0, 0), Opt(OptOps.UPCAST, tc.row, 4), Opt(OptOps.UPCAST, tc.col, 4), Opt(OptOps.LOCAL, tc.row, 2),
+          Opt(OptOps.LOCAL, tc.col, 2), Opt(OptOps.UNROLL, 0, 2)]
 
 
 def _wgmma(rows: int, cols: int) -> Callable[[Any, list], list]:
@@ -234,25 +234,6 @@ def _wgmma(rows: int, cols: int) -> Callable[[Any, list], list]:
     except KernelOptError: return opts
     return ret
   return wgmma
-
-
-def _pipelined(stages: int, change: Callable[[Any, list], list] = lambda kernel, opts: opts) -> Callable[[Any, list], list]:
-  """`change`'s opts with STAGE's copies made by cp.async into a ring of `stages` shared buffers (PIPELINE)."""
-  def pipelined(kernel: Any, opts: list) -> list:
-    from tinytune.codegen.opts import Opt, OptOps
-    return [*change(kernel, opts), Opt(OptOps.PIPELINE, 0, stages)]
-  return pipelined
-
-
-def _mma_staged(m_fragments: int = 0) -> Callable[[Any, list], list]:
-  """TC as mma.sync from swizzled K tiles of 32 in shared memory (STAGE 2): the default's warps and fragments (`m_fragments` a warp
-  along M where given) without its UNROLL, which would make the K tile 64."""
-  def staged(kernel: Any, opts: list) -> list:
-    from tinytune.codegen.opts import Opt, OptOps
-    tiles = [Opt(o.op, 0, m_fragments) if m_fragments and o.op is OptOps.UPCAST and o.axis == 0 else o
-             for o in _with_arg("TC", 1)(kernel, opts) if o.op is not OptOps.UNROLL]
-    return [*tiles, Opt(OptOps.STAGE, 0, 2)]
-  return staged
 
 
 def _raster(band: int) -> Callable[[Any, list], list]:
@@ -274,23 +255,14 @@ def _reserve(kernel: Any, opts: list) -> list:
 # matmul's alternatives to the default, each timed against it (H200 figures: bench/results/nvidia-h200-*)
 # (dtype, label, the opts from the kernel and the default's)
 VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
-  ("float16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_arg("TC", 1)),
-  ("bfloat16", "TC as PTX mma.sync (TC 1) in place of wmma", _with_arg("TC", 1)),
-  ("float16", "TC (wmma) from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 0))),
-  ("float16", "TC as mma.sync from tiles in shared memory (STAGE 2)", _staged(_with_arg("TC", 1))),
+  ("float16", "the wmma API from global memory (the default before mma.sync's pipeline: 106 TFLOPS against 326 on an H200)", _wmma),
+  ("bfloat16", "the wmma API from global memory (the default before mma.sync's pipeline)", _wmma),
+  ("float16", "the default's pipeline in 3 cp.async stages (PIPELINE 3)", _with_arg("PIPELINE", 3)),
   ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile (m64n64k16 x 2), K tiles of 64 in shared memory", _wgmma(2, 4)),
   ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
   ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
-  ("float32", "K tiles of 8 (STAGE 8) in place of 16: half the shared memory, twice the barriers", _with_arg("STAGE", 8)),
-  ("float32", "K tiles of 8, each loaded during the last one's compute (STAGE 8, PREFETCH; 125 registers on sm_90, 16 of K: 155)", _prefetched),
-  # cp.async (PIPELINE), unmeasured: 48 KB of static shared memory holds 2 stages of 128x128 16-bit tiles with K 32, 3 of 64x128
-  ("float16", "TC as mma.sync from swizzled K tiles of 32 (STAGE 2, no UNROLL) in 2 cp.async stages (PIPELINE 2)", _pipelined(2, _mma_staged())),
-  ("float16", "the same in 64x128 tiles (2 fragments a warp along M) in 3 cp.async stages (PIPELINE 3)", _pipelined(3, _mma_staged(2))),
-  ("float32", "the default's K tiles of 16 in 2 cp.async stages (PIPELINE 2; 107 registers on sm_90)", _pipelined(2)),
-  ("float32", "K tiles of 8 in 3 cp.async stages (STAGE 8, PIPELINE 3; 127 registers on sm_90)", _pipelined(3, _with_arg("STAGE", 8))),
-  ("float32", "workgroups in bands of 16 down the columns (RASTER 0 16): a wave's tiles of A and B, 342 -> 306 MB from memory", _raster(16)),
-  ("float32", "workgroups in bands of 8 (RASTER 0 8)", _raster(8)),
+  ("float32", "the shared tile's copies as plain loads, no cp.async (the default before PIPELINE 2: 42.2 TFLOPS against 46.1)", _without("PIPELINE")),
   ("float16", "TC's workgroups in bands of 16 (RASTER 0 16)", _raster(16))]
 
 
@@ -361,7 +333,7 @@ def schedule_variants(suite: Suite, dev: str) -> None:
 
 
 # attention at its GPU sizes in one kernel (FLASH=2: online softmax, no scores in memory) against the graph's kernels (FLASH=0):
-# (dtype, causal). The default on CUDA and AMD (tensor/functional.py FLASH_DEVICES) was set by bench/gpu_launch_report.py alone.
+# (dtype, causal). Which devices take one kernel by default: tensor/functional.py FLASH_DEVICES.
 ATTENTION_VARIANTS = [("float32", 0), ("float32", 1), ("float16", 0), ("float16", 1)]
 
 

@@ -62,11 +62,12 @@ def test_one_kernel_reading_its_inputs_from_memory() -> None:
   with Context(FLASH=0): assert len(create_schedule((q.scaled_dot_product_attention(k, v)).uop, "CPU")[0]) > 1
 
 
-def test_the_default_is_one_kernel_on_gpus_only() -> None:
-  """FLASH=1: one kernel on CUDA, AMD and EMU (which stands for CUDA), the graph on the CPU (where it measured faster) and OpenCL."""
-  for device, one in [("CPU", False), ("EMU", True)]:
+def test_the_default_is_the_graph_where_one_kernel_measured_slower() -> None:
+  """FLASH=1: the graph on the CPU and on CUDA (EMU stands for it), where one kernel measured slower; FLASH=2 makes it one kernel."""
+  for device in ("CPU", "EMU"):
     q = Tensor.empty(2, 16, 8, device=device)
-    assert (len(create_schedule(q.scaled_dot_product_attention(q, q).uop, device)[0]) == 1) == one
+    assert len(create_schedule(q.scaled_dot_product_attention(q, q).uop, device)[0]) > 1
+    with Context(FLASH=2): assert len(create_schedule(q.scaled_dot_product_attention(q, q).uop, device)[0]) == 1
 
 
 GPU_CAPS = DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=1024, shared_bytes=48 * 1024)

@@ -545,12 +545,11 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
   return _attention_graph(self, key, value, attn_mask, dropout_p, is_causal)
 
 
-# the devices whose default (FLASH=1) is attention in one kernel. The CPU's is the graph: one kernel measured 0.6-0.7x its speed at
-# 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3, alternating runs under a load of 9-17; faster only
-# at 1x4x256x64, where both timings were bimodal). The GPUs' was set by bench/gpu_launch_report.py, with no GPU to time it
-# (bench/gpu_suite.py's attention section does): at 4x16x1024x64 on an H100/H200 one kernel is bounded by its float32 FMAs at 292 us,
-# the graph's four kernels at 417 us in all (its two products' FMAs, the scores' trips to memory). EMU stands for CUDA.
-FLASH_DEVICES: tuple[str, ...] = ("CUDA", "AMD", "EMU")
+# the devices whose default (FLASH=1) is attention in one kernel: none yet. The CPU's is the graph: one kernel measured 0.6-0.7x its
+# speed at 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3). On an H200 at 4x16x1024x64 one kernel took
+# 4.9 ms (float32) and 5.2 ms (float16), the graph 0.80 and 0.46 (bench/results/nvidia-h200-2026-11-27-1608.md): its threads each
+# walk all keys and values from global memory alone. AMD runs the same kernel; EMU stands for CUDA.
+FLASH_DEVICES: tuple[str, ...] = ()
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
