@@ -236,6 +236,21 @@ def _wgmma(rows: int, cols: int) -> Callable[[Any, list], list]:
   return wgmma
 
 
+def _tc_tile(warps: tuple[int, int], stages: int, ktile: int = 2) -> Callable[[Any, list], list]:
+  """The default's mma.sync (64x64 a warp) with warps[0] x warps[1] warps along A's rows and B's columns (LOCAL), K tiles of 16 `ktile`
+  (STAGE) in `stages` cp.async stages (PIPELINE), past 48 KB in dynamic shared memory; the default where that is not valid."""
+  def tile(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import KernelOptError, Opt, OptOps
+    try:
+      tc = kernel.copy().apply_opts([Opt(OptOps.TC, 0, 1)]).tc
+      ret = [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, tc.row, 4), Opt(OptOps.UPCAST, tc.col, 4), Opt(OptOps.LOCAL, tc.row, warps[0]),
+             Opt(OptOps.LOCAL, tc.col, warps[1]), Opt(OptOps.STAGE, 0, ktile), Opt(OptOps.PIPELINE, 0, stages)]
+      kernel.copy().apply_opts(ret)
+    except KernelOptError: return opts
+    return ret
+  return tile
+
+
 def _raster(band: int) -> Callable[[Any, list], list]:
   """The default's opts with its workgroups in bands of `band` along the first global axis (RASTER), where that is valid."""
   def raster(kernel: Any, opts: list) -> list:
@@ -257,7 +272,13 @@ def _reserve(kernel: Any, opts: list) -> list:
 VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("float16", "the wmma API from global memory (the default before mma.sync's pipeline: 106 TFLOPS against 326 on an H200)", _wmma),
   ("bfloat16", "the wmma API from global memory (the default before mma.sync's pipeline)", _wmma),
-  ("float16", "the default's pipeline in 3 cp.async stages (PIPELINE 3)", _with_arg("PIPELINE", 3)),
+  ("float16", "the default's pipeline in 3 cp.async stages (PIPELINE 3: 53248 bytes of shared memory, dynamic)", _with_arg("PIPELINE", 3)),
+  ("float16", "the default's pipeline in 4 cp.async stages (PIPELINE 4: 69632 bytes)", _with_arg("PIPELINE", 4)),
+  ("bfloat16", "the default's pipeline in 3 cp.async stages (PIPELINE 3)", _with_arg("PIPELINE", 3)),
+  ("float16", "the default's 128x128 tiles with K tiles of 64 (STAGE 4) in 3 cp.async stages (102400 bytes)", _tc_tile((2, 2), 3, 4)),
+  ("float16", "256x128 workgroup tiles, 4x2 warps of 64x64 (8 warps), in 3 cp.async stages (81920 bytes)", _tc_tile((4, 2), 3)),
+  ("float16", "128x256 workgroup tiles, 2x4 warps of 64x64 (8 warps), in 3 cp.async stages (81920 bytes)", _tc_tile((2, 4), 3)),
+  ("float16", "128x256 workgroup tiles, 2x4 warps of 64x64, in 4 cp.async stages (106496 bytes)", _tc_tile((2, 4), 4)),
   ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile (m64n64k16 x 2), K tiles of 64 in shared memory", _wgmma(2, 4)),
   ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
   ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Callable, Sequence
 
 import numpy as np
 
+from tinytune.codegen.caps import STATIC_SHARED
 from tinytune.codegen.clib import dot_pairs, fold_functions, vector_library, vector_math
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, LinearProgram, lower
@@ -157,7 +159,8 @@ class CStyleRenderer:
 
   def spell(self, p: LinearProgram) -> str:
     """The program's source: each statement on its line, indented by the loops and branches around it."""
-    k, at, out, indent, statements = p.kernel, _At(), [], "  ", self.statements
+    k, at, indent, statements = p.kernel, _At(), "  ", self.statements
+    out = [indent + line for line in self.body_start(p, at)]
     for u in p.uops:
       if (op := u.op) in CLOSES: at.depth -= 1; indent = "  " * at.depth  # noqa: E702
       if (fn := statements.get(op)) is None:
@@ -169,6 +172,9 @@ class CStyleRenderer:
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
     head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
+
+  def body_start(self, p: LinearProgram, at: _At) -> list[str]: return []  # lines before the program's statements (CUDA's dynamic shared memory)
+  def define_local(self, u: UOp, at: _At) -> str: return f"{self.shared_prefix}{self.local_type(u.dtype, u.arg.stored)} {u.arg.name}[{u.arg.size}];"
 
   def ctype(self, u: UOp) -> str:
     if (w := u.arg.width) > 1: return self.mask_type(w) if u.dtype == dtypes.bool else self.vtype(w)
@@ -259,7 +265,7 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else r.sync(u.arg),
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype, u.arg.stored)} {u.arg.name}[{u.arg.size}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at: r.define_local(u, at),
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
@@ -493,6 +499,19 @@ class CUDARenderer(_GPURenderer):
             '"n"(N), "r"(full ? N : 0) : "memory"); }\n'
             f'{f} void tt_cp_commit() {{ asm volatile("cp.async.commit_group;" ::: "memory"); }}\n'
             f'template <int N> {f} void tt_cp_wait() {{ asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }}\n')
+  def body_start(self, p: LinearProgram, at: _At) -> list[str]:
+    """Where the program's shared arrays take over STATIC_SHARED, they are in dynamic shared memory (extern), each at its offset, 128-byte
+    aligned; the declaration's line says how many bytes the launch gives (dynamic_shared reads it)."""
+    arrays = [(u, u.arg.size * (4 if u.dtype in (dtypes.float16, dtypes.bfloat16) and not u.arg.stored else u.dtype.itemsize))
+              for u in p.uops if u.op is Ops.DEFINE_LOCAL]
+    if sum(-(-n // 32) * 32 for _, n in arrays) <= STATIC_SHARED: return []
+    total = 0
+    for u, n in arrays: at.shared[u], total = total, total + -(-n // 128) * 128
+    return [DYNAMIC_SHARED.format(total)]
+  def define_local(self, u: UOp, at: _At) -> str:
+    if (off := at.shared.get(u)) is None: return super().define_local(u, at)
+    ty = self.local_type(u.dtype, u.arg.stored)
+    return f"{ty}* {u.arg.name} = ({ty}*)(tt_shared+{off});"
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma, Ops.STORE: store_stmt}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
@@ -619,7 +638,16 @@ class OpenCLRenderer(_GPURenderer):
 def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}
 
 
+DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char tt_shared[];  // {} bytes, given by the launch"
+
+
+def dynamic_shared(src: str) -> int:
+  """The bytes of dynamic shared memory a CUDA source's kernel takes (CUDARenderer.body_start): 0 where its arrays are static."""
+  return int(m[1]) if (m := re.search(r"unsigned char tt_shared\[\];  // (\d+) bytes, given by the launch", src)) else 0
+
+
 class _At:
-  """Where one program's spelling is: the depth of loops and branches, and the index math spelled so far (each node once)."""
-  __slots__ = ("index", "depth")
-  def __init__(self) -> None: self.index, self.depth = dict[UOp, str](), 1
+  """Where one program's spelling is: the depth of loops and branches, the index math spelled so far (each node once), and the offsets
+  of the shared arrays in dynamic shared memory (CUDA's, past STATIC_SHARED)."""
+  __slots__ = ("index", "depth", "shared")
+  def __init__(self) -> None: self.index, self.depth, self.shared = dict[UOp, str](), 1, dict[UOp, int]()
