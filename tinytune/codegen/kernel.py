@@ -491,6 +491,7 @@ class Kernel:
       check(1 < arg <= self.sizes[-1] and self.sizes[-1] % arg == 0 and arg % 4 == 0 and arg <= STAGE_MAX,
             f"STAGE {arg} does not split the {self.sizes[-1]} keys into tiles of a multiple of 4")
     else:
+      check(any(a.kind is AxisKind.STAGE for a in self.axes), f"{op.name} on attention comes after STAGE (attention in tiles)")
       check(op in (OptOps.GROUP, OptOps.LOCAL, OptOps.UPCAST), f"{op.name} does not combine with STAGE on attention")
       check(op is OptOps.GROUP or opt.axis == rows, f"{op.name} on attention in tiles splits the rows, axis {rows}")
       if op is OptOps.GROUP:

@@ -1149,8 +1149,8 @@ def attention(lw: _Lowerer) -> LinearProgram:
   for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
     dims = lw.dims(inst)
     query = [read(q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
-    outs = [acc(f"o{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
-    rows.append((dims, query, acc(f"m{r}", -math.inf), acc(f"l{r}", 0.0), outs))
+    outs = [acc(f"out{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
+    rows.append((dims, query, acc(f"row_max{r}", -math.inf), acc(f"row_sum{r}", 0.0), outs))
   body = lw.lines = []
   lw.memo = {}
   log2_scale = const(scale / math.log(2))
@@ -1282,7 +1282,7 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
     return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
   cols = ev_size // (w * group)  # the thread's vectors of each row's output: every GROUP-th
   out_at = [lw.simplify(UOp.const(i64, c * w * group) + gvar * w + lane) for c in range(cols)]
-  state = [(acc(f"m{a}", -math.inf), acc(f"l{a}", 0.0), [acc(f"o{a}_{c}", 0.0, w) for c in range(cols)]) for a in range(len(rows))]
+  state = [(acc(f"row_max{a}", -math.inf), acc(f"row_sum{a}", 0.0), [acc(f"out{a}_{c}", 0.0, w) for c in range(cols)]) for a in range(len(rows))]
   pre = lw.lines = []
   lw.memo = {}
   copy(q, "fq", row_base, block, e_size, qs)
