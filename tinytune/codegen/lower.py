@@ -1292,15 +1292,15 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
   copy(values, "fv", svar * tile, tile, ev_size, vs)
   body.append(stmt(Ops.BARRIER))
   # the scores of the thread's rows and keys
-  dots: dict[tuple[int, int], Val] = {}
+  dots: dict[tuple[int, int], Val] = {}  # scalars, a multiply-add a lane (vectors of partial sums took 4x the registers: 198 a thread)
   for c in range(e_size // w):
-    qv = [shared("fq", r * qs + c * w + lane) for r, _ in rows]
-    kv = [shared("fk", kt * ks + c * w + lane) for kt in tile_keys]
-    for (a, x), (b, y) in itertools.product(enumerate(qv), enumerate(kv)):
-      dots[a, b] = op(Ops.MUL, x, y) if c == 0 else op(Ops.ADD, dots[a, b], op(Ops.MUL, x, y))
+    qv = [lanes(shared("fq", r * qs + c * w + lane)) for r, _ in rows]
+    kv = [lanes(shared("fk", kt * ks + c * w + lane)) for kt in tile_keys]
+    for (a, x), (b, y), i in itertools.product(enumerate(qv), enumerate(kv), range(w)):
+      dots[a, b] = op(Ops.MUL, x[i], y[i]) if (a, b) not in dots else op(Ops.ADD, dots[a, b], op(Ops.MUL, x[i], y[i]))
   scores: dict[tuple[int, int], Val] = {}
   for (a, (_, row)), b in itertools.product(enumerate(rows), range(len(tile_keys))):
-    t = total(lanes(dots[a, b])) if w > 1 else dots[a, b]
+    t = dots[a, b]
     key = lw.simplify(svar * tile + tile_keys[b])
     def keep(cond: Val, t: Val) -> Val: return lw.alu(Ops.WHERE, f32, [cond, t, const(-math.inf)], [dtypes.bool, f32, f32])
     if causal: t = keep(lw.index_val(lw.simplify(key.lt(row + 1))), t)
