@@ -6,8 +6,8 @@
 Each workload at its GPU sizes (`Workload.params({}, gpu=True)`; parameters after a colon override them) is scheduled on a
 device with workgroups (EMU, which needs no driver; OPENCL or CUDA schedule the same kernels) and each kernel gets the default
 opts for an H100/H200's caps. Per kernel: the launch (workgroups x threads per workgroup, the threads against the 132 SMs x 2048
-a GPU holds at once, and the share of an SM's 2048 thread slots its workgroups can fill, at most 32 of them an SM, before
-registers and shared memory limit it), outputs and reduce-loop trips per thread, global loads per thread by buffer (count x
+a GPU holds at once, and the share of an SM's 2048 thread slots its workgroups can fill, at most 32 of them an SM and as many as its 228 KiB
+of shared memory holds, before registers limit it), outputs and reduce-loop trips per thread, global loads per thread by buffer (count x
 width), and for each global load or store how a warp's 32 neighbouring threads (threadIdx.x 0..31, every other index at 0) hit
 memory: the share of the 32-byte sectors they touch that they use ("1.00": coalesced; "bcast": all read one value; below 0.25 is
 a gather). Then the kernel's FLOPs, its least memory traffic (each buffer once), the sector bytes its global loads and stores
@@ -43,6 +43,7 @@ from tinytune.uop import Ops, UOp
 # an H100/H200 as the CUDA device reports it (runtime/cuda.py), without opening one
 GPU_CAPS = cuda_caps("sm_90")
 SMS, THREADS_PER_SM, BLOCKS_PER_SM, HBM, FP32, L1 = 132, 2048, 32, 4.8e12, 60e12, 132 * 128 * 1.755e9
+SHARED_PER_SM, SHARED_RESERVED = 228 << 10, 1 << 10  # an SM's shared memory, and what CUDA keeps of it for each workgroup
 WARP, SECTOR = 32, 32
 REGISTERS, REGISTER_FILE = 40, 65536  # registers a thread needs beyond one per output it holds (the 8x8 tile: 103 on sm_90); an SM's
 WAVE_GROUPS = 1 << 16  # kernels with more workgroups than this get no "wave MB" (each workgroup's tiles are worked out in Python)
@@ -139,8 +140,10 @@ def report(k: Kernel) -> dict[str, Any]:
   sector_bytes = sum(a["sectors"] * a["trips"] for a in acc) * SECTOR * groups * math.ceil(threads / WARP)
   times = {"hbm": k.mem_bytes / HBM, "fp32": k.flops / FP32, "l1": sector_bytes / L1}
   def size(kind: AxisKind) -> int: return prod(a.size for a in k.axes if a.kind is kind)
+  shared = sum(u.arg.size * u.dtype.itemsize for u in prog.uops if u.op is Ops.DEFINE_LOCAL)
+  blocks = min(BLOCKS_PER_SM, SHARED_PER_SM // (shared + SHARED_RESERVED)) if shared else BLOCKS_PER_SM
   return dict(name=k.name, opts=" ".join(f"{o.op.name[:2]}{o.axis},{o.arg}" for o in k.opts), launch=f"{groups}x{threads}",
-              fill=groups * threads / (SMS * THREADS_PER_SM), occupancy=min(THREADS_PER_SM, BLOCKS_PER_SM * threads) / THREADS_PER_SM,
+              fill=groups * threads / (SMS * THREADS_PER_SM), occupancy=min(THREADS_PER_SM, blocks * threads) / THREADS_PER_SM,
               outputs=size(AxisKind.UPCAST), trips=size(AxisKind.REDUCE), loads=" ".join(f"in{b}:{n}" for b, n in sorted(loads.items())),
               use=" ".join(f"{b}:{'/'.join(dict.fromkeys(v))}" for b, v in use.items()), gflop=k.flops / 1e9, mb=k.mem_bytes / 1e6,
               l1mb=sector_bytes / 1e6, best_us=max(times.values()) * 1e6, bound=max(times, key=lambda t: times[t]),

@@ -200,3 +200,22 @@ def test_assigned_into_its_values_memory() -> None:
   tv = Tensor(v.copy())
   with Context(FLASH=2): tv.assign(Tensor(q).scaled_dot_product_attention(Tensor(k), tv)).realize()
   np.testing.assert_allclose(tv.numpy(), reference(q, k, v, False), rtol=2e-5, atol=2e-5)
+
+
+def test_launch_report_of_tiles() -> None:
+  """bench/gpu_launch_report.py at the catalog's GPU size: the old kernel's threads each read all keys and values (1024 reads of each
+  element), the tiles' once a workgroup of 64 rows (16), coalesced; 4 workgroups of 47 KiB fill an SM's shared memory (a quarter of
+  its thread slots), where counting threads alone said all of them."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
+  assert spec is not None and spec.loader is not None
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  q, k, v = (Tensor(np.zeros((4, 16, 1024, 64), np.float32), device="EMU") for _ in range(3))
+  with Context(FLASH=2): ast = create_schedule(q.scaled_dot_product_attention(k, v).uop, "EMU")[0][0].ast
+  tiles = Kernel(ast, bench.GPU_CAPS).apply_opts(default_opts(Kernel(ast, bench.GPU_CAPS)))
+  old = bench.report(Kernel(tiles.ast, bench.GPU_CAPS).apply_opts([Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 2, 128)]))
+  new = bench.report(tiles)
+  assert sorted(old["reads"].values())[1:] == [1024, 1024] and sorted(new["reads"].values())[1:] == [16, 16]
+  assert new["use"] == "in1:1.00 in2:1.00 in3:1.00 out:1.00" and (old["occupancy"], new["occupancy"]) == (1.0, 0.25)
