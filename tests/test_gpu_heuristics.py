@@ -187,3 +187,22 @@ def test_conv_register_tile_runs_on_emu() -> None:
   assert default_opts(k) == [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 1, 2),
                              Opt(OptOps.UNROLL, 2, 3)]
   np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("positions,channels", [(8, 8), (4, 16), (2, 8)])
+def test_conv_tiles_timed_beside_the_default_run_on_emu(positions: int, channels: int) -> None:
+  """The convolution's register tiles that bench/gpu_suite.py's CONV_VARIANTS time against the default's 4 x 8 (positions x output
+  channels a thread): each kernel of the schedule run on EMU in turn, the convolution's with the tile, the output against NumPy."""
+  w = get_workload("conv2d")
+  p = w.params({"batch": 2, "cin": 5, "cout": 64, "size": 30})
+  out, arrays = w.instantiate(p, device="EMU")
+  items, _ = schedule(out, "EMU")
+  dev = Device["EMU"]
+  for item in items:
+    k = Kernel(item.ast, dev.caps)
+    tile = [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, positions), Opt(OptOps.UPCAST, 1, channels), Opt(OptOps.LOCAL, 1, 2),
+            Opt(OptOps.UNROLL, 2, 3)]
+    k.apply_opts(tile if k.reduceop is not None else default_opts(k))
+    dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)(item.out, *k.bufs)
+  ref = w.reference(p, *arrays)
+  np.testing.assert_allclose(items[-1].out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-3)
