@@ -3,10 +3,15 @@ program, and the kernels they make run against NumPy on OPENCL (pocl in CI) at s
 scheduled on OPENCL, as a GPU's are (the CPU's schedule differs: Winograd's convolutions, row arrays)."""
 from __future__ import annotations
 
+import shutil
+from typing import Any
+
 import numpy as np
 import pytest
+from ops_support import ptxas_stats
 
 from tinytune import Kernel, Opt, OptOps, Tensor, engine
+from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import GPU_THREADS, default_opts
 from tinytune.codegen.kernel import AxisKind
@@ -189,6 +194,12 @@ def test_conv_register_tile_runs_on_emu() -> None:
   np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-3)
 
 
+def conv_tile(positions: int, channels: int) -> list[Opt]:
+  """gpu_conv's plan for the convolution (output channels, positions, then the reduce) with its tile of positions x channels a thread."""
+  return [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, positions), Opt(OptOps.UPCAST, 1, channels), Opt(OptOps.LOCAL, 1, 2),
+          Opt(OptOps.UNROLL, 2, 3)]
+
+
 @pytest.mark.parametrize("positions,channels", [(8, 8), (4, 16), (2, 8)])
 def test_conv_tiles_timed_beside_the_default_run_on_emu(positions: int, channels: int) -> None:
   """The convolution's register tiles that bench/gpu_suite.py's CONV_VARIANTS time against the default's 4 x 8 (positions x output
@@ -200,9 +211,17 @@ def test_conv_tiles_timed_beside_the_default_run_on_emu(positions: int, channels
   dev = Device["EMU"]
   for item in items:
     k = Kernel(item.ast, dev.caps)
-    tile = [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, positions), Opt(OptOps.UPCAST, 1, channels), Opt(OptOps.LOCAL, 1, 2),
-            Opt(OptOps.UNROLL, 2, 3)]
-    k.apply_opts(tile if k.reduceop is not None else default_opts(k))
+    k.apply_opts(conv_tile(positions, channels) if k.reduceop is not None else default_opts(k))
     dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)(item.out, *k.bufs)
   ref = w.reference(p, *arrays)
   np.testing.assert_allclose(items[-1].out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the convolution's tiles are not compile-checked here")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_conv_tiles_compile_without_spills(tmp_path: Any, arch: str) -> None:
+  """The GPU-size convolution (32x64->64 at 56^2) with 8 x 8 and 4 x 16 outputs a thread: nvcc keeps them in registers (93-96)."""
+  k = next(k for k in gpu_kernels("conv2d", batch=32, cin=64, cout=64, size=56) if k.reduceop is not None)
+  for tile in ((8, 8), (4, 16)):
+    stats = ptxas_stats(tmp_path, CUDARenderer().render(Kernel(k.ast, cuda_caps(arch)).apply_opts(conv_tile(*tile))), arch)
+    assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 128, (tile, stats)
