@@ -19,6 +19,7 @@ from tinytune.codegen.lower import lower
 from tinytune.dtype import dtypes
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import create_schedule
+from tinytune.helpers import Context
 from tinytune.kernels import get_workload
 from tinytune.kernels.workload import result, schedule
 from tinytune.runtime import Device, DeviceCaps, device_status
@@ -225,3 +226,29 @@ def test_conv_tiles_compile_without_spills(tmp_path: Any, arch: str) -> None:
   for tile in ((8, 8), (4, 16)):
     stats = ptxas_stats(tmp_path, CUDARenderer().render(Kernel(k.ast, cuda_caps(arch)).apply_opts(conv_tile(*tile))), arch)
     assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 128, (tile, stats)
+
+
+WINOGRAD_SHARED_TILE = [Opt(OptOps.UPCAST, 3, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.LOCAL, 3, 16), Opt(OptOps.LOCAL, 1, 16),
+                        Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.STAGE, 0, 16), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.PIPELINE, 0, 2)]
+
+
+def test_winograd_gemm_from_a_shared_tile_runs_on_emu(tmp_path: Any) -> None:
+  """Winograd's GEMMs on a GPU (WINO=2) from the 128x64 shared tile in 2 cp.async stages that bench/gpu_suite.py times against their
+  default (4x4 a thread from memory, rows read at 0.12 of each sector): on EMU against NumPy, and at the GPU size (6272x64 by 64x64)
+  nvcc's build for sm_90 keeps it in registers."""
+  w = get_workload("conv2d")
+  p = w.params({"batch": 2, "cin": 32, "cout": 64, "size": 32})
+  with Context(WINO=2):
+    out, arrays = w.instantiate(p, device="EMU")
+    items, _ = schedule(out, "EMU")
+  dev = Device["EMU"]
+  for item in items:
+    k = Kernel(item.ast, dev.caps)
+    k.apply_opts(WINOGRAD_SHARED_TILE if k.reduceop is not None else default_opts(k))
+    dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)(item.out, *k.bufs)
+  ref = w.reference(p, *arrays)
+  np.testing.assert_allclose(items[-1].out.numpy_view().reshape(ref.shape), ref, rtol=1e-3, atol=1e-3)
+  if shutil.which("nvcc") is None: return
+  with Context(WINO=2): k = next(k for k in gpu_kernels("conv2d", batch=32, cin=64, cout=64, size=56) if k.reduceop is not None)
+  stats = ptxas_stats(tmp_path, CUDARenderer().render(Kernel(k.ast, cuda_caps("sm_90")).apply_opts(WINOGRAD_SHARED_TILE)), "sm_90")
+  assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0, stats
