@@ -286,24 +286,17 @@ def _conv_tile(positions: int, channels: int) -> Callable[[Any, list], list]:
   return tile
 
 
-def _shared_tile_64(kernel: Any, opts: list) -> list:
-  """A 64-column shared tile (gpu_shared_tile's 128x128 does not fit Winograd's GEMMs of 64 output channels, and the default reads
-  their rows from memory at 0.12 of each sector): 4x8 a thread, 16x16 threads, K tiles of 16 in 2 cp.async stages."""
-  from tinytune.codegen.opts import Opt, OptOps
-  lane = kernel.n_global - 1
-  row = max((d for d in range(lane) if kernel.sizes[d] > 1), key=lambda d: kernel.sizes[d])
-  return [Opt(OptOps.UPCAST, lane, 4), Opt(OptOps.UPCAST, row, 4), Opt(OptOps.LOCAL, lane, 16), Opt(OptOps.LOCAL, row, 16),
-          Opt(OptOps.UPCAST, row, 2), Opt(OptOps.STAGE, 0, 16), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.PIPELINE, 0, 2)]
-
-
-# conv2d's reduce kernel at its GPU sizes, as the wide direct sum (WINO=1, the GPU's default) or Winograd's 36 GEMMs (WINO=2), against
-# its default opts: (label, WINO, the opts from the kernel and the default's). A thread's 4 positions x 8 channels issue 0.375 loads (L1)
-# per FMA, 8 x 8 0.25; Winograd's GEMM reads 982 MB of sectors from L1 by default, 145 from a shared tile (bench/gpu_launch_report.py)
-CONV_VARIANTS: list[tuple[str, int, Callable[[Any, list], list]]] = [
-  ("8 positions x 8 output channels a thread (the default 4 x 8): 0.25 loads per FMA, not 0.375; 1664 workgroups", 1, _conv_tile(8, 8)),
-  ("4 positions x 16 output channels a thread: 0.31 loads per FMA", 1, _conv_tile(4, 16)),
-  ("2 positions x 8 output channels a thread: twice the threads, 0.625 loads per FMA", 1, _conv_tile(2, 8)),
-  ("Winograd's GEMM (WINO=2) from a 128x64 shared tile, 4x8 a thread, PIPELINE 2 (its default: 4x4 from memory)", 2, _shared_tile_64)]
+# a kernel of a workload at its GPU sizes (the last with a reduce: conv2d's sum, Winograd's GEMM, attention's P.V) against its default
+# opts: (workload, the Context of its schedule, label, the opts from the kernel and the default's). conv2d's direct sum: a thread's 4
+# positions x 8 channels issue 0.375 loads (L1) per FMA, 8 x 8 0.25; Winograd's GEMM and attention's P.V (64 columns) from memory read
+# their rows at 0.12 of each sector: 982 and 2701 MB of L1 sectors, 58 and 17 from the 128x64 shared tile (bench/gpu_launch_report.py)
+KERNEL_VARIANTS: list[tuple[str, dict[str, int], str, Callable[[Any, list], list]]] = [
+  ("conv2d", {}, "8 positions x 8 output channels a thread (the default 4 x 8): 0.25 loads per FMA, not 0.375; 1664 workgroups", _conv_tile(8, 8)),
+  ("conv2d", {}, "4 positions x 16 output channels a thread: 0.31 loads per FMA", _conv_tile(4, 16)),
+  ("conv2d", {}, "2 positions x 8 output channels a thread: twice the threads, 0.625 loads per FMA", _conv_tile(2, 8)),
+  ("conv2d", {"WINO": 2}, "Winograd's GEMM 6272x64 by 64x64 (x36) as the register tile from memory (the default before the 128x64 shared tile)",
+   _reserve),
+  ("attention", {"FLASH": 0}, "P.V as the register tile from memory (the default before the 128x64 shared tile)", _reserve)]
 
 
 def _timed_variant(suite: Suite, dev: str, kernel: Any, head: str, label: str, change: Callable[[Any, list], list], flops: float) -> None:
@@ -323,7 +316,7 @@ def _timed_variant(suite: Suite, dev: str, kernel: Any, head: str, label: str, c
 
 
 def variants(suite: Suite, dev: str) -> None:
-  """matmul n^3 (VARIANTS), then the convolution's kernel (CONV_VARIANTS): the default opts beside the alternatives, each verified
+  """matmul n^3 (VARIANTS), then a kernel of other workloads (KERNEL_VARIANTS): the default opts beside the alternatives, each verified
   against the unoptimized kernel by the search's evaluator, then re-timed interleaved with the default (5 rounds)."""
   from tinytune import Kernel, Tensor, dtypes
   from tinytune.engine.schedule import create_schedule
@@ -342,16 +335,16 @@ def variants(suite: Suite, dev: str) -> None:
       _timed_variant(suite, dev, Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps), dt, label, change, 2 * n ** 3)
     except Exception as e:
       suite.out(f"| {dt} | {label} | {_failed(e)} |")
-  w = WORKLOADS["conv2d"]
-  p = w.params({}, gpu=not suite.args.quick)
-  for label, wino, change in CONV_VARIANTS:
-    head = f"float32 conv2d {p['batch']}x{p['cin']}->{p['cout']} {p['size']}^2 (its reduce kernel, WINO={wino})"
+  for name, context, label, change in KERNEL_VARIANTS:
+    w = WORKLOADS[name]
+    p = w.params({}, gpu=not suite.args.quick)
+    head = f"float32 {name} {' '.join(f'{k}={v}' for k, v in {**p, **context}.items())}"
     if suite.left() < 60: suite.out(f"| {head} | {label} | skipped: no time left |"); continue
     try:
       ins = [Tensor.rand(*shape, device=dev).realize() for shape in w.inputs(p)]
-      with Context(WINO=wino): items = schedule(w.build(p, *ins), dev)[0]
-      kernel = next(k for k in (Kernel(it.ast, Device[dev].caps) for it in items) if k.reduceop is not None)
-      _timed_variant(suite, dev, kernel, head, label, change, w.flops(p))
+      with Context(**context): items = schedule(w.build(p, *ins), dev)[0]
+      kernel = [k for k in (Kernel(it.ast, Device[dev].caps) for it in items) if k.reduceop is not None][-1]
+      _timed_variant(suite, dev, kernel, f"{head}: {kernel.name}", label, change, kernel.flops)
     except Exception as e:
       suite.out(f"| {head} | {label} | {_failed(e)} |")
 
@@ -536,7 +529,7 @@ def main() -> None:
     ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
-    ("variants", "matmul and conv2d: alternatives to the default opts, timed against them", lambda: variants(suite, dev)),
+    ("variants", "matmul, conv2d and attention's P.V: alternatives to the default opts, timed against them", lambda: variants(suite, dev)),
     ("schedules", "Schedules other than the default (split-K, Winograd), timed against it", lambda: schedule_variants(suite, dev)),
     ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
