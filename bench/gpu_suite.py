@@ -289,7 +289,7 @@ def _conv_tile(positions: int, channels: int) -> Callable[[Any, list], list]:
 # a kernel of a workload at its GPU sizes (the last with a reduce: conv2d's sum, Winograd's GEMM, attention's P.V) against its default
 # opts: (workload, the Context of its schedule, label, the opts from the kernel and the default's). conv2d's direct sum: a thread's 4
 # positions x 8 channels issue 0.375 loads (L1) per FMA, 8 x 8 0.25; Winograd's GEMM and attention's P.V (64 columns) from memory read
-# their rows at 0.12 of each sector: 982 and 2701 MB of L1 sectors, 58 and 17 from the 128x64 shared tile (bench/gpu_launch_report.py)
+# their rows at 0.12 of each sector: 982 and 2701 MB of L1 sectors, 166 and 426 from the 128x64 shared tile (bench/gpu_launch_report.py)
 KERNEL_VARIANTS: list[tuple[str, dict[str, int], str, Callable[[Any, list], list]]] = [
   ("conv2d", {}, "8 positions x 8 output channels a thread (the default 4 x 8): 0.25 loads per FMA, not 0.375; 1664 workgroups", _conv_tile(8, 8)),
   ("conv2d", {}, "4 positions x 16 output channels a thread: 0.31 loads per FMA", _conv_tile(4, 16)),
