@@ -338,34 +338,36 @@ ATTENTION_VARIANTS = [("float32", 0), ("float32", 1), ("float16", 0), ("float16"
 
 
 def attention_variants(suite: Suite, dev: str) -> None:
-  """Attention in one kernel against the graph's kernels, both with default opts, each checked against PyTorch's SDPA; timed
-  alternately (3 rounds each), medians."""
+  """Attention in one kernel against the graph's kernels, both with default opts (the one kernel's: attention in tiles on a GPU,
+  codegen/heuristic.attention_opts), each checked against PyTorch's SDPA; timed alternately (3 rounds each), medians."""
   from tinytune import Context
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import tinytune_timing, torch_baseline
   from tinytune.search.evaluate import TimingPolicy
   from tinytune.search.worker import mismatches
   policy, w = TimingPolicy(min_repeats=3, max_repeats=10, max_seconds=0.5), get_workload("attention")
-  suite.out("| dtype | params | one kernel ms (kernels) | graph ms (kernels) | SDPA ms | graph / one kernel | SDPA / one kernel | output |")
-  suite.out("| --- " * 8 + "|")
+  suite.out("| dtype | params | one kernel ms (kernels) | graph ms (kernels) | SDPA ms | graph / one kernel | SDPA / one kernel | output | "
+            "one kernel's opts |")
+  suite.out("| --- " * 9 + "|")
   for dt, causal in ATTENTION_VARIANTS:
     if suite.left() < 60: suite.out(f"| {dt} | causal={causal} | skipped: no time left |"); continue
     p = {**w.params({}, gpu=not suite.args.quick), "causal": causal}
     label = " ".join(f"{k}={v}" for k, v in p.items())
     try:
       dtype, times = w.dtype(dt), {0: list[float](), 2: list[float]()}
-      kernels, outs = {}, {}
+      kernels, outs, opts = {}, {}, []
       for _ in range(3):
         for flash in (2, 0):
           with Context(FLASH=flash): t = tinytune_timing(w, p, dev, False, policy, dtype=dtype)
           times[flash].append(t.median_s)
           kernels[flash], outs[flash] = len(t.kernels), t.output
+          if flash == 2: opts = [k.get("opts") for k in t.kernels]
       b = torch_baseline(w, p, dev, policy, dtype) if torch_cuda() is not None else None
       one, graph = statistics.median(times[2]), statistics.median(times[0])
       ok = "-" if b is None or b.output is None or outs[2] is None else "ok" if not mismatches(outs[2], b.output, 2e-2).any() else "**differs**"
       sdpa = b.median_s if b else float("nan")
       suite.out(f"| {dt} | {label} | {one * 1e3:.3f} ({kernels[2]}) | {graph * 1e3:.3f} ({kernels[0]}) | {sdpa * 1e3:.3f} | {graph / one:.2f} | "
-                f"{sdpa / one:.2f} | {ok} |")
+                f"{sdpa / one:.2f} | {ok} | {' '.join(f'{o[0]}{o[1]},{o[2]}' for k in opts for o in k or [])} |")
     except Exception as e:
       suite.out(f"| {dt} | {label} | {_failed(e)} |")
 

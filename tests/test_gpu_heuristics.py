@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinytune import Kernel, Opt, OptOps, Tensor, engine
+from tinytune import Context, Kernel, Opt, OptOps, Tensor, engine
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import GPU_THREADS, default_opts
 from tinytune.codegen.kernel import AxisKind
@@ -174,6 +174,24 @@ def test_launch_report_reads_coalescing_off_the_lowered_kernel(capsys: pytest.Ca
   try: bench.main()
   finally: sys.argv = argv
   assert "| r_256_512 | UP0,4 LO0,8 GR0,64 UN0,4 | 8x512 |" in capsys.readouterr().out
+
+
+def test_launch_report_counts_the_pipelines_copies() -> None:
+  """bench/gpu_launch_report.py: PIPELINE's cp.async copies are the staged matmul's global loads (the report counted none): float16
+  1024^3 on tensor cores reads each input 8 times, once a 128-wide workgroup tile, and once more for the tile past the last that its
+  ring's copy asks for behind a guard (33 of 32 K tiles: 8.25)."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
+  assert spec is not None and spec.loader is not None
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  a, b = (Tensor(np.ones((1024, 1024), np.float16), device="EMU").realize() for _ in range(2))
+  with Context(SPLITK=0): k = Kernel(create_ast(a @ b, "EMU"), bench.GPU_CAPS)  # one kernel: its 64 workgroups, not K in shares
+  k.apply_opts(default_opts(k))
+  assert Opt(OptOps.PIPELINE, 0, 2) in k.opts and k.tc is not None
+  row = bench.report(k)
+  assert sorted(row["reads"].values()) == [8.25, 8.25] and row["use"].startswith("in1:1.00 in2:1.00") and row["bound"] == "tc"
 
 
 def test_conv_register_tile_runs_on_emu() -> None:

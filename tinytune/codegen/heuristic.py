@@ -291,9 +291,16 @@ CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_pan
 
 def attention_opts(kernel: Kernel) -> list[Opt]:
   """Attention in one kernel (see lower.attention): the keys in blocks of the SIMD width (a vector of scores on a CPU), else 8, 4 or 2
-  (one rescale a block); on a CPU the rows across its cores where it is long enough for them, on a GPU a workgroup of up to 128 query
-  rows (they read the same keys and values, from L1)."""
+  (one rescale a block); on a CPU the rows across its cores where it is long enough for them. On a GPU attention in tiles
+  (lower.flash_attention): tiles of 32 keys, 8 threads a row, 4 rows a thread and 64 a workgroup (48 KiB of shared memory at a head dim
+  of 64; 128 threads of 32 scores and 32 outputs each), smaller where the sizes do not divide."""
   k, rows = kernel.copy(), kernel.n_global - 1
+  if k.caps.has_local:
+    _first_valid(k, *(Opt(OptOps.STAGE, 0, t) for t in (32, 16, 8, 4)))
+    if k.opts:
+      for op, axis, args in ((OptOps.GROUP, 0, (8, 4, 2)), (OptOps.UPCAST, rows, (4, 2)), (OptOps.LOCAL, rows, (16, 8, 4, 2))):
+        _first_valid(k, *(Opt(op, axis, a) for a in args))
+      return k.opts
   _first_valid(k, *(Opt(OptOps.UNROLL, 0, u) for u in (k.caps.simd_width, 8, 4, 2) if u > 1))
   if k.caps.has_local: _first_valid(k, *(Opt(OptOps.LOCAL, rows, n) for n in (128, 64, 32, 16, 8, 4, 2)))
   else: _cores(k, k.global_order)
