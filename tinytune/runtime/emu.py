@@ -514,7 +514,7 @@ class EMUProgram(Program):
   def copy_async(self, u: Node) -> Fn:
     """cp.async.{ca,cg}.shared.global [shared + idx], [global], bytes: the source is read now, the shared elements are written at the
     cp.async.wait_group that covers the copy's group (AsyncCopies); until then any access of them is a race."""
-    (idx, val, guard), (width, buf, _, cache), dt = u.src, u.arg, u.dtype
+    (idx, val, guard), (width, buf, cache), dt = u.src, (u.arg.width, u.arg.buf, u.arg.cp_async), u.dtype
     size = width * (dt.itemsize if dt.is_half else np.dtype(reg(dt)).itemsize)
     if not isinstance(buf, str) or val.op is not Ops.LOAD or isinstance(val.arg.buf, str) or val.dtype != dt:
       self.fail_compile("a cp.async copies elements of a global buffer to a shared array of their type")
