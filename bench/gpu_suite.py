@@ -391,6 +391,33 @@ def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int
 MLP_SPLITS = (0, 2, 16)
 
 
+# the one-kernel step in a process of its own: the suite's own process has run the catalog before (its garbage, its loaded modules and
+# torch's), which the H200's runs of 2026-11-27 suggest cost the step 56 us there against 40 in a fresh process
+FRESH_STEP = """
+import sys, time, statistics, numpy as np
+from tinytune import Tensor
+from tinytune.runtime import Device
+dev = sys.argv[1]
+state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
+def step(): state["t"] = (state["t"] * 0.999 + 0.001).realize()
+for _ in range(3): step()
+times = []
+for _ in range(5):
+  Device[dev].synchronize(); st = time.perf_counter()
+  for _ in range(200): step()
+  Device[dev].synchronize(); times.append((time.perf_counter() - st) / 200)
+print(statistics.median(times))
+"""
+
+
+def _fresh_step_s(dev: str) -> float:
+  """The one-kernel step's seconds (as _per_step's first figure) in a new process, or nan where it failed."""
+  try:
+    proc = subprocess.run([sys.executable, "-c", FRESH_STEP, dev], capture_output=True, text=True, timeout=120)
+    return float(proc.stdout.split()[-1]) if proc.returncode == 0 and proc.stdout.split() else float("nan")
+  except (subprocess.TimeoutExpired, ValueError): return float("nan")
+
+
 def overhead(suite: Suite, dev: str) -> None:
   """A one-kernel Tensor step, `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager's `t * 0.999 + 0.001`; and a
   TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's, with the forward's device time per replay
@@ -431,6 +458,7 @@ def overhead(suite: Suite, dev: str) -> None:
             "tinytune / torch |\n| --- | --- | --- | --- | --- | --- | --- |")
   suite.out(f"| one-kernel step, 4096 floats | {tt[0] * 1e6:.1f} | {tt[1] * 1e6:.1f} | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | "
             f"{tt[0] / pt[0]:.2f} |")
+  suite.out(f"| the same step in a fresh process | {_fresh_step_s(dev) * 1e6:.1f} | - | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | - |")
   suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw[0] * 1e6:.1f} | {fw[1] * 1e6:.1f} | {fw_device * 1e6:.1f} | "
             f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {fw[0] / pf[0]:.2f} |")
   for n in MLP_SPLITS:
