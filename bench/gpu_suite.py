@@ -418,10 +418,10 @@ def _fresh_step_s(dev: str) -> float:
   except (subprocess.TimeoutExpired, ValueError): return float("nan")
 
 
-def overhead(suite: Suite, dev: str) -> None:
+def overhead(suite: Suite, dev: str, steps: int = 200) -> None:
   """A one-kernel Tensor step, `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager's `t * 0.999 + 0.001`; and a
   TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's, with the forward's device time per replay
-  (events around 100 replays back to back) and the same forward split along K in more shares (SPLITK=N)."""
+  (events around steps / 2 replays back to back) and the same forward split along K in more shares (SPLITK=N)."""
   import gc
 
   from tinytune import Context, Tensor, TinyJit
@@ -431,7 +431,7 @@ def overhead(suite: Suite, dev: str) -> None:
   gc.collect()  # the garbage of the sections before: a full collection still due would land in some rounds of one side alone
   state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
   def tt_step() -> None: state["t"] = (state["t"] * 0.999 + 0.001).realize()
-  tt = _per_step(tt_step, sync, 200)
+  tt = _per_step(tt_step, sync, steps)
   rng = np.random.default_rng(0)
   w1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32) * 0.05, device=dev).realize() for s in ((784, 128), (128, 10)))
   x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device=dev).realize()
@@ -439,21 +439,21 @@ def overhead(suite: Suite, dev: str) -> None:
     """(per step, issue), device seconds per replay, how it replays (kernels), its output."""
     with Context(**({} if splitk is None else {"SPLITK": splitk})):  # the capture (the second call) schedules under it
       forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
-      steps = _per_step(lambda: forward(x), sync, 200)
+      timed = _per_step(lambda: forward(x), sync, steps)
     batch = forward.captured.batch if forward.captured else None
     how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
     kernels = len(forward.captured.steps) if forward.captured else 0
-    device = Device[dev].timed(lambda: [forward(x) for _ in range(100)]) / 100
-    return steps, device, f"{how}, {kernels} kernels", forward(x).numpy()
+    device = Device[dev].timed(lambda: [forward(x) for _ in range(steps // 2)]) / (steps // 2)
+    return timed, device, f"{how}, {kernels} kernels", forward(x).numpy()
   fw, fw_device, how, want = jitted(None)
   pt = pf = (float("nan"), float("nan"))
   if torch is not None:
     gc.collect()
     tstate = {"t": torch.zeros(4096, device="cuda")}
     def pt_step() -> None: tstate["t"] = tstate["t"] * 0.999 + 0.001
-    pt = _per_step(pt_step, torch.cuda.synchronize, 200)
+    pt = _per_step(pt_step, torch.cuda.synchronize, steps)
     tw1, tw2, tx = (torch.from_numpy(v.numpy()).cuda() for v in (w1, w2, x))
-    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, 200)
+    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, steps)
   suite.out("| step | tinytune µs | tinytune's host, issuing µs | device µs per replay | torch eager µs | torch's host, issuing µs | "
             "tinytune / torch |\n| --- | --- | --- | --- | --- | --- | --- |")
   suite.out(f"| one-kernel step, 4096 floats | {tt[0] * 1e6:.1f} | {tt[1] * 1e6:.1f} | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | "
@@ -463,10 +463,10 @@ def overhead(suite: Suite, dev: str) -> None:
             f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {fw[0] / pf[0]:.2f} |")
   for n in MLP_SPLITS:
     try:
-      steps, device, how, got = jitted(n)
+      timed, device, how, got = jitted(n)
       ok = "" if np.allclose(got, want, rtol=1e-4, atol=1e-5) else " **differs from the default**"
-      suite.out(f"| the same, SPLITK={n} ({how}){ok} | {steps[0] * 1e6:.1f} | {steps[1] * 1e6:.1f} | {device * 1e6:.1f} | "
-                f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {steps[0] / pf[0]:.2f} |")
+      suite.out(f"| the same, SPLITK={n} ({how}){ok} | {timed[0] * 1e6:.1f} | {timed[1] * 1e6:.1f} | {device * 1e6:.1f} | "
+                f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {timed[0] / pf[0]:.2f} |")
     except Exception as e:
       suite.out(f"| the same, SPLITK={n} | {_failed(e)} |")
   suite.out("\n(issuing: the host's time for the steps alone, the synchronize after them left out; where it is near the step's time the "

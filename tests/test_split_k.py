@@ -97,3 +97,22 @@ def test_small_attention_split_matches_numpy_on_opencl() -> None:
   with Context(SPLITK=2):
     out, arrays = w.instantiate(p, device="OPENCL")
     np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_suite_times_the_mlp_forward_under_each_split() -> None:
+  """bench/gpu_suite.py's launch overhead, on the CPU: the one-kernel step (here and in a fresh process) and the MLP forward under
+  TinyJit, each with its host's issuing time, and the forward again under each of MLP_SPLITS, its output the default's."""
+  import argparse
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("gpu_suite", pathlib.Path(__file__).parents[1] / "bench" / "gpu_suite.py")
+  assert spec is not None and spec.loader is not None
+  suite_module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(suite_module)
+  suite = suite_module.Suite(argparse.Namespace(quick=True, budget=600))
+  suite_module.overhead(suite, "CPU", steps=4)
+  rows = [line.split(" | ") for line in suite.lines if line.startswith("| ") and "---" not in line]  # the header goes with its rule
+  assert [r[0] for r in rows] == ["| one-kernel step, 4096 floats", "| the same step in a fresh process",
+                                  "| MLP 784-128-10 forward, TinyJit (one native call, 2 kernels)",
+                                  *[f"| the same, SPLITK={n} (one native call, 2 kernels)" for n in suite_module.MLP_SPLITS]]
+  assert all(float(r[1]) > 0 for r in rows) and all(float(r[2]) > 0 for r in rows if r[2] != "-")
