@@ -458,3 +458,21 @@ def test_a_step_imports_nothing_per_call() -> None:
          CUDAProgram.__call__, CUDAGraph.update, CUDAGraph.launch, Buffer.__init__, Buffer.__del__, UOp.__new__]
   imports = [f"{fn.__qualname__}: {i.argval}" for fn in hot for i in dis.get_instructions(fn) if i.opname == "IMPORT_NAME"]
   assert not imports, imports
+
+
+def test_structure_walks_the_graph_in_toposort_order() -> None:
+  """engine.realize.structure, which takes leaves (buffers, constants and their broadcasts) as it meets them instead of pushing each
+  on its stack (7% of a one-kernel step's CPU time): the nodes in toposort's order, constants' broadcasts not walked into, each
+  buffer once in the order met, and the same key for the same graph over other buffers."""
+  import importlib
+  structure = importlib.import_module("tinytune.engine.realize").structure
+  a, b, c = (Tensor(np.full((4, 4), i, np.float32)).realize() for i in range(3))
+  def graph(x: Tensor, y: Tensor) -> UOp: return ((x * 0.5 + y).relu() @ x.T + 2.0 + y.sum(1, keepdim=True)).uop
+  found = structure(graph(a, b), "CPU")
+  assert found is not None
+  topo, key, buffers, index = found
+  inside_constants = {s for u in topo if u.op is Ops.VIEW and u.src[0].op is Ops.CONST for s in u.src}
+  assert topo == [u for u in graph(a, b).toposort if u not in inside_constants] and index == {u: i for i, u in enumerate(topo)}
+  assert buffers == [a.uop.src[0].arg, b.uop.src[0].arg]
+  other = structure(graph(c, a), "CPU")
+  assert other is not None and other[1] == key and other[2] == [c.uop.src[0].arg, a.uop.src[0].arg]
