@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import os
 import pathlib
@@ -466,8 +467,6 @@ def overhead(suite: Suite, dev: str, steps: int = 200) -> None:
   """A one-kernel Tensor step, `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager's `t * 0.999 + 0.001`; and a
   TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's, with the forward's device time per replay
   (events around steps / 2 replays back to back) and the same forward split along K in more shares (SPLITK=N)."""
-  import gc
-
   from tinytune import Context, Tensor, TinyJit
   from tinytune.runtime import Device
   torch = torch_cuda()
