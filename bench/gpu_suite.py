@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import os
 import pathlib
@@ -442,46 +443,105 @@ def attention_variants(suite: Suite, dev: str) -> None:
       suite.out(f"| {dt} | {label} | {_failed(e)} |")
 
 
-def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
-  """Median seconds per step over rounds of `steps` steps, each round ended by a synchronize."""
+def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> tuple[float, float]:
+  """(median seconds per step over rounds of `steps` steps, each round ended by a synchronize; median seconds per step of the host's
+  issuing them, the synchronize left out): where the two agree, the host is the bottleneck, and where the first is larger, the GPU."""
   for _ in range(3): step()
   sync()
-  times = []
+  times, issue = [], []
   for _ in range(rounds):
     st = time.perf_counter()
     for _ in range(steps): step()
+    issue.append((time.perf_counter() - st) / steps)
     sync()
     times.append((time.perf_counter() - st) / steps)
-  return statistics.median(times)
+  return statistics.median(times), statistics.median(issue)
 
 
-def overhead(suite: Suite, dev: str) -> None:
+# the MLP forward's first matmul (128x128 outputs over K=784) in 2 shares (SPLITK=2: the default before SPLIT_MIN_K_SMALL) ran 71.6 us of
+# its 80 on an H200: 8 workgroups, each thread's 392-long loop bound by memory latency. The default now splits it in 16 (and the second
+# matmul in 4); timed against no split at all, 2 shares everywhere and 16
+MLP_SPLITS = (0, 2, 16)
+
+
+# the one-kernel step in a process of its own: the suite's own process has run the catalog before (its garbage, its loaded modules and
+# torch's), which the H200's runs of 2026-11-27 suggest cost the step 56 us there against 40 in a fresh process
+FRESH_STEP = """
+import sys, time, statistics, numpy as np
+from tinytune import Tensor
+from tinytune.runtime import Device
+dev = sys.argv[1]
+state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
+def step(): state["t"] = (state["t"] * 0.999 + 0.001).realize()
+for _ in range(3): step()
+times = []
+for _ in range(5):
+  Device[dev].synchronize(); st = time.perf_counter()
+  for _ in range(200): step()
+  Device[dev].synchronize(); times.append((time.perf_counter() - st) / 200)
+print(statistics.median(times))
+"""
+
+
+def _fresh_step_s(dev: str) -> float:
+  """The one-kernel step's seconds (as _per_step's first figure) in a new process, or nan where it failed."""
+  try:
+    proc = subprocess.run([sys.executable, "-c", FRESH_STEP, dev], capture_output=True, text=True, timeout=120)
+    return float(proc.stdout.split()[-1]) if proc.returncode == 0 and proc.stdout.split() else float("nan")
+  except (subprocess.TimeoutExpired, ValueError): return float("nan")
+
+
+def overhead(suite: Suite, dev: str, steps: int = 200) -> None:
   """A one-kernel Tensor step, `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager's `t * 0.999 + 0.001`; and a
-  TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's."""
-  from tinytune import Tensor, TinyJit
+  TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's, with the forward's device time per replay
+  (events around steps / 2 replays back to back) and the same forward split along K in more shares (SPLITK=N)."""
+  from tinytune import Context, Tensor, TinyJit
   from tinytune.runtime import Device
   torch = torch_cuda()
+  sync = Device[dev].synchronize
+  gc.collect()  # the garbage of the sections before: a full collection still due would land in some rounds of one side alone
   state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
   def tt_step() -> None: state["t"] = (state["t"] * 0.999 + 0.001).realize()
-  tt = _per_step(tt_step, Device[dev].synchronize, 200)
+  tt = _per_step(tt_step, sync, steps)
   rng = np.random.default_rng(0)
   w1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32) * 0.05, device=dev).realize() for s in ((784, 128), (128, 10)))
   x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device=dev).realize()
-  forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
-  fw = _per_step(lambda: forward(x), Device[dev].synchronize, 200)
-  batch = forward.captured.batch if forward.captured else None
-  how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
-  pt = pf = float("nan")
+  def jitted(splitk: int | None) -> tuple[tuple[float, float], float, str, np.ndarray]:
+    """(per step, issue), device seconds per replay, how it replays (kernels), its output."""
+    with Context(**({} if splitk is None else {"SPLITK": splitk})):  # the capture (the second call) schedules under it
+      forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
+      timed = _per_step(lambda: forward(x), sync, steps)
+    batch = forward.captured.batch if forward.captured else None
+    how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
+    kernels = len(forward.captured.steps) if forward.captured else 0
+    device = Device[dev].timed(lambda: [forward(x) for _ in range(steps // 2)]) / (steps // 2)
+    return timed, device, f"{how}, {kernels} kernels", forward(x).numpy()
+  fw, fw_device, how, want = jitted(None)
+  pt = pf = (float("nan"), float("nan"))
   if torch is not None:
+    gc.collect()
     tstate = {"t": torch.zeros(4096, device="cuda")}
     def pt_step() -> None: tstate["t"] = tstate["t"] * 0.999 + 0.001
-    pt = _per_step(pt_step, torch.cuda.synchronize, 200)
+    pt = _per_step(pt_step, torch.cuda.synchronize, steps)
     tw1, tw2, tx = (torch.from_numpy(v.numpy()).cuda() for v in (w1, w2, x))
-    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, 200)
-  suite.out("| step | tinytune µs | torch eager µs | tinytune / torch |\n| --- | --- | --- | --- |")
-  suite.out(f"| one-kernel step, 4096 floats | {tt * 1e6:.1f} | {pt * 1e6:.1f} | {tt / pt:.2f} |")
-  suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
-            f"{fw / pf:.2f} |")
+    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, steps)
+  suite.out("| step | tinytune µs | tinytune's host, issuing µs | device µs per replay | torch eager µs | torch's host, issuing µs | "
+            "tinytune / torch |\n| --- | --- | --- | --- | --- | --- | --- |")
+  suite.out(f"| one-kernel step, 4096 floats | {tt[0] * 1e6:.1f} | {tt[1] * 1e6:.1f} | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | "
+            f"{tt[0] / pt[0]:.2f} |")
+  suite.out(f"| the same step in a fresh process | {_fresh_step_s(dev) * 1e6:.1f} | - | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | - |")
+  suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw[0] * 1e6:.1f} | {fw[1] * 1e6:.1f} | {fw_device * 1e6:.1f} | "
+            f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {fw[0] / pf[0]:.2f} |")
+  for n in MLP_SPLITS:
+    try:
+      timed, device, how, got = jitted(n)
+      ok = "" if np.allclose(got, want, rtol=1e-4, atol=1e-5) else " **differs from the default**"
+      suite.out(f"| the same, SPLITK={n} ({how}){ok} | {timed[0] * 1e6:.1f} | {timed[1] * 1e6:.1f} | {device * 1e6:.1f} | "
+                f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {timed[0] / pf[0]:.2f} |")
+    except Exception as e:
+      suite.out(f"| the same, SPLITK={n} | {_failed(e)} |")
+  suite.out("\n(issuing: the host's time for the steps alone, the synchronize after them left out; where it is near the step's time the "
+            "host is the bottleneck, where it is far below, the GPU)")
 
 
 def gather_checks(suite: Suite, dev: str) -> None:
@@ -537,7 +597,7 @@ def training(suite: Suite, dev: str) -> None:
     idx = rng.integers(0, len(X), 128)
     return step(Tensor(X[idx], device=dev), Tensor(Y[idx], device=dev))
   first = float(tt().item())
-  t = _per_step(tt, Device[dev].synchronize, 50)
+  t = _per_step(tt, Device[dev].synchronize, 50)[0]
   last = float(tt().item())
   pt = float("nan")
   if torch is not None:
@@ -550,7 +610,7 @@ def training(suite: Suite, dev: str) -> None:
       loss.backward()
       topt.step()
       return loss
-    pt = _per_step(pt_step, torch.cuda.synchronize, 50)
+    pt = _per_step(pt_step, torch.cuda.synchronize, 50)[0]
   suite.out(f"tinytune + TinyJit {t * 1e3:.3f} ms/step, torch eager {pt * 1e3:.3f} ms/step: tinytune {pt / t:.2f}x torch's speed; "
             f"loss {first:.3f} -> {last:.3f} over {3 + 5 * 50 + 2} steps")
 
