@@ -670,6 +670,25 @@ def test_index_checked_in_the_kernel_that_reads_it() -> None:
   assert take(Tensor([7, -1]).realize()).tolist() == [7, 9]
 
 
+def test_gpu_suite_times_the_gather_checked_and_not() -> None:
+  """bench/gpu_suite.py's gather section, on the CPU: a row of times for each index, checked and not, and the check put back after."""
+  import argparse
+  import importlib.util
+  import pathlib
+
+  from tinytune.tensor import indexing
+  spec = importlib.util.spec_from_file_location("gpu_suite", pathlib.Path(__file__).parents[1] / "bench" / "gpu_suite.py")
+  assert spec is not None and spec.loader is not None
+  suite_module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(suite_module)
+  suite = suite_module.Suite(argparse.Namespace(quick=True, budget=600))
+  real = indexing.checked
+  suite_module.gather_checks(suite, "CPU")
+  rows = [line.split(" | ") for line in suite.lines if line.startswith("| A[")]
+  assert [r[0] for r in rows] == ["| A[idx]", "| A[idx * 1]"] and all(float(x) > 0 for r in rows for x in r[1:3])
+  assert indexing.checked is real
+
+
 def test_index_check_on_gpus(tmp_path: Any) -> None:
   """CHECK's flag store races between the threads that read one bad index (any value may land): an atomic store on CUDA (rendered
   and built by nvcc for sm_90; HIP's built by clang for gfx90a), and one EMU lets race, where it raised EmuError."""
