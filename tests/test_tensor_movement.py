@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_support import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+from ops_support import FUZZ, GETITEM_CASES, bench_module, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 from oracle import helper_test_op, torch
 
 from tinytune import Tensor, TinyJit, dtypes, nn, no_grad
@@ -673,14 +673,9 @@ def test_index_checked_in_the_kernel_that_reads_it() -> None:
 def test_gpu_suite_times_the_gather_checked_and_not() -> None:
   """bench/gpu_suite.py's gather section, on the CPU: a row of times for each index, checked and not, and the check put back after."""
   import argparse
-  import importlib.util
-  import pathlib
 
   from tinytune.tensor import indexing
-  spec = importlib.util.spec_from_file_location("gpu_suite", pathlib.Path(__file__).parents[1] / "bench" / "gpu_suite.py")
-  assert spec is not None and spec.loader is not None
-  suite_module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(suite_module)
+  suite_module = bench_module("gpu_suite")
   suite = suite_module.Suite(argparse.Namespace(quick=True, budget=600))
   real = indexing.checked
   suite_module.gather_checks(suite, "CPU")
