@@ -564,7 +564,7 @@ def gather_checks(suite: Suite, dev: str) -> None:
     for r in range(4):
       for on in ((True, False) if r % 2 == 0 else (False, True)):
         indexing.checked = real if on else (lambda values, lo, hi, error: values)
-        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3))
+        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3)[0])
   finally: indexing.checked = real
   suite.out(f"| gather of {n} | checked µs | unchecked µs | checked / unchecked |\n| --- | --- | --- | --- |")
   for name in work:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ops_support import bench_module
 
 from tinytune import Kernel, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
@@ -100,12 +101,7 @@ def test_gpu_suite_times_the_mlp_forward_under_each_split() -> None:
   """bench/gpu_suite.py's launch overhead, on the CPU: the one-kernel step (here and in a fresh process) and the MLP forward under
   TinyJit, each with its host's issuing time, and the forward again under each of MLP_SPLITS, its output the default's."""
   import argparse
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location("gpu_suite", pathlib.Path(__file__).parents[1] / "bench" / "gpu_suite.py")
-  assert spec is not None and spec.loader is not None
-  suite_module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(suite_module)
+  suite_module = bench_module("gpu_suite")
   suite = suite_module.Suite(argparse.Namespace(quick=True, budget=600))
   suite_module.overhead(suite, "CPU", steps=4)
   rows = [line.split(" | ") for line in suite.lines if line.startswith("| ") and "---" not in line]  # the header goes with its rule
