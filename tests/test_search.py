@@ -86,6 +86,13 @@ def test_broken_candidates_are_recorded_and_search_goes_on(body: str, status: st
   assert results[0].error and next(r for r in seen if r.opts == (bad,)).status == status  # reported as it finished: maybe after others
 
 
+def test_a_worker_that_checks_on_the_device_finds_a_wrong_candidate() -> None:
+  k, bad = matmul_kernel(32), Opt(OptOps.UPCAST, 0, 2)
+  with Evaluator(k, "CPU", device_check=True, render=_inject(bad, "data0[0] = 12345.0f;")) as ev:
+    results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
+  assert [r.status for r in results] == ["wrong", "ok", "ok"] and results[0].error.startswith("1024 of 1024 outputs differ"), results[0].error  # it wrote one
+
+
 @pytest.mark.parametrize("dtype", [dtypes.bfloat16, dtypes.float16, dtypes.int32], ids=lambda d: d.name)
 def test_a_worker_restarted_after_a_crash_still_verifies(dtype: DType) -> None:
   """A new worker reads the reference its first one saved: a bfloat16 one came back from the file as raw bytes (numpy's 'V2'), so
@@ -221,6 +228,32 @@ def test_a_reference_compares_as_isclose_does_every_time(dtype: type) -> None:
     assert check.mismatches(out).tolist() == expect.tolist()
     out[:4] = [np.inf, np.inf, 1.0, np.nan]  # -inf and NaN lost, a NaN where 0 was
     assert check.mismatches(out)[:4].tolist() == [False, True, True, True]
+
+
+@pytest.mark.parametrize("device", ["CPU", "EMU"])
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.int32], ids=lambda d: d.name)
+def test_the_device_check_finds_what_the_host_comparison_finds(device: str, dtype: DType) -> None:
+  """DeviceCheck runs Reference's rule as kernels on the device that holds the output (a GPU's 4096x4096 output took 178 ms to copy
+  out and compare on the host): the same count of mismatches as the host's comparison, inf and NaN included, the worst difference
+  among them (inf for a NaN), and an output filled before a candidate runs wrong everywhere."""
+  from tinytune.search.worker import DeviceCheck, Reference
+  rng, n, tol = np.random.default_rng(2), 3 * 1024, {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4}.get(dtype.name, 0)
+  ref = (rng.standard_normal(n) * 10).astype(dtype.np) if tol else rng.integers(0, 8, n).astype(dtype.np)
+  if tol: ref[:4] = [np.inf, -np.inf, np.nan, 0.0]
+  check, out = Reference(ref, tol, terms=300), Buffer(device, n, dtype)
+  on_device = DeviceCheck(check, out)
+  for trial in range(3):
+    got = ref.copy()
+    if trial: got[rng.choice(n, 7 * trial, replace=False)] += ref.dtype.type(1) if not tol else ref.dtype.type(np.abs(ref[4:]).max() * tol * 40)
+    if trial == 2 and tol: got[:4] = [np.inf, np.inf, 1.0, np.nan]  # -inf and NaN lost, a NaN where 0 was
+    out.copyin(got)
+    bad = check.mismatches(got)
+    with np.errstate(invalid="ignore"): diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    worst = float(np.where(np.isnan(diff), np.inf, diff)[bad].max()) if bad.any() else 0.0
+    count, found = on_device()
+    assert count == int(bad.sum()) and found == pytest.approx(worst, rel=1e-2), (trial, count, int(bad.sum()), found, worst)
+  on_device.fill(out)
+  assert on_device()[0] == int(check.mismatches(out.numpy_view()).sum()) >= n - 1  # all but the reference's NaN, which a NaN matches
 
 
 def test_a_stop_signal_whose_raise_was_swallowed_still_stops_the_search(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]

@@ -171,6 +171,7 @@ class Evaluator:
   deadline: float | None = None  # time.monotonic() after which no new candidate starts (the strategy's budget sets it)
   end: float | None = None  # ... and after which re-timing the finalists takes no more rounds
   objective: str = "median"  # one of OBJECTIVES
+  device_check: bool | None = None  # compare outputs on the device (worker.DeviceCheck); None: on a GPU, where the output is large
 
   def __post_init__(self) -> None:
     self.dev = Device[self.device]
@@ -195,7 +196,7 @@ class Evaluator:
     if self.worker is None:
       spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
               "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
-              "ref_file": os.path.join(self.ref_dir.name, "ref.npy")}
+              "ref_file": os.path.join(self.ref_dir.name, "ref.npy"), "device_check": self.device_check}
       self.worker = _Worker(spec, self.timeout_s + 10 + self.kernel.flops / REF_MIN_FLOPS)
       if self.worker.ready[0] != "ready": raise RuntimeError(f"the reference kernel failed in the worker: {self.worker.ready[1]}")
     return self.worker
