@@ -90,6 +90,9 @@ def test_a_worker_that_checks_on_the_device_finds_a_wrong_candidate() -> None:  
   k, bad = matmul_kernel(32), Opt(OptOps.UPCAST, 0, 2)
   with Evaluator(k, "CPU", device_check=True, render=_inject(bad, "data0[0] = 12345.0f;")) as ev:
     results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
+    assert ev.checked_on == "device"
+  with Evaluator(k, "CPU") as ev:  # the CPU's NumPy reads the output's own memory: compared on the host unless asked
+    assert ev.evaluate([()])[0].status == "ok" and ev.checked_on == "host"
   assert [r.status for r in results] == ["wrong", "ok", "ok"] and results[0].error.startswith("1024 of 1024 outputs differ"), results[0].error
 
 
@@ -452,8 +455,10 @@ class TableEvaluator:
   def __init__(self, kernel: Kernel, times: dict[tuple[Opt, ...], float]): self.kernel, self.times = kernel, times
   def kernel_for(self, opts) -> Kernel: return self.kernel.copy().apply_opts(opts)  # type: ignore[no-untyped-def]
   def time(self, opts) -> float: return self.times.get(tuple(opts), 1.0)  # type: ignore[no-untyped-def]
-  def evaluate(self, candidates) -> list[Result]:  # type: ignore[no-untyped-def]
-    return [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
+  def evaluate(self, candidates, following=None) -> list[Result]:  # type: ignore[no-untyped-def]
+    results = [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
+    if following is not None: following(results[:len(results) // 2])  # what it would compile early: named from half the round
+    return results
   def retime(self, candidates) -> list[Timing]: return [Timing(self.time(o), 0.0, 1) for o in candidates]  # type: ignore[no-untyped-def]
 
 
@@ -721,7 +726,7 @@ def test_a_gpu_compiles_candidates_while_it_times_others(monkeypatch: pytest.Mon
   and times one: the wall time is about the runs' (the builds, two at a time, take less), not the sum of builds and runs, as when
   the evaluator rendered each chunk of candidates in turn before running them. Each result says where its seconds went."""
   slow_emu_builds(monkeypatch)
-  policy = TimingPolicy(warmup_seconds=2 * SLOW_S, max_seconds=0.05)  # each candidate's timing takes as long as its build, or more
+  policy = TimingPolicy(warmup_seconds=2 * SLOW_S, warmup_runs=None, max_seconds=0.05)  # each candidate's timing takes as long as its build, or more
   with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2, policy=policy) as ev:
     assert ev.evaluate([()])[0].status == "ok"  # the worker started, the compile processes forked
     st = time.monotonic()
@@ -738,7 +743,7 @@ def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None
   """A BEAM search on a GPU with compiles in flight at the deadline ends within 10% of its --seconds: they are not waited for."""
   slow_emu_builds(monkeypatch)
   k = emu_matmul_kernel(32)
-  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(warmup_seconds=0.1, max_seconds=0.05)) as ev:
+  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(warmup_seconds=0.1, warmup_runs=None, max_seconds=0.05)) as ev:
     st = time.monotonic()
     result = run_strategy("beam", k, ev, Budget(None, 5.0), default_opts(k))
     wall = time.monotonic() - st

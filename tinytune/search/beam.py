@@ -7,7 +7,7 @@ from typing import Iterable
 from tinytune.codegen.heuristic import alternative_opts
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.evaluate import Evaluator, Following, Result
 from tinytune.search.space import actions
 from tinytune.search.strategy import Budget, Option, SearchContext, SearchResult, finalize, tried
 
@@ -21,15 +21,23 @@ def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Op
   # the heuristics hold in reserve; the default goes first so slower starts are cut off early (the kernel with no opts is last:
   # at large sizes it is very slow)
   starts = [default, *(tuple(opts) for opts in alternative_opts(kernel)), *(default[:i] for i in range(len(default) - 1, -1, -1))]
-  history: list[Result] = ev.evaluate(list(dict.fromkeys(starts)))
+  moves: dict[tuple[Opt, ...], list[Opt]] = {}  # each kernel's valid next opts, worked out once (a TC matmul's took 26 ms)
+  def expand(beam: list[Result], seen: set[tuple[Opt, ...]]) -> list[tuple[Opt, ...]]:
+    for r in beam:
+      if r.opts not in moves: moves[r.opts] = actions(ev.kernel_for(r.opts))
+    return list(dict.fromkeys(r.opts + (a,) for r in beam for a in moves[r.opts] if r.opts + (a,) not in seen))
   expanded: set[str] = set()  # the kernels (by source) whose every next opt was tried
+  def following(asked: list[tuple[Opt, ...]]) -> Following:
+    """The round likely to come after this one, from its results so far: compiled while the worker runs this one's last candidates."""
+    return lambda so_far: expand(fastest(history + so_far, width, expanded), {r.opts for r in history} | set(asked))
+  history: list[Result] = []
+  history = ev.evaluate(starts := list(dict.fromkeys(starts)), following(starts))
   beam = fastest(history, width, expanded)
   best = beam[0].time if beam else float("inf")
   while beam and (left := budget.left(tried(history))):
-    seen = {r.opts for r in history}
-    candidates = list(dict.fromkeys(r.opts + (a,) for r in beam for a in actions(ev.kernel_for(r.opts)) if r.opts + (a,) not in seen))[:left]
+    candidates = expand(beam, {r.opts for r in history})[:left]
     expanded |= {r.source_hash for r in beam}
-    history += (results := ev.evaluate(candidates))
+    history += (results := ev.evaluate(candidates, following(candidates)))
     beam = fastest(results, width, expanded)
     if beam and beam[0].time <= best * (1 - min_gain): best = beam[0].time
     elif budget.seconds is None: break  # a budget of candidates only: stop at the first round that gains little, as always
