@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import wait
 
 import numpy as np
 import pytest
@@ -257,6 +258,26 @@ def test_the_device_check_finds_what_the_host_comparison_finds(device: str, dtyp
     assert count == int(bad.sum()) and found == pytest.approx(worst, rel=1e-2), (trial, count, int(bad.sum()), found, worst)
   on_device.fill(out)
   assert on_device()[0] == int(check.mismatches(out.numpy_view()).sum()) >= n - 1  # all but the reference's NaN, which a NaN matches
+
+
+def test_the_device_checks_kernels_compile_with_nvrtc() -> None:
+  """The device check's kernels as a GPU runs them (scheduled for sm_90's caps with their default opts, rendered as CUDA) compile with
+  NVRTC, for each output dtype: the fill, the count and the worst difference."""
+  from ops_support import nvrtc_missing
+  if why := nvrtc_missing(): pytest.skip(why)
+  from tinytune.codegen.caps import cuda_caps
+  from tinytune.codegen.cstyle import CUDARenderer
+  from tinytune.runtime.cuda import _nvrtc
+  from tinytune.search.worker import DeviceCheck, Reference
+  srcs = []
+  for dtype, tol in ((dtypes.float16, 1e-2), (dtypes.bfloat16, 5e-2), (dtypes.float32, 1e-4), (dtypes.int32, 0)):
+    out = Buffer("EMU", 64 * 4096, dtype)
+    check = DeviceCheck(Reference(np.ones(out.size, dtype.np), tol, terms=4096), out)
+    for target, into in ((check.sentinel, out), (check.count, None), (check.worst, None)):
+      for item in create_schedule(target, "EMU", into)[0]:
+        k = Kernel(item.ast, cuda_caps("sm_90"))
+        srcs.append(CUDARenderer().render(k.apply_opts(default_opts(k))))
+  for src in dict.fromkeys(srcs): _nvrtc(src, "sm_90")
 
 
 def test_a_stop_signal_whose_raise_was_swallowed_still_stops_the_search(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
@@ -737,6 +758,28 @@ def test_a_gpu_compiles_candidates_while_it_times_others(monkeypatch: pytest.Mon
   assert all(r.render_s >= SLOW_S and r.compile_s >= SLOW_S and 0 < r.verify_s < r.run_s for r in ok)
   serial = sum(r.render_s + r.compile_s + r.run_s for r in ok)
   assert wall < 0.7 * serial, f"{wall:.2f} s for {len(ok)} candidates whose renders, compiles and runs took {serial:.2f} s in all"
+
+
+def test_the_next_round_compiles_while_this_one_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+  """BEAM names its likely next round from a round's results so far (`following`), and the evaluator compiles it while the worker
+  runs the round's last candidates: the next call finds them built and the worker waits for no compile (a TC round on an H200 is 7 to
+  30 candidates, each run in ~40 ms once verified on the device, while a compile took 227 to 506 ms)."""
+  slow_emu_builds(monkeypatch)
+  first, second = [tuple(c) for c in EMU_CANDIDATES[:3]], [tuple(c) for c in EMU_CANDIDATES[3:]]
+  seen: list[int] = []
+  def following(so_far: list[Result]) -> list[tuple[Opt, ...]]:
+    seen.append(len(so_far))
+    return second
+  with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2, policy=TimingPolicy(max_seconds=0.05)) as ev:
+    assert ev.evaluate([()])[0].status == "ok"
+    assert [r.status for r in ev.evaluate(first, following)] == ["ok"] * 3
+    assert seen[0] == 0 and set(ev.early) == set(second)  # asked before any result came, and again as they came
+    wait([build for _, build in ev.early.values()])
+    st = time.monotonic()
+    done = ev.evaluate(second)
+    waited = time.monotonic() - st - sum(r.run_s for r in done)
+  assert [r.status for r in done] == ["ok"] * 3 and not ev.early
+  assert waited < SLOW_S, f"the worker waited {waited:.2f} s for builds that were done"
 
 
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

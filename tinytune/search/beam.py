@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from tinytune.codegen.heuristic import alternative_opts
-from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt
 from tinytune.search.evaluate import Evaluator, Following, Result
 from tinytune.search.space import actions
@@ -22,20 +22,26 @@ def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Op
   # at large sizes it is very slow)
   starts = [default, *(tuple(opts) for opts in alternative_opts(kernel)), *(default[:i] for i in range(len(default) - 1, -1, -1))]
   moves: dict[tuple[Opt, ...], list[Opt]] = {}  # each kernel's valid next opts, worked out once (a TC matmul's took 26 ms)
-  def expand(beam: list[Result], seen: set[tuple[Opt, ...]]) -> list[tuple[Opt, ...]]:
-    for r in beam:
-      if r.opts not in moves: moves[r.opts] = actions(ev.kernel_for(r.opts))
-    return list(dict.fromkeys(r.opts + (a,) for r in beam for a in moves[r.opts] if r.opts + (a,) not in seen))
+  def expand(beam: list[tuple[Opt, ...]], seen: set[tuple[Opt, ...]]) -> list[tuple[Opt, ...]]:
+    for opts in beam:
+      if opts in moves: continue
+      try: moves[opts] = actions(ev.kernel_for(opts))
+      except KernelOptError: moves[opts] = []  # a start not measured yet may be invalid
+    return list(dict.fromkeys(opts + (a,) for opts in beam for a in moves[opts] if opts + (a,) not in seen))
   expanded: set[str] = set()  # the kernels (by source) whose every next opt was tried
   def following(asked: list[tuple[Opt, ...]]) -> Following:
-    """The round likely to come after this one, from its results so far: compiled while the worker runs this one's last candidates."""
-    return lambda so_far: expand(fastest(history + so_far, width, expanded), {r.opts for r in history} | set(asked))
+    """The round likely to come after this one, from its results so far (before any, from the first it asked for: the default leads
+    the starts): compiled while the worker runs this one's last candidates."""
+    def likely(so_far: list[Result]) -> list[tuple[Opt, ...]]:
+      beam = [r.opts for r in fastest(history + so_far, width, expanded)] or asked[:width]
+      return expand(beam, {r.opts for r in history} | set(asked))
+    return likely
   history: list[Result] = []
   history = ev.evaluate(starts := list(dict.fromkeys(starts)), following(starts))
   beam = fastest(history, width, expanded)
   best = beam[0].time if beam else float("inf")
   while beam and (left := budget.left(tried(history))):
-    candidates = expand(beam, {r.opts for r in history})[:left]
+    candidates = expand([r.opts for r in beam], {r.opts for r in history})[:left]
     expanded |= {r.source_hash for r in beam}
     history += (results := ev.evaluate(candidates, following(candidates)))
     beam = fastest(results, width, expanded)
