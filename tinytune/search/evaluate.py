@@ -268,9 +268,13 @@ class Evaluator:
     return results[:next((i for i, r in enumerate(results) if r is None), len(results))]  # type: ignore[return-value]
 
   def _compile_early(self, candidates: Sequence[Sequence[Opt]]) -> None:
-    """Start compiling candidates a later call will likely ask for, while up to twice as many are in flight as there are jobs."""
+    """Start compiling candidates a later call will likely ask for, while up to twice as many are in flight as there are jobs; those
+    no longer likely that have not started compiling are dropped, lest they hold up the ones now likely."""
+    likely = list(dict.fromkeys(map(tuple, candidates)))
+    for opts in set(self.early) - set(likely):
+      if self.early[opts][1].cancel(): del self.early[opts]
     flight = sum(not build.done() for _, build in self.early.values())
-    for opts in map(tuple, candidates):
+    for opts in likely:
       if flight >= 2 * self.pool._max_workers: return
       if opts in self.early or opts_to_json(opts) in self.known: continue
       try: k = self.kernel_for(opts)
