@@ -615,7 +615,7 @@ def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: p
   history = [Result(default, "ok", 4.5e-4, 4.7e-4, source_hash="d"), Result(up, "ok", 2.3e-4, 2.4e-4, source_hash="u")]
 
   class Retimes:  # the re-times a busy machine gives: the default 16x its search median (the 7.87 ms against 0.470 ms)
-    def __init__(self, *rounds: list[Timing]) -> None: self.rounds, self.calls = list(rounds), 0
+    def __init__(self, *rounds: list[Timing], end: float | None = None) -> None: self.rounds, self.calls, self.end = list(rounds), 0, end
     def retime(self, candidates: list) -> list[Timing]:
       self.calls += 1
       return self.rounds.pop(0)
@@ -628,6 +628,8 @@ def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: p
   assert ev.calls == 2 and result.note.startswith("noisy: the machine was busy (load ") and math.isnan(result.speedup)
   ev = Retimes(quiet)
   assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  ev = Retimes(outlier, quiet, end=time.monotonic())  # the budget's seconds are spent: not measured again, and said to be noisy
+  assert finalize(ev, history, default).note.startswith("noisy") and ev.calls == 1  # type: ignore[arg-type]
   monkeypatch.setenv("TINYTUNE_NOISE_CHECK", "0")  # trust every re-time
   ev = Retimes(outlier)
   assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
