@@ -260,6 +260,8 @@ def test_the_device_check_finds_what_the_host_comparison_finds(device: str, dtyp
     assert count == int(bad.sum()) and found == pytest.approx(worst, rel=1e-2), (trial, count, int(bad.sum()), found, worst)
   on_device.fill(out)
   assert on_device()[0] == int(check.mismatches(out.numpy_view()).sum()) >= n - 1  # all but the reference's NaN, which a NaN matches
+  assert DeviceCheck.tried(check, out.copyin(ref)) is not None  # the worker's test of it before use, on the reference it just ran
+  assert DeviceCheck.tried(check, out.copyin(got)) is None  # one that finds that output wrong is not used
 
 
 def test_the_device_checks_kernels_compile_with_nvrtc() -> None:

@@ -108,17 +108,19 @@ class DeviceCheck:
       diff = diff.isnan().where(math.inf, diff)  # a NaN where a number belongs is as wrong as can be (a max would skip it)
     self.count = bad.reshape(rows, n // rows).sum(axis=1).uop
     self.worst = bad.where(diff, 0).reshape(rows, n // rows).max(axis=1).uop
-    self.device, self.check, self.blank = dev, check, sentinel_value(out.dtype.is_float, check.ref.dtype)
+    self.device, self.blank = dev, sentinel_value(out.dtype.is_float, check.ref.dtype)
     self.sentinel = Tensor.full((n,), self.blank, dtype=out.dtype, device=dev).uop
 
-  def works(self, out: Any) -> bool:
-    """Whether its kernels build and run here, and find the reference (still in `out`) right and the sentinel wrong: a check that
-    cannot be trusted on some device leaves the comparison to the host."""
+  @staticmethod
+  def tried(check: Reference, out: Any) -> DeviceCheck | None:
+    """The device check, where its kernels build and run here and find the reference (still in `out`) right and the sentinel wrong;
+    else None, and the host compares (a check that cannot be trusted on some device is no check)."""
     try:
-      if self() != (0, 0.0): return False
-      self.fill(out)
-      return self()[0] > 0 or not self.check.mismatches(np.full(out.size, self.blank, dtype=self.check.ref.dtype)).any()  # a sentinel it matches
-    except Exception: return False  # rendering or compiling its kernels failed on this device
+      ret = DeviceCheck(check, out)
+      if ret() != (0, 0.0): return None
+      ret.fill(out)
+      return ret if ret()[0] > 0 or not check.mismatches(np.full(out.size, ret.blank, dtype=check.ref.dtype)).any() else None
+    except Exception: return None  # a dtype this device lacks, or its kernels failed to build
 
   def fill(self, out: Any) -> None:
     """Write the sentinel into the output on the device: elements a candidate skips show up as wrong."""
@@ -156,10 +158,9 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
   check = Reference(ref, {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 1e-9}.get(ref.dtype.name, 0), spec.get("terms", 1))
   sentinel = np.full(ref.size, sentinel_value(out.dtype.is_float, ref.dtype), dtype=ref.dtype)
   on_device = spec.get("device_check")
-  device_check = DeviceCheck(check, out) if on_device or on_device is None and dev.asynchronous and ref.size >= DEVICE_CHECK_MIN else None
-  if device_check is not None and not device_check.works(out):
-    if on_device: raise RuntimeError("the device check failed its test on the reference")
-    device_check = None  # compared on the host, as everywhere before the device check
+  wanted = on_device or on_device is None and dev.asynchronous and ref.size >= DEVICE_CHECK_MIN
+  if (device_check := DeviceCheck.tried(check, out) if wanted else None) is None and on_device:
+    raise RuntimeError("the device check failed its test on the reference")
   reply(["ready", "device" if device_check is not None else "host"])
   for line in requests:
     msg = json.loads(line)
