@@ -216,6 +216,7 @@ class Evaluator:
     # 165 ms to verify and time (H200)
     self.procs: ProcessPoolExecutor | None = None
     self.early: dict[tuple[Opt, ...], tuple[Kernel, Future[Built]]] = {}  # builds started before a call asked for them (`following`)
+    self.refused: set[tuple[Opt, ...]] = set()  # ... and the invalid ones among them
     self.ref_dir = tempfile.TemporaryDirectory(prefix="tinytune-ref-")  # the reference output, kept for workers that replace one that died
     self.worker: _Worker | None = self._spawn()  # starting while the first candidates compile
     self.checked_on = ""  # where the worker compares outputs with the reference: "device" or "host"
@@ -276,9 +277,11 @@ class Evaluator:
     flight = sum(not build.done() for _, build in self.early.values())
     for opts in likely:
       if flight >= 2 * self.pool._max_workers: return
-      if opts in self.early or opts_to_json(opts) in self.known: continue
+      if opts in self.early or opts in self.refused or opts_to_json(opts) in self.known: continue
       try: k = self.kernel_for(opts)
-      except KernelOptError: continue
+      except KernelOptError:
+        self.refused.add(opts)  # not applied again at the next result: the worker waits while this process works
+        continue
       self.early[opts] = (k, self._submit(opts, k, {}))
       flight += 1
 
