@@ -473,6 +473,35 @@ def overhead(suite: Suite, dev: str) -> None:
             f"{fw / pf:.2f} |")
 
 
+def gather_checks(suite: Suite, dev: str) -> None:
+  """A[idx] of 10^6 int32 indices into 10^6, the index in memory and computed (idx * 1), with the bounds check fused into the gather
+  (tinytune.tensor.checks.checked: each realize then waits to read its flag) and without, in alternating rounds."""
+  from tinytune import Tensor
+  from tinytune.engine import schedule
+  from tinytune.runtime import Device
+  from tinytune.tensor import indexing
+  n = 10**4 if suite.args.quick else 10**6
+  A = Tensor.arange(n, device=dev).contiguous().realize()
+  idx = Tensor(np.random.default_rng(0).integers(0, n, n).astype(np.int32), device=dev).realize()
+  def step(index: Callable[[], Tensor]) -> Callable[[], None]:
+    def run() -> None:
+      schedule.forget_realized()  # unchecked, the same graph again would be found realized
+      A[index()].realize()
+    return run
+  work = {"A[idx]": step(lambda: idx), "A[idx * 1]": step(lambda: idx * 1)}
+  real, times = indexing.checked, dict[tuple[str, bool], list[float]]()
+  try:
+    for r in range(4):
+      for on in ((True, False) if r % 2 == 0 else (False, True)):
+        indexing.checked = real if on else (lambda values, lo, hi, error: values)
+        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3))
+  finally: indexing.checked = real
+  suite.out(f"| gather of {n} | checked µs | unchecked µs | checked / unchecked |\n| --- | --- | --- | --- |")
+  for name in work:
+    yes, no = statistics.median(times[(name, True)]), statistics.median(times[(name, False)])
+    suite.out(f"| {name} | {yes * 1e6:.1f} | {no * 1e6:.1f} | {yes / no:.2f} |")
+
+
 def training(suite: Suite, dev: str) -> None:
   """The MLP 784-128-10 Adam step, batch 128, under TinyJit (the batch sampled on the host and passed in) against torch eager."""
   from tinytune import Tensor, TinyJit
@@ -523,8 +552,8 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants, schedules, "
-                  "attention")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, gather, variants, "
+                  "schedules, attention")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -548,6 +577,7 @@ def main() -> None:
     ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
+    ("gather", "Index bounds checks fused into the gather, against none", lambda: gather_checks(suite, dev)),
     ("variants", "matmul, conv2d and attention's P.V: alternatives to the default opts, timed against them", lambda: variants(suite, dev)),
     ("schedules", "Schedules other than the default (split-K, Winograd), timed against it", lambda: schedule_variants(suite, dev)),
     ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),

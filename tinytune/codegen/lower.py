@@ -72,6 +72,7 @@ class StoreArg(NamedTuple):  # STORE
   stream: bool  # a whole 64-byte line past the caches
   cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
   # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
+  any: bool = False  # threads may store to the one element together, any of their values landing (CHECK's flag): an atomic store
 
 
 class FoldArg(NamedTuple):  # FOLD
@@ -538,6 +539,7 @@ class _Lowerer:
     elif self.rows is not None and u is self.rows.source and not self.in_body and self.rows.holds(idx): ret = self.rows.load(idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
+    elif u.op is Ops.CHECK: ret = self.check(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
     self.memo[key] = ret
     return ret
@@ -557,6 +559,17 @@ class _Lowerer:
     val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
     ok_val = Val(Kind.SCALAR, (oks[0],)) if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(oks))
     return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))], [dtypes.bool, u.dtype, u.dtype])
+
+  def check(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """CHECK's value, and a store of each lane's value outside [lo, hi) into the flag (threads that find one race to store theirs:
+    the flag ends up holding one of them)."""
+    val, (lo, hi), buf, i64 = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], dtypes.int64
+    for i in range(1 if val.kind is Kind.SCALAR else self.width):
+      v = val.lane(i) if u.dtype == i64 else self.value(Ops.CAST, i64, (val.lane(i),))
+      below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(i64, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(i64, hi - 1), v))
+      bad = UOp.var(self.value(Ops.OR, dtypes.bool, (below, above)).arg.name, 0, 1)  # a guard is index math: the value by its name
+      self.emit(Ops.STORE, UOp.const(i64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=i64)
+    return val
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
