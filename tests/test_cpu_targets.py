@@ -290,6 +290,36 @@ def test_column_panels_follow_the_l2_size() -> None:
       assert any(o.op is OptOps.SWAP for o in opts) == swapped and any(o.op is OptOps.PACK for o in opts) == (rows == 512), (rows, l2)
 
 
+def test_transposes_no_tile_splits_read_whole_runs() -> None:
+  """conv2d's NCHW -> padded NHWC copy at 4x32x32x32 (rows of 34: no 8 or 4 tile splits them; channels 4 KiB apart, 8 of an L1's lines
+  at that stride) reads each padded row's run inside 4 channels, on AVX2 and AVX-512, and is right; a transpose whose gathered rows
+  spread over the L1's sets (520 bytes apart) keeps its vectors, and so does one whose run's output rows would share 2 sets (2 KiB
+  apart)."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts, l1_lines
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps
+  from tinytune.engine.schedule import create_schedule
+  def opts(out: Tensor, target: str) -> list[Opt]:
+    (item,), _ = create_schedule(out.uop, "CPU")
+    t = cpu_target(target)
+    caps = dataclasses.replace(Device["CPU"].caps, simd_width=t.lanes, vector_registers=t.registers, l1_bytes=32 << 10)
+    return default_opts(Kernel(item.ast, caps))
+  x = np.random.default_rng(0).standard_normal((4, 32, 32, 32), np.float32)
+  pad = lambda: Tensor(x).pad(((0, 0), (0, 0), (1, 1), (1, 1))).permute(0, 2, 3, 1)  # noqa: E731
+  for target in ("x86-64-v3", "x86-64-v4"):
+    assert opts(pad(), target) == [Opt(OptOps.SWAP, 2, 3), Opt(OptOps.UPCAST, 3, 4)], target
+    assert all(o.op is not OptOps.SWAP for o in opts(Tensor(np.ones((512, 130), np.float32)).T, target)), target
+    assert all(o.op is not OptOps.SWAP for o in opts(Tensor(np.ones((512, 1024), np.float32))[:, :130].T, target)), target
+  kernel = Kernel(create_schedule(pad().contiguous().uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  assert [l1_lines(kernel, s) for s in (4096, 2048, 128, 520, 4)] == [kernel.caps.l1_bytes // 4096 * n for n in (1, 2, 32, 64, 64)]
+  np.testing.assert_array_equal(pad().numpy(), np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).transpose(0, 2, 3, 1))
+
+
 def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
   """On AVX2 (16 registers of 8 lanes) a 1024^3 matmul takes a 6x16 tile whose B panels are packed (PACK), the threads splitting the
   columns so each core packs its own; B gathered along K (x @ W.T) too from 64 rows, where AVX-512's 16 lanes keep dot products

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 from typing import Callable, Sequence
 
 from tinytune.codegen.kernel import PACK_BYTES, AxisKind, Kernel, KernelOptError, find_tensor_core, input_strides
@@ -12,6 +13,7 @@ from tinytune.helpers import NOOPT, SPLITK, divisors, prod, round_up
 from tinytune.shape import split_offset
 from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, simplify
 
+CACHE_LINE, L1_SET_SPAN = 64, 4096  # bytes: a cache line, and the span of addresses over which an L1's sets repeat (a page)
 GATHER_STRIDE = 16  # elements apart along the lanes from which each lane of a vector load is its own cache line
 # below this estimated time on one core, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
 # milliseconds (the CNN step's small reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found; X[idx] of
@@ -201,10 +203,17 @@ def plan_column_sum(p: Plan) -> bool:
 def plan_transpose(p: Plan) -> bool:
   """A transpose (an input contiguous along another output dim than the lanes): a square tile, lanes by as many rows of that dim, so
   each input line is read in runs rather than one element of it per output vector. 8x8, for any dtype: a float32 1024^2 transpose
-  2.2 ms untiled, 0.58 with 16x16, 0.38 with 8x8; 4096^2 61.7, 12.4, 10.4; int32 1024^2 1.65 -> 0.39, float16 2.19 -> 0.18."""
-  if p.lane is None or (tile := _transpose_tile(p.k, p.lane, p.strides)) is None: return False
-  p.upcast(p.lane, tile[1])
-  p.upcast(tile[0], tile[1])
+  2.2 ms untiled, 0.58 with 16x16, 0.38 with 8x8; 4096^2 61.7, 12.4, 10.4; int32 1024^2 1.65 -> 0.39, float16 2.19 -> 0.18.
+  Where no tile splits that dim (a padded row of 34) and the vectors' gathered lines share too few L1 sets (rows 4 KiB apart), that
+  dim's whole run inside a few lanes (see _transpose_runs): conv2d 4x32 at 32^2's NCHW -> padded NHWC copy 0.214 -> 0.028 ms."""
+  if p.lane is None: return False
+  if (tile := _transpose_tile(p.k, p.lane, p.strides)) is not None:
+    p.upcast(p.lane, tile[1])
+    p.upcast(tile[0], tile[1])
+  elif (runs := _transpose_runs(p.k, p.lane, p.strides)) is not None:
+    p.first_valid(Opt(OptOps.SWAP, runs[0], p.lane))
+    p.upcast(p.lane, runs[1])
+  else: return False
   return True
 
 
@@ -387,6 +396,26 @@ def _transpose_tile(k: Kernel, lane: int, strides: list[list[int]]) -> tuple[int
   along that other output dim, and width (8 or 4) splits both."""
   return next(((d, w) for st in strides if abs(st[lane]) >= GATHER_STRIDE for d in range(k.n_global) if d != lane and st[d] == 1
                for w in (8, 4) if k.sizes[lane] % w == 0 and k.sizes[d] % w == 0), None)
+
+
+def l1_lines(k: Kernel, stride: int) -> int:
+  """How many cache lines `stride` bytes apart one core's L1 holds: x86 and ARM L1s pick the set by the address bits below 4 KiB, so lines
+  a multiple of 4 KiB apart share one set of l1_bytes / 4 KiB ways (8 on a Zen 4's 32 KiB)."""
+  return max(1, k.caps.l1_bytes // L1_SET_SPAN) * min(L1_SET_SPAN // CACHE_LINE, L1_SET_SPAN // gcd(stride, L1_SET_SPAN))
+
+
+def _transpose_runs(k: Kernel, lane: int, strides: list[list[int]]) -> tuple[int, int] | None:
+  """For a transpose that no tile splits: (dim, lanes) where the default's vectors (2 x SIMD lanes, each gathered from its own line)
+  would not stay in L1 together but `lanes` of them and a run of that contiguous dim's output lines would (half of L1's lines at
+  their strides each): the run's loads are contiguous, and each line is read whole before the next."""
+  item, wide = k.ast.dtype.itemsize, 2 * k.caps.simd_width
+  for st in strides:
+    if abs(st[lane]) < GATHER_STRIDE or l1_lines(k, abs(st[lane]) * item) >= wide: continue
+    for d in range(k.n_global):
+      out_stride = prod(k.sizes[d + 1:k.n_global]) * item
+      if d == lane or st[d] != 1 or k.sizes[d] == 1 or 2 * k.sizes[d] > l1_lines(k, out_stride): continue
+      if (w := next((w for w in (8, 4) if k.sizes[lane] % w == 0 and 2 * w <= l1_lines(k, abs(st[lane]) * item)), None)): return d, w
+  return None
 
 
 def _tile_row(k: Kernel, lane: int | None, strides: list[list[int]]) -> int | None:
