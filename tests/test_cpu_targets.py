@@ -379,6 +379,26 @@ def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
   assert {OptOps.PACK, OptOps.KBLOCK} <= ops(opts(256, 4096, 4096, "x86-64-v4", gathered=True))
 
 
+def test_packed_panels_k_blocks_follow_the_l2_size() -> None:
+  """A packed panel of B stays within half the target's L2 (and PACK_BYTES): AVX2's 1024^3 panel of 16 columns by all of K (64 KiB)
+  is whole with a 1 MB L2 or 128 KiB, and K is cut in blocks of 512 (32 KiB) with 64 KiB."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  (item,), _ = create_schedule((Tensor(np.ones((1024, 1024), np.float32)) @ Tensor(np.ones((1024, 1024), np.float32))).uop, "CPU")
+  t = cpu_target("x86-64-v3")
+  for l2, block in ((1 << 20, None), (128 << 10, None), (64 << 10, 512)):
+    caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=l2)
+    opts = default_opts(Kernel(item.ast, caps))
+    assert OptOps.PACK in {o.op for o in opts} and next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
+
+
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""

@@ -282,15 +282,15 @@ def streaming_stores(p: Plan) -> None:
 
 def packed_panels(p: Plan) -> None:
   """B's panels copied contiguously (see PACK_MIN_ROWS_PER_LANE), where the loops leave B's a panel that the row loop reads again; K in the
-  longest blocks that keep the panel within PACK_BYTES where it is longer (AVX-512's 32 columns by a K of 2048)."""
+  longest blocks that keep the panel within panel_bytes where it is longer (AVX-512's 32 columns by a K of 2048)."""
   k, row = p.k, p.tile_row
   if not p.pack or row is None: return
-  red = k.remaining(k.n_global).size
+  red, most = k.remaining(k.n_global).size, panel_bytes(k)
   for block in [0, *(b for b in reversed(divisors(red)) if KBLOCK_MIN <= b < red)]:
     t = k.copy()
     if block and not any(a.kind is AxisKind.KBLOCK for a in t.axes): _first_valid(t, Opt(OptOps.KBLOCK, 0, block))
     _first_valid(t, Opt(OptOps.PACK, 0, 0))
-    if t.pack and any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles()):
+    if t.pack and any(view.arg.strides[row] == 0 and prod(e for _, e in dims) * view.dtype.itemsize <= most for view, _, dims in t.pack_tiles()):
       k.apply_opts(t.opts[len(k.opts):])
       return
 
@@ -323,17 +323,23 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
 def _packs_b(k: Kernel, row: int | None, lane: int | None) -> bool:
   """Whether a matmul's B is to be copied into panels (PACK): a float32 B read straight from memory (see Kernel.pack_tiles), with at
   least PACK_MIN_ROWS_PER_LANE rows of A per vector lane to read each panel (a gathered B more, see PACK_GATHERED_ROWS_PER_LANE), and
-  a panel of the widest tile (4 vectors) within PACK_BYTES, K blocked if need be."""
+  a panel of the widest tile (4 vectors) within panel_bytes, K blocked if need be."""
   if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS_PER_LANE * k.caps.simd_width or k.n_reduce != 1:
     return False
   if any(abs(st[lane]) >= GATHER_STRIDE for st in input_strides(k)) and k.sizes[row] < PACK_GATHERED_ROWS_PER_LANE * k.caps.simd_width:
     return False
-  red, step = k.sizes[-1], 4 * k.caps.simd_width * 4  # a K step's bytes
-  if red * step > PACK_BYTES and (k.kblock_problem() or not any(KBLOCK_MIN <= b < red and b * step <= PACK_BYTES for b in divisors(red))):
+  red, step, most = k.sizes[-1], 4 * k.caps.simd_width * 4, panel_bytes(k)  # a K step's bytes
+  if red * step > most and (k.kblock_problem() or not any(KBLOCK_MIN <= b < red and b * step <= most for b in divisors(red))):
     return False
   t = k.copy()
   if row < lane: _first_valid(t, Opt(OptOps.SWAP, row, lane))
   return any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles())
+
+
+def panel_bytes(k: Kernel) -> int:
+  """The most a packed panel of B may hold: half the target's L2, where it stays while every row tile reads it beside their rows of A
+  (a core's L2 as sysfs or getconf gives it, see runtime.cpu.cache_sizes), and no more than PACK_BYTES, the copy's array on the stack."""
+  return min(PACK_BYTES, k.caps.l2_bytes // 2)
 
 
 def _half_inputs(k: Kernel) -> bool:
