@@ -399,6 +399,26 @@ def test_packed_panels_k_blocks_follow_the_l2_size() -> None:
     assert OptOps.PACK in {o.op for o in opts} and next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
 
 
+def test_conv_weight_gradients_k_blocks_follow_the_l2_size() -> None:
+  """The CNN step's 5x5 weight gradient (32x32 channels over 128 images of 20x20, 16 MB of inputs) sums its images in blocks whose
+  inputs stay in half the L2: 4 images with a 1 MB L2, 8 with 2 MB, and no blocks where all of them fit."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.opts import OptOps
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name.startswith("r_1_5_5_32_32_"))
+  t = cpu_target("x86-64-v3")
+  for l2, block in ((1 << 20, 4), (2 << 20, 8), (64 << 20, None)):
+    caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=l2)
+    opts = default_opts(Kernel(ast, caps))
+    assert next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
+
+
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""
