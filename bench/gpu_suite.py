@@ -270,7 +270,7 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
 # schedule: (workload, its params over the GPU sizes, label, the Context of the variant, the Context of both: attention's P.V is a
 # kernel of its own only as the graph, FLASH=0)
 SCHEDULE_VARIANTS: list[tuple[str, dict[str, int], str, dict[str, int], dict[str, int]]] = [
-  ("attention", {}, "no split-K (P.V in 256 workgroups, not 4 shares of 1024)", {"SPLITK": 0}, {"FLASH": 0}),
+  ("bmm", {}, "split-K in 2 shares (512 workgroups unsplit: not split by default since 16:08)", {"SPLITK": 2}, {}),
   ("linear", {"m": 16, "k": 8192, "n": 4096}, "no split-K (16 shares by default)", {"SPLITK": 0}, {}),
   ("linear", {"m": 16, "k": 8192, "n": 4096}, "split-K in 4 shares", {"SPLITK": 4}, {}),
   ("matmul", {"m": 256, "n": 256, "k": 65536}, "no split-K (16 shares by default)", {"SPLITK": 0}, {})]

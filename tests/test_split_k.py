@@ -58,15 +58,15 @@ def gpu_kernels(name: str, device: str = "EMU", **params: int) -> list[Kernel]:
   return [Kernel(item.ast, cuda_caps("sm_90")) for item in items]
 
 
-def test_attention_pv_is_split_on_an_h200() -> None:
-  """Attention 4x16x1024x64's P.V (65536 threads of 64 outputs, a quarter of an H200's thread slots) is split in 4 (1024 workgroups),
-  its combine a fourth kernel (after QK^T and the softmax); QK^T and a matmul 4096^3 (1024 workgroups of 128x128) are not; SPLITK=0
-  turns it off. Attention as its graph (FLASH=0): in one kernel it has no P.V of its own."""
+def test_kernels_with_a_workgroup_for_each_sm_are_not_split() -> None:
+  """Attention 4x16x1024x64's P.V (256 workgroups), bmm 32x512^3 (512) and a matmul 4096^3 (1024) fill an H200's 132 SMs: not split
+  (split, P.V and bmm measured slower there). Attention as its graph (FLASH=0): in one kernel it has no P.V of its own."""
   with Context(FLASH=0): ks = gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64)
-  assert [k.name for k in ks][-2:] == ["r_4_4_16_1024_64_256", "r_4_16_1024_64_4"] and len(ks) == 4
-  assert gpu_split_k(ks[0]) == 1
-  with Context(SPLITK=0, FLASH=0): assert len(gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64)) == 3
+  assert [k.name for k in ks][-1] == "r_4_16_1024_64_1024" and len(ks) == 3 and all(gpu_split_k(k) == 1 for k in ks)
+  assert len(gpu_kernels("bmm", batch=32, m=512, n=512, k=512)) == 1
   assert len(gpu_kernels("matmul", m=4096, n=4096, k=4096)) == 1
+  with Context(SPLITK=4, FLASH=0): ks = gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64)  # forced: every sum split
+  assert [k.name for k in ks][-2:] == ["r_4_4_16_1024_64_256", "r_4_16_1024_64_4"]
 
 
 def test_few_rows_with_a_long_k_are_split() -> None:

@@ -15,7 +15,8 @@ class DeviceCaps:
   max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
   shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
   tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
-  tc_args: tuple[int, ...] = (0, 1)  # the TC args its renderer spells: 0 (CUDA's wmma API, RDNA3's WMMA), 1 (PTX mma.sync), 2 (wgmma, sm_90's)
+  tc_args: tuple[int, ...] = (0, 1)  # the TC args its renderer spells: 0 (CUDA's wmma API, AMD's WMMA or MFMA), 1 (PTX mma.sync), 2 (wgmma, sm_90's)
+  warp: int = 32  # the lanes that TC's matrix instructions work across: a CUDA warp, RDNA3's wave32, CDNA's 64-lane wavefront
   no_tc: str = ""  # why a GPU's matrix units are not TC's: what TC is refused with there
   l1_bytes: int = 32 << 10  # data cache of one core (CPUs: what K blocks and B panels are sized by)
   l2_bytes: int = 1 << 20
@@ -39,13 +40,14 @@ def cuda_caps(arch: str, max_local: int = 1024, sms: int = 0) -> DeviceCaps:
 
 
 def amd_caps(arch: str, max_local: int = 1024, shared_bytes: int = 64 * 1024) -> DeviceCaps:
-  """An AMD GPU's caps by its gfx target (`gfx1100`, `gfx90a:xnack-`). TC is RDNA3's WMMA (gfx11xx), whose wave32 fragments fit TC's 32-lane
-  warps; CDNA's MFMA works across 64-lane wavefronts and RDNA4's WMMA lays its fragments out otherwise, so TC says why it is refused there."""
-  gfx = arch.split(":")[0]
+  """An AMD GPU's caps by its gfx target (`gfx1100`, `gfx90a:xnack-`). TC is RDNA3's WMMA (gfx11xx, across a wave32) or CDNA's MFMA
+  (gfx908, gfx90a, gfx94x, across a 64-lane wavefront; gfx908's has no bfloat16 of 16x16x16); RDNA4's WMMA lays its fragments out
+  otherwise and CDNA4 (gfx95x) is newer than the clang that checks the MFMA source, so TC says why it is refused there and elsewhere."""
+  gfx, warp, tcs = arch.split(":")[0], 32, ("float16", "bfloat16")[:1 if arch.startswith("gfx908") else 2]
   if gfx.startswith("gfx11"): no_tc = ""
-  elif gfx == "gfx908" or gfx == "gfx90a" or gfx.startswith(("gfx94", "gfx95")):
-    no_tc = f"TC on {gfx} (CDNA) would be MFMA, which works across 64-lane wavefronts: TC's warps are 32 lanes (RDNA3's WMMA, gfx11xx)"
+  elif gfx in ("gfx908", "gfx90a") or gfx.startswith("gfx94"): no_tc, warp = "", 64
   elif gfx.startswith("gfx12"): no_tc = f"TC on {gfx} (RDNA4): its WMMA lays fragments out otherwise than RDNA3's (gfx11xx), the one TC renders"
-  else: no_tc = f"TC needs matrix units: {gfx} has none that TC renders (RDNA3's WMMA, gfx11xx)"
+  elif gfx.startswith("gfx95"): no_tc = f"TC on {gfx} (CDNA4): its MFMA is not rendered yet, as no clang here compiles for it (gfx90a and gfx94x are)"
+  else: no_tc = f"TC needs matrix units: {gfx} has none that TC renders (RDNA3's WMMA, gfx11xx; CDNA's MFMA, gfx908 to gfx94x)"
   return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=shared_bytes,
-                    tensor_cores=() if no_tc else ("float16", "bfloat16"), tc_args=(0,), no_tc=no_tc, gpu=True)
+                    tensor_cores=() if no_tc else tcs, tc_args=(0,), no_tc=no_tc, gpu=True, warp=warp)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tinytune.codegen.clib import dot_pairs, fold_functions, vector_library, vector_math
 from tinytune.codegen.kernel import Kernel
-from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, LinearProgram, lower
+from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, LinearProgram, lower, tc_kind
 from tinytune.dtype import DType, dtypes
 from tinytune.uop import ALU, Ops, UOp
 
@@ -520,6 +521,34 @@ class CUDARenderer(_GPURenderer):
       + mma + (self.async_prelude() if k.stages > 1 else "") + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
 
 
+@dataclass(frozen=True)
+class AMDMatrix:
+  """One of AMD's 16x16x16 matrix instructions (float32 sums of float16 or bfloat16 products), by where the lanes of its wave hold
+  A, B and C: lane l, at tile_row l / 16 and tile_col l % 16, holds element e (of `elements`) of A's row tile_col and of B's column
+  tile_col at K = k_row tile_row + e, and float v (of 256 / wave) of C at row c_row tile_row + c_step v, column tile_col. The renderer
+  spells its loads and stores from these numbers; a_at, b_at and c_at give the same places for ints or NumPy arrays."""
+  wave: int
+  elements: int
+  k_row: int
+  c_row: int
+  c_step: int
+  builtins: tuple[str, str]  # float16's and bfloat16's
+  modifiers: str = ""  # after the builtin's A, B and C
+
+  @property
+  def floats(self) -> int: return 256 // self.wave
+  def a_at(self, lane: Any, e: Any) -> tuple[Any, Any]: return lane % 16, self.k_row * (lane // 16) + e  # (row, k)
+  def b_at(self, lane: Any, e: Any) -> tuple[Any, Any]: return self.k_row * (lane // 16) + e, lane % 16  # (k, column)
+  def c_at(self, lane: Any, v: Any) -> tuple[Any, Any]: return self.c_row * (lane // 16) + self.c_step * v, lane % 16  # (row, column)
+  def lane_own(self) -> bool:
+    """Whether lane l's floats of C are the elements l + wave p (p < 256 / wave) that TC's epilogue reads (see lower.tensor_cores)."""
+    return self.c_row == 1 and self.c_step == self.wave // 16
+
+
+def _term(n: int, x: str) -> str: return "" if n == 0 else x if n == 1 else f"{n}*{x}"
+def _sum(*terms: str) -> str: return "+".join(t for t in terms if t) or "0"
+
+
 class HIPRenderer(_GPURenderer):
   """HIP for AMD GPUs, free of HIP's headers, so device code compiles with a plain clang (-nogpuinc) as well as hiprtc."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16"}
@@ -527,8 +556,15 @@ class HIPRenderer(_GPURenderer):
   group_id, local_id, shared_prefix = "__builtin_amdgcn_workgroup_id_x()", "__builtin_amdgcn_workitem_id_x()", "__attribute__((shared, aligned(16))) "
   barrier = ('__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); __builtin_amdgcn_s_barrier(); '
              '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");')
+  wave_barrier = ('__builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); __builtin_amdgcn_wave_barrier(); '
+                  '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");')
   inf, nan = "__builtin_inff()", '__builtin_nanf("")'
   math = "__builtin_"
+  # TC's arg 0 by the lowered statements' kind (lower.tc_kind), laid out as AMD documents them (RDNA3 ISA, "Wave Matrix Multiply
+  # Accumulate"; the matrix instruction calculator for CDNA2 and CDNA3): RDNA3's wave32 WMMA, each lane all 16 of K (lanes 16-31 repeating
+  # 0-15) and C's rows 2 v + tile_row; CDNA's v_mfma_f32_16x16x16{f16,bf16_1k}, each lane 4 of K and C's rows 4 tile_row + v
+  MATRIX = {"wmma": AMDMatrix(32, 16, 0, 1, 2, ("__builtin_amdgcn_wmma_f32_16x16x16_f16_w32", "__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32")),
+            "mfma": AMDMatrix(64, 4, 4, 4, 1, ("__builtin_amdgcn_mfma_f32_16x16x16f16", "__builtin_amdgcn_mfma_f32_16x16x16bf16_1k"), ", 0, 0, 0")}
 
   def kernel_head(self, name: str, args: list[str], threads: int) -> str:
     return f'extern "C" __attribute__((global)) void __attribute__((amdgpu_flat_work_group_size(1, {threads}))) {name}({", ".join(args)})'
@@ -544,31 +580,38 @@ class HIPRenderer(_GPURenderer):
     # float16 arithmetic is native, and clang fuses a product and an add into v_fma_f16 (one rounding; NumPy rounds each op): as on
     # the CPU (see HALF_PRODUCT), each float16 product passes through an empty asm that holds it in a register
     hmul = f'{self.func_prefix} _Float16 tt_hmul(_Float16 a, _Float16 b) {{ _Float16 p = a * b; __asm__("" : "+v"(p)); return p; }}\n'
-    ab = "short" if k.tc is not None and k.tc.a.dtype == dtypes.bfloat16 else "_Float16"  # WMMA's A and B: 16 elements a lane
-    wmma = "" if k.tc is None else f"typedef {ab} tt_ab16 __attribute__((vector_size(32)));\ntypedef float tt_c8 __attribute__((vector_size(32)));\n"
-    return (decl if dtypes.float64 in used else "") + (hmul if dtypes.float16 in used else "") + wmma + super().prelude(k)
+    tc = ""
+    if k.tc is not None:  # the builtins' A and B (bfloat16 as its bits in shorts) and C as vectors
+      m, ab = self.MATRIX[tc_kind(k)], "short" if k.tc.a.dtype == dtypes.bfloat16 else "_Float16"
+      tc = (f"typedef {ab} tt_ab{m.elements} __attribute__((vector_size({2 * m.elements})));\n"
+            f"typedef float tt_c{m.floats} __attribute__((vector_size({4 * m.floats})));\n")
+    return (decl if dtypes.float64 in used else "") + (hmul if dtypes.float16 in used else "") + tc + super().prelude(k)
 
-  # RDNA3's wave32 WMMA (v_wmma_f32_16x16x16_{f16,bf16}): lane l holds all 16 K of A's row l % 16 and of B's column l % 16 (lanes 16-31
-  # repeat lanes 0-15), and the floats of C at (2 v + l / 16, l % 16) for v in 0..7
   def wmma(self, u: UOp, at: _At) -> str:
-    """The TC statements as RDNA3's WMMA builtin: each lane loads its row of A and column of B (two 16-byte loads where K is contiguous)
-    and stores its 8 floats of C to the warp's 256 floats of shared memory, in the row-major places the epilogue reads them."""
-    _, what, *arg = u.arg
-    if what == "ids": return f"{self.index_type} lid = {self.local_id}, warp = lid / 32, lane = lid % 32, tile_row = lane / 16, tile_col = lane % 16;"
-    if what == "acc": return f"tt_c8 acc{arg[0]} = {{}};"
-    if what == "fragment": return f"tt_ab16 {arg[0]};"
+    """The TC statements as AMD's matrix builtins (see MATRIX): each lane loads its elements of A's row and B's column (one load where K
+    is contiguous) and stores its floats of C to the warp's 256 floats of shared memory, in the row-major places the epilogue reads."""
+    kind, what, *arg = u.arg
+    m = self.MATRIX[kind]
+    if what == "ids":
+      return f"{self.index_type} lid = {self.local_id}, warp = lid / {m.wave}, lane = lid % {m.wave}, tile_row = lane / 16, tile_col = lane % 16;"
+    if what == "acc": return f"tt_c{m.floats} acc{arg[0]} = {{}};"
+    if what == "fragment": return f"tt_ab{m.elements} {arg[0]};"
     if what == "load":
       name, buf, ld, which, layout = arg
-      i, j = ("tile_col", "e") if which == "a" else ("e", "tile_col")  # the element's row and column in the 16x16 tile of A or B
+      k = f"({_term(m.k_row, 'tile_row')}+e)" if m.k_row else "e"
+      i, j = ("tile_col", k) if which == "a" else (k, "tile_col")  # the element's row and column in the 16x16 tile of A or B
       p = f"{self.ptr(buf)}+{self.index(u.src[0], at.index)}"
-      if (which == "a") == (layout == "row_major"):  # K is contiguous: the lane's 16 elements are 32 bytes, 16-byte aligned (TC's checks)
-        return f"__builtin_memcpy(&{name}, __builtin_assume_aligned({p}+tile_col*{ld}, 16), 32);"
-      return f"for (int e = 0; e < 16; e++) {name}[e] = ({p})[{f'{i}*{ld}+{j}' if layout == 'row_major' else f'{j}*{ld}+{i}'}];"
+      if (which == "a") == (layout == "row_major"):  # K is contiguous: rows 16-byte aligned (TC's checks), a lane's first element at K k_row tile_row
+        n = 2 * m.elements
+        return f"__builtin_memcpy(&{name}, __builtin_assume_aligned({_sum(p, f'tile_col*{ld}', _term(m.k_row, 'tile_row'))}, {min(16, n)}), {n});"
+      return f"for (int e = 0; e < {m.elements}; e++) {name}[e] = ({p})[{f'{i}*{ld}+{j}' if layout == 'row_major' else f'{j}*{ld}+{i}'}];"
     if what == "mma":
-      ty = "bf16" if arg[3] == dtypes.bfloat16 else "f16"
-      return f"acc{arg[0]} = __builtin_amdgcn_wmma_f32_16x16x16_{ty}_w32({arg[1]}, {arg[2]}, acc{arg[0]});"
-    if what == "store": return f"for (int v = 0; v < 8; v++) tiles[warp*256+(2*v+tile_row)*16+tile_col] = acc{arg[0]}[v];"
-    return "// no wave barrier: the epilogue's floats of C at lane + 32 t are the lane's own, acc[t]"
+      return f"acc{arg[0]} = {m.builtins[arg[3] == dtypes.bfloat16]}({arg[1]}, {arg[2]}, acc{arg[0]}{m.modifiers});"
+    if what == "store":
+      row = _sum(_term(m.c_row, "tile_row"), _term(m.c_step, "v"))
+      return f"for (int v = 0; v < {m.floats}; v++) tiles[warp*256+({row})*16+tile_col] = acc{arg[0]}[v];"
+    # sync: the epilogue reads elements lane + wave p of the warp's tile; where another lane of the wave stored them, the wave meets first
+    return "// no wave barrier: the epilogue's floats of C are the lane's own" if m.lane_own() else self.wave_barrier
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma}
 
 

@@ -632,17 +632,19 @@ def gpu_workgroups(k: Kernel) -> bool:
   return True
 
 
-# split-K: a matmul-like GPU kernel whose default plan launches fewer threads than SM_THREADS a multiprocessor leaves SMs idle or
-# latency unhidden (attention's P.V at 4x16x1024x64: 256 workgroups of 256 threads, 64 outputs each, 0.24 of an H200's 132 x 2048
-# thread slots; a linear layer of a few rows); K is cut into shares, a workgroup's each, down to SPLIT_MIN_K (shorter shares spend
-# more on writing and re-reading their partial sums than they gain). Unmeasured on a GPU so far
+# split-K: a matmul-like GPU kernel whose default plan launches fewer workgroups than the GPU has SMs leaves SMs idle; K is cut into
+# shares, a workgroup's each, until the threads reach SM_THREADS a multiprocessor, down to SPLIT_MIN_K (shorter shares spend more on
+# writing and re-reading their partial sums than they gain). On an H200 (bench/results/nvidia-h200-2026-11-27-1608.md): a linear layer
+# of 16 rows (64 workgroups) 0.32 ms in 16 shares, 0.42 in 4, 1.26 unsplit; matmul 256x256x65536 (16 workgroups) 1.6 ms in 16 shares,
+# 24.9 unsplit; with as many workgroups as SMs or more, splitting lost: bmm 32x512^3 (512 workgroups) 0.249 ms in 2 shares, 0.219
+# unsplit, attention's P.V at 4x16x1024x64 (256) 0.80 in 4, 0.78 unsplit
 SM_THREADS, SPLIT_MIN_K, SPLIT_MAX = 1024, 256, 16
 
 
 def gpu_split_k(k: Kernel) -> int:
   """Into how many shares a kernel's reduce is split across workgroups (split-K; 1: not split): on a GPU (caps with its SM count), a
-  matmul-like kernel over one long reduce axis whose default plan launches fewer than SMs x SM_THREADS threads, the fewest shares (a
-  power of two) that reach that, each at least SPLIT_MIN_K long. SPLITK=0 never splits, SPLITK=N splits any one-axis sum or max
+  matmul-like kernel over one long reduce axis whose default plan launches fewer workgroups than SMs, the fewest shares (a power of
+  two) that reach SMs x SM_THREADS threads, each at least SPLIT_MIN_K long. SPLITK=0 never splits, SPLITK=N splits any one-axis sum or max
   into N shares (where N divides it) on any device with workgroups. The schedule runs the shares as one kernel that writes each
   share's partial results and a second that combines them in order (schedule.split_k): the same result every run, where atomic adds
   into the output would add in any order (and OpenCL 1.2 has no float atomics)."""
@@ -653,6 +655,7 @@ def gpu_split_k(k: Kernel) -> int:
   if forced > 0: return forced if forced > 1 and length % forced == 0 else 1
   if not k.caps.gpu or not k.caps.sms or length < 2 * SPLIT_MIN_K or _tile_row(k, lane_dim(k), input_strides(k)) is None: return 1
   groups, threads = k.copy().apply_opts(workgroup_optimizations(k)).launch_dims
+  if groups >= k.caps.sms: return 1
   shares = 1
   while groups * threads * shares < k.caps.sms * SM_THREADS and length % (2 * shares) == 0 and length // (2 * shares) >= SPLIT_MIN_K and \
         2 * shares <= SPLIT_MAX: shares *= 2

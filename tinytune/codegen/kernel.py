@@ -49,7 +49,6 @@ class TensorCore:
 TC_SIZE = 16  # wmma's m16n16k16 shape for float16 and bfloat16
 WARPGROUP_ROWS = 64  # wgmma's m64: a warpgroup's 4 warps, 16 rows each
 TC_PAIR = 2  # the CPU's: products along K that one dot-product instruction adds into a lane
-TC_ACC_REGISTERS = TC_SIZE * TC_SIZE // 32  # a GPU's float32 accumulator tile: 8 registers in each of a warp's 32 threads
 
 
 def find_tensor_core(k: Kernel) -> TensorCore:
@@ -220,7 +219,7 @@ class Kernel:
   def launch_dims(self) -> tuple[int, int]:
     """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups, but a row's (row_dims),
     which loop in each thread after the row's statistic, its LOCAL parts threads that the other LOCAL and GROUP parts have already."""
-    rows, warp = self.row_dims, 32 if self.tc is not None and self.caps.has_local else 1
+    rows, warp = self.row_dims, self.caps.warp if self.tc is not None and self.caps.has_local else 1
     return prod(a.size for a in self.axes if a.kind is AxisKind.GLOBAL and a.dim not in rows), \
       prod(a.size for a in self.axes if a.kind in (AxisKind.LOCAL, AxisKind.GROUP) and a.dim not in rows) * warp
   @property
@@ -443,7 +442,7 @@ class Kernel:
       if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
         check(self.upcast_size(AxisKind[op.name], dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
       if op is OptOps.UPCAST and self.tc is not None and self.caps.has_local:  # a 4096^3 float16 TC candidate of 128 tiles compiled 38 s
-        need = TC_ACC_REGISTERS * self.sizes_of(AxisKind.UPCAST) * arg
+        need = TC_SIZE * TC_SIZE // self.caps.warp * self.sizes_of(AxisKind.UPCAST) * arg  # a 16x16 float32 tile over the warp's lanes
         check(need <= self.caps.vector_registers, f"TC's accumulators would take {need} registers a thread, over {self.caps.vector_registers}")
       if op is OptOps.LOCAL and dim in self.row_dims:  # a row's threads are the workgroup's, the GROUP's fastest, each a share of it
         group, threads, shared = self.sizes_of(AxisKind.GROUP), self.thread_axes, prod(self.axes[i].size for i in self.row_thread_axes)

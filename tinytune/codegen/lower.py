@@ -27,9 +27,10 @@ from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, from_linear, is_linear, 
 #   DEFINE_VAR (ok, x; ValueArg): an index variable, x where ok else 0, SPECIAL (; SpecialArg): a variable from a thread or group id
 #   DEFINE_LOCAL (; LocalArg): shared memory (the CPU: an array of the thread's), BARRIER (; None: the workgroup's, "stores": the thread's
 #   streaming stores done, "commit_group" and ("wait_group", n): PTX cp.async's, see StoreArg.cp_async),
-#   WMMA (src; "wmma", "mma" or "wgmma", what, ...): a GPU's tensor core statements (the API, PTX mma.sync, or sm_90a's wgmma from shared
-#   tiles: ("wgmma", "accs", tiles) the accumulators of the tiles that one wgmma computes side by side, ("wgmma", "mma", tiles, A's tile,
-#   its stride offset, B's tile, its stride offset, dtype) with src the tiles' element offsets); the
+#   WMMA (src; "wmma", "mma", "wgmma" or "mfma", what, ...): a GPU's tensor core statements (the API or RDNA3's WMMA, PTX mma.sync,
+#   sm_90a's wgmma from shared tiles, or "wmma"'s statements across CDNA's 64-lane wavefront; ("wgmma", "accs", tiles) the accumulators
+#   of the tiles that one wgmma computes side by side, ("wgmma", "mma", tiles, A's tile, its stride offset, B's tile, its stride offset,
+#   dtype) with src the tiles' element offsets); the
 #   CPU's: WMMA (offsets; "pair", name, width, buffer, kind):
 #   bfloat16 pairs: two neighbours ("splat": one offset) or two elements ("splat2") in every lane, two vectors interleaved ("rows"), or
 #   neighbours along the lanes ("neighbours": one offset),
@@ -1026,13 +1027,19 @@ class DotPairs:
     return self.names[key]
 
 
+def tc_kind(k: Kernel) -> str:
+  """The family of a GPU's TC statements (see WMMA above): TC's arg 2 or 1 (wgmma, mma.sync), else arg 0 by the lanes it works across."""
+  assert k.tc is not None
+  return "wgmma" if k.tc.wgmma else "mma" if k.tc.mma else "wmma" if k.caps.warp == 32 else "mfma"
+
+
 def tensor_cores(lw: _Lowerer) -> LinearProgram:
   """The pass for a GPU's TC: each warp keeps one float32 accumulator fragment per UPCAST tile, loads 16x16 tiles of A and B
   straight from memory in the K loop, then goes through shared memory, where the lowerer's values (`lw.cell` for the sum) apply
   what follows the sum and store."""
   k, tc = lw.k, lw.k.tc
   assert tc is not None
-  kind = "wgmma" if tc.wgmma else "mma" if tc.mma else "wmma"
+  kind = tc_kind(k)
   def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=(kind, *arg))
   out = lw.nesting.group_ids()
   out.append(wmma("ids"))
@@ -1094,15 +1101,16 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))
-  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
-  lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", "warp*256+lane+32*pair"))
+  w = k.caps.warp  # the warp's lanes: 32, or CDNA's 64
+  tile_row, tile_col, pair = UOp.var("tile_row", 0, w // 16 - 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 256 // w - 1)
+  lw.cell = UOp(Ops.CELL, dtypes.float32, (), ("tiles", f"warp*256+lane+{w}*pair"))
   lw.lines = []
   for j, tile in enumerate(tiles):  # one tile at a time through the warp's 256 floats of shared memory
-    # element lane + 32 pair of the 16x16 tile: row lane / 16 + 2 pair, column lane % 16; a loop, as lowering the 8 elements one by
-    # one took most of a 4x4-tile TC matmul's render (30 of 38 ms); values made in one tile's loop are not seen in the next's
-    lw.lines += [wmma("store", j), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+    # element lane + 32 pair of the 16x16 tile (32 lanes): row lane / 16 + 2 pair, column lane % 16; a loop, as lowering the 8 elements
+    # one by one took most of a 4x4-tile TC matmul's render (30 of 38 ms); values made in one tile's loop are not seen in the next's
+    lw.lines += [wmma("store", j), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 256 // w, False))]
     lw.memo.clear()
-    dims = lw.dims({**tile, row_axis: tile_row + 2 * pair, col_axis: tile_col})
+    dims = lw.dims({**tile, row_axis: tile_row + w // 16 * pair, col_axis: tile_col})
     lw.store(lw.node(k.ast, tuple(dims[:k.n_global])), lw.out_offset(dims), TRUE)
     lw.lines += [stmt(Ops.ENDRANGE), wmma("sync")]
   return LinearProgram(k, lw.width, out + lw.lines)
