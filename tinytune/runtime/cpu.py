@@ -91,9 +91,8 @@ compile_stats = {"hits": 0, "misses": 0}  # on-disk compile cache
 
 @functools.cache
 def find_compiler(target: CPUTarget | None = None) -> str:
-  """TINYTUNE_CC, else (for another machine's target) its cross compiler, else the first of clang, cc, gcc that builds with its own
-  OpenMP runtime, else the first that builds with any (clang with gcc's libgomp), else the first present: a compiler that cannot
-  build OpenMP is never chosen over one that can."""
+  """TINYTUNE_CC, else (for another machine's target) its cross compiler, else the first of clang, cc, gcc that builds with OpenMP,
+  else the first present: a compiler that cannot build OpenMP is never chosen over one that can."""
   target = target or cpu_target()
   if cc := os.getenv("TINYTUNE_CC"):
     if shutil.which(cc) is None: raise RuntimeError(f"TINYTUNE_CC={cc!r} is not a command: install it or unset TINYTUNE_CC")
@@ -103,34 +102,21 @@ def find_compiler(target: CPUTarget | None = None) -> str:
     raise RuntimeError(f"no compiler for {target.name} here: apt-get install gcc-{target.machine}-linux-gnu, or set TINYTUNE_CC")
   found = [cc for cc in ("clang", "cc", "gcc") if shutil.which(cc)]
   if not found: raise RuntimeError("no C compiler found: install one (apt-get install gcc) or set TINYTUNE_CC")
-  return next((cc for cc in found if openmp_works(cc)), None) or next((cc for cc in found if openmp_flags(cc)), found[0])
-
-
-def openmp_works(cc: str) -> bool:
-  """Whether `cc -fopenmp` builds a shared object here, with the compiler's own OpenMP runtime (clang needs libomp installed)."""
-  return _builds_openmp(cc, "-fopenmp")
-
-
-def openmp_flags(cc: str) -> tuple[str, ...]:
-  """The flags with which `cc` builds OpenMP code here: -fopenmp, else, for a clang without libomp (Debian's clang 14 as it comes),
-  gcc's runtime by -fopenmp=libgomp (the kernels only use `omp parallel for`, which clang compiles for either); none where neither
-  builds."""
-  if openmp_works(cc): return ("-fopenmp",)
-  return ("-fopenmp=libgomp",) if "clang" in compiler_version(cc) and _builds_openmp(cc, "-fopenmp=libgomp") else ()
+  return next((cc for cc in found if openmp_works(cc)), found[0])
 
 
 @functools.cache
-def _builds_openmp(cc: str, flag: str) -> bool:
+def openmp_works(cc: str) -> bool:
+  """Whether `cc -fopenmp` builds a shared object here (clang needs libomp installed for it)."""
   with tempfile.TemporaryDirectory() as tmp:
     with open(os.path.join(tmp, "t.c"), "w") as f: f.write("void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n")
     flags = [f for f in FLAGS if not f.startswith("-march=")]  # any target's compiler
-    return subprocess.run([cc, *flags, flag, "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
+    return subprocess.run([cc, *flags, "-fopenmp", "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
 
 
 def one_thread_note(cc: str) -> str:
   """What to do where `cc` cannot build OpenMP."""
-  fix = "apt-get install libomp-dev or libgomp1 (or unset TINYTUNE_CC for gcc)" if "clang" in compiler_version(cc) else \
-    "use gcc, or clang with libomp-dev"
+  fix = "apt-get install libomp-dev (or unset TINYTUNE_CC for gcc)" if "clang" in compiler_version(cc) else "use gcc, or clang with libomp-dev"
   return f"{cc} cannot build OpenMP here, so CPU kernels run on one thread: {fix}"
 
 
@@ -184,10 +170,10 @@ class CPUDevice(Compiled):
     self.target = cpu_target(target)
     self.cc = find_compiler(self.target)
     self.renderer = CRenderer()
-    if not (openmp := openmp_flags(self.cc)): warn_once(one_thread_note(self.cc))
+    if not (openmp := openmp_works(self.cc)): warn_once(one_thread_note(self.cc))
     # gcc 12's if-conversion with AVX-512 masks miscompiles some selects (a masked subtract with the wrong mask)
     gcc = "clang" not in compiler_version(self.cc)
-    self.flags = tuple(self.target.march if f.startswith("-march=") else f for f in FLAGS) + openmp + \
+    self.flags = tuple(self.target.march if f.startswith("-march=") else f for f in FLAGS) + (("-fopenmp",) if openmp else ()) + \
       (("-fno-tree-loop-if-convert",) if gcc else ())
     threads = len(os.sched_getaffinity(0)) if openmp and hasattr(os, "sched_getaffinity") else 1
     cap_openmp(threads)
