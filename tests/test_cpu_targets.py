@@ -133,6 +133,13 @@ def test_a_compiler_without_openmp_is_not_chosen_over_one_with_it(monkeypatch: p
   finally: cpu_module.find_compiler.cache_clear()
 
 
+def test_openmp_counts_only_where_the_loop_calls_a_runtime() -> None:
+  """gcc's -fopenmp builds a parallel loop; clang's -fopenmp=libgomp builds too, links libgomp and drops the pragma (clang compiles
+  OpenMP for libomp only): not OpenMP, or its kernels would run one thread while the device counts two."""
+  if shutil.which("gcc"): assert cpu_module.openmp_works("gcc")
+  if shutil.which("clang"): assert not cpu_module.openmp_works("clang", "-fopenmp=libgomp")
+
+
 def test_one_thread_without_openmp_is_said_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
   """TINYTUNE_CC=clang where clang has no libomp (Debian's clang 14): the kernels lose their threads, and the device says so once,
   with the fix."""
