@@ -273,17 +273,57 @@ SCHEDULE_VARIANTS: list[tuple[str, dict[str, int], str, dict[str, int], dict[str
   ("bmm", {}, "split-K in 2 shares (512 workgroups unsplit: not split by default since 16:08)", {"SPLITK": 2}, {}),
   ("linear", {"m": 16, "k": 8192, "n": 4096}, "no split-K (16 shares by default)", {"SPLITK": 0}, {}),
   ("linear", {"m": 16, "k": 8192, "n": 4096}, "split-K in 4 shares", {"SPLITK": 4}, {}),
-  ("matmul", {"m": 256, "n": 256, "k": 65536}, "no split-K (16 shares by default)", {"SPLITK": 0}, {})]
+  ("matmul", {"m": 256, "n": 256, "k": 65536}, "no split-K (16 shares by default)", {"SPLITK": 0}, {}),
+  ("conv2d", {}, "Winograd's F(4, 3) (WINO=2; the CPU's default, not the GPU's): 6 kernels, 36 GEMMs 6272x64 by 64x64", {"WINO": 2}, {})]
+
+
+def _conv_tile(positions: int, channels: int) -> Callable[[Any, list], list]:
+  """The convolution's default (heuristic.gpu_conv) with each thread's `positions` (its UPCAST along the lane dim) by `channels`
+  (its UPCAST along the output channels) in place of the default's."""
+  def tile(kernel: Any, opts: list) -> list:
+    lane = kernel.n_global - 1
+    return [type(o)(o.op, o.axis, positions if o.axis == lane else channels) if o.op.name == "UPCAST" else o for o in opts]
+  return tile
+
+
+# a kernel of a workload at its GPU sizes (the last with a reduce: conv2d's sum, Winograd's GEMM, attention's P.V) against its default
+# opts: (workload, the Context of its schedule, label, the opts from the kernel and the default's). conv2d's direct sum: a thread's 4
+# positions x 8 channels issue 0.375 loads (L1) per FMA, 8 x 8 0.25; Winograd's GEMM and attention's P.V (64 columns) from memory read
+# their rows at 0.12 of each sector: 982 and 2701 MB of L1 sectors, 166 and 426 from the 128x64 shared tile (bench/gpu_launch_report.py)
+KERNEL_VARIANTS: list[tuple[str, dict[str, int], str, Callable[[Any, list], list]]] = [
+  ("conv2d", {}, "8 positions x 8 output channels a thread (the default 4 x 8): 0.25 loads per FMA, not 0.375; 1664 workgroups", _conv_tile(8, 8)),
+  ("conv2d", {}, "4 positions x 16 output channels a thread: 0.31 loads per FMA", _conv_tile(4, 16)),
+  ("conv2d", {}, "2 positions x 8 output channels a thread: twice the threads, 0.625 loads per FMA", _conv_tile(2, 8)),
+  ("conv2d", {"WINO": 2}, "Winograd's GEMM 6272x64 by 64x64 (x36) as the register tile from memory (the default before the 128x64 shared tile)",
+   _reserve),
+  ("attention", {"FLASH": 0}, "P.V as the register tile from memory (the default before the 128x64 shared tile)", _reserve)]
+
+
+def _timed_variant(suite: Suite, dev: str, kernel: Any, head: str, label: str, change: Callable[[Any, list], list], flops: float) -> None:
+  """One row: the kernel's default opts and `change`'s, each verified against the unoptimized kernel by the search's evaluator,
+  then re-timed interleaved (5 rounds), as TFLOPS of `flops`."""
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.search.evaluate import Evaluator
+  base = default_opts(kernel)
+  if (opts := change(kernel, base)) == base: suite.out(f"| {head} | {label} | the same as the default here ({base}) |"); return
+  with Evaluator(kernel, dev) as ev:
+    res = ev.evaluate([base, opts])
+    if any(r.status != "ok" for r in res):
+      suite.out(f"| {head} | {label} | {opts} | {' / '.join(f'{r.status} {r.error[:120]}' for r in res)} |")
+      return
+    t_base, t_var = (t.median for t in ev.retime([base, opts], rounds=5))
+  suite.out(f"| {head} | {label} | {opts} | yes | {flops / t_var / 1e12:.1f} | {flops / t_base / 1e12:.1f} | {t_base / t_var:.2f} |")
 
 
 def variants(suite: Suite, dev: str) -> None:
-  """matmul n^3: the default opts beside the alternatives, each verified against the unoptimized kernel by the
-  search's evaluator, then re-timed interleaved with the default (5 rounds)."""
+  """matmul n^3 (VARIANTS), then a kernel of other workloads (KERNEL_VARIANTS): the default opts beside the alternatives, each verified
+  against the unoptimized kernel by the search's evaluator, then re-timed interleaved with the default (5 rounds)."""
   from tinytune import Kernel, Tensor, dtypes
-  from tinytune.codegen.heuristic import default_opts
   from tinytune.engine.schedule import create_schedule
+  from tinytune.helpers import Context
+  from tinytune.kernels import WORKLOADS
+  from tinytune.kernels.workload import schedule
   from tinytune.runtime import Device
-  from tinytune.search.evaluate import Evaluator
   n = 256 if suite.args.quick else 4096
   suite.out("| dtype | variant | opts | verified | TFLOPS | default TFLOPS | variant / default speed |")
   suite.out("| --- " * 7 + "|")
@@ -292,19 +332,21 @@ def variants(suite: Suite, dev: str) -> None:
     try:
       dtype = dtypes.from_any(dt)
       a, b = (Tensor.rand(n, n, device=dev).cast(dtype).realize() for _ in range(2))
-      kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
-      base = default_opts(kernel)
-      if (opts := change(kernel, base)) == base: suite.out(f"| {dt} | {label} | the same as the default here ({base}) |"); continue
-      with Evaluator(kernel, dev) as ev:
-        res = ev.evaluate([base, opts])
-        if any(r.status != "ok" for r in res):
-          suite.out(f"| {dt} | {label} | {opts} | {' / '.join(f'{r.status} {r.error[:120]}' for r in res)} |")
-          continue
-        t_base, t_var = (t.median for t in ev.retime([base, opts], rounds=5))
-      tf = 2 * n ** 3 / 1e12
-      suite.out(f"| {dt} | {label} | {opts} | yes | {tf / t_var:.1f} | {tf / t_base:.1f} | {t_base / t_var:.2f} |")
+      _timed_variant(suite, dev, Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps), dt, label, change, 2 * n ** 3)
     except Exception as e:
       suite.out(f"| {dt} | {label} | {_failed(e)} |")
+  for name, context, label, change in KERNEL_VARIANTS:
+    w = WORKLOADS[name]
+    p = w.params({}, gpu=not suite.args.quick)
+    head = f"float32 {name} {' '.join(f'{k}={v}' for k, v in {**p, **context}.items())}"
+    if suite.left() < 60: suite.out(f"| {head} | {label} | skipped: no time left |"); continue
+    try:
+      ins = [Tensor.rand(*shape, device=dev).realize() for shape in w.inputs(p)]
+      with Context(**context): items = schedule(w.build(p, *ins), dev)[0]
+      kernel = [k for k in (Kernel(it.ast, Device[dev].caps) for it in items) if k.reduceop is not None][-1]
+      _timed_variant(suite, dev, kernel, f"{head}: {kernel.name}", label, change, kernel.flops)
+    except Exception as e:
+      suite.out(f"| {head} | {label} | {_failed(e)} |")
 
 
 def schedule_variants(suite: Suite, dev: str) -> None:
@@ -338,34 +380,36 @@ ATTENTION_VARIANTS = [("float32", 0), ("float32", 1), ("float16", 0), ("float16"
 
 
 def attention_variants(suite: Suite, dev: str) -> None:
-  """Attention in one kernel against the graph's kernels, both with default opts, each checked against PyTorch's SDPA; timed
-  alternately (3 rounds each), medians."""
+  """Attention in one kernel against the graph's kernels, both with default opts (the one kernel's: attention in tiles on a GPU,
+  codegen/heuristic.attention_opts), each checked against PyTorch's SDPA; timed alternately (3 rounds each), medians."""
   from tinytune import Context
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import tinytune_timing, torch_baseline
   from tinytune.search.evaluate import TimingPolicy
   from tinytune.search.worker import mismatches
   policy, w = TimingPolicy(min_repeats=3, max_repeats=10, max_seconds=0.5), get_workload("attention")
-  suite.out("| dtype | params | one kernel ms (kernels) | graph ms (kernels) | SDPA ms | graph / one kernel | SDPA / one kernel | output |")
-  suite.out("| --- " * 8 + "|")
+  suite.out("| dtype | params | one kernel ms (kernels) | graph ms (kernels) | SDPA ms | graph / one kernel | SDPA / one kernel | output | "
+            "one kernel's opts |")
+  suite.out("| --- " * 9 + "|")
   for dt, causal in ATTENTION_VARIANTS:
     if suite.left() < 60: suite.out(f"| {dt} | causal={causal} | skipped: no time left |"); continue
     p = {**w.params({}, gpu=not suite.args.quick), "causal": causal}
     label = " ".join(f"{k}={v}" for k, v in p.items())
     try:
       dtype, times = w.dtype(dt), {0: list[float](), 2: list[float]()}
-      kernels, outs = {}, {}
+      kernels, outs, opts = {}, {}, []
       for _ in range(3):
         for flash in (2, 0):
           with Context(FLASH=flash): t = tinytune_timing(w, p, dev, False, policy, dtype=dtype)
           times[flash].append(t.median_s)
           kernels[flash], outs[flash] = len(t.kernels), t.output
+          if flash == 2: opts = [k.get("opts") for k in t.kernels]
       b = torch_baseline(w, p, dev, policy, dtype) if torch_cuda() is not None else None
       one, graph = statistics.median(times[2]), statistics.median(times[0])
       ok = "-" if b is None or b.output is None or outs[2] is None else "ok" if not mismatches(outs[2], b.output, 2e-2).any() else "**differs**"
       sdpa = b.median_s if b else float("nan")
       suite.out(f"| {dt} | {label} | {one * 1e3:.3f} ({kernels[2]}) | {graph * 1e3:.3f} ({kernels[0]}) | {sdpa * 1e3:.3f} | {graph / one:.2f} | "
-                f"{sdpa / one:.2f} | {ok} |")
+                f"{sdpa / one:.2f} | {ok} | {' '.join(f'{o[0]}{o[1]},{o[2]}' for k in opts for o in k or [])} |")
     except Exception as e:
       suite.out(f"| {dt} | {label} | {_failed(e)} |")
 
@@ -410,6 +454,35 @@ def overhead(suite: Suite, dev: str) -> None:
   suite.out(f"| one-kernel step, 4096 floats | {tt * 1e6:.1f} | {pt * 1e6:.1f} | {tt / pt:.2f} |")
   suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
             f"{fw / pf:.2f} |")
+
+
+def gather_checks(suite: Suite, dev: str) -> None:
+  """A[idx] of 10^6 int32 indices into 10^6, the index in memory and computed (idx * 1), with the bounds check fused into the gather
+  (tinytune.tensor.checks.checked: each realize then waits to read its flag) and without, in alternating rounds."""
+  from tinytune import Tensor
+  from tinytune.engine import schedule
+  from tinytune.runtime import Device
+  from tinytune.tensor import indexing
+  n = 10**4 if suite.args.quick else 10**6
+  A = Tensor.arange(n, device=dev).contiguous().realize()
+  idx = Tensor(np.random.default_rng(0).integers(0, n, n).astype(np.int32), device=dev).realize()
+  def step(index: Callable[[], Tensor]) -> Callable[[], None]:
+    def run() -> None:
+      schedule.forget_realized()  # unchecked, the same graph again would be found realized
+      A[index()].realize()
+    return run
+  work = {"A[idx]": step(lambda: idx), "A[idx * 1]": step(lambda: idx * 1)}
+  real, times = indexing.checked, dict[tuple[str, bool], list[float]]()
+  try:
+    for r in range(4):
+      for on in ((True, False) if r % 2 == 0 else (False, True)):
+        indexing.checked = real if on else (lambda values, lo, hi, error: values)
+        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3))
+  finally: indexing.checked = real
+  suite.out(f"| gather of {n} | checked µs | unchecked µs | checked / unchecked |\n| --- | --- | --- | --- |")
+  for name in work:
+    yes, no = statistics.median(times[(name, True)]), statistics.median(times[(name, False)])
+    suite.out(f"| {name} | {yes * 1e6:.1f} | {no * 1e6:.1f} | {yes / no:.2f} |")
 
 
 def training(suite: Suite, dev: str) -> None:
@@ -462,8 +535,8 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants, schedules, "
-                  "attention")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, gather, variants, "
+                  "schedules, attention")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -487,8 +560,9 @@ def main() -> None:
     ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
-    ("variants", "matmul: alternatives to the default, timed against it", lambda: variants(suite, dev)),
-    ("schedules", "Schedules other than the default (split-K), timed against it", lambda: schedule_variants(suite, dev)),
+    ("gather", "Index bounds checks fused into the gather, against none", lambda: gather_checks(suite, dev)),
+    ("variants", "matmul, conv2d and attention's P.V: alternatives to the default opts, timed against them", lambda: variants(suite, dev)),
+    ("schedules", "Schedules other than the default (split-K, Winograd), timed against it", lambda: schedule_variants(suite, dev)),
     ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:

@@ -3,10 +3,15 @@ program, and the kernels they make run against NumPy on OPENCL (pocl in CI) at s
 scheduled on OPENCL, as a GPU's are (the CPU's schedule differs: Winograd's convolutions, row arrays)."""
 from __future__ import annotations
 
+import shutil
+from typing import Any
+
 import numpy as np
 import pytest
+from ops_support import ptxas_stats
 
-from tinytune import Kernel, Opt, OptOps, Tensor, engine
+from tinytune import Context, Kernel, Opt, OptOps, Tensor, engine
+from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.heuristic import GPU_THREADS, default_opts
 from tinytune.codegen.kernel import AxisKind
@@ -176,6 +181,24 @@ def test_launch_report_reads_coalescing_off_the_lowered_kernel(capsys: pytest.Ca
   assert "| r_256_512 | UP0,4 LO0,8 GR0,64 UN0,4 | 8x512 |" in capsys.readouterr().out
 
 
+def test_launch_report_counts_the_pipelines_copies() -> None:
+  """bench/gpu_launch_report.py: PIPELINE's cp.async copies are the staged matmul's global loads (the report counted none): float16
+  1024^3 on tensor cores reads each input 8 times, once a 128-wide workgroup tile, and once more for the tile past the last that its
+  ring's copy asks for behind a guard (33 of 32 K tiles: 8.25)."""
+  import importlib.util
+  import pathlib
+  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
+  assert spec is not None and spec.loader is not None
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  a, b = (Tensor(np.ones((1024, 1024), np.float16), device="EMU").realize() for _ in range(2))
+  with Context(SPLITK=0): k = Kernel(create_ast(a @ b, "EMU"), bench.GPU_CAPS)  # one kernel: its 64 workgroups, not K in shares
+  k.apply_opts(default_opts(k))
+  assert Opt(OptOps.PIPELINE, 0, 2) in k.opts and k.tc is not None
+  row = bench.report(k)
+  assert sorted(row["reads"].values()) == [8.25, 8.25] and row["use"].startswith("in1:1.00 in2:1.00") and row["bound"] == "tc"
+
+
 def test_conv_register_tile_runs_on_emu() -> None:
   """The GPU-size conv's plan (4 positions x 8 output channels a thread, the window's columns unrolled) needs over 4M outputs: on
   EMU, the CUDA program warp by warp, against NumPy (7 s here)."""
@@ -187,3 +210,74 @@ def test_conv_register_tile_runs_on_emu() -> None:
   assert default_opts(k) == [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, 4), Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 1, 2),
                              Opt(OptOps.UNROLL, 2, 3)]
   np.testing.assert_allclose(result(out), w.reference(p, *arrays), rtol=1e-4, atol=1e-3)
+
+
+def conv_tile(positions: int, channels: int) -> list[Opt]:
+  """gpu_conv's plan for the convolution (output channels, positions, then the reduce) with its tile of positions x channels a thread."""
+  return [Opt(OptOps.LOCAL, 2, 32), Opt(OptOps.UPCAST, 2, positions), Opt(OptOps.UPCAST, 1, channels), Opt(OptOps.LOCAL, 1, 2),
+          Opt(OptOps.UNROLL, 2, 3)]
+
+
+@pytest.mark.parametrize("positions,channels", [(8, 8), (4, 16), (2, 8)])
+def test_conv_tiles_timed_beside_the_default_run_on_emu(positions: int, channels: int) -> None:
+  """The convolution's register tiles that bench/gpu_suite.py's KERNEL_VARIANTS time against the default's 4 x 8 (positions x output
+  channels a thread): each kernel of the schedule run on EMU in turn, the convolution's with the tile, the output against NumPy."""
+  w = get_workload("conv2d")
+  p = w.params({"batch": 2, "cin": 5, "cout": 64, "size": 30})
+  out, arrays = w.instantiate(p, device="EMU")
+  items, _ = schedule(out, "EMU")
+  dev = Device["EMU"]
+  for item in items:
+    k = Kernel(item.ast, dev.caps)
+    k.apply_opts(conv_tile(positions, channels) if k.reduceop is not None else default_opts(k))
+    dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)(item.out, *k.bufs)
+  ref = w.reference(p, *arrays)
+  np.testing.assert_allclose(items[-1].out.numpy_view().reshape(ref.shape), ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the convolution's tiles are not compile-checked here")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_conv_tiles_compile_without_spills(tmp_path: Any, arch: str) -> None:
+  """The GPU-size convolution (32x64->64 at 56^2) with 8 x 8 and 4 x 16 outputs a thread: nvcc keeps them in registers (93-96)."""
+  k = next(k for k in gpu_kernels("conv2d", batch=32, cin=64, cout=64, size=56) if k.reduceop is not None)
+  for tile in ((8, 8), (4, 16)):
+    stats = ptxas_stats(tmp_path, CUDARenderer().render(Kernel(k.ast, cuda_caps(arch)).apply_opts(conv_tile(*tile))), arch)
+    assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 128, (tile, stats)
+
+
+def shared_tile_64(row: int) -> list[Opt]:
+  """The 128x64 shared tile (8x8 a thread, 16 x 8 threads) of a GEMM with its 64 columns along dim 3 and its rows along dim `row`."""
+  return [Opt(OptOps.UPCAST, 3, 4), Opt(OptOps.UPCAST, row, 4), Opt(OptOps.LOCAL, 3, 8), Opt(OptOps.LOCAL, row, 16), Opt(OptOps.UPCAST, 3, 2),
+          Opt(OptOps.UPCAST, row, 2), Opt(OptOps.STAGE, 0, 16), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.PIPELINE, 0, 2)]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gemms_of_64_columns_take_a_128x64_shared_tile(tmp_path: Any, arch: str) -> None:
+  """Winograd's GEMMs on a GPU (WINO=2: 36 of 6272x64 by 64x64) and attention's P.V (64 x 1024x64 by 1024x64, FLASH=0) read their
+  rows from memory at 0.12 of each sector with the register tile (128x128 shared tiles do not fit 64 columns): now a 128x64 shared
+  tile, the same 8x8 a thread, in 2 cp.async stages, no spills on sm_80 or sm_90; on EMU at small sizes, with each so tiled, the
+  convolution and attention match NumPy."""
+  with Context(WINO=2): wino = next(k for k in gpu_kernels("conv2d", batch=32, cin=64, cout=64, size=56) if k.reduceop is not None)
+  with Context(FLASH=0): pv = [k for k in gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64) if k.reduceop is not None][-1]
+  for k, row in ((wino, 1), (pv, 2)):
+    k = Kernel(k.ast, cuda_caps(arch))
+    assert default_opts(k) == shared_tile_64(row), (k.name, default_opts(k))
+    if shutil.which("nvcc") is not None:
+      stats = ptxas_stats(tmp_path, CUDARenderer().render(k.apply_opts(shared_tile_64(row))), arch)
+      assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 128, (k.name, stats)
+  if arch != "sm_90": return
+  dev = Device["EMU"]
+  for name, params, context, row in (("conv2d", {"batch": 2, "cin": 32, "cout": 64, "size": 32}, {"WINO": 2}, 1),  # 128 tiles, 2 K tiles
+                                     ("attention", {"batch": 1, "heads": 1, "seq": 128, "dim": 64}, {"FLASH": 0}, 2)):
+    w = get_workload(name)
+    p = w.params(params)
+    with Context(**context):
+      out, arrays = w.instantiate(p, device="EMU")
+      items, _ = schedule(out, "EMU")
+    last = [i for i, item in enumerate(items) if Kernel(item.ast, dev.caps).reduceop is not None][-1]
+    for i, item in enumerate(items):
+      k = Kernel(item.ast, dev.caps)
+      k.apply_opts(shared_tile_64(row) if i == last else default_opts(k))
+      dev.program(k.name, dev.compile(dev.renderer.render(k)), k.launch_dims)(item.out, *k.bufs)
+    ref = w.reference(p, *arrays)
+    np.testing.assert_allclose(items[-1].out.numpy_view().reshape(ref.shape), ref, rtol=1e-3, atol=1e-3)

@@ -59,8 +59,9 @@ def gpu_kernels(name: str, device: str = "EMU", **params: int) -> list[Kernel]:
 
 
 def test_kernels_with_a_workgroup_for_each_sm_are_not_split() -> None:
-  """Attention 4x16x1024x64's P.V (256 workgroups), bmm 32x512^3 (512) and a matmul 4096^3 (1024) fill an H200's 132 SMs: not split
-  (split, P.V and bmm measured slower there). Attention as its graph (FLASH=0): in one kernel it has no P.V of its own."""
+  """Attention 4x16x1024x64's P.V (512 workgroups of its 128x64 shared tile; 256 of the register tile it was measured split in), bmm
+  32x512^3 (512) and a matmul 4096^3 (1024) fill an H200's 132 SMs: not split (split, P.V and bmm measured slower there). Attention as
+  its graph (FLASH=0): in one kernel it has no P.V of its own."""
   with Context(FLASH=0): ks = gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64)
   assert [k.name for k in ks][-1] == "r_4_16_1024_64_1024" and len(ks) == 3 and all(gpu_split_k(k) == 1 for k in ks)
   assert len(gpu_kernels("bmm", batch=32, m=512, n=512, k=512)) == 1

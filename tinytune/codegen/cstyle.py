@@ -166,7 +166,9 @@ class CStyleRenderer:
       out.append(indent + fn(self, u, at))
       if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
-    args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
+    written = {u.arg.buf for u in p.uops if u.op is Ops.STORE}  # besides the output: CHECK's flags
+    args = [f"{ptr(k.ast.dtype)} data0"] + [f"{'' if i in written else 'const '}{ptr(b.dtype)} data{i}"
+                                            for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
     head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
@@ -237,9 +239,13 @@ class CStyleRenderer:
     return self.guarded(f"{t} = {rhs};", guard, at)
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
+  def store_any(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    """A store that other threads may make to the same element at once (see StoreArg.any): C11's relaxed atomic, a plain store on x86."""
+    return f"__atomic_store_n({ptr}+{idx}, {val}, __ATOMIC_RELAXED);"
   def store_stmt(self, u: UOp, at: _At) -> str:
     (idx, val, guard), (w, buf, stream) = u.src, u.arg[:3]
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
+    if u.arg.any: return self.guarded(self.store_any(ptr, i, v, u.dtype), guard, at)
     vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see clib.STREAM16
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
   def special(self, u: UOp, at: _At) -> str:
@@ -345,6 +351,8 @@ class CUDARenderer(_GPURenderer):
   where the program casts to float16; bfloat16 likewise as __nv_bfloat16. Their conversions keep a NaN's sign (see half_prelude)."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float"}
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
+  def store_any(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"atomicExch((unsigned long long*)({ptr}+{idx}), (unsigned long long)({val}));"  # 64-bit: CHECK's int64 flag
   def to_bits(self, x: str, dtype: DType) -> str: return f"tt_f2h({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
   def from_bits(self, x: str, dtype: DType) -> str: return f"tt_h2f({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
   # a buffer's half converts by tt_h2f and tt_f2h (explicit: `mask ? half : float` is ambiguous to nvcc and NVRTC); shared memory
@@ -619,6 +627,8 @@ class OpenCLRenderer(_GPURenderer):
   """OpenCL C. Without the cl_khr_fp16 extension, float16 is a storage type: loaded and stored with vload_half and
   vstore_half, computed in float32."""
   buffer_types = {dtypes.bool: "uchar", dtypes.bfloat16: "ushort"}  # bool has no defined size in OpenCL, so it is not allowed in buffers
+  # OpenCL C 1.2 has no atomic 64-bit store without an extension: a plain one, which lands whole (aligned) on every device it runs on
+  def store_any(self, ptr: str, idx: str, val: str, dtype: DType) -> str: return self.store(ptr, idx, val, dtype)
 
   def __init__(self, fp16: bool = True, fp64: bool = True):
     self.fp16, self.fp64 = fp16, fp64

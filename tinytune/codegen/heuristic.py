@@ -308,9 +308,16 @@ CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_pan
 
 def attention_opts(kernel: Kernel) -> list[Opt]:
   """Attention in one kernel (see lower.attention): the keys in blocks of the SIMD width (a vector of scores on a CPU), else 8, 4 or 2
-  (one rescale a block); on a CPU the rows across its cores where it is long enough for them, on a GPU a workgroup of up to 128 query
-  rows (they read the same keys and values, from L1)."""
+  (one rescale a block); on a CPU the rows across its cores where it is long enough for them. On a GPU attention in tiles
+  (lower.flash_attention): tiles of 32 keys, 8 threads a row, 4 rows a thread and 64 a workgroup (48 KiB of shared memory at a head dim
+  of 64; 128 threads of 32 scores and 32 outputs each), smaller where the sizes do not divide."""
   k, rows = kernel.copy(), kernel.n_global - 1
+  if k.caps.has_local:
+    _first_valid(k, *(Opt(OptOps.STAGE, 0, t) for t in (32, 16, 8, 4)))
+    if k.opts:
+      for op, axis, args in ((OptOps.GROUP, 0, (8, 4, 2)), (OptOps.UPCAST, rows, (4, 2)), (OptOps.LOCAL, rows, (16, 8, 4, 2))):
+        _first_valid(k, *(Opt(op, axis, a) for a in args))
+      return k.opts
   _first_valid(k, *(Opt(OptOps.UNROLL, 0, u) for u in (k.caps.simd_width, 8, 4, 2) if u > 1))
   if k.caps.has_local: _first_valid(k, *(Opt(OptOps.LOCAL, rows, n) for n in (128, 64, 32, 16, 8, 4, 2)))
   else: _cores(k, k.global_order)
@@ -502,24 +509,31 @@ SHARED_TILE_OUTPUTS = BIG_TILE_OUTPUTS  # from 2048x2048 outputs: 256 tiles of 1
 
 def gpu_shared_tile(k: Kernel) -> bool:
   """A large float32 matmul-like kernel on a GPU: both inputs' tiles staged in shared memory per K tile (STAGE), 8x8 register tiles
-  read from there in float4 (SHARED_TILE). Sizes that are not multiples of the tiles are padded where that adds at most 1/8 (masked),
-  K to the longest K tile that allows. Where the tile does not apply, nothing is applied and gpu_register_tile plans the kernel. Not
-  on a CPU that runs workgroups (pocl): its barriers and shared memory cost, and save nothing (256^3 125x slower than the register
-  tile from memory)."""
+  read from there in float4 (SHARED_TILE), 128x128 a workgroup, or 128x64 where the lane dim is 64. Sizes that are not multiples of
+  the tiles are padded where that adds at most 1/8 (masked), K to the longest K tile that allows. Where the tile does not apply,
+  nothing is applied and gpu_register_tile plans the kernel. Not on a CPU that runs workgroups (pocl): its barriers and shared
+  memory cost, and save nothing (256^3 125x slower than the register tile from memory)."""
   lane = k.n_global - 1
   if not k.caps.gpu or k.reduceop is None or k.ast.dtype != dtypes.float32 or k.n_reduce != 1 or prod(k.out_shape) < SHARED_TILE_OUTPUTS or \
      any(u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.dtype != dtypes.float32 for u in k.reduceop.src[0].toposort) or \
      (row := next((d for d in reversed(range(lane)) if _broadcasts_along(k, lane, d)), None)) is None: return False
   (inner, local, outer), ktiles = SHARED_TILE
-  t, red = k.copy(), k.n_global
+  red = k.n_global
   def waste(size: int, m: int) -> int: return (round_up(size, m) - size) * 8
-  ktile = next((m for m in ktiles if waste(t.sizes[red], m) <= t.sizes[red]), ktiles[0])
-  try:
-    for d, m in ((lane, inner * local * outer), (row, inner * local * outer), (red, ktile)):
-      if t.sizes[d] % m and waste(t.sizes[d], m) <= t.sizes[d]: t.apply_opt(Opt(OptOps.PADTO, d, m))
-    t.apply_opts([Opt(OptOps.UPCAST, lane, inner), Opt(OptOps.UPCAST, row, inner), Opt(OptOps.LOCAL, lane, local), Opt(OptOps.LOCAL, row, local),
-                  Opt(OptOps.UPCAST, lane, outer), Opt(OptOps.UPCAST, row, outer), Opt(OptOps.STAGE, 0, ktile)])
-  except KernelOptError: return False
+  ktile = next((m for m in ktiles if waste(k.sizes[red], m) <= k.sizes[red]), ktiles[0])
+  def tile(lanes: int) -> Kernel | None:
+    """The kernel with the tile of `lanes` threads along the lane dim (local along the row dim), or None where it does not fit."""
+    t = k.copy()
+    try:
+      for d, m in ((lane, inner * lanes * outer), (row, inner * local * outer), (red, ktile)):
+        if t.sizes[d] % m and waste(t.sizes[d], m) <= t.sizes[d]: t.apply_opt(Opt(OptOps.PADTO, d, m))
+      return t.apply_opts([Opt(OptOps.UPCAST, lane, inner), Opt(OptOps.UPCAST, row, inner), Opt(OptOps.LOCAL, lane, lanes),
+                           Opt(OptOps.LOCAL, row, local), Opt(OptOps.UPCAST, lane, outer), Opt(OptOps.UPCAST, row, outer),
+                           Opt(OptOps.STAGE, 0, ktile)])
+    except KernelOptError: return None
+  # 128x128 tiles; 128x64 (half the threads along the lanes, the same 8x8 a thread) where the lane dim is 64 (Winograd's GEMMs over
+  # 64 output channels, attention's P.V with a head of 64), which read their rows from memory at 0.12 of each sector otherwise
+  if (t := tile(local) or tile(local // 2)) is None: return False
   k.apply_opts(t.opts)
   _first_valid(k, Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 0, 2))  # 8x8 by 4 is the most registers the caps allow (max_upcast)
   if k.caps.async_copy: _first_valid(k, Opt(OptOps.PIPELINE, 0, 2))  # cp.async in 2 stages: 46.1 TFLOPS from 42.2 at 4096^3 on an H200

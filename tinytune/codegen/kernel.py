@@ -372,13 +372,15 @@ class Kernel:
       self.stream = True
       self.opts.append(opt)
       return
+    staged = any(a.kind is AxisKind.STAGE for a in self.axes)
     if self.attention is not None:
-      check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP), f"{op.name} does not apply to attention in one kernel")
-      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0:  # each row keeps its query and its output in registers
+      check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP, OptOps.STAGE, OptOps.GROUP),
+            f"{op.name} does not apply to attention in one kernel")
+      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0 and not staged:  # each row keeps its query and output in registers
         at = self.attention
         held = self.sizes_of(AxisKind.UPCAST) * arg * (at.src[0].shape[-1] + at.shape[-1])
         check(held <= 4 * self.caps.max_upcast, f"UPCAST {arg}: the rows' queries and outputs would take {held} registers")
-    staged = any(a.kind is AxisKind.STAGE for a in self.axes)
+      if op is OptOps.STAGE or staged or op is OptOps.GROUP: return self.flash_opt(opt)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
       combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
@@ -474,6 +476,58 @@ class Kernel:
         rem.stride *= arg
       rem.size //= arg
     self.opts.append(opt)
+
+  def flash_opt(self, opt: Opt) -> None:
+    """An opt of attention in tiles (lower.flash_attention): STAGE t, the keys in tiles of t that a workgroup copies to shared memory
+    (before any other opt along the keys), then GROUP g (threads per row: a row's keys of a tile and its output's dims split over g
+    threads) and the rows' LOCAL (the workgroup's rows) and UPCAST parts (each thread's rows), nothing else; the tiles fit in shared memory."""
+    op, arg, rows = opt.op, opt.arg, self.n_global - 1
+    check(self.caps.has_local, f"{op.name} on attention needs a device with workgroups and shared memory")
+    if op is OptOps.STAGE:
+      check(opt.axis == 0 and not any(a.kind is AxisKind.STAGE for a in self.axes), "one STAGE opt, on axis 0 (the keys)")
+      check(all(a.kind in (AxisKind.GLOBAL, AxisKind.REDUCE) or a.kind in (AxisKind.LOCAL, AxisKind.UPCAST) and a.dim == rows for a in self.axes),
+            "STAGE on attention comes before any opt but the rows' LOCAL and UPCAST")
+      check(1 < arg <= self.sizes[-1] and self.sizes[-1] % arg == 0 and arg % 4 == 0 and arg <= STAGE_MAX,
+            f"STAGE {arg} does not split the {self.sizes[-1]} keys into tiles of a multiple of 4")
+    else:
+      check(any(a.kind is AxisKind.STAGE for a in self.axes), f"{op.name} on attention comes after STAGE (attention in tiles)")
+      check(op in (OptOps.GROUP, OptOps.LOCAL, OptOps.UPCAST), f"{op.name} does not combine with STAGE on attention")
+      check(op is OptOps.GROUP or opt.axis == rows, f"{op.name} on attention in tiles splits the rows, axis {rows}")
+      if op is OptOps.GROUP:
+        check(opt.axis == 0 and self.sizes_of(AxisKind.GROUP) == 1, "one GROUP opt, on axis 0 (the keys)")
+        check(self.attention is not None and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
+    rem = self.remaining(self.n_global if op in (OptOps.STAGE, OptOps.GROUP) else rows)
+    check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
+    block, tile, group = self.flash_sizes()
+    if op in (OptOps.LOCAL, OptOps.UPCAST): block *= arg
+    if op is OptOps.STAGE: tile = arg
+    if op is OptOps.GROUP: group = arg
+    check(group * block // max(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1), 1) <= self.caps.max_local,
+          f"a workgroup of over {self.caps.max_local} threads")
+    check(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1) <= 16, "over 16 rows a thread")
+    check((need := self.flash_bytes(block, tile, group)) <= self.caps.shared_bytes,
+          f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
+    if op is OptOps.STAGE:
+      self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, rem.dim, rem.stride * arg))
+      rem.size = arg
+    else:
+      kind = {OptOps.GROUP: AxisKind.GROUP, OptOps.LOCAL: AxisKind.LOCAL, OptOps.UPCAST: AxisKind.UPCAST}[op]
+      self.axes.append(Axis(arg, kind, rem.dim, rem.stride))
+      rem.stride, rem.size = rem.stride * arg, rem.size // arg
+    self.opts.append(opt)
+
+  def flash_sizes(self) -> tuple[int, int, int]:
+    """Attention in tiles: (the workgroup's rows, the keys' tile, the threads per row)."""
+    rows = prod(a.size for a in self.axes if a.dim == self.n_global - 1 and a.kind in (AxisKind.LOCAL, AxisKind.UPCAST))
+    return rows, next((a.stride for a in self.axes if a.kind is AxisKind.STAGE), 1), self.sizes_of(AxisKind.GROUP)
+
+  def flash_bytes(self, block: int, tile: int, group: int) -> int:
+    """The shared memory of attention in tiles (see lower.flash_attention): float32 tiles of the queries, keys, values and
+    probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
+    at = self.attention
+    assert at is not None
+    e, ev = at.src[0].shape[-1], at.shape[-1]
+    return 4 * (block * (e + FLASH_PAD) + tile * (e + FLASH_PAD) + tile * (ev + FLASH_PAD) + block * (tile + FLASH_PAD) + 2 * group * block)
 
   def kblock_problem(self) -> str | None:
     """Why the reduce's partial sums cannot wait in the output buffer between K blocks (None where they can): that needs each output
@@ -624,6 +678,7 @@ CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register targe
 
 RASTER_ARGS = (4, 8, 16)  # workgroups a RASTER band holds
 STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
+FLASH_PAD = 4  # floats after each row of attention's tiles in shared memory: 16 bytes, so a warp's 16-byte reads of 8 rows hit all 32 banks
 
 
 def candidate_opts(k: Kernel) -> list[Opt]:

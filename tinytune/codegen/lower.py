@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol
 
-from tinytune.codegen.kernel import AxisKind, Kernel, swizzle_line
+from tinytune.codegen.kernel import FLASH_PAD, AxisKind, Kernel, swizzle_line
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
@@ -72,6 +72,7 @@ class StoreArg(NamedTuple):  # STORE
   stream: bool  # a whole 64-byte line past the caches
   cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
   # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
+  any: bool = False  # threads may store to the one element together, any of their values landing (CHECK's flag): an atomic store
 
 
 class FoldArg(NamedTuple):  # FOLD
@@ -208,7 +209,7 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
-  if k.attention is not None: return attention(lowerer)
+  if k.attention is not None: return flash_attention(lowerer) if any(a.kind is AxisKind.STAGE for a in k.axes) else attention(lowerer)
   if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
   # a row read back where no reduce loop wrote it (the output reads the statistic's source off its row): recomputed instead
@@ -538,6 +539,7 @@ class _Lowerer:
     elif self.rows is not None and u is self.rows.source and not self.in_body and self.rows.holds(idx): ret = self.rows.load(idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
+    elif u.op is Ops.CHECK: ret = self.check(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
     self.memo[key] = ret
     return ret
@@ -557,6 +559,17 @@ class _Lowerer:
     val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
     ok_val = Val(Kind.SCALAR, (oks[0],)) if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(oks))
     return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))], [dtypes.bool, u.dtype, u.dtype])
+
+  def check(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """CHECK's value, and a store of each lane's value outside [lo, hi) into the flag (threads that find one race to store theirs:
+    the flag ends up holding one of them)."""
+    val, (lo, hi), buf, i64 = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], dtypes.int64
+    for i in range(1 if val.kind is Kind.SCALAR else self.width):
+      v = val.lane(i) if u.dtype == i64 else self.value(Ops.CAST, i64, (val.lane(i),))
+      below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(i64, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(i64, hi - 1), v))
+      bad = UOp.var(self.value(Ops.OR, dtypes.bool, (below, above)).arg.name, 0, 1)  # a guard is index math: the value by its name
+      self.emit(Ops.STORE, UOp.const(i64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=i64)
+    return val
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
@@ -1157,8 +1170,8 @@ def attention(lw: _Lowerer) -> LinearProgram:
   for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
     dims = lw.dims(inst)
     query = [read(q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
-    outs = [acc(f"o{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
-    rows.append((dims, query, acc(f"m{r}", -math.inf), acc(f"l{r}", 0.0), outs))
+    outs = [acc(f"out{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
+    rows.append((dims, query, acc(f"row_max{r}", -math.inf), acc(f"row_sum{r}", 0.0), outs))
   body = lw.lines = []
   lw.memo = {}
   log2_scale = const(scale / math.log(2))
@@ -1221,3 +1234,144 @@ def attention(lw: _Lowerer) -> LinearProgram:
   if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], w, post, ())
   else: uops = lw.nesting.cpu([body], [], None, [[]], lw.decls, post)
   return LinearProgram(k, w, uops)
+
+
+def flash_attention(lw: _Lowerer) -> LinearProgram:
+  """Attention in tiles (Kernel.flash_opt, the FlashAttention-2 shape on CUDA cores): a workgroup takes a block of query rows, copies
+  them to shared memory once (scaled by scale / ln 2: the scores in base 2), then for each tile of keys (STAGE) copies the keys and
+  values to shared memory, every thread a share of them in vectors, so each is read from memory once a workgroup, not once a row.
+  The threads are a grid of row groups (LOCAL) by threads per row (GROUP, the fastest): a thread computes its rows' (UPCAST) scores
+  for every GROUP-th key of the tile, a register tile of dot products read as vectors along the head dim; the rows' maxima of the
+  tile meet in shared memory, each thread takes the new running max m of its rows, writes its probabilities 2^(s - m) to shared
+  memory and their sums beside them; then each thread rescales its rows' output accumulators (every GROUP-th vector of the value
+  dims) and sum l by 2^(m_old - m) and adds the tile's probabilities times values. Four barriers a tile: after the copies, the
+  maxima, the probabilities, and the products (the next copy overwrites what they read). Causal: a tile of keys past the block's
+  last row is skipped by the whole workgroup, a key past its row is -inf. A mask is read at the row and key as attention's."""
+  k, node = lw.k, lw.k.attention
+  assert node is not None
+  q, keys, values, *masks = node.src
+  scale, causal = node.arg
+  n, f32, i64, (e_size, ev_size) = k.n_global, dtypes.float32, dtypes.int64, (q.shape[-1], node.shape[-1])
+  block, tile, group = k.flash_sizes()
+  vars, zero = lw.nesting.vars, UOp.const(dtypes.int64, 0)
+  stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+  svar, rvar = vars[stage], vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
+  gvar = next((vars[i] for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), zero)
+  lw.width = w = 4 if e_size % 4 == 0 and ev_size % (4 * group) == 0 and tile % 4 == 0 else 1
+  lw.lane = UOp.var("lane", 0, w - 1)
+  lane = lw.lane if w > 1 else zero
+  threads = k.launch_dims[1]
+  lid = UOp.var("lid", 0, threads - 1) if threads > 1 else zero
+  qs, ks, vs = e_size + FLASH_PAD, e_size + FLASH_PAD, ev_size + FLASH_PAD  # the tiles' row strides
+  ps = tile + FLASH_PAD
+  def const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(f32, x),))
+  def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
+  def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:
+    while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]
+  def read(view: UOp, idx: tuple[UOp, ...]) -> Val:
+    val = lw.node(view, idx)
+    return val if view.dtype == f32 else lw.alu(Ops.CAST, f32, [val], [view.dtype])
+  def shared(name: str, off: UOp) -> Val: return lw.read(f32, name, lw.simplify(off), TRUE)
+  def put(name: str, val: Val, off: UOp, guard: UOp = TRUE) -> None: lw.store(val, lw.simplify(off), guard, name, f32)
+  def lanes(v: Val) -> list[Val]: return [Val(Kind.SCALAR, (v.lane(i),)) for i in range(w)] if v.kind is not Kind.SCALAR else [v] * w
+  # the workgroup's rows: each UPCAST instance's row in the block and in the kernel; the batch dims are the workgroup's
+  row_base = linear_sum(i64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == n - 1 and a.kind is AxisKind.GLOBAL], 0, lw.simplified)
+  rows = []
+  for inst in lw.instances((AxisKind.UPCAST,)):
+    dims = lw.dims(inst)
+    rows.append((lw.simplify(dims[n - 1] - row_base), dims[n - 1]))
+  batch = lw.dims({})[:n - 1]
+  key_dim = lw.dims({})[n]  # s * tile + r * group + g: the thread's j-th key of the tile at r = j
+  tile_keys = [lw.simplify(key_dim.substitute({v: UOp.const(i64, x) for v, x in ((svar, 0), (rvar, j)) if v.op is Ops.VAR}))
+               for j in range(tile // group)]
+  def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
+    """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as float32."""
+    chunks, per = count * (size // w), size // w
+    for j in range(-(-chunks // threads)):
+      c = lw.simplify(lid + j * threads)
+      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
+      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
+      r, e = lw.simplify(c // per), lw.simplify(c % per * w + lane)
+      val = read(view, (*batch, lw.simplify(first + r), e))
+      if name == "fq": val = op(Ops.MUL, val, const(scale / math.log(2)))
+      put(name, val, r * stride + e, guard)
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in
+           (("fq", block * qs), ("fk", tile * ks), ("fv", tile * vs), ("fp", block * ps), ("fm", group * block), ("fl", group * block))]
+  def acc(name: str, start: float, width: int = 1) -> Val:
+    decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
+    return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
+  cols = ev_size // (w * group)  # the thread's vectors of each row's output: every GROUP-th
+  out_at = [lw.simplify(UOp.const(i64, c * w * group) + gvar * w + lane) for c in range(cols)]
+  state = [(acc(f"row_max{a}", -math.inf), acc(f"row_sum{a}", 0.0), [acc(f"out{a}_{c}", 0.0, w) for c in range(cols)]) for a in range(len(rows))]
+  pre = lw.lines = []
+  lw.memo = {}
+  copy(q, "fq", row_base, block, e_size, qs)
+  body = lw.lines = []
+  lw.memo = {}
+  copy(keys, "fk", svar * tile, tile, e_size, ks)
+  copy(values, "fv", svar * tile, tile, ev_size, vs)
+  body.append(stmt(Ops.BARRIER))
+  # the scores of the thread's rows and keys
+  dots: dict[tuple[int, int], Val] = {}  # scalars, a multiply-add a lane (vectors of partial sums took 4x the registers: 198 a thread)
+  for c in range(e_size // w):
+    qv = [lanes(shared("fq", r * qs + c * w + lane)) for r, _ in rows]
+    kv = [lanes(shared("fk", kt * ks + c * w + lane)) for kt in tile_keys]
+    for (a, x), (b, y), i in itertools.product(enumerate(qv), enumerate(kv), range(w)):
+      dots[a, b] = op(Ops.MUL, x[i], y[i]) if (a, b) not in dots else op(Ops.ADD, dots[a, b], op(Ops.MUL, x[i], y[i]))
+  scores: dict[tuple[int, int], Val] = {}
+  for (a, (_, row)), b in itertools.product(enumerate(rows), range(len(tile_keys))):
+    t = dots[a, b]
+    key = lw.simplify(svar * tile + tile_keys[b])
+    def keep(cond: Val, t: Val) -> Val: return lw.alu(Ops.WHERE, f32, [cond, t, const(-math.inf)], [dtypes.bool, f32, f32])
+    if causal: t = keep(lw.index_val(lw.simplify(key.lt(row + 1))), t)
+    for mask in masks:
+      if mask.dtype == dtypes.bool: t = keep(lw.node(mask, (*batch, row, key)), t)
+      else: t = op(Ops.ADD, t, op(Ops.MUL, read(mask, (*batch, row, key)), const(1 / math.log(2))))
+    scores[a, b] = t
+  for a, (r, _) in enumerate(rows): put("fm", total([scores[a, b] for b in range(len(tile_keys))], Ops.MAX), gvar * block + r)
+  body.append(stmt(Ops.BARRIER))
+  # the new running max, the probabilities and their sums
+  alphas = []
+  for a, (r, _) in enumerate(rows):
+    m = state[a][0]
+    new_m = op(Ops.MAX, m, total([shared("fm", UOp.const(i64, g * block) + r) for g in range(group)], Ops.MAX))
+    base = new_m if not masks else lw.alu(Ops.WHERE, f32, [lw.alu(Ops.CMPNE, dtypes.bool, [new_m, const(-math.inf)], [f32, f32]), new_m,
+                                                          const(0.0)], [dtypes.bool, f32, f32])
+    alphas.append(op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base))))
+    probs = [op(Ops.EXP2, op(Ops.ADD, scores[a, b], op(Ops.NEG, base))) for b in range(len(tile_keys))]
+    for kt, p in zip(tile_keys, probs): put("fp", p, r * ps + kt)
+    put("fl", total(probs), gvar * block + r)
+    lw.emit(Ops.ASSIGN, m.items[0], lw.vec(new_m), TRUE)
+  body.append(stmt(Ops.BARRIER))
+  # the outputs: rescaled, plus the tile's probabilities times its values
+  news: dict[tuple[int, int], Val] = {}
+  for a, (r, _) in enumerate(rows):
+    l = state[a][1]
+    lsum = total([shared("fl", UOp.const(i64, g * block) + r) for g in range(group)])
+    lw.emit(Ops.ASSIGN, l.items[0], lw.vec(op(Ops.ADD, op(Ops.MUL, l, alphas[a]), lsum)), TRUE)
+    for c, o in enumerate(state[a][2]): news[a, c] = op(Ops.MUL, o, alphas[a])
+  for kk in range(0, tile, w):
+    pv = [lanes(shared("fp", r * ps + kk + lane)) for r, _ in rows]
+    for j in range(w):
+      for c in range(cols):
+        vv = shared("fv", (kk + j) * vs + out_at[c])
+        for a in range(len(rows)): news[a, c] = op(Ops.ADD, news[a, c], op(Ops.MUL, pv[a][j], vv))
+  for (a, c), val in news.items(): lw.emit(Ops.ASSIGN, state[a][2][c].items[0], lw.vec(val), TRUE)
+  body.append(stmt(Ops.BARRIER))
+  if causal:  # the tiles past the block's last row: the whole workgroup skips them
+    body[:] = [stmt(Ops.IF, lw.simplify((svar * tile).lt(row_base + block)).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  post = lw.lines = []
+  lw.memo = {}
+  strides = strides_for(k.out_shape)
+  for a, (_, row) in enumerate(rows):
+    inv = op(Ops.RECIP, state[a][1])
+    for c, o in enumerate(state[a][2]):
+      val = op(Ops.MUL, o, inv)
+      if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+      off = lw.simplify(sum((x * st for x, st in zip((*batch, row, out_at[c]), strides) if st), UOp.const(i64, 0)))
+      lw.store(val, off, TRUE)
+  local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
+  ids = lw.nesting.group_ids() + ([stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0))] if threads > 1 else [])
+  ids += lw.nesting.unflatten(local + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP], "lid")
+  return LinearProgram(k, w, ids + decls + pre + lw.nesting.nest([stage], body) + post)

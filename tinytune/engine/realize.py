@@ -6,7 +6,9 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from tinytune.dtype import DType
+import numpy as np
+
+from tinytune.dtype import DType, dtypes
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, compiled, kernels
 from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
@@ -51,6 +53,21 @@ def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
   return {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}
 
 
+class Flag(Buffer):
+  """The one int64 into which the kernels that compute a CHECK(x, flag) node (arg (lo, hi)) store an element of x outside [lo, hi):
+  it holds lo until one does. `check` after those kernels ran raises error(that element), and takes the flag back to lo, so the
+  next run of those kernels checks their values again."""
+  def __init__(self, device: str, lo: int, error: Callable[[int], Exception]):
+    super().__init__(device, 1, dtypes.int64)
+    self.lo, self.error = lo, error
+    self.copyin(np.array([lo]))
+
+  def check(self) -> None:
+    if (v := int(self.numpy_view()[0])) != self.lo:
+      self.copyin(np.array([self.lo]))
+      raise self.error(v)
+
+
 @dataclass(frozen=True)
 class Step:
   kernel: CompiledKernel
@@ -63,12 +80,14 @@ class Plan:
   made: tuple[tuple[int, DType], ...]  # (size, dtype) of each buffer the kernels fill
   steps: tuple[Step, ...]
   roots: tuple[tuple[int, int, View], ...]  # (position in the graph, buffer, contiguous view) of each node a kernel realizes
+  flags: tuple[int, ...] = ()  # the buffers that are CHECK nodes' flags, read once the kernels ran
 
   def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp | None:
     """Run the kernels; the VIEW that holds the last node a kernel realizes (the graph's own, where no `into` took it)."""
     bufs = inputs.copy()
     for size, dtype in self.made: bufs.append(Buffer(device, size, dtype))
     for step in self.steps: run_kernel(step.kernel, list(map(bufs.__getitem__, step.slots)), device)
+    for f in self.flags: bufs[f].check()  # type: ignore[attr-defined]  # before anything is taken as realized: a rerun checks again
     ret = None
     for pos, slot, view in self.roots: mark_realized(topo[pos], ret := buffer_view(bufs[slot], view.shape, view))
     return ret
@@ -84,7 +103,8 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
   run = [item for item in items if item.out.size]  # an empty output: nothing to compute
   steps = [Step(compiled(k, device), tuple(slot[id(b)] for b in (item.out, *k.bufs))) for item, (_, k) in zip(run, kernels(run, device))]
   return Plan(tuple((item.out.size, item.out.dtype) for item in made), tuple(steps),
-              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made if item.node in index))
+              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made if item.node in index),
+              tuple(dict.fromkeys(slot[id(u.src[1].arg)] for u in index if u.op is Ops.CHECK)))
 
 
 _plans: dict[tuple, Plan] = {}

@@ -186,12 +186,14 @@ class Tensor:
     return [g if g is not None else t.zeros_like() for g, t in zip(grads, targets)]
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Add d(self)/d(leaf) to the .grad of every leaf tensor that requires grad (True) (lazily: nothing runs until realized)."""
+    """Add d(self)/d(t) to the .grad of every float tensor t that self is computed from (self too), up to those that do not require
+    grad (False), whether t requires grad (True) or may (None), as tinygrad: parameters, inputs and the ops between them (lazily: nothing
+    runs until realized). A tensor that self does not depend on through its gradient rules (an index) gets none."""
     if self.requires_grad is False: raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
     seed = autograd.check_seed(self, gradient)
-    leaves = autograd.leaves(self)
-    for leaf, g in zip(leaves, autograd.gradient(self, leaves, seed)):
-      if g is not None: leaf.grad = g if leaf.grad is None else leaf.grad + g
+    targets = autograd.in_graph(self)
+    for t, g in zip(targets, autograd.gradient(self, targets, seed)):
+      if g is not None: t.grad = g if t.grad is None else t.grad + g
     return self
 
   # ***** the primitives every op is built from *****

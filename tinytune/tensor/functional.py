@@ -545,11 +545,12 @@ def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_
   return _attention_graph(self, key, value, attn_mask, dropout_p, is_causal)
 
 
-# the devices whose default (FLASH=1) is attention in one kernel: none yet. The CPU's is the graph: one kernel measured 0.6-0.7x its
-# speed at 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3). On an H200 at 4x16x1024x64 one kernel took
-# 4.9 ms (float32) and 5.2 ms (float16), the graph 0.80 and 0.46 (bench/results/nvidia-h200-2026-11-27-1608.md): its threads each
-# walk all keys and values from global memory alone. AMD runs the same kernel; EMU stands for CUDA.
-FLASH_DEVICES: tuple[str, ...] = ()
+# the devices, and the dtypes there, whose default (FLASH=1) is attention in one kernel. The CPU's is the graph: one kernel measured
+# 0.6-0.7x its speed at 1x8x1024x64 and 0.8-0.9x at 2x8x512x64 (bench/kernels.py --target x86-64-v3). On an H200 at 4x16x1024x64,
+# attention in tiles (a workgroup's query rows and each tile of keys and values in shared memory) took 0.546 ms in float32 (causal
+# 0.393), the graph 0.809 (0.816), SDPA 0.541 (0.346); in float16, with no tensor cores in it yet, 0.581 (0.412) against the graph's
+# 0.394 (0.449), whose products take them. EMU stands for CUDA; AMD runs the same kernel, unmeasured.
+FLASH_DEVICES: dict[str, tuple[str, ...]] = {"CUDA": ("float32",), "EMU": ("float32",)}
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
@@ -561,7 +562,7 @@ def _flash(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
   scores = (*q.shape[:-1], k.shape[-2])
   if mask is not None and (mask.requires_grad or mask.ndim > len(scores) or any(m not in (1, s) for m, s in zip(mask.shape[::-1], scores[::-1]))):
     return False
-  return FLASH >= 2 or q.device.split(":")[0] in FLASH_DEVICES
+  return FLASH >= 2 or q.dtype.name in FLASH_DEVICES.get(q.device.split(":")[0], ())
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
