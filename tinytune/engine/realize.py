@@ -26,26 +26,31 @@ def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer],
   topo: list[UOp] = []
   buffers: list[Buffer] = []
   parts: list[Any] = []
-  stack = [(target, iter(target.src))]
-  while stack:
+  stack: list[tuple[UOp | None, Iterator[UOp]]] = [(None, iter((target,)))]  # a root above target: target is walked as a source
+  while True:
     u, srcs = stack[-1]
     for s in srcs:
-      if s not in index:
-        stack.append((s, iter(s.src if s.op is not Ops.VIEW or s.src[0].op is not Ops.CONST else ())))  # a broadcast constant: its node says all
+      if s in index: continue
+      if (op := s.op) is Ops.BUFFER:  # a leaf is taken at once, not pushed and popped (a step's graph is mostly leaves)
+        if "realized_as" in s.__dict__ and (v := realized(s)) is not None and v is not s and v.src[0].arg.device == device: return None
+        part: Any = (op, s.dtype, s.arg.size, s.arg.device)
+        buffers.append(s.arg)
+      # a constant and its broadcasts (never realized: schedule.mark_realized): the node itself, hash-consed by dtype, value (-0.0 apart
+      # from 0.0) and view, and kept alive by the key, so the next step's graph finds it built
+      elif op is Ops.CONST or op is Ops.VIEW and s.src[0].op is Ops.CONST: part = s
+      else:
+        stack.append((s, iter(s.src)))
         break
+      index[s] = len(topo)
+      topo.append(s)
+      parts.append(part)
     else:
+      if u is None: return topo, tuple(parts), buffers, index
       stack.pop()
       if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
       index[u] = len(topo)
       topo.append(u)
-      if (op := u.op) is Ops.BUFFER:
-        parts.append((op, u.dtype, u.arg.size, u.arg.device))
-        buffers.append(u.arg)
-      # a constant and its broadcasts: the node itself, hash-consed by dtype, value (-0.0 apart from 0.0) and view, and kept alive by
-      # the key, so the next step's graph finds it built
-      elif op is Ops.CONST or op is Ops.VIEW and u.src[0].op is Ops.CONST: parts.append(u)
-      else: parts.append((op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
-  return topo, tuple(parts), buffers, index
+      parts.append((u.op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
 
 
 def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:

@@ -89,7 +89,6 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
     writes. Returns self."""
-    from tinytune.engine.realize import realize, realize_all
     if checks.pending: checks.run_pending()
     if not others and not self._pending:  # the common case: one value, nothing to write
       self.uop = realize(self.uop, self.device)
@@ -109,8 +108,6 @@ class Tensor:
     if x.device != self.device: raise ValueError(f"assign from {x.device} to a tensor on {self.device}")
     if x.dtype != self.dtype: raise TypeError(f"assign of {x.dtype.name} to a {self.dtype.name} tensor; cast it first")
     if self._view is not None: return self._assign_through(x)
-    from tinytune.engine.realize import realize
-    from tinytune.engine.schedule import buffer_view
     if not self._pending and (self._memory is None or self.uop is not buffer_view(self._memory, self.shape)):
       # first a copy in memory of its own: realizes of equal graphs share their buffers
       self._memory = Buffer(self.device, self.numel(), self.dtype)
@@ -387,3 +384,7 @@ class Tensor:
 
 
 for _job in (creation, movement, indexing, elementwise, reduce, functional, losses): setattr(_job, "Tensor", Tensor)  # their ops build Tensors
+# the engine imports this module (TinyJit's replay returns Tensors): bound here, once Tensor exists, not by an import statement in
+# realize(), which cost 1.3 us of every realize (a one-kernel step's 27 on a loaded Zen 4)
+from tinytune.engine.realize import realize, realize_all  # noqa: E402
+from tinytune.engine.schedule import buffer_view  # noqa: E402
