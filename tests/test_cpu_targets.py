@@ -134,6 +134,13 @@ def test_a_compiler_without_openmp_is_not_chosen_over_one_with_it(monkeypatch: p
   finally: cpu_module.find_compiler.cache_clear()
 
 
+def test_openmp_counts_only_where_the_loop_calls_a_runtime() -> None:
+  """gcc's -fopenmp builds a parallel loop; clang's -fopenmp=libgomp builds too, links libgomp and drops the pragma (clang compiles
+  OpenMP for libomp only): not OpenMP, or its kernels would run one thread while the device counts two."""
+  if shutil.which("gcc"): assert cpu_module.openmp_works("gcc")
+  if shutil.which("clang"): assert not cpu_module.openmp_works("clang", "-fopenmp=libgomp")
+
+
 def test_one_thread_without_openmp_is_said_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
   """TINYTUNE_CC=clang where clang has no libomp (Debian's clang 14): the kernels lose their threads, and the device says so once,
   with the fix."""
@@ -291,6 +298,36 @@ def test_column_panels_follow_the_l2_size() -> None:
       assert any(o.op is OptOps.SWAP for o in opts) == swapped and any(o.op is OptOps.PACK for o in opts) == (rows == 512), (rows, l2)
 
 
+def test_transposes_no_tile_splits_read_whole_runs() -> None:
+  """conv2d's NCHW -> padded NHWC copy at 4x32x32x32 (rows of 34: no 8 or 4 tile splits them; channels 4 KiB apart, 8 of an L1's lines
+  at that stride) reads each padded row's run inside 4 channels, on AVX2 and AVX-512, and is right; a transpose whose gathered rows
+  spread over the L1's sets (520 bytes apart) keeps its vectors, and so does one whose run's output rows would share 2 sets (2 KiB
+  apart)."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts, l1_lines
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps
+  from tinytune.engine.schedule import create_schedule
+  def opts(out: Tensor, target: str) -> list[Opt]:
+    (item,), _ = create_schedule(out.uop, "CPU")
+    t = cpu_target(target)
+    caps = dataclasses.replace(Device["CPU"].caps, simd_width=t.lanes, vector_registers=t.registers, l1_bytes=32 << 10)
+    return default_opts(Kernel(item.ast, caps))
+  x = np.random.default_rng(0).standard_normal((4, 32, 32, 32), np.float32)
+  pad = lambda: Tensor(x).pad(((0, 0), (0, 0), (1, 1), (1, 1))).permute(0, 2, 3, 1)  # noqa: E731
+  for target in ("x86-64-v3", "x86-64-v4"):
+    assert opts(pad(), target) == [Opt(OptOps.SWAP, 2, 3), Opt(OptOps.UPCAST, 3, 4)], target
+    assert all(o.op is not OptOps.SWAP for o in opts(Tensor(np.ones((512, 130), np.float32)).T, target)), target
+    assert all(o.op is not OptOps.SWAP for o in opts(Tensor(np.ones((512, 1024), np.float32))[:, :130].T, target)), target
+  kernel = Kernel(create_schedule(pad().contiguous().uop, "CPU")[0][0].ast, Device["CPU"].caps)
+  assert [l1_lines(kernel, s) for s in (4096, 2048, 128, 520, 4)] == [kernel.caps.l1_bytes // 4096 * n for n in (1, 2, 32, 64, 64)]
+  np.testing.assert_array_equal(pad().numpy(), np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).transpose(0, 2, 3, 1))
+
+
 def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
   """On AVX2 (16 registers of 8 lanes) a 1024^3 matmul takes a 6x16 tile whose B panels are packed (PACK), the threads splitting the
   columns so each core packs its own; B gathered along K (x @ W.T) too from 64 rows, where AVX-512's 16 lanes keep dot products
@@ -318,6 +355,46 @@ def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
   assert ops(opts(16, 1024, 1024, "x86-64-v3", gathered=True)) & {OptOps.PACK, OptOps.LANES} == {OptOps.LANES}
   assert ops(opts(64, 1024, 1024, "x86-64-v4", gathered=True)) & {OptOps.PACK, OptOps.LANES} == {OptOps.LANES}
   assert {OptOps.PACK, OptOps.KBLOCK} <= ops(opts(256, 4096, 4096, "x86-64-v4", gathered=True))
+
+
+def test_packed_panels_k_blocks_follow_the_l2_size() -> None:
+  """A packed panel of B stays within half the target's L2 (and PACK_BYTES): AVX2's 1024^3 panel of 16 columns by all of K (64 KiB)
+  is whole with a 1 MB L2 or 128 KiB, and K is cut in blocks of 512 (32 KiB) with 64 KiB."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  (item,), _ = create_schedule((Tensor(np.ones((1024, 1024), np.float32)) @ Tensor(np.ones((1024, 1024), np.float32))).uop, "CPU")
+  t = cpu_target("x86-64-v3")
+  for l2, block in ((1 << 20, None), (128 << 10, None), (64 << 10, 512)):
+    caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=l2)
+    opts = default_opts(Kernel(item.ast, caps))
+    assert OptOps.PACK in {o.op for o in opts} and next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
+
+
+def test_conv_weight_gradients_k_blocks_follow_the_l2_size() -> None:
+  """The CNN step's 5x5 weight gradient (32x32 channels over 128 images of 20x20, 16 MB of inputs) sums its images in blocks whose
+  inputs stay in half the L2: 4 images with a 1 MB L2, 8 with 2 MB, and no blocks where all of them fit."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.opts import OptOps
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name.startswith("r_1_5_5_32_32_"))
+  t = cpu_target("x86-64-v3")
+  for l2, block in ((1 << 20, 4), (2 << 20, 8), (64 << 20, None)):
+    caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=l2)
+    opts = default_opts(Kernel(ast, caps))
+    assert next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
 
 
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]

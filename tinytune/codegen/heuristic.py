@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 from typing import Callable, Sequence
 
 from tinytune.codegen.kernel import PACK_BYTES, AxisKind, Kernel, KernelOptError, find_tensor_core, input_strides
@@ -12,6 +13,7 @@ from tinytune.helpers import NOOPT, SPLITK, divisors, prod, round_up
 from tinytune.shape import split_offset
 from tinytune.uop import ALU, TRANSCENDENTAL, Ops, UOp, simplify
 
+CACHE_LINE, L1_SET_SPAN = 64, 4096  # bytes: a cache line, and the span of addresses over which an L1's sets repeat (a page)
 GATHER_STRIDE = 16  # elements apart along the lanes from which each lane of a vector load is its own cache line
 # below this estimated time on one core, starting threads costs more than it saves: waking a sleeping thread on a busy machine costs
 # milliseconds (the CNN step's small reduces and copies took ~8 ms threaded, 0.05-1.5 ms on one, as its search found; X[idx] of
@@ -201,10 +203,17 @@ def plan_column_sum(p: Plan) -> bool:
 def plan_transpose(p: Plan) -> bool:
   """A transpose (an input contiguous along another output dim than the lanes): a square tile, lanes by as many rows of that dim, so
   each input line is read in runs rather than one element of it per output vector. 8x8, for any dtype: a float32 1024^2 transpose
-  2.2 ms untiled, 0.58 with 16x16, 0.38 with 8x8; 4096^2 61.7, 12.4, 10.4; int32 1024^2 1.65 -> 0.39, float16 2.19 -> 0.18."""
-  if p.lane is None or (tile := _transpose_tile(p.k, p.lane, p.strides)) is None: return False
-  p.upcast(p.lane, tile[1])
-  p.upcast(tile[0], tile[1])
+  2.2 ms untiled, 0.58 with 16x16, 0.38 with 8x8; 4096^2 61.7, 12.4, 10.4; int32 1024^2 1.65 -> 0.39, float16 2.19 -> 0.18.
+  Where no tile splits that dim (a padded row of 34) and the vectors' gathered lines share too few L1 sets (rows 4 KiB apart), that
+  dim's whole run inside a few lanes (see _transpose_runs): conv2d 4x32 at 32^2's NCHW -> padded NHWC copy 0.214 -> 0.028 ms."""
+  if p.lane is None: return False
+  if (tile := _transpose_tile(p.k, p.lane, p.strides)) is not None:
+    p.upcast(p.lane, tile[1])
+    p.upcast(tile[0], tile[1])
+  elif (runs := _transpose_runs(p.k, p.lane, p.strides)) is not None:
+    p.first_valid(Opt(OptOps.SWAP, runs[0], p.lane))
+    p.upcast(p.lane, runs[1])
+  else: return False
   return True
 
 
@@ -250,7 +259,8 @@ def column_panels(p: Plan) -> None:
 
 
 def k_blocks(p: Plan) -> None:
-  """K in blocks where a matmul's rows of A for one block would not stay in the last-level cache (KBLOCK_BYTES); a column sum larger
+  """K in blocks where a matmul's rows of A for one block would not stay in the last-level cache (KBLOCK_BYTES), or, for a reduce over
+  several dims, where its inputs would not stay in the L2 (see below); a column sum larger
   than the caches in blocks of a few rows: each block sweeps whole rows (the thread's column strips in turn, their sums so far
   reloaded from the output) where one strip down every row steps a page at a time (4096^2: 4.5 -> 1.9 ms)."""
   k = p.k
@@ -258,6 +268,13 @@ def k_blocks(p: Plan) -> None:
     rows, red = k.sizes[p.tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
     if rows * red > KBLOCK_BYTES:
       p.first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
+  if p.tile_row is not None and not p.gathered and not p.pack and k.n_reduce > 1 and all(st[k.n_global] for st in p.strides):
+    # a reduce over several dims that every input is split along the first of (a convolution's weight gradient: batch x positions)
+    # in blocks of that dim whose inputs stay in half the L2 while every register tile reads them: the 5x5 gradient of the CNN step
+    # (32x32 channels, 128x20x20 terms, 16 MB read by each of 400 tiles) in blocks of 4 images: 2.9x on x86-64-v3, 1.1-1.2x native
+    first, inner, inputs, most = k.remaining(k.n_global).size, prod(k.sizes[k.n_global + 1:]), sum(b.nbytes for b in k.bufs), k.caps.l2_bytes // 2
+    if inputs > most:
+      p.first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(first)[1:-1]) if b * inner >= KBLOCK_MIN and inputs * b <= first * most))
   if p.planner is plan_column_sum and k.reduceop is not None and k.n_reduce == 1 and \
      prod(k.reduceop.src[0].shape) * k.reduceop.src[0].dtype.itemsize > KBLOCK_BYTES:
     p.first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in (8, 4, 16)))
@@ -273,15 +290,15 @@ def streaming_stores(p: Plan) -> None:
 
 def packed_panels(p: Plan) -> None:
   """B's panels copied contiguously (see PACK_MIN_ROWS_PER_LANE), where the loops leave B's a panel that the row loop reads again; K in the
-  longest blocks that keep the panel within PACK_BYTES where it is longer (AVX-512's 32 columns by a K of 2048)."""
+  longest blocks that keep the panel within panel_bytes where it is longer (AVX-512's 32 columns by a K of 2048)."""
   k, row = p.k, p.tile_row
   if not p.pack or row is None: return
-  red = k.remaining(k.n_global).size
+  red, most = k.remaining(k.n_global).size, panel_bytes(k)
   for block in [0, *(b for b in reversed(divisors(red)) if KBLOCK_MIN <= b < red)]:
     t = k.copy()
     if block and not any(a.kind is AxisKind.KBLOCK for a in t.axes): _first_valid(t, Opt(OptOps.KBLOCK, 0, block))
     _first_valid(t, Opt(OptOps.PACK, 0, 0))
-    if t.pack and any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles()):
+    if t.pack and any(view.arg.strides[row] == 0 and prod(e for _, e in dims) * view.dtype.itemsize <= most for view, _, dims in t.pack_tiles()):
       k.apply_opts(t.opts[len(k.opts):])
       return
 
@@ -321,17 +338,23 @@ def hand_coded_optimizations(kernel: Kernel) -> list[Opt]:
 def _packs_b(k: Kernel, row: int | None, lane: int | None) -> bool:
   """Whether a matmul's B is to be copied into panels (PACK): a float32 B read straight from memory (see Kernel.pack_tiles), with at
   least PACK_MIN_ROWS_PER_LANE rows of A per vector lane to read each panel (a gathered B more, see PACK_GATHERED_ROWS_PER_LANE), and
-  a panel of the widest tile (4 vectors) within PACK_BYTES, K blocked if need be."""
+  a panel of the widest tile (4 vectors) within panel_bytes, K blocked if need be."""
   if row is None or lane is None or k.caps.has_local or k.sizes[row] < PACK_MIN_ROWS_PER_LANE * k.caps.simd_width or k.n_reduce != 1:
     return False
   if any(abs(st[lane]) >= GATHER_STRIDE for st in input_strides(k)) and k.sizes[row] < PACK_GATHERED_ROWS_PER_LANE * k.caps.simd_width:
     return False
-  red, step = k.sizes[-1], 4 * k.caps.simd_width * 4  # a K step's bytes
-  if red * step > PACK_BYTES and (k.kblock_problem() or not any(KBLOCK_MIN <= b < red and b * step <= PACK_BYTES for b in divisors(red))):
+  red, step, most = k.sizes[-1], 4 * k.caps.simd_width * 4, panel_bytes(k)  # a K step's bytes
+  if red * step > most and (k.kblock_problem() or not any(KBLOCK_MIN <= b < red and b * step <= most for b in divisors(red))):
     return False
   t = k.copy()
   if row < lane: _first_valid(t, Opt(OptOps.SWAP, row, lane))
   return any(view.arg.strides[row] == 0 for view, _, _ in t.pack_tiles())
+
+
+def panel_bytes(k: Kernel) -> int:
+  """The most a packed panel of B may hold: half the target's L2, where it stays while every row tile reads it beside their rows of A
+  (a core's L2 as sysfs or getconf gives it, see runtime.cpu.cache_sizes), and no more than PACK_BYTES, the copy's array on the stack."""
+  return min(PACK_BYTES, k.caps.l2_bytes // 2)
 
 
 def _half_inputs(k: Kernel) -> bool:
@@ -394,6 +417,26 @@ def _transpose_tile(k: Kernel, lane: int, strides: list[list[int]]) -> tuple[int
   along that other output dim, and width (8 or 4) splits both."""
   return next(((d, w) for st in strides if abs(st[lane]) >= GATHER_STRIDE for d in range(k.n_global) if d != lane and st[d] == 1
                for w in (8, 4) if k.sizes[lane] % w == 0 and k.sizes[d] % w == 0), None)
+
+
+def l1_lines(k: Kernel, stride: int) -> int:
+  """How many cache lines `stride` bytes apart one core's L1 holds: x86 and ARM L1s pick the set by the address bits below 4 KiB, so lines
+  a multiple of 4 KiB apart share one set of l1_bytes / 4 KiB ways (8 on a Zen 4's 32 KiB)."""
+  return max(1, k.caps.l1_bytes // L1_SET_SPAN) * min(L1_SET_SPAN // CACHE_LINE, L1_SET_SPAN // gcd(stride, L1_SET_SPAN))
+
+
+def _transpose_runs(k: Kernel, lane: int, strides: list[list[int]]) -> tuple[int, int] | None:
+  """For a transpose that no tile splits: (dim, lanes) where the default's vectors (2 x SIMD lanes, each gathered from its own line)
+  would not stay in L1 together but `lanes` of them and a run of that contiguous dim's output lines would (half of L1's lines at
+  their strides each): the run's loads are contiguous, and each line is read whole before the next."""
+  item, wide = k.ast.dtype.itemsize, 2 * k.caps.simd_width
+  for st in strides:
+    if abs(st[lane]) < GATHER_STRIDE or l1_lines(k, abs(st[lane]) * item) >= wide: continue
+    for d in range(k.n_global):
+      out_stride = prod(k.sizes[d + 1:k.n_global]) * item
+      if d == lane or st[d] != 1 or k.sizes[d] == 1 or 2 * k.sizes[d] > l1_lines(k, out_stride): continue
+      if (w := next((w for w in (8, 4) if k.sizes[lane] % w == 0 and 2 * w <= l1_lines(k, abs(st[lane]) * item)), None)): return d, w
+  return None
 
 
 def _tile_row(k: Kernel, lane: int | None, strides: list[list[int]]) -> int | None:

@@ -106,12 +106,15 @@ def find_compiler(target: CPUTarget | None = None) -> str:
 
 
 @functools.cache
-def openmp_works(cc: str) -> bool:
-  """Whether `cc -fopenmp` builds a shared object here (clang needs libomp installed for it)."""
+def openmp_works(cc: str, flag: str = "-fopenmp") -> bool:
+  """Whether `cc -fopenmp` builds a shared object here (clang needs libomp installed for it) whose parallel loop calls an OpenMP
+  runtime: a compiler can accept the flag and drop the pragma (clang -fopenmp=libgomp links gcc's runtime but runs one thread)."""
   with tempfile.TemporaryDirectory() as tmp:
     with open(os.path.join(tmp, "t.c"), "w") as f: f.write("void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n")
     flags = [f for f in FLAGS if not f.startswith("-march=")]  # any target's compiler
-    return subprocess.run([cc, *flags, "-fopenmp", "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
+    if subprocess.run([cc, *flags, flag, "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode: return False
+    with open(os.path.join(tmp, "t.so"), "rb") as so: lib = so.read()
+    return any(call in lib for call in (b"GOMP_parallel", b"__kmpc_fork_call"))  # libgomp's entry, libomp's
 
 
 def one_thread_note(cc: str) -> str:
