@@ -374,11 +374,11 @@ class Kernel:
     if self.attention is not None:
       check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP, OptOps.STAGE, OptOps.GROUP),
             f"{op.name} does not apply to attention in one kernel")
-      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0 and not staged:  # each row keeps its query and output in registers
+      if op is OptOps.STAGE or staged or op is OptOps.GROUP: return self.flash_opt(opt)
+      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0:  # each row keeps its query and output in registers
         at = self.attention
         held = self.sizes_of(AxisKind.UPCAST) * arg * (at.src[0].shape[-1] + at.shape[-1])
         check(held <= 4 * self.caps.max_upcast, f"UPCAST {arg}: the rows' queries and outputs would take {held} registers")
-      if op is OptOps.STAGE or staged or op is OptOps.GROUP: return self.flash_opt(opt)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
       combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
