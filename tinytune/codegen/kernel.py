@@ -503,7 +503,7 @@ class Kernel:
     check(group * block // max(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1), 1) <= self.caps.max_local,
           f"a workgroup of over {self.caps.max_local} threads")
     check(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1) <= 16, "over 16 rows a thread")
-    check((need := self.flash_bytes(block, tile, group)) <= self.caps.shared_bytes,
+    check((need := 4 * sum(n for _, n in self.flash_arrays(block, tile, group))) <= self.caps.shared_bytes,
           f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
     if op is OptOps.STAGE:
       self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, rem.dim, rem.stride * arg))
@@ -519,13 +519,14 @@ class Kernel:
     rows = prod(a.size for a in self.axes if a.dim == self.n_global - 1 and a.kind in (AxisKind.LOCAL, AxisKind.UPCAST))
     return rows, next((a.stride for a in self.axes if a.kind is AxisKind.STAGE), 1), self.sizes_of(AxisKind.GROUP)
 
-  def flash_bytes(self, block: int, tile: int, group: int) -> int:
-    """The shared memory of attention in tiles (see lower.flash_attention): float32 tiles of the queries, keys, values and
-    probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
+  def flash_arrays(self, block: int, tile: int, group: int) -> tuple[tuple[str, int], ...]:
+    """The shared arrays of attention in tiles (lower.flash_attention declares them), by name and float32 count: tiles of the queries,
+    keys, values and probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
     at = self.attention
     assert at is not None
     e, ev = at.src[0].shape[-1], at.shape[-1]
-    return 4 * (block * (e + FLASH_PAD) + tile * (e + FLASH_PAD) + tile * (ev + FLASH_PAD) + block * (tile + FLASH_PAD) + 2 * group * block)
+    return (("fq", block * (e + FLASH_PAD)), ("fk", tile * (e + FLASH_PAD)), ("fv", tile * (ev + FLASH_PAD)), ("fp", block * (tile + FLASH_PAD)),
+            ("fm", group * block), ("fl", group * block))
 
   def kblock_problem(self) -> str | None:
     """Why the reduce's partial sums cannot wait in the output buffer between K blocks (None where they can): that needs each output
