@@ -500,9 +500,9 @@ class Kernel:
     if op in (OptOps.LOCAL, OptOps.UPCAST): block *= arg
     if op is OptOps.STAGE: tile = arg
     if op is OptOps.GROUP: group = arg
-    check(group * block // max(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1), 1) <= self.caps.max_local,
-          f"a workgroup of over {self.caps.max_local} threads")
-    check(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1) <= 16, "over 16 rows a thread")
+    upcast = self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1)  # each thread's rows
+    check(group * block // upcast <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
+    check(upcast <= 16, "over 16 rows a thread")
     check((need := 4 * sum(n for _, n in self.flash_arrays(block, tile, group))) <= self.caps.shared_bytes,
           f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
     if op is OptOps.STAGE:
