@@ -374,11 +374,11 @@ class Kernel:
     if self.attention is not None:
       check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP, OptOps.STAGE, OptOps.GROUP),
             f"{op.name} does not apply to attention in one kernel")
-      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0 and not staged:  # each row keeps its query and output in registers
+      if op is OptOps.STAGE or staged or op is OptOps.GROUP: return self.flash_opt(opt)
+      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0:  # each row keeps its query and output in registers
         at = self.attention
         held = self.sizes_of(AxisKind.UPCAST) * arg * (at.src[0].shape[-1] + at.shape[-1])
         check(held <= 4 * self.caps.max_upcast, f"UPCAST {arg}: the rows' queries and outputs would take {held} registers")
-      if op is OptOps.STAGE or staged or op is OptOps.GROUP: return self.flash_opt(opt)
     if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
       combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
@@ -500,10 +500,10 @@ class Kernel:
     if op in (OptOps.LOCAL, OptOps.UPCAST): block *= arg
     if op is OptOps.STAGE: tile = arg
     if op is OptOps.GROUP: group = arg
-    check(group * block // max(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1), 1) <= self.caps.max_local,
-          f"a workgroup of over {self.caps.max_local} threads")
-    check(self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1) <= 16, "over 16 rows a thread")
-    check((need := self.flash_bytes(block, tile, group)) <= self.caps.shared_bytes,
+    upcast = self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1)  # each thread's rows
+    check(group * block // upcast <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
+    check(upcast <= 16, "over 16 rows a thread")
+    check((need := 4 * sum(n for _, n in self.flash_arrays(block, tile, group))) <= self.caps.shared_bytes,
           f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
     if op is OptOps.STAGE:
       self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, rem.dim, rem.stride * arg))
@@ -519,13 +519,14 @@ class Kernel:
     rows = prod(a.size for a in self.axes if a.dim == self.n_global - 1 and a.kind in (AxisKind.LOCAL, AxisKind.UPCAST))
     return rows, next((a.stride for a in self.axes if a.kind is AxisKind.STAGE), 1), self.sizes_of(AxisKind.GROUP)
 
-  def flash_bytes(self, block: int, tile: int, group: int) -> int:
-    """The shared memory of attention in tiles (see lower.flash_attention): float32 tiles of the queries, keys, values and
-    probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
+  def flash_arrays(self, block: int, tile: int, group: int) -> tuple[tuple[str, int], ...]:
+    """The shared arrays of attention in tiles (lower.flash_attention declares them), by name and float32 count: tiles of the queries,
+    keys, values and probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
     at = self.attention
     assert at is not None
     e, ev = at.src[0].shape[-1], at.shape[-1]
-    return 4 * (block * (e + FLASH_PAD) + tile * (e + FLASH_PAD) + tile * (ev + FLASH_PAD) + block * (tile + FLASH_PAD) + 2 * group * block)
+    return (("fq", block * (e + FLASH_PAD)), ("fk", tile * (e + FLASH_PAD)), ("fv", tile * (ev + FLASH_PAD)), ("fp", block * (tile + FLASH_PAD)),
+            ("fm", group * block), ("fl", group * block))
 
   def kblock_problem(self) -> str | None:
     """Why the reduce's partial sums cannot wait in the output buffer between K blocks (None where they can): that needs each output

@@ -1305,8 +1305,7 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
       val = read(view, (*batch, lw.simplify(first + r), e))
       if name == "fq": val = op(Ops.MUL, val, const(scale / math.log(2)))
       put(name, val, r * stride + e, guard)
-  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in
-           (("fq", block * qs), ("fk", tile * ks), ("fv", tile * vs), ("fp", block * ps), ("fm", group * block), ("fl", group * block))]
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in k.flash_arrays(block, tile, group)]
   def acc(name: str, start: float, width: int = 1) -> Val:
     decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
     return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
