@@ -5,9 +5,9 @@
 
 Each run builds a new index Tensor and realizes X[idx] (the same graph structure, so the schedule cache hits, as in a training
 loop); the time is wall clock from the index's creation to the realized rows, median of the runs after one warm-up.
---checks times X[idx], nn.Embedding(1000, 64) of (16, 64) ids and X[idx * 1] (an index computed lazily, checked at the realize),
-15 runs each per round, with tinytune.tensor.checks on and turned off, the rounds alternating which goes first (--runs rounds
-after one warm-up round); on a shared machine run `uptime` beside it."""
+--checks times X[idx], nn.Embedding(1000, 64) of (16, 64) ids and X[idx * 1] (an index computed lazily), 15 runs each per round,
+with the index checks (tinytune.tensor.checks.checked: fused into the kernel that reads the index) on and turned off, the rounds
+alternating which goes first (--runs rounds after one warm-up round); on a shared machine run `uptime` beside it."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 
 from tinytune import Tensor, nn
-from tinytune.tensor import checks
+from tinytune.nn import layers
+from tinytune.tensor import indexing
 
 
 def compare_checks(rounds: int, device: str | None, per: int = 15) -> None:
@@ -36,16 +37,16 @@ def compare_checks(rounds: int, device: str | None, per: int = 15) -> None:
     return run
   work = {"X[idx]": timed(lambda i: X[i], 60000, (128,)), "Embedding": timed(emb, 1000, (16, 64)),
           "X[idx * 1]": timed(lambda i: X[i * 1], 60000, (128,))}
-  real = checks._run
+  real = indexing.checked
   times: dict[tuple[str, bool], list[float]] = {(w, on): [] for w in work for on in (True, False)}
   try:
     for r in range(rounds + 1):  # round 0 warms up (every kernel compiled both ways) and is not counted
       for on in ((True, False) if r % 2 == 0 else (False, True)):
-        checks._run = real if on else (lambda check: None)
+        indexing.checked = layers.checked = real if on else (lambda values, lo, hi, error: values)
         for w, fn in work.items():
           got = [fn() for _ in range(per)]
           if r: times[(w, on)] += got
-  finally: checks._run = real
+  finally: indexing.checked = layers.checked = real
   for w in work:
     yes, no = times[(w, True)], times[(w, False)]
     print(f"{w:11s} checked {statistics.median(yes) * 1e3:.3f} ms (min {min(yes) * 1e3:.3f}), unchecked {statistics.median(no) * 1e3:.3f} ms "

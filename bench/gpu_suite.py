@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import os
 import pathlib
@@ -222,18 +223,35 @@ def _wmma(kernel: Any, opts: list) -> list:
           Opt(OptOps.LOCAL, tc.col, 2), Opt(OptOps.UNROLL, 0, 2)]
 
 
-def _wgmma(rows: int, cols: int) -> Callable[[Any, list], list]:
+def _wgmma(rows: int, cols: int, stages: int = 1) -> Callable[[Any, list], list]:
   """TC's arg 2 (wgmma, sm_90a) in place of the default: one warpgroup a workgroup, its tile 64 `rows` x 16 `cols` (UPCASTs: each K
-  step one m64n(16 cols)k16 per 64 rows), K tiles of 64 in shared memory; the default where that is not valid (another GPU)."""
+  step one m64n(16 cols)k16 per 64 rows), K tiles of 64 in shared memory (in `stages` cp.async stages where over 1: PIPELINE); the
+  default where that is not valid (another GPU)."""
   def wgmma(kernel: Any, opts: list) -> list:
     from tinytune.codegen.opts import KernelOptError, Opt, OptOps
     try:
       tc = kernel.copy().apply_opts([Opt(OptOps.TC, 0, 2)]).tc  # the matmul's dims of A's rows and B's columns (after a split of K)
-      ret = [Opt(OptOps.TC, 0, 2), Opt(OptOps.UPCAST, tc.col, cols), *([Opt(OptOps.UPCAST, tc.row, rows)] if rows > 1 else [])]
+      ret = [Opt(OptOps.TC, 0, 2), Opt(OptOps.UPCAST, tc.col, cols), *([Opt(OptOps.UPCAST, tc.row, rows)] if rows > 1 else []),
+             *([Opt(OptOps.PIPELINE, 0, stages)] if stages > 1 else [])]
       kernel.copy().apply_opts(ret)
     except KernelOptError: return opts
     return ret
   return wgmma
+
+
+def _tc_tile(warps: tuple[int, int], stages: int, ktile: int = 2) -> Callable[[Any, list], list]:
+  """The default's mma.sync (64x64 a warp) with warps[0] x warps[1] warps along A's rows and B's columns (LOCAL), K tiles of 16 `ktile`
+  (STAGE) in `stages` cp.async stages (PIPELINE), past 48 KB in dynamic shared memory; the default where that is not valid."""
+  def tile(kernel: Any, opts: list) -> list:
+    from tinytune.codegen.opts import KernelOptError, Opt, OptOps
+    try:
+      tc = kernel.copy().apply_opts([Opt(OptOps.TC, 0, 1)]).tc
+      ret = [Opt(OptOps.TC, 0, 1), Opt(OptOps.UPCAST, tc.row, 4), Opt(OptOps.UPCAST, tc.col, 4), Opt(OptOps.LOCAL, tc.row, warps[0]),
+             Opt(OptOps.LOCAL, tc.col, warps[1]), Opt(OptOps.STAGE, 0, ktile), Opt(OptOps.PIPELINE, 0, stages)]
+      kernel.copy().apply_opts(ret)
+    except KernelOptError: return opts
+    return ret
+  return tile
 
 
 def _raster(band: int) -> Callable[[Any, list], list]:
@@ -257,10 +275,21 @@ def _reserve(kernel: Any, opts: list) -> list:
 VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("float16", "the wmma API from global memory (the default before mma.sync's pipeline: 106 TFLOPS against 326 on an H200)", _wmma),
   ("bfloat16", "the wmma API from global memory (the default before mma.sync's pipeline)", _wmma),
-  ("float16", "the default's pipeline in 3 cp.async stages (PIPELINE 3)", _with_arg("PIPELINE", 3)),
+  ("float16", "the default's pipeline in 3 cp.async stages (PIPELINE 3: 53248 bytes of shared memory, dynamic)", _with_arg("PIPELINE", 3)),
+  ("float16", "the default's pipeline in 4 cp.async stages (PIPELINE 4: 69632 bytes)", _with_arg("PIPELINE", 4)),
+  ("bfloat16", "the default's pipeline in 3 cp.async stages (PIPELINE 3)", _with_arg("PIPELINE", 3)),
+  ("float16", "the default's 128x128 tiles with K tiles of 64 (STAGE 4) in 3 cp.async stages (102400 bytes)", _tc_tile((2, 2), 3, 4)),
+  ("float16", "256x128 workgroup tiles, 4x2 warps of 64x64 (8 warps), in 3 cp.async stages (81920 bytes)", _tc_tile((4, 2), 3)),
+  ("float16", "128x256 workgroup tiles, 2x4 warps of 64x64 (8 warps), in 3 cp.async stages (81920 bytes)", _tc_tile((2, 4), 3)),
+  ("float16", "128x256 workgroup tiles, 2x4 warps of 64x64, in 4 cp.async stages (106496 bytes)", _tc_tile((2, 4), 4)),
   ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 128x64 tile (m64n64k16 x 2), K tiles of 64 in shared memory", _wgmma(2, 4)),
   ("float16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
-  ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory", _wgmma(1, 8)),
+  ("bfloat16", "TC as sm_90a's wgmma (TC 2): a warpgroup's 64x128 tile (m64n128k16), K tiles of 64 in shared memory (40.9 TFLOPS at 16:08, "
+   "its conversions branching per element)", _wgmma(1, 8)),
+  ("float16", "wgmma's 64x128 tile in 3 cp.async stages (PIPELINE 3: 77824 bytes; A by 16-byte cp.async, B by elements)", _wgmma(1, 8, 3)),
+  ("bfloat16", "wgmma's 64x128 tile in 3 cp.async stages (PIPELINE 3)", _wgmma(1, 8, 3)),
+  ("float16", "wgmma's 64x128 tile in 4 cp.async stages (PIPELINE 4: 102400 bytes)", _wgmma(1, 8, 4)),
+  ("float16", "wgmma's 128x128 tile (m64n128k16 x 2) in 3 cp.async stages (PIPELINE 3: 102400 bytes)", _wgmma(2, 8, 3)),
   ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
   ("float32", "the shared tile's copies as plain loads, no cp.async (the default before PIPELINE 2: 42.2 TFLOPS against 46.1)", _without("PIPELINE")),
   ("float16", "TC's workgroups in bands of 16 (RASTER 0 16)", _raster(16))]
@@ -447,46 +476,134 @@ def tc_attention(suite: Suite, dev: str) -> None:
       suite.out(f"| {head} | TC | {_failed(e)} |")
 
 
-def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> float:
-  """Median seconds per step over rounds of `steps` steps, each round ended by a synchronize."""
+def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> tuple[float, float]:
+  """(median seconds per step over rounds of `steps` steps, each round ended by a synchronize; median seconds per step of the host's
+  issuing them, the synchronize left out): where the two agree, the host is the bottleneck, and where the first is larger, the GPU."""
   for _ in range(3): step()
   sync()
-  times = []
+  times, issue = [], []
   for _ in range(rounds):
     st = time.perf_counter()
     for _ in range(steps): step()
+    issue.append((time.perf_counter() - st) / steps)
     sync()
     times.append((time.perf_counter() - st) / steps)
-  return statistics.median(times)
+  return statistics.median(times), statistics.median(issue)
 
 
-def overhead(suite: Suite, dev: str) -> None:
+# the MLP forward's first matmul (128x128 outputs over K=784) in 2 shares (SPLITK=2: the default before SPLIT_MIN_K_SMALL) ran 71.6 us of
+# its 80 on an H200: 8 workgroups, each thread's 392-long loop bound by memory latency. The default now splits it in 16 (and the second
+# matmul in 4); timed against no split at all, 2 shares everywhere and 16
+MLP_SPLITS = (0, 2, 16)
+
+
+# the one-kernel step in a process of its own: the suite's own process has run the catalog before (its garbage, its loaded modules and
+# torch's), which the H200's runs of 2026-11-27 suggest cost the step 56 us there against 40 in a fresh process
+FRESH_STEP = """
+import sys, time, statistics, numpy as np
+from tinytune import Tensor
+from tinytune.runtime import Device
+dev = sys.argv[1]
+state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
+def step(): state["t"] = (state["t"] * 0.999 + 0.001).realize()
+for _ in range(3): step()
+times = []
+for _ in range(5):
+  Device[dev].synchronize(); st = time.perf_counter()
+  for _ in range(200): step()
+  Device[dev].synchronize(); times.append((time.perf_counter() - st) / 200)
+print(statistics.median(times))
+"""
+
+
+def _fresh_step_s(dev: str) -> float:
+  """The one-kernel step's seconds (as _per_step's first figure) in a new process, or nan where it failed."""
+  try:
+    proc = subprocess.run([sys.executable, "-c", FRESH_STEP, dev], capture_output=True, text=True, timeout=120)
+    return float(proc.stdout.split()[-1]) if proc.returncode == 0 and proc.stdout.split() else float("nan")
+  except (subprocess.TimeoutExpired, ValueError): return float("nan")
+
+
+def overhead(suite: Suite, dev: str, steps: int = 200) -> None:
   """A one-kernel Tensor step, `t = (t * 0.999 + 0.001).realize()` on 4096 floats, against torch eager's `t * 0.999 + 0.001`; and a
-  TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's."""
-  from tinytune import Tensor, TinyJit
+  TinyJit forward of an MLP 784-128-10 (batch 128, input passed in), against torch eager's, with the forward's device time per replay
+  (events around steps / 2 replays back to back) and the same forward split along K in more shares (SPLITK=N)."""
+  from tinytune import Context, Tensor, TinyJit
   from tinytune.runtime import Device
   torch = torch_cuda()
+  sync = Device[dev].synchronize
+  gc.collect()  # the garbage of the sections before: a full collection still due would land in some rounds of one side alone
   state = {"t": Tensor(np.zeros(4096, np.float32), device=dev).realize()}
   def tt_step() -> None: state["t"] = (state["t"] * 0.999 + 0.001).realize()
-  tt = _per_step(tt_step, Device[dev].synchronize, 200)
+  tt = _per_step(tt_step, sync, steps)
   rng = np.random.default_rng(0)
   w1, w2 = (Tensor(rng.standard_normal(s, dtype=np.float32) * 0.05, device=dev).realize() for s in ((784, 128), (128, 10)))
   x = Tensor(rng.standard_normal((128, 784), dtype=np.float32), device=dev).realize()
-  forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
-  fw = _per_step(lambda: forward(x), Device[dev].synchronize, 200)
-  batch = forward.captured.batch if forward.captured else None
-  how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
-  pt = pf = float("nan")
+  def jitted(splitk: int | None) -> tuple[tuple[float, float], float, str, np.ndarray]:
+    """(per step, issue), device seconds per replay, how it replays (kernels), its output."""
+    with Context(**({} if splitk is None else {"SPLITK": splitk})):  # the capture (the second call) schedules under it
+      forward = TinyJit(lambda x: ((x @ w1).relu() @ w2).realize())
+      timed = _per_step(lambda: forward(x), sync, steps)
+    batch = forward.captured.batch if forward.captured else None
+    how = "one graph launch" if getattr(batch, "graph", False) else "one native call" if batch is not None else "kernel by kernel"
+    kernels = len(forward.captured.steps) if forward.captured else 0
+    device = Device[dev].timed(lambda: [forward(x) for _ in range(steps // 2)]) / (steps // 2)
+    return timed, device, f"{how}, {kernels} kernels", forward(x).numpy()
+  fw, fw_device, how, want = jitted(None)
+  pt = pf = (float("nan"), float("nan"))
   if torch is not None:
+    gc.collect()
     tstate = {"t": torch.zeros(4096, device="cuda")}
     def pt_step() -> None: tstate["t"] = tstate["t"] * 0.999 + 0.001
-    pt = _per_step(pt_step, torch.cuda.synchronize, 200)
+    pt = _per_step(pt_step, torch.cuda.synchronize, steps)
     tw1, tw2, tx = (torch.from_numpy(v.numpy()).cuda() for v in (w1, w2, x))
-    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, 200)
-  suite.out("| step | tinytune µs | torch eager µs | tinytune / torch |\n| --- | --- | --- | --- |")
-  suite.out(f"| one-kernel step, 4096 floats | {tt * 1e6:.1f} | {pt * 1e6:.1f} | {tt / pt:.2f} |")
-  suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw * 1e6:.1f} | {pf * 1e6:.1f} | "
-            f"{fw / pf:.2f} |")
+    with torch.inference_mode(): pf = _per_step(lambda: (tx @ tw1).relu() @ tw2, torch.cuda.synchronize, steps)
+  suite.out("| step | tinytune µs | tinytune's host, issuing µs | device µs per replay | torch eager µs | torch's host, issuing µs | "
+            "tinytune / torch |\n| --- | --- | --- | --- | --- | --- | --- |")
+  suite.out(f"| one-kernel step, 4096 floats | {tt[0] * 1e6:.1f} | {tt[1] * 1e6:.1f} | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | "
+            f"{tt[0] / pt[0]:.2f} |")
+  suite.out(f"| the same step in a fresh process | {_fresh_step_s(dev) * 1e6:.1f} | - | - | {pt[0] * 1e6:.1f} | {pt[1] * 1e6:.1f} | - |")
+  suite.out(f"| MLP 784-128-10 forward, TinyJit ({how}) | {fw[0] * 1e6:.1f} | {fw[1] * 1e6:.1f} | {fw_device * 1e6:.1f} | "
+            f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {fw[0] / pf[0]:.2f} |")
+  for n in MLP_SPLITS:
+    try:
+      timed, device, how, got = jitted(n)
+      ok = "" if np.allclose(got, want, rtol=1e-4, atol=1e-5) else " **differs from the default**"
+      suite.out(f"| the same, SPLITK={n} ({how}){ok} | {timed[0] * 1e6:.1f} | {timed[1] * 1e6:.1f} | {device * 1e6:.1f} | "
+                f"{pf[0] * 1e6:.1f} | {pf[1] * 1e6:.1f} | {timed[0] / pf[0]:.2f} |")
+    except Exception as e:
+      suite.out(f"| the same, SPLITK={n} | {_failed(e)} |")
+  suite.out("\n(issuing: the host's time for the steps alone, the synchronize after them left out; where it is near the step's time the "
+            "host is the bottleneck, where it is far below, the GPU)")
+
+
+def gather_checks(suite: Suite, dev: str) -> None:
+  """A[idx] of 10^6 int32 indices into 10^6, the index in memory and computed (idx * 1), with the bounds check fused into the gather
+  (tinytune.tensor.checks.checked: each realize then waits to read its flag) and without, in alternating rounds."""
+  from tinytune import Tensor
+  from tinytune.engine import schedule
+  from tinytune.runtime import Device
+  from tinytune.tensor import indexing
+  n = 10**4 if suite.args.quick else 10**6
+  A = Tensor.arange(n, device=dev).contiguous().realize()
+  idx = Tensor(np.random.default_rng(0).integers(0, n, n).astype(np.int32), device=dev).realize()
+  def step(index: Callable[[], Tensor]) -> Callable[[], None]:
+    def run() -> None:
+      schedule.forget_realized()  # unchecked, the same graph again would be found realized
+      A[index()].realize()
+    return run
+  work = {"A[idx]": step(lambda: idx), "A[idx * 1]": step(lambda: idx * 1)}
+  real, times = indexing.checked, dict[tuple[str, bool], list[float]]()
+  try:
+    for r in range(4):
+      for on in ((True, False) if r % 2 == 0 else (False, True)):
+        indexing.checked = real if on else (lambda values, lo, hi, error: values)
+        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3))
+  finally: indexing.checked = real
+  suite.out(f"| gather of {n} | checked µs | unchecked µs | checked / unchecked |\n| --- | --- | --- | --- |")
+  for name in work:
+    yes, no = statistics.median(times[(name, True)]), statistics.median(times[(name, False)])
+    suite.out(f"| {name} | {yes * 1e6:.1f} | {no * 1e6:.1f} | {yes / no:.2f} |")
 
 
 def training(suite: Suite, dev: str) -> None:
@@ -513,7 +630,7 @@ def training(suite: Suite, dev: str) -> None:
     idx = rng.integers(0, len(X), 128)
     return step(Tensor(X[idx], device=dev), Tensor(Y[idx], device=dev))
   first = float(tt().item())
-  t = _per_step(tt, Device[dev].synchronize, 50)
+  t = _per_step(tt, Device[dev].synchronize, 50)[0]
   last = float(tt().item())
   pt = float("nan")
   if torch is not None:
@@ -526,7 +643,7 @@ def training(suite: Suite, dev: str) -> None:
       loss.backward()
       topt.step()
       return loss
-    pt = _per_step(pt_step, torch.cuda.synchronize, 50)
+    pt = _per_step(pt_step, torch.cuda.synchronize, 50)[0]
   suite.out(f"tinytune + TinyJit {t * 1e3:.3f} ms/step, torch eager {pt * 1e3:.3f} ms/step: tinytune {pt / t:.2f}x torch's speed; "
             f"loss {first:.3f} -> {last:.3f} over {3 + 5 * 50 + 2} steps")
 
@@ -539,8 +656,8 @@ def main() -> None:
   ap.add_argument("--tests", default=None, help="pytest arguments instead of the whole suite (default: tests; --quick: the TinyJit tests)")
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
-  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, variants, schedules, "
-                  "attention")
+  ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, gather, variants, "
+                  "schedules, attention")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -564,6 +681,7 @@ def main() -> None:
     ("catalog", "The catalog at GPU sizes against PyTorch (default opts)", lambda: catalog(suite, dev)),
     ("overhead", "Launch overhead", lambda: overhead(suite, dev)),
     ("training", "MLP training step under TinyJit", lambda: training(suite, dev)),
+    ("gather", "Index bounds checks fused into the gather, against none", lambda: gather_checks(suite, dev)),
     ("variants", "matmul, conv2d and attention's P.V: alternatives to the default opts, timed against them", lambda: variants(suite, dev)),
     ("schedules", "Schedules other than the default (split-K, Winograd), timed against it", lambda: schedule_variants(suite, dev)),
     ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),

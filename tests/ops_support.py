@@ -184,7 +184,10 @@ def run_blocks_on_host(tmp_path: Any, source: str, blocks: int, threads: int, ea
                        flags: Sequence[str] = (), inputs: Sequence[str] = ("a", "b")) -> Callable[..., int]:
   """GPU source made host C++ by its test's shim, built with g++ as a library whose `run(out, *inputs)` runs `blocks` blocks one after
   another, each as `threads` std::threads that share `block_sync` (the shim's barrier for warp-wide calls and __syncthreads);
-  `each_thread` is a thread's body (i, blk: its thread and block ids), `result` what run returns when all are done."""
+  `each_thread` is a thread's body (i, blk: its thread and block ids), `result` what run returns when all are done. A kernel's dynamic
+  shared memory (past 48 KB) is a static array of its size, as its shared arrays are: the blocks run one after another."""
+  from tinytune.codegen.cstyle import DYNAMIC_SHARED, dynamic_shared
+  if n := dynamic_shared(source): source = source.replace(DYNAMIC_SHARED.format(n), f"__shared__ __align__(128) unsigned char tt_shared[{n}];")
   (tmp_path / "k.cpp").write_text(source + f"""
 extern "C" int run(void* out, {", ".join(f"const void* {x}" for x in inputs)}) {{
   for (int blk = 0; blk < {blocks}; blk++) {{

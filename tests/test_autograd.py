@@ -171,9 +171,19 @@ def test_requires_grad_none_false_true() -> None:
   assert loss.requires_grad and (x * k).requires_grad is None and (k * 2).requires_grad is False
   np.testing.assert_allclose(loss.gradient(x)[0].numpy(), [1.0, 1.0, 1.0])  # None: followed
   with pytest.raises(RuntimeError, match="One of the differentiated Tensors does not require grad"): loss.gradient(k)  # False: stopped
-  loss.backward()  # fills only the leaves that require grad (True)
+  xw = x * w
+  loss = (xw * k).sum()
+  loss.backward()  # as tinygrad: every float tensor of the graph (None or True: inputs, parameters, the ops between) but False's
   np.testing.assert_allclose(w.grad.numpy(), [2.0, -4.0, 6.0])
-  assert x.grad is None and k.grad is None
+  np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0, 1.0])
+  np.testing.assert_allclose(xw.grad.numpy(), [2.0, 2.0, 2.0])
+  np.testing.assert_allclose(loss.grad.numpy(), 1.0)
+  assert k.grad is None
+  loss.backward()  # adds
+  np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0, 2.0])
+  t = Tensor([1.0, 2.0, 3.0, 4.0])  # tinygrad's own example of backward, without requires_grad
+  t.sum().backward()
+  np.testing.assert_allclose(t.grad.numpy(), [1.0, 1.0, 1.0, 1.0])
   y = x.detach()  # detach stops the graph: requires_grad False, as torch
   with pytest.raises(RuntimeError, match="does not require grad"): (y * 2).sum().backward()
   with tinytune.no_grad(): z = (x * 3).sum()

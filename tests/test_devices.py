@@ -557,6 +557,38 @@ def test_cuda_launches_keep_one_argument_block(monkeypatch: pytest.MonkeyPatch) 
   assert len({params for params, _ in launches}) == 1 and (a.reads, b.reads, c.reads) == (1, 1, 1)
 
 
+def test_cuda_dynamic_shared_memory_is_opted_into_once_and_given_at_each_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+  """A kernel past 48 KB of shared memory (its source's arrays in dynamic shared memory): its lib carries the bytes after the cubin's
+  header, loading it sets the function's dynamic limit once, and every launch and graph node gives them; a plain cubin gives none."""
+  cuda = pytest.importorskip("tinytune.runtime.cuda")
+  if cuda.cu is None: pytest.skip("no cuda-bindings here: pip install -e '.[cuda]'")
+  from tinytune.codegen.cstyle import DYNAMIC_SHARED, dynamic_shared
+  real, calls = cuda.cu, list[tuple]()
+  class Driver:
+    CUfunction_attribute, CUDA_KERNEL_NODE_PARAMS = real.CUfunction_attribute, real.CUDA_KERNEL_NODE_PARAMS
+    @staticmethod
+    def cuModuleLoadData(cubin: bytes) -> tuple: calls.append(("load", cubin)); return (0, "module")
+    @staticmethod
+    def cuModuleGetFunction(module: str, name: bytes) -> tuple: return (0, real.CUfunction(len(name)))  # "big" 3, "plain" 5
+    @staticmethod
+    def cuFuncSetAttribute(fn: object, attr: object, value: int) -> tuple: calls.append(("attribute", int(fn), attr, value)); return (0,)  # type: ignore[call-overload]
+    @staticmethod
+    def cuLaunchKernel(fn: object, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int, params: int, extra: int) -> tuple:
+      calls.append(("launch", int(fn), shared))  # type: ignore[call-overload]
+      return (0,)
+  monkeypatch.setattr(cuda, "cu", Driver)
+  src = f"{DYNAMIC_SHARED.format(81920)}\n"
+  assert dynamic_shared(src) == 81920 and dynamic_shared("__shared__ float tile[16];") == 0
+  lib = cuda.pack_lib(b"\x7fELF cubin", dynamic_shared(src))
+  assert cuda.unpack_lib(lib) == (b"\x7fELF cubin", 81920) and cuda.pack_lib(b"\x7fELF cubin", 0) == b"\x7fELF cubin"
+  big, plain = cuda.CUDAProgram(None, "big", lib, (3, 32)), cuda.CUDAProgram(None, "plain", b"\x7fELF cubin", (3, 32))
+  for _ in range(2): big(_Memory(0x1000)), plain(_Memory(0x1000))  # type: ignore[arg-type]
+  attr = real.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+  assert calls == [("load", b"\x7fELF cubin"), ("attribute", 3, attr, 81920), ("load", b"\x7fELF cubin"),
+                   *[("launch", 3, 81920), ("launch", 5, 0)] * 2]
+  assert [cuda.CUDAGraph._params(p, cuda._arguments([0x1000])).sharedMemBytes for p in (big, plain)] == [81920, 0]
+
+
 def test_hip_launches_keep_one_argument_block() -> None:
   """HIP's launches the same way, with a recording fake of hipModuleLaunchKernel."""
   import ctypes

@@ -132,11 +132,11 @@ def run_program(uops: list[UOp], groups: int = 1) -> np.ndarray:
   return out.numpy_view()
 
 
-def neighbour(then: Callable[[UOp], list[UOp]], with_barrier: bool = True) -> list[UOp]:
-  """Each thread writes its element of `tile`, then reads its neighbour's (lid + 1) % T; `then` follows."""
+def neighbour(then: Callable[[UOp], list[UOp]], with_barrier: bool = True, shared: int = T) -> list[UOp]:
+  """Each thread writes its element of `tile` (of `shared` floats), then reads its neighbour's (lid + 1) % T; `then` follows."""
   v = load_(1, LID, "v1")
   w = load_("tile", (LID + 1) % T, "v2")
-  return program(v, store("tile", LID, v), *([barrier()] if with_barrier else []), w, *then(w))
+  return program(v, store("tile", LID, v), *([barrier()] if with_barrier else []), w, *then(w), shared=shared)
 
 
 def test_shared_memory_with_barrier() -> None:
@@ -204,8 +204,10 @@ def test_guarded_reads_only_where_the_guard_holds() -> None:
 
 
 def test_limits_of_a_block() -> None:
-  with pytest.raises(CompileError, match=r"kernel handmade: 65536 bytes of shared memory, over the 49152 a CUDA block may declare"):
-    run_program(program(shared=16384))
+  """Past the 48 KiB a block declares statically its shared memory is dynamic, up to what it may opt into (sm_90: 227 KiB)."""
+  assert run_program(neighbour(lambda w: [store(0, LID, w)], shared=16384)).tolist() == np.roll(np.arange(T), -1).tolist()
+  with pytest.raises(CompileError, match=r"kernel handmade: 240000 bytes of shared memory, over the 232448 a CUDA block may opt into"):
+    run_program(program(shared=60000))
 
 
 def test_barrier_in_divergent_code() -> None:

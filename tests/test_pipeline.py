@@ -18,7 +18,7 @@ from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen import kernel as kernel_module
 from tinytune.codegen import lower as lower_module
 from tinytune.codegen.caps import amd_caps, cuda_caps
-from tinytune.codegen.cstyle import CUDARenderer
+from tinytune.codegen.cstyle import CUDARenderer, dynamic_shared
 from tinytune.codegen.kernel import KernelOptError, swizzle_line
 from tinytune.dtype import DType
 from tinytune.engine import compile_kernel
@@ -74,7 +74,10 @@ CASES = [
   (48, 40, 40, dtypes.float32, True, [o(t.LOCAL, 0, 4), o(t.LOCAL, 1, 5), o(t.UPCAST, 1, 4), o(t.STAGE, 0, 4), o(t.PIPELINE, 0, 2)]),  # both across
   (37, 36, 29, dtypes.float32, False, [o(t.PADTO, 0, 8), o(t.PADTO, 1, 8), o(t.LOCAL, 0, 5), o(t.LOCAL, 1, 4), o(t.STAGE, 0, 3),
                                        o(t.PIPELINE, 0, 3)]),  # odd sizes, padded: clamped copies (4 bytes an element)
-  (32, 64, 32, dtypes.float16, False, [o(t.TC, 0, 1), o(t.LOCAL, 0, 2), o(t.STAGE, 0, 2), o(t.PIPELINE, 0, 2)])]  # 2 batches a workgroup
+  (32, 64, 32, dtypes.float16, False, [o(t.TC, 0, 1), o(t.LOCAL, 0, 2), o(t.STAGE, 0, 2), o(t.PIPELINE, 0, 2)]),  # 2 batches a workgroup
+  (128, 64, 256, dtypes.float16, False, [o(t.TC, 0, 1), o(t.UPCAST, 0, 4), o(t.UPCAST, 1, 4), o(t.LOCAL, 0, 2), o(t.LOCAL, 1, 4), o(t.STAGE, 0, 2),
+                                         o(t.PIPELINE, 0, 3)])]  # 128x256 tiles of 8 warps: 81920 bytes of shared memory, dynamic
+DYNAMIC = {8: 81920}  # the cases past 48 KB of shared memory: its bytes
 
 
 BATCH = {7: (2,)}  # the cases of batched matmuls: their batch dims
@@ -89,6 +92,7 @@ def test_pipelined_source_multiplies_on_the_host(tmp_path, case: int) -> None:  
   out = np.full(ref.size, np.nan, dtype.np)
   src = _run_on_host(kernel, tmp_path, out, *inputs)
   body = src[src.index('extern "C"'):]
+  assert dynamic_shared(src) == DYNAMIC.get(case, 0)
   assert body.count("tt_cp_wait<") == 1 and body.count("tt_cp_commit();") == kernel.stages and "tt_cp_async<" in body
   assert ("tt_cp_async<16>" in body) == (case not in (5, 6)) and ("tt_cp_async<4>" in body) == (case in (4, 5, 6))  # float32's across rows
   np.testing.assert_allclose(out.reshape(ref.shape).astype(np.float32), ref, rtol=1e-2, atol=1e-2)
@@ -161,6 +165,19 @@ def test_swizzled_tiles_are_free_of_bank_conflicts(tmp_path, monkeypatch, swizzl
   else: assert [ld for ld, _ in worst] == [8, 4, 8], worst
 
 
+def test_shared_arrays_past_48k_are_dynamic() -> None:
+  """Past the 48 KB a CUDA block declares statically, a kernel's shared arrays are pointers into one extern array at 128-byte aligned
+  offsets that do not overlap, its bytes on the declaration's line (what the launch gives); up to it they stay static arrays."""
+  m, kk, n, dtype, tb, opts = CASES[8]
+  src = CUDARenderer().render(matmul(m, kk, n, dtype, tb)[0].apply_opts(opts))
+  arrays = {name: (ty, int(off)) for ty, name, off in re.findall(r"(\w+)\* (\w+) = \(\w+\*\)\(tt_shared\+(\d+)\);", src)}
+  assert src.count("extern __shared__") == 1 and "__shared__ __align__(32)" not in src and dynamic_shared(src) == 81920
+  # A's 3 stages of 128x32 halves, B's of 32x256, and the 8 warps' 256 floats of C
+  assert sorted(arrays.values()) == [("float", 73728), ("half", 0), ("half", 24576)], arrays
+  small = CUDARenderer().render(matmul(*CASES[0][:5])[0].apply_opts(CASES[0][5]))
+  assert dynamic_shared(small) == 0 and "extern __shared__" not in small and "tt_shared" not in small
+
+
 def test_pipeline_opt_checks() -> None:
   """PIPELINE needs cp.async (CUDA, sm_80+: HIP and OpenCL keep STAGE's plain copy), a STAGE of several K tiles, mma.sync's tiles with
   TC, and the ring's shared memory; it comes once, not with PREFETCH, and counts its stages in every later shared-memory check."""
@@ -176,9 +193,10 @@ def test_pipeline_opt_checks() -> None:
                     ([o(t.STAGE, 0, 16), o(t.PIPELINE, 0, 2), o(t.PIPELINE, 0, 3)], "one PIPELINE"),
                     ([o(t.STAGE, 0, 16), o(t.PREFETCH, 0, 0), o(t.PIPELINE, 0, 2)], "PREFETCH"),
                     ([o(t.STAGE, 0, 16), o(t.PIPELINE, 0, 2), o(t.PREFETCH, 0, 0)], "PIPELINE"),
-                    ([o(t.LOCAL, 0, 8), o(t.LOCAL, 1, 8), o(t.UPCAST, 0, 8), o(t.UPCAST, 1, 8), o(t.STAGE, 0, 64), o(t.PIPELINE, 0, 2)],
-                     "PIPELINE 2 needs 67584 bytes of shared memory"),
-                    ([o(t.STAGE, 0, 32), o(t.PIPELINE, 0, 8), o(t.UPCAST, 1, 8), o(t.LOCAL, 1, 8)], "tiles would need 66560 bytes")]:
+                    ([o(t.LOCAL, 0, 8), o(t.LOCAL, 1, 8), o(t.UPCAST, 0, 8), o(t.UPCAST, 1, 8), o(t.STAGE, 0, 64), o(t.PIPELINE, 0, 5)],
+                     "PIPELINE 5 needs 168960 bytes of shared memory, over 166912"),  # sm_80's most, opted into
+                    ([o(t.STAGE, 0, 64), o(t.PIPELINE, 0, 8), o(t.UPCAST, 1, 8), o(t.LOCAL, 1, 8), o(t.UPCAST, 0, 4), o(t.LOCAL, 0, 4)],
+                     "tiles would need 172032 bytes")]:
     with pytest.raises(KernelOptError, match=why): kern().apply_opts(opts)
   with pytest.raises(KernelOptError, match="mma.sync"): kern(dtype=dtypes.float16).apply_opts([o(t.TC, 0, 0), o(t.STAGE, 0, 4), o(t.PIPELINE, 0, 2)])
   assert kern(dtype=dtypes.float16).apply_opts([o(t.TC, 0, 1), o(t.STAGE, 0, 4), o(t.PIPELINE, 0, 4)]).stages == 4
@@ -186,7 +204,8 @@ def test_pipeline_opt_checks() -> None:
 
 def gpu_sized() -> list[Kernel]:
   """The GPU suite's PIPELINE variants at 4096^3 (bench/gpu_suite.py): float16 mma.sync from 2 stages of 128x128 swizzled tiles and 3 of
-  64x128 (K tiles of 32), float32's default register tiles from 2 stages of K tiles of 16 and 3 of 8."""
+  64x128 (K tiles of 32), float32's default register tiles from 2 stages of K tiles of 16 and 3 of 8; past 48 KB of shared memory
+  (dynamic), float16's 128x128 tiles in 3 and 4 stages and with K tiles of 64 in 3, and 8 warps' 256x128 and 128x256 in 3 and 4."""
   from tinytune.codegen.heuristic import default_opts
   def kernel(dtype: DType) -> Kernel:
     z = [Tensor.zeros(4096, 4096, dtype=dtype).contiguous() for _ in range(2)]  # never allocated
@@ -196,9 +215,13 @@ def gpu_sized() -> list[Kernel]:
   assert Opt(t.STAGE, 0, 16) in base and base[-1] == Opt(t.PIPELINE, 0, 2)  # the defaults since the H200 timed them
   tc = [o(t.TC, 0, 1), o(t.UPCAST, 0, 4), o(t.UPCAST, 1, 4), o(t.LOCAL, 0, 2), o(t.LOCAL, 1, 2), o(t.STAGE, 0, 2)]
   assert default_opts(f16) == [*tc, o(t.PIPELINE, 0, 2)]
+  def tiles(rows: int, cols: int, ktile: int = 2) -> list[Opt]: return [*tc[:3], o(t.LOCAL, 0, rows), o(t.LOCAL, 1, cols), o(t.STAGE, 0, ktile)]
+  big = [[*tc, o(t.PIPELINE, 0, 3)], [*tc, o(t.PIPELINE, 0, 4)], [*tiles(2, 2, 4), o(t.PIPELINE, 0, 3)], [*tiles(4, 2), o(t.PIPELINE, 0, 3)],
+         [*tiles(2, 4), o(t.PIPELINE, 0, 3)], [*tiles(2, 4), o(t.PIPELINE, 0, 4)]]
   return [f16.copy().apply_opts([*tc, o(t.PIPELINE, 0, 2)]), f16.copy().apply_opts([*tc[:1], o(t.UPCAST, 0, 2), *tc[2:], o(t.PIPELINE, 0, 3)]),
           f32.copy().apply_opts(base),
-          f32.copy().apply_opts([o(t.STAGE, 0, 8) if x.op is t.STAGE else o(t.PIPELINE, 0, 3) if x.op is t.PIPELINE else x for x in base])]
+          f32.copy().apply_opts([o(t.STAGE, 0, 8) if x.op is t.STAGE else o(t.PIPELINE, 0, 3) if x.op is t.PIPELINE else x for x in base]),
+          *(f16.copy().apply_opts(opts) for opts in big)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the pipelined source is not compile-checked here")
@@ -207,6 +230,7 @@ def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) ->
   for k in kernels:
     src = CUDARenderer().render(k)
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
+    assert (dynamic_shared(src) > 0) == (k.stage_bytes() + k.tc_shared() > 48 << 10), k.opts  # past 48 KB: dynamic
     for arch in ("sm_80", "sm_90"):
       stats = ptxas_stats(tmp_path, src, arch)
       assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)

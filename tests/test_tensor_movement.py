@@ -3,6 +3,8 @@ bad calls failing like torch, and hypothesis properties of cumsum, indexing and 
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 from typing import Any, Callable
 
 import numpy as np
@@ -113,6 +115,7 @@ def test_setitem_in_place_and_out_of_range() -> None:
   x[0] = 5.0
   memory = x._memory
   with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"): x[Tensor([3, 9, -9])] = Tensor([6.0, 7.0, 8.0])
+  assert x.tolist() == [5.0, 2.0, 3.0, 4.0]  # checked before anything is written, as torch
   x[Tensor([3])] = Tensor([6.0])
   x[1:] = x[:-1]  # the value reads the memory written: computed first
   assert x._memory is memory and x.tolist() == [5.0, 5.0, 2.0, 3.0]
@@ -647,6 +650,48 @@ def test_index_out_of_range_raises(name: str, fn, error: type, match: str) -> No
                "embedding": lambda: torch.nn.Embedding(10, 4)(torch.tensor([[12]]))}
   if name in torch_fns:
     with pytest.raises(error, match=match): torch_fns[name]()
+
+
+@pytest.mark.usefixtures("oracle_device")
+def test_index_checked_in_the_kernel_that_reads_it() -> None:
+  """An index's bounds check is fused into the kernel that reads it (a CHECK storing a value out of range into a flag): a lazily
+  computed index is one kernel with its gather (it was computed and copied out first), an index in memory is not read on the host,
+  and the error comes at that realize, again at the next one, and at a TinyJit replay (which checked nothing)."""
+  from tinytune.engine.program import GlobalCounters
+  X = Tensor.arange(10).contiguous().realize()
+  before = GlobalCounters.kernel_count
+  assert X[Tensor([3, 4]) * 2].tolist() == [6, 8] and GlobalCounters.kernel_count - before == 1
+  bad = X[Tensor([3, 6]) * 2]  # no error at the call
+  for _ in range(2):
+    with pytest.raises(IndexError, match="index 12 is out of bounds for dimension 0 with size 10"): bad.realize()
+  take = TinyJit(lambda i: X[i].realize())
+  for v in ([1, 2], [3, 4], [5, 6]): assert take(Tensor(v).realize()).tolist() == v
+  with pytest.raises(IndexError, match="index -11 is out of bounds"): take(Tensor([1, -11]).realize())
+  assert take(Tensor([7, -1]).realize()).tolist() == [7, 9]
+
+
+def test_index_check_on_gpus(tmp_path: Any) -> None:
+  """CHECK's flag store races between the threads that read one bad index (any value may land): an atomic store on CUDA (rendered
+  and built by nvcc for sm_90; HIP's built by clang for gfx90a), and one EMU lets race, where it raised EmuError."""
+  from ops_support import hip_clang, hip_flags, ptxas_stats
+
+  from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"): Tensor([3, 7], device="EMU").one_hot(5).realize()
+  assert Tensor([3, 1], device="EMU").one_hot(5).tolist() == [[0, 0, 0, 1, 0], [0, 1, 0, 0, 0]]
+  items, _ = create_schedule(Tensor([3, 7]).one_hot(5).uop, "CPU")
+  k = Kernel(items[-1].ast, Device["EMU"].caps)
+  src = CUDARenderer().render(k.apply_opts(hand_coded_optimizations(k)))
+  assert "atomicExch((unsigned long long*)(data2+0)" in src and "long long* __restrict__ data2" in src
+  if shutil.which("nvcc"): ptxas_stats(tmp_path, src, "sm_90")
+  hip = HIPRenderer().render(k)  # C11's relaxed atomic store, as the CPU's
+  assert "__atomic_store_n(data2+0, v1, __ATOMIC_RELAXED);" in hip
+  if (clang := hip_clang("gfx90a")) is not None:
+    res = subprocess.run([clang, *hip_flags("gfx90a"), "-", "-o", "-"], input=hip, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 @pytest.mark.usefixtures("oracle_device")

@@ -16,7 +16,7 @@ import pytest
 from conftest import emu_arch
 
 from tinytune import Device, Kernel, KernelOptError, Opt, OptOps, Tensor
-from tinytune.codegen.cstyle import CUDARenderer
+from tinytune.codegen.cstyle import CUDARenderer, dynamic_shared
 from tinytune.codegen.lower import LinearProgram, lower, stmt
 from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
@@ -273,8 +273,7 @@ def test_tc_wgmma_batched(shape: tuple[int, int, int, int], opts: list[Opt]) -> 
 
 
 def test_tc_wgmma_refusals() -> None:
-  """sm_80 has no wgmma; the warpgroup needs 64 rows; LOCAL would split it; TC's arg 2 stages its tiles itself, unswizzled and without
-  PIPELINE's ring (not yet)."""
+  """sm_80 has no wgmma; the warpgroup needs 64 rows; LOCAL would split it; TC's arg 2 stages its tiles itself, unswizzled."""
   with emu_arch("sm_80"):
     out, _ = matmul(dtypes.float16, False, False, 64, 16, 32)
     with pytest.raises(KernelOptError, match=r"TC's arg 2 \(wgmma\) is sm_90's \(Hopper\): this GPU's TC takes args 0 and 1"): tc2_kernel(out, [])
@@ -282,8 +281,39 @@ def test_tc_wgmma_refusals() -> None:
     with pytest.raises(KernelOptError, match="rows a multiple of 64"): tc2_kernel(matmul(dtypes.float16, False, False, 32, 16, 32)[0], [])
     with pytest.raises(KernelOptError, match="LOCAL does not combine"): tc2_kernel(out, [Opt(OptOps.LOCAL, 1, 1)])
     with pytest.raises(KernelOptError, match="stages its K tiles itself"): tc2_kernel(out, [Opt(OptOps.STAGE, 0, 2)])
-    with pytest.raises(KernelOptError, match=r"PIPELINE does not take TC's arg 2 \(wgmma\) yet"):
-      tc2_kernel(matmul(dtypes.float16, False, False, 64, 16, 256)[0], [Opt(OptOps.PIPELINE, 0, 2)])
+
+
+# (A transposed, B transposed, M, N, K, opts after TC 2, bytes of dynamic shared memory): K tiles of 64 in 2 to 4 cp.async stages, past
+# 48 KB dynamic; 16-byte cp.asyncs where K is contiguous (A untransposed, B transposed), elements copied by plain stores elsewhere
+PIPELINED = [(False, False, 64, 128, 256, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.PIPELINE, 0, 3)], 77824),
+             (False, True, 128, 64, 192, [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.PIPELINE, 0, 4)], 102400),
+             (True, False, 64, 64, 128, [Opt(OptOps.PIPELINE, 0, 2)], 0)]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("ta, tb, m, n, k, opts, dynamic", PIPELINED)
+def test_tc_wgmma_pipelined_matches_numpy(dt: DType, ta: bool, tb: bool, m: int, n: int, k: int, opts: list[Opt], dynamic: int) -> None:
+  """TC's arg 2 with PIPELINE on EMU: each iteration waits for its tile's cp.asyncs, fences them for wgmma's async proxy, then meets the
+  others at the barrier; a copy of plain stores is fenced after them, as without PIPELINE."""
+  with emu_arch("sm_90"):
+    out, ref = matmul(dt, ta, tb, m, n, k)
+    kernel, buf = tc2_kernel(out, opts)
+    src = Device["EMU"].renderer.render(kernel)
+    assert dynamic_shared(src) == dynamic and ("tt_cp_async<16>" in src) == (not ta or tb)
+    assert re.search(r"tt_cp_wait<\d+>\(\);\n\s*tt_wgmma_proxy\(\);\n\s*__syncthreads\(\);", src)
+    close(run_emu(kernel, buf), ref)
+
+
+def test_tc_wgmma_pipeline_without_its_landed_fence_fails() -> None:
+  """With every copy a cp.async (K contiguous in A and B), the fence after the wait is the only one: without it EMU refuses the wgmma."""
+  with emu_arch("sm_90"):
+    out, ref = matmul(dtypes.float16, False, True, 64, 64, 256)
+    kernel, buf = tc2_kernel(out, [Opt(OptOps.PIPELINE, 0, 3)])
+    uops = lower(kernel, Device["EMU"].renderer).uops
+    fences = [i for i, u in enumerate(uops) if u.op is Ops.WMMA and u.arg[1] == "proxy"]
+    assert len(fences) == 1 and uops[fences[0] - 1].arg == ("wait_group", 1)
+    close(run_lowered(kernel, buf, uops), ref)
+    with pytest.raises(EmuError, match="stored to with no fence.proxy.async after"): run_lowered(kernel, buf, uops[:fences[0]] + uops[fences[0] + 1:])
 
 
 def test_tc_wgmma_descriptors_in_the_source() -> None:
@@ -333,6 +363,36 @@ def test_tc_wgmma_kernels_compile_for_sm_90a(tmp_path) -> None:  # type: ignore[
   res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *(f"k{i}.cu" for i in range(len(srcs)))], cwd=tmp_path, capture_output=True, text=True,
                        timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: TC's arg 2 kernels are not compiled here")
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_tc_wgmma_conversions_do_not_branch(tmp_path, dt: DType) -> None:  # type: ignore[no-untyped-def]
+  """The 16-bit conversions of a TC arg 2 kernel (its tiles' copies: loads as float32, stores as 16 bits; the epilogue's stores) are
+  selects in the PTX, whose one branch is the K loop's: bfloat16's rounding branched on a NaN once per element and so did float16's
+  load (a 64x128 tile from K tiles of 64, 96 elements a thread each: 40.9 TFLOPS bfloat16 on an H200, 132 float16)."""
+  with emu_arch("sm_90"):
+    src = Device["EMU"].renderer.render(tc2_kernel(matmul(dt, False, False, 64, 128, 128)[0], [Opt(OptOps.UPCAST, 1, 8)])[0])
+  (tmp_path / "k.cu").write_text(src)
+  res = subprocess.run(["nvcc", "-arch=sm_90a", "-ptx", "k.cu", "-o", "k.ptx"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert len(re.findall(r"^\s+(?:@%p\d+ )?bra", (tmp_path / "k.ptx").read_text(), re.M)) == 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: TC's arg 2 kernels are not compile-checked here")
+def test_gpu_suites_pipelined_wgmma_compiles_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
+  """The GPU suite's pipelined wgmma variants at 4096^3 (bench/gpu_suite.py): 64x128 in 3 and 4 stages and 128x128 in 3, float16 and
+  bfloat16, built by nvcc for sm_90a with no spills."""
+  from ops_support import ptxas_stats
+  with emu_arch("sm_90"):
+    for dt in (dtypes.float16, dtypes.bfloat16):
+      z = [Tensor.zeros(4096, 4096, dtype=dt).contiguous() for _ in range(2)]  # never allocated
+      ast = create_schedule((z[0] @ z[1]).uop, "EMU")[0][-1].ast
+      for opts in ([Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.PIPELINE, 0, 3)], [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.PIPELINE, 0, 4)],
+                   [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.PIPELINE, 0, 3)]):
+        kernel = Kernel(ast, Device["EMU"].caps).apply_opts([Opt(OptOps.TC, 0, 2), *opts])
+        stats = ptxas_stats(tmp_path, Device["EMU"].renderer.render(kernel), "sm_90a")
+        assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (dt, opts, stats)
 
 
 def test_tc_wgmma_without_the_proxy_fence_fails() -> None:

@@ -17,6 +17,9 @@ class Ops(Enum):
   BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE = auto(); CAST = auto(); BITCAST = auto(); VAR = auto(); CONTIGUOUS = auto()  # noqa: E702
   # GATHER(x, index), arg d: x read where dim d's index is index's value (index has x's shape but at d; out of range reads 0)
   GATHER = auto()
+  # CHECK(x, flag), arg (lo, hi): x, and where an element of x is outside [lo, hi) the kernel that computes it stores that element into
+  # flag (a BUFFER of one int64, engine.realize.Flag), which the realize that ran the kernel reads: a bounds check fused where x is read
+  CHECK = auto()
   # ATTENTION(q, k, v[, mask]), arg (scale, causal): softmax(q @ k^T * scale [+ mask]) @ v over the last two dims, (..., L, E) (..., S, E)
   # (..., S, Ev) [(..., L, S): a bool mask keeps the scores where true, another is added] -> (..., L, Ev), computed in one kernel by
   # online softmax (causal: query i sees keys 0..i)

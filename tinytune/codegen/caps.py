@@ -13,7 +13,7 @@ class DeviceCaps:
   simd_width: int = 8  # float32 lanes of one vector register
   vector_registers: int = 16
   max_local: int = 0  # threads in one workgroup (LOCAL x GROUP)
-  shared_bytes: int = 0  # shared memory of one workgroup (GROUP partials)
+  shared_bytes: int = 0  # shared memory of one workgroup, the most it may have (CUDA: the opt-in maximum, past STATIC_SHARED dynamic)
   tensor_cores: tuple[str, ...] = ()  # input dtypes the matrix units take (TC)
   tc_args: tuple[int, ...] = (0, 1)  # the TC args its renderer spells: 0 (CUDA's wmma API, AMD's WMMA or MFMA), 1 (PTX mma.sync), 2 (wgmma, sm_90's)
   warp: int = 32  # the lanes that TC's matrix instructions work across: a CUDA warp, RDNA3's wave32, CDNA's 64-lane wavefront
@@ -27,13 +27,19 @@ class DeviceCaps:
 
 CUDA_ARCHS = ("sm_80", "sm_90")  # the architectures whose caps a device without the GPU (EMU) can take
 ARCH_SMS = {"sm_80": 108, "sm_90": 132}  # the SMs of each architecture's flagship (A100, H100 SXM and H200): what EMU schedules for
+STATIC_SHARED = 48 << 10  # the shared memory a CUDA block may declare statically: past it, it is dynamic (extern), opted into per function
+# a block's most shared memory by architecture, opted into (the CUDA programming guide's table: 96, 64, 163, 99, 163, 99, 227 KB); a GPU's own
+# is its driver's CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+SHARED_OPT_IN = {"sm_70": 98304, "sm_75": 65536, "sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376, "sm_90": 232448}
 
 
-def cuda_caps(arch: str, max_local: int = 1024, sms: int = 0) -> DeviceCaps:
+def cuda_caps(arch: str, max_local: int = 1024, sms: int = 0, shared_bytes: int = 0) -> DeviceCaps:
   """An NVIDIA GPU's caps by its architecture (`sm_90`), what the CUDA device and the emulator (EMU) both schedule kernels for;
-  `max_local` is the GPU's threads per block (1024 on every architecture since sm_20), `sms` its SMs (the flagship's where 0)."""
+  `max_local` is the GPU's threads per block (1024 on every architecture since sm_20), `sms` its SMs (the flagship's where 0),
+  `shared_bytes` a block's most shared memory, opted into (SHARED_OPT_IN's where 0)."""
   major, minor = divmod(int(arch.removeprefix("sm_")), 10)
-  return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=48 * 1024,
+  shared_bytes = shared_bytes or SHARED_OPT_IN.get(arch, STATIC_SHARED)
+  return DeviceCaps(has_local=True, threads=1, max_upcast=256, simd_width=4, vector_registers=255, max_local=max_local, shared_bytes=shared_bytes,
                     tensor_cores=("float16", "bfloat16") if (major, minor) >= (8, 0) else (), gpu=True, sms=sms or ARCH_SMS.get(arch, 0),
                     tc_args=(0, 1, 2) if arch == "sm_90" else (0, 1),  # wgmma is sm_90a's alone (not sm_100's)
                     async_copy=major >= 8)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tinytune.codegen.caps import STATIC_SHARED
 from tinytune.codegen.clib import dot_pairs, fold_functions, vector_library, vector_math
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, LinearProgram, lower, tc_kind
@@ -158,7 +160,8 @@ class CStyleRenderer:
 
   def spell(self, p: LinearProgram) -> str:
     """The program's source: each statement on its line, indented by the loops and branches around it."""
-    k, at, out, indent, statements = p.kernel, _At(), [], "  ", self.statements
+    k, at, indent, statements = p.kernel, _At(), "  ", self.statements
+    out = [indent + line for line in self.body_start(p, at)]
     for u in p.uops:
       if (op := u.op) in CLOSES: at.depth -= 1; indent = "  " * at.depth  # noqa: E702
       if (fn := statements.get(op)) is None:
@@ -166,10 +169,15 @@ class CStyleRenderer:
       out.append(indent + fn(self, u, at))
       if op in OPENS: at.depth += 1; indent = "  " * at.depth  # noqa: E702
     def ptr(dt: DType) -> str: return f"{self.buffer_prefix}{self.buffer_types.get(dt, self.types[dt])}* {self.restrict}"
-    args = [f"{ptr(k.ast.dtype)} data0"] + [f"const {ptr(b.dtype)} data{i}" for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
+    written = {u.arg.buf for u in p.uops if u.op is Ops.STORE}  # besides the output: CHECK's flags
+    args = [f"{ptr(k.ast.dtype)} data0"] + [f"{'' if i in written else 'const '}{ptr(b.dtype)} data{i}"
+                                            for b, i in {b: i + 1 for i, b in enumerate(k.bufs)}.items()]
     head = self.prelude(k) + (self.vector_prelude(p.width, _dtypes(k)) if p.width > 1 else "")
     head += self.program_prelude(p) + (self.no_loop_vectorizer_prefix if p.no_loop_vectorizer else "")
     return f"{head}{self.kernel_head(k.name, args, k.launch_dims[1])} {{\n" + "\n".join(out) + "\n}\n"
+
+  def body_start(self, p: LinearProgram, at: _At) -> list[str]: return []  # lines before the program's statements (CUDA's dynamic shared memory)
+  def define_local(self, u: UOp, at: _At) -> str: return f"{self.shared_prefix}{self.local_type(u.dtype, u.arg.stored)} {u.arg.name}[{u.arg.size}];"
 
   def ctype(self, u: UOp) -> str:
     if (w := u.arg.width) > 1: return self.mask_type(w) if u.dtype == dtypes.bool else self.vtype(w)
@@ -237,9 +245,13 @@ class CStyleRenderer:
     return self.guarded(f"{t} = {rhs};", guard, at)
   def store(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
     return f"{ptr}[{idx}] = {f'{self.bf16_out}({val})' if dtype == dtypes.bfloat16 else val};"
+  def store_any(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    """A store that other threads may make to the same element at once (see StoreArg.any): C11's relaxed atomic, a plain store on x86."""
+    return f"__atomic_store_n({ptr}+{idx}, {val}, __ATOMIC_RELAXED);"
   def store_stmt(self, u: UOp, at: _At) -> str:
     (idx, val, guard), (w, buf, stream) = u.src, u.arg[:3]
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
+    if u.arg.any: return self.guarded(self.store_any(ptr, i, v, u.dtype), guard, at)
     vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see clib.STREAM16
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
   def special(self, u: UOp, at: _At) -> str:
@@ -260,7 +272,7 @@ class CStyleRenderer:
     Ops.ELSE: lambda r, u, at: "} else {", Ops.ENDIF: lambda r, u, at: "}", Ops.EXIT: lambda r, u, at: f"if ({r.cond(u, at)}) return;",
     Ops.ASSIGN: assign, Ops.STORE: store_stmt, Ops.SPECIAL: special,
     Ops.BARRIER: lambda r, u, at: r.barrier if u.arg is None else r.sync(u.arg),
-    Ops.DEFINE_LOCAL: lambda r, u, at: f"{r.shared_prefix}{r.local_type(u.dtype, u.arg.stored)} {u.arg.name}[{u.arg.size}];",
+    Ops.DEFINE_LOCAL: lambda r, u, at: r.define_local(u, at),
     **{op: lambda r, u, at: f"{r.ctype(u)} {u.arg.name} = {r.expr(u, at)};" for op in VALUES},
   }
 
@@ -345,6 +357,8 @@ class CUDARenderer(_GPURenderer):
   where the program casts to float16; bfloat16 likewise as __nv_bfloat16. Their conversions keep a NaN's sign (see half_prelude)."""
   types = {**CStyleRenderer.types, dtypes.bool: "bool", dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float"}
   buffer_types = {dtypes.float16: "half", dtypes.bfloat16: "__nv_bfloat16"}
+  def store_any(self, ptr: str, idx: str, val: str, dtype: DType) -> str:
+    return f"atomicExch((unsigned long long*)({ptr}+{idx}), (unsigned long long)({val}));"  # 64-bit: CHECK's int64 flag
   def to_bits(self, x: str, dtype: DType) -> str: return f"tt_f2h({x})" if dtype == dtypes.float16 else super().to_bits(x, dtype)
   def from_bits(self, x: str, dtype: DType) -> str: return f"tt_h2f({x})" if dtype == dtypes.float16 else super().from_bits(x, dtype)
   # a buffer's half converts by tt_h2f and tt_f2h (explicit: `mask ? half : float` is ambiguous to nvcc and NVRTC); shared memory
@@ -356,13 +370,14 @@ class CUDARenderer(_GPURenderer):
   def half_prelude(self) -> str:
     """float16 <-> float32 where cuda_fp16.h's conversions (cvt) give the GPU's canonical NaN, 0x7fffffff or 0x7fff, whatever the
     sign (an H200 lost a NaN's sign in copysign): a NaN keeps its sign and top payload bits and is quiet, as x86's F16C makes it;
-    tt_rh rounds a float32 to float16's precision and leaves a NaN as it is."""
+    tt_rh rounds a float32 to float16's precision and leaves a NaN as it is. The NaN is a select of integers, never a branch: nvcc kept
+    an `if` as one per element loaded or stored (see bf16_prelude)."""
     fp = self.func_prefix
-    return (f"{fp} float tt_h2f(half h) {{ unsigned short s; memcpy(&s, &h, 2); unsigned int u = s; float f = __half2float(h); "
-            "if ((u & 0x7fff) > 0x7c00) { u = (u & 0x8000) << 16 | 0x7fc00000 | (u & 0x3ff) << 13; memcpy(&f, &u, 4); } return f; }\n"
-            f"{fp} half tt_f2h(float f) {{ unsigned int u; memcpy(&u, &f, 4); unsigned short s = (u >> 16 & 0x8000) | 0x7e00 | (u >> 13 & 0x3ff); "
-            "half h = __float2half_rn(f); if (f != f) memcpy(&h, &s, 2); return h; }\n"
-            f"{fp} float tt_rh(float f) {{ return f != f ? f : __half2float(__float2half_rn(f)); }}\n")
+    return (f"{fp} float tt_h2f(half h) {{ unsigned short s; memcpy(&s, &h, 2); unsigned int u = s, n = (u & 0x8000) << 16 | 0x7fc00000 | "
+            "(u & 0x3ff) << 13; float f = __half2float(h), nan; memcpy(&nan, &n, 4); return (u & 0x7fff) > 0x7c00 ? nan : f; }\n"
+            f"{fp} half tt_f2h(float f) {{ unsigned int u; memcpy(&u, &f, 4); unsigned short n = (u >> 16 & 0x8000) | 0x7e00 | (u >> 13 & 0x3ff), s; "
+            "half h = __float2half_rn(f); memcpy(&s, &h, 2); s = f != f ? n : s; memcpy(&h, &s, 2); return h; }\n"
+            f"{fp} float tt_rh(float f) {{ float r = __half2float(__float2half_rn(f)); return f != f ? f : r; }}\n")
   restrict, func_prefix = "__restrict__", "static __device__ inline"
   group_id, local_id, barrier, shared_prefix = "blockIdx.x", "threadIdx.x", "__syncthreads();", "__shared__ __align__(32) "  # wmma
   inf, nan = "__int_as_float(0x7f800000)", "__int_as_float(0x7fffffff)"
@@ -374,11 +389,14 @@ class CUDARenderer(_GPURenderer):
     return f"tt_rh((float)({args[0]}))" if op is Ops.CAST and dtype == dtypes.float16 else super().code(op, args, dtype)
   def bf16_prelude(self) -> str:
     """cuda_bf16.h rounds to nearest even, but makes every NaN 0x7fff: ml_dtypes (and the CPU) give the quiet NaN of its sign. Its
-    __bfloat162float is a cvt on sm_90, which may make a NaN canonical too: a bfloat16 is a float32's high half, so a shift."""
+    __bfloat162float is a cvt on sm_90, which may make a NaN canonical too: a bfloat16 is a float32's high half, so a shift. The NaN
+    is chosen between two 16-bit integers (a select): between two bfloat16 values nvcc branched, once per element stored (wgmma's
+    bfloat16 tile copies, 96 a thread a K tile: 40.9 TFLOPS on an H200 where float16's took 132)."""
     return (f"{self.func_prefix} float tt_bf16_to_f32(__nv_bfloat16 h) {{ unsigned short s; memcpy(&s, &h, 2); "
             "unsigned int u = (unsigned int)s << 16; float f; memcpy(&f, &u, 4); return f; }\n"
-            f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ "
-            "return f != f ? __ushort_as_bfloat16(signbit(f) ? 0xffc0 : 0x7fc0) : __float2bfloat16_rn(f); }\n")
+            f"{self.func_prefix} __nv_bfloat16 tt_f32_to_bf16(float f) {{ unsigned int u; memcpy(&u, &f, 4); "
+            "unsigned short nan = (u >> 16 & 0x8000) | 0x7fc0, s = __bfloat16_as_ushort(__float2bfloat16_rn(f)); "
+            "return __ushort_as_bfloat16(f != f ? nan : s); }\n")
   # NVRTC refuses GNU statement expressions: a bitcast is a call of a template
   def reinterpret(self, x: str, src: str, dst: str) -> str: return f"tt_bitcast<{dst}>({x})"
 
@@ -520,6 +538,19 @@ class CUDARenderer(_GPURenderer):
             '"n"(N), "r"(full ? N : 0) : "memory"); }\n'
             f'{f} void tt_cp_commit() {{ asm volatile("cp.async.commit_group;" ::: "memory"); }}\n'
             f'template <int N> {f} void tt_cp_wait() {{ asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }}\n')
+  def body_start(self, p: LinearProgram, at: _At) -> list[str]:
+    """Where the program's shared arrays take over STATIC_SHARED, they are in dynamic shared memory (extern), each at its offset, 128-byte
+    aligned; the declaration's line says how many bytes the launch gives (dynamic_shared reads it)."""
+    arrays = [(u, u.arg.size * (4 if u.dtype in (dtypes.float16, dtypes.bfloat16) and not u.arg.stored else u.dtype.itemsize))
+              for u in p.uops if u.op is Ops.DEFINE_LOCAL]
+    if sum(-(-n // 32) * 32 for _, n in arrays) <= STATIC_SHARED: return []
+    total = 0
+    for u, n in arrays: at.shared[u], total = total, total + -(-n // 128) * 128
+    return [DYNAMIC_SHARED.format(total)]
+  def define_local(self, u: UOp, at: _At) -> str:
+    if (off := at.shared.get(u)) is None: return super().define_local(u, at)
+    ty = self.local_type(u.dtype, u.arg.stored)
+    return f"{ty}* {u.arg.name} = ({ty}*)(tt_shared+{off});"
   statements = {**CStyleRenderer.statements, Ops.WMMA: wmma, Ops.STORE: store_stmt}
 
   # float4 with a lane subscript and the float32 vector ops; loads and stores are 16-byte aligned
@@ -651,6 +682,8 @@ class OpenCLRenderer(_GPURenderer):
   """OpenCL C. Without the cl_khr_fp16 extension, float16 is a storage type: loaded and stored with vload_half and
   vstore_half, computed in float32."""
   buffer_types = {dtypes.bool: "uchar", dtypes.bfloat16: "ushort"}  # bool has no defined size in OpenCL, so it is not allowed in buffers
+  # OpenCL C 1.2 has no atomic 64-bit store without an extension: a plain one, which lands whole (aligned) on every device it runs on
+  def store_any(self, ptr: str, idx: str, val: str, dtype: DType) -> str: return self.store(ptr, idx, val, dtype)
 
   def __init__(self, fp16: bool = True, fp64: bool = True):
     self.fp16, self.fp64 = fp16, fp64
@@ -694,7 +727,16 @@ class OpenCLRenderer(_GPURenderer):
 def _dtypes(k: Kernel) -> set[DType]: return {u.dtype for u in k.ast.toposort}
 
 
+DYNAMIC_SHARED = "extern __shared__ __align__(128) unsigned char tt_shared[];  // {} bytes, given by the launch"
+
+
+def dynamic_shared(src: str) -> int:
+  """The bytes of dynamic shared memory a CUDA source's kernel takes (CUDARenderer.body_start): 0 where its arrays are static."""
+  return int(m[1]) if (m := re.search(r"unsigned char tt_shared\[\];  // (\d+) bytes, given by the launch", src)) else 0
+
+
 class _At:
-  """Where one program's spelling is: the depth of loops and branches, and the index math spelled so far (each node once)."""
-  __slots__ = ("index", "depth")
-  def __init__(self) -> None: self.index, self.depth = dict[UOp, str](), 1
+  """Where one program's spelling is: the depth of loops and branches, the index math spelled so far (each node once), and the offsets
+  of the shared arrays in dynamic shared memory (CUDA's, past STATIC_SHARED)."""
+  __slots__ = ("index", "depth", "shared")
+  def __init__(self) -> None: self.index, self.depth, self.shared = dict[UOp, str](), 1, dict[UOp, int]()

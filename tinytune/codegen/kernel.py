@@ -349,10 +349,8 @@ class Kernel:
             "and stores (PREFETCH overlaps them with the compute)")
       check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PIPELINE needs STAGE with more than one K tile")
       check(self.stages == 1 and not self.prefetch, "one PIPELINE opt per kernel, not with PREFETCH")
-      check(self.tc is None or not self.tc.wgmma, "PIPELINE does not take TC's arg 2 (wgmma) yet: its core-matrix tiles are copied by "
-            "plain stores, 16 bytes of a row of 8 rows at a time")
-      check(self.tc is None or self.tc.mma, "PIPELINE with TC needs TC's arg 1 (mma.sync): wmma's tiles hold A transposed, which cp.async "
-            "cannot copy")
+      check(self.tc is None or self.tc.mma or self.tc.wgmma, "PIPELINE with TC needs TC's arg 1 (mma.sync) or 2 (wgmma): wmma's tiles hold "
+            "A transposed, which cp.async cannot copy")
       check((need := self.stage_bytes() * arg + self.tc_shared()) <= self.caps.shared_bytes,
             f"PIPELINE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
       self.stages = arg

@@ -11,7 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, Sequence
 
 from tinytune.codegen.kernel import FLASH_PAD, TC_PAD, AxisKind, Kernel, swizzle_line
 from tinytune.dtype import DType, dtypes
@@ -72,6 +72,7 @@ class StoreArg(NamedTuple):  # STORE
   stream: bool  # a whole 64-byte line past the caches
   cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
   # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
+  any: bool = False  # threads may store to the one element together, any of their values landing (CHECK's flag): an atomic store
 
 
 class FoldArg(NamedTuple):  # FOLD
@@ -265,7 +266,7 @@ class LoopNest:
     for at, copies in sorted((packs or {}).items(), reverse=True): body, end = copies + self.nest(outer[at:end], body), at
     return self.nest(outer[:t], self.nest(outer[t:end], body) + fence, parallel=True)
 
-  def staged(self, copies: Copies, body: list[UOp]) -> list[UOp]:
+  def staged(self, copies: Copies, body: list[UOp], landed: Sequence[UOp] = ()) -> list[UOp]:
     """STAGE's loop of K tiles around `body` (the loops in a tile): each iteration copies the tiles to shared memory (`copies`:
     loads and stores) between two barriers, the copy waiting until every thread is done reading the last tile, the reads until
     the copy is whole. With PREFETCH (two copies: the first tile's and the next's) the first tile is copied before the loop, and
@@ -273,13 +274,15 @@ class LoopNest:
     With PIPELINE (S stages: S-1 copies before the loop, one in it) the copies are cp.async groups into a ring of S buffers: the first
     S-1 tiles' before the loop (a group each, empty past the last tile), and each iteration waits for its tile's group (all but the
     newest S-2), meets the others at one barrier (after which every thread is done reading the buffer of the tile before, which the
-    copy of the tile S-1 ahead then fills) and issues that copy as a group before computing."""
+    copy of the tile S-1 ahead then fills) and issues that copy as a group before computing; `landed` follows the wait (wgmma's proxy
+    fence: the tile's copies, landed, seen by its reads)."""
     tiles = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
     (loads, stores), barrier = copies[0], stmt(Ops.BARRIER)
     if (stages := self.k.stages) > 1:
       commit, (ahead_loads, ahead_stores) = stmt(Ops.BARRIER, arg="commit_group"), copies[-1]
       first = [u for ld, st in copies[:-1] for u in (*ld, *st, stmt(Ops.BARRIER, arg="commit_group"))]
-      return first + self.nest([tiles], [stmt(Ops.BARRIER, arg=("wait_group", stages - 2)), barrier, *ahead_loads, *ahead_stores, commit, *body])
+      return first + self.nest([tiles], [stmt(Ops.BARRIER, arg=("wait_group", stages - 2)), *landed, barrier, *ahead_loads, *ahead_stores, commit,
+                                         *body])
     if len(copies) == 1: return self.nest([tiles], [*loads, *stores, barrier, *body, stmt(Ops.BARRIER)])
     (next_loads, next_stores) = copies[1]
     return [*loads, *stores, barrier, *self.nest([tiles], [*next_loads, *body, stmt(Ops.BARRIER), *next_stores, stmt(Ops.BARRIER)])]
@@ -539,6 +542,7 @@ class _Lowerer:
     elif self.rows is not None and u is self.rows.source and not self.in_body and self.rows.holds(idx): ret = self.rows.load(idx)
     elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
     elif u.op is Ops.GATHER: ret = self.gather(u, idx)
+    elif u.op is Ops.CHECK: ret = self.check(u, idx)
     else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
     self.memo[key] = ret
     return ret
@@ -558,6 +562,17 @@ class _Lowerer:
     val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
     ok_val = Val(Kind.SCALAR, (oks[0],)) if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(oks))
     return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))], [dtypes.bool, u.dtype, u.dtype])
+
+  def check(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """CHECK's value, and a store of each lane's value outside [lo, hi) into the flag (threads that find one race to store theirs:
+    the flag ends up holding one of them)."""
+    val, (lo, hi), buf, i64 = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], dtypes.int64
+    for i in range(1 if val.kind is Kind.SCALAR else self.width):
+      v = val.lane(i) if u.dtype == i64 else self.value(Ops.CAST, i64, (val.lane(i),))
+      below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(i64, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(i64, hi - 1), v))
+      bad = UOp.var(self.value(Ops.OR, dtypes.bool, (below, above)).arg.name, 0, 1)  # a guard is index math: the value by its name
+      self.emit(Ops.STORE, UOp.const(i64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=i64)
+    return val
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
@@ -662,7 +677,8 @@ class _Lowerer:
       st, size, buf = view.arg.strides, view.dtype.itemsize, self.bufs[view.src[0].arg]
       order = sorted(t.dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
       fast, run = order[0][0], 16 // size
-      if k.stages > 1: w = run if st[fast] == 1 and t.dims[-1][0] == fast and order[0][1] % run == 0 else 1
+      chunk = t.dims[0][0] if k.tc is not None and k.tc.wgmma else t.dims[-1][0]  # the tile's contiguous dim (wgmma's: K, 8 a core row)
+      if k.stages > 1: w = run if st[fast] == 1 and chunk == fast and order[0][1] % run == 0 else 1
       else: w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
       lane = chunk_lane if k.stages > 1 else self.lane
       counts = [size // w if d == fast else size for d, size in order]
@@ -1097,8 +1113,14 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
       body.append(wmma("mma", j, a, b, tc.a.dtype))
   red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
   copies = lw.stage_copies_all()
-  if tc.wgmma: copies = tuple((loads, [*stores, wmma("proxy")]) for loads, stores in copies)  # the copy's stores seen by wgmma's reads
-  if copies: out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body))  # as LoopNest.workgroups
+  # wgmma reads the tiles through the async proxy: a thread's plain stores to them are fenced after (EMU counts a fence per thread, not per
+  # element), and with PIPELINE its cp.asyncs where they land, after the wait, before the barrier
+  landed = [wmma("proxy")] if tc.wgmma and k.stages > 1 else []
+  if tc.wgmma:
+    def fenced(stores: list[UOp]) -> list[UOp]:
+      return [*stores, wmma("proxy")] if any(u.op is Ops.STORE and not u.arg.cp_async for u in stores) else stores
+    copies = tuple((loads, fenced(stores)) for loads, stores in copies)
+  if copies: out += lw.decls + lw.nesting.staged(copies, lw.nesting.nest(red, body), landed)  # as LoopNest.workgroups
   else: out += lw.nesting.nest(red, body)
   out.append(stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", k.sizes_of(AxisKind.LOCAL) * 256), dtype=dtypes.float32))
   row_axis, col_axis = (next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and a.dim == d) for d in (tc.row, tc.col))

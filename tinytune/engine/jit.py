@@ -10,7 +10,7 @@ from typing import Any, Callable, Generic, TypeVar
 from tinytune import rng
 from tinytune.engine import schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters
-from tinytune.engine.realize import capturing, run_kernel
+from tinytune.engine.realize import Flag, capturing, run_kernel
 from tinytune.engine.schedule import is_buffer_view
 from tinytune.helpers import DEBUG, prod
 from tinytune.runtime import Buffer, Compiled, Device
@@ -41,6 +41,7 @@ class _Captured:
   device: str  # where the kernels run (a function with no Tensor arguments has only its kernels' buffers to say)
   dev: Compiled  # that device
   batch: Callable[[list[Buffer]], None] | None = None
+  flags: tuple[Flag, ...] = ()  # CHECK's flags that the kernels store an index out of range into: read after each replay
 
 
 class TinyJit(Generic[R]):
@@ -72,6 +73,7 @@ class TinyJit(Generic[R]):
     device = next((b.device for _, bufs in captured for b in bufs), tensors[0].device if tensors else Device.DEFAULT)
     self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], tuple(others), ret, draws, device, Device[device])
     if steps: self.captured.batch = self.captured.dev.batch([(k.program, bufs) for k, bufs in steps])
+    self.captured.flags = tuple(dict.fromkeys(b for _, bufs in captured for b in bufs if isinstance(b, Flag)))
     return ret
 
   @staticmethod
@@ -103,6 +105,7 @@ class TinyJit(Generic[R]):
       if debug >= 2: print(f"TinyJit {self.fn.__name__}: {len(cap.steps)} kernels in one call, {seconds * 1e6:.1f} us")
     else:
       for kernel, bufs in cap.steps: run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], cap.device)
+    for f in cap.flags: f.check()
     return cap.ret
 
 

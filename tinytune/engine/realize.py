@@ -6,7 +6,9 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from tinytune.dtype import DType
+import numpy as np
+
+from tinytune.dtype import DType, dtypes
 from tinytune.engine import program, schedule
 from tinytune.engine.program import CompiledKernel, GlobalCounters, compiled, kernels
 from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule, is_buffer_view, mark_realized, realized
@@ -24,31 +26,51 @@ def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer],
   topo: list[UOp] = []
   buffers: list[Buffer] = []
   parts: list[Any] = []
-  stack = [(target, iter(target.src))]
-  while stack:
+  stack: list[tuple[UOp | None, Iterator[UOp]]] = [(None, iter((target,)))]  # a root above target: target is walked as a source
+  while True:
     u, srcs = stack[-1]
     for s in srcs:
-      if s not in index:
-        stack.append((s, iter(s.src if s.op is not Ops.VIEW or s.src[0].op is not Ops.CONST else ())))  # a broadcast constant: its node says all
+      if s in index: continue
+      if (op := s.op) is Ops.BUFFER:  # a leaf is taken at once, not pushed and popped (a step's graph is mostly leaves)
+        if "realized_as" in s.__dict__ and (v := realized(s)) is not None and v is not s and v.src[0].arg.device == device: return None
+        part: Any = (op, s.dtype, s.arg.size, s.arg.device)
+        buffers.append(s.arg)
+      # a constant and its broadcasts (never realized: schedule.mark_realized): the node itself, hash-consed by dtype, value (-0.0 apart
+      # from 0.0) and view, and kept alive by the key, so the next step's graph finds it built
+      elif op is Ops.CONST or op is Ops.VIEW and s.src[0].op is Ops.CONST: part = s
+      else:
+        stack.append((s, iter(s.src)))
         break
+      index[s] = len(topo)
+      topo.append(s)
+      parts.append(part)
     else:
+      if u is None: return topo, tuple(parts), buffers, index
       stack.pop()
       if "realized_as" in u.__dict__ and (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device: return None
       index[u] = len(topo)
       topo.append(u)
-      if (op := u.op) is Ops.BUFFER:
-        parts.append((op, u.dtype, u.arg.size, u.arg.device))
-        buffers.append(u.arg)
-      # a constant and its broadcasts: the node itself, hash-consed by dtype, value (-0.0 apart from 0.0) and view, and kept alive by
-      # the key, so the next step's graph finds it built
-      elif op is Ops.CONST or op is Ops.VIEW and u.src[0].op is Ops.CONST: parts.append(u)
-      else: parts.append((op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
-  return topo, tuple(parts), buffers, index
+      parts.append((u.op, u.dtype, u.arg, tuple(map(index.__getitem__, u.src))))
 
 
 def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
   """What was realized before, on this device only (constants are one graph everywhere): the VIEW of the buffer that holds it."""
   return {u: v for u in topo if (v := realized(u)) is not None and v is not u and v.src[0].arg.device == device}
+
+
+class Flag(Buffer):
+  """The one int64 into which the kernels that compute a CHECK(x, flag) node (arg (lo, hi)) store an element of x outside [lo, hi):
+  it holds lo until one does. `check` after those kernels ran raises error(that element), and takes the flag back to lo, so the
+  next run of those kernels checks their values again."""
+  def __init__(self, device: str, lo: int, error: Callable[[int], Exception]):
+    super().__init__(device, 1, dtypes.int64)
+    self.lo, self.error = lo, error
+    self.copyin(np.array([lo]))
+
+  def check(self) -> None:
+    if (v := int(self.numpy_view()[0])) != self.lo:
+      self.copyin(np.array([self.lo]))
+      raise self.error(v)
 
 
 @dataclass(frozen=True)
@@ -63,12 +85,14 @@ class Plan:
   made: tuple[tuple[int, DType], ...]  # (size, dtype) of each buffer the kernels fill
   steps: tuple[Step, ...]
   roots: tuple[tuple[int, int, View], ...]  # (position in the graph, buffer, contiguous view) of each node a kernel realizes
+  flags: tuple[int, ...] = ()  # the buffers that are CHECK nodes' flags, read once the kernels ran
 
   def run(self, topo: list[UOp], inputs: list[Buffer], device: str) -> UOp | None:
     """Run the kernels; the VIEW that holds the last node a kernel realizes (the graph's own, where no `into` took it)."""
     bufs = inputs.copy()
     for size, dtype in self.made: bufs.append(Buffer(device, size, dtype))
     for step in self.steps: run_kernel(step.kernel, list(map(bufs.__getitem__, step.slots)), device)
+    for f in self.flags: bufs[f].check()  # type: ignore[attr-defined]  # before anything is taken as realized: a rerun checks again
     ret = None
     for pos, slot, view in self.roots: mark_realized(topo[pos], ret := buffer_view(bufs[slot], view.shape, view))
     return ret
@@ -84,7 +108,8 @@ def make_plan(target: UOp, inputs: list[Buffer], index: dict[UOp, int], device: 
   run = [item for item in items if item.out.size]  # an empty output: nothing to compute
   steps = [Step(compiled(k, device), tuple(slot[id(b)] for b in (item.out, *k.bufs))) for item, (_, k) in zip(run, kernels(run, device))]
   return Plan(tuple((item.out.size, item.out.dtype) for item in made), tuple(steps),
-              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made if item.node in index))
+              tuple((index[item.node], slot[id(item.out)], View.create(item.node.shape)) for item in made if item.node in index),
+              tuple(dict.fromkeys(slot[id(u.src[1].arg)] for u in index if u.op is Ops.CHECK)))
 
 
 _plans: dict[tuple, Plan] = {}

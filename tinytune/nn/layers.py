@@ -11,7 +11,7 @@ from tinytune.dtype import dtypes
 from tinytune.helpers import prod
 from tinytune.tensor import Tensor
 from tinytune.tensor.autograd import no_grad
-from tinytune.tensor.checks import require
+from tinytune.tensor.checks import checked
 
 
 def _param(t: Tensor) -> Tensor: return t.requires_grad_()
@@ -184,7 +184,7 @@ class Embedding:
   def __call__(self, idx: Tensor) -> Tensor:
     if not isinstance(idx, Tensor) or idx.dtype.is_float or idx.dtype == dtypes.bool:
       raise TypeError(f"Embedding takes an int Tensor of indices, got {idx.dtype.name if isinstance(idx, Tensor) else type(idx).__name__}")
-    require(idx, lambda v: (v < 0) | (v >= self.num_embeddings), lambda v: IndexError("index out of range in self"))
+    idx = checked(idx, 0, self.num_embeddings, lambda v: IndexError("index out of range in self"))
     one_hot = idx.unsqueeze(-1) == Tensor.arange(self.num_embeddings, dtype=idx.dtype, device=idx.device)
     return one_hot.cast(self.weight.dtype) @ self.weight
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tinytune.codegen.caps import cuda_caps
-from tinytune.codegen.cstyle import CUDARenderer
+from tinytune.codegen.cstyle import CUDARenderer, dynamic_shared
 from tinytune.dtype import DType
 from tinytune.helpers import env_int
 from tinytune.runtime import Buffer, Compiled, CompileError, DeviceMissing, KernelArgs, KernelGraph, Program, Steps, disk_cached, kept_address
@@ -32,11 +32,30 @@ def _check(result: Any, what: str) -> Any:
   return values[0] if len(values) == 1 else values
 
 
+DYNAMIC = b"TTDS"  # a lib's header where its kernel takes dynamic shared memory: then the bytes (4, little-endian), then the cubin
+
+
+def pack_lib(cubin: bytes, shared: int) -> bytes:
+  """A CUDA program's lib: its cubin, after a header that says how much dynamic shared memory each launch gives where it takes any."""
+  return DYNAMIC + shared.to_bytes(4, "little") + cubin if shared else cubin
+
+
+def unpack_lib(lib: bytes) -> tuple[bytes, int]:
+  """pack_lib's cubin and bytes of dynamic shared memory (a plain cubin takes none)."""
+  return (lib[8:], int.from_bytes(lib[4:8], "little")) if lib.startswith(DYNAMIC) else (lib, 0)
+
+
 class CUDAProgram(Program):
-  def __init__(self, dev: CUDADevice, name: str, cubin: bytes, launch: tuple[int, int]):
+  shared = 0  # bytes of dynamic shared memory each launch gives
+
+  def __init__(self, dev: CUDADevice, name: str, lib: bytes, launch: tuple[int, int]):
     self.dev, self.launch = dev, launch
+    cubin, self.shared = unpack_lib(lib)
     self.module = _check(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
     self.function = _check(cu.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+    if self.shared:  # past 48 KB a function takes only what it opted into
+      _check(cu.cuFuncSetAttribute(self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared),
+             f"cuFuncSetAttribute (kernel {name}: {self.shared} bytes of dynamic shared memory)")
     self.args: KernelArgs | None = None
 
   def __call__(self, *bufs: Buffer, wait: bool = False) -> float | None:
@@ -44,7 +63,7 @@ class CUDAProgram(Program):
     if self.args is None: self.args = KernelArgs(len(bufs))
     params = self.args.set([b.__dict__.get("address") or _address(b) for b in bufs])
     if wait: _check(cu.cuEventRecord(self.dev.start, 0), "cuEventRecord")
-    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, 0, 0, params, 0), "cuLaunchKernel")
+    _check(cu.cuLaunchKernel(self.function, groups, 1, 1, threads, 1, 1, self.shared, 0, params, 0), "cuLaunchKernel")
     if not wait: return None
     _check(cu.cuEventRecord(self.dev.end, 0), "cuEventRecord")
     _check(cu.cuEventSynchronize(self.dev.end), "the kernel")
@@ -77,7 +96,7 @@ class CUDAGraph(KernelGraph):
     p = cu.CUDA_KERNEL_NODE_PARAMS()
     p.func, (p.gridDimX, p.blockDimX) = program.function, program.launch
     p.gridDimY = p.gridDimZ = p.blockDimY = p.blockDimZ = 1
-    p.sharedMemBytes, p.kernelParams, p.extra = 0, ctypes.addressof(args), 0
+    p.sharedMemBytes, p.kernelParams, p.extra = program.shared, ctypes.addressof(args), 0
     return p
 
   def add(self, program: Program, args: list[int]) -> Any:
@@ -122,7 +141,8 @@ class CUDADevice(Compiled):
     self.start, self.end = (_check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))
     self.scratch: Any = None  # flush_cache's buffer
     self.renderer = CUDARenderer()
-    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))
+    self.caps = cuda_caps(self.arch, get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+                          get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
 
   asynchronous = is_gpu = compiles_apart = True  # NVRTC needs no context: a forked process compiles while the parent's GPU times
   def synchronize(self) -> None: _check(cu.cuCtxSynchronize(), "the kernels")
@@ -153,8 +173,9 @@ class CUDADevice(Compiled):
 
   def compile(self, src: str) -> bytes:
     """Source -> cubin for this GPU's architecture (sm_90a for TC's wgmma, which sm_90 lacks), cached on disk by source, architecture
-    and NVRTC version."""
-    return compile_cuda(src, self.arch + ("a" if self.arch == "sm_90" and "tt_wgmma" in src else ""), self.nvrtc_version)  # wgmma: sm_90a's
+    and NVRTC version; with its dynamic shared memory's bytes where it takes any (pack_lib)."""
+    cubin = compile_cuda(src, self.arch + ("a" if self.arch == "sm_90" and "tt_wgmma" in src else ""), self.nvrtc_version)  # wgmma: sm_90a's
+    return pack_lib(cubin, dynamic_shared(src))
 
   def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return CUDAProgram(self, name, lib, launch)
 

@@ -10,7 +10,8 @@ give an undefined result EMU raises EmuError, naming the kernel, the memory and 
 buffer or shared array, a misaligned vector access, a shared-memory element one thread writes and another reads or writes with
 no barrier between (a race), a read of shared memory no thread wrote, two threads storing to one element of a buffer, a thread
 loading an element another thread stored to earlier in the launch, a barrier only some threads of a workgroup reach; and it
-refuses what NVRTC or the driver would (over 1024 threads a block, over 48 KiB of static shared memory). Loops run all threads alike
+refuses what NVRTC or the driver would (over 1024 threads a block, over the shared memory a block may opt into: past 48 KiB the CUDA
+source declares it dynamic). Loops run all threads alike
 (their bounds are constants). Exact but for two things: CUDA may contract a multiply and an add into one FMA (EMU rounds both), and
 exp2f, log2f and sinf are NumPy's float32 functions (CUDA's differ by an ulp or two). The warp-level instructions the CUDA renderer
 emits are emu_tc.py's: TC's mma.sync, ldmatrix and wmma API (a warp split at one of them is an error too), __syncwarp(), and
@@ -30,7 +31,7 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from tinytune.codegen.caps import CUDA_ARCHS, DeviceCaps, cuda_caps
+from tinytune.codegen.caps import CUDA_ARCHS, SHARED_OPT_IN, DeviceCaps, cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.lower import VALUES, AccArg, FoldArg, LinearProgram, LoadArg, LocalArg, LoopArg, SpecialArg, StoreArg, ValueArg, lower
@@ -338,18 +339,19 @@ class _If:
 
 
 NOBODY = np.iinfo(np.int64).max  # no thread stored to this element yet
-MAX_THREADS, STATIC_SHARED = 1024, 48 << 10  # a CUDA block's threads, and the shared memory it may declare statically (as cuda_caps)
+MAX_THREADS = 1024  # a CUDA block's threads
 
 
 class EMUProgram(Program):
   """A lowered program made into closures, one per statement, nested as its loops and branches are."""
   LANES = 1 << 14  # threads run side by side: workgroups in chunks of about this many threads
 
-  def __init__(self, name: str, stmts: list[Node], launch: tuple[int, int]):
+  def __init__(self, name: str, stmts: list[Node], launch: tuple[int, int], shared_bytes: int = SHARED_OPT_IN["sm_90"]):
+    """`shared_bytes`: the most shared memory a block may opt into (the emulated architecture's)."""
     self.name, self.launch = name, launch
     shared = sum(u.arg.size * (u.dtype.itemsize if u.arg.stored else np.dtype(reg(u.dtype)).itemsize) for u in stmts if u.op is Ops.DEFINE_LOCAL)
-    if shared > STATIC_SHARED:
-      raise CompileError(f"EMU: kernel {name}: {shared} bytes of shared memory, over the {STATIC_SHARED} a CUDA block may declare")
+    if shared > shared_bytes:
+      raise CompileError(f"EMU: kernel {name}: {shared} bytes of shared memory, over the {shared_bytes} a CUDA block may opt into")
     if launch[1] > MAX_THREADS: raise CompileError(f"EMU: kernel {name}: {launch[1]} threads a workgroup, over CUDA's {MAX_THREADS}")
     self.exprs: dict[int, Fn] = {}
     self.tc = TensorCores(self)
@@ -504,7 +506,7 @@ class EMUProgram(Program):
       if not s.any or not mask.any(): return
       offs, mem = self.offsets(s, buf, at(s), width, mask, "stores to"), s.bufs[buf]
       tid = (s.g * self.launch[1] + s.t)[mask]
-      self.check_stores(s, buf, offs, tid, mask)
+      if not u.arg.any: self.check_stores(s, buf, offs, tid, mask)  # else any of the threads' values may land: the last one here
       v = s.lanes(under(s, mask, value), width)[mask]
       mem[offs] = to_memory(v.reshape(offs.shape), dt)
     return store
@@ -512,7 +514,7 @@ class EMUProgram(Program):
   def copy_async(self, u: Node) -> Fn:
     """cp.async.{ca,cg}.shared.global [shared + idx], [global], bytes: the source is read now, the shared elements are written at the
     cp.async.wait_group that covers the copy's group (AsyncCopies); until then any access of them is a race."""
-    (idx, val, guard), (width, buf, _, cache), dt = u.src, u.arg, u.dtype
+    (idx, val, guard), (width, buf, cache), dt = u.src, (u.arg.width, u.arg.buf, u.arg.cp_async), u.dtype
     size = width * (dt.itemsize if dt.is_half else np.dtype(reg(dt)).itemsize)
     if not isinstance(buf, str) or val.op is not Ops.LOAD or isinstance(val.arg.buf, str) or val.dtype != dt:
       self.fail_compile("a cp.async copies elements of a global buffer to a shared array of their type")
@@ -794,7 +796,8 @@ class EMUDevice(Compiled):
       raise CompileError("EMU runs the programs its own renderer lowered: render the kernel with Device['EMU'].renderer first")
     return dump(p)
 
-  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program: return EMUProgram(name, load(lib), launch)
+  def program(self, name: str, lib: bytes, launch: tuple[int, int] = (1, 1)) -> Program:
+    return EMUProgram(name, load(lib), launch, self.caps.shared_bytes)
 
   def fingerprint(self) -> dict[str, str]:
     return {"kind": "EMU", "name": f"EMU {self.arch} (emulated: times are not GPU speed)", "arch": self.arch, "compiler": "numpy",

@@ -89,7 +89,6 @@ class Tensor:
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor and `others` together: every value first, from the memory as it was, then the pending assigns'
     writes. Returns self."""
-    from tinytune.engine.realize import realize, realize_all
     if checks.pending: checks.run_pending()
     if not others and not self._pending:  # the common case: one value, nothing to write
       self.uop = realize(self.uop, self.device)
@@ -109,8 +108,6 @@ class Tensor:
     if x.device != self.device: raise ValueError(f"assign from {x.device} to a tensor on {self.device}")
     if x.dtype != self.dtype: raise TypeError(f"assign of {x.dtype.name} to a {self.dtype.name} tensor; cast it first")
     if self._view is not None: return self._assign_through(x)
-    from tinytune.engine.realize import realize
-    from tinytune.engine.schedule import buffer_view
     if not self._pending and (self._memory is None or self.uop is not buffer_view(self._memory, self.shape)):
       # first a copy in memory of its own: realizes of equal graphs share their buffers
       self._memory = Buffer(self.device, self.numel(), self.dtype)
@@ -186,12 +183,14 @@ class Tensor:
     return [g if g is not None else t.zeros_like() for g, t in zip(grads, targets)]
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Add d(self)/d(leaf) to the .grad of every leaf tensor that requires grad (True) (lazily: nothing runs until realized)."""
+    """Add d(self)/d(t) to the .grad of every float tensor t that self is computed from (self too), up to those that do not require
+    grad (False), whether t requires grad (True) or may (None), as tinygrad: parameters, inputs and the ops between them (lazily: nothing
+    runs until realized). A tensor that self does not depend on through its gradient rules (an index) gets none."""
     if self.requires_grad is False: raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
     seed = autograd.check_seed(self, gradient)
-    leaves = autograd.leaves(self)
-    for leaf, g in zip(leaves, autograd.gradient(self, leaves, seed)):
-      if g is not None: leaf.grad = g if leaf.grad is None else leaf.grad + g
+    targets = autograd.in_graph(self)
+    for t, g in zip(targets, autograd.gradient(self, targets, seed)):
+      if g is not None: t.grad = g if t.grad is None else t.grad + g
     return self
 
   # ***** the primitives every op is built from *****
@@ -385,3 +384,7 @@ class Tensor:
 
 
 for _job in (creation, movement, indexing, elementwise, reduce, functional, losses): setattr(_job, "Tensor", Tensor)  # their ops build Tensors
+# the engine imports this module (TinyJit's replay returns Tensors): bound here, once Tensor exists, not by an import statement in
+# realize(), which cost 1.3 us of every realize (a one-kernel step's 27 on a loaded Zen 4)
+from tinytune.engine.realize import realize, realize_all  # noqa: E402
+from tinytune.engine.schedule import buffer_view  # noqa: E402

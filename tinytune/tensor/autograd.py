@@ -190,16 +190,16 @@ def gradient(out: Tensor, targets: Sequence[Tensor], seed: Tensor) -> list[Tenso
   return [found.get(id(t)) for t in targets]
 
 
-def leaves(out: Tensor) -> list[Tensor]:
-  """The tensors under out that require grad (True) and were not computed from others (parameters and inputs)."""
+def in_graph(out: Tensor) -> list[Tensor]:
+  """The float tensors out is computed from, out too, up to those that do not require grad (False): what backward() gives a .grad,
+  as tinygrad does (requires_grad None or True, parameters, inputs and the ops between them alike)."""
   ret, seen, stack = [], set(), [out]
   while stack:
     t = stack.pop()
-    if id(t) in seen: continue
+    if id(t) in seen or t.requires_grad is False or not t.dtype.is_float: continue
     seen.add(id(t))
-    if t._ctx is None:
-      if t.requires_grad: ret.append(t)
-    else: stack.extend(s for s in t._ctx[1] if s.requires_grad)  # a tensor requires grad where an input does: True all the way
+    ret.append(t)
+    if t._ctx is not None: stack.extend(t._ctx[1])
   return ret
 
 

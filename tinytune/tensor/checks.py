@@ -1,14 +1,19 @@
-"""Checks of values PyTorch raises on: an index out of range, an integer division by zero. A kernel can't raise, so values already
-in memory are checked where the op is called, on the host (one pass over them, after a copy out of a GPU's memory), and lazy ones
-at the next realize of any tensor (they are computed into memory and read back once: one kernel and one copy more, where the op
-that reads them would have fused them). Nothing is checked inside a TinyJit replay, which runs no Python."""
+"""Checks of values PyTorch raises on: an index out of range, an integer division by zero.
+
+An index is checked in the kernel that reads it (`checked`): a CHECK node stores a value out of range into a flag (one int64), which
+the realize that ran the kernel reads after it and raises on (a GPU waits there for that realize's kernels). Every element that a
+kernel reads is checked, and only those (x[idx][:1] checks idx[0] only); a constant is checked at the call. The other checks
+(`require`: a target that is not the ignored one, a divisor of 0, an index into an empty dim) run on the host: values already in
+memory where the op is called (one pass over them, after a copy out of a GPU's memory), lazy ones at the next realize of any tensor
+(computed into memory and read back once: one kernel and one copy more). A TinyJit replay runs CHECK's kernels, not `require`'s."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from tinytune.uop import Ops
+from tinytune.dtype import dtypes
+from tinytune.uop import Ops, UOp
 
 if TYPE_CHECKING:
   from tinytune.tensor import Tensor
@@ -23,6 +28,17 @@ def require(values: Tensor, bad: Callable[[Any], Any], error: Callable[[Any], Ex
   u = values.uop.src[0] if values.uop.op is Ops.VIEW else values.uop
   if u.op in (Ops.BUFFER, Ops.CONST): _run((values, bad, error))
   else: pending.append((values, bad, error))
+
+
+def checked(values: Tensor, lo: int, hi: int, error: Callable[[int], Exception]) -> Tensor:
+  """values, raising error(v) for an element v outside [lo, hi) at the realize of a kernel that reads it (a constant's at once)."""
+  u = values.uop.src[0] if values.uop.op is Ops.VIEW else values.uop
+  if u.op is Ops.CONST or hi <= lo:
+    require(values, lambda v: (v < lo) | (v >= hi), error)
+    return values
+  from tinytune.engine.realize import Flag
+  flag = UOp(Ops.BUFFER, dtypes.int64, (), Flag(values.device, lo, error))
+  return type(values)._of(UOp(Ops.CHECK, values.dtype, (values.uop, flag), (lo, hi)), values.device)
 
 
 def run_pending() -> None:

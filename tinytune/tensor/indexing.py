@@ -5,14 +5,14 @@ and fused with what surrounds it; its gradient, and scatter, compare each index 
 region by inverse views and one where(), in place through Tensor.assign."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from tinytune.dtype import dtypes
 from tinytune.errors import OpError
 from tinytune.helpers import prod
-from tinytune.tensor.checks import require
+from tinytune.tensor.checks import checked, require
 from tinytune.uop import Ops
 
 if TYPE_CHECKING:
@@ -39,15 +39,16 @@ def _index_arrays(i: Any) -> list[tuple[Any, int | None]]:
 def getitem(self: Tensor, index: Any) -> Tensor:
   """x[index] like PyTorch: ints, slices, None, Ellipsis, int Tensors and lists (advanced indexing, broadcast together).
   A bool mask (a Tensor or a list) realizes itself to find its True positions. An index out of range raises IndexError, as in torch:
-  an int Tensor's at the call where it is in memory, else at the next realize (see tinytune.tensor.checks)."""
+  at the realize of the kernel that reads it (see tinytune.tensor.checks)."""
   x, tensors, _ = _basic(self, index)
   return _take(x, tensors) if tensors else x
 
 
-def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], list[tuple[int, int, int]]]:
+def _basic(self: Tensor, index: Any, write: bool = False) -> tuple[Tensor, list[tuple[int, Tensor]], list[tuple[int, int, int]]]:
   """self[index] before its Tensor indices: self sliced, its int dims dropped, its None dims added and its Tensor-indexed dims
   whole; the Tensor indices with the dim each indexes there; and the part of each of self's dims the index reads, as
-  (start, length, step) (whole where a Tensor indexes it; a negative step reads from start down)."""
+  (start, length, step) (whole where a Tensor indexes it; a negative step reads from start down). The Tensor indices are checked
+  in the kernel that reads them, but a write's (`write`) before it writes anything, on the host (see tinytune.tensor.checks)."""
   index = index if isinstance(index, tuple) else (index,)
   items: list[tuple[Any, int | None]] = []
   for i in index:
@@ -70,7 +71,8 @@ def _basic(self: Tensor, index: Any) -> tuple[Tensor, list[tuple[int, Tensor]], 
       i = Tensor(np.where(i < 0, i + n, i).astype(np.int32 if n < 2**31 else np.int64), device=self.device)
     if isinstance(i, Tensor):
       if i.dtype.is_float: raise IndexError(f"tensors used as indices must be int or bool tensors, got {i.dtype.name}")
-      _require_in(i, -n, n, lambda v, dim=dim, n=n: IndexError(f"index {v} is out of bounds for dimension {dim} with size {n}"))
+      if write: require(i, _outside(-n, n), _index_error(dim, n))
+      else: i = checked(i, -n, n, _index_error(dim, n))
       tensors.append((len(out_shape), i))
       out_shape.append(n)  # kept whole here; the Tensor index selects from it
       parts.append((0, n, 1))
@@ -101,7 +103,7 @@ def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
   """x[index] = value like PyTorch, for every index x[index] takes; value broadcasts to x[index]'s shape and is cast to x's dtype.
   Written in place (Tensor.assign, then realized), so a TinyJit replay writes it too. Not where x or value requires grad, but
   under no_grad() (as initializers write). Where an int Tensor index holds one place twice, the last write in the index's
-  row-major order wins (torch leaves it undefined); an int Tensor index out of range writes nothing (torch raises).
+  row-major order wins (torch leaves it undefined); an int Tensor index out of range raises before anything is written, as in torch.
   A tensor made by a movement of another's memory (a view) writes through to it, as torch's views do (see Tensor.assign)."""
   if not isinstance(value, Tensor):
     if not isinstance(value, (int, float, bool, np.generic, np.ndarray, list, tuple)):
@@ -128,7 +130,7 @@ def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
 def _written(self: Tensor, index: Any, value: Tensor) -> Tensor:
   """self with value written at self[index]: one where() over self, O(self's size) (plus the index's size times the size of the
   dims it indexes, for Tensor indices)."""
-  region, tensors, parts = _basic(self, index)
+  region, tensors, parts = _basic(self, index, write=True)
   shape = _take(region, tensors).shape if tensors else region.shape
   while value.ndim > len(shape) and value.shape[0] == 1: value = value.reshape(value.shape[1:])  # torch drops leading 1s
   try: value = value.expand(shape)
@@ -231,9 +233,11 @@ def _check_index(self: Tensor, dim: int, index: Tensor, what: str, src: Tensor |
   return d
 
 
-def _require_in(index: Tensor, lo: int, hi: int, error: Any) -> None:
-  """error(v) for an index v outside [lo, hi) (see tinytune.tensor.checks)."""
-  require(index, lambda v: (v < lo) | (v >= hi), error)
+def _outside(lo: int, hi: int) -> Callable[[Any], Any]: return lambda v: (v < lo) | (v >= hi)
+
+
+def _index_error(d: int, n: int) -> Callable[[int], Exception]:
+  return lambda v: IndexError(f"index {v} is out of bounds for dimension {d} with size {n}")
 
 
 def _out_of_bounds(d: int, n: int) -> Any: return lambda v: RuntimeError(f"index {v} is out of bounds for dimension {d} with size {n}")
@@ -243,7 +247,7 @@ def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
   """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1, like torch.gather. An index out of range raises RuntimeError, as in torch."""
   d = _check_index(self, dim, index, "gather")
   if self.ndim == 0: return self.reshape(1).gather(d, index.reshape(-1)).reshape(index.shape)
-  _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
+  index = checked(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   return self.shrink(tuple(None if k == d else (0, s) for k, s in enumerate(index.shape)))._gather(d, index)
 
 
@@ -267,7 +271,7 @@ def _scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | Scalar, how: s
   if isinstance(src, Tensor) and src.dtype != self.dtype: raise OpError("scatter(): Expected self.dtype to be equal to src.dtype")
   if self.ndim == 0:
     return _scatter(self.reshape(1), d, index.reshape(-1), src.reshape(-1) if isinstance(src, Tensor) else src, how, include_self).reshape(())
-  _require_in(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
+  index = checked(index, 0, self.shape[d], _out_of_bounds(d, self.shape[d]))
   if not isinstance(src, Tensor): src = Tensor.full(index.shape, src, self.dtype, self.device)
   vals = src.shrink(tuple((0, s) for s in index.shape)).unsqueeze(-1)  # index's shape + (1,)
   hit = index.unsqueeze(-1) == Tensor.arange(self.shape[d], device=self.device)  # index's shape + (n,): which place each write hits
@@ -299,8 +303,7 @@ def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
   if self.dtype.is_float or self.dtype == dtypes.bool: raise TypeError(f"one_hot needs an int tensor, got {self.dtype.name}")
   if num_classes == -1: num_classes = int(self.max().item()) + 1 if self.numel() else 0
   if not isinstance(num_classes, int) or num_classes < 0: raise ValueError(f"one_hot num_classes is an int >= 0 or -1, got {num_classes!r}")
-  require(self, lambda v: v < 0, lambda v: RuntimeError("Class values must be non-negative."))
-  require(self, lambda v: v >= num_classes, lambda v: RuntimeError("Class values must be smaller than num_classes."))
+  self = checked(self, 0, num_classes, lambda v: RuntimeError(f"Class values must be {'non-negative' if v < 0 else 'smaller than num_classes'}."))
   return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).where(1, 0)
 
 
