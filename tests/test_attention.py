@@ -281,3 +281,36 @@ def test_tensor_cores_compile_in_registers(tmp_path, arch: str) -> None:  # type
   for k in tc_gpu_kernels():
     stats = ptxas_stats(tmp_path, CUDARenderer().render(k), arch)
     assert stats["registers"] <= 255 and stats["bytes spill stores"] == 0 and stats["bytes smem"] == 31744, (k.ast.dtype, stats)
+
+
+# what the host stands in for beyond test_mma_on_host's SHIM: the shuffles (through an array, the block in lock step) and half2
+HOST_SHIM = r"""
+#include <cmath>
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+struct __half2 { half x, y; };
+static __half2 __floats2half2_rn(float x, float y) { return {(half)x, (half)y}; }
+static float tt_shfl[1024];
+static float __shfl_xor_sync(unsigned, float v, int d) {
+  int id = threadIdx.x; tt_shfl[id] = v; block_sync->arrive_and_wait(); float r = tt_shfl[id ^ d]; block_sync->arrive_and_wait(); return r; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_cores_source_on_the_host(tmp_path, causal: bool) -> None:  # type: ignore[no-untyped-def]
+  """The CUDA renderer's own text of TC on attention (its softmax, packing and sums on the accumulators, which EMU runs as its own
+  statements) run on the host, one thread per GPU thread, with mma.sync, ldmatrix and cp.async as the PTX ISA has them: NumPy's result."""
+  import re
+
+  from ops_support import run_blocks_on_host
+  from test_mma_on_host import SHIM, host_source
+  k, out, ref = tc_kernel(dtypes.float16, causal, (1, 2, 64, 32), (1, 2, 96, 32), 16, cuda_caps("sm_90"), seed=4)
+  k.apply_opts([TC, Opt(OptOps.LOCAL, 2, 2)])
+  src = host_source(k)
+  name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
+  body = f"threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b, (const half*)c);"
+  run = run_blocks_on_host(tmp_path, SHIM + HOST_SHIM + src, *k.launch_dims, body, result="misaligned_rows * 1000 + misaligned_copies",
+                           inputs=("a", "b", "c"))
+  got = np.full(out.size, np.nan, np.float16)  # type: ignore[attr-defined]
+  assert run(got, *(b.numpy_view() for b in k.bufs)) == 0, "misaligned ldmatrix rows or cp.async copies"  # type: ignore[attr-defined]
+  np.testing.assert_allclose(got.astype(np.float64), ref.reshape(-1), rtol=4e-3, atol=4e-3)
