@@ -170,12 +170,13 @@ def matmul(suite: Suite, dev: str) -> None:
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import torch_baseline
   from tinytune.runtime import Device
-  from tinytune.search.evaluate import Evaluator, TimingPolicy
+  from tinytune.search.evaluate import Evaluator, Result, TimingPolicy
   from tinytune.search.strategy import Budget, run_strategy
   n = 256 if suite.args.quick else 4096
   w, torch = get_workload("matmul"), torch_cuda()
-  suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | opts |")
-  suite.out("| --- " * 9 + "|")
+  suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | "
+            f"measured per s after {WARM_S:.0f} s | opts |")
+  suite.out("| --- " * 10 + "|")
   tf = lambda s: 2 * n ** 3 / s / 1e12  # noqa: E731
   where: list[str] = []  # where each search's seconds went
   for dt in ("float32", "float16", "bfloat16"):
@@ -184,25 +185,41 @@ def matmul(suite: Suite, dev: str) -> None:
       dtype = dtypes.from_any(dt)
       a, b = (Tensor.rand(n, n, device=dev).cast(dtype).realize() for _ in range(2))
       kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
+      finished: list[tuple[float, Result]] = []  # each measured candidate, when its result came
       st = time.monotonic()
-      with Evaluator(kernel, dev) as ev:
+      with Evaluator(kernel, dev, on_result=lambda r: finished.append((time.monotonic(), r))) as ev:
         result = run_strategy("beam", kernel, ev, Budget(None, seconds), default_opts(kernel))
         wall = time.monotonic() - st
         searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5))
-        med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
-        built = list({r.source_hash: r for r in result.history if r.status != "invalid" and not r.stored}.values())
-        each = {what: med([getattr(r, f"{what}_s") for r in built]) for what in ("render", "compile", "verify", "run")}
-        where.append(f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in "
-                     f"{ev.pool._max_workers} {'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; "
-                     f"run {each['run']:.0f} ms in the worker, of it verify {each['verify']:.0f} ms; "
-                     f"{ev.evaluated} measured, {len(result.history)} tried with the invalid")
+        where.append(search_rate(dt, ev, result.history, [(t - st, r) for t, r in finished], wall))
       tried = sum(result.counts().values())
+      late = [r for t, r in finished if t - st > WARM_S]
+      rate = f"{len(late) / (wall - WARM_S):.1f}" if wall > WARM_S + 2 else f"- (a search of {seconds:.0f} s)"
       th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
       suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
-                f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {list(result.best)} |")
+                f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {rate} | "
+                f"{list(result.best)} |")
     except Exception as e:
       suite.out(f"| {dt} | {_failed(e)} |")
   suite.out("\n" + "\n".join(f"- {line}" for line in where))
+
+
+WARM_S = 10.0  # the search's rate is judged after its first seconds (the worker's start, the first rounds' compiles)
+
+
+def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any]], wall: float) -> str:
+  """Where a search's seconds went: per candidate (medians) its render, compile, verify and run; the worker's busy share; how soon
+  the first result came; and how many of the candidates measured used tensor cores."""
+  med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
+  built = list({r.source_hash: r for r in history if r.status != "invalid" and not r.stored}.values())
+  each = {what: med([getattr(r, f"{what}_s") for r in built]) for what in ("render", "compile", "verify", "run")}
+  ran = [r for _, r in finished if r.run_s]
+  tc = sum(any(o.op.name == "TC" for o in r.opts) for _, r in finished)
+  return (f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in {ev.pool._max_workers} "
+          f"{'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; run {each['run']:.0f} ms in the worker, of "
+          f"it verify {each['verify']:.1f} ms (outputs compared on the {ev.checked_on or '?'}); the worker busy "
+          f"{sum(r.run_s for r in ran) / wall:.0%} of the search, its first result at {finished[0][0] if finished else float('nan'):.1f} s; "
+          f"{ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")
 
 
 def _with_arg(op: str, arg: int) -> Callable[[Any, list], list]:
@@ -491,10 +508,9 @@ def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int
   return statistics.median(times), statistics.median(issue)
 
 
-# the MLP forward's first matmul (128x128 outputs over K=784) in 2 shares (SPLITK=2: the default before SPLIT_MIN_K_SMALL) ran 71.6 us of
-# its 80 on an H200: 8 workgroups, each thread's 392-long loop bound by memory latency. The default now splits it in 16 (and the second
-# matmul in 4); timed against no split at all, 2 shares everywhere and 16
-MLP_SPLITS = (0, 2, 16)
+# the MLP forward's first matmul (128x128 outputs over K=784) in the default plan's 2 shares ran 71.6 us of its 80 on an H200: too
+# few workgroups (8) for the GPU, each thread's 392-long loop bound by memory latency. More shares, each a workgroup's: timed here.
+MLP_SPLITS = (4, 16)
 
 
 # the one-kernel step in a process of its own: the suite's own process has run the catalog before (its garbage, its loaded modules and
@@ -598,7 +614,7 @@ def gather_checks(suite: Suite, dev: str) -> None:
     for r in range(4):
       for on in ((True, False) if r % 2 == 0 else (False, True)):
         indexing.checked = real if on else (lambda values, lo, hi, error: values)
-        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3))
+        for name, run in work.items(): times.setdefault((name, on), []).append(_per_step(run, Device[dev].synchronize, 20, rounds=3)[0])
   finally: indexing.checked = real
   suite.out(f"| gather of {n} | checked µs | unchecked µs | checked / unchecked |\n| --- | --- | --- | --- |")
   for name in work:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -36,6 +38,15 @@ def ptxas_stats(tmp_path: Any, src: str, arch: str) -> dict[str, int]:
                        capture_output=True, text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
   return {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
+
+
+def bench_module(name: str) -> Any:
+  """bench/<name>.py loaded as a module (bench is a folder of scripts, not a package)."""
+  spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).parents[1] / "bench" / f"{name}.py")
+  assert spec is not None and spec.loader is not None
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def hip_flags(arch: str) -> list[str]:

@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from ops_support import hip_clang, hip_flags, ptxas_stats
+from ops_support import bench_module, hip_clang, hip_flags, ptxas_stats
 
 from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.caps import cuda_caps
@@ -210,12 +210,7 @@ def test_launch_report_of_tiles() -> None:
   """bench/gpu_launch_report.py at the catalog's GPU size: the old kernel's threads each read all keys and values (1024 reads of each
   element), the tiles' once a workgroup of 64 rows (16), coalesced; 4 workgroups of 47 KiB fill an SM's shared memory (a quarter of
   its thread slots), where counting threads alone said all of them."""
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
-  assert spec is not None and spec.loader is not None
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = bench_module("gpu_launch_report")
   q, k, v = (Tensor(np.zeros((4, 16, 1024, 64), np.float32), device="EMU") for _ in range(3))
   with Context(FLASH=2): ast = create_schedule(q.scaled_dot_product_attention(k, v).uop, "EMU")[0][0].ast
   tiles = Kernel(ast, bench.GPU_CAPS).apply_opts(default_opts(Kernel(ast, bench.GPU_CAPS)))

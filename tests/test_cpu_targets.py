@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from ops_support import bench_module
 
 from tinytune import helpers
 from tinytune.cli import main
@@ -322,12 +323,7 @@ def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location("bench_kernels", pathlib.Path(__file__).parents[1] / "bench" / "kernels.py")
-  assert spec is not None and spec.loader is not None
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = bench_module("kernels")
   table = ["| workload | params | tinytune ms | torch ms | torch/tt | GB/s |", "| --- | --- | --- | --- | --- | --- |",
            "| matmul | m=256 n=256 k=256 | 1.0 | 2.0 | 2.00 |  |", "| softmax | rows=4096 cols=4096 | 1.0 | 1.5 | 1.50 | 30.0 |"]
   (path := tmp_path / "same.md").write_text("\n".join([f"# {bench.family()}", "", *table]) + "\n")

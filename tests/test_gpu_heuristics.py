@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ops_support import ptxas_stats
+from ops_support import bench_module, ptxas_stats
 
 from tinytune import Context, Kernel, Opt, OptOps, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
@@ -164,12 +164,7 @@ def test_gpu_paths_match_numpy_on_opencl(name: str, params: dict[str, int]) -> N
 def test_launch_report_reads_coalescing_off_the_lowered_kernel(capsys: pytest.CaptureFixture[str]) -> None:
   """bench/gpu_launch_report.py: a column sum read by GROUP threads alone (neighbours a row apart) uses an eighth of each sector a
   warp touches, the default plan all of it; the script prints a row per kernel."""
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
-  assert spec is not None and spec.loader is not None
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = bench_module("gpu_launch_report")
   ast = create_ast(Tensor.full((512, 256), 1.0, device="EMU").contiguous().realize().sum(0), "EMU")
   old = bench.report(Kernel(ast, H100).apply_opts([Opt(OptOps.GROUP, 0, 64)]))
   new = bench.report(Kernel(ast, H100).apply_opts(default_opts(Kernel(ast, H100))))
@@ -185,12 +180,7 @@ def test_launch_report_counts_the_pipelines_copies() -> None:
   """bench/gpu_launch_report.py: PIPELINE's cp.async copies are the staged matmul's global loads (the report counted none): float16
   1024^3 on tensor cores reads each input 8 times, once a 128-wide workgroup tile, and once more for the tile past the last that its
   ring's copy asks for behind a guard (33 of 32 K tiles: 8.25)."""
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
-  assert spec is not None and spec.loader is not None
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
+  bench = bench_module("gpu_launch_report")
   a, b = (Tensor(np.ones((1024, 1024), np.float16), device="EMU").realize() for _ in range(2))
   with Context(SPLITK=0): k = Kernel(create_ast(a @ b, "EMU"), bench.GPU_CAPS)  # one kernel: its 64 workgroups, not K in shares
   k.apply_opts(default_opts(k))

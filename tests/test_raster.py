@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from ops_support import bench_module
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
@@ -89,20 +90,10 @@ def test_raster_compiles_for_sm_90(tmp_path) -> None:  # type: ignore[no-untyped
   assert res.returncode == 0, res.stderr[-3000:]
 
 
-def launch_report():  # type: ignore[no-untyped-def]
-  import importlib.util
-  import pathlib
-  spec = importlib.util.spec_from_file_location("gpu_launch_report", pathlib.Path(__file__).parents[1] / "bench" / "gpu_launch_report.py")
-  assert spec is not None and spec.loader is not None
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
-  return bench
-
-
 def test_launch_report_counts_a_waves_tiles() -> None:
   """bench/gpu_launch_report.py's "wave MB" for float32 4096^3 (1024 workgroups of 128x128, 264 at work at once on 132 SMs): row by
   row, a wave reads 8 or 9 row panels of A and all 32 column panels of B; in bands of 16 rows, fewer."""
-  bench = launch_report()
+  bench = bench_module("gpu_launch_report")
   a, b = (Tensor(np.zeros((4096, 4096), np.float32), device="EMU") for _ in range(2))
   (item,), _ = create_schedule((a @ b).uop, "EMU")
   k = Kernel(item.ast, bench.GPU_CAPS)

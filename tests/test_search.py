@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import wait
 
 import numpy as np
 import pytest
@@ -84,6 +85,16 @@ def test_broken_candidates_are_recorded_and_search_goes_on(body: str, status: st
     results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
   assert [r.status for r in results] == [status, "ok", "ok"]
   assert results[0].error and next(r for r in seen if r.opts == (bad,)).status == status  # reported as it finished: maybe after others
+
+
+def test_a_worker_that_checks_on_the_device_finds_a_wrong_candidate() -> None:  # it writes one output: the others keep the NaN filled in
+  k, bad = matmul_kernel(32), Opt(OptOps.UPCAST, 0, 2)
+  with Evaluator(k, "CPU", device_check=True, render=_inject(bad, "data0[0] = 12345.0f;")) as ev:
+    results = ev.evaluate([(bad,), (Opt(OptOps.UPCAST, 1, 4),), ()])
+    assert ev.checked_on == "device"
+  with Evaluator(k, "CPU") as ev:  # the CPU's NumPy reads the output's own memory: compared on the host unless asked
+    assert ev.evaluate([()])[0].status == "ok" and ev.checked_on == "host"
+  assert [r.status for r in results] == ["wrong", "ok", "ok"] and results[0].error.startswith("1024 of 1024 outputs differ"), results[0].error
 
 
 @pytest.mark.parametrize("dtype", [dtypes.bfloat16, dtypes.float16, dtypes.int32], ids=lambda d: d.name)
@@ -221,6 +232,56 @@ def test_a_reference_compares_as_isclose_does_every_time(dtype: type) -> None:
     assert check.mismatches(out).tolist() == expect.tolist()
     out[:4] = [np.inf, np.inf, 1.0, np.nan]  # -inf and NaN lost, a NaN where 0 was
     assert check.mismatches(out)[:4].tolist() == [False, True, True, True]
+
+
+@pytest.mark.parametrize("device", ["CPU", "EMU", "OPENCL"])
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.int32], ids=lambda d: d.name)
+def test_the_device_check_finds_what_the_host_comparison_finds(device: str, dtype: DType) -> None:
+  """DeviceCheck runs Reference's rule as kernels on the device that holds the output (a GPU's 4096x4096 output took 178 ms to copy
+  out and compare on the host): the same count of mismatches as the host's comparison, inf and NaN included, the worst difference
+  among them (inf for a NaN), and an output filled before a candidate runs wrong everywhere."""
+  from tinytune.runtime import device_status
+  from tinytune.search.worker import DeviceCheck, Reference
+  if why := device_status(device): pytest.skip(why)
+  rng, n, tol = np.random.default_rng(2), 3 * 1024, {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4}.get(dtype.name, 0)
+  ref = (rng.standard_normal(n) * 10).astype(dtype.np) if tol else rng.integers(0, 8, n).astype(dtype.np)
+  if tol: ref[:4] = [np.inf, -np.inf, np.nan, 0.0]
+  check, out = Reference(ref, tol, terms=300), Buffer(device, n, dtype)
+  on_device = DeviceCheck(check, out)
+  for trial in range(3):
+    got = ref.copy()
+    if trial: got[rng.choice(n, 7 * trial, replace=False)] += ref.dtype.type(1) if not tol else ref.dtype.type(np.abs(ref[4:]).max() * tol * 40)
+    if trial == 2 and tol: got[:4] = [np.inf, np.inf, 1.0, np.nan]  # -inf and NaN lost, a NaN where 0 was
+    out.copyin(got)
+    bad = check.mismatches(got)
+    with np.errstate(invalid="ignore"): diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    worst = float(np.where(np.isnan(diff), np.inf, diff)[bad].max()) if bad.any() else 0.0
+    count, found = on_device()
+    assert count == int(bad.sum()) and found == pytest.approx(worst, rel=1e-2), (trial, count, int(bad.sum()), found, worst)
+  on_device.fill(out)
+  assert on_device()[0] == int(check.mismatches(out.numpy_view()).sum()) >= n - 1  # all but the reference's NaN, which a NaN matches
+  assert DeviceCheck.tried(check, out.copyin(ref)) is not None  # the worker's test of it before use, on the reference it just ran
+  assert DeviceCheck.tried(check, out.copyin(got)) is None  # one that finds that output wrong is not used
+
+
+def test_the_device_checks_kernels_compile_with_nvrtc() -> None:
+  """The device check's kernels as a GPU runs them (scheduled for sm_90's caps with their default opts, rendered as CUDA) compile with
+  NVRTC, for each output dtype: the fill, the count and the worst difference."""
+  from ops_support import nvrtc_missing
+  if why := nvrtc_missing(): pytest.skip(why)
+  from tinytune.codegen.caps import cuda_caps
+  from tinytune.codegen.cstyle import CUDARenderer
+  from tinytune.runtime.cuda import _nvrtc
+  from tinytune.search.worker import DeviceCheck, Reference
+  srcs = []
+  for dtype, tol in ((dtypes.float16, 1e-2), (dtypes.bfloat16, 5e-2), (dtypes.float32, 1e-4), (dtypes.int32, 0)):
+    out = Buffer("EMU", 64 * 4096, dtype)
+    check = DeviceCheck(Reference(np.ones(out.size, dtype.np), tol, terms=4096), out)
+    for target, into in ((check.sentinel, out), (check.count, None), (check.worst, None)):
+      for item in create_schedule(target, "EMU", into)[0]:
+        k = Kernel(item.ast, cuda_caps("sm_90"))
+        srcs.append(CUDARenderer().render(k.apply_opts(default_opts(k))))
+  for src in dict.fromkeys(srcs): _nvrtc(src, "sm_90")
 
 
 def test_a_stop_signal_whose_raise_was_swallowed_still_stops_the_search(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
@@ -419,8 +480,10 @@ class TableEvaluator:
   def __init__(self, kernel: Kernel, times: dict[tuple[Opt, ...], float]): self.kernel, self.times = kernel, times
   def kernel_for(self, opts) -> Kernel: return self.kernel.copy().apply_opts(opts)  # type: ignore[no-untyped-def]
   def time(self, opts) -> float: return self.times.get(tuple(opts), 1.0)  # type: ignore[no-untyped-def]
-  def evaluate(self, candidates) -> list[Result]:  # type: ignore[no-untyped-def]
-    return [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
+  def evaluate(self, candidates, following=None) -> list[Result]:  # type: ignore[no-untyped-def]
+    results = [Result(tuple(o), "ok", self.time(o), self.time(o), source_hash=opts_to_json(tuple(o))) for o in candidates]
+    if following is not None: following(results[:len(results) // 2])  # what it would compile early: named from half the round
+    return results
   def retime(self, candidates) -> list[Timing]: return [Timing(self.time(o), 0.0, 1) for o in candidates]  # type: ignore[no-untyped-def]
 
 
@@ -556,7 +619,7 @@ def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: p
   history = [Result(default, "ok", 4.5e-4, 4.7e-4, source_hash="d"), Result(up, "ok", 2.3e-4, 2.4e-4, source_hash="u")]
 
   class Retimes:  # the re-times a busy machine gives: the default 16x its search median (the issue's 7.87 ms against 0.470 ms)
-    def __init__(self, *rounds: list[Timing]) -> None: self.rounds, self.calls = list(rounds), 0
+    def __init__(self, *rounds: list[Timing], end: float | None = None) -> None: self.rounds, self.calls, self.end = list(rounds), 0, end
     def retime(self, candidates: list) -> list[Timing]:
       self.calls += 1
       return self.rounds.pop(0)
@@ -569,6 +632,8 @@ def test_a_noisy_retime_is_measured_again_then_said_not_a_speedup(monkeypatch: p
   assert ev.calls == 2 and result.note.startswith("noisy: the machine was busy (load ") and math.isnan(result.speedup)
   ev = Retimes(quiet)
   assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
+  ev = Retimes(outlier, quiet, end=time.monotonic())  # the budget's seconds are spent: not measured again, and said to be noisy
+  assert finalize(ev, history, default).note.startswith("noisy") and ev.calls == 1  # type: ignore[arg-type]
   monkeypatch.setenv("TINYTUNE_NOISE_CHECK", "0")  # trust every re-time
   ev = Retimes(outlier)
   assert finalize(ev, history, default).note == "" and ev.calls == 1  # type: ignore[arg-type]
@@ -688,7 +753,7 @@ def test_a_gpu_compiles_candidates_while_it_times_others(monkeypatch: pytest.Mon
   and times one: the wall time is about the runs' (the builds, two at a time, take less), not the sum of builds and runs, as when
   the evaluator rendered each chunk of candidates in turn before running them. Each result says where its seconds went."""
   slow_emu_builds(monkeypatch)
-  policy = TimingPolicy(warmup_seconds=2 * SLOW_S, max_seconds=0.05)  # each candidate's timing takes as long as its build, or more
+  policy = TimingPolicy(warmup_seconds=2 * SLOW_S, warmup_runs=None, max_seconds=0.05)  # each candidate's timing takes as long as its build, or more
   with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2, policy=policy) as ev:
     assert ev.evaluate([()])[0].status == "ok"  # the worker started, the compile processes forked
     st = time.monotonic()
@@ -701,11 +766,33 @@ def test_a_gpu_compiles_candidates_while_it_times_others(monkeypatch: pytest.Mon
   assert wall < 0.7 * serial, f"{wall:.2f} s for {len(ok)} candidates whose renders, compiles and runs took {serial:.2f} s in all"
 
 
+def test_the_next_round_compiles_while_this_one_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+  """BEAM names its likely next round from a round's results so far (`following`), and the evaluator compiles it while the worker
+  runs the round's last candidates: the next call finds them built and the worker waits for no compile (a TC round on an H200 is 7 to
+  30 candidates, each run in ~40 ms once verified on the device, while a compile took 227 to 506 ms)."""
+  slow_emu_builds(monkeypatch)
+  first, second = [tuple(c) for c in EMU_CANDIDATES[:3]], [tuple(c) for c in EMU_CANDIDATES[3:]]
+  seen: list[int] = []
+  def following(so_far: list[Result]) -> list[tuple[Opt, ...]]:
+    seen.append(len(so_far))
+    return second
+  with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2, policy=TimingPolicy(max_seconds=0.05)) as ev:
+    assert ev.evaluate([()])[0].status == "ok"
+    assert [r.status for r in ev.evaluate(first, following)] == ["ok"] * 3
+    assert seen[0] == 0 and set(ev.early) == set(second)  # asked before any result came, and again as they came
+    wait([build for _, build in ev.early.values()])
+    st = time.monotonic()
+    done = ev.evaluate(second)
+    waited = time.monotonic() - st - sum(r.run_s for r in done)
+  assert [r.status for r in done] == ["ok"] * 3 and not ev.early
+  assert waited < SLOW_S, f"the worker waited {waited:.2f} s for builds that were done"
+
+
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
   """A BEAM search on a GPU with compiles in flight at the deadline ends within 10% of its --seconds: they are not waited for."""
   slow_emu_builds(monkeypatch)
   k = emu_matmul_kernel(32)
-  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(warmup_seconds=0.1, max_seconds=0.05)) as ev:
+  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(warmup_seconds=0.1, warmup_runs=None, max_seconds=0.05)) as ev:
     st = time.monotonic()
     result = run_strategy("beam", k, ev, Budget(None, 5.0), default_opts(k))
     wall = time.monotonic() - st

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ops_support import FUZZ, GETITEM_CASES, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
+from ops_support import FUZZ, GETITEM_CASES, bench_module, examples, oob_guard  # noqa: F401  (oob_guard: the autouse out-of-bounds guard, here too)
 from oracle import helper_test_op, torch
 
 from tinytune import Tensor, TinyJit, dtypes, nn, no_grad
@@ -668,6 +668,20 @@ def test_index_checked_in_the_kernel_that_reads_it() -> None:
   for v in ([1, 2], [3, 4], [5, 6]): assert take(Tensor(v).realize()).tolist() == v
   with pytest.raises(IndexError, match="index -11 is out of bounds"): take(Tensor([1, -11]).realize())
   assert take(Tensor([7, -1]).realize()).tolist() == [7, 9]
+
+
+def test_gpu_suite_times_the_gather_checked_and_not() -> None:
+  """bench/gpu_suite.py's gather section, on the CPU: a row of times for each index, checked and not, and the check put back after."""
+  import argparse
+
+  from tinytune.tensor import indexing
+  suite_module = bench_module("gpu_suite")
+  suite = suite_module.Suite(argparse.Namespace(quick=True, budget=600))
+  real = indexing.checked
+  suite_module.gather_checks(suite, "CPU")
+  rows = [line.split(" | ") for line in suite.lines if line.startswith("| A[")]
+  assert [r[0] for r in rows] == ["| A[idx]", "| A[idx * 1]"] and all(float(x) > 0 for r in rows for x in r[1:3])
+  assert indexing.checked is real
 
 
 def test_index_check_on_gpus(tmp_path: Any) -> None:

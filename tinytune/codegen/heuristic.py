@@ -610,30 +610,26 @@ def gpu_workgroups(k: Kernel) -> bool:
 # 24.9 unsplit; with as many workgroups as SMs or more, splitting lost: bmm 32x512^3 (512 workgroups) 0.249 ms in 2 shares, 0.219
 # unsplit, attention's P.V at 4x16x1024x64 (256) 0.80 in 4, 0.78 unsplit
 SM_THREADS, SPLIT_MIN_K, SPLIT_MAX = 1024, 256, 16
-# a small output's partial sums (SMALL_PARTIALS elements in all: 4 MiB of float32, which every GPU's L2 holds) cost little to write and
-# re-read, so its shares may be as short as SPLIT_MIN_K_SMALL: the MLP forward's 128x128 over K=784 (4 workgroups) ran 71.6 us on the
-# H200 in 2 shares of 392, each thread's loop bound by memory latency (bench/gpu_suite.py's overhead section times 4 and 16)
-SPLIT_MIN_K_SMALL, SMALL_PARTIALS = 32, 1 << 20
 
 
 def gpu_split_k(k: Kernel) -> int:
   """Into how many shares a kernel's reduce is split across workgroups (split-K; 1: not split): on a GPU (caps with its SM count), a
   matmul-like kernel over one long reduce axis whose default plan launches fewer workgroups than SMs, the fewest shares (a power of
-  two) that reach SMs x SM_THREADS threads, each at least SPLIT_MIN_K long (SPLIT_MIN_K_SMALL while the partials are few). SPLITK=0
-  never splits, SPLITK=N splits any one-axis sum or max into N shares (where N divides it) on any device with workgroups. The schedule
-  runs the shares as one kernel that writes each share's partial results and a second that combines them in order (schedule.split_k):
-  the same result every run, where atomic adds into the output would add in any order (and OpenCL 1.2 has no float atomics)."""
+  two) that reach SMs x SM_THREADS threads, each at least SPLIT_MIN_K long. SPLITK=0 never splits, SPLITK=N splits any one-axis sum or max
+  into N shares (where N divides it) on any device with workgroups. The schedule runs the shares as one kernel that writes each
+  share's partial results and a second that combines them in order (schedule.split_k): the same result every run, where atomic adds
+  into the output would add in any order (and OpenCL 1.2 has no float atomics)."""
   forced = SPLITK.value
   if forced == 0 or not k.caps.has_local or (red := k.reduceop) is None or len(k.reduceops) != 1 or k.n_reduce != 1 or \
      red.arg[0] not in (Ops.ADD, Ops.MAX): return 1
   length = k.sizes[-1]
   if forced > 0: return forced if forced > 1 and length % forced == 0 else 1
-  if not k.caps.gpu or not k.caps.sms or length < 2 * SPLIT_MIN_K_SMALL or _tile_row(k, lane_dim(k), input_strides(k)) is None: return 1
+  if not k.caps.gpu or not k.caps.sms or length < 2 * SPLIT_MIN_K or _tile_row(k, lane_dim(k), input_strides(k)) is None: return 1
   groups, threads = k.copy().apply_opts(workgroup_optimizations(k)).launch_dims
   if groups >= k.caps.sms: return 1
-  shares, outputs = 1, prod(k.out_shape)
-  while groups * threads * shares < k.caps.sms * SM_THREADS and length % (2 * shares) == 0 and 2 * shares <= SPLIT_MAX and \
-        length // (2 * shares) >= (SPLIT_MIN_K_SMALL if outputs * 2 * shares <= SMALL_PARTIALS else SPLIT_MIN_K): shares *= 2
+  shares = 1
+  while groups * threads * shares < k.caps.sms * SM_THREADS and length % (2 * shares) == 0 and length // (2 * shares) >= SPLIT_MIN_K and \
+        2 * shares <= SPLIT_MAX: shares *= 2
   return shares
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from tinytune.codegen.heuristic import alternative_opts
-from tinytune.codegen.kernel import Kernel
+from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.evaluate import Evaluator, Following, Result
 from tinytune.search.space import actions
 from tinytune.search.strategy import Budget, Option, SearchContext, SearchResult, finalize, tried
 
@@ -21,15 +21,29 @@ def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Op
   # the heuristics hold in reserve; the default goes first so slower starts are cut off early (the kernel with no opts is last:
   # at large sizes it is very slow)
   starts = [default, *(tuple(opts) for opts in alternative_opts(kernel)), *(default[:i] for i in range(len(default) - 1, -1, -1))]
-  history: list[Result] = ev.evaluate(list(dict.fromkeys(starts)))
+  moves: dict[tuple[Opt, ...], list[Opt]] = {}  # each kernel's valid next opts, worked out once (a TC matmul's took 26 ms)
+  def expand(beam: list[tuple[Opt, ...]], seen: set[tuple[Opt, ...]]) -> list[tuple[Opt, ...]]:
+    for opts in beam:
+      if opts in moves: continue
+      try: moves[opts] = actions(ev.kernel_for(opts))
+      except KernelOptError: moves[opts] = []  # a start not measured yet may be invalid
+    return list(dict.fromkeys(opts + (a,) for opts in beam for a in moves[opts] if opts + (a,) not in seen))
   expanded: set[str] = set()  # the kernels (by source) whose every next opt was tried
+  def following(asked: list[tuple[Opt, ...]]) -> Following:
+    """The round likely to come after this one, from its results so far (before any, from the first it asked for: the default leads
+    the starts): compiled while the worker runs this one's last candidates."""
+    def likely(so_far: list[Result]) -> list[tuple[Opt, ...]]:
+      beam = [r.opts for r in fastest(history + so_far, width, expanded)] or asked[:width]
+      return expand(beam, {r.opts for r in history} | set(asked))
+    return likely
+  history: list[Result] = []
+  history = ev.evaluate(starts := list(dict.fromkeys(starts)), following(starts))
   beam = fastest(history, width, expanded)
   best = beam[0].time if beam else float("inf")
   while beam and (left := budget.left(tried(history))):
-    seen = {r.opts for r in history}
-    candidates = list(dict.fromkeys(r.opts + (a,) for r in beam for a in actions(ev.kernel_for(r.opts)) if r.opts + (a,) not in seen))[:left]
+    candidates = expand([r.opts for r in beam], {r.opts for r in history})[:left]
     expanded |= {r.source_hash for r in beam}
-    history += (results := ev.evaluate(candidates))
+    history += (results := ev.evaluate(candidates, following(candidates)))
     beam = fastest(results, width, expanded)
     if beam and beam[0].time <= best * (1 - min_gain): best = beam[0].time
     elif budget.seconds is None: break  # a budget of candidates only: stop at the first round that gains little, as always

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
@@ -70,28 +70,51 @@ class TimingPolicy:
   max_seconds: float = 1.0  # per candidate, after warm-up
   settle: float = 0.03  # stop once (median - min) / median is below this
   warmup_seconds: float = 0.02
+  # ... or this many runs, where they end sooner (None: no limit): the verification's run came just before, and a GPU's 1.3 ms kernel
+  # spent 20 ms of its 31 ms warming up (a float16 4096^3 matmul, H200)
+  warmup_runs: int | None = 3
   cutoff_ratio: float = 3.0  # a candidate whose first run is this many times slower than the best so far is timed no further
   warm_cache: bool = False  # benchmarks on a GPU: no L2 flush between repeats (the search's own timing never flushes)
 
 
 class _Worker:
-  """A `python -m tinytune.search.worker` process holding the kernel's buffers."""
+  """A `python -m tinytune.search.worker` process holding the kernel's buffers. It starts (buffers filled, the reference run) while
+  the caller goes on: `ready` waits for it."""
 
   def __init__(self, spec: dict, timeout: float):
     self.proc = subprocess.Popen([sys.executable, "-m", "tinytune.search.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    self.ready = self.request(spec, timeout)
+    self.timeout, self.started = timeout, self.send(spec)
+    self._ready: list | None = None
+
+  @property
+  def ready(self) -> list:
+    """["ready", where it compares outputs] once the worker has started, or why it did not (given `timeout` from this first ask)."""
+    if self._ready is None: self._ready = self.reply(self.timeout) if self.started else self.died()
+    return self._ready
 
   def request(self, msg: object, timeout: float) -> list:
     """One request; its reply, ["crashed", why] if the worker died, or ["timeout", why] if it did not answer in time."""
-    assert self.proc.stdin is not None and self.proc.stdout is not None
+    return self.reply(timeout) if self.send(msg) else self.died()
+
+  def send(self, msg: object) -> bool:
+    assert self.proc.stdin is not None
     try:
       self.proc.stdin.write(json.dumps(msg) + "\n")
       self.proc.stdin.flush()
+      return True
+    except (BrokenPipeError, OSError): return False
+
+  def reply(self, timeout: float) -> list:
+    assert self.proc.stdout is not None
+    try:
       if not select.select([self.proc.stdout], [], [], timeout)[0]:
         self.kill()
         return ["timeout", f"no answer in {timeout:.1f} s"]
       if line := self.proc.stdout.readline(): return json.loads(line)
-    except (BrokenPipeError, OSError): pass
+    except OSError: pass
+    return self.died()
+
+  def died(self) -> list:
     self.kill()
     return ["crashed", f"the worker died (exit code {self.proc.returncode})"]
 
@@ -156,6 +179,10 @@ def reference_kernel(kernel: Kernel) -> Kernel:
   return k
 
 
+# given a call's results so far, the candidates likely to be asked for next (the next round of a BEAM search)
+Following = Callable[[list[Result]], Sequence[Sequence[Opt]]]
+
+
 @dataclass
 class Evaluator:
   """Evaluate opt lists for one kernel on one device. `known` maps opts JSON to results already stored (resume)."""
@@ -171,13 +198,13 @@ class Evaluator:
   deadline: float | None = None  # time.monotonic() after which no new candidate starts (the strategy's budget sets it)
   end: float | None = None  # ... and after which re-timing the finalists takes no more rounds
   objective: str = "median"  # one of OBJECTIVES
+  device_check: bool | None = None  # compare outputs on the device (worker.DeviceCheck); None: on a GPU, where the output is large
 
   def __post_init__(self) -> None:
     self.dev = Device[self.device]
     self.render_source: Callable[[Kernel], str] = self.render or self.dev.renderer.render
     self.by_source: dict[str, Result] = {}
     self.libs: dict[tuple[Opt, ...], str] = {}  # the programs of candidates that ran, for the finalists' re-time (not built again)
-    self.worker: _Worker | None = None
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
     self.run_s: list[float] = []  # the wall time of each candidate's run in the worker
     self.render_s: list[float] = []  # ... and of rendering each
@@ -188,16 +215,24 @@ class Evaluator:
     # while the worker verifies and times those before them: a float16 TC candidate took 60 ms to render and 600 ms to compile,
     # 165 ms to verify and time (H200)
     self.procs: ProcessPoolExecutor | None = None
+    self.early: dict[tuple[Opt, ...], tuple[Kernel, Future[Built]]] = {}  # builds started before a call asked for them (`following`)
+    self.refused: set[tuple[Opt, ...]] = set()  # ... and the invalid ones among them
     self.ref_dir = tempfile.TemporaryDirectory(prefix="tinytune-ref-")  # the reference output, kept for workers that replace one that died
+    self.worker: _Worker | None = self._spawn()  # starting while the first candidates compile
+    self.checked_on = ""  # where the worker compares outputs with the reference: "device" or "host"
+
+  def _spawn(self) -> _Worker:
+    """A new worker, starting: a second or more (a GPU's context, the inputs, the reference), which no candidate's run counts."""
+    spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
+            "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
+            "ref_file": os.path.join(self.ref_dir.name, "ref.npy"), "device_check": self.device_check}
+    return _Worker(spec, self.timeout_s + 10 + self.kernel.flops / REF_MIN_FLOPS)
 
   def _started(self) -> _Worker:
-    """The worker, started (with the reference computed) where there is none: a second or more, which no candidate's run counts."""
-    if self.worker is None:
-      spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
-              "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
-              "ref_file": os.path.join(self.ref_dir.name, "ref.npy")}
-      self.worker = _Worker(spec, self.timeout_s + 10 + self.kernel.flops / REF_MIN_FLOPS)
-      if self.worker.ready[0] != "ready": raise RuntimeError(f"the reference kernel failed in the worker: {self.worker.ready[1]}")
+    """The worker, started (with the reference computed)."""
+    if self.worker is None: self.worker = self._spawn()
+    if self.worker.ready[0] != "ready": raise RuntimeError(f"the reference kernel failed in the worker: {self.worker.ready[1]}")
+    self.checked_on = self.worker.ready[1]
     return self.worker
 
   def _request(self, msg: list, timeout: float | None = None) -> list:
@@ -207,24 +242,48 @@ class Evaluator:
 
   def kernel_for(self, opts: Sequence[Opt]) -> Kernel: return self.kernel.copy().apply_opts(opts)
 
-  def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
+  def evaluate(self, candidates: Sequence[Sequence[Opt]], following: Following | None = None) -> list[Result]:
     """Results in the order given; each new measurement is reported to on_result as it finishes. Up to twice as many candidates as
     there are compile jobs are rendered and compiled ahead, and the worker runs whichever is built first (a TC candidate's compile
-    took from 1.3 to 38 s on a loaded Zen 4: one slow compile holds up no other). Past the deadline no new candidate is compiled or
-    run: the results stop at the first candidate that was not."""
+    took from 1.3 to 38 s on a loaded Zen 4: one slow compile holds up no other). Once all are under way, and where the device
+    compiles apart, `following` (given this call's results so far) names the candidates likely to come next, and they are compiled
+    meanwhile: a later call that asks for one takes its build, so the worker need not wait for the next round's first compiles.
+    Past the deadline no new candidate is compiled or run: the results stop at the first candidate that was not."""
     results: list[Result | None] = [None] * len(candidates)
     ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]] = []
     building: dict[str, Future[Built]] = {}  # source hash -> its build in flight (compiled in this process: a duplicate waits for it)
     stopped = False
     for i, opts in enumerate(map(tuple, candidates)):
       if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = replace(stored, objective=self.objective); continue
+      if (early := self.early.pop(opts, None)) is not None:
+        ahead.append((i, opts, *early))
+        continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
       while len(ahead) >= 2 * self.pool._max_workers and not stopped: stopped = not self._finish(ahead, results)
       if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
       ahead.append((i, opts, k, self._submit(opts, k, building)))
-    while ahead and not stopped: stopped = not self._finish(ahead, results)
+    while ahead and not stopped:
+      if following is not None and self.dev.compiles_apart and not self.past_deadline(): self._compile_early(following([r for r in results if r]))
+      stopped = not self._finish(ahead, results)
     return results[:next((i for i, r in enumerate(results) if r is None), len(results))]  # type: ignore[return-value]
+
+  def _compile_early(self, candidates: Sequence[Sequence[Opt]]) -> None:
+    """Start compiling candidates a later call will likely ask for, while up to twice as many are in flight as there are jobs; those
+    no longer likely that have not started compiling are dropped, lest they hold up the ones now likely."""
+    likely = list(dict.fromkeys(map(tuple, candidates)))
+    for opts in set(self.early) - set(likely):
+      if self.early[opts][1].cancel(): del self.early[opts]
+    flight = sum(not build.done() for _, build in self.early.values())
+    for opts in likely:
+      if flight >= 2 * self.pool._max_workers: return
+      if opts in self.early or opts in self.refused or opts_to_json(opts) in self.known: continue
+      try: k = self.kernel_for(opts)
+      except KernelOptError:
+        self.refused.add(opts)  # not applied again at the next result: the worker waits while this process works
+        continue
+      self.early[opts] = (k, self._submit(opts, k, {}))
+      flight += 1
 
   def past_deadline(self, rendering: bool = False) -> bool:
     """Whether a new candidate would end past the deadline, going by how long the candidates so far took to run (a 2048^3
@@ -268,6 +327,7 @@ class Evaluator:
     except BrokenProcessPool:
       self._close_procs()
       built = Built("", None, 0.0, 0.0, "the compile process died")
+    except CancelledError: built = Built("", None, 0.0, 0.0, "the compile process died")  # its pool broke and was closed meanwhile
     if self.dev.compiles_apart: self.render_s.append(built.render_s)
     if built.source_hash not in self.by_source or not built.source_hash:
       if built.lib is None: res = Result(opts, "compile_error", compile_s=built.compile_s, source_hash=built.source_hash, error=built.error,
@@ -322,6 +382,7 @@ class Evaluator:
 
   def _close_procs(self) -> None:
     """Stop the compile processes, those still compiling too (candidates past the deadline): the search does not wait for them."""
+    self.early.clear()  # their builds die with the pool: compiled again when asked for
     if self.procs is None: return
     for proc in list((getattr(self.procs, "_processes", None) or {}).values()): proc.terminate()  # the executor's own table of them
     self.procs.shutdown(wait=False, cancel_futures=True)

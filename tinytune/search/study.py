@@ -12,7 +12,7 @@ from typing import Sequence
 from tinytune.codegen.kernel import KernelOptError
 from tinytune.codegen.opts import Opt, opts_from_json, opts_to_json
 from tinytune.results_db import CandidateRow, Database
-from tinytune.search.evaluate import Evaluator, Result, source_hash
+from tinytune.search.evaluate import Evaluator, Following, Result, source_hash
 from tinytune.search.strategy import Budget
 
 
@@ -82,8 +82,8 @@ class SharedEvaluator(Evaluator):
   measured all of its own: no worker waits while it holds a claim it has not measured, so workers cannot wait on each other."""
   claims: Claims | None = None
 
-  def evaluate(self, candidates: Sequence[Sequence[Opt]]) -> list[Result]:
-    if self.claims is None: return super().evaluate(candidates)
+  def evaluate(self, candidates: Sequence[Sequence[Opt]], following: Following | None = None) -> list[Result]:
+    if self.claims is None: return super().evaluate(candidates, following)
     todo = [tuple(c) for c in candidates]
     theirs: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
     chunk = 2 * self.pool._max_workers

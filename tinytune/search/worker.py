@@ -24,11 +24,15 @@ def fill(arr: np.ndarray, rng: np.random.Generator) -> None:
 
 
 def timed(run: Callable[[], float], policy: dict) -> list[float]:
-  """Warm up, then repeat until (median - min) / median settles or the time cap is hit; `run` returns device seconds.
-  A first run slower than `cutoff` seconds (when set) is the only sample: the search needs no more to drop the candidate."""
+  """Warm up (for warmup_seconds, or warmup_runs runs where they end sooner), then repeat until (median - min) / median settles or
+  the time cap is hit; `run` returns device seconds. A first run slower than `cutoff` seconds (when set) is the only sample: the
+  search needs no more to drop the candidate."""
   st = time.perf_counter()
   if (first := run()) > (policy.get("cutoff") or math.inf): return [first]
-  while time.perf_counter() - st < policy["warmup_seconds"]: run()
+  warm = 0
+  while time.perf_counter() - st < policy["warmup_seconds"] and warm < (policy.get("warmup_runs") or math.inf):
+    run()
+    warm += 1
   times: list[float] = []
   st = time.perf_counter()
   while len(times) < policy["max_repeats"]:
@@ -73,6 +77,65 @@ def mismatches(out: np.ndarray, ref: np.ndarray, tol: float, terms: int = 1) -> 
   return Reference(ref, tol, terms).mismatches(out)
 
 
+def sentinel_value(is_float: bool, dtype: np.dtype) -> Any:
+  """What the output holds before a candidate runs, so that outputs it skips show up as wrong."""
+  return np.nan if is_float else 0x5A if dtype.kind in "iu" else True
+
+
+DEVICE_CHECK_MIN = 1 << 16  # outputs from this many elements are compared on an asynchronous device (a GPU): their copy out costs more
+
+
+class DeviceCheck:
+  """Reference's rule as one of tinytune's own kernels on the device that holds the output: the reference and each element's limit
+  (NaN where the reference is inf or NaN, which only an equal value or a NaN matches) stay on the device, and only a count per row of
+  the output comes back (the worst error too where some differ). A float16 4096x4096 output took 178 ms a candidate to copy out
+  and compare on the host (H200), longer than the candidate's own timing."""
+
+  def __init__(self, check: Reference, out: Any):
+    from tinytune import Tensor, dtypes
+    from tinytune.engine.schedule import buffer_view
+    dev, n = out.device, out.size
+    rows = math.gcd(n, 4096)  # partial counts, so the reduction has rows to spread over the cores or workgroups
+    got = Tensor._of(buffer_view(out, (n,)), dev)
+    if not check.tol:
+      ref = Tensor(check.ref, device=dev)
+      bad, diff = got != ref, (got.cast(dtypes.float32) - ref.cast(dtypes.float32)).abs()
+    else:
+      ref, limit = Tensor(check.b, device=dev), Tensor(np.where(check.odd, np.nan, check.limit).astype(check.b.dtype), device=dev)
+      a = got.cast(ref.dtype)
+      diff = (a - ref).abs()
+      bad = ((diff <= limit) | (a == ref) | (a.isnan() & ref.isnan())).logical_not()
+      diff = diff.isnan().where(math.inf, diff)  # a NaN where a number belongs is as wrong as can be (a max would skip it)
+    self.count = bad.reshape(rows, n // rows).sum(axis=1).uop
+    self.worst = bad.where(diff, 0).reshape(rows, n // rows).max(axis=1).uop
+    self.device, self.blank = dev, sentinel_value(out.dtype.is_float, check.ref.dtype)
+    self.sentinel = Tensor.full((n,), self.blank, dtype=out.dtype, device=dev).uop
+
+  @staticmethod
+  def tried(check: Reference, out: Any) -> DeviceCheck | None:
+    """The device check, where its kernels build and run here and find the reference (still in `out`) right and the sentinel wrong;
+    else None, and the host compares (a check that cannot be trusted on some device is no check)."""
+    try:
+      ret = DeviceCheck(check, out)
+      if ret() != (0, 0.0): return None
+      ret.fill(out)
+      return ret if ret()[0] > 0 or not check.mismatches(np.full(out.size, ret.blank, dtype=check.ref.dtype)).any() else None
+    except Exception: return None  # a dtype this device lacks, or its kernels failed to build
+
+  def fill(self, out: Any) -> None:
+    """Write the sentinel into the output on the device: elements a candidate skips show up as wrong."""
+    from tinytune.engine.realize import realize
+    realize(self.sentinel, self.device, into=out)
+
+  def __call__(self) -> tuple[int, float]:
+    """The number of outputs that differ from the reference, and the largest difference among them (0.0 where none does)."""
+    from tinytune import Tensor
+    from tinytune.engine.schedule import forget_realized
+    forget_realized()  # the output's memory was written by a candidate since the last check: compute the check again
+    if not (count := int(Tensor._of(self.count, self.device).numpy().sum())): return 0, 0.0
+    return count, float(Tensor._of(self.worst, self.device).numpy().max())
+
+
 def serve(spec: dict, requests: Any, reply: Any) -> None:
   from tinytune.dtype import dtypes
   from tinytune.runtime import Buffer, Device
@@ -93,21 +156,32 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
     ref = out.numpy_view().copy()
     if saved: np.save(saved, ref, allow_pickle=False)
   check = Reference(ref, {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 1e-9}.get(ref.dtype.name, 0), spec.get("terms", 1))
-  sentinel = np.full(ref.size, np.nan if out.dtype.is_float else 0x5A if ref.dtype.kind in "iu" else True, dtype=ref.dtype)
-  reply(["ready"])
+  sentinel = np.full(ref.size, sentinel_value(out.dtype.is_float, ref.dtype), dtype=ref.dtype)
+  on_device = spec.get("device_check")
+  wanted = on_device or on_device is None and dev.asynchronous and ref.size >= DEVICE_CHECK_MIN
+  if (device_check := DeviceCheck.tried(check, out) if wanted else None) is None and on_device:
+    raise RuntimeError("the device check failed its test on the reference")
+  reply(["ready", "device" if device_check is not None else "host"])
   for line in requests:
     msg = json.loads(line)
     if msg[0] != "run": break
     _, lib, name, launch, policy, verify = msg
     prg, st = program(lib, name, launch), time.perf_counter()
     if verify:
-      out.copyin(sentinel)  # outputs a candidate skips show up as wrong
-      prg(out, *inputs)
-      bad = check.mismatches(out.numpy_view())
-      if bad.any():
-        why = f"{int(bad.sum())} of {ref.size} outputs differ from the reference, first at {int(np.argmax(bad))}"
-        reply(["wrong", why, time.perf_counter() - st])
-        continue
+      if device_check is None:
+        out.copyin(sentinel)
+        prg(out, *inputs)
+        if (bad := check.mismatches(out.numpy_view())).any():
+          why = f"{int(bad.sum())} of {ref.size} outputs differ from the reference, first at {int(np.argmax(bad))}"
+          reply(["wrong", why, time.perf_counter() - st])
+          continue
+      else:
+        device_check.fill(out)
+        prg(out, *inputs)
+        if (found := device_check())[0]:
+          why = f"{found[0]} of {ref.size} outputs differ from the reference, the worst by {found[1]:.3g}"
+          reply(["wrong", why, time.perf_counter() - st])
+          continue
     verify_s = time.perf_counter() - st  # the run, the copy out and the comparison: the seconds before timing
     reply(["ok", timed(lambda: prg.timed(out, *inputs), policy), verify_s])
 
@@ -115,6 +189,7 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
 def main() -> None:
   # a terminal's Ctrl-C or hangup reaches the whole process group: the search that owns this worker stops it (or stdin ends)
   for signum in (signal.SIGINT, signal.SIGHUP): signal.signal(signum, signal.SIG_IGN)
+  os.environ["TINYTUNE_TUNE"] = "0"  # the device check's kernels take the heuristics' opts: no search, no tuning cache, inside a search
   def reply(obj: list) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()

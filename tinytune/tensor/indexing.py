@@ -71,8 +71,8 @@ def _basic(self: Tensor, index: Any, write: bool = False) -> tuple[Tensor, list[
       i = Tensor(np.where(i < 0, i + n, i).astype(np.int32 if n < 2**31 else np.int64), device=self.device)
     if isinstance(i, Tensor):
       if i.dtype.is_float: raise IndexError(f"tensors used as indices must be int or bool tensors, got {i.dtype.name}")
-      if write: require(i, _outside(-n, n), _index_error(dim, n))
-      else: i = checked(i, -n, n, _index_error(dim, n))
+      if write: require(i, _outside(-n, n), _out_of_bounds(dim, n, IndexError))
+      else: i = checked(i, -n, n, _out_of_bounds(dim, n, IndexError))
       tensors.append((len(out_shape), i))
       out_shape.append(n)  # kept whole here; the Tensor index selects from it
       parts.append((0, n, 1))
@@ -236,11 +236,8 @@ def _check_index(self: Tensor, dim: int, index: Tensor, what: str, src: Tensor |
 def _outside(lo: int, hi: int) -> Callable[[Any], Any]: return lambda v: (v < lo) | (v >= hi)
 
 
-def _index_error(d: int, n: int) -> Callable[[int], Exception]:
-  return lambda v: IndexError(f"index {v} is out of bounds for dimension {d} with size {n}")
-
-
-def _out_of_bounds(d: int, n: int) -> Any: return lambda v: RuntimeError(f"index {v} is out of bounds for dimension {d} with size {n}")
+def _out_of_bounds(d: int, n: int, error: type[Exception] = RuntimeError) -> Callable[[int], Exception]:
+  return lambda v: error(f"index {v} is out of bounds for dimension {d} with size {n}")
 
 
 def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
