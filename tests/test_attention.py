@@ -306,6 +306,6 @@ def test_tensor_cores_source_on_the_host(tmp_path, causal: bool) -> None:  # typ
   body = f"threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b, (const half*)c);"
   run = run_blocks_on_host(tmp_path, SHIM + HOST_SHIM + src, *k.launch_dims, body, result="misaligned_rows * 1000 + misaligned_copies",
                            inputs=("a", "b", "c"))
-  got = np.full(out.size, np.nan, np.float16)  # type: ignore[attr-defined]
+  got = np.full(out.size, np.nan, np.float16)  # type: ignore[attr-defined]  # out: a Buffer
   assert run(got, *(b.numpy_view() for b in k.bufs)) == 0, "misaligned ldmatrix rows or cp.async copies"  # type: ignore[attr-defined]
   np.testing.assert_allclose(got.astype(np.float64), ref.reshape(-1), rtol=4e-3, atol=4e-3)
