@@ -458,6 +458,39 @@ def attention_variants(suite: Suite, dev: str) -> None:
                 f"{sdpa / one:.2f} | {ok} | {' '.join(f'{o[0]}{o[1]},{o[2]}' for k in opts for o in k or [])} |")
     except Exception as e:
       suite.out(f"| {dt} | {label} | {_failed(e)} |")
+  tc_attention(suite, dev)
+
+
+# TC on attention (lower.flash_attention_tc: a warp's 16 rows by mma.sync, P in registers as P V's A) against attention in tiles, the
+# default (scalar FMAs: float16 0.581 ms at 4x16x1024x64 on the H200, SDPA 0.046): (dtype, causal), 4 warps a workgroup
+TC_ATTENTION = [("float16", 0), ("float16", 1), ("bfloat16", 0)]
+
+
+def tc_attention(suite: Suite, dev: str) -> None:
+  """TC on attention (TC 1, the rows' LOCAL 4: 64 rows a workgroup, tiles of 64 keys) beside the one kernel's default opts, each verified
+  against the unoptimized kernel by the search's evaluator, then re-timed interleaved (5 rounds), as TFLOPS of the kernel's FLOPs."""
+  from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
+  from tinytune.helpers import Context
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  from tinytune.runtime import Device
+  from tinytune.uop import Ops
+  w = get_workload("attention")
+  suite.out("")
+  suite.out("| workload | variant | opts | verified | TFLOPS | default TFLOPS | variant / default speed |")
+  suite.out("| --- " * 7 + "|")
+  for dt, causal in TC_ATTENTION:
+    p = {**w.params({}, gpu=not suite.args.quick), "causal": causal}
+    head = f"{dt} attention {' '.join(f'{k}={v}' for k, v in p.items())}"
+    if suite.left() < 60: suite.out(f"| {head} | TC | skipped: no time left |"); continue
+    try:
+      ins = [Tensor.rand(*shape, device=dev).cast(dtypes.from_any(dt)).realize() for shape in w.inputs(p)]
+      with Context(FLASH=2): items = schedule(w.build(p, *ins), dev)[0]
+      kernel = next(k for k in (Kernel(it.ast, Device[dev].caps) for it in items) if k.attention is not None and k.ast.op is Ops.ATTENTION)
+      _timed_variant(suite, dev, kernel, head, "TC 1 (mma.sync), 4 warps of 16 rows, tiles of 64 keys",
+                     lambda k, opts: [Opt(OptOps.TC, 0, 1), Opt(OptOps.LOCAL, k.n_global - 1, 4)], kernel.flops)
+    except Exception as e:
+      suite.out(f"| {head} | TC | {_failed(e)} |")
 
 
 def _per_step(step: Callable[[], object], sync: Callable[[], object], steps: int, rounds: int = 5) -> tuple[float, float]:

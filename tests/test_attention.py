@@ -12,9 +12,11 @@ import pytest
 from ops_support import bench_module, hip_clang, hip_flags, ptxas_stats
 
 from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune.codegen.caps import cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer
 from tinytune.codegen.heuristic import default_opts
 from tinytune.codegen.kernel import candidate_opts
+from tinytune.dtype import DType
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import DeviceCaps
@@ -216,3 +218,94 @@ def test_launch_report_of_tiles() -> None:
   new = bench.report(tiles)
   assert sorted(old["reads"].values())[1:] == [1024, 1024] and sorted(new["reads"].values())[1:] == [16, 16]
   assert new["use"] == "in1:1.00 in2:1.00 in3:1.00 out:1.00" and (old["occupancy"], new["occupancy"]) == (1.0, 0.25)
+
+
+# ***** TC on attention (Kernel.flash_tc, lower.flash_attention_tc): a warp's 16 rows by mma.sync, 16-bit inputs, CUDA sm_80 and later *****
+TC = Opt(OptOps.TC, 0, 1)
+
+
+def tc_kernel(dt: DType, causal: bool, shape_q: tuple[int, ...], shape_kv: tuple[int, ...], ev: int, caps: DeviceCaps | None = None,
+              seed: int = 0) -> tuple[Kernel, object, np.ndarray]:
+  """Attention of `dt` on EMU (its arrays from NumPy: in memory) as a kernel of `caps` (EMU's), and NumPy's result."""
+  q, k, v = inputs(shape_q, shape_kv, ev, np.float32, seed)
+  t = [Tensor(x, device="EMU").cast(dt).realize() for x in (q, k, v)]
+  with Context(FLASH=2): item = create_schedule(t[0].scaled_dot_product_attention(t[1], t[2], is_causal=causal).uop, "EMU")[0][0]
+  q, k, v = (x.numpy().astype(np.float32) for x in t)
+  return Kernel(item.ast, caps or Device["EMU"].caps), item.out, reference(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("opts", [[TC], [TC, Opt(OptOps.LOCAL, 2, 2)]], ids=["1 warp", "2 warps"])
+def test_tensor_cores_match_numpy(dt: DType, causal: bool, opts: list[Opt]) -> None:
+  """TC on EMU (mma.sync and ldmatrix as the PTX ISA lays their registers out, cp.async, shuffles): more keys than queries in tiles of
+  32 (96 keys; causal: a tile past the block's rows skipped, a key past its row -inf), value dims unlike the query's; the error is the
+  probabilities' and the output's rounding to 16 bits."""
+  kk, out, ref = tc_kernel(dt, causal, (1, 2, 64, 32), (1, 2, 96, 32), 16, seed=4)
+  kk.apply_opts(opts)
+  assert kk.flash_sizes()[1] == 32
+  program, _ = compile_kernel(kk, "EMU")
+  out.copyin(np.full(out.size, np.nan, np.float32).astype(dt.np))  # type: ignore[attr-defined]
+  program(out, *kk.bufs)
+  tol = 3e-2 if dt == dtypes.bfloat16 else 4e-3
+  np.testing.assert_allclose(out.numpy_view().astype(np.float64), ref.reshape(-1), rtol=tol, atol=tol)
+
+
+def test_tensor_cores_say_why_not() -> None:
+  gpu = cuda_caps("sm_90")
+  f32, _, _ = tc_kernel(dtypes.float32, False, (1, 1, 32, 16), (1, 1, 32, 16), 16, gpu)
+  f16, _, _ = tc_kernel(dtypes.float16, False, (1, 1, 32, 16), (1, 1, 32, 16), 16, gpu)
+  odd, _, _ = tc_kernel(dtypes.float16, False, (1, 1, 32, 8), (1, 1, 32, 8), 8, gpu)
+  for k, opts, why in [(f32, [TC], "16-bit float"), (odd, [TC], "multiples of 16"), (f16, [Opt(OptOps.TC, 0, 0)], "arg 1"),
+                       (f16, [Opt(OptOps.STAGE, 0, 16), TC], "before any other opt"), (f16, [TC, Opt(OptOps.GROUP, 0, 2)], "rows' LOCAL"),
+                       (Kernel(f16.ast, cuda_caps("sm_75")), [TC], "sm_80")]:
+    with pytest.raises(KernelOptError, match=why): k.copy().apply_opts(opts)
+
+
+def tc_gpu_kernels() -> list[Kernel]:
+  """TC on attention at the catalog's GPU rows and head (1024 x 64), 4 warps a workgroup, in each 16-bit float, causal or not."""
+  return [tc_kernel(dt, causal, (1, 2, 1024, 64), (1, 2, 1024, 64), 64, cuda_caps("sm_90"))[0].apply_opts([TC, Opt(OptOps.LOCAL, 2, 4)])
+          for dt in (dtypes.float16, dtypes.bfloat16) for causal in (False, True)]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_cores_compile_in_registers(tmp_path, arch: str) -> None:  # type: ignore[no-untyped-def]
+  """A lane's S (16 rows by 64 keys: 32 floats), output (16 x 64: 32) and queries' fragments (16 registers) stay in registers: none
+  spilled (115-128 registers a thread with nvcc 12), tiles of 64 keys in 31 KiB of shared memory."""
+  for k in tc_gpu_kernels():
+    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), arch)
+    assert stats["registers"] <= 255 and stats["bytes spill stores"] == 0 and stats["bytes smem"] == 31744, (k.ast.dtype, stats)
+
+
+# what the host stands in for beyond test_mma_on_host's SHIM: the shuffles (through an array, the block in lock step) and half2
+HOST_SHIM = r"""
+#include <cmath>
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+struct __half2 { half x, y; };
+static __half2 __floats2half2_rn(float x, float y) { return {(half)x, (half)y}; }
+static float tt_shfl[1024];
+static float __shfl_xor_sync(unsigned, float v, int d) {
+  int id = threadIdx.x; tt_shfl[id] = v; block_sync->arrive_and_wait(); float r = tt_shfl[id ^ d]; block_sync->arrive_and_wait(); return r; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here to run the CUDA source on the host")
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_cores_source_on_the_host(tmp_path, causal: bool) -> None:  # type: ignore[no-untyped-def]
+  """The CUDA renderer's own text of TC on attention (its softmax, packing and sums on the accumulators, which EMU runs as its own
+  statements) run on the host, one thread per GPU thread, with mma.sync, ldmatrix and cp.async as the PTX ISA has them: NumPy's result."""
+  import re
+
+  from ops_support import run_blocks_on_host
+  from test_mma_on_host import SHIM, host_source
+  k, out, ref = tc_kernel(dtypes.float16, causal, (1, 2, 64, 32), (1, 2, 96, 32), 16, cuda_caps("sm_90"), seed=4)
+  k.apply_opts([TC, Opt(OptOps.LOCAL, 2, 2)])
+  src = host_source(k)
+  name = re.search(r"__launch_bounds__\(\d+\) (\w+)\(", src).group(1)  # type: ignore[union-attr]
+  body = f"threadIdx.x = i; blockIdx.x = blk; {name}((half*)out, (const half*)a, (const half*)b, (const half*)c);"
+  run = run_blocks_on_host(tmp_path, SHIM + HOST_SHIM + src, *k.launch_dims, body, result="misaligned_rows * 1000 + misaligned_copies",
+                           inputs=("a", "b", "c"))
+  got = np.full(out.size, np.nan, np.float16)  # type: ignore[attr-defined]  # out: a Buffer
+  assert run(got, *(b.numpy_view() for b in k.bufs)) == 0, "misaligned ldmatrix rows or cp.async copies"  # type: ignore[attr-defined]
+  np.testing.assert_allclose(got.astype(np.float64), ref.reshape(-1), rtol=4e-3, atol=4e-3)

@@ -3,6 +3,7 @@ lay them out, the wmma API, and cp.async; the TC kernels the CUDA renderer write
 and the errors where a GPU's result would be undefined (a warp split at a warp-wide call, a misaligned fragment, a race)."""
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import zlib
@@ -22,7 +23,7 @@ from tinytune.dtype import DType
 from tinytune.engine.schedule import create_schedule
 from tinytune.runtime import CompileError
 from tinytune.runtime.emu import EmuError, EMUProgram, dump, load
-from tinytune.runtime.emu_tc import a_at, b_at, c_at, ldmatrix_x4, mma_m16n8k16
+from tinytune.runtime.emu_tc import a_at, b_at, bits_of, c_at, ldmatrix_x4, mma_m16n8k16, value_of
 from tinytune.uop import Ops, UOp
 
 LANES = np.arange(32)
@@ -80,6 +81,64 @@ def test_ldmatrix_distributes_rows() -> None:
   assert regs[5, 2] == pair(m[2, 1, 2], m[2, 1, 3])  # lane 5 = 4 * 1 + 1: row 1, elements 2 and 3, of matrix 2
   trans = ldmatrix_x4(m.reshape(1, 32, 8), trans=True)[0]
   assert trans[5, 2] == pair(m[2, 2, 1], m[2, 3, 1])  # .trans: rows 2 and 3 of column 1
+
+
+def warp_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, dt: DType, causal: bool, tile: int = 64) -> np.ndarray:
+  """FlashAttention-2's warp step on these instructions, the register plan of a TC opt on Ops.ATTENTION: warp w owns query rows 16 w
+  to 16 w + 15; S = Q K^T a tile of keys at a time, Q's and K's 16x16 blocks by ldmatrix (K's rows are B's columns: not .trans), the
+  lanes' float32 C fragments (c_at: rows g and g + 8, columns 2 t, 2 t + 1 of each 8 keys) softmaxed where they are, a row's max over
+  its 4 lanes by two xor shuffles (1, 2); P's C fragments packed pairwise to 16 bits are P V's A (n-blocks 2 j and 2 j + 1 are A's
+  registers 0, 1 and 2, 3 of K chunk j), V's blocks by ldmatrix.trans; each lane's share of the sums meets its row's once, at the end."""
+  q8, e8 = np.divmod(LANES, 8)
+  di, dj = np.array(CUDARenderer.MMA_PAIRS).T[:, q8]
+  def ldm(bits: np.ndarray, base: np.ndarray, ld: int, b_rows: bool = False, trans: bool = False) -> np.ndarray:
+    r, c = (dj + e8, di) if b_rows else (di + e8, dj)  # lane 8 m + e: row e in memory of matrix m (B's rows in memory are its columns)
+    return ldmatrix_x4(bits[base[:, None, None] + (r * ld + c)[None, :, None] + np.arange(8)], trans)
+  def bits(x: np.ndarray) -> np.ndarray: return np.pad(bits_of(x, dt), ((0, 0), (0, 8))).ravel()  # rows padded by 16 bytes
+  def pair(lo: np.ndarray, hi: np.ndarray) -> np.ndarray: return bits_of(lo, dt).astype(np.uint32) | bits_of(hi, dt).astype(np.uint32) << 16
+  (n, e), (s, ev), ld, lv = q.shape, v.shape, q.shape[1] + 8, v.shape[1] + 8
+  g, t, w, halves = LANES // 4, LANES % 4, n // 16, [0, 0, 1, 1]
+  qa = [ldm(bits(q), 16 * ld * np.arange(w) + 16 * c, ld) for c in range(e // 16)]
+  o, m, l = np.zeros((w, 32, ev // 8, 4), np.float32), np.full((w, 32, 2), -np.inf, np.float32), np.zeros((w, 32, 2), np.float32)
+  rows = 16 * np.arange(w)[:, None, None, None] + g[None, :, None, None] + 8 * np.array(halves)
+  for t0 in range(0, s, tile):
+    acc = np.zeros((w, 32, tile // 8, 4), np.float32)
+    for j, c, h in itertools.product(range(tile // 16), range(e // 16), range(2)):
+      b = ldm(bits(k), np.full(w, (t0 + 16 * j) * ld + 16 * c), ld, b_rows=True)
+      acc[:, :, 2 * j + h] = mma_m16n8k16(acc[:, :, 2 * j + h], qa[c], b[:, :, 2 * h:2 * h + 2], dt)
+    sc = acc * np.float32(e ** -0.5 / np.log(2))  # base 2
+    keys = t0 + 8 * np.arange(tile // 8)[:, None] + 2 * t[:, None, None] + np.arange(4) % 2
+    if causal: sc = np.where(keys <= rows, sc, -np.inf)
+    mx = np.stack([sc[..., :2].max(axis=(2, 3)), sc[..., 2:].max(axis=(2, 3))], axis=-1)
+    for x in (1, 2): mx = np.maximum(mx, mx[:, LANES ^ x])
+    new = np.maximum(m, mx)
+    base = np.where(new == -np.inf, 0, new)
+    alpha, p = np.exp2(m - base), np.exp2(sc - base[:, :, None, halves])
+    l, m, o = l * alpha + np.stack([p[..., :2].sum(axis=(2, 3)), p[..., 2:].sum(axis=(2, 3))], axis=-1), new, o * alpha[:, :, None, halves]
+    for j in range(tile // 16):
+      pa = np.stack([pair(p[:, :, 2 * j + h, 2 * r], p[:, :, 2 * j + h, 2 * r + 1]) for h in range(2) for r in range(2)], axis=-1)
+      for c, h in itertools.product(range(ev // 16), range(2)):
+        b = ldm(bits(v), np.full(w, (t0 + 16 * j) * lv + 16 * c), lv, trans=True)
+        o[:, :, 2 * c + h] = mma_m16n8k16(o[:, :, 2 * c + h], pa, b[:, :, 2 * h:2 * h + 2], dt)
+  for x in (1, 2): l = l + l[:, LANES ^ x]
+  o, out = o / l[:, :, None, halves], np.zeros((n, ev), np.float32)
+  for c, i in itertools.product(range(ev // 8), range(4)):
+    r, col = c_at(g, t, i)
+    out[16 * np.arange(w)[:, None] + r, 8 * c + col] = o[:, :, c, i]
+  return out
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_attention_on_the_instructions(dt: DType, causal: bool) -> None:
+  """The FlashAttention-2 register plan (warp_attention) from EMU's mma.sync and ldmatrix matches NumPy's attention: 64 queries,
+  192 keys in 3 tiles, heads of 64; the error is P's rounding to 16 bits."""
+  rng = np.random.default_rng(1)
+  q, k, v = (value_of(bits_of(rng.standard_normal(s).astype(np.float32), dt), dt) for s in ((64, 64), (192, 64), (192, 64)))
+  scores = q.astype(np.float64) @ k.T / 8
+  if causal: scores = np.where(np.arange(192) <= np.arange(64)[:, None], scores, -np.inf)
+  p = np.exp(scores - scores.max(axis=1, keepdims=True))
+  np.testing.assert_allclose(warp_attention(q, k, v, dt, causal), p / p.sum(axis=1, keepdims=True) @ v, atol=4e-3 if dt == dtypes.bfloat16 else 5e-4)
 
 
 # ***** the renderer's TC kernels on EMU *****

@@ -452,9 +452,35 @@ class CUDARenderer(_GPURenderer):
         out.append(f"{name}[{r}] = *(const unsigned*)(p+{off(i, j)});" if along_k else f"{name}[{r}] = tt_pack(p[{off(i, j)}], p[{nxt}]);")
       return " ".join(out) + " }"
     if what == "mma": return f"tt_mma(acc{arg[0]}, {arg[1]}, {arg[2]}); tt_mma(acc{arg[0]}+4, {arg[1]}, {arg[2]}+2);"
+    if what in ("state", "softmax", "pack", "finish"): return self.flash_tc(u, at, what, arg)
     assert what == "store", what
     return (f"for (int h = 0; h < 2; h++) for (int e = 0; e < 2; e++) {{ tiles[warp*256+mg*16+8*h+2*mt+e] = acc{arg[0]}[4*h+e]; "
             f"tiles[warp*256+(mg+8)*16+8*h+2*mt+e] = acc{arg[0]}[4*h+2+e]; }}")
+  def flash_tc(self, u: UOp, at: _At, what: str, arg: list) -> str:
+    """TC attention's statements (lower.flash_attention_tc) on the lanes' accumulators: each 16x16 tile's 8 floats, element 4 h + r at
+    row mg + 8 (r / 2), column 8 h + 2 mt + r % 2; fm and fl, the running max and the lane's share of the sum of rows mg and mg + 8."""
+    inf, full = self.inf, "0xffffffffu"
+    def rows(x: str, op: str) -> str:  # a row's value across its 4 lanes (lane 4 mg + mt)
+      return " ".join(f"{x}[{h}] = {op.format(f'{x}[{h}]', f'__shfl_xor_sync({full}, {x}[{h}], {d})')};" for h in range(2) for d in (1, 2))
+    if what == "state": return f"float fm[2] = {{-{inf}, -{inf}}}, fl[2] = {{0.0f, 0.0f}};"
+    if what == "pack":
+      return f"unsigned {arg[0]}[4] = {{" + ", ".join(f"tt_pack_f32(acc{arg[1]}[{2 * r}], acc{arg[1]}[{2 * r + 1}])" for r in range(4)) + "};"
+    if what == "finish":
+      return "{ " + rows("fl", "{} + {}") + " " + " ".join(f"acc{o}[{i}] /= fl[{i % 4 // 2}];" for o in arg[0] for i in range(8)) + " }"
+    s_accs, o_accs, scale, causal = arg
+    row0, key0 = (self.index(x, at.index) for x in u.src)
+    out = [f"{{ float mx[2] = {{-{inf}, -{inf}}}, base[2], alpha[2];"]
+    for n, j in enumerate(s_accs):
+      for i in range(8):
+        x, h, r = f"acc{j}[{i}]", i // 4, i % 4
+        mask = f"{key0}+{16 * n + 8 * h}+2*mt+{r % 2} > {row0}+mg+{8 * (r // 2)} ? -{inf} : " if causal else ""
+        out.append(f"{x} = {mask}{x}*{float(scale)!r}f; mx[{r // 2}] = fmaxf(mx[{r // 2}], {x});")
+    out.append(rows("mx", "fmaxf({}, {})"))
+    out.append("for (int h = 0; h < 2; h++) { float m = fmaxf(fm[h], mx[h]); "
+               f"base[h] = m == -{inf} ? 0.0f : m; alpha[h] = exp2f(fm[h]-base[h]); fm[h] = m; fl[h] *= alpha[h]; }}")
+    out += [f"acc{j}[{i}] = exp2f(acc{j}[{i}]-base[{i % 4 // 2}]); fl[{i % 4 // 2}] += acc{j}[{i}];" for j in s_accs for i in range(8)]
+    out += [f"acc{o}[{i}] *= alpha[{i % 4 // 2}];" for o in o_accs for i in range(8)]
+    return " ".join(out) + " }"
   def mma_prelude(self, dtype: DType) -> str:
     """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half;
     tt_ldmatrix_x4 (and _trans): a warp's four 8x8 matrices from shared memory, each lane giving the address of one 16-byte row;
@@ -544,12 +570,18 @@ class CUDARenderer(_GPURenderer):
   def prelude(self, k: Kernel) -> str:
     used = _dtypes(k)
     tc = k.tc
-    mma = "" if tc is None else self.wgmma_prelude(tc.a.dtype, 16 * k.wgmma_cols()[1]) if tc.wgmma else self.mma_prelude(tc.a.dtype) \
-      if tc.mma else "#include <mma.h>\nusing namespace nvcuda;\n"
+    flash = k.attention.src[0].dtype if k.attention is not None and k.flash_tc else None
+    pack = (f"{self.func_prefix} unsigned tt_pack_f32(float x, float y) {{ "
+            f"{'__nv_bfloat162 p = __floats2bfloat162_rn' if flash == dtypes.bfloat16 else '__half2 p = __floats2half2_rn'}(x, y); "
+            "unsigned u; memcpy(&u, &p, 4); return u; }\n")
+    mma = self.mma_prelude(flash) + pack if flash is not None else "" if tc is None else \
+      self.wgmma_prelude(tc.a.dtype, 16 * k.wgmma_cols()[1]) if tc.wgmma else self.mma_prelude(tc.a.dtype) if tc.mma else \
+      "#include <mma.h>\nusing namespace nvcuda;\n"
     bitcast = (f"template <class D, class S> {self.func_prefix} D tt_bitcast(S s) {{ D d; memcpy(&d, &s, sizeof d); return d; }}\n"
                if any(u.op is Ops.BITCAST for u in k.ast.toposort) else "")
     return ("#include <cuda_fp16.h>\n" if dtypes.float16 in used else "") + ("#include <cuda_bf16.h>\n" if dtypes.bfloat16 in used else "") \
-      + mma + (self.async_prelude() if k.stages > 1 else "") + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
+      + mma + (self.async_prelude() if k.stages > 1 or flash is not None else "") \
+      + bitcast + (self.half_prelude() if dtypes.float16 in used else "") + super().prelude(k)
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,7 @@ class Kernel:
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
     self.opts: list[Opt] = []
     self.tc: TensorCore | None = None
+    self.flash_tc = False  # TC on attention in tiles (lower.flash_attention_tc): a warp's 16 rows by mma.sync
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
     self.pack = False  # PACK: the inputs of pack_tiles are read from contiguous copies of their panels
@@ -219,7 +220,7 @@ class Kernel:
   def launch_dims(self) -> tuple[int, int]:
     """(workgroups, threads per workgroup) on devices with workgroups: the global loops become workgroups, but a row's (row_dims),
     which loop in each thread after the row's statistic, its LOCAL parts threads that the other LOCAL and GROUP parts have already."""
-    rows, warp = self.row_dims, self.caps.warp if self.tc is not None and self.caps.has_local else 1
+    rows, warp = self.row_dims, self.caps.warp if (self.tc is not None or self.flash_tc) and self.caps.has_local else 1
     return prod(a.size for a in self.axes if a.kind is AxisKind.GLOBAL and a.dim not in rows), \
       prod(a.size for a in self.axes if a.kind in (AxisKind.LOCAL, AxisKind.GROUP) and a.dim not in rows) * warp
   @property
@@ -299,6 +300,7 @@ class Kernel:
     """Apply one opt in place, or raise KernelOptError (leaving the kernel unchanged) if it is not valid here."""
     check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
     op, arg = opt.op, opt.arg
+    if op is OptOps.TC and self.attention is not None: return self.flash_opt(opt)
     if op is OptOps.TC:
       check(opt.axis == 0 and arg in (0, 1, 2), "TC takes axis 0 and arg 0 (wmma), 1 (mma.sync) or 2 (wgmma): the kernel's matmul picks its axes")
       check(arg == 0 or self.caps.has_local, f"TC's arg {arg} ({'mma.sync' if arg == 1 else 'wgmma'}) is a GPU's")
@@ -481,9 +483,35 @@ class Kernel:
     threads) and the rows' LOCAL (the workgroup's rows) and UPCAST parts (each thread's rows), nothing else; the tiles fit in shared memory."""
     op, arg, rows = opt.op, opt.arg, self.n_global - 1
     check(self.caps.has_local, f"{op.name} on attention needs a device with workgroups and shared memory")
+    at = self.attention
+    assert at is not None
+    if op is OptOps.TC:  # each warp 16 rows (a TC axis), by mma.sync: then STAGE (tiles of 16 keys) and the rows' LOCAL (warps)
+      check(opt.axis == 0 and arg == 1 and not self.opts, "TC on attention takes axis 0 and arg 1 (mma.sync), before any other opt")
+      check(1 in self.caps.tc_args and self.caps.async_copy, "TC on attention is mma.sync's, CUDA's on sm_80 and later")
+      check(len(at.src) == 3 and all(x.dtype == at.src[0].dtype for x in at.src) and at.src[0].dtype in (dtypes.float16, dtypes.bfloat16),
+            "TC on attention takes queries, keys and values of one 16-bit float dtype, and no mask")
+      check(at.src[0].shape[-1] % 16 == 0 and at.shape[-1] % 16 == 0, "TC on attention needs the head dims multiples of 16")
+      check(all(x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.mask is None and x.arg.strides[-1] == 1 and x.arg.offset % 8 == 0
+                and all(st % 8 == 0 for st in x.arg.strides[:-1]) for x in at.src),
+            "TC on attention copies its inputs from memory 16 bytes at a time: rows contiguous and 16-byte aligned")
+      rem = self.remaining(rows)
+      check(rem.size % 16 == 0, f"TC on attention needs the rows a multiple of 16, not {rem.size}")
+      keys = self.remaining(self.n_global)
+      check(keys.size % 16 == 0, f"TC on attention needs the keys a multiple of 16, not {keys.size}")
+      self.flash_tc, tile = True, next((t for t in TC_TILES if keys.size % t == 0 and self.flash_bytes(16, t, 1) <= self.caps.shared_bytes), 0)
+      if not tile: self.flash_tc = False
+      check(tile > 0, f"TC on attention: no tile of {', '.join(map(str, TC_TILES))} keys divides the {keys.size} keys and fits in shared memory")
+      self.axes.append(Axis(16, AxisKind.TC, rows, rem.stride))
+      rem.stride, rem.size = rem.stride * 16, rem.size // 16
+      self.axes.append(Axis(keys.size // tile, AxisKind.STAGE, keys.dim, keys.stride * tile))
+      keys.size = tile
+      self.opts.append(opt)
+      return
+    if self.flash_tc: check(op is OptOps.LOCAL and opt.axis == rows, f"TC on attention takes its tiles itself, then the rows' LOCAL, axis {rows}")
     if op is OptOps.STAGE:
       check(opt.axis == 0 and not any(a.kind is AxisKind.STAGE for a in self.axes), "one STAGE opt, on axis 0 (the keys)")
-      check(all(a.kind in (AxisKind.GLOBAL, AxisKind.REDUCE) or a.kind in (AxisKind.LOCAL, AxisKind.UPCAST) and a.dim == rows for a in self.axes),
+      check(all(a.kind in (AxisKind.GLOBAL, AxisKind.REDUCE) or a.kind in (AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.TC) and a.dim == rows
+                for a in self.axes),
             "STAGE on attention comes before any opt but the rows' LOCAL and UPCAST")
       check(1 < arg <= self.sizes[-1] and self.sizes[-1] % arg == 0 and arg % 4 == 0 and arg <= STAGE_MAX,
             f"STAGE {arg} does not split the {self.sizes[-1]} keys into tiles of a multiple of 4")
@@ -501,9 +529,9 @@ class Kernel:
     if op is OptOps.STAGE: tile = arg
     if op is OptOps.GROUP: group = arg
     upcast = self.sizes_of(AxisKind.UPCAST) * (arg if op is OptOps.UPCAST else 1)  # each thread's rows
-    check(group * block // upcast <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
+    check((block * 2 if self.flash_tc else group * block // upcast) <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
     check(upcast <= 16, "over 16 rows a thread")
-    check((need := 4 * sum(n for _, n in self.flash_arrays(block, tile, group))) <= self.caps.shared_bytes,
+    check((need := self.flash_bytes(block, tile, group)) <= self.caps.shared_bytes,
           f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
     if op is OptOps.STAGE:
       self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, rem.dim, rem.stride * arg))
@@ -516,7 +544,7 @@ class Kernel:
 
   def flash_sizes(self) -> tuple[int, int, int]:
     """Attention in tiles: (the workgroup's rows, the keys' tile, the threads per row)."""
-    rows = prod(a.size for a in self.axes if a.dim == self.n_global - 1 and a.kind in (AxisKind.LOCAL, AxisKind.UPCAST))
+    rows = prod(a.size for a in self.axes if a.dim == self.n_global - 1 and a.kind in (AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.TC))
     return rows, next((a.stride for a in self.axes if a.kind is AxisKind.STAGE), 1), self.sizes_of(AxisKind.GROUP)
 
   def flash_arrays(self, block: int, tile: int, group: int) -> tuple[tuple[str, int], ...]:
@@ -527,6 +555,15 @@ class Kernel:
     e, ev = at.src[0].shape[-1], at.shape[-1]
     return (("fq", block * (e + FLASH_PAD)), ("fk", tile * (e + FLASH_PAD)), ("fv", tile * (ev + FLASH_PAD)), ("fp", block * (tile + FLASH_PAD)),
             ("fm", group * block), ("fl", group * block))
+
+  def flash_bytes(self, block: int, tile: int, group: int) -> int:
+    """The shared memory of attention in tiles: with TC its 16-bit tiles of queries, keys and values (rows padded by TC_PAD) and each
+    warp's 256-float output tile, else flash_arrays' float32 arrays."""
+    if not self.flash_tc: return 4 * sum(n for _, n in self.flash_arrays(block, tile, group))
+    at = self.attention
+    assert at is not None
+    e, ev = at.src[0].shape[-1], at.shape[-1]
+    return 2 * (block * (e + TC_PAD) + tile * (e + TC_PAD) + tile * (ev + TC_PAD)) + 4 * 256 * block // 16
 
   def kblock_problem(self) -> str | None:
     """Why the reduce's partial sums cannot wait in the output buffer between K blocks (None where they can): that needs each output
@@ -677,6 +714,8 @@ CANDIDATE_ARGS = (2, 3, 4, 5, 6, 7, 8, 16, 32)  # 6: rows of a 16-register targe
 
 RASTER_ARGS = (4, 8, 16)  # workgroups a RASTER band holds
 STAGE_MAX = 64  # the longest K tile to try: a 128x128 workgroup tile's two inputs take 4 KiB of shared memory per 4 of K
+TC_TILES = (64, 32, 16)  # TC on attention: the keys' tile, the first that divides them (S, a warp's 16 rows by 64 keys: 32 floats a lane)
+TC_PAD = 8  # 16-bit elements after each row of TC attention's tiles: 16 bytes, ldmatrix's 8 rows of a block in distinct banks
 FLASH_PAD = 4  # floats after each row of attention's tiles in shared memory: 16 bytes, so a warp's 16-byte reads of 8 rows hit all 32 banks
 
 

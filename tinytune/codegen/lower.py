@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple, Protocol, Sequence
 
-from tinytune.codegen.kernel import FLASH_PAD, AxisKind, Kernel, swizzle_line
+from tinytune.codegen.kernel import FLASH_PAD, TC_PAD, AxisKind, Kernel, swizzle_line
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
@@ -209,6 +209,7 @@ def lower(k: Kernel, target: Target | None = None) -> LinearProgram:
   """The program of `k` (with its opts) for `target` (a renderer; a plain C target where None)."""
   target = target or PlainTarget(k.caps.has_local)
   lowerer = _Lowerer(k, target, rows=True)
+  if k.attention is not None and k.flash_tc: return flash_attention_tc(lowerer)
   if k.attention is not None: return flash_attention(lowerer) if any(a.kind is AxisKind.STAGE for a in k.axes) else attention(lowerer)
   if k.tc is not None and k.caps.has_local: return tensor_cores(lowerer)
   ret = lowerer.program()
@@ -1383,3 +1384,92 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
   ids = lw.nesting.group_ids() + ([stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0))] if threads > 1 else [])
   ids += lw.nesting.unflatten(local + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP], "lid")
   return LinearProgram(k, w, ids + decls + pre + lw.nesting.nest([stage], body) + post)
+
+
+def flash_attention_tc(lw: _Lowerer) -> LinearProgram:
+  """Attention in tiles on tensor cores (Kernel.flash_tc, 16-bit inputs, CUDA's mma.sync), FlashAttention-2's warp plan: a workgroup
+  copies its rows of queries to shared memory as they are (16 bits), each warp loads its 16 rows' A fragments once by ldmatrix; for
+  each tile of keys (STAGE) the workgroup copies the keys and values, each warp takes S = Q K^T into float32 accumulators (the keys'
+  rows are B's columns: ldmatrix), the online softmax on them where they are ("softmax": a row's max and sum over its 4 lanes by
+  shuffles; the output accumulators rescaled), P's accumulators packed to 16 bits as P V's A fragments ("pack": the C fragment's
+  pairs are A's) and V by ldmatrix.trans. At the end each lane's sums meet their row's ("finish") and the outputs go out through the
+  warp's 256 floats of shared memory as the matmul's do. Causal: a tile past the block's last row is skipped, a key past its row is
+  -inf. The scale is applied to S in float32 (the queries stay as they are)."""
+  k, node = lw.k, lw.k.attention
+  assert node is not None
+  q, keys, values = node.src
+  scale, causal = node.arg
+  n, f32, i64, dt, (e_size, ev_size) = k.n_global, dtypes.float32, dtypes.int64, q.dtype, (q.shape[-1], node.shape[-1])
+  block, tile, _ = k.flash_sizes()
+  vars, zero = lw.nesting.vars, UOp.const(dtypes.int64, 0)
+  stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+  svar, rvar = vars[stage], vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
+  tc_axis = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC)
+  local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma", *arg))
+  threads = k.launch_dims[1]
+  lid = UOp.var("lid", 0, threads - 1)
+  ld, lv = e_size + TC_PAD, ev_size + TC_PAD  # the tiles' row strides
+  dims0 = lw.dims({tc_axis: zero})
+  batch, row0 = dims0[:n - 1], dims0[n - 1]  # the warp's first row
+  row_base = lw.simplify(dims0[n - 1].substitute({vars[i]: zero for i in local}))  # the workgroup's
+  warp_row = lw.simplify(row0 - row_base)
+  key0 = lw.simplify(lw.dims({})[n].substitute({rvar: zero}))  # the tile's first key
+  def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
+    """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as they are:
+    16 bytes a cp.async (Kernel.flash_opt: rows contiguous and 16-byte aligned), waited for at the next barrier."""
+    chunks, per = count * size // 8, size // 8
+    for j in range(-(-chunks // threads)):
+      c = lw.simplify(lid + j * threads)
+      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
+      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
+      r, e = lw.simplify(c // per), lw.simplify(c % per * 8)
+      load = stmt(Ops.LOAD, lw.simplify(view.arg.index((*batch, lw.simplify(first + r), e))[0]), TRUE,
+                  arg=LoadArg(None, 8, lw.bufs[view.src[0].arg]), dtype=dt)
+      lw.lines.append(stmt(Ops.STORE, lw.simplify(r * stride + e), load, guard, arg=StoreArg(8, name, False, "cg"), dtype=dt))
+  copied = [stmt(Ops.BARRIER, arg="commit_group"), stmt(Ops.BARRIER, arg=("wait_group", 0)), stmt(Ops.BARRIER)]
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size, True), dtype=dt)
+           for name, size in (("fq", block * ld), ("fk", tile * ld), ("fv", tile * lv))]
+  s_accs, o_accs = list(range(tile // 16)), list(range(tile // 16, tile // 16 + ev_size // 16))
+  decls += [wmma("acc", j) for j in o_accs] + [wmma("state")]
+  lw.width, lw.lane = 1, UOp.var("lane", 0, 0)
+  pre = lw.lines = []
+  lw.memo = {}
+  copy(q, "fq", row_base, block, e_size, ld)
+  pre += copied
+  for c in range(e_size // 16):
+    pre += [wmma("fragment", f"qa{c}", "a", dt, "row_major"),
+            wmma("load", f"qa{c}", "fq", ld, "a", "row_major", True, src=(lw.simplify(warp_row * ld + 16 * c),))]
+  body = lw.lines = []
+  lw.memo = {}
+  copy(keys, "fk", svar * tile, tile, e_size, ld)
+  copy(values, "fv", svar * tile, tile, ev_size, lv)
+  body += copied
+  body += [wmma("acc", j) for j in s_accs]
+  for j, c in itertools.product(s_accs, range(e_size // 16)):
+    body += [wmma("fragment", f"kb{j}_{c}", "b", dt, "col_major"),
+             wmma("load", f"kb{j}_{c}", "fk", ld, "b", "col_major", True, src=(UOp.const(i64, 16 * j * ld + 16 * c),)),
+             wmma("mma", j, f"qa{c}", f"kb{j}_{c}", dt)]
+  body.append(wmma("softmax", tuple(s_accs), tuple(o_accs), scale / math.log(2), causal, src=(row0, key0)))
+  for j in s_accs:
+    body.append(wmma("pack", f"pa{j}", j, dt))
+    for c, o in enumerate(o_accs):
+      body += [wmma("fragment", f"vb{j}_{c}", "b", dt, "row_major"),
+               wmma("load", f"vb{j}_{c}", "fv", lv, "b", "row_major", True, src=(UOp.const(i64, 16 * j * lv + 16 * c),)),
+               wmma("mma", o, f"pa{j}", f"vb{j}_{c}", dt)]
+  body.append(stmt(Ops.BARRIER))
+  if causal:  # the tiles past the block's last row: the whole workgroup skips them
+    body[:] = [stmt(Ops.IF, lw.simplify((svar * tile).lt(row_base + block)).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  post = lw.lines = [wmma("finish", tuple(o_accs)), stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", block // 16 * 256), dtype=f32)]
+  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
+  strides = strides_for(k.out_shape)
+  for c, o in enumerate(o_accs):  # one tile at a time through the warp's 256 floats of shared memory, as tensor_cores' outputs
+    post += [wmma("store", o), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+    lw.memo = {}
+    val = Val(Kind.SCALAR, (UOp(Ops.CELL, f32, (), ("tiles", "warp*256+lane+32*pair")),))
+    if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+    at = (*batch, lw.simplify(row0 + tile_row + 2 * pair), lw.simplify(tile_col + 16 * c))
+    lw.store(val, lw.simplify(sum((x * st for x, st in zip(at, strides) if st), UOp.const(i64, 0))), TRUE)
+    post += [stmt(Ops.ENDRANGE), wmma("sync")]
+  ids = lw.nesting.group_ids() + [wmma("ids")] + lw.nesting.unflatten(local, "warp")
+  return LinearProgram(k, 1, ids + decls + pre + lw.nesting.nest([stage], body) + post)

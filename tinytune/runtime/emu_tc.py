@@ -270,6 +270,57 @@ class TensorCores:
       self.prog.shared_elements(s, self.prog.shared_array(s, "tiles"), mask, at, s.env[f"acc{j}"][mask])
     return store
 
+  # ***** TC attention's statements (CUDARenderer.flash_tc): the online softmax on the lanes' accumulators *****
+  def mma_state(self, u: Node) -> Fn:
+    def state(s: _Run) -> None: s.env.update(fm=np.full((s.n, 2), -np.inf, np.float32), fl=np.zeros((s.n, 2), np.float32))
+    return state
+
+  def mma_softmax(self, u: Node, s_accs: tuple[int, ...], o_accs: tuple[int, ...], scale: float, causal: bool) -> Fn:
+    """S's accumulators (element 4 h + r of tile n at row mg + 8 (r / 2), key 16 n + 8 h + 2 mt + r % 2 of the tile) scaled, masked
+    (causal), then 2^(s - m) with m the running max of the row, taken across its 4 lanes (xor shuffles 1 and 2); the output
+    accumulators and the lane's share of the row's sum rescaled by 2^(m_old - m)."""
+    row0, key0 = (self.prog.expr(x) for x in u.src)
+    i = np.arange(8)
+    half, col = i % 4 // 2, 8 * (i // 4) + i % 2
+    def softmax(s: _Run) -> None:
+      on = np.repeat(warps(s, "the softmax's shuffles"), WARP)
+      mg, mt = s.env["mg"], s.env["mt"]
+      rows, keys = s.lanes(np.asarray(row0(s), np.int64)), s.lanes(np.asarray(key0(s), np.int64))
+      sc = np.stack([s.env[f"acc{j}"] * np.float32(scale) for j in s_accs], axis=1)  # (n, tiles, 8)
+      if causal:
+        key = keys[:, None, None] + 16 * np.arange(len(s_accs))[None, :, None] + col[None, None] + 2 * mt[:, None, None]
+        sc = np.where(key > (rows + mg)[:, None, None] + 8 * half, np.float32(-np.inf), sc)
+      mx = np.stack([sc[:, :, half == h].max(axis=(1, 2)) for h in range(2)], axis=1)
+      for d in (1, 2): mx = np.maximum(mx, mx.reshape(-1, WARP, 2)[:, LANE ^ d].reshape(-1, 2))
+      fm, fl = s.env["fm"], s.env["fl"]
+      new = np.maximum(fm, mx)
+      base = np.where(new == -np.inf, np.float32(0), new)
+      alpha = np.exp2(fm - base)
+      p = np.exp2(sc - base[:, None, half])
+      s.env["fm"], s.env["fl"] = np.where(on[:, None], new, fm), np.where(on[:, None], fl * alpha + np.stack([p[:, :, half == h].sum(axis=(1, 2))
+                                                                                                           for h in range(2)], axis=1), fl)
+      for n, j in enumerate(s_accs): s.env[f"acc{j}"] = np.where(on[:, None], p[:, n], s.env[f"acc{j}"]).astype(np.float32)
+      for o in o_accs: s.env[f"acc{o}"] = np.where(on[:, None], s.env[f"acc{o}"] * alpha[:, half], s.env[f"acc{o}"]).astype(np.float32)
+    return softmax
+
+  def mma_pack(self, u: Node, name: str, j: int, dt: DType) -> Fn:
+    """S's 16x16 accumulator tile as A's registers: its floats pairwise, each rounded to `dt` (C's pairs are A's)."""
+    def pack(s: _Run) -> None:
+      acc = s.env[f"acc{j}"]
+      s.env[name] = bits_of(acc[:, 0::2], dt).astype(np.uint32) | bits_of(acc[:, 1::2], dt).astype(np.uint32) << 16
+    return pack
+
+  def mma_finish(self, u: Node, o_accs: tuple[int, ...]) -> Fn:
+    """Each row's sum across its 4 lanes (xor shuffles 1 and 2), and the output accumulators divided by it."""
+    i = np.arange(8)
+    def finish(s: _Run) -> None:
+      on = np.repeat(warps(s, "the sums' shuffles"), WARP)
+      fl = s.env["fl"]
+      for d in (1, 2): fl = fl + fl.reshape(-1, WARP, 2)[:, LANE ^ d].reshape(-1, 2)
+      s.env["fl"] = fl
+      for o in o_accs: s.env[f"acc{o}"] = np.where(on[:, None], s.env[f"acc{o}"] / fl[:, i % 4 // 2], s.env[f"acc{o}"]).astype(np.float32)
+    return finish
+
   # ***** arg 2: wgmma, a warpgroup's, from the staged tiles in shared memory *****
   def wgmma_accs(self, u: Node, js: tuple[int, ...]) -> Fn:
     def accs(s: _Run) -> None: s.env.update({f"acc{j}": np.zeros((s.n, 8), np.float32) for j in js})
