@@ -112,8 +112,9 @@ def openmp_works(cc: str, flag: str = "-fopenmp") -> bool:
   with tempfile.TemporaryDirectory() as tmp:
     with open(os.path.join(tmp, "t.c"), "w") as f: f.write("void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n")
     flags = [f for f in FLAGS if not f.startswith("-march=")]  # any target's compiler
-    if subprocess.run([cc, *flags, flag, "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode: return False
-    with open(os.path.join(tmp, "t.so"), "rb") as so: lib = so.read()
+    built = subprocess.run([cc, *flags, flag, "t.c", "-o", "t.so"], cwd=tmp, capture_output=True).returncode == 0
+    if not built or not os.path.exists(so_path := os.path.join(tmp, "t.so")): return False  # a "compiler" that exits 0 and writes nothing
+    with open(so_path, "rb") as so: lib = so.read()
     return any(call in lib for call in (b"GOMP_parallel", b"__kmpc_fork_call"))  # libgomp's entry, libomp's
 
 
