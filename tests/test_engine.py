@@ -333,11 +333,17 @@ def test_cpu_memory_starts_on_a_cache_line() -> None:
     assert mem.__array_interface__["data"][0] % 64 == 0 and mem.size == size and mem.dtype == dtype.np
 
 
-def test_the_pool_is_bounded() -> None:
-  from tinytune.runtime import BufferPool
+def test_the_pool_is_bounded_and_frees_what_it_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Memory past the limit goes back to its device (cuMemFree on CUDA: dropped CUDA memory was never freed), as does a buffer too big to
+  pool; the newest stays pooled."""
+  from tinytune.runtime import BufferPool, Device
+  freed: list[str] = []
+  monkeypatch.setattr(type(Device["CPU"]), "free", lambda self, mem: freed.append(mem))
   pool = BufferPool(limit=10_000)
-  for i in range(5): pool.give("CPU", 4000, f"mem{i}")
-  assert pool.held <= 10_000 and pool.take("CPU", 4000) == "mem4" and pool.take("CPU", 4000) == "mem3" and pool.take("CPU", 4000) is None
+  for i in range(5): pool.give("CPU", 4000, (f"mem{i}", None))
+  pool.give("CPU", 20_000, ("big", None))
+  assert freed == ["mem0", "mem1", "mem2", "big"] and pool.held == 8000
+  assert pool.take("CPU", 4000) == ("mem4", None) and pool.take("CPU", 4000) == ("mem3", None) and pool.take("CPU", 4000) is None
 
 
 def test_opts_are_looked_up_once_per_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,6 +38,8 @@ class Compiled:
   renderer: Any  # a CStyleRenderer subclass
 
   def alloc(self, size: int, dtype: DType) -> Any: raise NotImplementedError
+  def free(self, mem: Any) -> None:
+    """Gives back memory the pool drops: a no-op where the collector frees it (NumPy arrays, OpenCL buffers), the driver's free else."""
   def retype(self, mem: Any, size: int, dtype: DType) -> Any:
     """Memory from the pool, allocated for another dtype of the same byte size, as memory for `dtype`."""
     return mem
@@ -188,13 +190,14 @@ class BufferPool:
     return mem
 
   def give(self, device: str, nbytes: int, mem: Any) -> None:
-    if nbytes == 0 or nbytes > self.limit: return
+    """Keeps a freed Buffer's (memory, address) for the next Buffer of its size; memory the pool drops goes back to its device."""
+    if nbytes == 0 or nbytes > self.limit: return Device[device].free(mem[0])
     self.free.setdefault((device, nbytes), []).append(mem)
     self.free.move_to_end((device, nbytes))
     self.held += nbytes
     while self.held > self.limit:
       (dev, size), mems = next(iter(self.free.items()))
-      mems.pop(0)
+      Device[dev].free(mems.pop(0)[0])
       self.held -= size
       if not mems: del self.free[(dev, size)]
 

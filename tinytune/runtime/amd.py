@@ -167,6 +167,7 @@ class AMDDevice(Compiled):
     ptr = ctypes.c_void_p()
     self.check(self.hip.hipMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, size * dtype.itemsize))), "hipMalloc")
     return ptr
+  def free(self, mem: Any) -> None: self.hip.hipFree(mem)  # from a Buffer's finalizer: an error has no caller to reach
   def copyin(self, mem: Any, data: np.ndarray) -> None:
     if data.size: self.check(self.hip.hipMemcpy(mem, ctypes.c_void_p(data.ctypes.data), ctypes.c_size_t(data.nbytes), 1), "hipMemcpy")
   def copyout(self, mem: Any, size: int, dtype: DType) -> np.ndarray:

@@ -164,6 +164,7 @@ class CUDADevice(Compiled):
     return CUDAGraph(steps) if all(isinstance(p, CUDAProgram) for p, _ in steps) else None
 
   def alloc(self, size: int, dtype: DType) -> Any: return _check(cu.cuMemAlloc(max(1, size * dtype.itemsize)), "cuMemAlloc")
+  def free(self, mem: Any) -> None: cu.cuMemFree(mem)  # from a Buffer's finalizer: an error has no caller to reach
   def copyin(self, mem: Any, data: np.ndarray) -> None:
     if data.size: _check(cu.cuMemcpyHtoD(mem, data.ctypes.data, data.nbytes), "cuMemcpyHtoD")
   def copyout(self, mem: Any, size: int, dtype: DType) -> np.ndarray:
