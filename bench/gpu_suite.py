@@ -307,7 +307,6 @@ VARIANTS: list[tuple[str, str, Callable[[Any, list], list]]] = [
   ("bfloat16", "wgmma's 64x128 tile in 3 cp.async stages (PIPELINE 3)", _wgmma(1, 8, 3)),
   ("float16", "wgmma's 64x128 tile in 4 cp.async stages (PIPELINE 4: 102400 bytes)", _wgmma(1, 8, 4)),
   ("float16", "wgmma's 128x128 tile (m64n128k16 x 2) in 3 cp.async stages (PIPELINE 3: 102400 bytes)", _wgmma(2, 8, 3)),
-  ("float32", "the register tile from global memory (the default before STAGE's shared-memory tile)", _reserve),
   ("float32", "the shared tile's copies as plain loads, no cp.async (the default before PIPELINE 2: 42.2 TFLOPS against 46.1)", _without("PIPELINE")),
   ("float16", "TC's workgroups in bands of 16 (RASTER 0 16)", _raster(16))]
 

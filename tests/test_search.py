@@ -501,8 +501,8 @@ def test_beam_spends_a_budget_in_seconds_on_runners_up_it_would_have_stopped_bef
 
 
 def test_beam_starts_from_the_plan_the_heuristics_hold_in_reserve() -> None:
-  """A big float32 matmul on a GPU defaults to the shared-memory tile, which no GPU has timed yet: BEAM's first round has the register
-  tile read from memory (the default before it) as well, so where that is faster the search keeps it."""
+  """A big float32 matmul on a GPU defaults to the shared-memory tile, a planner with plans no GPU has timed yet (UNMEASURED_PLANNERS):
+  BEAM's first round has the register tile read from memory (the default before it) as well, so where that is faster the search keeps it."""
   def z(*shape: int) -> Tensor: return Tensor.zeros(*shape).contiguous()
   k = Kernel(create_schedule((z(2048, 2048) @ z(2048, 2048)).uop, "CPU")[0][-1].ast, cuda_caps("sm_90"))
   default, [old] = tuple(default_opts(k)), alternative_opts(k)
