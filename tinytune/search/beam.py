@@ -32,9 +32,10 @@ def beam_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Op
   def following(asked: list[tuple[Opt, ...]]) -> Following:
     """The round likely to come after this one, from its results so far (before any, from the first it asked for: the default leads
     the starts): compiled while the worker runs this one's last candidates."""
+    seen = {r.opts for r in history} | set(asked)  # fixed for the round: not rebuilt at each of its results
     def likely(so_far: list[Result]) -> list[tuple[Opt, ...]]:
       beam = [r.opts for r in fastest(history + so_far, width, expanded)] or asked[:width]
-      return expand(beam, {r.opts for r in history} | set(asked))
+      return expand(beam, seen)
     return likely
   history: list[Result] = []
   history = ev.evaluate(starts := list(dict.fromkeys(starts)), following(starts))

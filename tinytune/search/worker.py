@@ -29,8 +29,8 @@ def timed(run: Callable[[], float], policy: dict) -> list[float]:
   search needs no more to drop the candidate."""
   st = time.perf_counter()
   if (first := run()) > (policy.get("cutoff") or math.inf): return [first]
-  warm = 0
-  while time.perf_counter() - st < policy["warmup_seconds"] and warm < (policy.get("warmup_runs") or math.inf):
+  warm, most = 0, math.inf if policy.get("warmup_runs") is None else policy["warmup_runs"]  # 0: no warm-up run, not unlimited
+  while time.perf_counter() - st < policy["warmup_seconds"] and warm < most:
     run()
     warm += 1
   times: list[float] = []
