@@ -1139,6 +1139,23 @@ def tensor_cores(lw: _Lowerer) -> LinearProgram:
   return LinearProgram(k, lw.width, out + lw.lines)
 
 
+def _const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(dtypes.float32, x),))
+def _read(lw: _Lowerer, view: UOp, idx: tuple[UOp, ...]) -> Val:  # a view's element at idx, as float32
+  val = lw.node(view, idx)
+  return val if view.dtype == dtypes.float32 else lw.alu(Ops.CAST, dtypes.float32, [val], [view.dtype])
+def _total(lw: _Lowerer, vals: list[Val], o: Ops = Ops.ADD) -> Val:  # a tree: neighbours first, so the adds do not wait on each other
+  while len(vals) > 1:
+    vals = [lw.alu(o, dtypes.float32, vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+  return vals[0]
+def _keep(lw: _Lowerer, cond: Val, t: Val) -> Val:  # t where cond, else -inf
+  return lw.alu(Ops.WHERE, dtypes.float32, [cond, t, _const(-math.inf)], [dtypes.bool, dtypes.float32, dtypes.float32])
+def _shift(lw: _Lowerer, new_m: Val, masked: bool) -> Val:
+  """What the exps subtract: with a mask every score so far may be -inf, and then 0, not -inf - -inf."""
+  if not masked: return new_m
+  f32 = dtypes.float32
+  return lw.alu(Ops.WHERE, f32, [lw.alu(Ops.CMPNE, dtypes.bool, [new_m, _const(-math.inf)], [f32, f32]), new_m, _const(0.0)], [dtypes.bool, f32, f32])
+
+
 def attention(lw: _Lowerer) -> LinearProgram:
   """The pass for attention in one kernel (Kernel.attention): each thread computes its rows (the UPCAST parts) of
   softmax(q k^T scale) v by online softmax, the scores never leaving registers. Before the keys' loop it loads each row's query and
@@ -1159,15 +1176,8 @@ def attention(lw: _Lowerer) -> LinearProgram:
   simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
   lw.width = w = next((w for w in (simd, 8, 4) if w <= simd and e_size % w == 0 and ev_size % w == 0), 1)
   lw.lane = UOp.var("lane", 0, w - 1)
-  def const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(f32, x),))
   def at(e: int) -> UOp: return UOp.const(dtypes.int64, e) + (lw.lane if w > 1 else 0)
-  def read(view: UOp, idx: tuple[UOp, ...]) -> Val:
-    val = lw.node(view, idx)
-    return val if view.dtype == f32 else lw.alu(Ops.CAST, f32, [val], [view.dtype])
   def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
-  def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:  # a tree: neighbours first, so the adds do not wait on each other
-    while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
-    return vals[0]
   def fmas(start: Val | None, pairs: list[tuple[Val, Val]]) -> Val:  # start + a0 b0 + a1 b1 + ...: a multiply-add each (see body)
     for a, b in pairs: start = op(Ops.MUL, a, b) if start is None else op(Ops.ADD, start, op(Ops.MUL, a, b))
     assert start is not None
@@ -1179,28 +1189,24 @@ def attention(lw: _Lowerer) -> LinearProgram:
   lw.lines = lw.decls
   for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
     dims = lw.dims(inst)
-    query = [read(q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
+    query = [_read(lw, q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
     outs = [acc(f"out{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
     rows.append((dims, query, acc(f"row_max{r}", -math.inf), acc(f"row_sum{r}", 0.0), outs))
   body = lw.lines = []
   lw.memo = {}
-  log2_scale = const(scale / math.log(2))
+  log2_scale = _const(scale / math.log(2))
   blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
   def masked(keys_at: list[tuple[UOp, ...]], dims: list[UOp], t: Val) -> Val:  # the scores of keys_at (one a lane, or one), masked
     def per_key(vals: list[Val]) -> Val: return Val(Kind.LANES, tuple(v.items[0] for v in vals)) if len(vals) > 1 else vals[0]
-    def keep(cond: Val, t: Val) -> Val: return lw.alu(Ops.WHERE, f32, [cond, t, const(-math.inf)], [dtypes.bool, f32, f32])
-    if causal: t = keep(per_key([lw.index_val(lw.simplify(kidx[-1].lt(dims[n - 1] + 1))) for kidx in keys_at]), t)  # -inf past the row
+    if causal: t = _keep(lw, per_key([lw.index_val(lw.simplify(kidx[-1].lt(dims[n - 1] + 1))) for kidx in keys_at]), t)  # -inf past the row
     for mask in masks:  # read at the row's index and the key's
       at_key = [(*dims[:n], kidx[-1]) for kidx in keys_at]
-      if mask.dtype == dtypes.bool: t = keep(per_key([lw.node(mask, i) for i in at_key]), t)
-      else: t = op(Ops.ADD, t, op(Ops.MUL, per_key([read(mask, i) for i in at_key]), const(1 / math.log(2))))
+      if mask.dtype == dtypes.bool: t = _keep(lw, per_key([lw.node(mask, i) for i in at_key]), t)
+      else: t = op(Ops.ADD, t, op(Ops.MUL, per_key([_read(lw, mask, i) for i in at_key]), _const(1 / math.log(2))))
     return t
-  def shift(new_m: Val) -> Val:  # what the exps subtract: with a mask every score so far may be -inf, and then 0, not -inf - -inf
-    if not masks: return new_m
-    return lw.alu(Ops.WHERE, f32, [lw.alu(Ops.CMPNE, dtypes.bool, [new_m, const(-math.inf)], [f32, f32]), new_m, const(0.0)], [dtypes.bool, f32, f32])
   for dims, query, m, l, outs in rows:
     keys_at = [(*dims[:n - 1], key) for key in blocks]
-    def dot(kidx: tuple[UOp, ...]) -> Val: return fmas(None, [(qe, read(keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
+    def dot(kidx: tuple[UOp, ...]) -> Val: return fmas(None, [(qe, _read(lw, keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
     if lw.target.lane_folds and w > 1:  # w keys' scores in one vector, lane j folding key j's products: one vector exp for w keys
       chunks = []
       for chunk in (keys_at[i:i + w] for i in range(0, len(keys_at), w)):
@@ -1208,24 +1214,24 @@ def attention(lw: _Lowerer) -> LinearProgram:
         fold = lw.emit(Ops.FOLD, *(lw.vec(dot(kidx)) for kidx in chunk), arg=FoldArg(f"s{lw.count}", w, Ops.ADD, True), dtype=f32)
         t = op(Ops.MUL, Val(Kind.VECTOR, (fold,)), log2_scale)  # lanes past the chunk's keys repeat its first (see CRenderer.lane_fold)
         chunks.append((chunk, masked(chunk + chunk[:1] * (w - len(chunk)), dims, t)))
-      most = total([t for _, t in chunks], Ops.MAX)
-      new_m = op(Ops.MAX, m, total([Val(Kind.SCALAR, (most.lane(i),)) for i in range(w)], Ops.MAX))
-      base = shift(new_m)
+      most = _total(lw, [t for _, t in chunks], Ops.MAX)
+      new_m = op(Ops.MAX, m, _total(lw, [Val(Kind.SCALAR, (most.lane(i),)) for i in range(w)], Ops.MAX))
+      base = _shift(lw, new_m, bool(masks))
       exps = [(chunk, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for chunk, t in chunks]
       probs = [(kidx, Val(Kind.SCALAR, (p.lane(j),))) for chunk, p in exps for j, kidx in enumerate(chunk)]
     else:
       scores = []
       for kidx in keys_at:
         products = dot(kidx)
-        t = op(Ops.MUL, total([Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
+        t = op(Ops.MUL, _total(lw, [Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
         scores.append((kidx, masked([kidx], dims, t)))
-      new_m = op(Ops.MAX, m, total([t for _, t in scores], Ops.MAX))
-      base = shift(new_m)
+      new_m = op(Ops.MAX, m, _total(lw, [t for _, t in scores], Ops.MAX))
+      base = _shift(lw, new_m, bool(masks))
       probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for kidx, t in scores]
     rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base)))
-    updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), total([p for _, p in probs])))]
+    updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), _total(lw, [p for _, p in probs])))]
     for d, o in enumerate(outs):
-      updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, read(values, (*kidx, at(d * w)))) for kidx, p in probs])))
+      updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, _read(lw, values, (*kidx, at(d * w)))) for kidx, p in probs])))
     for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
   if causal and blocks:  # a block of keys that starts past every row of the thread is all -inf: skipped (half the work)
     seen = [lw.simplify(blocks[0].lt(row + 1)) for row in dict.fromkeys(dims[n - 1] for dims, *_ in rows)]
@@ -1274,14 +1280,7 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
   lid = UOp.var("lid", 0, threads - 1) if threads > 1 else zero
   qs, ks, vs = e_size + FLASH_PAD, e_size + FLASH_PAD, ev_size + FLASH_PAD  # the tiles' row strides
   ps = tile + FLASH_PAD
-  def const(x: float) -> Val: return Val(Kind.SCALAR, (UOp.const(f32, x),))
   def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
-  def total(vals: list[Val], o: Ops = Ops.ADD) -> Val:
-    while len(vals) > 1: vals = [op(o, *vals[i:i + 2]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
-    return vals[0]
-  def read(view: UOp, idx: tuple[UOp, ...]) -> Val:
-    val = lw.node(view, idx)
-    return val if view.dtype == f32 else lw.alu(Ops.CAST, f32, [val], [view.dtype])
   def shared(name: str, off: UOp) -> Val: return lw.read(f32, name, lw.simplify(off), TRUE)
   def put(name: str, val: Val, off: UOp, guard: UOp = TRUE) -> None: lw.store(val, lw.simplify(off), guard, name, f32)
   def lanes(v: Val) -> list[Val]: return [Val(Kind.SCALAR, (v.lane(i),)) for i in range(w)] if v.kind is not Kind.SCALAR else [v] * w
@@ -1303,8 +1302,8 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
       guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
       if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
       r, e = lw.simplify(c // per), lw.simplify(c % per * w + lane)
-      val = read(view, (*batch, lw.simplify(first + r), e))
-      if name == "fq": val = op(Ops.MUL, val, const(scale / math.log(2)))
+      val = _read(lw, view, (*batch, lw.simplify(first + r), e))
+      if name == "fq": val = op(Ops.MUL, val, _const(scale / math.log(2)))
       put(name, val, r * stride + e, guard)
   decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in k.flash_arrays(block, tile, group)]
   def acc(name: str, start: float, width: int = 1) -> Val:
@@ -1332,32 +1331,30 @@ def flash_attention(lw: _Lowerer) -> LinearProgram:
   for (a, (_, row)), b in itertools.product(enumerate(rows), range(len(tile_keys))):
     t = dots[a, b]
     key = lw.simplify(svar * tile + tile_keys[b])
-    def keep(cond: Val, t: Val) -> Val: return lw.alu(Ops.WHERE, f32, [cond, t, const(-math.inf)], [dtypes.bool, f32, f32])
-    if causal: t = keep(lw.index_val(lw.simplify(key.lt(row + 1))), t)
+    if causal: t = _keep(lw, lw.index_val(lw.simplify(key.lt(row + 1))), t)
     for mask in masks:
-      if mask.dtype == dtypes.bool: t = keep(lw.node(mask, (*batch, row, key)), t)
-      else: t = op(Ops.ADD, t, op(Ops.MUL, read(mask, (*batch, row, key)), const(1 / math.log(2))))
+      if mask.dtype == dtypes.bool: t = _keep(lw, lw.node(mask, (*batch, row, key)), t)
+      else: t = op(Ops.ADD, t, op(Ops.MUL, _read(lw, mask, (*batch, row, key)), _const(1 / math.log(2))))
     scores[a, b] = t
-  for a, (r, _) in enumerate(rows): put("fm", total([scores[a, b] for b in range(len(tile_keys))], Ops.MAX), gvar * block + r)
+  for a, (r, _) in enumerate(rows): put("fm", _total(lw, [scores[a, b] for b in range(len(tile_keys))], Ops.MAX), gvar * block + r)
   body.append(stmt(Ops.BARRIER))
   # the new running max, the probabilities and their sums
   alphas = []
   for a, (r, _) in enumerate(rows):
     m = state[a][0]
-    new_m = op(Ops.MAX, m, total([shared("fm", UOp.const(i64, g * block) + r) for g in range(group)], Ops.MAX))
-    base = new_m if not masks else lw.alu(Ops.WHERE, f32, [lw.alu(Ops.CMPNE, dtypes.bool, [new_m, const(-math.inf)], [f32, f32]), new_m,
-                                                          const(0.0)], [dtypes.bool, f32, f32])
+    new_m = op(Ops.MAX, m, _total(lw, [shared("fm", UOp.const(i64, g * block) + r) for g in range(group)], Ops.MAX))
+    base = _shift(lw, new_m, bool(masks))
     alphas.append(op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base))))
     probs = [op(Ops.EXP2, op(Ops.ADD, scores[a, b], op(Ops.NEG, base))) for b in range(len(tile_keys))]
     for kt, p in zip(tile_keys, probs): put("fp", p, r * ps + kt)
-    put("fl", total(probs), gvar * block + r)
+    put("fl", _total(lw, probs), gvar * block + r)
     lw.emit(Ops.ASSIGN, m.items[0], lw.vec(new_m), TRUE)
   body.append(stmt(Ops.BARRIER))
   # the outputs: rescaled, plus the tile's probabilities times its values
   news: dict[tuple[int, int], Val] = {}
   for a, (r, _) in enumerate(rows):
     l = state[a][1]
-    lsum = total([shared("fl", UOp.const(i64, g * block) + r) for g in range(group)])
+    lsum = _total(lw, [shared("fl", UOp.const(i64, g * block) + r) for g in range(group)])
     lw.emit(Ops.ASSIGN, l.items[0], lw.vec(op(Ops.ADD, op(Ops.MUL, l, alphas[a]), lsum)), TRUE)
     for c, o in enumerate(state[a][2]): news[a, c] = op(Ops.MUL, o, alphas[a])
   for kk in range(0, tile, w):
