@@ -50,6 +50,11 @@ AVX512 = {
     "MAX": ("__builtin_ia32_maxps256(a, b)",) * 2, "MIN": ("__builtin_ia32_minps256(a, b)",) * 2,
     "NANMAX": (f"__builtin_ia32_maxps256_mask(a, b, a, {_ORD8})", f"__builtin_ia32_selectps_256({_ORD8}, __builtin_ia32_maxps256(a, b), a)"),
     "SCALEF": (f"__builtin_ia32_scalefps256_mask(a, b, a, {_M8})",) * 2})}
+# AVX without AVX-512 (x86-64-v3): max and min are one instruction each too (the same spelling in gcc and clang), a NaN-keeping max
+# three (vmaxps, then a blend back to a where it is unordered); 2**n stays two built factors. gcc 12 at x86-64-v3, a loop over vectors:
+# exp2 30 -> 25 instructions a vector, a running max 10 -> 6; softmax 64x1024 (in L2, one thread) 0.051-0.054 -> 0.043-0.044 ms
+AVX = {8: ("defined(__AVX__)", {"MAX": "__builtin_ia32_maxps256(a, b)", "MIN": "__builtin_ia32_minps256(a, b)",
+                                 "NANMAX": "__builtin_ia32_blendvps256(__builtin_ia32_maxps256(a, b), a, __builtin_ia32_cmpps256(a, a, 3))"})}
 
 
 # float16 <-> float32 in one instruction: lanes -> (the target's macro, float16 bits to float32, float32 to float16 bits rounded to nearest even)
@@ -85,35 +90,39 @@ def horner(x: str, coeffs: list[str]) -> str:
 
 def max_exp2(fp: str, w: int) -> str:
   """max (a NaN in either operand wins) and 2**x (2**round(x) times a polynomial of the rest) on vectors of `w` float32 lanes, in
-  AVX-512 instructions where the target has them: both ways compute the same bits (exp2 scales the polynomial exactly by
+  AVX-512 or AVX instructions where the target has them: every way computes the same bits (exp2 scales the polynomial exactly by
   2**round(x), rounding once)."""
   F, I, U = f"tt_f{w}", f"tt_i{w}", f"tt_u{w}"
   p = horner("f", EXP2_POLY)
   def splat(v: str) -> str: return f"({F}){{{', '.join([v] * w)}}}"
   head = f"{fp} {F} tt_exp2{w}({F} x) {{\n  {F} lo = {splat('-160.0f')}, hi = {splat('130.0f')};  /* beyond these 2**x is 0 or inf */\n"
+  clamp = f"  {F} xc = TT_MIN{w}(hi, TT_MAX{w}(lo, x));  /* x where it is NaN: the polynomial and the scaling pass it on */\n"
+  round_ = f"  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n;  /* n = round(x) by the 1.5*2**23 trick, |f| <= 1/2 */\n"
+  scale = f"""  {I} ni = __builtin_convertvector(n, {I}), h = ni >> 1;  /* 2**n in two factors, each a normal float, so denormal results round once */
+  {F} r = {p} * ({F})(({U})(h + 127) << 23) * ({F})(({U})(ni - h + 127) << 23);
+"""
   generic = f"""{fp} {F} tt_max{w}({F} a, {F} b) {{ return tt_where{w}((a > b) | (a != a), a, b); }}
 {head}  {F} xc = tt_where{w}(x < lo, lo, tt_where{w}(x > hi, hi, x));
-  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n;  /* n = round(x) by the 1.5*2**23 trick, |f| <= 1/2 */
-  {I} ni = __builtin_convertvector(n, {I}), h = ni >> 1;  /* 2**n in two factors, each a normal float, so denormal results round once */
-  {F} r = {p} * ({F})(({U})(h + 127) << 23) * ({F})(({U})(ni - h + 127) << 23);
-  return tt_where{w}(x != x, x, r);
+{round_}{scale}  return tt_where{w}(x != x, x, r);
 }}
 """
   if w not in AVX512: return generic
   target, macros = AVX512[w]
   def define(i: int) -> str: return "".join(f"#define TT_{m}{w}(a, b) {spellings[i]}\n" for m, spellings in macros.items())
-  return f"""#if {target}
+  ret = f"""#if {target}
 #ifdef __clang__
 {define(1)}#else
 {define(0)}#endif
 {fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}
-{head}  {F} xc = TT_MIN{w}(hi, TT_MAX{w}(lo, x));  /* x where it is NaN: the polynomial and the scaling pass it on */
-  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
+{head}{clamp}  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
   return TT_SCALEF{w}(p, n);
 }}
-#else
-{generic}#endif
 """
+  if w in AVX:
+    target, spelled = AVX[w]
+    ret += f"#elif {target}\n" + "".join(f"#define TT_{m}{w}(a, b) {spelling}\n" for m, spelling in spelled.items())
+    ret += f"{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}\n{head}{clamp}{round_}{scale}  return r;\n}}\n"
+  return ret + f"#else\n{generic}#endif\n"
 
 
 def vector_math(fp: str, width: int) -> str:
