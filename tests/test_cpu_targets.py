@@ -408,3 +408,23 @@ def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no
   assert lines == [f"against {path}: 1 regressed (ratio below 90% of the file's)", "matmul m=256 n=256 k=256: torch/tinytune 2.00 -> 1.70"]
   (other := tmp_path / "other.md").write_text("\n".join(["# cpu-intel-6-85-avx512", "", *table]) + "\n")
   with pytest.raises(SystemExit, match="holds figures of cpu-intel-6-85-avx512, this is cpu-"): bench.compare(str(other), {})
+
+
+def test_padded_rows_of_a_batched_register_tile_read_one_value(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Attention's scores (8 heads of 1024 queries by 1024 keys) in AVX2's 6x16 register tile, its rows padded to 1026: the tile's last
+  two rows read one value of Q for all their lanes, as the other four do (each lane read Q on its own before, 16 loads a step)."""
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  monkeypatch.setattr(cpu_module, "find_compiler", lambda t: "cc")
+  q, k = (Tensor(np.ones((1, 8, 1024, 64), np.float32)) for _ in range(2))
+  (item,), _ = create_schedule((q @ k.transpose(-1, -2)).uop, "CPU")
+  kernel = Kernel(item.ast, CPUDevice("x86-64-v3").caps)
+  kernel.apply_opts(default_opts(kernel))
+  assert kernel.sizes[2] == 1026
+  src = CRenderer().render(kernel)
+  assert "(tt_f8){v" not in src, src[src.index("void "):]

@@ -74,6 +74,16 @@ def test_bounds() -> None:
   assert simplify(x.lt(10)) is UOp.const(dtypes.bool, True) and simplify(x.lt(0)) is UOp.const(dtypes.bool, False)
 
 
+def test_bounds_of_a_clamp_where_its_condition_holds() -> None:
+  """A padded dim's clamp (g < 170 ? 6g + 4 : 1023, the last rows of a 6-row tile over 1024 rows) stays below 1024: its true branch
+  only where g < 170, so the row's index divides by the rows' span to 0 (it was 1024 at most, and a batched matmul gathered each lane)."""
+  g = UOp.var("g", 0, 170)
+  row = UOp(Ops.WHERE, dtypes.int64, (g.lt(170), g * 6 + 4, UOp.const(dtypes.int64, 1023)))
+  assert row.bounds == (4, 1023)
+  assert simplify((row * 64 + y) // 65536) is c(0)
+  assert UOp(Ops.WHERE, dtypes.int64, (g.lt(171), g * 6 + 4, c(0))).bounds == (0, 1024)  # a condition that always holds narrows nothing
+
+
 def test_cmplt_canonical() -> None:
   assert simplify((x + 3).lt(5)) is simplify(x.lt(2))
   assert simplify((x * 4).lt(10)) is simplify(x.lt(3))  # 4x < 10 iff x < ceil(10 / 4)

@@ -201,7 +201,12 @@ class UOp:
     if self.op is Ops.CMPLT: return (int(s[0][1] < s[1][0]), int(s[0][0] < s[1][1]))
     if self.op is Ops.XOR and self.dtype.is_int and s[0][0] >= 0 and s[1][0] >= 0 and not math.isinf(s[0][1]) and not math.isinf(s[1][1]):
       return (0, (1 << int(max(s[0][1], s[1][1])).bit_length()) - 1)  # a swizzled offset (lower.py): the bits of neither operand
-    if self.op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+    if self.op is Ops.WHERE:
+      c, x = self.src[0], self.src[1]
+      if c.op is Ops.CMPLT and (v := c.src[0]).op is Ops.VAR and c.src[1].op is Ops.CONST and v.arg[1] < c.src[1].arg <= v.arg[2]:
+        # a padded dim's clamp (v < k ? f(v) : last): f where v < k, so a row tile's last rows index as its others do
+        s[1] = x.substitute({v: UOp.var(v.arg[0], v.arg[1], c.src[1].arg - 1)}).bounds
+      return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
     if self.op is Ops.CAST and self.dtype.is_int and dtypes.min(self.dtype) <= s[0][0] and s[0][1] <= dtypes.max(self.dtype): return s[0]
     if self.dtype.kind == "b": return (0, 1)
     return (-math.inf, math.inf)
