@@ -848,9 +848,9 @@ class _Lowerer:
     k, op = self.k, red.arg[0]
     in_idx = self.reduce_index(idx, dims)
     self.at_dims = self.acc_dims.get((red, idx), dims)[:k.n_global] + dims[k.n_global:]
-    val = self.node(red.src[0], in_idx)
-    if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx)
-    if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
+    val, g = self.node(red.src[0], in_idx), self.guard(dims, range(k.n_global, len(k.sizes)))
+    if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx, g)
+    if g is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
     acc = self.partial(acc, inst)
     if acc.kind is Kind.VECTOR: self.emit(Ops.ASSIGN, acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE, arg=op)
@@ -990,11 +990,12 @@ class RowArrays:
     self.reads.add(name)
     return self.lw.read(self.source.dtype, name, off, TRUE)
 
-  def write(self, idx: tuple[UOp, ...]) -> None:
-    """The reduce loop stores the source's value at `idx` into its row's array."""
+  def write(self, idx: tuple[UOp, ...], guard: UOp) -> None:
+    """The reduce loop stores the source's value at `idx` into its row's array, where `guard` holds (not at the padding, clamped onto
+    the last element: a workgroup's threads would write it together)."""
     name, off = self.at(idx)
     self.writes.add(name)
-    self.lw.store(self.lw.node(self.source, idx), off, TRUE, name, self.source.dtype)
+    self.lw.store(self.lw.node(self.source, idx), off, guard, name, self.source.dtype)
 
 
 class DotPairs:
