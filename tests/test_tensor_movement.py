@@ -740,6 +740,30 @@ def test_index_check_on_gpus(tmp_path: Any) -> None:
   if (clang := hip_clang("gfx90a")) is not None:
     res = subprocess.run([clang, *hip_flags("gfx90a"), "-", "-o", "-"], input=hip, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
+  items, _ = create_schedule(Tensor.arange(10)[Tensor(np.array([1, 2], np.int32))].uop, "CPU")  # an int32 index: an int32 flag
+  k = Kernel(items[-1].ast, Device["EMU"].caps)
+  src = CUDARenderer().render(k.apply_opts(hand_coded_optimizations(k)))
+  assert "if (v4) atomicExch(data3+0, v1);" in src and " int* __restrict__ data3" in src
+  if shutil.which("nvcc"): ptxas_stats(tmp_path, src, "sm_90")
+
+
+def test_index_check_on_opencl_stores_per_work_item() -> None:
+  """On OpenCL each work-item stores a bad index at its own element of the flag (its first local id): pocl runs a work-group's items
+  as one vectorized loop, where a store under a condition to one address became a masked scatter in every iteration (a 10^6 gather
+  on pocl 1.6 times slower than unchecked), and a store to consecutive ones is a masked vector store; an int32 index is compared and
+  stored as int32, so the loop keeps int32's vector width. The flag has an element for each work-item a workgroup can have."""
+  from tinytune.codegen.cstyle import OpenCLRenderer
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  items, _ = create_schedule(Tensor.arange(10)[Tensor(np.array([1, 2], np.int32))].uop, "CPU")
+  k = Kernel(items[-1].ast, Device["EMU"].caps)
+  src = OpenCLRenderer().render(k.apply_opts(hand_coded_optimizations(k)))
+  assert "if (v4) data3[0+get_local_id(0)] = v1;" in src and "__global int* restrict data3" in src
+  assert OpenCLRenderer().flag_size(k.caps) == k.caps.max_local
+  items, _ = create_schedule(Tensor.arange(10)[Tensor([1, 2])].uop, "CPU")  # int64: an int64 flag
+  assert "__global long* restrict data3" in OpenCLRenderer().render(Kernel(items[-1].ast, Device["EMU"].caps))
 
 
 @pytest.mark.usefixtures("oracle_device")

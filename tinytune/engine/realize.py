@@ -59,17 +59,19 @@ def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
 
 
 class Flag(Buffer):
-  """The one int64 into which the kernels that compute a CHECK(x, flag) node (arg (lo, hi)) store an element of x outside [lo, hi):
-  it holds lo until one does. `check` after those kernels ran raises error(that element), and takes the flag back to lo, so the
-  next run of those kernels checks their values again."""
-  def __init__(self, device: str, lo: int, error: Callable[[int], Exception]):
-    super().__init__(device, 1, dtypes.int64)
+  """The integers (one, or one a work-item: the renderer's flag_size) into which the kernels that compute a CHECK(x, flag) node (arg
+  (lo, hi)) store an element of x outside [lo, hi): each holds lo until one does. `check` after those kernels ran raises error(that
+  element), and takes the flag back to lo, so the next run of those kernels checks their values again."""
+  def __init__(self, device: str, lo: int, error: Callable[[int], Exception], dtype: DType = dtypes.int64):
+    dev = Device[device]
+    super().__init__(device, dev.renderer.flag_size(dev.caps), dtype)
     self.lo, self.error = lo, error
-    self.copyin(np.array([lo]))
+    self.copyin(np.full(self.size, lo))
 
   def check(self) -> None:
-    if (v := int(self.numpy_view()[0])) != self.lo:
-      self.copyin(np.array([self.lo]))
+    if (bad := (got := self.numpy_view()) != self.lo).any():
+      v = int(got[bad][0])  # before the copy in: the CPU's view is the flag's memory
+      self.copyin(np.full(self.size, self.lo))
       raise self.error(v)
 
 
