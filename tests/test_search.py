@@ -790,6 +790,29 @@ def test_the_next_round_compiles_while_this_one_runs(monkeypatch: pytest.MonkeyP
   assert waited < SLOW_S, f"the worker waited {waited:.2f} s for builds that were done"
 
 
+def test_early_builds_no_longer_likely_are_dropped_once_built() -> None:
+  """A build `following` named that a later guess no longer names goes once it is built, not at the evaluator's close: a long search
+  guesses a new round at every result, and kept every program it once thought likely."""
+  first, second = [tuple(c) for c in EMU_CANDIDATES[:3]], [tuple(c) for c in EMU_CANDIDATES[3:]]
+  with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2) as ev:
+    ev._compile_early(first)
+    wait([build for _, build in ev.early.values()])
+    ev._compile_early(second)
+    assert set(ev.early) == set(second)
+
+
+def test_the_worker_starts_with_the_first_candidate_to_measure() -> None:
+  """No worker starts (nor the reference compiles) for candidates all stored already, as a resume of a finished search finds them:
+  a GPU's worker takes a second or more to start. The first candidate that needs measuring starts it."""
+  k = matmul_kernel(16)
+  stored = {opts_to_json(opts): Result(opts, "ok", 1e-3, 1e-3, source_hash=str(i), stored=True)
+            for i, opts in enumerate([(), tuple(default_opts(k))])}
+  with Evaluator(k, "CPU", known=stored) as ev:
+    assert [r.status for r in ev.evaluate([(), default_opts(k)])] == ["ok", "ok"]
+    assert ev.worker is None and ev.ref is None
+    assert ev.evaluate([[Opt(OptOps.UPCAST, 0, 2)]])[0].status == "ok" and ev.worker is not None
+
+
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
   """A BEAM search on a GPU with compiles in flight at the deadline ends within 10% of its --seconds: they are not waited for."""
   slow_emu_builds(monkeypatch)
