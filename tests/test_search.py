@@ -813,6 +813,23 @@ def test_the_worker_starts_with_the_first_candidate_to_measure() -> None:
     assert ev.evaluate([[Opt(OptOps.UPCAST, 0, 2)]])[0].status == "ok" and ev.worker is not None
 
 
+def test_random_search_keeps_the_compiles_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Random search draws its next candidates while the worker runs a batch and the evaluator compiles them meanwhile (`following`):
+  each batch after the first finds every one of its candidates built or building, where a GPU's compile processes idled at the end
+  of every batch of 8 before (16 of them: the worker waited for each batch's first compiles)."""
+  ready: list[float] = []
+  evaluate = Evaluator.evaluate
+  def spy(self: Evaluator, candidates: list, following: object = None) -> list[Result]:
+    ready.append(sum(tuple(c) in self.early for c in candidates) / len(candidates))
+    return evaluate(self, candidates, following)  # type: ignore[arg-type]
+  monkeypatch.setattr(Evaluator, "evaluate", spy)
+  k = emu_matmul_kernel(32)
+  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(max_seconds=0.01)) as ev:
+    result = run_strategy("random", k, ev, Budget(14), default_opts(k), batch=4)
+  assert len(ready) == 4 and ready[1:] == [1.0] * 3, ready
+  assert len(result.history) == 14
+
+
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
   """A BEAM search on a GPU with compiles in flight at the deadline ends within 10% of its --seconds: they are not waited for."""
   slow_emu_builds(monkeypatch)
