@@ -193,7 +193,7 @@ def matmul(suite: Suite, dev: str) -> None:
 WARM_S = 10.0  # the search's rate is judged after its first seconds (the worker's start, the first rounds' compiles)
 
 
-def search_rates(suite: Suite, dev: str, n: int = 1024, seconds: float = 20.0, strategies: tuple[str, ...] = ("beam", "random", "optuna"),
+def search_rates(suite: Suite, dev: str, n: int = 1024, seconds: float = 15.0, strategies: tuple[str, ...] = ("beam", "random", "optuna"),
                  dt: str = "float16", jobs: int = 0) -> None:
   """Each strategy's rate on the float16 TC matmul 1024^3 (the issue's `search matmul -p m=1024 ... --dtype float16`): candidates
   measured per second after the first WARM_S, and its wall time against the seconds asked (the budget). bench/search_rate.py prints
