@@ -227,26 +227,36 @@ def timed_search(dev: str, n: int, dt: str, strategy: str, seconds: float, retim
   from tinytune.codegen.heuristic import default_opts
   from tinytune.engine.schedule import create_schedule
   from tinytune.runtime import Device
+  from tinytune.search import evaluate
   from tinytune.search.evaluate import Evaluator, Result
   from tinytune.search.strategy import Budget, run_strategy
   a, b = (Tensor.rand(n, n, device=dev).cast(dtypes.from_any(dt)).realize() for _ in range(2))
   kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
   finished: list[tuple[float, Result]] = []  # each measured candidate, when its result came
-  budget, cpu = Budget(None, seconds), time.process_time()
-  with Evaluator(kernel, dev, jobs=jobs, on_result=lambda r: finished.append((time.monotonic() - budget.started, r))) as ev:
-    result = run_strategy(strategy, kernel, ev, budget, default_opts(kernel))
-    wall, cpu = time.monotonic() - budget.started, time.process_time() - cpu
-    searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5)) if retime else (math.nan, math.nan)
-    where = search_rate(dt, ev, result.history, finished, wall, cpu)
+  waited = [0.0]  # seconds the evaluator waited for a candidate to be built, its worker idle meanwhile
+  def timed_wait(*args: Any, **kwargs: Any) -> Any:
+    st = time.monotonic()
+    try: return wait(*args, **kwargs)
+    finally: waited[0] += time.monotonic() - st
+  budget, cpu, wait = Budget(None, seconds), time.process_time(), evaluate.wait
+  evaluate.wait = timed_wait  # type: ignore[assignment]
+  try:
+    with Evaluator(kernel, dev, jobs=jobs, on_result=lambda r: finished.append((time.monotonic() - budget.started, r))) as ev:
+      result = run_strategy(strategy, kernel, ev, budget, default_opts(kernel))
+      wall, cpu = time.monotonic() - budget.started, time.process_time() - cpu
+      searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5)) if retime else (math.nan, math.nan)
+      where = search_rate(dt, ev, result.history, finished, wall, cpu, waited[0])
+  finally: evaluate.wait = wait
   late = [r for t, r in finished if t > WARM_S]
   rate = f"{len(late) / (wall - WARM_S):.1f}" if wall > WARM_S + 2 else f"- (a search of {seconds:.0f} s)"
   return TimedSearch(result, wall, sum(result.counts().values()), rate, where, searched_s, default_s)
 
 
-def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any]], wall: float, cpu: float) -> str:
-  """Where a search's seconds went: per candidate (medians) its render, compile, verify and run; the worker's busy share; the search
-  process's own CPU seconds (`cpu`: its strategy, its evaluator's bookkeeping) per candidate; how soon the first result came, and the
-  last; and how many of the candidates measured used tensor cores."""
+def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any]], wall: float, cpu: float, waited: float) -> str:
+  """Where a search's seconds went: per candidate (medians) its render, compile, verify and run; the worker's busy share, and the
+  share of the search it sat idle while the evaluator `waited` for a build; the search process's own CPU seconds (`cpu`: its strategy,
+  its evaluator's bookkeeping) per candidate; how soon the first result came, and the last; and how many of the candidates measured
+  used tensor cores."""
   med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
   built = list({r.source_hash: r for r in history if r.status != "invalid" and not r.stored}.values())
   each = {what: med([getattr(r, f"{what}_s") for r in built]) for what in ("render", "compile", "verify", "run")}
@@ -256,10 +266,9 @@ def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any
   return (f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in {ev.pool._max_workers} "
           f"{'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; run {each['run']:.0f} ms in the worker, of "
           f"it verify {each['verify']:.1f} ms (outputs compared on the {ev.checked_on or '?'}); the worker busy "
-          f"{sum(r.run_s for r in ran) / wall:.0%} of the search; the search's own process {cpu / max(1, len(finished)) * 1e3:.0f} ms of CPU a "
-          f"candidate; its first result at {first:.1f} s, its last at {last:.1f} s (then the "
-          f"finalists' re-time); "
-          f"{ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")
+          f"{sum(r.run_s for r in ran) / wall:.0%} of the search, idle waiting for a build {waited / wall:.0%}; the search's own process "
+          f"{cpu / max(1, len(finished)) * 1e3:.0f} ms of CPU a candidate; its first result at {first:.1f} s, its last at {last:.1f} s "
+          f"(then the finalists' re-time); {ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")
 
 
 def _with_arg(op: str, arg: int) -> Callable[[Any, list], list]:
