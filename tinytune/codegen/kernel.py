@@ -545,7 +545,7 @@ class Kernel:
       check(op is OptOps.GROUP or opt.axis == rows, f"{op.name} on attention in tiles splits the rows, axis {rows}")
       if op is OptOps.GROUP:
         check(opt.axis == 0 and self.sizes_of(AxisKind.GROUP) == 1, "one GROUP opt, on axis 0 (the keys)")
-        check(self.attention is not None and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
+        check(self.attention is not None and arg > 0 and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
     rem = self.remaining(self.n_global if op in (OptOps.STAGE, OptOps.GROUP) else rows)
     check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
     block, tile, group = self.flash_sizes()
