@@ -459,7 +459,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
   return 0
 
 
-def add_cache_parser(sub: Any) -> argparse.ArgumentParser:
+def add_cache_parser(sub: Any) -> None:
   cache = sub.add_parser("cache", help="tuning cache files for deployments: export, import, merge, list, verify, prune")
   cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"], help="what to do (see the README's cache files)")
   cache.add_argument("files", nargs="*", help="cache file(s): import FILE, merge A B, list [FILE], verify FILE, prune [FILE] (else the database)")
@@ -473,7 +473,7 @@ def add_cache_parser(sub: Any) -> argparse.ArgumentParser:
                       help="prune: also drop entries updated before this date (YYYY-MM-DD); those of other codegen versions always go")
   cache.add_argument("--db", default=None, help=DB_HELP)
   add_format(cache, "list: table (default), csv, md, json, html")
-  return cache
+  cache.add_argument("--target", default=None, help=TARGET_HELP)
 
 
 def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
@@ -626,6 +626,12 @@ def build_parser() -> argparse.ArgumentParser:
   ap = Parser(prog="tinytune", description="A kernel generator and autotuner.")
   ap.add_argument("--version", action="version", version=f"tinytune {__version__}")
   sub = ap.add_subparsers(dest="command", required=True)
+  for add in (add_search_parser, add_bench_parser, add_compare_parser, add_report_parser, add_devices_parsers, add_db_parser, add_cache_parser):
+    add(sub)
+  return ap
+
+
+def add_search_parser(sub: Any) -> None:
   search = sub.add_parser("search", help="find the fastest opts for each kernel of a workload and store them in the tuning cache")
   search.add_argument("workload", help="a workload of `tinytune kernels`")
   search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
@@ -648,9 +654,19 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("--quiet", action="store_true", help="no progress bar")
   search.add_argument("--objective", default="median", choices=["median", "min"], help="what ranks candidates: their runs' median or min")
   search.add_argument("--verbose", action="store_true", help="a line per candidate as measured, with its %% of the best (TINYTUNE_PRINT_TUNING=1)")
+  search.add_argument("--target", default=None, help=TARGET_HELP)
+
+
+def add_bench_parser(sub: Any) -> None:
   bench = sub.add_parser("bench", help="time a workload with its default and tuned opts beside PyTorch and NumPy")
   bench.add_argument("workload", help="a workload of `tinytune kernels`")
   bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
+  add_timing_args(bench)
+  bench.add_argument("--no-peak", action="store_true", help="do not measure the device's peak throughput if it is not stored yet")
+  bench.add_argument("--target", default=None, help=TARGET_HELP)
+
+
+def add_compare_parser(sub: Any) -> None:
   compare = sub.add_parser("compare", help="a table over sizes (or one): tinytune default and tuned, PyTorch, NumPy, and the speedups")
   compare.add_argument("workload", help="a workload of `tinytune kernels`")
   compare.add_argument("--sweep", action="append", default=[], help="KEY=V1,V2,... (repeat for a grid), e.g. --sweep n=256,512; none: one size")
@@ -658,17 +674,24 @@ def build_parser() -> argparse.ArgumentParser:
   compare.add_argument("--tune", action="store_true", help="search each size the tuning cache does not have (see --strategy, --budget)")
   compare.add_argument("--strategy", default="beam", help="search strategy for --tune (default beam)")
   compare.add_argument("--budget", type=count, default=40, help="candidates per kernel for --tune (default 40)")
-  for p in (bench, compare):
-    p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
-    p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
-    p.add_argument("--against", default=None, help=f"baselines to time: torch, numpy or both (default {DEFAULT_AGAINST}, without torch where "
-                   "it is not installed; named here, a missing one is an error)")
-    p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
-    p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
-    add_format(p)
-    p.add_argument("--db", default=None, help=DB_HELP)
-    p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
-  bench.add_argument("--no-peak", action="store_true", help="do not measure the device's peak throughput if it is not stored yet")
+  add_timing_args(compare)
+  compare.add_argument("--target", default=None, help=TARGET_HELP)
+
+
+def add_timing_args(p: argparse.ArgumentParser) -> None:
+  """What bench and compare share: the device, dtype, baselines and timing, the output and the database."""
+  p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
+  p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
+  p.add_argument("--against", default=None, help=f"baselines to time: torch, numpy or both (default {DEFAULT_AGAINST}, without torch where "
+                 "it is not installed; named here, a missing one is an error)")
+  p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
+  p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
+  add_format(p)
+  p.add_argument("--db", default=None, help=DB_HELP)
+  p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
+
+
+def add_report_parser(sub: Any) -> None:
   report = sub.add_parser("report", help="the results database as tables and plots: best results, baselines, search history")
   report.add_argument("--workload", default=None, help="only this workload")
   report.add_argument("--device", default=None, help="only this device: a kind (cpu), a label (CPU:1a2b3c4d) or a fingerprint hash prefix")
@@ -677,15 +700,14 @@ def build_parser() -> argparse.ArgumentParser:
   report.add_argument("--table", action="append", default=[], help="only this table: devices, best, baselines, history (repeatable)")
   report.add_argument("--out", default=None, help="write to this file instead of stdout")
   report.add_argument("--db", default=None, help=DB_HELP)
+
+
+def add_devices_parsers(sub: Any) -> None:
   devices = sub.add_parser("devices", help="the devices tinytune knows: fingerprints of those present, what is missing for the others")
-  kernels = sub.add_parser("kernels", help="the workload catalog with its parameters and defaults")
-  for p in (devices, kernels): add_format(p)
+  add_format(devices)
   devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again; each stored peak only rises")
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
-  add_db_parser(sub)
-  cache = add_cache_parser(sub)
-  for command in (search, bench, compare, cache): command.add_argument("--target", default=None, help=TARGET_HELP)
-  return ap
+  add_format(sub.add_parser("kernels", help="the workload catalog with its parameters and defaults"))
 
 
 def main(argv: list[str] | None = None) -> int:
