@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 
@@ -390,15 +391,7 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-  from datetime import datetime, timezone
-
-  import pandas as pd
-
-  from tinytune import engine
-  from tinytune.codegen import CODEGEN_VERSION
-  from tinytune.reports import render
-  from tinytune.results_db import Database, fingerprint_hash
-  from tinytune.results_db import cache as files
+  from tinytune.results_db import fingerprint_hash
   from tinytune.runtime import Device, device_fingerprint
 
   named = args.device
@@ -413,50 +406,84 @@ def cmd_cache(args: argparse.Namespace) -> int:
   if args.action in ("import", "verify") and len(args.files) != 1: raise ValueError(f"cache {args.action} takes one cache file")
   try: before = datetime.fromisoformat(args.before).replace(tzinfo=timezone.utc) if args.before else None
   except ValueError: raise ValueError(f"bad --before {args.before!r}: write a date, YYYY-MM-DD") from None
-  if args.action == "export":
-    db = Database(args.db)
-    if args.all: device_hash = None
-    elif args.device is None or named is not None: device_hash = here
-    elif len(match := [h for h in db.fingerprints() if h.startswith(args.device.lower())]) == 1: device_hash = match[0]
-    else: raise ValueError(f"--device {args.device!r} is no device name and matches {len(match)} fingerprints in {db!r}; give more of the hash")
-    out = files.export(db, args.out, device_hash, args.workload)
-    print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
-  elif args.action == "import":
-    stored, kept = files.import_file(Database(args.db), args.files[0], args.force)
-    engine.forget()  # programs in this process look their kernels up again
-    print(f"imported {stored} entries into the tuning cache; kept {kept} existing entries that were as fast or faster")
-  elif args.action == "merge":
-    if len(args.files) < 2: raise ValueError("cache merge takes two or more files")
-    out = files.merge(args.files, args.out)
-    print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
-  elif args.action == "prune":
-    if args.files:
-      out, dropped = files.prune(files.CacheFile.open(args.files[0]), args.files[0], CODEGEN_VERSION, before)
-      print(f"{out.path}: dropped {dropped} entries, kept {len(out.entries)}")
-    else: print(f"dropped {Database(args.db).prune_tuned(CODEGEN_VERSION, before)} entries from the tuning cache")
-  elif args.action == "verify":
-    cache = files.CacheFile.open(args.files[0])
-    m = cache.manifest
-    print(f"{cache.path}: format {m['format_version']}, made by tinytune {m.get('tinytune_version')} at {m.get('created_at')}, checksum ok;\n"
-          f"  {len(cache.entries)} entries for {len(cache.devices)} device(s), {len(cache.for_device(here))} for this device ({here[:12]})")
-    if not args.run: return 0
-    bad = 0
-    for e in cache.for_device(here).values():
-      verdict, speedup = _rerun(e, device)
-      bad += not verdict.startswith("ok")
-      print(f"  {e.kernel_name or e.kernel_key[:12]} {e.workload} {e.params}: {verdict}" + (f", {speedup:.2f}x the default" if speedup else ""))
-    return 1 if bad else 0
-  else:  # list
-    entries = files.CacheFile.open(args.files[0]).entries if args.files else [files.Entry(
-      t.kernel_key, t.device_hash, t.kernel_name, t.workload, t.params, t.opts_json, t.best_s, t.default_s, t.updated_at.isoformat())
-      for t in Database(args.db, read_only=True).tuned_entries()]
-    rows = [{"kernel": e.kernel_name or e.kernel_key[:12], "workload": e.workload, "params": json.loads(e.params) if e.params else None,
-             "device": e.device_hash[:12], "here": e.device_hash == here, "tuned_ms": ms(e.best_s), "default_ms": ms(e.default_s),
-             "speedup": e.speedup, "updated_at": e.updated_at[:19], "opts": json.loads(e.opts), "key": e.kernel_key} for e in entries]
-    title = f"tuning cache: {args.files[0] if args.files else 'the results database'} ({len(entries)} entries)"
-    _write(render({"entries": pd.DataFrame(rows)}, args.format, title, "cache list", {"source": args.files[0] if args.files else None},
-                  {"entries": title}), None)
+  if args.action == "export": _cache_export(args, here if args.device is None or named is not None else None)
+  elif args.action == "import": _cache_import(args)
+  elif args.action == "merge": _cache_merge(args)
+  elif args.action == "prune": _cache_prune(args, before)
+  elif args.action == "verify": return _cache_verify(args, device, here)
+  else: _cache_list(args, here)
   return 0
+
+
+def _cache_export(args: argparse.Namespace, here: str | None) -> None:
+  """`here`: this device's fingerprint hash, or None where --device is a prefix of another device's."""
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  db = Database(args.db)
+  if args.all: device_hash = None
+  elif here is not None: device_hash = here
+  elif len(match := [h for h in db.fingerprints() if h.startswith(args.device.lower())]) == 1: device_hash = match[0]
+  else: raise ValueError(f"--device {args.device!r} is no device name and matches {len(match)} fingerprints in {db!r}; give more of the hash")
+  out = files.export(db, args.out, device_hash, args.workload)
+  print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
+
+
+def _cache_import(args: argparse.Namespace) -> None:
+  from tinytune import engine
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  stored, kept = files.import_file(Database(args.db), args.files[0], args.force)
+  engine.forget()  # programs in this process look their kernels up again
+  print(f"imported {stored} entries into the tuning cache; kept {kept} existing entries that were as fast or faster")
+
+
+def _cache_merge(args: argparse.Namespace) -> None:
+  from tinytune.results_db import cache as files
+  if len(args.files) < 2: raise ValueError("cache merge takes two or more files")
+  out = files.merge(args.files, args.out)
+  print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
+
+
+def _cache_prune(args: argparse.Namespace, before: datetime | None) -> None:
+  from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  if args.files:
+    out, dropped = files.prune(files.CacheFile.open(args.files[0]), args.files[0], CODEGEN_VERSION, before)
+    print(f"{out.path}: dropped {dropped} entries, kept {len(out.entries)}")
+  else: print(f"dropped {Database(args.db).prune_tuned(CODEGEN_VERSION, before)} entries from the tuning cache")
+
+
+def _cache_verify(args: argparse.Namespace, device: str, here: str) -> int:
+  from tinytune.results_db import cache as files
+  cache = files.CacheFile.open(args.files[0])
+  m = cache.manifest
+  print(f"{cache.path}: format {m['format_version']}, made by tinytune {m.get('tinytune_version')} at {m.get('created_at')}, checksum ok;\n"
+        f"  {len(cache.entries)} entries for {len(cache.devices)} device(s), {len(cache.for_device(here))} for this device ({here[:12]})")
+  if not args.run: return 0
+  bad = 0
+  for e in cache.for_device(here).values():
+    verdict, speedup = _rerun(e, device)
+    bad += not verdict.startswith("ok")
+    print(f"  {e.kernel_name or e.kernel_key[:12]} {e.workload} {e.params}: {verdict}" + (f", {speedup:.2f}x the default" if speedup else ""))
+  return 1 if bad else 0
+
+
+def _cache_list(args: argparse.Namespace, here: str) -> None:
+  import pandas as pd
+
+  from tinytune.reports import render
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  entries = files.CacheFile.open(args.files[0]).entries if args.files else [files.Entry(
+    t.kernel_key, t.device_hash, t.kernel_name, t.workload, t.params, t.opts_json, t.best_s, t.default_s, t.updated_at.isoformat())
+    for t in Database(args.db, read_only=True).tuned_entries()]
+  rows = [{"kernel": e.kernel_name or e.kernel_key[:12], "workload": e.workload, "params": json.loads(e.params) if e.params else None,
+           "device": e.device_hash[:12], "here": e.device_hash == here, "tuned_ms": ms(e.best_s), "default_ms": ms(e.default_s),
+           "speedup": e.speedup, "updated_at": e.updated_at[:19], "opts": json.loads(e.opts), "key": e.kernel_key} for e in entries]
+  title = f"tuning cache: {args.files[0] if args.files else 'the results database'} ({len(entries)} entries)"
+  _write(render({"entries": pd.DataFrame(rows)}, args.format, title, "cache list", {"source": args.files[0] if args.files else None},
+                {"entries": title}), None)
 
 
 def add_cache_parser(sub: Any) -> None:
