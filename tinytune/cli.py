@@ -105,12 +105,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
   params = workload.params(parse_params(args.param, workload.names), is_gpu(device))
   options = check_options(args.strategy, search_options(args))  # fail early on a bad name, option or missing optional dependency
-  if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
-    raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
-                     "add --oversubscribe to start them anyway")
-  if args.workers > MAX_OVERSUBSCRIBE * cores:  # each worker is a process with its own timing worker: thousands would exhaust the machine
-    raise ValueError(f"--workers {args.workers} is more than {MAX_OVERSUBSCRIBE} per core ({MAX_OVERSUBSCRIBE * cores} here), "
-                     "even with --oversubscribe")
+  _check_workers(args.workers, args.oversubscribe)
   _check_format(args.format)
   console = Console(stderr=True, quiet=args.quiet or args.format == "json")
   _runs_on(workload, params, dtype, device)
@@ -138,6 +133,16 @@ def cmd_search(args: argparse.Namespace) -> int:
   _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
   _emulated_note(device)
   return 0
+
+
+def _check_workers(workers: int, oversubscribe: bool) -> None:
+  """`search --workers`: at most the cores here, or MAX_OVERSUBSCRIBE a core with --oversubscribe."""
+  if workers > (cores := os.cpu_count() or 1) and not oversubscribe:
+    raise ValueError(f"--workers {workers} is more than the {cores} cores here, where workers only slow each other; "
+                     "add --oversubscribe to start them anyway")
+  if workers > MAX_OVERSUBSCRIBE * cores:  # each worker is a process with its own timing worker: thousands would exhaust the machine
+    raise ValueError(f"--workers {workers} is more than {MAX_OVERSUBSCRIBE} per core ({MAX_OVERSUBSCRIBE * cores} here), "
+                     "even with --oversubscribe")
 
 
 def search_options(args: argparse.Namespace) -> dict[str, str]:
@@ -306,10 +311,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import store
-  from tinytune.kernels.peaks import device_peaks
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
-  from tinytune.runtime import Device, device_fingerprint
+  from tinytune.runtime import Device
   from tinytune.search.worker import mismatches
 
   _check_format(args.format)
@@ -320,10 +324,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _against(args.against or DEFAULT_AGAINST)
   _runs_on(workload, params, dtype, device)
   against = _installed(against, args)
-  try: peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak and not Device[device].emulated)  # an emulator has none
-  except RuntimeError as e:  # a GPU's probe runs PyTorch there, which may be missing or built without that device
-    peaks = None
-    print(f"tinytune: note: the peak of {device} cannot be measured ({e}); roof_pct is left out", file=sys.stderr)
+  peaks = _peaks(db, device, measure=not args.no_peak)
   timings = _timings(workload, params, device, against, db, dtype, args)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
@@ -349,6 +350,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
   _emulated_note(device)
   if not ok: print(f"tinytune: error: {workload.name} in {dtype.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
+
+
+def _peaks(db: Any, device: str, measure: bool) -> tuple[float, float] | None:
+  """The device's peak (GFLOPS, GB/s) for bench's roof_pct, measured where it is not stored and `measure` says so; None, after a note,
+  where it cannot be measured."""
+  from tinytune.kernels.peaks import device_peaks
+  from tinytune.runtime import Device, device_fingerprint
+  try: return device_peaks(db, device, device_fingerprint(device), measure=measure and not Device[device].emulated)  # an emulator has none
+  except RuntimeError as e:  # a GPU's probe runs PyTorch there, which may be missing or built without that device
+    print(f"tinytune: note: the peak of {device} cannot be measured ({e}); roof_pct is left out", file=sys.stderr)
+    return None
 
 
 def cmd_db(args: argparse.Namespace) -> int:
