@@ -545,9 +545,15 @@ class Kernel:
       check(op is OptOps.GROUP or opt.axis == rows, f"{op.name} on attention in tiles splits the rows, axis {rows}")
       if op is OptOps.GROUP:
         check(opt.axis == 0 and self.sizes_of(AxisKind.GROUP) == 1, "one GROUP opt, on axis 0 (the keys)")
-        check(self.attention is not None and arg > 0 and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
+        check(self.attention is not None and arg != 0 and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
     rem = self.remaining(self.n_global if op in (OptOps.STAGE, OptOps.GROUP) else rows)
     check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
+    self.check_flash_fits(op, arg)
+    if op is OptOps.STAGE: self.split_outer(AxisKind.STAGE, rem.dim, rem.size // arg)
+    else: self.split_inner(AxisKind[op.name], rem.dim, arg)
+
+  def check_flash_fits(self, op: OptOps, arg: int) -> None:
+    """Attention in tiles after STAGE, GROUP, LOCAL or UPCAST `arg`: a workgroup's threads, each thread's rows and the tiles' shared memory."""
     block, tile, group = self.flash_sizes()
     if op in (OptOps.LOCAL, OptOps.UPCAST): block *= arg
     if op is OptOps.STAGE: tile = arg
@@ -557,8 +563,6 @@ class Kernel:
     check(upcast <= 16, "over 16 rows a thread")
     check((need := self.flash_bytes(block, tile, group)) <= self.caps.shared_bytes,
           f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
-    if op is OptOps.STAGE: self.split_outer(AxisKind.STAGE, rem.dim, rem.size // arg)
-    else: self.split_inner(AxisKind[op.name], rem.dim, arg)
 
   def flash_tc_opt(self, opt: Opt) -> None:
     """TC on attention: each warp 16 rows (a TC axis), by mma.sync; then STAGE (tiles of 16 keys) and the rows' LOCAL (warps)."""
