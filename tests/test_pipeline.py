@@ -16,10 +16,10 @@ from test_mma_on_host import _run_on_host, host_source
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen import kernel as kernel_module
-from tinytune.codegen import lower as lower_module
 from tinytune.codegen.caps import amd_caps, cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer, dynamic_shared
 from tinytune.codegen.kernel import KernelOptError, swizzle_line
+from tinytune.codegen.lower import lowerer as lower_module
 from tinytune.dtype import DType
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import ScheduleItem, create_schedule

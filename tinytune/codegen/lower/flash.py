@@ -1,0 +1,236 @@
+"""Attention in tiles through shared memory (FlashAttention-2's shape), on CUDA cores and on tensor cores."""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING
+
+from tinytune.codegen.kernel import FLASH_PAD, TC_PAD, AxisKind
+from tinytune.codegen.lower.attention import _const, _keep, _read, _shift, _total
+from tinytune.codegen.lower.program import TRUE, AccArg, Kind, LinearProgram, LoadArg, LocalArg, LoopArg, SpecialArg, StoreArg, Val, stmt
+from tinytune.dtype import dtypes
+from tinytune.shape import strides_for
+from tinytune.uop import Ops, UOp, linear_sum
+
+if TYPE_CHECKING:
+  from tinytune.codegen.lower.lowerer import Lowerer
+
+
+def flash_attention(lw: Lowerer) -> LinearProgram:
+  """Attention in tiles (Kernel.flash_opt, the FlashAttention-2 shape on CUDA cores): a workgroup takes a block of query rows, copies
+  them to shared memory once (scaled by scale / ln 2: the scores in base 2), then for each tile of keys (STAGE) copies the keys and
+  values to shared memory, every thread a share of them in vectors, so each is read from memory once a workgroup, not once a row.
+  The threads are a grid of row groups (LOCAL) by threads per row (GROUP, the fastest): a thread computes its rows' (UPCAST) scores
+  for every GROUP-th key of the tile, a register tile of dot products read as vectors along the head dim; the rows' maxima of the
+  tile meet in shared memory, each thread takes the new running max m of its rows, writes its probabilities 2^(s - m) to shared
+  memory and their sums beside them; then each thread rescales its rows' output accumulators (every GROUP-th vector of the value
+  dims) and sum l by 2^(m_old - m) and adds the tile's probabilities times values. Four barriers a tile: after the copies, the
+  maxima, the probabilities, and the products (the next copy overwrites what they read). Causal: a tile of keys past the block's
+  last row is skipped by the whole workgroup, a key past its row is -inf. A mask is read at the row and key as attention's."""
+  k, node = lw.k, lw.k.attention
+  assert node is not None
+  q, keys, values, *masks = node.src
+  scale, causal = node.arg
+  n, f32, i64, (e_size, ev_size) = k.n_global, dtypes.float32, dtypes.int64, (q.shape[-1], node.shape[-1])
+  block, tile, group = k.flash_sizes()
+  vars, zero = lw.nesting.vars, UOp.const(dtypes.int64, 0)
+  stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+  svar, rvar = vars[stage], vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
+  gvar = next((vars[i] for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), zero)
+  lw.width = w = 4 if e_size % 4 == 0 and ev_size % (4 * group) == 0 and tile % 4 == 0 else 1
+  lw.lane = UOp.var("lane", 0, w - 1)
+  lane = lw.lane if w > 1 else zero
+  threads = k.launch_dims[1]
+  lid = UOp.var("lid", 0, threads - 1) if threads > 1 else zero
+  qs, ks, vs = e_size + FLASH_PAD, e_size + FLASH_PAD, ev_size + FLASH_PAD  # the tiles' row strides
+  ps = tile + FLASH_PAD
+  def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
+  def shared(name: str, off: UOp) -> Val: return lw.read(f32, name, lw.simplify(off), TRUE)
+  def put(name: str, val: Val, off: UOp, guard: UOp = TRUE) -> None: lw.store(val, lw.simplify(off), guard, name, f32)
+  def lanes(v: Val) -> list[Val]: return [Val(Kind.SCALAR, (v.lane(i),)) for i in range(w)] if v.kind is not Kind.SCALAR else [v] * w
+  # the workgroup's rows: each UPCAST instance's row in the block and in the kernel; the batch dims are the workgroup's
+  row_base = linear_sum(i64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == n - 1 and a.kind is AxisKind.GLOBAL], 0, lw.simplified)
+  rows = []
+  for inst in lw.instances((AxisKind.UPCAST,)):
+    dims = lw.dims(inst)
+    rows.append((lw.simplify(dims[n - 1] - row_base), dims[n - 1]))
+  batch = lw.dims({})[:n - 1]
+  key_dim = lw.dims({})[n]  # s * tile + r * group + g: the thread's j-th key of the tile at r = j
+  tile_keys = [lw.simplify(key_dim.substitute({v: UOp.const(i64, x) for v, x in ((svar, 0), (rvar, j)) if v.op is Ops.VAR}))
+               for j in range(tile // group)]
+  def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
+    """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as float32."""
+    chunks, per = count * (size // w), size // w
+    for j in range(-(-chunks // threads)):
+      c = lw.simplify(lid + j * threads)
+      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
+      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
+      r, e = lw.simplify(c // per), lw.simplify(c % per * w + lane)
+      val = _read(lw, view, (*batch, lw.simplify(first + r), e))
+      if name == "fq": val = op(Ops.MUL, val, _const(scale / math.log(2)))
+      put(name, val, r * stride + e, guard)
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in k.flash_arrays(block, tile, group)]
+  def acc(name: str, start: float, width: int = 1) -> Val:
+    decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
+    return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
+  cols = ev_size // (w * group)  # the thread's vectors of each row's output: every GROUP-th
+  out_at = [lw.simplify(UOp.const(i64, c * w * group) + gvar * w + lane) for c in range(cols)]
+  state = [(acc(f"row_max{a}", -math.inf), acc(f"row_sum{a}", 0.0), [acc(f"out{a}_{c}", 0.0, w) for c in range(cols)]) for a in range(len(rows))]
+  pre = lw.lines = []
+  lw.memo = {}
+  copy(q, "fq", row_base, block, e_size, qs)
+  body = lw.lines = []
+  lw.memo = {}
+  copy(keys, "fk", svar * tile, tile, e_size, ks)
+  copy(values, "fv", svar * tile, tile, ev_size, vs)
+  body.append(stmt(Ops.BARRIER))
+  # the scores of the thread's rows and keys
+  dots: dict[tuple[int, int], Val] = {}  # scalars, a multiply-add a lane (vectors of partial sums took 4x the registers: 198 a thread)
+  for c in range(e_size // w):
+    qv = [lanes(shared("fq", r * qs + c * w + lane)) for r, _ in rows]
+    kv = [lanes(shared("fk", kt * ks + c * w + lane)) for kt in tile_keys]
+    for (a, x), (b, y), i in itertools.product(enumerate(qv), enumerate(kv), range(w)):
+      dots[a, b] = op(Ops.MUL, x[i], y[i]) if (a, b) not in dots else op(Ops.ADD, dots[a, b], op(Ops.MUL, x[i], y[i]))
+  scores: dict[tuple[int, int], Val] = {}
+  for (a, (_, row)), b in itertools.product(enumerate(rows), range(len(tile_keys))):
+    t = dots[a, b]
+    key = lw.simplify(svar * tile + tile_keys[b])
+    if causal: t = _keep(lw, lw.index_val(lw.simplify(key.lt(row + 1))), t)
+    for mask in masks:
+      if mask.dtype == dtypes.bool: t = _keep(lw, lw.node(mask, (*batch, row, key)), t)
+      else: t = op(Ops.ADD, t, op(Ops.MUL, _read(lw, mask, (*batch, row, key)), _const(1 / math.log(2))))
+    scores[a, b] = t
+  for a, (r, _) in enumerate(rows): put("fm", _total(lw, [scores[a, b] for b in range(len(tile_keys))], Ops.MAX), gvar * block + r)
+  body.append(stmt(Ops.BARRIER))
+  # the new running max, the probabilities and their sums
+  alphas = []
+  for a, (r, _) in enumerate(rows):
+    m = state[a][0]
+    new_m = op(Ops.MAX, m, _total(lw, [shared("fm", UOp.const(i64, g * block) + r) for g in range(group)], Ops.MAX))
+    base = _shift(lw, new_m, bool(masks))
+    alphas.append(op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base))))
+    probs = [op(Ops.EXP2, op(Ops.ADD, scores[a, b], op(Ops.NEG, base))) for b in range(len(tile_keys))]
+    for kt, p in zip(tile_keys, probs): put("fp", p, r * ps + kt)
+    put("fl", _total(lw, probs), gvar * block + r)
+    lw.emit(Ops.ASSIGN, m.items[0], lw.vec(new_m), TRUE)
+  body.append(stmt(Ops.BARRIER))
+  # the outputs: rescaled, plus the tile's probabilities times its values
+  news: dict[tuple[int, int], Val] = {}
+  for a, (r, _) in enumerate(rows):
+    l = state[a][1]
+    lsum = _total(lw, [shared("fl", UOp.const(i64, g * block) + r) for g in range(group)])
+    lw.emit(Ops.ASSIGN, l.items[0], lw.vec(op(Ops.ADD, op(Ops.MUL, l, alphas[a]), lsum)), TRUE)
+    for c, o in enumerate(state[a][2]): news[a, c] = op(Ops.MUL, o, alphas[a])
+  for kk in range(0, tile, w):
+    pv = [lanes(shared("fp", r * ps + kk + lane)) for r, _ in rows]
+    for j in range(w):
+      for c in range(cols):
+        vv = shared("fv", (kk + j) * vs + out_at[c])
+        for a in range(len(rows)): news[a, c] = op(Ops.ADD, news[a, c], op(Ops.MUL, pv[a][j], vv))
+  for (a, c), val in news.items(): lw.emit(Ops.ASSIGN, state[a][2][c].items[0], lw.vec(val), TRUE)
+  body.append(stmt(Ops.BARRIER))
+  if causal:  # the tiles past the block's last row: the whole workgroup skips them
+    body[:] = [stmt(Ops.IF, lw.simplify((svar * tile).lt(row_base + block)).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  post = lw.lines = []
+  lw.memo = {}
+  strides = strides_for(k.out_shape)
+  for a, (_, row) in enumerate(rows):
+    inv = op(Ops.RECIP, state[a][1])
+    for c, o in enumerate(state[a][2]):
+      val = op(Ops.MUL, o, inv)
+      if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+      off = lw.simplify(sum((x * st for x, st in zip((*batch, row, out_at[c]), strides) if st), UOp.const(i64, 0)))
+      lw.store(val, off, TRUE)
+  local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
+  ids = lw.nesting.group_ids() + ([stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0))] if threads > 1 else [])
+  ids += lw.nesting.unflatten(local + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP], "lid")
+  return LinearProgram(k, w, ids + decls + pre + lw.nesting.nest([stage], body) + post)
+
+
+def flash_attention_tc(lw: Lowerer) -> LinearProgram:
+  """Attention in tiles on tensor cores (Kernel.flash_tc, 16-bit inputs, CUDA's mma.sync), FlashAttention-2's warp plan: a workgroup
+  copies its rows of queries to shared memory as they are (16 bits), each warp loads its 16 rows' A fragments once by ldmatrix; for
+  each tile of keys (STAGE) the workgroup copies the keys and values, each warp takes S = Q K^T into float32 accumulators (the keys'
+  rows are B's columns: ldmatrix), the online softmax on them where they are ("softmax": a row's max and sum over its 4 lanes by
+  shuffles; the output accumulators rescaled), P's accumulators packed to 16 bits as P V's A fragments ("pack": the C fragment's
+  pairs are A's) and V by ldmatrix.trans. At the end each lane's sums meet their row's ("finish") and the outputs go out through the
+  warp's 256 floats of shared memory as the matmul's do. Causal: a tile past the block's last row is skipped, a key past its row is
+  -inf. The scale is applied to S in float32 (the queries stay as they are)."""
+  k, node = lw.k, lw.k.attention
+  assert node is not None
+  q, keys, values = node.src
+  scale, causal = node.arg
+  n, f32, i64, dt, (e_size, ev_size) = k.n_global, dtypes.float32, dtypes.int64, q.dtype, (q.shape[-1], node.shape[-1])
+  block, tile, _ = k.flash_sizes()
+  vars, zero = lw.nesting.vars, UOp.const(dtypes.int64, 0)
+  stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+  svar, rvar = vars[stage], vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
+  tc_axis = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC)
+  local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
+  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma", *arg))
+  threads = k.launch_dims[1]
+  lid = UOp.var("lid", 0, threads - 1)
+  ld, lv = e_size + TC_PAD, ev_size + TC_PAD  # the tiles' row strides
+  dims0 = lw.dims({tc_axis: zero})
+  batch, row0 = dims0[:n - 1], dims0[n - 1]  # the warp's first row
+  row_base = lw.simplify(dims0[n - 1].substitute({vars[i]: zero for i in local}))  # the workgroup's
+  warp_row = lw.simplify(row0 - row_base)
+  key0 = lw.simplify(lw.dims({})[n].substitute({rvar: zero}))  # the tile's first key
+  def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
+    """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as they are:
+    16 bytes a cp.async (Kernel.flash_opt: rows contiguous and 16-byte aligned), waited for at the next barrier."""
+    chunks, per = count * size // 8, size // 8
+    for j in range(-(-chunks // threads)):
+      c = lw.simplify(lid + j * threads)
+      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
+      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
+      r, e = lw.simplify(c // per), lw.simplify(c % per * 8)
+      load = stmt(Ops.LOAD, lw.simplify(view.arg.index((*batch, lw.simplify(first + r), e))[0]), TRUE,
+                  arg=LoadArg(None, 8, lw.bufs[view.src[0].arg]), dtype=dt)
+      lw.lines.append(stmt(Ops.STORE, lw.simplify(r * stride + e), load, guard, arg=StoreArg(8, name, False, "cg"), dtype=dt))
+  copied = [stmt(Ops.BARRIER, arg="commit_group"), stmt(Ops.BARRIER, arg=("wait_group", 0)), stmt(Ops.BARRIER)]
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size, True), dtype=dt)
+           for name, size in (("fq", block * ld), ("fk", tile * ld), ("fv", tile * lv))]
+  s_accs, o_accs = list(range(tile // 16)), list(range(tile // 16, tile // 16 + ev_size // 16))
+  decls += [wmma("acc", j) for j in o_accs] + [wmma("state")]
+  lw.width, lw.lane = 1, UOp.var("lane", 0, 0)
+  pre = lw.lines = []
+  lw.memo = {}
+  copy(q, "fq", row_base, block, e_size, ld)
+  pre += copied
+  for c in range(e_size // 16):
+    pre += [wmma("fragment", f"qa{c}", "a", dt, "row_major"),
+            wmma("load", f"qa{c}", "fq", ld, "a", "row_major", True, src=(lw.simplify(warp_row * ld + 16 * c),))]
+  body = lw.lines = []
+  lw.memo = {}
+  copy(keys, "fk", svar * tile, tile, e_size, ld)
+  copy(values, "fv", svar * tile, tile, ev_size, lv)
+  body += copied
+  body += [wmma("acc", j) for j in s_accs]
+  for j, c in itertools.product(s_accs, range(e_size // 16)):
+    body += [wmma("fragment", f"kb{j}_{c}", "b", dt, "col_major"),
+             wmma("load", f"kb{j}_{c}", "fk", ld, "b", "col_major", True, src=(UOp.const(i64, 16 * j * ld + 16 * c),)),
+             wmma("mma", j, f"qa{c}", f"kb{j}_{c}", dt)]
+  body.append(wmma("softmax", tuple(s_accs), tuple(o_accs), scale / math.log(2), causal, src=(row0, key0)))
+  for j in s_accs:
+    body.append(wmma("pack", f"pa{j}", j, dt))
+    for c, o in enumerate(o_accs):
+      body += [wmma("fragment", f"vb{j}_{c}", "b", dt, "row_major"),
+               wmma("load", f"vb{j}_{c}", "fv", lv, "b", "row_major", True, src=(UOp.const(i64, 16 * j * lv + 16 * c),)),
+               wmma("mma", o, f"pa{j}", f"vb{j}_{c}", dt)]
+  body.append(stmt(Ops.BARRIER))
+  if causal:  # the tiles past the block's last row: the whole workgroup skips them
+    body[:] = [stmt(Ops.IF, lw.simplify((svar * tile).lt(row_base + block)).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  post = lw.lines = [wmma("finish", tuple(o_accs)), stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", block // 16 * 256), dtype=f32)]
+  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
+  strides = strides_for(k.out_shape)
+  for c, o in enumerate(o_accs):  # one tile at a time through the warp's 256 floats of shared memory, as tensor_cores' outputs
+    post += [wmma("store", o), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+    lw.memo = {}
+    val = Val(Kind.SCALAR, (UOp(Ops.CELL, f32, (), ("tiles", "warp*256+lane+32*pair")),))
+    if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+    at = (*batch, lw.simplify(row0 + tile_row + 2 * pair), lw.simplify(tile_col + 16 * c))
+    lw.store(val, lw.simplify(sum((x * st for x, st in zip(at, strides) if st), UOp.const(i64, 0))), TRUE)
+    post += [stmt(Ops.ENDRANGE), wmma("sync")]
+  ids = lw.nesting.group_ids() + [wmma("ids")] + lw.nesting.unflatten(local, "warp")
+  return LinearProgram(k, 1, ids + decls + pre + lw.nesting.nest([stage], body) + post)

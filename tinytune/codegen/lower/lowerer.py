@@ -1,0 +1,597 @@
+"""The core of lowering: statements, values, loops and reduces of one kernel."""
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import NamedTuple
+
+from tinytune.codegen.kernel import AxisKind, Kernel, swizzle_line
+from tinytune.codegen.lower.dots import DotPairs
+from tinytune.codegen.lower.loops import Copies, LoopNest
+from tinytune.codegen.lower.program import (
+  ARITH,
+  CMP,
+  TRUE,
+  AccArg,
+  FoldArg,
+  Kind,
+  LinearProgram,
+  LoadArg,
+  LocalArg,
+  LoopArg,
+  StoreArg,
+  Target,
+  Val,
+  identity,
+  load_arg,
+  stmt,
+  store_arg,
+  value_arg,
+)
+from tinytune.codegen.lower.rows import RowArrays
+from tinytune.dtype import DType, dtypes
+from tinytune.helpers import prod
+from tinytune.shape import split_offset, strides_for
+from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
+
+
+class StagedTile(NamedTuple):  # STAGE: a staged input's tile in shared memory
+  name: str
+  dims: list[tuple[int, int]]  # (dim, extent), outermost first (Kernel.stage_tiles)
+  strides: list[int]
+  size: int  # elements of one K tile: PIPELINE's ring holds Kernel.stages of them
+  line: int  # elements of a swizzled line (kernel.swizzle_line; 0: not swizzled): 16-byte chunk c of line i is at c ^ (i % 8)
+
+
+class Lowerer:
+  def __init__(self, k: Kernel, target: Target, rows: bool):
+    self.k, self.target, self.count = k, target, 0
+    self.lines: list[UOp] = []
+    self.memo: dict[tuple, Val] = {}
+    self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
+    self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
+    self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
+    self.acc_at: dict[tuple[UOp, tuple[UOp, ...]], Val] = {}
+    self.stage = {r: i for i, r in enumerate(k.reduceops)}  # a chain's reduces run one loop each, in this order
+    self.unpadded = -1  # a padded dim lowered as if unpadded (split)
+    self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
+    self.combine: list[list[UOp]] = [[] for _ in k.reduceops]  # after each reduce loop: each LANES accumulator from its partials
+    self.unfolded: list[list[tuple[UOp, UOp]]] = [[] for _ in k.reduceops]  # LANES accumulators (named) and their lanes' vector, to fold
+    self.decls: list[UOp] = []
+    self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
+    self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
+    self.rows = RowArrays.of(self) if rows else None
+    self.in_body = False
+    self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
+    self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
+    # STAGE: each staged input's tile in shared memory (mma.sync's swizzled, see Kernel.stage_tiles)
+    self.staged: dict[UOp, StagedTile] = {}
+    if target.has_local and any(a.kind is AxisKind.STAGE for a in k.axes):
+      for j, (view, dims, pad) in enumerate(k.stage_tiles()):
+        strides = list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad)))
+        line = swizzle_line(dims[-1][1] * view.dtype.itemsize) // view.dtype.itemsize if k.tc is not None and k.tc.mma and not pad else 0
+        self.staged[view] = StagedTile(f"tile{j}", dims, strides, dims[0][1] * strides[0], line)
+    # PACK: each packed input's array, its panel's dims (see Kernel.pack_tiles), the array's strides and where its copy goes
+    self.packed: dict[UOp, tuple[str, list[tuple[int, int]], list[int], int]] = {}
+    for j, (view, at, dims) in enumerate(k.pack_tiles() if k.pack else []):
+      self.packed[view] = (f"pack{j}", dims, list(strides_for(tuple(e for _, e in dims))), at)
+    # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
+    # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
+    # combined after the loop
+    self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
+    self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
+    pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
+    self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
+    lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
+    for i, a in enumerate(k.axes if k.attention is None else ()):  # attention's rows are scalars (see attention)
+      if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
+         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype in self.vf:
+        self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
+        self.lane_axis = i if self.width > 1 else -1
+    # a row written after its statistic (see Kernel.reduce_out_dims): its UPCAST along the row in vectors too, beside the reduce's lanes
+    self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
+                          and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype in self.vf), -1)
+    self.lane = UOp.var("lane", 0, self.width - 1)
+    self.nesting = LoopNest(k)
+
+  def simplify(self, u: UOp) -> UOp: return simplify(u, self.simplified)
+
+  # ***** statements *****
+  def emit(self, op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> UOp:
+    self.lines.append(u := UOp.unique(op, dtype, src, arg))
+    return u
+
+  def value(self, op: Ops, dtype: DType, src: tuple[UOp, ...], width: int = 1, prefix: str = "v") -> UOp:
+    self.count += 1
+    return self.emit(op, *src, arg=value_arg(prefix, self.count, width), dtype=dtype)
+
+  def vec(self, v: Val) -> UOp:
+    if v.kind is not Kind.LANES: return v.items[0]  # scalars mix with vectors in the C vector operators
+    return self.value(Ops.VECTORIZE, dtypes.float32, v.items, self.width)
+
+  def splat(self, v: Val) -> UOp:
+    """A float32 value as a native vector: a scalar repeated in every lane."""
+    return UOp.unique(Ops.VECTORIZE, dtypes.float32, v.items * self.width) if v.kind is Kind.SCALAR else self.vec(v)
+
+  def mask(self, v: Val) -> UOp:
+    """A bool value as a vector of -1 (true) and 0 lanes."""
+    if v.kind is Kind.VECTOR: return v.items[0]
+    return self.value(Ops.VECTORIZE, dtypes.bool, tuple(v.lane(i) for i in range(self.width)), self.width)
+
+  def vectorizable(self, base: UOp) -> bool:
+    """Whether a vector access may start at index `base` (aligned where the device needs it: the GPUs' 16-byte accesses)."""
+    return not self.target.aligned_vectors or self.simplify(base % self.width) is UOp.const(base.dtype, 0)
+
+  def subst_lane(self, u: UOp, i: int) -> UOp:
+    if not (u.dtype.is_int and is_linear(u)): return self.simplify(u.substitute({self.lane: UOp.const(dtypes.int64, i)}))
+    terms, c = linear(u)  # the lane's term joins the constant, as simplify would fold it
+    return from_linear(u.dtype, {t: v for t, v in terms.items() if t is not self.lane}, c + terms.get(self.lane, 0) * i)
+  def lane_dep(self, *us: UOp) -> bool: return self.width > 1 and any(self.lane in u.vars for u in us)
+  def contiguous(self, off: UOp, base: UOp) -> bool: return self.simplify(off - base) is self.lane and self.vectorizable(base)
+
+  def index_val(self, u: UOp) -> Val:
+    if not self.lane_dep(u): return Val(Kind.SCALAR, (u,))
+    return Val(Kind.LANES, tuple(self.subst_lane(u, i) for i in range(self.width)))
+
+  # ***** dims *****
+  def dims(self, inst: dict[int, UOp]) -> list[UOp]:
+    """Each kernel dim's index: loop variables, plus the register parts fixed by `inst` (0 where it has none)."""
+    zero = UOp.const(dtypes.int64, 0)
+    def parts(d: int) -> list[tuple[UOp, int]]:
+      return [(self.nesting.vars[i] if i in self.nesting.vars else inst.get(i, zero), a.stride) for i, a in enumerate(self.k.axes) if a.dim == d]
+    return [linear_sum(dtypes.int64, parts(d), 0, self.simplified) for d in range(len(self.k.sizes))]
+
+  def clamp(self, d: int, e: UOp) -> UOp:
+    """Padded dims index memory clamped to the last real element; the store and the reduce mask the padding."""
+    if d not in self.k.padded or d == self.unpadded: return e
+    real = self.k.padded[d]
+    return self.simplify(UOp(Ops.WHERE, e.dtype, (e.lt(real), e, UOp.const(e.dtype, real - 1))))
+
+  def guard(self, dims: list[UOp], which: range) -> UOp:
+    g = TRUE
+    for d in which:
+      if d in self.k.padded and d != self.unpadded: g = g.logical_and(dims[d].lt(self.k.padded[d]))
+    return self.simplify(g)
+
+  def instances(self, kinds: tuple[AxisKind, ...]) -> list[dict[int, UOp]]:
+    """The register parts' values, each dim's outer part first, so an unrolled reduce over one dim adds in memory order."""
+    axes = sorted((i for i, a in enumerate(self.k.axes) if a.kind in kinds), key=lambda i: (self.k.axes[i].dim, -self.k.axes[i].stride))
+    lane_axes = (self.lane_axis, self.row_axis)
+    ranges = [range(0, self.k.axes[i].size, self.width if i in lane_axes else 1) for i in axes]
+    return [{i: UOp.const(dtypes.int64, v) + (self.lane if i in lane_axes else 0) for i, v in zip(axes, vals)}
+            for vals in itertools.product(*ranges)]
+
+  def view_index(self, view: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+    """A view's simplified offset and validity at `idx`, and the index of its source (where that is not a buffer), computed once
+    for the indices the view reads (not those of stride 0 and no mask)."""
+    v = view.arg
+    used = tuple(i if st != 0 or (v.mask is not None and v.mask[d] != (0, v.shape[d])) else None for d, (i, st) in enumerate(zip(idx, v.strides)))
+    if (key := (view, used)) not in self.view_indices:
+      valid = TRUE if v.mask is None else self.simplify(v.index(idx)[1])
+      off, src = linear_sum(dtypes.int64, [(i, st) for i, st in zip(idx, v.strides) if st != 0], v.offset, self.simplified), view.src[0]
+      child = () if src.op is Ops.BUFFER else split_offset(off, src.shape, self.simplify)
+      self.view_indices[key] = (off, valid, child)
+    return self.view_indices[key]
+
+  # ***** values *****
+  def node(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    key = (u, idx)
+    if key in self.memo: return self.memo[key]
+    if u.op is Ops.CONST: ret = Val(Kind.SCALAR, (u,))
+    elif u.op is Ops.VIEW:
+      off, valid, child = self.view_index(u, idx)
+      if valid.op is Ops.CONST and not valid.arg: ret = Val(Kind.SCALAR, (UOp.const(u.dtype, 0),), padding=True)
+      elif self.in_body and u in self.staged: ret = self.tile_read(u)
+      elif self.in_body and u in self.packed: ret = self.pack_read(u)
+      elif (src := u.src[0]).op is Ops.BUFFER:
+        if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
+        ret = self.memo[lkey]
+      else:
+        ret = self.node(src, child)
+        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
+    elif u.op is Ops.REDUCE: ret = self.acc(u, idx)
+    elif self.rows is not None and u is self.rows.source and not self.in_body and self.rows.holds(idx): ret = self.rows.load(idx)
+    elif u.op is Ops.CONTIGUOUS: ret = self.node(u.src[0], idx)
+    elif u.op is Ops.GATHER: ret = self.gather(u, idx)
+    elif u.op is Ops.CHECK: ret = self.check(u, idx)
+    else: ret = self.alu(u.op, u.dtype, [self.node(s, idx) for s in u.src], [s.dtype for s in u.src])
+    self.memo[key] = ret
+    return ret
+
+  def gather(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """x at idx but for dim d, whose index is the value of the index expression there: a variable clamped into range, the read
+    zeroed where it was out of range. Where that value differs by lane, each lane reads on its own."""
+    d, n = u.arg, u.src[0].shape[u.arg]
+    at = self.node(u.src[1], idx)
+    lanes = [idx] if at.kind is Kind.SCALAR else [tuple(self.subst_lane(e, i) for e in idx) for i in range(self.width)]
+    vals, oks = [], []
+    for i, lane_idx in enumerate(lanes):
+      ok = self.value(Ops.INRANGE, dtypes.bool, (at.lane(i), UOp.const(dtypes.int64, n)))
+      var = UOp.var(self.value(Ops.DEFINE_VAR, dtypes.int64, (ok, at.lane(i)), prefix="at").arg.name, 0, max(n - 1, 0))
+      vals.append(self.node(u.src[0], lane_idx[:d] + (var,) + lane_idx[d + 1:]))
+      oks.append(ok)
+    val = vals[0] if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(v.lane(0) for v in vals))
+    ok_val = Val(Kind.SCALAR, (oks[0],)) if at.kind is Kind.SCALAR else Val(Kind.LANES, tuple(oks))
+    return self.alu(Ops.WHERE, u.dtype, [ok_val, val, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))], [dtypes.bool, u.dtype, u.dtype])
+
+  def check(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
+    """CHECK's value, and a store of each lane's value outside [lo, hi) into the flag (threads that find one race to store theirs:
+    the flag ends up holding one of them)."""
+    val, (lo, hi), buf, i64 = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], dtypes.int64
+    for i in range(1 if val.kind is Kind.SCALAR else self.width):
+      v = val.lane(i) if u.dtype == i64 else self.value(Ops.CAST, i64, (val.lane(i),))
+      below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(i64, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(i64, hi - 1), v))
+      bad = UOp.var(self.value(Ops.OR, dtypes.bool, (below, above)).arg.name, 0, 1)  # a guard is index math: the value by its name
+      self.emit(Ops.STORE, UOp.const(i64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=i64)
+    return val
+
+  def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
+    if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
+    if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
+    floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
+    if op in self.target.vector_ops and all(d in self.vf for d in floats[op is Ops.WHERE:]) and (dtype in self.vf or op in CMP):
+      if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
+      else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
+      return Val(Kind.VECTOR, (self.value(op, dtype, args, self.width),))
+    return Val(Kind.LANES, tuple(self.value(op, dtype, tuple(s.lane(i) for s in srcs)) for i in range(self.width)))
+
+  def load(self, buf: UOp, off: UOp, valid: UOp) -> Val: return self.read(buf.dtype, self.bufs[buf.arg], off, valid)
+
+  def read(self, dtype: DType, buf: int | str, off: UOp, valid: UOp) -> Val:
+    def value(off: UOp, valid: UOp, width: int = 1) -> UOp:
+      self.count += 1
+      return self.emit(Ops.LOAD, off, valid, arg=load_arg(self.count, width, buf), dtype=dtype)
+    if not self.lane_dep(off, valid): return Val(Kind.SCALAR, (value(off, valid),))
+    base = self.subst_lane(off, 0)
+    if dtype in self.vf and not self.lane_dep(valid) and self.contiguous(off, base):
+      return Val(Kind.VECTOR, (value(base, valid, self.width),))
+    return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
+
+  # ***** STAGE: tiles of the inputs in shared memory *****
+  @functools.cached_property
+  def workgroup_parts(self) -> list[UOp]:
+    """Each dim's index where it is the same for every thread of the workgroup in one K tile: its workgroup and tile loops' parts."""
+    k, vars, kinds = self.k, self.nesting.vars, (AxisKind.GLOBAL, AxisKind.STAGE)
+    return [linear_sum(dtypes.int64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0, self.simplified)
+            for d in range(len(k.sizes))]
+
+  @functools.cached_property
+  def stage_axis(self) -> int: return next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
+
+  def tile_offset(self, view: UOp, at: dict[int, UOp], tile: UOp | None = None) -> UOp:
+    """Where the element at tile coordinates `at` (dim -> index in the tile) of K tile `tile` (the loop's where None) is in the view's
+    shared array, before the swizzle: with PIPELINE, in the ring's buffer tile % stages."""
+    t, stages = self.staged[view], self.k.stages
+    slot = [] if stages == 1 else [((self.nesting.vars[self.stage_axis] if tile is None else tile) % stages, t.size)]
+    if (tc := self.k.tc) is None or not tc.wgmma:
+      return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(t.dims, t.strides)] + slot, 0, self.simplified)
+    # wgmma's unswizzled K-major layout: core matrices of 8 rows (A's M or B's N, the tile's last dim) by 8 of K (its first), 128
+    # contiguous bytes each, K's next (the leading offset, 128 bytes), then the next 8 rows (the stride offset: 16 bytes a K of the
+    # tile); a batch dim between them outside the whole K x rows block
+    (kd, kt), rd = t.dims[0], t.dims[-1][0]
+    r, kk = at[rd], at[kd]
+    core = r // 8 * (kt * 8) + kk // 8 * 64 + r % 8 * 8 + kk % 8
+    batch = [(at[d], st * kt) for (d, _), st in zip(t.dims[1:-1], t.strides[1:-1])]
+    return self.simplify(linear_sum(dtypes.int64, batch + slot, 0, self.simplified) + core)
+
+  def swizzle(self, view: UOp, off: UOp) -> UOp:
+    """A tile's element offset where it is stored: the 16-byte chunk XORed with its line's index (see StagedTile.line)."""
+    t = self.staged[view]
+    if not t.line: return off
+    return self.simplify(off.alu(Ops.XOR, off // t.line % 8 * (16 // view.dtype.itemsize)))
+
+  def tile_read(self, view: UOp) -> Val:
+    """A staged input's value at the dims add() reads, from its tile (by the dims unclamped: the copy clamped them). A float32 read along the
+    tile's rows but not the lanes (A's rows of a register tile, A transposed in shared memory) takes the aligned 16-byte vector
+    around it, once per reduce body, where the thread's register part along the row is whole vectors."""
+    name, dims = self.staged[view][:2]
+    wg = {v: UOp.const(dtypes.int64, 0) for part in self.workgroup_parts for v in part.vars}
+    off = self.swizzle(view, self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims}))
+    row, w = dims[-1][0], self.width
+    if w == 4 and view.dtype == dtypes.float32 and not self.lane_dep(off) and \
+       any(a.kind is AxisKind.UPCAST and a.dim == row and a.stride == 1 and a.size % w == 0 for a in self.k.axes):
+      if (r := self.simplify(off % w)).op is Ops.CONST:
+        base = self.simplify(off - r)
+        if (key := (name, base)) not in self.memo: self.memo[key] = self.read(view.dtype, name, base + self.lane, TRUE)
+        return Val(Kind.SCALAR, (self.memo[key].lane(int(r.arg)),))
+    if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
+    return self.memo[key]
+
+  def stage_copies_all(self) -> Copies:
+    """STAGE's copies (see LoopNest.staged): the loop's tile; with PREFETCH the first tile and the loop's next; with PIPELINE the
+    first stages-1 tiles (none past the last) and the loop's tile stages-1 ahead. None without STAGE."""
+    if not self.staged: return ()
+    k, var = self.k, self.nesting.vars[self.stage_axis]
+    n, zero = k.axes[self.stage_axis].size, UOp.const(dtypes.int64, 0)
+    self.decls += [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(t.name, t.size * k.stages, k.tc is not None), dtype=view.dtype)
+                   for view, t in self.staged.items()]
+    if k.stages > 1:
+      ahead = self.simplify(var + (k.stages - 1))
+      first = [self.stage_copies(UOp.const(dtypes.int64, j), TRUE) if j < n else ([], []) for j in range(k.stages - 1)]
+      return (*first, self.stage_copies(ahead, self.simplify(ahead.lt(n))))
+    if k.prefetch: return (self.stage_copies(zero, TRUE), self.stage_copies(self.simplify(var + 1), self.simplify(var.lt(n - 1))))
+    return (self.stage_copies(var, TRUE),)
+
+  def stage_copies(self, tile: UOp, exists: UOp) -> tuple[list[UOp], list[UOp]]:
+    """The loads and the stores by which a workgroup's threads copy each staged input's K tile `tile` (where `exists`) to shared memory:
+    the tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
+    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. With PIPELINE the stores are
+    cp.async's (StoreArg.cp_async, of an inline load; no loads apart): 16 bytes where a chunk is contiguous and 16-byte aligned in
+    memory and in the tile, else an element each (16-bit elements, which cp.async cannot copy alone: a load and a store)."""
+    k, n = self.k, self.k.launch_dims[1]
+    loads, stores = list[UOp](), list[UOp]()
+    lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
+    var = self.nesting.vars[self.stage_axis]
+    at_tile = {var: tile} if var.op is Ops.VAR else {}
+    chunk_lane = UOp.var("chunk_lane", 0, 15)
+    for view, t in self.staged.items():
+      st, size, buf = view.arg.strides, view.dtype.itemsize, self.bufs[view.src[0].arg]
+      order = sorted(t.dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
+      fast, run = order[0][0], 16 // size
+      chunk = t.dims[0][0] if k.tc is not None and k.tc.wgmma else t.dims[-1][0]  # the tile's contiguous dim (wgmma's: K, 8 a core row)
+      if k.stages > 1: w = run if st[fast] == 1 and chunk == fast and order[0][1] % run == 0 else 1
+      else: w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
+      lane = chunk_lane if k.stages > 1 else self.lane
+      counts = [size // w if d == fast else size for d, size in order]
+      for j in range(-(-prod(counts) // n)):
+        rest = e = self.simplify(lid + j * n)
+        guard = exists if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(exists))
+        at: dict[int, UOp] = {}
+        for i, ((d, _), c) in enumerate(zip(order, counts)):
+          at[d] = self.simplify(rest if i == len(order) - 1 else rest % c)
+          rest = self.simplify(rest // c)
+        if w > 1: at[fast] = self.simplify(at[fast] * w + lane)
+        idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d].substitute(at_tile) + at.get(d, 0))) for d in range(len(k.sizes)))
+        off, valid, _ = self.view_index(view, idx)
+        dst = self.tile_offset(view, at, tile)
+        if k.stages == 1:
+          self.lines = loads
+          val = self.read(view.dtype, buf, off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
+          self.lines = stores
+          self.store(val, self.swizzle(view, dst), guard, t.name, view.dtype)
+          continue
+        first = {chunk_lane: UOp.const(dtypes.int64, 0)}
+        off0, dst0 = self.simplify(off.substitute(first)), self.simplify(dst.substitute(first))
+        if w > 1 and self.simplify(off - off0) is chunk_lane and chunk_lane not in valid.vars and self.simplify(off0 % w).arg == 0 \
+           and self.simplify(dst0 % w).arg == 0:
+          stores.append(self.cp_async(view, self.swizzle(view, dst0), off0, valid, guard, w))
+          continue
+        for c in range(w):  # element by element
+          at_c = {chunk_lane: UOp.const(dtypes.int64, c)}
+          off_c, valid_c, dst_c = (self.simplify(x.substitute(at_c)) for x in (off, valid, dst))
+          if size >= 4:
+            stores.append(self.cp_async(view, self.swizzle(view, dst_c), off_c, valid_c, guard, 1))
+          else:
+            self.lines = stores
+            val = self.read(view.dtype, buf, off_c, self.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
+            self.store(val, self.swizzle(view, dst_c), guard, t.name, view.dtype)
+    return loads, stores
+
+  # ***** PACK: panels of the inputs in arrays of the thread's (the CPU's) *****
+  @functools.cached_property
+  def panel_parts(self) -> list[UOp]:
+    """Each dim's index where it is the same for a whole panel: its parts outside the panel's loops (threads, K blocks, global loops)."""
+    k, kinds = self.k, (AxisKind.GLOBAL, AxisKind.THREAD, AxisKind.KBLOCK)
+    return [linear_sum(dtypes.int64, [(self.nesting.vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0,
+                       self.simplified) for d in range(len(k.sizes))]
+
+  def pack_read(self, view: UOp) -> Val:
+    """A packed input's value at the dims add() reads, from its panel: each dim's index less its part outside the panel."""
+    name, dims, strides, _ = self.packed[view]
+    outside = {v: UOp.const(dtypes.int64, 0) for part in self.panel_parts for v in part.vars}
+    off = linear_sum(dtypes.int64, [(self.simplify(self.at_dims[d].substitute(outside)), st) for (d, _), st in zip(dims, strides)], 0,
+                     self.simplified)
+    if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
+    return self.memo[key]
+
+  def pack_copies(self) -> dict[int, list[UOp]]:
+    """PACK's copies, by the number of loops around them: each panel's array, then loops over its reduce dims whose body copies the
+    output dims' parts (unrolled); in vectors along the input's fastest dim in memory where that is contiguous and splits into them."""
+    k, ret = self.k, dict[int, list[UOp]]()
+    for j, (view, (name, dims, strides, at)) in enumerate(self.packed.items()):
+      self.lines = ret.setdefault(at, [])
+      self.emit(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(e for _, e in dims)), dtype=view.dtype)
+      st = view.arg.strides
+      fast = min(dims, key=lambda de: (abs(st[de[0]]) or 1 << 62, -de[0]))[0]
+      w = self.width if self.width > 1 and st[fast] == 1 and dict(dims)[fast] % self.width == 0 else 1
+      def steps(d: int, e: int) -> int: return e // w if d == fast else e
+      loops = [(d, e) for d, e in dims if d >= k.n_global and steps(d, e) > 1]
+      at_loop = {d: UOp.var(f"c{j}_{d}", 0, steps(d, e) - 1) for d, e in loops}
+      for d, e in loops: self.emit(Ops.RANGE, arg=LoopArg(at_loop[d].arg[0], 0, steps(d, e), False))
+      unrolled = [(d, e) for d, e in dims if d not in at_loop]
+      for vals in itertools.product(*(range(steps(d, e)) for d, e in unrolled)):
+        pos = {**at_loop, **{d: UOp.const(dtypes.int64, v) for (d, _), v in zip(unrolled, vals)}}
+        if w > 1: pos[fast] = self.simplify(pos[fast] * w + self.lane)
+        idx = tuple(self.clamp(d, self.simplify(self.panel_parts[d] + pos.get(d, 0))) for d in range(len(k.sizes)))
+        off, valid, _ = self.view_index(view, idx)
+        val = self.read(view.dtype, self.bufs[view.src[0].arg], off, valid)
+        self.store(val, linear_sum(dtypes.int64, [(pos[d], s) for (d, _), s in zip(dims, strides)], 0, self.simplified), TRUE, name, view.dtype)
+      self.lines += [stmt(Ops.ENDRANGE) for _ in loops]
+    return ret
+
+  def cp_async(self, view: UOp, dst: UOp, src: UOp, valid: UOp, guard: UOp, width: int) -> UOp:
+    """A store of `width` elements of `view`'s buffer at `src` (zeros where not `valid`) to its tile at `dst` by cp.async (where `guard`):
+    .cg (past L1) for 16 bytes, else .ca."""
+    t, dt = self.staged[view], view.dtype
+    load = stmt(Ops.LOAD, src, valid, arg=LoadArg(None, width, self.bufs[view.src[0].arg]), dtype=dt)
+    return stmt(Ops.STORE, dst, load, guard, arg=StoreArg(width, t.name, False, "cg" if width * dt.itemsize == 16 else "ca"), dtype=dt)
+
+  def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
+    self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
+    return u
+
+  def acc(self, red: UOp, idx: tuple[UOp, ...]) -> Val:
+    if self.cell is not None: return Val(Kind.SCALAR, (self.cell,))
+    if (ret := self.acc_at.get((red, idx))) is not None: return ret  # a chain's earlier statistic, read by a later reduce's loop
+    self.count += 1
+    name = f"acc{self.count}"
+    if self.lanes >= 0: return self.lanes_acc(red, idx, name)
+    if not self.lane_dep(*idx): ret = Val(Kind.SCALAR, (self.define_acc(red, name),))
+    elif red.dtype == dtypes.float32 and red.arg[0] is Ops.ADD: ret = Val(Kind.VECTOR, (self.define_acc(red, name, self.width),))
+    else: ret = Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{i}") for i in range(self.width)))
+    self.accs.append((red, idx, ret))
+    self.acc_at[(red, idx)] = ret
+    return ret
+
+  def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
+    """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the device has the op, else a scalar per
+    lane), each reading its own elements; after the loop the partials combine into the one scalar accumulator: the vectors into
+    one, whose lanes fold with the other accumulators' (see fold_lanes), or the scalars in a tree."""
+    op, stage = red.arg[0], self.stage[red]  # vectors of 16-bit floats only for a max, which rounds nothing
+    vector = self.width > 1 and (red.dtype == dtypes.float32 or red.dtype in self.vf and op is Ops.MAX) and op in self.target.vector_ops
+    partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
+                Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
+                for j in range(self.k.axes[self.lanes].size // self.width)]
+    if vector:  # the vectors first; the accumulator named now, defined once its lanes fold
+      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=FoldArg(f"{name}_v", self.width, op), dtype=red.dtype))
+      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), FoldArg(name, 1, op)), v))
+    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], FoldArg(name, 1, op), red.dtype)
+    ret = Val(Kind.SCALAR, (acc,))
+    self.partials[acc] = partials
+    self.accs.append((red, idx, ret))
+    self.acc_at[(red, idx)] = ret
+    return ret
+
+  def tree(self, stage: int, lanes: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
+    """A fold of `lanes` (a statement named by `arg`) after a stage's loop, in a tree of named values, neighbouring lanes first (an
+    operand may be spelled more than once in an op's code)."""
+    while len(lanes) > 2:
+      lanes = [self.fold(stage, lanes[i:i + 2], FoldArg(f"{arg.name}_c{len(self.combine[stage])}", 1, arg.op), dtype)
+               if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
+    return self.fold(stage, lanes, arg, dtype)
+
+  def fold(self, stage: int, items: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
+    self.combine[stage].append(u := stmt(Ops.FOLD, *items, arg=arg, dtype=dtype))
+    return u
+
+  def fold_lanes(self) -> None:
+    """Each stage's LANES accumulators (see lanes_acc) from their vectors: where the target folds lanes across vectors, as many
+    accumulators as a vector has lanes at once, in one statement whose lane j folds vector j's lanes (a transpose as it adds: 15
+    adds of shuffled halves, 30 shuffles, for 16 vectors, where each vector's tree took 15 extracts and 15 scalar adds), each then
+    reading its lane; a lone one, or any on other targets, in a tree."""
+    group = self.width if self.target.lane_folds else 1
+    for stage, pending in enumerate(self.unfolded):
+      for at in range(0, len(pending), group):
+        (first, _), chunk = pending[at], pending[at:at + group]
+        if len(chunk) > 1:
+          across = FoldArg(f"{first.arg.name}_l", self.width, first.arg.op, True)
+          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], across, first.dtype),))
+          for j, (acc, _) in enumerate(chunk): self.fold(stage, [lanes.lane(j)], acc.arg, acc.dtype)
+        else: self.tree(stage, [Val(Kind.VECTOR, (chunk[0][1],)).lane(i) for i in range(self.width)], first.arg, first.dtype)
+
+  def reduce_index(self, idx: tuple[UOp, ...], dims: list[UOp]) -> tuple[UOp, ...]:
+    """The reduce's source index: the output's `idx` with the reduce dims at `dims`."""
+    in_idx = list(idx)
+    for j, a in enumerate(self.k.reduce_axes): in_idx[a] = self.clamp(self.k.n_global + j, dims[self.k.n_global + j])
+    return tuple(in_idx)
+
+  def accumulate(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    if self.dot_pairs is not None: self.dot_pairs.accumulate(red, idx, acc, dims, inst)
+    else: self.add(red, idx, acc, dims, inst)
+
+  def partial(self, acc: Val, inst: dict[int, UOp]) -> Val:
+    """The accumulator an instance adds into: with LANES, the partial of its vector of lanes."""
+    if (parts := self.partials.get(acc.items[0])) is None: return acc
+    return parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
+
+  def add(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
+    """acc op= the reduce's source at the reduce dims' `dims` (`inst`: the register parts' values)."""
+    k, op = self.k, red.arg[0]
+    in_idx = self.reduce_index(idx, dims)
+    self.at_dims = self.acc_dims.get((red, idx), dims)[:k.n_global] + dims[k.n_global:]
+    val = self.node(red.src[0], in_idx)
+    if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx)
+    if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
+      val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
+    acc = self.partial(acc, inst)
+    if acc.kind is Kind.VECTOR: self.emit(Ops.ASSIGN, acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE, arg=op)
+    else:
+      for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
+
+  def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None, stream: bool = False) -> None:
+    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line goes past the caches (the CPU's)."""
+    dt = dtype or self.k.ast.dtype
+    if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
+      base = self.subst_lane(off, 0)
+      if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
+        stream = stream and self.width * dt.itemsize == 64 and not self.target.has_local
+        self.emit(Ops.STORE, base, val.items[0], guard, arg=store_arg(self.width, buf, stream), dtype=dt)
+        return
+      for i in range(self.width):
+        self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=store_arg(1, buf, False), dtype=dt)
+      return
+    self.emit(Ops.STORE, off, val.lane(0), guard, arg=store_arg(1, buf, False), dtype=dt)
+
+  def out_offset(self, dims: list[UOp]) -> UOp:
+    return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
+
+  # ***** the kernel *****
+  def program(self) -> LinearProgram:
+    k = self.k
+    partials: list[tuple[Val, UOp, UOp]] = []  # with KBLOCK: each instance's accumulator, and where its output goes
+    for inst in self.instances((AxisKind.UPCAST,)):
+      dims = self.dims(inst)
+      n_accs = len(self.accs)
+      val = self.node(k.ast, tuple(self.clamp(d, dims[d]) for d in range(k.n_global)))
+      self.store(val, off := self.out_offset(dims), self.guard(dims, range(k.n_global)), stream=k.stream)
+      partials += [(acc, off, self.guard(dims, range(k.n_global))) for _, _, acc in self.accs[n_accs:]]
+      self.acc_dims.update({(red, idx): dims for red, idx, _ in self.accs[n_accs:]})
+    post, bodies, full_bodies = self.lines, self.reduce_bodies(), list[list[UOp]]()
+    if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
+      self.unpadded = k.axes[split].dim
+      full_bodies, self.unpadded = self.reduce_bodies(), -1
+    if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
+    self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
+    in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
+    tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
+    # STAGE: the first tile's copy, and each tile's (PREFETCH: the next tile's loads before the compute, its stores after)
+    copies = self.stage_copies_all()
+    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post, copies)
+    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post, self.pack_copies())
+    return LinearProgram(k, self.width, uops, in_order or tile)
+
+  def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
+    """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
+    accumulator, of its dtype). Each block after the first starts from them; each before the last stores them, and only the
+    last runs what follows the reduce."""
+    assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
+    kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
+    var, last, dt, zero = self.nesting.vars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
+    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=LoadArg(None, width, 0), dtype=dt)
+    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
+    for acc, off, guard in partials:
+      base = self.subst_lane(off, 0)
+      if acc.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
+        self.emit(Ops.ASSIGN, acc.items[0], load(base, self.width), guard)
+        continue
+      if acc.kind is Kind.SCALAR: self.emit(Ops.ASSIGN, acc.items[0], load(off), guard)
+      else:
+        for i in range(self.width): self.emit(Ops.ASSIGN, acc.lane(i), load(self.subst_lane(off, i)), self.subst_lane(guard, i))
+    self.decls += [*self.lines, stmt(Ops.ENDIF)]
+    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, UOp.const(dtypes.int64, last)))]
+    for acc, off, guard in partials: self.store(acc, off, guard)
+    return [*self.lines, stmt(Ops.ELSE), *post, stmt(Ops.ENDIF)]
+
+  def reduce_bodies(self) -> list[list[UOp]]:
+    """Each reduce loop's body. A chain's later reduce reads the earlier ones' values: lowered first, it makes their accumulators."""
+    bodies: list[list[UOp]] = [[] for _ in self.k.reduceops]
+    for stage in reversed(range(len(bodies))):
+      self.lines, self.memo, self.in_body = bodies[stage], {}, True
+      if self.dot_pairs is not None: self.dot_pairs.names.clear()  # pairs are made once per reduce body
+      for inst in self.instances((AxisKind.UNROLL, AxisKind.LANES, AxisKind.TC)):
+        dims = self.dims(inst)
+        for red, idx, acc in list(self.accs):
+          if self.stage[red] == stage: self.accumulate(red, idx, acc, dims, inst)
+    self.in_body = False
+    return bodies
+
+  @functools.cached_property
+  def split(self) -> int | None:
+    """On the CPU, the loop of a padded reduce dim whose other parts are all inside it (UNROLL, LANES; not KBLOCK): its iterations
+    before the padding run a body without clamps and masks, the rest the full one."""
+    k = self.k
+    if self.target.has_local: return None
+    blocked = {a.dim for a in k.axes if a.kind is AxisKind.KBLOCK}
+    for i, a in enumerate(k.axes):
+      if a.kind is AxisKind.REDUCE and a.dim in k.padded and a.dim not in blocked and a.size > 1 and k.padded[a.dim] // a.stride > 0: return i
+    return None
