@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import NamedTuple
 
-from tinytune.codegen.kernel import AxisKind, Kernel, swizzle_line
+from tinytune.codegen.kernel import AxisKind, Kernel
 from tinytune.codegen.lower.dots import DotPairs
-from tinytune.codegen.lower.loops import Copies, LoopNest
+from tinytune.codegen.lower.loops import LoopNest
 from tinytune.codegen.lower.program import (
   ARITH,
   CMP,
@@ -19,7 +18,6 @@ from tinytune.codegen.lower.program import (
   LoadArg,
   LocalArg,
   LoopArg,
-  StoreArg,
   Target,
   Val,
   identity,
@@ -29,18 +27,11 @@ from tinytune.codegen.lower.program import (
   value_arg,
 )
 from tinytune.codegen.lower.rows import RowArrays
+from tinytune.codegen.lower.staged import StagedTiles
 from tinytune.dtype import DType, dtypes
 from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
-
-
-class StagedTile(NamedTuple):  # STAGE: a staged input's tile in shared memory
-  name: str
-  dims: list[tuple[int, int]]  # (dim, extent), outermost first (Kernel.stage_tiles)
-  strides: list[int]
-  size: int  # elements of one K tile: PIPELINE's ring holds Kernel.stages of them
-  line: int  # elements of a swizzled line (kernel.swizzle_line; 0: not swizzled): 16-byte chunk c of line i is at c ^ (i % 8)
 
 
 class Lowerer:
@@ -64,13 +55,7 @@ class Lowerer:
     self.in_body = False
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
-    # STAGE: each staged input's tile in shared memory (mma.sync's swizzled, see Kernel.stage_tiles)
-    self.staged: dict[UOp, StagedTile] = {}
-    if target.has_local and any(a.kind is AxisKind.STAGE for a in k.axes):
-      for j, (view, dims, pad) in enumerate(k.stage_tiles()):
-        strides = list(strides_for((*(n for _, n in dims[:-1]), dims[-1][1] + pad)))
-        line = swizzle_line(dims[-1][1] * view.dtype.itemsize) // view.dtype.itemsize if k.tc is not None and k.tc.mma and not pad else 0
-        self.staged[view] = StagedTile(f"tile{j}", dims, strides, dims[0][1] * strides[0], line)
+    self.staged = StagedTiles(self)
     # PACK: each packed input's array, its panel's dims (see Kernel.pack_tiles), the array's strides and where its copy goes
     self.packed: dict[UOp, tuple[str, list[tuple[int, int]], list[int], int]] = {}
     for j, (view, at, dims) in enumerate(k.pack_tiles() if k.pack else []):
@@ -181,7 +166,7 @@ class Lowerer:
     elif u.op is Ops.VIEW:
       off, valid, child = self.view_index(u, idx)
       if valid.op is Ops.CONST and not valid.arg: ret = Val(Kind.SCALAR, (UOp.const(u.dtype, 0),), padding=True)
-      elif self.in_body and u in self.staged: ret = self.tile_read(u)
+      elif self.in_body and u in self.staged.tiles: ret = self.staged.read(u)
       elif self.in_body and u in self.packed: ret = self.pack_read(u)
       elif (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
@@ -247,126 +232,6 @@ class Lowerer:
       return Val(Kind.VECTOR, (value(base, valid, self.width),))
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
-  # ***** STAGE: tiles of the inputs in shared memory *****
-  @functools.cached_property
-  def workgroup_parts(self) -> list[UOp]:
-    """Each dim's index where it is the same for every thread of the workgroup in one K tile: its workgroup and tile loops' parts."""
-    k, vars, kinds = self.k, self.nesting.vars, (AxisKind.GLOBAL, AxisKind.STAGE)
-    return [linear_sum(dtypes.int64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0, self.simplified)
-            for d in range(len(k.sizes))]
-
-  @functools.cached_property
-  def stage_axis(self) -> int: return next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.STAGE)
-
-  def tile_offset(self, view: UOp, at: dict[int, UOp], tile: UOp | None = None) -> UOp:
-    """Where the element at tile coordinates `at` (dim -> index in the tile) of K tile `tile` (the loop's where None) is in the view's
-    shared array, before the swizzle: with PIPELINE, in the ring's buffer tile % stages."""
-    t, stages = self.staged[view], self.k.stages
-    slot = [] if stages == 1 else [((self.nesting.vars[self.stage_axis] if tile is None else tile) % stages, t.size)]
-    if (tc := self.k.tc) is None or not tc.wgmma:
-      return linear_sum(dtypes.int64, [(at[d], st) for (d, _), st in zip(t.dims, t.strides)] + slot, 0, self.simplified)
-    # wgmma's unswizzled K-major layout: core matrices of 8 rows (A's M or B's N, the tile's last dim) by 8 of K (its first), 128
-    # contiguous bytes each, K's next (the leading offset, 128 bytes), then the next 8 rows (the stride offset: 16 bytes a K of the
-    # tile); a batch dim between them outside the whole K x rows block
-    (kd, kt), rd = t.dims[0], t.dims[-1][0]
-    r, kk = at[rd], at[kd]
-    core = r // 8 * (kt * 8) + kk // 8 * 64 + r % 8 * 8 + kk % 8
-    batch = [(at[d], st * kt) for (d, _), st in zip(t.dims[1:-1], t.strides[1:-1])]
-    return self.simplify(linear_sum(dtypes.int64, batch + slot, 0, self.simplified) + core)
-
-  def swizzle(self, view: UOp, off: UOp) -> UOp:
-    """A tile's element offset where it is stored: the 16-byte chunk XORed with its line's index (see StagedTile.line)."""
-    t = self.staged[view]
-    if not t.line: return off
-    return self.simplify(off.alu(Ops.XOR, off // t.line % 8 * (16 // view.dtype.itemsize)))
-
-  def tile_read(self, view: UOp) -> Val:
-    """A staged input's value at the dims add() reads, from its tile (by the dims unclamped: the copy clamped them). A float32 read along the
-    tile's rows but not the lanes (A's rows of a register tile, A transposed in shared memory) takes the aligned 16-byte vector
-    around it, once per reduce body, where the thread's register part along the row is whole vectors."""
-    name, dims = self.staged[view][:2]
-    wg = {v: UOp.const(dtypes.int64, 0) for part in self.workgroup_parts for v in part.vars}
-    off = self.swizzle(view, self.tile_offset(view, {d: self.simplify(self.at_dims[d].substitute(wg)) for d, _ in dims}))
-    row, w = dims[-1][0], self.width
-    if w == 4 and view.dtype == dtypes.float32 and not self.lane_dep(off) and \
-       any(a.kind is AxisKind.UPCAST and a.dim == row and a.stride == 1 and a.size % w == 0 for a in self.k.axes):
-      if (r := self.simplify(off % w)).op is Ops.CONST:
-        base = self.simplify(off - r)
-        if (key := (name, base)) not in self.memo: self.memo[key] = self.read(view.dtype, name, base + self.lane, TRUE)
-        return Val(Kind.SCALAR, (self.memo[key].lane(int(r.arg)),))
-    if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
-    return self.memo[key]
-
-  def stage_copies_all(self) -> Copies:
-    """STAGE's copies (see LoopNest.staged): the loop's tile; with PREFETCH the first tile and the loop's next; with PIPELINE the
-    first stages-1 tiles (none past the last) and the loop's tile stages-1 ahead. None without STAGE."""
-    if not self.staged: return ()
-    k, var = self.k, self.nesting.vars[self.stage_axis]
-    n, zero = k.axes[self.stage_axis].size, UOp.const(dtypes.int64, 0)
-    self.decls += [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(t.name, t.size * k.stages, k.tc is not None), dtype=view.dtype)
-                   for view, t in self.staged.items()]
-    if k.stages > 1:
-      ahead = self.simplify(var + (k.stages - 1))
-      first = [self.stage_copies(UOp.const(dtypes.int64, j), TRUE) if j < n else ([], []) for j in range(k.stages - 1)]
-      return (*first, self.stage_copies(ahead, self.simplify(ahead.lt(n))))
-    if k.prefetch: return (self.stage_copies(zero, TRUE), self.stage_copies(self.simplify(var + 1), self.simplify(var.lt(n - 1))))
-    return (self.stage_copies(var, TRUE),)
-
-  def stage_copies(self, tile: UOp, exists: UOp) -> tuple[list[UOp], list[UOp]]:
-    """The loads and the stores by which a workgroup's threads copy each staged input's K tile `tile` (where `exists`) to shared memory:
-    the tile's elements in the input's memory order (the fastest dim in memory first) dealt out to the threads in turn, so a warp reads
-    contiguous memory; in vectors of the lane width where that dim is contiguous and splits into them. With PIPELINE the stores are
-    cp.async's (StoreArg.cp_async, of an inline load; no loads apart): 16 bytes where a chunk is contiguous and 16-byte aligned in
-    memory and in the tile, else an element each (16-bit elements, which cp.async cannot copy alone: a load and a store)."""
-    k, n = self.k, self.k.launch_dims[1]
-    loads, stores = list[UOp](), list[UOp]()
-    lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
-    var = self.nesting.vars[self.stage_axis]
-    at_tile = {var: tile} if var.op is Ops.VAR else {}
-    chunk_lane = UOp.var("chunk_lane", 0, 15)
-    for view, t in self.staged.items():
-      st, size, buf = view.arg.strides, view.dtype.itemsize, self.bufs[view.src[0].arg]
-      order = sorted(t.dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
-      fast, run = order[0][0], 16 // size
-      chunk = t.dims[0][0] if k.tc is not None and k.tc.wgmma else t.dims[-1][0]  # the tile's contiguous dim (wgmma's: K, 8 a core row)
-      if k.stages > 1: w = run if st[fast] == 1 and chunk == fast and order[0][1] % run == 0 else 1
-      else: w = self.width if self.width > 1 and st[fast] == 1 and order[0][1] % self.width == 0 and view.dtype == dtypes.float32 else 1
-      lane = chunk_lane if k.stages > 1 else self.lane
-      counts = [size // w if d == fast else size for d, size in order]
-      for j in range(-(-prod(counts) // n)):
-        rest = e = self.simplify(lid + j * n)
-        guard = exists if (j + 1) * n <= prod(counts) else self.simplify(e.lt(prod(counts)).logical_and(exists))
-        at: dict[int, UOp] = {}
-        for i, ((d, _), c) in enumerate(zip(order, counts)):
-          at[d] = self.simplify(rest if i == len(order) - 1 else rest % c)
-          rest = self.simplify(rest // c)
-        if w > 1: at[fast] = self.simplify(at[fast] * w + lane)
-        idx = tuple(self.clamp(d, self.simplify(self.workgroup_parts[d].substitute(at_tile) + at.get(d, 0))) for d in range(len(k.sizes)))
-        off, valid, _ = self.view_index(view, idx)
-        dst = self.tile_offset(view, at, tile)
-        if k.stages == 1:
-          self.lines = loads
-          val = self.read(view.dtype, buf, off, self.simplify(valid.logical_and(guard)) if guard is not TRUE else valid)
-          self.lines = stores
-          self.store(val, self.swizzle(view, dst), guard, t.name, view.dtype)
-          continue
-        first = {chunk_lane: UOp.const(dtypes.int64, 0)}
-        off0, dst0 = self.simplify(off.substitute(first)), self.simplify(dst.substitute(first))
-        if w > 1 and self.simplify(off - off0) is chunk_lane and chunk_lane not in valid.vars and self.simplify(off0 % w).arg == 0 \
-           and self.simplify(dst0 % w).arg == 0:
-          stores.append(self.cp_async(view, self.swizzle(view, dst0), off0, valid, guard, w))
-          continue
-        for c in range(w):  # element by element
-          at_c = {chunk_lane: UOp.const(dtypes.int64, c)}
-          off_c, valid_c, dst_c = (self.simplify(x.substitute(at_c)) for x in (off, valid, dst))
-          if size >= 4:
-            stores.append(self.cp_async(view, self.swizzle(view, dst_c), off_c, valid_c, guard, 1))
-          else:
-            self.lines = stores
-            val = self.read(view.dtype, buf, off_c, self.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
-            self.store(val, self.swizzle(view, dst_c), guard, t.name, view.dtype)
-    return loads, stores
-
   # ***** PACK: panels of the inputs in arrays of the thread's (the CPU's) *****
   @functools.cached_property
   def panel_parts(self) -> list[UOp]:
@@ -408,13 +273,6 @@ class Lowerer:
         self.store(val, linear_sum(dtypes.int64, [(pos[d], s) for (d, _), s in zip(dims, strides)], 0, self.simplified), TRUE, name, view.dtype)
       self.lines += [stmt(Ops.ENDRANGE) for _ in loops]
     return ret
-
-  def cp_async(self, view: UOp, dst: UOp, src: UOp, valid: UOp, guard: UOp, width: int) -> UOp:
-    """A store of `width` elements of `view`'s buffer at `src` (zeros where not `valid`) to its tile at `dst` by cp.async (where `guard`):
-    .cg (past L1) for 16 bytes, else .ca."""
-    t, dt = self.staged[view], view.dtype
-    load = stmt(Ops.LOAD, src, valid, arg=LoadArg(None, width, self.bufs[view.src[0].arg]), dtype=dt)
-    return stmt(Ops.STORE, dst, load, guard, arg=StoreArg(width, t.name, False, "cg" if width * dt.itemsize == 16 else "ca"), dtype=dt)
 
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
@@ -545,7 +403,7 @@ class Lowerer:
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
     # STAGE: the first tile's copy, and each tile's (PREFETCH: the next tile's loads before the compute, its stores after)
-    copies = self.stage_copies_all()
+    copies = self.staged.copies()
     if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post, copies)
     else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post, self.pack_copies())
     return LinearProgram(k, self.width, uops, in_order or tile)

@@ -38,13 +38,13 @@ def tensor_cores(lw: Lowerer) -> LinearProgram:
   frags: dict[tuple[str, object, UOp], str] = {}
   offsets: dict[tuple[UOp, tuple[UOp, ...]], UOp] = {}
   body: list[UOp] = []
-  wg = {v: UOp.const(dtypes.int64, 0) for part in lw.workgroup_parts for v in part.vars} if lw.staged else {}
+  wg = {v: UOp.const(dtypes.int64, 0) for part in lw.staged.workgroup_parts for v in part.vars} if lw.staged.tiles else {}
   def fragment(which: str, view: UOp, layout: str, ld: int, dims: list[UOp]) -> str:
     buf: int | str = lw.bufs[view.src[0].arg]
     line = 0
-    if view in lw.staged:  # STAGE: from the workgroup's tile in shared memory (Kernel.stage_tiles; mma.sync's in memory's order, swizzled)
-      buf, tile, strides, _, line = lw.staged[view]
-      off = lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(wg)) for d, _ in tile})
+    if view in lw.staged.tiles:  # STAGE: from the workgroup's tile in shared memory (Kernel.stage_tiles; mma.sync's in memory's order, swizzled)
+      buf, tile, strides, _, line = lw.staged.tiles[view]
+      off = lw.staged.offset(view, {d: lw.simplify(dims[d].substitute(wg)) for d, _ in tile})
       st = {d: s for (d, _), s in zip(tile, strides)}
       i, j = (tc.row, k.n_global) if which == "a" else (k.n_global, tc.col)  # the fragment's rows and columns
       layout, ld = ("row_major", st.get(i, 0)) if st.get(j) == 1 else ("col_major", st.get(j, 0))
@@ -65,8 +65,8 @@ def tensor_cores(lw: Lowerer) -> LinearProgram:
   if tc.wgmma:  # the warpgroup's wgmmas, each from descriptors of its 64 rows of A and 16 columns of B at the K step (warp 0's)
     warp0 = {**wg, **{lw.nesting.vars[i]: UOp.const(dtypes.int64, 0) for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL}}
     def desc(view: UOp, dims: list[UOp]) -> tuple[str, UOp, int]:
-      t = lw.staged[view]
-      return t.name, lw.tile_offset(view, {d: lw.simplify(dims[d].substitute(warp0)) for d, _ in t.dims}), t.dims[0][1] * 16
+      t = lw.staged.tiles[view]
+      return t.name, lw.staged.offset(view, {d: lw.simplify(dims[d].substitute(warp0)) for d, _ in t.dims}), t.dims[0][1] * 16
     body.append(wmma("fence"))
     for unroll in lw.instances((AxisKind.UNROLL,)):
       for js in runs.values():
@@ -80,7 +80,7 @@ def tensor_cores(lw: Lowerer) -> LinearProgram:
       a, b = fragment("a", tc.a, tc.a_layout, tc.a_ld, dims), fragment("b", tc.b, tc.b_layout, tc.b_ld, dims)
       body.append(wmma("mma", j, a, b, tc.a.dtype))
   red = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE]
-  copies = lw.stage_copies_all()
+  copies = lw.staged.copies()
   # wgmma reads the tiles through the async proxy: a thread's plain stores to them are fenced after (EMU counts a fence per thread, not per
   # element), and with PIPELINE its cp.asyncs where they land, after the wait, before the barrier
   landed = [wmma("proxy")] if tc.wgmma and k.stages > 1 else []
