@@ -24,7 +24,7 @@ class DotPairs:
     if lw.simplify(inst[self.axis]).arg: return
     second = {**inst, self.axis: UOp.const(dtypes.int64, 1)}
     pair = [(inst, dims), (second, lw.dims(second))]
-    if not self.dot(idx, lw.partial(acc, inst), [d for _, d in pair]):
+    if not self.dot(idx, lw.lanes.partial(acc, inst), [d for _, d in pair]):
       for i, d in pair: lw.add(red, idx, acc, d, i)
 
   def dot(self, idx: tuple[UOp, ...], acc: Val, pair: list[list[UOp]]) -> bool:

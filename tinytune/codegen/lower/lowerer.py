@@ -6,18 +6,17 @@ import itertools
 
 from tinytune.codegen.kernel import AxisKind, Kernel
 from tinytune.codegen.lower.dots import DotPairs
+from tinytune.codegen.lower.lanes import LanePartials
 from tinytune.codegen.lower.loops import LoopNest
+from tinytune.codegen.lower.packed import PackedPanels
 from tinytune.codegen.lower.program import (
   ARITH,
   CMP,
   TRUE,
   AccArg,
-  FoldArg,
   Kind,
   LinearProgram,
   LoadArg,
-  LocalArg,
-  LoopArg,
   Target,
   Val,
   identity,
@@ -29,7 +28,6 @@ from tinytune.codegen.lower.program import (
 from tinytune.codegen.lower.rows import RowArrays
 from tinytune.codegen.lower.staged import StagedTiles
 from tinytune.dtype import DType, dtypes
-from tinytune.helpers import prod
 from tinytune.shape import split_offset, strides_for
 from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
 
@@ -45,9 +43,6 @@ class Lowerer:
     self.acc_at: dict[tuple[UOp, tuple[UOp, ...]], Val] = {}
     self.stage = {r: i for i, r in enumerate(k.reduceops)}  # a chain's reduces run one loop each, in this order
     self.unpadded = -1  # a padded dim lowered as if unpadded (split)
-    self.partials: dict[UOp, list[Val]] = {}  # a LANES reduce's accumulator: its partial accumulators, one per vector of lanes
-    self.combine: list[list[UOp]] = [[] for _ in k.reduceops]  # after each reduce loop: each LANES accumulator from its partials
-    self.unfolded: list[list[tuple[UOp, UOp]]] = [[] for _ in k.reduceops]  # LANES accumulators (named) and their lanes' vector, to fold
     self.decls: list[UOp] = []
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
     self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
@@ -56,26 +51,24 @@ class Lowerer:
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
     self.staged = StagedTiles(self)
-    # PACK: each packed input's array, its panel's dims (see Kernel.pack_tiles), the array's strides and where its copy goes
-    self.packed: dict[UOp, tuple[str, list[tuple[int, int]], list[int], int]] = {}
-    for j, (view, at, dims) in enumerate(k.pack_tiles() if k.pack else []):
-      self.packed[view] = (f"pack{j}", dims, list(strides_for(tuple(e for _, e in dims))), at)
+    self.packed = PackedPanels(self)
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
     # combined after the loop
     self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
-    self.lanes = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LANES), -1)
+    self.lanes = LanePartials(self)
     pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
     self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes if k.attention is None else ()):  # attention's rows are scalars (see attention)
-      if i == self.lanes and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
-         self.lanes < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype in self.vf:
+      if i == self.lanes.axis and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
+         self.lanes.axis < 0 and a.kind is AxisKind.UPCAST and a.dim == lane_dim and a.stride == 1 and k.ast.dtype in self.vf:
         self.width = next((w for w in (k.caps.simd_width, 8, 4) if a.size % w == 0 and w <= k.caps.simd_width), 1)
         self.lane_axis = i if self.width > 1 else -1
     # a row written after its statistic (see Kernel.reduce_out_dims): its UPCAST along the row in vectors too, beside the reduce's lanes
-    self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST and a.dim == lane_dim
-                          and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims and k.ast.dtype in self.vf), -1)
+    self.row_axis = next((i for i, a in enumerate(k.axes) if self.lanes.axis >= 0 and self.width > 1 and a.kind is AxisKind.UPCAST
+                          and a.dim == lane_dim and a.stride == 1 and a.size % self.width == 0 and lane_dim not in k.reduce_out_dims
+                          and k.ast.dtype in self.vf), -1)
     self.lane = UOp.var("lane", 0, self.width - 1)
     self.nesting = LoopNest(k)
 
@@ -167,7 +160,7 @@ class Lowerer:
       off, valid, child = self.view_index(u, idx)
       if valid.op is Ops.CONST and not valid.arg: ret = Val(Kind.SCALAR, (UOp.const(u.dtype, 0),), padding=True)
       elif self.in_body and u in self.staged.tiles: ret = self.staged.read(u)
-      elif self.in_body and u in self.packed: ret = self.pack_read(u)
+      elif self.in_body and u in self.packed.panels: ret = self.packed.read(u)
       elif (src := u.src[0]).op is Ops.BUFFER:
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
@@ -232,48 +225,6 @@ class Lowerer:
       return Val(Kind.VECTOR, (value(base, valid, self.width),))
     return Val(Kind.LANES, tuple(value(self.subst_lane(off, j), self.subst_lane(valid, j)) for j in range(self.width)))
 
-  # ***** PACK: panels of the inputs in arrays of the thread's (the CPU's) *****
-  @functools.cached_property
-  def panel_parts(self) -> list[UOp]:
-    """Each dim's index where it is the same for a whole panel: its parts outside the panel's loops (threads, K blocks, global loops)."""
-    k, kinds = self.k, (AxisKind.GLOBAL, AxisKind.THREAD, AxisKind.KBLOCK)
-    return [linear_sum(dtypes.int64, [(self.nesting.vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == d and a.kind in kinds], 0,
-                       self.simplified) for d in range(len(k.sizes))]
-
-  def pack_read(self, view: UOp) -> Val:
-    """A packed input's value at the dims add() reads, from its panel: each dim's index less its part outside the panel."""
-    name, dims, strides, _ = self.packed[view]
-    outside = {v: UOp.const(dtypes.int64, 0) for part in self.panel_parts for v in part.vars}
-    off = linear_sum(dtypes.int64, [(self.simplify(self.at_dims[d].substitute(outside)), st) for (d, _), st in zip(dims, strides)], 0,
-                     self.simplified)
-    if (key := (name, off)) not in self.memo: self.memo[key] = self.read(view.dtype, name, off, TRUE)
-    return self.memo[key]
-
-  def pack_copies(self) -> dict[int, list[UOp]]:
-    """PACK's copies, by the number of loops around them: each panel's array, then loops over its reduce dims whose body copies the
-    output dims' parts (unrolled); in vectors along the input's fastest dim in memory where that is contiguous and splits into them."""
-    k, ret = self.k, dict[int, list[UOp]]()
-    for j, (view, (name, dims, strides, at)) in enumerate(self.packed.items()):
-      self.lines = ret.setdefault(at, [])
-      self.emit(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(e for _, e in dims)), dtype=view.dtype)
-      st = view.arg.strides
-      fast = min(dims, key=lambda de: (abs(st[de[0]]) or 1 << 62, -de[0]))[0]
-      w = self.width if self.width > 1 and st[fast] == 1 and dict(dims)[fast] % self.width == 0 else 1
-      def steps(d: int, e: int) -> int: return e // w if d == fast else e
-      loops = [(d, e) for d, e in dims if d >= k.n_global and steps(d, e) > 1]
-      at_loop = {d: UOp.var(f"c{j}_{d}", 0, steps(d, e) - 1) for d, e in loops}
-      for d, e in loops: self.emit(Ops.RANGE, arg=LoopArg(at_loop[d].arg[0], 0, steps(d, e), False))
-      unrolled = [(d, e) for d, e in dims if d not in at_loop]
-      for vals in itertools.product(*(range(steps(d, e)) for d, e in unrolled)):
-        pos = {**at_loop, **{d: UOp.const(dtypes.int64, v) for (d, _), v in zip(unrolled, vals)}}
-        if w > 1: pos[fast] = self.simplify(pos[fast] * w + self.lane)
-        idx = tuple(self.clamp(d, self.simplify(self.panel_parts[d] + pos.get(d, 0))) for d in range(len(k.sizes)))
-        off, valid, _ = self.view_index(view, idx)
-        val = self.read(view.dtype, self.bufs[view.src[0].arg], off, valid)
-        self.store(val, linear_sum(dtypes.int64, [(pos[d], s) for (d, _), s in zip(dims, strides)], 0, self.simplified), TRUE, name, view.dtype)
-      self.lines += [stmt(Ops.ENDRANGE) for _ in loops]
-    return ret
-
   def define_acc(self, red: UOp, name: str, width: int = 1) -> UOp:
     self.decls.append(u := stmt(Ops.DEFINE_ACC, identity(red), arg=AccArg(name, width, red.arg[0]), dtype=red.dtype))
     return u
@@ -283,59 +234,13 @@ class Lowerer:
     if (ret := self.acc_at.get((red, idx))) is not None: return ret  # a chain's earlier statistic, read by a later reduce's loop
     self.count += 1
     name = f"acc{self.count}"
-    if self.lanes >= 0: return self.lanes_acc(red, idx, name)
-    if not self.lane_dep(*idx): ret = Val(Kind.SCALAR, (self.define_acc(red, name),))
+    if self.lanes.axis >= 0: ret = self.lanes.acc(red, name)
+    elif not self.lane_dep(*idx): ret = Val(Kind.SCALAR, (self.define_acc(red, name),))
     elif red.dtype == dtypes.float32 and red.arg[0] is Ops.ADD: ret = Val(Kind.VECTOR, (self.define_acc(red, name, self.width),))
     else: ret = Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{i}") for i in range(self.width)))
     self.accs.append((red, idx, ret))
     self.acc_at[(red, idx)] = ret
     return ret
-
-  def lanes_acc(self, red: UOp, idx: tuple[UOp, ...], name: str) -> Val:
-    """A reduce split by LANES: a partial accumulator per vector of lanes (a vector where the device has the op, else a scalar per
-    lane), each reading its own elements; after the loop the partials combine into the one scalar accumulator: the vectors into
-    one, whose lanes fold with the other accumulators' (see fold_lanes), or the scalars in a tree."""
-    op, stage = red.arg[0], self.stage[red]  # vectors of 16-bit floats only for a max, which rounds nothing
-    vector = self.width > 1 and (red.dtype == dtypes.float32 or red.dtype in self.vf and op is Ops.MAX) and op in self.target.vector_ops
-    partials = [Val(Kind.VECTOR, (self.define_acc(red, f"{name}_{j}", self.width),)) if vector else
-                Val(Kind.LANES, tuple(self.define_acc(red, f"{name}_{j}_{i}") for i in range(self.width)))
-                for j in range(self.k.axes[self.lanes].size // self.width)]
-    if vector:  # the vectors first; the accumulator named now, defined once its lanes fold
-      self.combine[stage].append(v := stmt(Ops.FOLD, *(p.items[0] for p in partials), arg=FoldArg(f"{name}_v", self.width, op), dtype=red.dtype))
-      self.unfolded[stage].append((acc := UOp.unique(Ops.FOLD, red.dtype, (), FoldArg(name, 1, op)), v))
-    else: acc = self.tree(stage, [p.lane(i) for p in partials for i in range(self.width)], FoldArg(name, 1, op), red.dtype)
-    ret = Val(Kind.SCALAR, (acc,))
-    self.partials[acc] = partials
-    self.accs.append((red, idx, ret))
-    self.acc_at[(red, idx)] = ret
-    return ret
-
-  def tree(self, stage: int, lanes: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
-    """A fold of `lanes` (a statement named by `arg`) after a stage's loop, in a tree of named values, neighbouring lanes first (an
-    operand may be spelled more than once in an op's code)."""
-    while len(lanes) > 2:
-      lanes = [self.fold(stage, lanes[i:i + 2], FoldArg(f"{arg.name}_c{len(self.combine[stage])}", 1, arg.op), dtype)
-               if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
-    return self.fold(stage, lanes, arg, dtype)
-
-  def fold(self, stage: int, items: list[UOp], arg: FoldArg, dtype: DType) -> UOp:
-    self.combine[stage].append(u := stmt(Ops.FOLD, *items, arg=arg, dtype=dtype))
-    return u
-
-  def fold_lanes(self) -> None:
-    """Each stage's LANES accumulators (see lanes_acc) from their vectors: where the target folds lanes across vectors, as many
-    accumulators as a vector has lanes at once, in one statement whose lane j folds vector j's lanes (a transpose as it adds: 15
-    adds of shuffled halves, 30 shuffles, for 16 vectors, where each vector's tree took 15 extracts and 15 scalar adds), each then
-    reading its lane; a lone one, or any on other targets, in a tree."""
-    group = self.width if self.target.lane_folds else 1
-    for stage, pending in enumerate(self.unfolded):
-      for at in range(0, len(pending), group):
-        (first, _), chunk = pending[at], pending[at:at + group]
-        if len(chunk) > 1:
-          across = FoldArg(f"{first.arg.name}_l", self.width, first.arg.op, True)
-          lanes = Val(Kind.VECTOR, (self.fold(stage, [v for _, v in chunk], across, first.dtype),))
-          for j, (acc, _) in enumerate(chunk): self.fold(stage, [lanes.lane(j)], acc.arg, acc.dtype)
-        else: self.tree(stage, [Val(Kind.VECTOR, (chunk[0][1],)).lane(i) for i in range(self.width)], first.arg, first.dtype)
 
   def reduce_index(self, idx: tuple[UOp, ...], dims: list[UOp]) -> tuple[UOp, ...]:
     """The reduce's source index: the output's `idx` with the reduce dims at `dims`."""
@@ -347,11 +252,6 @@ class Lowerer:
     if self.dot_pairs is not None: self.dot_pairs.accumulate(red, idx, acc, dims, inst)
     else: self.add(red, idx, acc, dims, inst)
 
-  def partial(self, acc: Val, inst: dict[int, UOp]) -> Val:
-    """The accumulator an instance adds into: with LANES, the partial of its vector of lanes."""
-    if (parts := self.partials.get(acc.items[0])) is None: return acc
-    return parts[int(self.subst_lane(inst[self.lanes], 0).arg) // self.width]
-
   def add(self, red: UOp, idx: tuple[UOp, ...], acc: Val, dims: list[UOp], inst: dict[int, UOp]) -> None:
     """acc op= the reduce's source at the reduce dims' `dims` (`inst`: the register parts' values)."""
     k, op = self.k, red.arg[0]
@@ -361,7 +261,7 @@ class Lowerer:
     if red is k.reduceop and self.rows is not None and self.rows.row_of(in_idx) in self.rows.arrays: self.rows.write(in_idx)
     if (g := self.guard(dims, range(k.n_global, len(k.sizes)))) is not TRUE:
       val = self.alu(Ops.WHERE, red.dtype, [self.index_val(g), val, Val(Kind.SCALAR, (identity(red),))])
-    acc = self.partial(acc, inst)
+    acc = self.lanes.partial(acc, inst)
     if acc.kind is Kind.VECTOR: self.emit(Ops.ASSIGN, acc.items[0], self.vec(val) if op is Ops.ADD else self.splat(val), TRUE, arg=op)
     else:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
@@ -399,13 +299,13 @@ class Lowerer:
       self.unpadded = k.axes[split].dim
       full_bodies, self.unpadded = self.reduce_bodies(), -1
     if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
-    self.fold_lanes()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
+    self.lanes.fold_all()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
     # STAGE: the first tile's copy, and each tile's (PREFETCH: the next tile's loads before the compute, its stores after)
     copies = self.staged.copies()
-    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.combine, self.decls, self.accs, self.width, post, copies)
-    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.combine, self.decls, post, self.pack_copies())
+    if self.target.has_local: uops = self.nesting.workgroups(bodies, self.lanes.combine, self.decls, self.accs, self.width, post, copies)
+    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.lanes.combine, self.decls, post, self.packed.copies())
     return LinearProgram(k, self.width, uops, in_order or tile)
 
   def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
