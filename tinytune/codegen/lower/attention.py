@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from tinytune.codegen.kernel import AxisKind
-from tinytune.codegen.lower.program import TRUE, AccArg, FoldArg, Kind, LinearProgram, Val, stmt
+from tinytune.codegen.lower.program import TRUE, AccArg, FoldArg, Kind, LinearProgram, Val, stmt, when
 from tinytune.dtype import dtypes
 from tinytune.shape import strides_for
 from tinytune.uop import Ops, UOp
@@ -112,7 +112,7 @@ def attention(lw: Lowerer) -> LinearProgram:
   if causal and blocks:  # a block of keys that starts past every row of the thread is all -inf: skipped (half the work)
     seen = [lw.simplify(blocks[0].lt(row + 1)) for row in dict.fromkeys(dims[n - 1] for dims, *_ in rows)]
     cond = functools.reduce(lambda a, b: a.alu(Ops.OR, b), seen)
-    body[:] = [stmt(Ops.IF, cond.alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+    body[:] = when(cond, body)
   post = lw.lines = []
   lw.memo = {}
   strides = strides_for(k.out_shape)

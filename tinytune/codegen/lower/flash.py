@@ -3,17 +3,35 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from tinytune.codegen.kernel import FLASH_PAD, TC_PAD, AxisKind
 from tinytune.codegen.lower.attention import _const, _keep, _read, _shift, _total
-from tinytune.codegen.lower.program import TRUE, AccArg, Kind, LinearProgram, LoadArg, LocalArg, LoopArg, SpecialArg, StoreArg, Val, stmt
+from tinytune.codegen.lower.program import TRUE, AccArg, Kind, LinearProgram, LoadArg, LocalArg, LoopArg, SpecialArg, StoreArg, Val, stmt, when
 from tinytune.dtype import dtypes
 from tinytune.shape import strides_for
 from tinytune.uop import Ops, UOp, linear_sum
 
 if TYPE_CHECKING:
   from tinytune.codegen.lower.lowerer import Lowerer
+
+
+def _chunks(lw: Lowerer, lid: UOp, threads: int, count: int, size: int, width: int, lane: UOp) -> Iterator[tuple[UOp, UOp, UOp]]:
+  """The workgroup's copy of `count` rows of `size` elements in chunks of `width`, dealt out to its threads in turn: each of the
+  thread's chunks as its row, its first element plus `lane` and its guard (a thread past the last chunk is guarded off, its
+  indices clamped to the last)."""
+  i64 = dtypes.int64
+  chunks, per = count * (size // width), size // width
+  for j in range(-(-chunks // threads)):
+    c = lw.simplify(lid + j * threads)
+    guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
+    if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
+    yield lw.simplify(c // per), lw.simplify(c % per * width + lane), guard
+
+
+def _before_block_end(lw: Lowerer, first_key: UOp, block_end: UOp, body: list[UOp]) -> list[UOp]:
+  """Causal: a tile of keys whose first key is past the block's last row is skipped by the whole workgroup."""
+  return when(lw.simplify(first_key.lt(block_end)), body)
 
 
 def flash_attention(lw: Lowerer) -> LinearProgram:
@@ -60,12 +78,7 @@ def flash_attention(lw: Lowerer) -> LinearProgram:
                for j in range(tile // group)]
   def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
     """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as float32."""
-    chunks, per = count * (size // w), size // w
-    for j in range(-(-chunks // threads)):
-      c = lw.simplify(lid + j * threads)
-      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
-      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
-      r, e = lw.simplify(c // per), lw.simplify(c % per * w + lane)
+    for r, e, guard in _chunks(lw, lid, threads, count, size, w, lane):
       val = _read(lw, view, (*batch, lw.simplify(first + r), e))
       if name == "fq": val = op(Ops.MUL, val, _const(scale / math.log(2)))
       put(name, val, r * stride + e, guard)
@@ -129,8 +142,7 @@ def flash_attention(lw: Lowerer) -> LinearProgram:
         for a in range(len(rows)): news[a, c] = op(Ops.ADD, news[a, c], op(Ops.MUL, pv[a][j], vv))
   for (a, c), val in news.items(): lw.emit(Ops.ASSIGN, state[a][2][c].items[0], lw.vec(val), TRUE)
   body.append(stmt(Ops.BARRIER))
-  if causal:  # the tiles past the block's last row: the whole workgroup skips them
-    body[:] = [stmt(Ops.IF, lw.simplify((svar * tile).lt(row_base + block)).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  if causal: body[:] = _before_block_end(lw, svar * tile, row_base + block, body)
   post = lw.lines = []
   lw.memo = {}
   strides = strides_for(k.out_shape)
@@ -179,12 +191,7 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
   def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
     """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as they are:
     16 bytes a cp.async (Kernel.flash_opt: rows contiguous and 16-byte aligned), waited for at the next barrier."""
-    chunks, per = count * size // 8, size // 8
-    for j in range(-(-chunks // threads)):
-      c = lw.simplify(lid + j * threads)
-      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
-      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
-      r, e = lw.simplify(c // per), lw.simplify(c % per * 8)
+    for r, e, guard in _chunks(lw, lid, threads, count, size, 8, UOp.const(i64, 0)):
       load = stmt(Ops.LOAD, lw.simplify(view.arg.index((*batch, lw.simplify(first + r), e))[0]), TRUE,
                   arg=LoadArg(None, 8, lw.bufs[view.src[0].arg]), dtype=dt)
       lw.lines.append(stmt(Ops.STORE, lw.simplify(r * stride + e), load, guard, arg=StoreArg(8, name, False, "cg"), dtype=dt))
@@ -219,8 +226,7 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
                wmma("load", f"vb{j}_{c}", "fv", lv, "b", "row_major", True, src=(UOp.const(i64, 16 * j * lv + 16 * c),)),
                wmma("mma", o, f"pa{j}", f"vb{j}_{c}", dt)]
   body.append(stmt(Ops.BARRIER))
-  if causal:  # the tiles past the block's last row: the whole workgroup skips them
-    body[:] = [stmt(Ops.IF, lw.simplify((svar * tile).lt(row_base + block)).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+  if causal: body[:] = _before_block_end(lw, svar * tile, row_base + block, body)
   post = lw.lines = [wmma("finish", tuple(o_accs)), stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", block // 16 * 256), dtype=f32)]
   tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
   strides = strides_for(k.out_shape)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tinytune.codegen.kernel import AxisKind, Kernel
-from tinytune.codegen.lower.program import TRUE, Kind, LocalArg, LoopArg, SpecialArg, Val, stmt
+from tinytune.codegen.lower.program import TRUE, Kind, LocalArg, LoopArg, SpecialArg, Val, stmt, when
 from tinytune.dtype import dtypes
 from tinytune.helpers import prod
 from tinytune.uop import Ops, UOp
@@ -139,7 +139,7 @@ class LoopNest:
     if not every or (shared := prod(k.axes[i].size for i in k.row_thread_axes)) == groups: return out + row
     # fewer threads share the row than the group has (Kernel.apply_opt: they are its fastest): the others have nothing to write
     place = UOp.var("lid", 0, k.launch_dims[1] - 1) % groups
-    return [*out, stmt(Ops.IF, place.lt(shared).alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *row, stmt(Ops.ENDIF)]
+    return out + when(place.lt(shared), row)
 
   def group_step(self) -> int:
     """lid's step between a thread's GROUP neighbours: 1 where the GROUP parts are the fastest threads (Kernel.thread_axes)."""

@@ -171,6 +171,11 @@ def stmt(op: Ops, *src: UOp, arg: object = None, dtype: DType = dtypes.void) -> 
   return UOp.unique(op, dtype, src, arg)
 
 
+def when(cond: UOp, body: list[UOp]) -> list[UOp]:
+  """`body` run where `cond` holds."""
+  return [stmt(Ops.IF, cond.alu(Ops.CMPNE, UOp.const(dtypes.bool, False))), *body, stmt(Ops.ENDIF)]
+
+
 class Target(Protocol):
   """What lowering needs to know of the code it is for (a renderer says)."""
   vector_ops: set[Ops]  # the ops with native float32 vector code (comparisons give masks, WHERE takes one)
