@@ -3,7 +3,13 @@
 Register parts of the kernel (UPCAST, UNROLL) are expanded into straight-line code. One UPCAST part along the contiguous output
 axis becomes SIMD lanes: a value is one scalar for all lanes, one native vector, or one scalar per lane, whichever the loads and
 ops allow. Every decision is made here: loop order, the split of a padded reduce loop, K block reloads and stores, LANES partials
-and their combine tree, GROUP partials through shared memory, which loads and stores are vector ones, and the names of values."""
+and their combine tree, GROUP partials through shared memory, which loads and stores are vector ones, and the names of values.
+
+The package, a module a job: program (the statements, their args and the program), lowerer (the core: values, reduces, program()),
+loops (the CPU's loop nest, a GPU's workgroups and threads, GROUP's sums, STAGE's loop of tiles); a feature's state and steps
+beside it: staged (STAGE, PREFETCH, PIPELINE), packed (PACK), lanes (LANES), kblock (KBLOCK), rows (the CPU's row arrays), dots
+(the CPU's TC); the kernels lowered whole: tensor_cores (a GPU's TC), attention (in one kernel), flash (in tiles, and on tensor
+cores)."""
 from __future__ import annotations
 
 from tinytune.codegen.kernel import AxisKind, Kernel

@@ -6,6 +6,7 @@ import itertools
 
 from tinytune.codegen.kernel import AxisKind, Kernel
 from tinytune.codegen.lower.dots import DotPairs
+from tinytune.codegen.lower.kblock import kblocked
 from tinytune.codegen.lower.lanes import LanePartials
 from tinytune.codegen.lower.loops import LoopNest
 from tinytune.codegen.lower.packed import PackedPanels
@@ -16,7 +17,6 @@ from tinytune.codegen.lower.program import (
   AccArg,
   Kind,
   LinearProgram,
-  LoadArg,
   Target,
   Val,
   identity,
@@ -33,32 +33,39 @@ from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, s
 
 
 class Lowerer:
+  """One kernel's lowering: statements made into `lines` (emit, value, read, store), the AST's values at an index (node, memoized
+  per loop body), the register parts' instances and their dims, the reduces' accumulators and loop bodies, and program(), which
+  puts them in the loops (LoopNest). Each feature that changes them is an object of its own module that owns its state: STAGE's
+  tiles (StagedTiles, staged.py), PACK's panels (PackedPanels, packed.py), LANES's partial accumulators and their combines
+  (LanePartials, lanes.py), the CPU's row arrays (RowArrays, rows.py) and TC pairs (DotPairs, dots.py); K blocks are a step of
+  program() (kblock.py). The kernels lowered as a whole (tensor_cores.py, attention.py, flash.py) take their values from one."""
   def __init__(self, k: Kernel, target: Target, rows: bool):
-    self.k, self.target, self.count = k, target, 0
-    self.lines: list[UOp] = []
-    self.memo: dict[tuple, Val] = {}
+    self.k, self.target, self.bufs = k, target, {b: i + 1 for i, b in enumerate(k.bufs)}
+    self.lines: list[UOp] = []  # where statements go now: a loop body, or what follows the loops
+    self.decls: list[UOp] = []  # before the loops: accumulators, arrays
+    self.count = 0  # values made so far: the next one's name
+    self.memo: dict[tuple, Val] = {}  # the values made in `lines`, by node and index (reset with it)
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
+    # the reduces: each accumulator (reduce, the output index that made it, its value), where each is, and the dims of the output
+    # instance that made it; a chain's reduces run one loop each, in `stage` order
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
     self.acc_at: dict[tuple[UOp, tuple[UOp, ...]], Val] = {}
-    self.stage = {r: i for i, r in enumerate(k.reduceops)}  # a chain's reduces run one loop each, in this order
-    self.unpadded = -1  # a padded dim lowered as if unpadded (split)
-    self.decls: list[UOp] = []
-    self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
-    self.bufs = {b: i + 1 for i, b in enumerate(k.bufs)}
-    self.rows = RowArrays.of(self) if rows else None
-    self.in_body = False
+    self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}
+    self.stage = {r: i for i, r in enumerate(k.reduceops)}
+    self.in_body = False  # lowering a reduce loop's body
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
-    self.acc_dims: dict[tuple[UOp, tuple[UOp, ...]], list[UOp]] = {}  # an accumulator -> the dims of the output instance that made it
-    self.staged = StagedTiles(self)
-    self.packed = PackedPanels(self)
+    self.unpadded = -1  # a padded dim lowered as if unpadded (split)
+    self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
+    # the features' state
+    self.staged, self.packed, self.lanes = StagedTiles(self), PackedPanels(self), LanePartials(self)
+    self.rows = RowArrays.of(self) if rows else None
+    pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
+    self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     # the SIMD lane axis: the innermost UPCAST part of the contiguous output dim (size-1 dims after it do not count), for outputs the
     # target computes in float32 lanes, or, where a LANES part splits a float32 reduce, that part: its lanes are partial accumulators,
     # combined after the loop
     self.width, self.lane_axis, self.vf = 1, -1, target.vector_floats
-    self.lanes = LanePartials(self)
-    pair_axis = next((i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC and not k.caps.has_local), -1)  # the CPU's TC
-    self.dot_pairs = DotPairs(self, pair_axis) if pair_axis >= 0 else None
     lane_dim = next((d for d in reversed(range(k.n_global)) if k.sizes[d] > 1), -1)  # the last output dim longer than 1
     for i, a in enumerate(k.axes if k.attention is None else ()):  # attention's rows are scalars (see attention)
       if i == self.lanes.axis and k.reduceop is not None and k.reduceop.dtype == dtypes.float32 or \
@@ -298,7 +305,7 @@ class Lowerer:
     if (split := self.split) is not None:  # the iterations with no padding: no clamps, no masks, whole vector loads
       self.unpadded = k.axes[split].dim
       full_bodies, self.unpadded = self.reduce_bodies(), -1
-    if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = self.kblocked(post, partials)
+    if any(a.kind is AxisKind.KBLOCK for a in k.axes): post = kblocked(self, post, partials)
     self.lanes.fold_all()  # every accumulator made: the output's, and the earlier statistics of a chain (made by the later loops)
     in_order = any(u.op is Ops.DEFINE_ACC and u.arg.width == 1 and u.dtype.is_float and u.arg.op is Ops.ADD for u in self.decls)
     tile = k.reduceop is None and len({a.dim for a in k.axes if a.kind is AxisKind.UPCAST}) > 1
@@ -307,28 +314,6 @@ class Lowerer:
     if self.target.has_local: uops = self.nesting.workgroups(bodies, self.lanes.combine, self.decls, self.accs, self.width, post, copies)
     else: uops = self.nesting.cpu(bodies, full_bodies, split, self.lanes.combine, self.decls, post, self.packed.copies())
     return LinearProgram(k, self.width, uops, in_order or tile)
-
-  def kblocked(self, post: list[UOp], partials: list[tuple[Val, UOp, UOp]]) -> list[UOp]:
-    """K blocks: the output buffer holds the sums so far between blocks (apply_opt checked that each output element has its own
-    accumulator, of its dtype). Each block after the first starts from them; each before the last stores them, and only the
-    last runs what follows the reduce."""
-    assert len(partials) == len(self.accs), "KBLOCK needs one accumulator per output element"
-    kb = next(i for i, a in enumerate(self.k.axes) if a.kind is AxisKind.KBLOCK)
-    var, last, dt, zero = self.nesting.vars[kb], self.k.axes[kb].size - 1, self.k.ast.dtype, UOp.const(dtypes.int64, 0)
-    def load(off: UOp, width: int = 1) -> UOp: return stmt(Ops.LOAD, off, TRUE, arg=LoadArg(None, width, 0), dtype=dt)
-    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, zero))]
-    for acc, off, guard in partials:
-      base = self.subst_lane(off, 0)
-      if acc.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        self.emit(Ops.ASSIGN, acc.items[0], load(base, self.width), guard)
-        continue
-      if acc.kind is Kind.SCALAR: self.emit(Ops.ASSIGN, acc.items[0], load(off), guard)
-      else:
-        for i in range(self.width): self.emit(Ops.ASSIGN, acc.lane(i), load(self.subst_lane(off, i)), self.subst_lane(guard, i))
-    self.decls += [*self.lines, stmt(Ops.ENDIF)]
-    self.lines = [stmt(Ops.IF, var.alu(Ops.CMPNE, UOp.const(dtypes.int64, last)))]
-    for acc, off, guard in partials: self.store(acc, off, guard)
-    return [*self.lines, stmt(Ops.ELSE), *post, stmt(Ops.ENDIF)]
 
   def reduce_bodies(self) -> list[list[UOp]]:
     """Each reduce loop's body. A chain's later reduce reads the earlier ones' values: lowered first, it makes their accumulators."""
