@@ -16,22 +16,148 @@ if TYPE_CHECKING:
   from tinytune.codegen.lower.lowerer import Lowerer
 
 
-def _chunks(lw: Lowerer, lid: UOp, threads: int, count: int, size: int, width: int, lane: UOp) -> Iterator[tuple[UOp, UOp, UOp]]:
-  """The workgroup's copy of `count` rows of `size` elements in chunks of `width`, dealt out to its threads in turn: each of the
-  thread's chunks as its row, its first element plus `lane` and its guard (a thread past the last chunk is guarded off, its
-  indices clamped to the last)."""
-  i64 = dtypes.int64
-  chunks, per = count * (size // width), size // width
-  for j in range(-(-chunks // threads)):
-    c = lw.simplify(lid + j * threads)
-    guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
-    if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
-    yield lw.simplify(c // per), lw.simplify(c % per * width + lane), guard
+class _Tiles:
+  """What both forms of attention in tiles share (Kernel.flash_opt): the attention's inputs, its block of query rows, its tile of
+  keys and threads a row (Kernel.flash_sizes), the tiles' loop (STAGE) and the reduce's variable in it, the workgroup's threads and
+  its LOCAL axes (the slowest first)."""
+  def __init__(self, lw: Lowerer):
+    k, node = lw.k, lw.k.attention
+    assert node is not None
+    self.lw, self.k, self.node = lw, k, node
+    self.q, self.keys, self.values, *self.masks = node.src
+    self.scale, self.causal = node.arg
+    self.e_size, self.ev_size = self.q.shape[-1], node.shape[-1]
+    self.block, self.tile, self.group = k.flash_sizes()
+    self.stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
+    self.svar, self.rvar = lw.nesting.vars[self.stage], lw.nesting.vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
+    self.threads = k.launch_dims[1]
+    self.local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
+
+  def chunks(self, lid: UOp, count: int, size: int, width: int, lane: UOp) -> Iterator[tuple[UOp, UOp, UOp]]:
+    """The workgroup's copy of `count` rows of `size` elements in chunks of `width`, dealt out to its threads in turn: each of the
+    thread's chunks as its row, its first element plus `lane` and its guard (a thread past the last chunk is guarded off, its
+    indices clamped to the last)."""
+    lw, threads, i64 = self.lw, self.threads, dtypes.int64
+    chunks, per = count * (size // width), size // width
+    for j in range(-(-chunks // threads)):
+      c = lw.simplify(lid + j * threads)
+      guard = TRUE if (j + 1) * threads <= chunks else lw.simplify(c.lt(chunks))
+      if guard is not TRUE: c = lw.simplify(UOp(Ops.WHERE, i64, (c.lt(chunks), c, UOp.const(i64, chunks - 1))))
+      yield lw.simplify(c // per), lw.simplify(c % per * width + lane), guard
+
+  def program(self, width: int, ids: list[UOp], decls: list[UOp], pre: list[UOp], body: list[UOp], post: list[UOp], row_base: UOp) -> LinearProgram:
+    """The kernel: the tiles' loop around `body`; causal, a tile whose first key is past the block's last row skipped by the whole
+    workgroup (`row_base`: the block's first row)."""
+    if self.causal: body = when(self.lw.simplify((self.svar * self.tile).lt(row_base + self.block)), body)
+    return LinearProgram(self.k, width, ids + decls + pre + self.lw.nesting.nest([self.stage], body) + post)
 
 
-def _before_block_end(lw: Lowerer, first_key: UOp, block_end: UOp, body: list[UOp]) -> list[UOp]:
-  """Causal: a tile of keys whose first key is past the block's last row is skipped by the whole workgroup."""
-  return when(lw.simplify(first_key.lt(block_end)), body)
+class _CudaCores(_Tiles):
+  """Attention in tiles on CUDA cores (see flash_attention): the thread's rows and its keys of a tile, its vectors of each row's
+  output, and a tile's steps."""
+  def __init__(self, lw: Lowerer):
+    super().__init__(lw)
+    k, n, i64, vars, zero = lw.k, lw.k.n_global, dtypes.int64, lw.nesting.vars, UOp.const(dtypes.int64, 0)
+    e_size, ev_size, tile, group = self.e_size, self.ev_size, self.tile, self.group
+    self.gvar = next((vars[i] for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), zero)
+    lw.width = self.w = w = 4 if e_size % 4 == 0 and ev_size % (4 * group) == 0 and tile % 4 == 0 else 1
+    lw.lane = UOp.var("lane", 0, w - 1)
+    self.lane = lw.lane if w > 1 else zero
+    self.lid = UOp.var("lid", 0, self.threads - 1) if self.threads > 1 else zero
+    self.qs, self.ks, self.vs = e_size + FLASH_PAD, e_size + FLASH_PAD, ev_size + FLASH_PAD  # the tiles' row strides
+    self.ps = tile + FLASH_PAD
+    # the workgroup's rows: each UPCAST instance's row in the block and in the kernel; the batch dims are the workgroup's
+    self.row_base = linear_sum(i64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == n - 1 and a.kind is AxisKind.GLOBAL], 0,
+                               lw.simplified)
+    self.rows = []
+    for inst in lw.instances((AxisKind.UPCAST,)):
+      dims = lw.dims(inst)
+      self.rows.append((lw.simplify(dims[n - 1] - self.row_base), dims[n - 1]))
+    self.batch = lw.dims({})[:n - 1]
+    key_dim = lw.dims({})[n]  # s * tile + r * group + g: the thread's j-th key of the tile at r = j
+    self.tile_keys = [lw.simplify(key_dim.substitute({v: UOp.const(i64, x) for v, x in ((self.svar, 0), (self.rvar, j)) if v.op is Ops.VAR}))
+                      for j in range(tile // group)]
+    self.cols = ev_size // (w * group)  # the thread's vectors of each row's output: every GROUP-th
+    self.out_at = [lw.simplify(UOp.const(i64, c * w * group) + self.gvar * w + self.lane) for c in range(self.cols)]
+
+  def op(self, o: Ops, *srcs: Val) -> Val: return self.lw.alu(o, dtypes.float32, list(srcs))
+  def shared(self, name: str, off: UOp) -> Val: return self.lw.read(dtypes.float32, name, self.lw.simplify(off), TRUE)
+  def put(self, name: str, val: Val, off: UOp, guard: UOp = TRUE) -> None: self.lw.store(val, self.lw.simplify(off), guard, name, dtypes.float32)
+  def lanes(self, v: Val) -> list[Val]:
+    return [Val(Kind.SCALAR, (v.lane(i),)) for i in range(self.w)] if v.kind is not Kind.SCALAR else [v] * self.w
+
+  def copy(self, view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
+    """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as float32."""
+    for r, e, guard in self.chunks(self.lid, count, size, self.w, self.lane):
+      val = _read(self.lw, view, (*self.batch, self.lw.simplify(first + r), e))
+      if name == "fq": val = self.op(Ops.MUL, val, _const(self.scale / math.log(2)))
+      self.put(name, val, r * stride + e, guard)
+
+  def scores(self) -> dict[tuple[int, int], Val]:
+    """The scores of the thread's rows and keys, masked."""
+    lw, op, w, lane, rows, tile_keys = self.lw, self.op, self.w, self.lane, self.rows, self.tile_keys
+    dots: dict[tuple[int, int], Val] = {}  # scalars, a multiply-add a lane (vectors of partial sums took 4x the registers: 198 a thread)
+    for c in range(self.e_size // w):
+      qv = [self.lanes(self.shared("fq", r * self.qs + c * w + lane)) for r, _ in rows]
+      kv = [self.lanes(self.shared("fk", kt * self.ks + c * w + lane)) for kt in tile_keys]
+      for (a, x), (b, y), i in itertools.product(enumerate(qv), enumerate(kv), range(w)):
+        dots[a, b] = op(Ops.MUL, x[i], y[i]) if (a, b) not in dots else op(Ops.ADD, dots[a, b], op(Ops.MUL, x[i], y[i]))
+    scores: dict[tuple[int, int], Val] = {}
+    for (a, (_, row)), b in itertools.product(enumerate(rows), range(len(tile_keys))):
+      t = dots[a, b]
+      key = lw.simplify(self.svar * self.tile + tile_keys[b])
+      if self.causal: t = _keep(lw, lw.index_val(lw.simplify(key.lt(row + 1))), t)
+      for mask in self.masks:
+        if mask.dtype == dtypes.bool: t = _keep(lw, lw.node(mask, (*self.batch, row, key)), t)
+        else: t = op(Ops.ADD, t, op(Ops.MUL, _read(lw, mask, (*self.batch, row, key)), _const(1 / math.log(2))))
+      scores[a, b] = t
+    return scores
+
+  def softmax(self, scores: dict[tuple[int, int], Val], state: list[tuple[Val, Val, list[Val]]]) -> list[Val]:
+    """The rows' maxima of the tile through shared memory, then each row's new running max, its probabilities (to shared memory) and
+    their sums (beside them); each row's rescale of what it had."""
+    lw, op, i64, block, rows, keys = self.lw, self.op, dtypes.int64, self.block, self.rows, range(len(self.tile_keys))
+    for a, (r, _) in enumerate(rows): self.put("fm", _total(lw, [scores[a, b] for b in keys], Ops.MAX), self.gvar * block + r)
+    lw.lines.append(stmt(Ops.BARRIER))
+    alphas = []
+    for a, (r, _) in enumerate(rows):
+      m = state[a][0]
+      new_m = op(Ops.MAX, m, _total(lw, [self.shared("fm", UOp.const(i64, g * block) + r) for g in range(self.group)], Ops.MAX))
+      base = _shift(lw, new_m, bool(self.masks))
+      alphas.append(op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base))))
+      probs = [op(Ops.EXP2, op(Ops.ADD, scores[a, b], op(Ops.NEG, base))) for b in keys]
+      for kt, p in zip(self.tile_keys, probs): self.put("fp", p, r * self.ps + kt)
+      self.put("fl", _total(lw, probs), self.gvar * block + r)
+      lw.emit(Ops.ASSIGN, m.items[0], lw.vec(new_m), TRUE)
+    return alphas
+
+  def outputs(self, alphas: list[Val], state: list[tuple[Val, Val, list[Val]]]) -> None:
+    """The sums and outputs: rescaled, plus the tile's probabilities (times its values)."""
+    lw, op, i64, w, rows = self.lw, self.op, dtypes.int64, self.w, self.rows
+    news: dict[tuple[int, int], Val] = {}
+    for a, (r, _) in enumerate(rows):
+      l = state[a][1]
+      lsum = _total(lw, [self.shared("fl", UOp.const(i64, g * self.block) + r) for g in range(self.group)])
+      lw.emit(Ops.ASSIGN, l.items[0], lw.vec(op(Ops.ADD, op(Ops.MUL, l, alphas[a]), lsum)), TRUE)
+      for c, o in enumerate(state[a][2]): news[a, c] = op(Ops.MUL, o, alphas[a])
+    for kk in range(0, self.tile, w):
+      pv = [self.lanes(self.shared("fp", r * self.ps + kk + self.lane)) for r, _ in rows]
+      for j in range(w):
+        for c in range(self.cols):
+          vv = self.shared("fv", (kk + j) * self.vs + self.out_at[c])
+          for a in range(len(rows)): news[a, c] = op(Ops.ADD, news[a, c], op(Ops.MUL, pv[a][j], vv))
+    for (a, c), val in news.items(): lw.emit(Ops.ASSIGN, state[a][2][c].items[0], lw.vec(val), TRUE)
+
+  def stores(self, state: list[tuple[Val, Val, list[Val]]]) -> None:
+    """Each output: its accumulator / its row's sum."""
+    lw, f32, strides = self.lw, dtypes.float32, strides_for(self.k.out_shape)
+    for a, (_, row) in enumerate(self.rows):
+      inv = self.op(Ops.RECIP, state[a][1])
+      for c, o in enumerate(state[a][2]):
+        val = self.op(Ops.MUL, o, inv)
+        if self.node.dtype != f32: val = lw.alu(Ops.CAST, self.node.dtype, [val], [f32])
+        off = lw.simplify(sum((x * st for x, st in zip((*self.batch, row, self.out_at[c]), strides) if st), UOp.const(dtypes.int64, 0)))
+        lw.store(val, off, TRUE)
 
 
 def flash_attention(lw: Lowerer) -> LinearProgram:
@@ -45,118 +171,32 @@ def flash_attention(lw: Lowerer) -> LinearProgram:
   dims) and sum l by 2^(m_old - m) and adds the tile's probabilities times values. Four barriers a tile: after the copies, the
   maxima, the probabilities, and the products (the next copy overwrites what they read). Causal: a tile of keys past the block's
   last row is skipped by the whole workgroup, a key past its row is -inf. A mask is read at the row and key as attention's."""
-  k, node = lw.k, lw.k.attention
-  assert node is not None
-  q, keys, values, *masks = node.src
-  scale, causal = node.arg
-  n, f32, i64, (e_size, ev_size) = k.n_global, dtypes.float32, dtypes.int64, (q.shape[-1], node.shape[-1])
-  block, tile, group = k.flash_sizes()
-  vars, zero = lw.nesting.vars, UOp.const(dtypes.int64, 0)
-  stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
-  svar, rvar = vars[stage], vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
-  gvar = next((vars[i] for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP), zero)
-  lw.width = w = 4 if e_size % 4 == 0 and ev_size % (4 * group) == 0 and tile % 4 == 0 else 1
-  lw.lane = UOp.var("lane", 0, w - 1)
-  lane = lw.lane if w > 1 else zero
-  threads = k.launch_dims[1]
-  lid = UOp.var("lid", 0, threads - 1) if threads > 1 else zero
-  qs, ks, vs = e_size + FLASH_PAD, e_size + FLASH_PAD, ev_size + FLASH_PAD  # the tiles' row strides
-  ps = tile + FLASH_PAD
-  def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
-  def shared(name: str, off: UOp) -> Val: return lw.read(f32, name, lw.simplify(off), TRUE)
-  def put(name: str, val: Val, off: UOp, guard: UOp = TRUE) -> None: lw.store(val, lw.simplify(off), guard, name, f32)
-  def lanes(v: Val) -> list[Val]: return [Val(Kind.SCALAR, (v.lane(i),)) for i in range(w)] if v.kind is not Kind.SCALAR else [v] * w
-  # the workgroup's rows: each UPCAST instance's row in the block and in the kernel; the batch dims are the workgroup's
-  row_base = linear_sum(i64, [(vars[i], a.stride) for i, a in enumerate(k.axes) if a.dim == n - 1 and a.kind is AxisKind.GLOBAL], 0, lw.simplified)
-  rows = []
-  for inst in lw.instances((AxisKind.UPCAST,)):
-    dims = lw.dims(inst)
-    rows.append((lw.simplify(dims[n - 1] - row_base), dims[n - 1]))
-  batch = lw.dims({})[:n - 1]
-  key_dim = lw.dims({})[n]  # s * tile + r * group + g: the thread's j-th key of the tile at r = j
-  tile_keys = [lw.simplify(key_dim.substitute({v: UOp.const(i64, x) for v, x in ((svar, 0), (rvar, j)) if v.op is Ops.VAR}))
-               for j in range(tile // group)]
-  def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
-    """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as float32."""
-    for r, e, guard in _chunks(lw, lid, threads, count, size, w, lane):
-      val = _read(lw, view, (*batch, lw.simplify(first + r), e))
-      if name == "fq": val = op(Ops.MUL, val, _const(scale / math.log(2)))
-      put(name, val, r * stride + e, guard)
-  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in k.flash_arrays(block, tile, group)]
+  t, f32 = _CudaCores(lw), dtypes.float32
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size), dtype=f32) for name, size in lw.k.flash_arrays(t.block, t.tile, t.group)]
   def acc(name: str, start: float, width: int = 1) -> Val:
     decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
     return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
-  cols = ev_size // (w * group)  # the thread's vectors of each row's output: every GROUP-th
-  out_at = [lw.simplify(UOp.const(i64, c * w * group) + gvar * w + lane) for c in range(cols)]
-  state = [(acc(f"row_max{a}", -math.inf), acc(f"row_sum{a}", 0.0), [acc(f"out{a}_{c}", 0.0, w) for c in range(cols)]) for a in range(len(rows))]
+  # each row's running max m, sum l and output accumulators
+  state = [(acc(f"row_max{a}", -math.inf), acc(f"row_sum{a}", 0.0), [acc(f"out{a}_{c}", 0.0, t.w) for c in range(t.cols)])
+           for a in range(len(t.rows))]
   pre = lw.lines = []
   lw.memo = {}
-  copy(q, "fq", row_base, block, e_size, qs)
+  t.copy(t.q, "fq", t.row_base, t.block, t.e_size, t.qs)
   body = lw.lines = []
   lw.memo = {}
-  copy(keys, "fk", svar * tile, tile, e_size, ks)
-  copy(values, "fv", svar * tile, tile, ev_size, vs)
+  t.copy(t.keys, "fk", t.svar * t.tile, t.tile, t.e_size, t.ks)
+  t.copy(t.values, "fv", t.svar * t.tile, t.tile, t.ev_size, t.vs)
   body.append(stmt(Ops.BARRIER))
-  # the scores of the thread's rows and keys
-  dots: dict[tuple[int, int], Val] = {}  # scalars, a multiply-add a lane (vectors of partial sums took 4x the registers: 198 a thread)
-  for c in range(e_size // w):
-    qv = [lanes(shared("fq", r * qs + c * w + lane)) for r, _ in rows]
-    kv = [lanes(shared("fk", kt * ks + c * w + lane)) for kt in tile_keys]
-    for (a, x), (b, y), i in itertools.product(enumerate(qv), enumerate(kv), range(w)):
-      dots[a, b] = op(Ops.MUL, x[i], y[i]) if (a, b) not in dots else op(Ops.ADD, dots[a, b], op(Ops.MUL, x[i], y[i]))
-  scores: dict[tuple[int, int], Val] = {}
-  for (a, (_, row)), b in itertools.product(enumerate(rows), range(len(tile_keys))):
-    t = dots[a, b]
-    key = lw.simplify(svar * tile + tile_keys[b])
-    if causal: t = _keep(lw, lw.index_val(lw.simplify(key.lt(row + 1))), t)
-    for mask in masks:
-      if mask.dtype == dtypes.bool: t = _keep(lw, lw.node(mask, (*batch, row, key)), t)
-      else: t = op(Ops.ADD, t, op(Ops.MUL, _read(lw, mask, (*batch, row, key)), _const(1 / math.log(2))))
-    scores[a, b] = t
-  for a, (r, _) in enumerate(rows): put("fm", _total(lw, [scores[a, b] for b in range(len(tile_keys))], Ops.MAX), gvar * block + r)
+  alphas = t.softmax(t.scores(), state)
   body.append(stmt(Ops.BARRIER))
-  # the new running max, the probabilities and their sums
-  alphas = []
-  for a, (r, _) in enumerate(rows):
-    m = state[a][0]
-    new_m = op(Ops.MAX, m, _total(lw, [shared("fm", UOp.const(i64, g * block) + r) for g in range(group)], Ops.MAX))
-    base = _shift(lw, new_m, bool(masks))
-    alphas.append(op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base))))
-    probs = [op(Ops.EXP2, op(Ops.ADD, scores[a, b], op(Ops.NEG, base))) for b in range(len(tile_keys))]
-    for kt, p in zip(tile_keys, probs): put("fp", p, r * ps + kt)
-    put("fl", _total(lw, probs), gvar * block + r)
-    lw.emit(Ops.ASSIGN, m.items[0], lw.vec(new_m), TRUE)
+  t.outputs(alphas, state)
   body.append(stmt(Ops.BARRIER))
-  # the outputs: rescaled, plus the tile's probabilities times its values
-  news: dict[tuple[int, int], Val] = {}
-  for a, (r, _) in enumerate(rows):
-    l = state[a][1]
-    lsum = _total(lw, [shared("fl", UOp.const(i64, g * block) + r) for g in range(group)])
-    lw.emit(Ops.ASSIGN, l.items[0], lw.vec(op(Ops.ADD, op(Ops.MUL, l, alphas[a]), lsum)), TRUE)
-    for c, o in enumerate(state[a][2]): news[a, c] = op(Ops.MUL, o, alphas[a])
-  for kk in range(0, tile, w):
-    pv = [lanes(shared("fp", r * ps + kk + lane)) for r, _ in rows]
-    for j in range(w):
-      for c in range(cols):
-        vv = shared("fv", (kk + j) * vs + out_at[c])
-        for a in range(len(rows)): news[a, c] = op(Ops.ADD, news[a, c], op(Ops.MUL, pv[a][j], vv))
-  for (a, c), val in news.items(): lw.emit(Ops.ASSIGN, state[a][2][c].items[0], lw.vec(val), TRUE)
-  body.append(stmt(Ops.BARRIER))
-  if causal: body[:] = _before_block_end(lw, svar * tile, row_base + block, body)
   post = lw.lines = []
   lw.memo = {}
-  strides = strides_for(k.out_shape)
-  for a, (_, row) in enumerate(rows):
-    inv = op(Ops.RECIP, state[a][1])
-    for c, o in enumerate(state[a][2]):
-      val = op(Ops.MUL, o, inv)
-      if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
-      off = lw.simplify(sum((x * st for x, st in zip((*batch, row, out_at[c]), strides) if st), UOp.const(i64, 0)))
-      lw.store(val, off, TRUE)
-  local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
-  ids = lw.nesting.group_ids() + ([stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0))] if threads > 1 else [])
-  ids += lw.nesting.unflatten(local + [i for i, a in enumerate(k.axes) if a.kind is AxisKind.GROUP], "lid")
-  return LinearProgram(k, w, ids + decls + pre + lw.nesting.nest([stage], body) + post)
+  t.stores(state)
+  ids = lw.nesting.group_ids() + ([stmt(Ops.SPECIAL, arg=SpecialArg("lid", "local_id", 1, 0))] if t.threads > 1 else [])
+  ids += lw.nesting.unflatten(t.local + [i for i, a in enumerate(lw.k.axes) if a.kind is AxisKind.GROUP], "lid")
+  return t.program(t.w, ids, decls, pre, body, post, t.row_base)
 
 
 def flash_attention_tc(lw: Lowerer) -> LinearProgram:
@@ -168,30 +208,22 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
   pairs are A's) and V by ldmatrix.trans. At the end each lane's sums meet their row's ("finish") and the outputs go out through the
   warp's 256 floats of shared memory as the matmul's do. Causal: a tile past the block's last row is skipped, a key past its row is
   -inf. The scale is applied to S in float32 (the queries stay as they are)."""
-  k, node = lw.k, lw.k.attention
-  assert node is not None
-  q, keys, values = node.src
-  scale, causal = node.arg
-  n, f32, i64, dt, (e_size, ev_size) = k.n_global, dtypes.float32, dtypes.int64, q.dtype, (q.shape[-1], node.shape[-1])
-  block, tile, _ = k.flash_sizes()
-  vars, zero = lw.nesting.vars, UOp.const(dtypes.int64, 0)
-  stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
-  svar, rvar = vars[stage], vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
+  t = _Tiles(lw)
+  k, n, f32, i64, dt, (e_size, ev_size) = lw.k, lw.k.n_global, dtypes.float32, dtypes.int64, t.q.dtype, (t.e_size, t.ev_size)
+  vars, zero, block, tile = lw.nesting.vars, UOp.const(dtypes.int64, 0), t.block, t.tile
   tc_axis = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC)
-  local = sorted((i for i, a in enumerate(k.axes) if a.kind is AxisKind.LOCAL), key=lambda i: -k.axes[i].stride)
   def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma", *arg))
-  threads = k.launch_dims[1]
-  lid = UOp.var("lid", 0, threads - 1)
+  lid = UOp.var("lid", 0, t.threads - 1)
   ld, lv = e_size + TC_PAD, ev_size + TC_PAD  # the tiles' row strides
   dims0 = lw.dims({tc_axis: zero})
   batch, row0 = dims0[:n - 1], dims0[n - 1]  # the warp's first row
-  row_base = lw.simplify(dims0[n - 1].substitute({vars[i]: zero for i in local}))  # the workgroup's
+  row_base = lw.simplify(dims0[n - 1].substitute({vars[i]: zero for i in t.local}))  # the workgroup's
   warp_row = lw.simplify(row0 - row_base)
-  key0 = lw.simplify(lw.dims({})[n].substitute({rvar: zero}))  # the tile's first key
+  key0 = lw.simplify(lw.dims({})[n].substitute({t.rvar: zero}))  # the tile's first key
   def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
     """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as they are:
     16 bytes a cp.async (Kernel.flash_opt: rows contiguous and 16-byte aligned), waited for at the next barrier."""
-    for r, e, guard in _chunks(lw, lid, threads, count, size, 8, UOp.const(i64, 0)):
+    for r, e, guard in t.chunks(lid, count, size, 8, zero):
       load = stmt(Ops.LOAD, lw.simplify(view.arg.index((*batch, lw.simplify(first + r), e))[0]), TRUE,
                   arg=LoadArg(None, 8, lw.bufs[view.src[0].arg]), dtype=dt)
       lw.lines.append(stmt(Ops.STORE, lw.simplify(r * stride + e), load, guard, arg=StoreArg(8, name, False, "cg"), dtype=dt))
@@ -203,22 +235,22 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
   lw.width, lw.lane = 1, UOp.var("lane", 0, 0)
   pre = lw.lines = []
   lw.memo = {}
-  copy(q, "fq", row_base, block, e_size, ld)
+  copy(t.q, "fq", row_base, block, e_size, ld)
   pre += copied
   for c in range(e_size // 16):
     pre += [wmma("fragment", f"qa{c}", "a", dt, "row_major"),
             wmma("load", f"qa{c}", "fq", ld, "a", "row_major", True, src=(lw.simplify(warp_row * ld + 16 * c),))]
   body = lw.lines = []
   lw.memo = {}
-  copy(keys, "fk", svar * tile, tile, e_size, ld)
-  copy(values, "fv", svar * tile, tile, ev_size, lv)
+  copy(t.keys, "fk", t.svar * tile, tile, e_size, ld)
+  copy(t.values, "fv", t.svar * tile, tile, ev_size, lv)
   body += copied
   body += [wmma("acc", j) for j in s_accs]
   for j, c in itertools.product(s_accs, range(e_size // 16)):
     body += [wmma("fragment", f"kb{j}_{c}", "b", dt, "col_major"),
              wmma("load", f"kb{j}_{c}", "fk", ld, "b", "col_major", True, src=(UOp.const(i64, 16 * j * ld + 16 * c),)),
              wmma("mma", j, f"qa{c}", f"kb{j}_{c}", dt)]
-  body.append(wmma("softmax", tuple(s_accs), tuple(o_accs), scale / math.log(2), causal, src=(row0, key0)))
+  body.append(wmma("softmax", tuple(s_accs), tuple(o_accs), t.scale / math.log(2), t.causal, src=(row0, key0)))
   for j in s_accs:
     body.append(wmma("pack", f"pa{j}", j, dt))
     for c, o in enumerate(o_accs):
@@ -226,7 +258,6 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
                wmma("load", f"vb{j}_{c}", "fv", lv, "b", "row_major", True, src=(UOp.const(i64, 16 * j * lv + 16 * c),)),
                wmma("mma", o, f"pa{j}", f"vb{j}_{c}", dt)]
   body.append(stmt(Ops.BARRIER))
-  if causal: body[:] = _before_block_end(lw, svar * tile, row_base + block, body)
   post = lw.lines = [wmma("finish", tuple(o_accs)), stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", block // 16 * 256), dtype=f32)]
   tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
   strides = strides_for(k.out_shape)
@@ -234,9 +265,9 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
     post += [wmma("store", o), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
     lw.memo = {}
     val = Val(Kind.SCALAR, (UOp(Ops.CELL, f32, (), ("tiles", "warp*256+lane+32*pair")),))
-    if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
+    if t.node.dtype != f32: val = lw.alu(Ops.CAST, t.node.dtype, [val], [f32])
     at = (*batch, lw.simplify(row0 + tile_row + 2 * pair), lw.simplify(tile_col + 16 * c))
     lw.store(val, lw.simplify(sum((x * st for x, st in zip(at, strides) if st), UOp.const(i64, 0))), TRUE)
     post += [stmt(Ops.ENDRANGE), wmma("sync")]
-  ids = lw.nesting.group_ids() + [wmma("ids")] + lw.nesting.unflatten(local, "warp")
-  return LinearProgram(k, 1, ids + decls + pre + lw.nesting.nest([stage], body) + post)
+  ids = lw.nesting.group_ids() + [wmma("ids")] + lw.nesting.unflatten(t.local, "warp")
+  return t.program(1, ids, decls, pre, body, post, row_base)
