@@ -44,85 +44,120 @@ def attention(lw: Lowerer) -> LinearProgram:
   contraction; a block's keys and the output's vectors are the independent work), where a tree of adds took twice the
   instructions. Causal: the scores of keys past the query's row are -inf (key 0 is in the first block, so m is finite after it),
   and a thread skips the blocks past all its rows."""
-  k, node = lw.k, lw.k.attention
-  assert node is not None
-  q, keys, values, *masks = node.src
-  scale, causal = node.arg
-  n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (q.shape[-1], node.shape[-1])
-  simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
-  lw.width = w = next((w for w in (simd, 8, 4) if w <= simd and e_size % w == 0 and ev_size % w == 0), 1)
-  lw.lane = UOp.var("lane", 0, w - 1)
-  def at(e: int) -> UOp: return UOp.const(dtypes.int64, e) + (lw.lane if w > 1 else 0)
-  def op(o: Ops, *srcs: Val) -> Val: return lw.alu(o, f32, list(srcs))
-  def fmas(start: Val | None, pairs: list[tuple[Val, Val]]) -> Val:  # start + a0 b0 + a1 b1 + ...: a multiply-add each (see body)
-    for a, b in pairs: start = op(Ops.MUL, a, b) if start is None else op(Ops.ADD, start, op(Ops.MUL, a, b))
+  return _OneKernel(lw).program()
+
+
+Row = tuple[list[UOp], list[Val], Val, Val, list[Val]]  # a thread's row: its dims, its query's values, m, l and its output accumulators
+
+
+class _OneKernel:
+  """Attention in one kernel (see attention): the inputs, the lanes of the head dims, and the thread's rows."""
+  def __init__(self, lw: Lowerer):
+    k, node = lw.k, lw.k.attention
+    assert node is not None
+    self.lw, self.k, self.node = lw, k, node
+    self.q, self.keys, self.values, *self.masks = node.src
+    self.scale, self.causal = node.arg
+    n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (self.q.shape[-1], node.shape[-1])
+    simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
+    lw.width = self.w = w = next((w for w in (simd, 8, 4) if w <= simd and e_size % w == 0 and ev_size % w == 0), 1)
+    lw.lane = UOp.var("lane", 0, w - 1)
+    def acc(name: str, start: float, width: int = 1) -> Val:
+      lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
+      return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
+    self.rows: list[Row] = []
+    lw.lines = lw.decls
+    for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
+      dims = lw.dims(inst)
+      query = [_read(lw, self.q, (*dims[:n], self.at(e))) for e in range(0, e_size, w)]
+      outs = [acc(f"out{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
+      self.rows.append((dims, query, acc(f"row_max{r}", -math.inf), acc(f"row_sum{r}", 0.0), outs))
+
+  def at(self, e: int) -> UOp: return UOp.const(dtypes.int64, e) + (self.lw.lane if self.w > 1 else 0)
+  def op(self, o: Ops, *srcs: Val) -> Val: return self.lw.alu(o, dtypes.float32, list(srcs))
+
+  def fmas(self, start: Val | None, pairs: list[tuple[Val, Val]]) -> Val:
+    """start + a0 b0 + a1 b1 + ...: a multiply-add each (see attention)."""
+    for a, b in pairs: start = self.op(Ops.MUL, a, b) if start is None else self.op(Ops.ADD, start, self.op(Ops.MUL, a, b))
     assert start is not None
     return start
-  def acc(name: str, start: float, width: int = 1) -> Val:
-    lw.decls.append(u := stmt(Ops.DEFINE_ACC, UOp.const(f32, start), arg=AccArg(name, width, Ops.ADD), dtype=f32))
-    return Val(Kind.SCALAR if width == 1 else Kind.VECTOR, (u,))
-  rows = []  # per row: its dims, its query's values, and its accumulators m, l and one per vector of output values
-  lw.lines = lw.decls
-  for r, inst in enumerate(lw.instances((AxisKind.UPCAST,))):
-    dims = lw.dims(inst)
-    query = [_read(lw, q, (*dims[:n], at(e))) for e in range(0, e_size, w)]
-    outs = [acc(f"out{r}_{d}", 0.0, w) for d in range(0, ev_size, w)]
-    rows.append((dims, query, acc(f"row_max{r}", -math.inf), acc(f"row_sum{r}", 0.0), outs))
-  body = lw.lines = []
-  lw.memo = {}
-  log2_scale = _const(scale / math.log(2))
-  blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
-  def masked(keys_at: list[tuple[UOp, ...]], dims: list[UOp], t: Val) -> Val:  # the scores of keys_at (one a lane, or one), masked
+
+  def masked(self, keys_at: list[tuple[UOp, ...]], dims: list[UOp], t: Val) -> Val:
+    """The scores `t` of keys_at (one a lane, or one) masked: -inf past the row (causal), and each mask read at the row and key."""
+    lw, n = self.lw, self.k.n_global
     def per_key(vals: list[Val]) -> Val: return Val(Kind.LANES, tuple(v.items[0] for v in vals)) if len(vals) > 1 else vals[0]
-    if causal: t = _keep(lw, per_key([lw.index_val(lw.simplify(kidx[-1].lt(dims[n - 1] + 1))) for kidx in keys_at]), t)  # -inf past the row
-    for mask in masks:  # read at the row's index and the key's
+    if self.causal: t = _keep(lw, per_key([lw.index_val(lw.simplify(kidx[-1].lt(dims[n - 1] + 1))) for kidx in keys_at]), t)
+    for mask in self.masks:
       at_key = [(*dims[:n], kidx[-1]) for kidx in keys_at]
       if mask.dtype == dtypes.bool: t = _keep(lw, per_key([lw.node(mask, i) for i in at_key]), t)
-      else: t = op(Ops.ADD, t, op(Ops.MUL, per_key([_read(lw, mask, i) for i in at_key]), _const(1 / math.log(2))))
+      else: t = self.op(Ops.ADD, t, self.op(Ops.MUL, per_key([_read(lw, mask, i) for i in at_key]), _const(1 / math.log(2))))
     return t
-  for dims, query, m, l, outs in rows:
-    keys_at = [(*dims[:n - 1], key) for key in blocks]
-    def dot(kidx: tuple[UOp, ...]) -> Val: return fmas(None, [(qe, _read(lw, keys, (*kidx, at(e * w)))) for e, qe in enumerate(query)])
+
+  def dot(self, query: list[Val], kidx: tuple[UOp, ...]) -> Val:
+    return self.fmas(None, [(qe, _read(self.lw, self.keys, (*kidx, self.at(e * self.w)))) for e, qe in enumerate(query)])
+
+  def probabilities(self, row: Row, keys_at: list[tuple[UOp, ...]]) -> tuple[Val, Val, list[tuple[tuple[UOp, ...], Val]]]:
+    """A row's new running max, what its exps subtract, and the probabilities of the block's keys."""
+    lw, op, w, (dims, query, m, _, _) = self.lw, self.op, self.w, row
+    log2_scale = _const(self.scale / math.log(2))
     if lw.target.lane_folds and w > 1:  # w keys' scores in one vector, lane j folding key j's products: one vector exp for w keys
       chunks = []
       for chunk in (keys_at[i:i + w] for i in range(0, len(keys_at), w)):
         lw.count += 1
-        fold = lw.emit(Ops.FOLD, *(lw.vec(dot(kidx)) for kidx in chunk), arg=FoldArg(f"s{lw.count}", w, Ops.ADD, True), dtype=f32)
+        fold = lw.emit(Ops.FOLD, *(lw.vec(self.dot(query, kidx)) for kidx in chunk), arg=FoldArg(f"s{lw.count}", w, Ops.ADD, True),
+                       dtype=dtypes.float32)
         t = op(Ops.MUL, Val(Kind.VECTOR, (fold,)), log2_scale)  # lanes past the chunk's keys repeat its first (see CRenderer.lane_fold)
-        chunks.append((chunk, masked(chunk + chunk[:1] * (w - len(chunk)), dims, t)))
+        chunks.append((chunk, self.masked(chunk + chunk[:1] * (w - len(chunk)), dims, t)))
       most = _total(lw, [t for _, t in chunks], Ops.MAX)
       new_m = op(Ops.MAX, m, _total(lw, [Val(Kind.SCALAR, (most.lane(i),)) for i in range(w)], Ops.MAX))
-      base = _shift(lw, new_m, bool(masks))
+      base = _shift(lw, new_m, bool(self.masks))
       exps = [(chunk, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for chunk, t in chunks]
-      probs = [(kidx, Val(Kind.SCALAR, (p.lane(j),))) for chunk, p in exps for j, kidx in enumerate(chunk)]
-    else:
-      scores = []
-      for kidx in keys_at:
-        products = dot(kidx)
-        t = op(Ops.MUL, _total(lw, [Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
-        scores.append((kidx, masked([kidx], dims, t)))
-      new_m = op(Ops.MAX, m, _total(lw, [t for _, t in scores], Ops.MAX))
-      base = _shift(lw, new_m, bool(masks))
-      probs = [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for kidx, t in scores]
-    rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base)))
-    updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), _total(lw, [p for _, p in probs])))]
-    for d, o in enumerate(outs):
-      updates.append((o, fmas(op(Ops.MUL, o, rescale), [(p, _read(lw, values, (*kidx, at(d * w)))) for kidx, p in probs])))
-    for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
-  if causal and blocks:  # a block of keys that starts past every row of the thread is all -inf: skipped (half the work)
-    seen = [lw.simplify(blocks[0].lt(row + 1)) for row in dict.fromkeys(dims[n - 1] for dims, *_ in rows)]
-    cond = functools.reduce(lambda a, b: a.alu(Ops.OR, b), seen)
-    body[:] = when(cond, body)
-  post = lw.lines = []
-  lw.memo = {}
-  strides = strides_for(k.out_shape)
-  for dims, _, _, l, outs in rows:
-    inv = op(Ops.RECIP, l)
-    for d, o in enumerate(outs):
-      val = op(Ops.MUL, o, inv)
-      if node.dtype != f32: val = lw.alu(Ops.CAST, node.dtype, [val], [f32])
-      off = lw.simplify(sum((x * st for x, st in zip((*dims[:n], at(d * w)), strides) if st), UOp.const(dtypes.int64, 0)))
-      lw.store(val, off, TRUE)
-  if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], w, post, ())
-  else: uops = lw.nesting.cpu([body], [], None, [[]], lw.decls, post)
-  return LinearProgram(k, w, uops)
+      return new_m, base, [(kidx, Val(Kind.SCALAR, (p.lane(j),))) for chunk, p in exps for j, kidx in enumerate(chunk)]
+    scores = []
+    for kidx in keys_at:
+      products = self.dot(query, kidx)
+      t = op(Ops.MUL, _total(lw, [Val(Kind.SCALAR, (products.lane(i),)) for i in range(w)]) if w > 1 else products, log2_scale)
+      scores.append((kidx, self.masked([kidx], dims, t)))
+    new_m = op(Ops.MAX, m, _total(lw, [t for _, t in scores], Ops.MAX))
+    base = _shift(lw, new_m, bool(self.masks))
+    return new_m, base, [(kidx, op(Ops.EXP2, op(Ops.ADD, t, op(Ops.NEG, base)))) for kidx, t in scores]
+
+  def block(self, blocks: list[UOp]) -> None:
+    """A block of keys: each row's scores, its sum and outputs rescaled by 2^(m_old - m_new) plus the block's, its new max."""
+    lw, op, n = self.lw, self.op, self.k.n_global
+    for row in self.rows:
+      dims, _, m, l, outs = row
+      keys_at = [(*dims[:n - 1], key) for key in blocks]
+      new_m, base, probs = self.probabilities(row, keys_at)
+      rescale = op(Ops.EXP2, op(Ops.ADD, m, op(Ops.NEG, base)))
+      updates = [(l, op(Ops.ADD, op(Ops.MUL, l, rescale), _total(lw, [p for _, p in probs])))]
+      for d, o in enumerate(outs):
+        updates.append((o, self.fmas(op(Ops.MUL, o, rescale), [(p, _read(lw, self.values, (*kidx, self.at(d * self.w)))) for kidx, p in probs])))
+      for target, val in [*updates, (m, new_m)]: lw.emit(Ops.ASSIGN, target.items[0], lw.vec(val), TRUE)
+
+  def stores(self) -> None:
+    """Each output: its accumulator / its row's sum."""
+    lw, f32, n, strides = self.lw, dtypes.float32, self.k.n_global, strides_for(self.k.out_shape)
+    for dims, _, _, l, outs in self.rows:
+      inv = self.op(Ops.RECIP, l)
+      for d, o in enumerate(outs):
+        val = self.op(Ops.MUL, o, inv)
+        if self.node.dtype != f32: val = lw.alu(Ops.CAST, self.node.dtype, [val], [f32])
+        off = lw.simplify(sum((x * st for x, st in zip((*dims[:n], self.at(d * self.w)), strides) if st), UOp.const(dtypes.int64, 0)))
+        lw.store(val, off, TRUE)
+
+  def program(self) -> LinearProgram:
+    lw, n = self.lw, self.k.n_global
+    body = lw.lines = []
+    lw.memo = {}
+    blocks = [lw.dims(inst)[n] for inst in lw.instances((AxisKind.UNROLL,))]  # the block's keys
+    self.block(blocks)
+    if self.causal and blocks:  # a block of keys that starts past every row of the thread is all -inf: skipped (half the work)
+      seen = [lw.simplify(blocks[0].lt(row + 1)) for row in dict.fromkeys(dims[n - 1] for dims, *_ in self.rows)]
+      body = when(functools.reduce(lambda a, b: a.alu(Ops.OR, b), seen), body)
+    post = lw.lines = []
+    lw.memo = {}
+    self.stores()
+    if lw.target.has_local: uops = lw.nesting.workgroups([body], [[]], lw.decls, [], self.w, post, ())
+    else: uops = lw.nesting.cpu([body], [], None, [[]], lw.decls, post)
+    return LinearProgram(self.k, self.w, uops)
