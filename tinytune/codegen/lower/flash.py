@@ -208,66 +208,92 @@ def flash_attention_tc(lw: Lowerer) -> LinearProgram:
   pairs are A's) and V by ldmatrix.trans. At the end each lane's sums meet their row's ("finish") and the outputs go out through the
   warp's 256 floats of shared memory as the matmul's do. Causal: a tile past the block's last row is skipped, a key past its row is
   -inf. The scale is applied to S in float32 (the queries stay as they are)."""
-  t = _Tiles(lw)
-  k, n, f32, i64, dt, (e_size, ev_size) = lw.k, lw.k.n_global, dtypes.float32, dtypes.int64, t.q.dtype, (t.e_size, t.ev_size)
-  vars, zero, block, tile = lw.nesting.vars, UOp.const(dtypes.int64, 0), t.block, t.tile
-  tc_axis = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC)
-  def wmma(*arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma", *arg))
-  lid = UOp.var("lid", 0, t.threads - 1)
-  ld, lv = e_size + TC_PAD, ev_size + TC_PAD  # the tiles' row strides
-  dims0 = lw.dims({tc_axis: zero})
-  batch, row0 = dims0[:n - 1], dims0[n - 1]  # the warp's first row
-  row_base = lw.simplify(dims0[n - 1].substitute({vars[i]: zero for i in t.local}))  # the workgroup's
-  warp_row = lw.simplify(row0 - row_base)
-  key0 = lw.simplify(lw.dims({})[n].substitute({t.rvar: zero}))  # the tile's first key
-  def copy(view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
+  t = _TensorCores(lw)
+  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size, True), dtype=t.dt)
+           for name, size in (("fq", t.block * t.ld), ("fk", t.tile * t.ld), ("fv", t.tile * t.lv))]
+  decls += [t.wmma("acc", j) for j in t.o_accs] + [t.wmma("state")]
+  lw.width, lw.lane = 1, UOp.var("lane", 0, 0)
+  pre, body, post = t.queries(), t.tile_steps(), t.outputs()
+  ids = lw.nesting.group_ids() + [t.wmma("ids")] + lw.nesting.unflatten(t.local, "warp")
+  return t.program(1, ids, decls, pre, body, post, t.row_base)
+
+
+class _TensorCores(_Tiles):
+  """Attention in tiles on tensor cores (see flash_attention_tc): the warp's rows, the tiles' row strides, the accumulators of S
+  (a tile of keys: 16 a fragment) and of the outputs (16 value dims a fragment)."""
+  def __init__(self, lw: Lowerer):
+    super().__init__(lw)
+    k, n, zero = lw.k, lw.k.n_global, UOp.const(dtypes.int64, 0)
+    self.dt = self.q.dtype
+    self.lid = UOp.var("lid", 0, self.threads - 1)
+    self.ld, self.lv = self.e_size + TC_PAD, self.ev_size + TC_PAD  # the tiles' row strides
+    dims0 = lw.dims({next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.TC): zero})
+    self.batch, self.row0 = dims0[:n - 1], dims0[n - 1]  # the warp's first row
+    self.row_base = lw.simplify(dims0[n - 1].substitute({lw.nesting.vars[i]: zero for i in self.local}))  # the workgroup's
+    self.key0 = lw.simplify(lw.dims({})[n].substitute({self.rvar: zero}))  # the tile's first key
+    self.s_accs, self.o_accs = list(range(self.tile // 16)), list(range(self.tile // 16, self.tile // 16 + self.ev_size // 16))
+
+  def wmma(self, *arg: object, src: tuple[UOp, ...] = ()) -> UOp: return stmt(Ops.WMMA, *src, arg=("mma", *arg))
+  def copied(self) -> list[UOp]: return [stmt(Ops.BARRIER, arg="commit_group"), stmt(Ops.BARRIER, arg=("wait_group", 0)), stmt(Ops.BARRIER)]
+
+  def copy(self, view: UOp, name: str, first: UOp, count: int, size: int, stride: int) -> None:
     """`count` rows of `view` from row `first` on (its last dim of `size`) to shared array `name` (rows `stride` apart), as they are:
     16 bytes a cp.async (Kernel.flash_opt: rows contiguous and 16-byte aligned), waited for at the next barrier."""
-    for r, e, guard in t.chunks(lid, count, size, 8, zero):
-      load = stmt(Ops.LOAD, lw.simplify(view.arg.index((*batch, lw.simplify(first + r), e))[0]), TRUE,
+    lw, dt = self.lw, self.dt
+    for r, e, guard in self.chunks(self.lid, count, size, 8, UOp.const(dtypes.int64, 0)):
+      load = stmt(Ops.LOAD, lw.simplify(view.arg.index((*self.batch, lw.simplify(first + r), e))[0]), TRUE,
                   arg=LoadArg(None, 8, lw.bufs[view.src[0].arg]), dtype=dt)
       lw.lines.append(stmt(Ops.STORE, lw.simplify(r * stride + e), load, guard, arg=StoreArg(8, name, False, "cg"), dtype=dt))
-  copied = [stmt(Ops.BARRIER, arg="commit_group"), stmt(Ops.BARRIER, arg=("wait_group", 0)), stmt(Ops.BARRIER)]
-  decls = [stmt(Ops.DEFINE_LOCAL, arg=LocalArg(name, size, True), dtype=dt)
-           for name, size in (("fq", block * ld), ("fk", tile * ld), ("fv", tile * lv))]
-  s_accs, o_accs = list(range(tile // 16)), list(range(tile // 16, tile // 16 + ev_size // 16))
-  decls += [wmma("acc", j) for j in o_accs] + [wmma("state")]
-  lw.width, lw.lane = 1, UOp.var("lane", 0, 0)
-  pre = lw.lines = []
-  lw.memo = {}
-  copy(t.q, "fq", row_base, block, e_size, ld)
-  pre += copied
-  for c in range(e_size // 16):
-    pre += [wmma("fragment", f"qa{c}", "a", dt, "row_major"),
-            wmma("load", f"qa{c}", "fq", ld, "a", "row_major", True, src=(lw.simplify(warp_row * ld + 16 * c),))]
-  body = lw.lines = []
-  lw.memo = {}
-  copy(t.keys, "fk", t.svar * tile, tile, e_size, ld)
-  copy(t.values, "fv", t.svar * tile, tile, ev_size, lv)
-  body += copied
-  body += [wmma("acc", j) for j in s_accs]
-  for j, c in itertools.product(s_accs, range(e_size // 16)):
-    body += [wmma("fragment", f"kb{j}_{c}", "b", dt, "col_major"),
-             wmma("load", f"kb{j}_{c}", "fk", ld, "b", "col_major", True, src=(UOp.const(i64, 16 * j * ld + 16 * c),)),
-             wmma("mma", j, f"qa{c}", f"kb{j}_{c}", dt)]
-  body.append(wmma("softmax", tuple(s_accs), tuple(o_accs), t.scale / math.log(2), t.causal, src=(row0, key0)))
-  for j in s_accs:
-    body.append(wmma("pack", f"pa{j}", j, dt))
-    for c, o in enumerate(o_accs):
-      body += [wmma("fragment", f"vb{j}_{c}", "b", dt, "row_major"),
-               wmma("load", f"vb{j}_{c}", "fv", lv, "b", "row_major", True, src=(UOp.const(i64, 16 * j * lv + 16 * c),)),
-               wmma("mma", o, f"pa{j}", f"vb{j}_{c}", dt)]
-  body.append(stmt(Ops.BARRIER))
-  post = lw.lines = [wmma("finish", tuple(o_accs)), stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", block // 16 * 256), dtype=f32)]
-  tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
-  strides = strides_for(k.out_shape)
-  for c, o in enumerate(o_accs):  # one tile at a time through the warp's 256 floats of shared memory, as tensor_cores' outputs
-    post += [wmma("store", o), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+
+  def queries(self) -> list[UOp]:
+    """Before the tiles: the workgroup's queries to shared memory, the warp's A fragments of them."""
+    lw, wmma, dt, ld = self.lw, self.wmma, self.dt, self.ld
+    pre = lw.lines = []
     lw.memo = {}
-    val = Val(Kind.SCALAR, (UOp(Ops.CELL, f32, (), ("tiles", "warp*256+lane+32*pair")),))
-    if t.node.dtype != f32: val = lw.alu(Ops.CAST, t.node.dtype, [val], [f32])
-    at = (*batch, lw.simplify(row0 + tile_row + 2 * pair), lw.simplify(tile_col + 16 * c))
-    lw.store(val, lw.simplify(sum((x * st for x, st in zip(at, strides) if st), UOp.const(i64, 0))), TRUE)
-    post += [stmt(Ops.ENDRANGE), wmma("sync")]
-  ids = lw.nesting.group_ids() + [wmma("ids")] + lw.nesting.unflatten(t.local, "warp")
-  return t.program(1, ids, decls, pre, body, post, row_base)
+    self.copy(self.q, "fq", self.row_base, self.block, self.e_size, ld)
+    pre += self.copied()
+    warp_row = lw.simplify(self.row0 - self.row_base)
+    for c in range(self.e_size // 16):
+      pre += [wmma("fragment", f"qa{c}", "a", dt, "row_major"),
+              wmma("load", f"qa{c}", "fq", ld, "a", "row_major", True, src=(lw.simplify(warp_row * ld + 16 * c),))]
+    return pre
+
+  def tile_steps(self) -> list[UOp]:
+    """A tile of keys: its keys and values to shared memory, S = Q K^T, the online softmax on S's accumulators, O += P V."""
+    lw, wmma, dt, i64, tile, ld, lv = self.lw, self.wmma, self.dt, dtypes.int64, self.tile, self.ld, self.lv
+    body = lw.lines = []
+    lw.memo = {}
+    self.copy(self.keys, "fk", self.svar * tile, tile, self.e_size, ld)
+    self.copy(self.values, "fv", self.svar * tile, tile, self.ev_size, lv)
+    body += self.copied()
+    body += [wmma("acc", j) for j in self.s_accs]
+    for j, c in itertools.product(self.s_accs, range(self.e_size // 16)):
+      body += [wmma("fragment", f"kb{j}_{c}", "b", dt, "col_major"),
+               wmma("load", f"kb{j}_{c}", "fk", ld, "b", "col_major", True, src=(UOp.const(i64, 16 * j * ld + 16 * c),)),
+               wmma("mma", j, f"qa{c}", f"kb{j}_{c}", dt)]
+    body.append(wmma("softmax", tuple(self.s_accs), tuple(self.o_accs), self.scale / math.log(2), self.causal, src=(self.row0, self.key0)))
+    for j in self.s_accs:
+      body.append(wmma("pack", f"pa{j}", j, dt))
+      for c, o in enumerate(self.o_accs):
+        body += [wmma("fragment", f"vb{j}_{c}", "b", dt, "row_major"),
+                 wmma("load", f"vb{j}_{c}", "fv", lv, "b", "row_major", True, src=(UOp.const(i64, 16 * j * lv + 16 * c),)),
+                 wmma("mma", o, f"pa{j}", f"vb{j}_{c}", dt)]
+    body.append(stmt(Ops.BARRIER))
+    return body
+
+  def outputs(self) -> list[UOp]:
+    """After the tiles: the rows' sums, then the outputs a tile at a time through the warp's 256 floats of shared memory, as
+    tensor_cores' outputs."""
+    lw, wmma, f32, i64 = self.lw, self.wmma, dtypes.float32, dtypes.int64
+    post = lw.lines = [wmma("finish", tuple(self.o_accs)), stmt(Ops.DEFINE_LOCAL, arg=LocalArg("tiles", self.block // 16 * 256), dtype=f32)]
+    tile_row, tile_col, pair = UOp.var("tile_row", 0, 1), UOp.var("tile_col", 0, 15), UOp.var("pair", 0, 7)
+    strides = strides_for(self.k.out_shape)
+    for c, o in enumerate(self.o_accs):
+      post += [wmma("store", o), wmma("sync"), stmt(Ops.RANGE, arg=LoopArg("pair", 0, 8, False))]
+      lw.memo = {}
+      val = Val(Kind.SCALAR, (UOp(Ops.CELL, f32, (), ("tiles", "warp*256+lane+32*pair")),))
+      if self.node.dtype != f32: val = lw.alu(Ops.CAST, self.node.dtype, [val], [f32])
+      at = (*self.batch, lw.simplify(self.row0 + tile_row + 2 * pair), lw.simplify(tile_col + 16 * c))
+      lw.store(val, lw.simplify(sum((x * st for x, st in zip(at, strides) if st), UOp.const(i64, 0))), TRUE)
+      post += [stmt(Ops.ENDRANGE), wmma("sync")]
+    return post
