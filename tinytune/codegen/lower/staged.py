@@ -16,6 +16,8 @@ from tinytune.uop import Ops, UOp, linear_sum
 if TYPE_CHECKING:
   from tinytune.codegen.lower.lowerer import Lowerer
 
+CHUNK_LANE = UOp.var("chunk_lane", 0, 15)  # PIPELINE: an element's place in its chunk of a copy (StagedTiles.async_copy)
+
 
 class StagedTile(NamedTuple):  # a staged input's tile in shared memory
   name: str
@@ -119,7 +121,6 @@ class StagedTiles:
     lid = UOp.var("lid", 0, n - 1) if n > 1 else UOp.const(dtypes.int64, 0)
     var = lw.nesting.vars[self.axis]
     at_tile = {var: tile} if var.op is Ops.VAR else {}
-    chunk_lane = UOp.var("chunk_lane", 0, 15)
     for view, t in self.tiles.items():
       st, size, buf = view.arg.strides, view.dtype.itemsize, lw.bufs[view.src[0].arg]
       order = sorted(t.dims, key=lambda dn: (abs(st[dn[0]]) or 1 << 62, -dn[0]))  # memory's fastest first
@@ -127,7 +128,7 @@ class StagedTiles:
       chunk = t.dims[0][0] if k.tc is not None and k.tc.wgmma else t.dims[-1][0]  # the tile's contiguous dim (wgmma's: K, 8 a core row)
       if k.stages > 1: w = run if st[fast] == 1 and chunk == fast and order[0][1] % run == 0 else 1
       else: w = lw.width if lw.width > 1 and st[fast] == 1 and order[0][1] % lw.width == 0 and view.dtype == dtypes.float32 else 1
-      lane = chunk_lane if k.stages > 1 else lw.lane
+      lane = CHUNK_LANE if k.stages > 1 else lw.lane
       counts = [size // w if d == fast else size for d, size in order]
       for j in range(-(-prod(counts) // n)):
         rest = e = lw.simplify(lid + j * n)
@@ -146,22 +147,28 @@ class StagedTiles:
           lw.lines = stores
           lw.store(val, self.swizzle(view, dst), guard, t.name, view.dtype)
           continue
-        first = {chunk_lane: UOp.const(dtypes.int64, 0)}
-        off0, dst0 = lw.simplify(off.substitute(first)), lw.simplify(dst.substitute(first))
-        if w > 1 and lw.simplify(off - off0) is chunk_lane and chunk_lane not in valid.vars and lw.simplify(off0 % w).arg == 0 \
-           and lw.simplify(dst0 % w).arg == 0:
-          stores.append(self.cp_async(view, self.swizzle(view, dst0), off0, valid, guard, w))
-          continue
-        for c in range(w):  # element by element
-          at_c = {chunk_lane: UOp.const(dtypes.int64, c)}
-          off_c, valid_c, dst_c = (lw.simplify(x.substitute(at_c)) for x in (off, valid, dst))
-          if size >= 4:
-            stores.append(self.cp_async(view, self.swizzle(view, dst_c), off_c, valid_c, guard, 1))
-          else:
-            lw.lines = stores
-            val = lw.read(view.dtype, buf, off_c, lw.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
-            lw.store(val, self.swizzle(view, dst_c), guard, t.name, view.dtype)
+        self.async_copy(view, off, valid, dst, guard, w, stores)
     return loads, stores
+
+  def async_copy(self, view: UOp, off: UOp, valid: UOp, dst: UOp, guard: UOp, w: int, stores: list[UOp]) -> None:
+    """PIPELINE's copy of a chunk of `w` elements of `view` (CHUNK_LANE: the element in it) at `off` to its tile at `dst`, into
+    `stores`: one cp.async where the chunk is contiguous and 16-byte aligned in memory and in the tile, else element by element."""
+    lw = self.lw
+    first = {CHUNK_LANE: UOp.const(dtypes.int64, 0)}
+    off0, dst0 = lw.simplify(off.substitute(first)), lw.simplify(dst.substitute(first))
+    if w > 1 and lw.simplify(off - off0) is CHUNK_LANE and CHUNK_LANE not in valid.vars and lw.simplify(off0 % w).arg == 0 \
+       and lw.simplify(dst0 % w).arg == 0:
+      stores.append(self.cp_async(view, self.swizzle(view, dst0), off0, valid, guard, w))
+      return
+    for c in range(w):
+      at_c = {CHUNK_LANE: UOp.const(dtypes.int64, c)}
+      off_c, valid_c, dst_c = (lw.simplify(x.substitute(at_c)) for x in (off, valid, dst))
+      if view.dtype.itemsize >= 4:
+        stores.append(self.cp_async(view, self.swizzle(view, dst_c), off_c, valid_c, guard, 1))
+      else:  # 16-bit elements, which cp.async cannot copy alone: a load and a store
+        lw.lines = stores
+        val = lw.read(view.dtype, lw.bufs[view.src[0].arg], off_c, lw.simplify(valid_c.logical_and(guard)) if guard is not TRUE else valid_c)
+        lw.store(val, self.swizzle(view, dst_c), guard, self.tiles[view].name, view.dtype)
 
   def cp_async(self, view: UOp, dst: UOp, src: UOp, valid: UOp, guard: UOp, width: int) -> UOp:
     """A store of `width` elements of `view`'s buffer at `src` (zeros where not `valid`) to its tile at `dst` by cp.async (where `guard`):
