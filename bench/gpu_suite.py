@@ -509,7 +509,7 @@ def attention_variants(suite: Suite, dev: str) -> None:
   tc_attention(suite, dev)
 
 
-# TC on attention (lower.flash_attention_tc: a warp's 16 rows by mma.sync, P in registers as P V's A) against attention in tiles, the
+# TC on attention (lower.flash.flash_attention_tc: a warp's 16 rows by mma.sync, P in registers as P V's A) against attention in tiles, the
 # default (scalar FMAs: float16 0.581 ms at 4x16x1024x64 on the H200, SDPA 0.046): (dtype, causal), 4 warps a workgroup
 TC_ATTENTION = [("float16", 0), ("float16", 1), ("bfloat16", 0)]
 

@@ -221,7 +221,7 @@ def test_launch_report_of_tiles() -> None:
   assert new["use"] == "in1:1.00 in2:1.00 in3:1.00 out:1.00" and (old["occupancy"], new["occupancy"]) == (1.0, 0.25)
 
 
-# ***** TC on attention (Kernel.flash_tc, lower.flash_attention_tc): a warp's 16 rows by mma.sync, 16-bit inputs, CUDA sm_80 and later *****
+# ***** TC on attention (Kernel.flash_tc, lower.flash.flash_attention_tc): a warp's 16 rows by mma.sync, 16-bit inputs, CUDA sm_80 and later *****
 TC = Opt(OptOps.TC, 0, 1)
 
 

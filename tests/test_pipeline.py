@@ -16,10 +16,10 @@ from test_mma_on_host import _run_on_host, host_source
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen import kernel as kernel_module
-from tinytune.codegen import lower as lower_module
 from tinytune.codegen.caps import amd_caps, cuda_caps
 from tinytune.codegen.cstyle import CUDARenderer, dynamic_shared
 from tinytune.codegen.kernel import KernelOptError, swizzle_line
+from tinytune.codegen.lower import staged as staged_module
 from tinytune.dtype import DType
 from tinytune.engine import compile_kernel
 from tinytune.engine.schedule import ScheduleItem, create_schedule
@@ -148,7 +148,7 @@ def test_swizzled_tiles_are_free_of_bank_conflicts(tmp_path, monkeypatch, swizzl
   the swizzled tiles; the same tiles unswizzled and unpadded take ldmatrix 4 to 8 ways (rows of 64 to 256 bytes put a matrix's 8 rows
   in the same 4 banks up to 8 times; their cp.asyncs stay conflict-free, a warp's 32 chunks 512 contiguous bytes)."""
   if not swizzled:
-    monkeypatch.setattr(lower_module, "swizzle_line", lambda row: 0)
+    monkeypatch.setattr(staged_module, "swizzle_line", lambda row: 0)
     monkeypatch.setattr(kernel_module, "swizzle_line", lambda row: row)  # no padding either
   worst = []
   for i, (m, kk, n, tb, opts) in enumerate(SWIZZLED):

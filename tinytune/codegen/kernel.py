@@ -77,7 +77,7 @@ def find_tensor_core(k: Kernel) -> TensorCore:
       if a is None or b is None or a is b: continue
       (sam, sak), (sbk, sbn) = (a.arg.strides[row], a.arg.strides[kd]), (b.arg.strides[kd], b.arg.strides[col])
       (al, ald), (bl, bld) = ("row_major", sam) if sak == 1 else ("col_major", sak), ("row_major", sbk) if sbn == 1 else ("col_major", sbn)
-      if not k.caps.has_local:  # lowering takes each pair as the lanes allow (see _Lowerer.dot)
+      if not k.caps.has_local:  # lowering takes each pair as the lanes allow (see lower.dots.DotPairs.dot)
         check(k.sizes[kd] % TC_PAIR == 0, f"TC on the CPU needs a sum over an even length (pairs), not {k.sizes[kd]}")
         return TensorCore(row, col, a, b, al, bl, ald, bld)
       if not (sak == 1 or sam == 1) or not (sbn == 1 or sbk == 1): continue
@@ -197,7 +197,7 @@ class Kernel:
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
     self.opts: list[Opt] = []
     self.tc: TensorCore | None = None
-    self.flash_tc = False  # TC on attention in tiles (lower.flash_attention_tc): a warp's 16 rows by mma.sync
+    self.flash_tc = False  # TC on attention in tiles (lower.flash.flash_attention_tc): a warp's 16 rows by mma.sync
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
     self.pack = False  # PACK: the inputs of pack_tiles are read from contiguous copies of their panels
@@ -525,7 +525,7 @@ class Kernel:
     return False
 
   def flash_opt(self, opt: Opt) -> None:
-    """An opt of attention in tiles (lower.flash_attention): STAGE t, the keys in tiles of t that a workgroup copies to shared memory
+    """An opt of attention in tiles (lower.flash.flash_attention): STAGE t, the keys in tiles of t that a workgroup copies to shared memory
     (before any other opt along the keys), then GROUP g (threads per row: a row's keys of a tile and its output's dims split over g
     threads) and the rows' LOCAL (the workgroup's rows) and UPCAST parts (each thread's rows), nothing else; the tiles fit in shared memory."""
     op, arg, rows = opt.op, opt.arg, self.n_global - 1
@@ -591,7 +591,7 @@ class Kernel:
     return rows, next((a.stride for a in self.axes if a.kind is AxisKind.STAGE), 1), self.sizes_of(AxisKind.GROUP)
 
   def flash_arrays(self, block: int, tile: int, group: int) -> tuple[tuple[str, int], ...]:
-    """The shared arrays of attention in tiles (lower.flash_attention declares them), by name and float32 count: tiles of the queries,
+    """The shared arrays of attention in tiles (lower.flash.flash_attention declares them), by name and float32 count: tiles of the queries,
     keys, values and probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
     at = self.attention
     assert at is not None
@@ -628,7 +628,7 @@ class Kernel:
 
   def cpu_loops(self) -> tuple[list[int], int, int]:
     """The CPU's loop nest outside the reduce, outermost first: (axes, t, n): the THREAD parts (the first t), the K block, the global
-    loops in their order; the reduce runs inside the first n, what follows it inside them all (see lower.LoopNest.cpu)."""
+    loops in their order; the reduce runs inside the first n, what follows it inside them all (see lower.loops.LoopNest.cpu)."""
     threads = [i for i, a in enumerate(self.axes) if a.kind is AxisKind.THREAD and a.size != 1]
     outer = threads + [i for i, a in enumerate(self.axes) if a.kind is AxisKind.KBLOCK]
     n = len(outer)
@@ -729,7 +729,7 @@ class Kernel:
         dims = [dn for dn in dims if dn[0] not in frag] + sorted((dn for dn in dims if dn[0] in frag), key=lambda dn: dn[0] == fastest)
         row = dims[-1][1] * view.dtype.itemsize
         ret.append((view, dims, 16 // view.dtype.itemsize if row % 32 == 0 and swizzle_line(row) == 0 else 0))
-      else:  # load_matrix_sync takes 32-byte aligned fragments; wgmma's core matrices (see _Lowerer.tile_offset) are not padded
+      else:  # load_matrix_sync takes 32-byte aligned fragments; wgmma's core matrices (see lower.staged.StagedTiles.offset) are not padded
         pad = 0 if self.tc is not None and self.tc.wgmma else 32 if self.tc is not None else 16
         ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
