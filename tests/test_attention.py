@@ -111,6 +111,7 @@ def test_opts_that_do_not_apply_say_why() -> None:
   for opts, why in [([Opt(OptOps.GROUP, 0, 2)], "comes after STAGE"), ([Opt(OptOps.UNROLL, 0, 4), stage], "comes before any opt"),
                     ([Opt(OptOps.STAGE, 0, 6)], "multiple of 4"), ([stage, Opt(OptOps.UNROLL, 0, 4)], "does not combine with STAGE"),
                     ([stage, Opt(OptOps.UPCAST, 1, 2)], "splits the rows"), ([stage, Opt(OptOps.GROUP, 0, 3)], "does not divide"),
+                    ([stage, Opt(OptOps.GROUP, 0, 0)], "does not divide"),
                     ([Opt(OptOps.STAGE, 0, 64), Opt(OptOps.LOCAL, 2, 64)], "bytes of shared memory")]:
     with pytest.raises(KernelOptError, match=why): gpu.copy().apply_opts(opts)
 
