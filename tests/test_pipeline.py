@@ -8,10 +8,11 @@ import ctypes
 import random
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from ops_support import nvrtc_missing, ptxas_stats
+from ops_support import nvrtc_missing, ptxas_stats_each
 from test_mma_on_host import _run_on_host, host_source
 
 from tinytune import Kernel, Opt, OptOps, Tensor, dtypes
@@ -227,13 +228,14 @@ def gpu_sized() -> list[Kernel]:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the pipelined source is not compile-checked here")
 def test_pipelined_source_compiles_for_sm80_and_sm90_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   kernels = gpu_sized() + [matmul(m, kk, n, dt, tb, batch=BATCH.get(i, ()))[0].apply_opts(opts) for i, (m, kk, n, dt, tb, opts) in enumerate(CASES)]
-  for k in kernels:
-    src = CUDARenderer().render(k)
+  srcs = [CUDARenderer().render(k) for k in kernels]
+  for k, src in zip(kernels, srcs):
     assert "cp.async.cg.shared.global" in src and "cp.async.wait_group" in src
     assert (dynamic_shared(src) > 0) == (k.stage_bytes() + k.tc_shared() > 48 << 10), k.opts  # past 48 KB: dynamic
-    for arch in ("sm_80", "sm_90"):
-      stats = ptxas_stats(tmp_path, src, arch)
-      assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)
+  with ThreadPoolExecutor(2) as pool:  # one nvcc per arch over all the kernels, side by side
+    for arch, each in zip(ARCHS := ("sm_80", "sm_90"), pool.map(lambda arch: ptxas_stats_each(tmp_path, srcs, arch), ARCHS)):
+      for k, stats in zip(kernels, each):
+        assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (k.opts, arch, stats)
 
 
 @pytest.mark.skipif(bool(nvrtc_missing()), reason=str(nvrtc_missing()))
