@@ -142,7 +142,7 @@ def report(k: Kernel) -> dict[str, Any]:
     use.setdefault("out" if a["store"] else f"in{a['buf']}", []).append(a["use"])
   reads = {id(k.bufs[b - 1]): n * groups * threads / k.bufs[b - 1].size for b, n in loads.items()}  # passes over each input
   sector_bytes = sum(a["sectors"] * a["trips"] for a in acc) * SECTOR * groups * math.ceil(threads / WARP)
-  tc = k.tc is not None or k.flash_tc  # TC on attention: its two products by mma.sync (lower.flash_attention_tc)
+  tc = k.tc is not None or k.flash_tc  # TC on attention: its two products by mma.sync (lower.flash.flash_attention_tc)
   times = {"hbm": k.mem_bytes / HBM, "tc" if tc else "fp32": k.flops / (TENSOR if tc else FP32), "l1": sector_bytes / L1}
   def size(kind: AxisKind) -> int: return prod(a.size for a in k.axes if a.kind is kind)
   shared = sum(u.arg.size * u.dtype.itemsize for u in prog.uops if u.op is Ops.DEFINE_LOCAL)

@@ -13,6 +13,7 @@ import argparse
 import datetime
 import gc
 import importlib.util
+import math
 import os
 import pathlib
 import re
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from xml.sax.saxutils import escape
 
 import numpy as np
@@ -164,14 +165,10 @@ def catalog(suite: Suite, dev: str) -> None:
 def matmul(suite: Suite, dev: str) -> None:
   """matmul n^3 in float32, float16 and bfloat16: the default opts, then after a BEAM search of the given seconds (in one process, the
   search's own evaluator), against torch.matmul; and the search's rate."""
-  from tinytune import Kernel, Tensor, dtypes
-  from tinytune.codegen.heuristic import default_opts
-  from tinytune.engine.schedule import create_schedule
+  from tinytune import dtypes
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import torch_baseline
-  from tinytune.runtime import Device
-  from tinytune.search.evaluate import Evaluator, Result, TimingPolicy
-  from tinytune.search.strategy import Budget, run_strategy
+  from tinytune.search.evaluate import TimingPolicy
   n = 256 if suite.args.quick else 4096
   w, torch = get_workload("matmul"), torch_cuda()
   suite.out("| dtype | default TFLOPS | searched TFLOPS | torch TFLOPS | torch/searched | search s (asked) | candidates | per s | "
@@ -182,23 +179,12 @@ def matmul(suite: Suite, dev: str) -> None:
   for dt in ("float32", "float16", "bfloat16"):
     seconds = max(5.0, min(suite.args.search_seconds, (suite.left() - 40) / 3))
     try:
-      dtype = dtypes.from_any(dt)
-      a, b = (Tensor.rand(n, n, device=dev).cast(dtype).realize() for _ in range(2))
-      kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
-      finished: list[tuple[float, Result]] = []  # each measured candidate, when its result came
-      st = time.monotonic()
-      with Evaluator(kernel, dev, on_result=lambda r: finished.append((time.monotonic(), r))) as ev:
-        result = run_strategy("beam", kernel, ev, Budget(None, seconds), default_opts(kernel))
-        wall = time.monotonic() - st
-        searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5))
-        where.append(search_rate(dt, ev, result.history, [(t - st, r) for t, r in finished], wall))
-      tried = sum(result.counts().values())
-      late = [r for t, r in finished if t - st > WARM_S]
-      rate = f"{len(late) / (wall - WARM_S):.1f}" if wall > WARM_S + 2 else f"- (a search of {seconds:.0f} s)"
-      th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtype).median_s if torch else None
-      suite.out(f"| {dt} | {tf(default_s):.1f} | {tf(searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
-                f"{th / searched_s if th else float('nan'):.2f} | {wall:.1f} ({seconds:.0f}) | {tried} | {tried / wall:.1f} | {rate} | "
-                f"{list(result.best)} |")
+      s = timed_search(dev, n, dt, "beam", seconds, retime=True)
+      where.append(s.where)
+      th = torch_baseline(w, {"m": n, "n": n, "k": n}, dev, TimingPolicy(max_repeats=10), dtypes.from_any(dt)).median_s if torch else None
+      suite.out(f"| {dt} | {tf(s.default_s):.1f} | {tf(s.searched_s):.1f} | {tf(th) if th else float('nan'):.1f} | "
+                f"{th / s.searched_s if th else float('nan'):.2f} | {s.wall:.1f} ({seconds:.0f}) | {s.tried} | {s.tried / s.wall:.1f} | "
+                f"{s.rate} | {list(s.result.best)} |")
     except Exception as e:
       suite.out(f"| {dt} | {_failed(e)} |")
   suite.out("\n" + "\n".join(f"- {line}" for line in where))
@@ -207,19 +193,82 @@ def matmul(suite: Suite, dev: str) -> None:
 WARM_S = 10.0  # the search's rate is judged after its first seconds (the worker's start, the first rounds' compiles)
 
 
-def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any]], wall: float) -> str:
-  """Where a search's seconds went: per candidate (medians) its render, compile, verify and run; the worker's busy share; how soon
-  the first result came; and how many of the candidates measured used tensor cores."""
+def search_rates(suite: Suite, dev: str, n: int = 1024, seconds: float = 15.0, strategies: tuple[str, ...] = ("beam", "random", "optuna"),
+                 dt: str = "float16", jobs: int = 0) -> None:
+  """Each strategy's rate on the float16 TC matmul 1024^3 (the issue's `search matmul -p m=1024 ... --dtype float16`): candidates
+  measured per second after the first WARM_S, and its wall time against the seconds asked (the budget). bench/search_rate.py prints
+  the same table, on a fake GPU (bench/fake_gpu.py) where there is none."""
+  suite.out(f"| strategy | search s (asked) | over | candidates | measured per s after {WARM_S:.0f} s |\n| --- | --- | --- | --- | --- |")
+  where = []
+  for strategy in strategies:
+    try:
+      s = timed_search(dev, n, dt, strategy, seconds, jobs=jobs)
+      suite.out(f"| {strategy} | {s.wall:.1f} ({seconds:.0f}) | {s.wall / seconds - 1:+.0%} | {s.tried} | {s.rate} |")
+      where.append(f"{strategy}, {s.where}")
+    except Exception as e:
+      suite.out(f"| {strategy} | {_failed(e)} |")
+  suite.out("\n" + "\n".join(f"- {line}" for line in where))
+
+
+class TimedSearch(NamedTuple):
+  result: Any  # the SearchResult
+  wall: float  # seconds from the evaluator's making (the budget's start, as a command's setup counts in its --seconds) to the result
+  tried: int  # distinct candidates, invalid ones included
+  rate: str  # candidates measured per second after the first WARM_S
+  where: str  # search_rate's line
+  searched_s: float = math.nan  # the winner's and the default's medians in 5 interleaved rounds, where asked for
+  default_s: float = math.nan
+
+
+def timed_search(dev: str, n: int, dt: str, strategy: str, seconds: float, retime: bool = False, jobs: int = 0) -> TimedSearch:
+  """A search of `strategy` for `seconds` of the first kernel of matmul n^3 in dtype `dt` on `dev` (the suite's and
+  bench/search_rate.py's), with its rate and where its seconds went."""
+  from tinytune import Kernel, Tensor, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  from tinytune.search import evaluate
+  from tinytune.search.evaluate import Evaluator, Result
+  from tinytune.search.strategy import Budget, run_strategy
+  a, b = (Tensor.rand(n, n, device=dev).cast(dtypes.from_any(dt)).realize() for _ in range(2))
+  kernel = Kernel(create_schedule((a @ b).uop, dev)[0][0].ast, Device[dev].caps)
+  finished: list[tuple[float, Result]] = []  # each measured candidate, when its result came
+  waited = [0.0]  # seconds the evaluator waited for a candidate to be built, its worker idle meanwhile
+  def timed_wait(*args: Any, **kwargs: Any) -> Any:
+    st = time.monotonic()
+    try: return wait(*args, **kwargs)
+    finally: waited[0] += time.monotonic() - st
+  budget, cpu, wait = Budget(None, seconds), time.process_time(), evaluate.wait
+  evaluate.wait = timed_wait  # type: ignore[assignment]
+  try:
+    with Evaluator(kernel, dev, jobs=jobs, on_result=lambda r: finished.append((time.monotonic() - budget.started, r))) as ev:
+      result = run_strategy(strategy, kernel, ev, budget, default_opts(kernel))
+      wall, cpu = time.monotonic() - budget.started, time.process_time() - cpu
+      searched_s, default_s = (t.median for t in ev.retime([result.best, result.default], rounds=5)) if retime else (math.nan, math.nan)
+      where = search_rate(dt, ev, result.history, finished, wall, cpu, waited[0])
+  finally: evaluate.wait = wait
+  late = [r for t, r in finished if t > WARM_S]
+  rate = f"{len(late) / (wall - WARM_S):.1f}" if wall > WARM_S + 2 else f"- (a search of {seconds:.0f} s)"
+  return TimedSearch(result, wall, sum(result.counts().values()), rate, where, searched_s, default_s)
+
+
+def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any]], wall: float, cpu: float, waited: float) -> str:
+  """Where a search's seconds went: per candidate (medians) its render, compile, verify and run; the worker's busy share, and the
+  share of the search it sat idle while the evaluator `waited` for a build; the search process's own CPU seconds (`cpu`: its strategy,
+  its evaluator's bookkeeping) per candidate; how soon the first result came, and the last; and how many of the candidates measured
+  used tensor cores."""
   med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
   built = list({r.source_hash: r for r in history if r.status != "invalid" and not r.stored}.values())
   each = {what: med([getattr(r, f"{what}_s") for r in built]) for what in ("render", "compile", "verify", "run")}
   ran = [r for _, r in finished if r.run_s]
   tc = sum(any(o.op.name == "TC" for o in r.opts) for _, r in finished)
+  first, last = (finished[0][0], finished[-1][0]) if finished else (float("nan"), float("nan"))
   return (f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in {ev.pool._max_workers} "
           f"{'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; run {each['run']:.0f} ms in the worker, of "
           f"it verify {each['verify']:.1f} ms (outputs compared on the {ev.checked_on or '?'}); the worker busy "
-          f"{sum(r.run_s for r in ran) / wall:.0%} of the search, its first result at {finished[0][0] if finished else float('nan'):.1f} s; "
-          f"{ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")
+          f"{sum(r.run_s for r in ran) / wall:.0%} of the search, idle waiting for a build {waited / wall:.0%}; the search's own process "
+          f"{cpu / max(1, len(finished)) * 1e3:.0f} ms of CPU a candidate; its first result at {first:.1f} s, its last at {last:.1f} s "
+          f"(then the finalists' re-time); {ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")
 
 
 def _with_arg(op: str, arg: int) -> Callable[[Any, list], list]:
@@ -460,7 +509,7 @@ def attention_variants(suite: Suite, dev: str) -> None:
   tc_attention(suite, dev)
 
 
-# TC on attention (lower.flash_attention_tc: a warp's 16 rows by mma.sync, P in registers as P V's A) against attention in tiles, the
+# TC on attention (lower.flash.flash_attention_tc: a warp's 16 rows by mma.sync, P in registers as P V's A) against attention in tiles, the
 # default (scalar FMAs: float16 0.581 ms at 4x16x1024x64 on the H200, SDPA 0.046): (dtype, causal), 4 warps a workgroup
 TC_ATTENTION = [("float16", 0), ("float16", 1), ("bfloat16", 0)]
 
@@ -673,7 +722,7 @@ def main() -> None:
   ap.add_argument("--tests-seconds", type=float, default=200, help="most seconds the tests may take (default 200)")
   ap.add_argument("--budget", type=float, default=470, help="seconds for the whole run; sections shrink to what is left (default 470)")
   ap.add_argument("--skip", default="", help="comma-separated sections to skip: tests, catalog, matmul, overhead, training, gather, variants, "
-                  "schedules, attention")
+                  "schedules, attention, rates")
   ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the results files (default bench/results)")
   args = ap.parse_args()
   if args.search_seconds is None: args.search_seconds = 5.0 if args.quick else 60.0
@@ -701,6 +750,7 @@ def main() -> None:
     ("variants", "matmul, conv2d and attention's P.V: alternatives to the default opts, timed against them", lambda: variants(suite, dev)),
     ("schedules", "Schedules other than the default (split-K, Winograd), timed against it", lambda: schedule_variants(suite, dev)),
     ("attention", "attention in one kernel (FLASH=2) against the graph's kernels (FLASH=0)", lambda: attention_variants(suite, dev)),
+    ("rates", "Search rates: float16 matmul 1024^3, per strategy", lambda: search_rates(suite, dev, *((256, 5.0) if args.quick else ()))),
     ("matmul", "matmul: default opts, searched, and the search's rate", lambda: matmul(suite, dev))]
   for key, title, fn in sections:
     if key not in skip: suite.section(title, fn)

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -31,13 +32,42 @@ def nvrtc_missing() -> str | None:
   return None
 
 
+PTXAS_STAT = r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)"
+
+
 def ptxas_stats(tmp_path: Any, src: str, arch: str) -> dict[str, int]:
   """src built by nvcc for `arch` with ptxas' verbose report: its registers, spill bytes and shared-memory bytes."""
-  (tmp_path / f"k_{arch}.cu").write_text(src)
-  res = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", f"k_{arch}.cu", "-o", f"k_{arch}.cubin"], cwd=tmp_path,
+  return {m[1]: int(m[0]) for m in re.findall(PTXAS_STAT, ptxas_report(tmp_path, src, arch))}
+
+
+def ptxas_report(tmp_path: Any, src: str, arch: str, name: str = "k") -> str:
+  """ptxas' verbose report of src built by nvcc for `arch` (in files named `name`_`arch`)."""
+  (tmp_path / f"{name}_{arch}.cu").write_text(src)
+  res = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", f"{name}_{arch}.cu", "-o", f"{name}_{arch}.cubin"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600)
   assert res.returncode == 0, res.stderr[-3000:]
-  return {m[1]: int(m[0]) for m in re.findall(r"(\d+) (bytes spill stores|bytes spill loads|registers|bytes smem)", res.stderr)}
+  return res.stderr
+
+
+def ptxas_stats_each(tmp_path: Any, srcs: Sequence[str], arch: str) -> list[dict[str, int]]:
+  """ptxas_stats of each source (the most of its kernels'), from one nvcc a core over them all: nvcc takes seconds to start where ptxas
+  takes milliseconds a small kernel. Each source goes in a namespace of its own (its kernels' C++ names there: k3's are _ZN2k3...), the
+  #includes first in the file; ptxas allocates each kernel's registers alone, so its report is the one the source alone gets."""
+  def report(part: int, n: int) -> str:
+    mine = range(part, len(srcs), n)
+    includes = dict.fromkeys(line for i in mine for line in srcs[i].splitlines() if line.startswith("#include"))
+    body = [f"namespace k{i} {{\n" + "\n".join(line.replace('extern "C" ', "") for line in srcs[i].splitlines() if not line.startswith("#include"))
+            + "\n}" for i in mine]
+    return ptxas_report(tmp_path, "\n".join([*includes, *body]), arch, f"part{part}")
+  n = min(len(srcs), os.cpu_count() or 1)
+  with ThreadPoolExecutor(n) as pool: reports = list(pool.map(report, range(n), [n] * n))
+  stats: list[dict[str, int]] = [{} for _ in srcs]
+  for kernel in "".join(reports).split("Compiling entry function '")[1:]:
+    name = re.match(r"_ZN(\d+)(k\d+)", kernel)  # the namespace's name, its length first
+    got = stats[int(name[2][1:int(name[1])])]  # type: ignore[index]
+    for m in re.findall(PTXAS_STAT, kernel): got[m[1]] = max(got.get(m[1], 0), int(m[0]))
+  assert all(stats), [i for i, s in enumerate(stats) if not s]  # every source's kernels were reported
+  return stats
 
 
 def bench_module(name: str) -> Any:

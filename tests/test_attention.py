@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from ops_support import bench_module, hip_clang, hip_flags, ptxas_stats
+from ops_support import bench_module, hip_clang, hip_flags, ptxas_stats_each
 
 from tinytune import Context, Device, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.caps import cuda_caps
@@ -111,6 +111,7 @@ def test_opts_that_do_not_apply_say_why() -> None:
   for opts, why in [([Opt(OptOps.GROUP, 0, 2)], "comes after STAGE"), ([Opt(OptOps.UNROLL, 0, 4), stage], "comes before any opt"),
                     ([Opt(OptOps.STAGE, 0, 6)], "multiple of 4"), ([stage, Opt(OptOps.UNROLL, 0, 4)], "does not combine with STAGE"),
                     ([stage, Opt(OptOps.UPCAST, 1, 2)], "splits the rows"), ([stage, Opt(OptOps.GROUP, 0, 3)], "does not divide"),
+                    ([stage, Opt(OptOps.GROUP, 0, 0)], "does not divide"),
                     ([Opt(OptOps.STAGE, 0, 64), Opt(OptOps.LOCAL, 2, 64)], "bytes of shared memory")]:
     with pytest.raises(KernelOptError, match=why): gpu.copy().apply_opts(opts)
 
@@ -140,11 +141,11 @@ def gpu_kernels(caps: DeviceCaps = GPU_CAPS) -> list[Kernel]:
 def test_cuda_source_compiles_in_registers(tmp_path, arch: str) -> None:  # type: ignore[no-untyped-def]
   """ptxas keeps each thread's scores and output accumulators (4 rows by 4 keys, 4 rows by 8 values) in registers: none spilled, and the
   tiles in 48 KiB of shared memory; the opts before tiles (a row's 64 + 64 floats a thread) at most a word spilled."""
-  for k in gpu_kernels():
-    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), arch)
-    assert stats["registers"] <= 255 and stats["bytes spill stores"] == 0 and stats["bytes smem"] <= 48 * 1024, (k.ast.dtype, stats)
-  k = Kernel(gpu_kernels()[0].ast, GPU_CAPS).apply_opts([Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 2, 128)])
-  stats = ptxas_stats(tmp_path, CUDARenderer().render(k), arch)
+  kernels = gpu_kernels()
+  untiled = Kernel(kernels[0].ast, GPU_CAPS).apply_opts([Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.LOCAL, 2, 128)])
+  *tiled, stats = ptxas_stats_each(tmp_path, [CUDARenderer().render(k) for k in [*kernels, untiled]], arch)
+  for k, st in zip(kernels, tiled):
+    assert st["registers"] <= 255 and st["bytes spill stores"] == 0 and st["bytes smem"] <= 48 * 1024, (k.ast.dtype, st)
   assert stats["registers"] <= 255 and stats["bytes spill stores"] <= 8, stats
 
 
@@ -220,7 +221,7 @@ def test_launch_report_of_tiles() -> None:
   assert new["use"] == "in1:1.00 in2:1.00 in3:1.00 out:1.00" and (old["occupancy"], new["occupancy"]) == (1.0, 0.25)
 
 
-# ***** TC on attention (Kernel.flash_tc, lower.flash_attention_tc): a warp's 16 rows by mma.sync, 16-bit inputs, CUDA sm_80 and later *****
+# ***** TC on attention (Kernel.flash_tc, lower.flash.flash_attention_tc): a warp's 16 rows by mma.sync, 16-bit inputs, CUDA sm_80 and later *****
 TC = Opt(OptOps.TC, 0, 1)
 
 
@@ -273,8 +274,8 @@ def tc_gpu_kernels() -> list[Kernel]:
 def test_tensor_cores_compile_in_registers(tmp_path, arch: str) -> None:  # type: ignore[no-untyped-def]
   """A lane's S (16 rows by 64 keys: 32 floats), output (16 x 64: 32) and queries' fragments (16 registers) stay in registers: none
   spilled (115-128 registers a thread with nvcc 12), tiles of 64 keys in 31 KiB of shared memory."""
-  for k in tc_gpu_kernels():
-    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), arch)
+  kernels = tc_gpu_kernels()
+  for k, stats in zip(kernels, ptxas_stats_each(tmp_path, [CUDARenderer().render(k) for k in kernels], arch)):
     assert stats["registers"] <= 255 and stats["bytes spill stores"] == 0 and stats["bytes smem"] == 31744, (k.ast.dtype, stats)
 
 

@@ -13,10 +13,11 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 import pytest
-from ops_support import hip_clang, hip_flags, nvrtc_missing, ptxas_stats
+from ops_support import hip_clang, hip_flags, nvrtc_missing, ptxas_stats_each
 
 from tinytune import Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
 from tinytune.codegen.cstyle import CUDARenderer, HIPRenderer, OpenCLRenderer
@@ -98,6 +99,12 @@ def staged_matmuls() -> tuple[Kernel, ...]:
   return tuple(ret)
 
 
+@functools.cache  # rendered once for the tests that compile them
+def cuda_sources(kernels: Callable[[], tuple[Kernel, ...]]) -> tuple[str, ...]:
+  """The CUDA source of each of these kernels."""
+  return tuple(CUDARenderer().render(k) for k in kernels())
+
+
 def prefetched_matmul() -> Kernel:
   """matmul 4096^3 in the default's tiles with K tiles of 8, the next one loaded during the current one's compute (PREFETCH)."""
   k = staged_matmuls()[0]
@@ -113,8 +120,8 @@ def test_big_float32_matmuls_stage_their_tiles_by_default() -> None:
 def test_staged_matmuls_compile_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """ptxas for sm_90 fits the default shared-memory tiles (8x8 accumulators a thread) in registers, with no spills, and their tiles in
   the 48 KiB of static shared memory a workgroup has; with K tiles of 8 and PREFETCH too (125 registers: 16 of K took 155)."""
-  for k in [*staged_matmuls(), prefetched_matmul()]:
-    stats = ptxas_stats(tmp_path, CUDARenderer().render(k), "sm_90")
+  kernels = [*staged_matmuls(), prefetched_matmul()]
+  for k, stats in zip(kernels, ptxas_stats_each(tmp_path, [*cuda_sources(staged_matmuls), CUDARenderer().render(kernels[-1])], "sm_90")):
     assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] < 255, (k.opts, stats)
     assert stats["bytes smem"] == k.stage_bytes() <= 48 * 1024, (k.opts, stats)
 
@@ -152,7 +159,7 @@ def test_catalog_kernels_cover_workgroup_opts() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_cuda_source_compiles_with_nvcc() -> None:
-  srcs = [CUDARenderer().render(k) for k in catalog_kernels() + bf16_kernels() + dtype_kernels() + staged_matmuls()]
+  srcs = [src for kernels in (catalog_kernels, bf16_kernels, dtype_kernels, staged_matmuls) for src in cuda_sources(kernels)]
   assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs)), errors[0]
 
 
@@ -293,9 +300,9 @@ def test_tensor_core_opt() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the CUDA renderer's output is not compile-checked here")
 def test_tensor_core_source_compiles_with_nvcc() -> None:
-  srcs = [CUDARenderer().render(k) for k in tc_kernels()]
+  srcs = cuda_sources(tc_kernels)
   assert all("wmma::mma_sync" in s for s in srcs) and sum("16, __nv_bfloat16, wmma::" in s for s in srcs) == 3
-  mma = [CUDARenderer().render(k) for k in mma_kernels()]
+  mma = cuda_sources(mma_kernels)
   assert all("mma.sync.aligned.m16n8k16.row.col.f32" in s and "wmma" not in s for s in mma[:-1]) and sum(".bf16.bf16" in s for s in mma) == 1
   assert [k.tc.mma and (k.tc.a_layout, k.tc.b_layout) for k in mma_kernels()[:3]] == [  # type: ignore[union-attr]
     ("row_major", "row_major"), ("row_major", "col_major"), ("col_major", "row_major")]
@@ -307,7 +314,7 @@ def test_tensor_core_source_compiles_with_nvcc() -> None:
   assert [s[s.index('extern "C"'):].count("tt_ldmatrix_x4(") for s in mma[:4]] == [0, 0, 0, 1]
   assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in mma[3]
   with pytest.raises(KernelOptError, match="GPU"): Kernel(_matmul16((64, 32), (32, 48)).ast, Device["CPU"].caps).apply_opt(Opt(OptOps.TC, 0, 1))
-  assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", srcs + mma)), errors[0]
+  assert not (errors := _compile_all(["nvcc", "-arch=sm_90", "-cubin"], ".cu", [*srcs, *mma])), errors[0]
 
 
 # magnitudes and signs of copysign with both signs of zero and of NaN; an H200 gave 4.0 for copysign(-4, -NaN) in float16 and +NaN
@@ -389,8 +396,8 @@ def test_cuda_source_compiles_with_nvrtc() -> None:
     try: _nvrtc(src, "sm_90")
     except CompileError as e: return str(e)[:3000]
     return ""
-  kernels = catalog_kernels() + bf16_kernels() + tc_kernels() + mma_kernels() + dtype_kernels() + staged_matmuls() + (prefetched_matmul(),)
-  srcs = dict.fromkeys(CUDARenderer().render(k) for k in kernels)
+  srcs = dict.fromkeys([*(src for kernels in (catalog_kernels, bf16_kernels, tc_kernels, mma_kernels, dtype_kernels, staged_matmuls)
+                          for src in cuda_sources(kernels)), CUDARenderer().render(prefetched_matmul())])
   with ThreadPoolExecutor(os.cpu_count() or 1) as pool: assert not (errors := [e for e in pool.map(one, srcs) if e]), errors[0]
 
 

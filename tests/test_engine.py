@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -10,6 +11,15 @@ import pytest
 from tinytune import Context, GlobalCounters, Tensor, TinyJit, dtypes, engine
 from tinytune.runtime import POOL, Buffer, Device, device_status
 from tinytune.uop import Ops, UOp
+
+
+@pytest.fixture
+def own_garbage() -> Iterator[None]:
+  """Garbage collection during the test sees only the objects the test made (gc.freeze): other tests' cyclic garbage, collected
+  midway, would give the pool memory this test did not free, and a gc.collect() over the full suite's heap took seconds."""
+  gc.freeze()
+  try: yield
+  finally: gc.unfreeze()
 
 
 def mlp_step(x: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
@@ -83,10 +93,9 @@ def test_the_schedule_cache_tells_dtypes_devices_and_the_tuning_policy_apart(mon
   if device_status("OPENCL") is None: assert misses(Tensor(ones.astype(np.float32), device="OPENCL")) == (1, [4.0] * 5)
 
 
-@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.usefixtures("on_cpu", "own_garbage")
 def test_pooled_memory_keeps_its_address_under_another_dtype() -> None:
   from tinytune.runtime.cpu import address
-  gc.collect()
   POOL.clear()
   a = (Tensor(np.arange(1000, dtype=np.float32)) * 2).realize()
   place = address(a.uop.src[0].arg)
@@ -285,8 +294,8 @@ def test_dropout_only_while_training() -> None:
   assert set(np.unique(kept).tolist()) <= {0.0, np.float32(1 / 0.7)} and 0.6 < (kept > 0).mean() < 0.8
 
 
+@pytest.mark.usefixtures("own_garbage")
 def test_the_pool_reuses_freed_memory() -> None:
-  gc.collect()
   POOL.clear()
   a = Buffer("CPU", 1000, dtypes.float32)
   address = a.mem.__array_interface__["data"][0]
@@ -296,9 +305,13 @@ def test_the_pool_reuses_freed_memory() -> None:
   assert b.mem.__array_interface__["data"][0] == address and b.mem.dtype == np.int32
 
 
-@pytest.mark.usefixtures("on_cpu")
-def test_the_pool_never_hands_out_live_memory() -> None:
+@pytest.mark.usefixtures("on_cpu", "own_garbage")
+def test_the_pool_never_hands_out_live_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Each step's input goes back to the pool, which hands that memory out again: to the next steps, never to a buffer still alive."""
   POOL.clear()
+  taken: list[bool] = []
+  take = POOL.take
+  monkeypatch.setattr(POOL, "take", lambda device, nbytes: taken.append((mem := take(device, nbytes)) is not None) or mem)
   rng = np.random.default_rng(4)
   kept = []
   for _ in range(20):  # each step frees temporaries of the same size as the tensors kept alive
@@ -307,6 +320,7 @@ def test_the_pool_never_hands_out_live_memory() -> None:
     kept.append((y, x.numpy() * 2 + 1))
     del x
     gc.collect()
+  assert sum(taken) >= len(kept) // 2, taken  # most steps got pooled memory
   addresses = [t.uop.src[0].arg.mem.__array_interface__["data"][0] for t, _ in kept]
   assert len(set(addresses)) == len(addresses)
   for t, want in kept: np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ops_support import bench_module, ptxas_stats
+from ops_support import bench_module, ptxas_stats_each
 
 from tinytune import Context, Kernel, Opt, OptOps, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
@@ -230,8 +230,9 @@ def test_conv_tiles_timed_beside_the_default_run_on_emu(positions: int, channels
 def test_conv_tiles_compile_without_spills(tmp_path: Any, arch: str) -> None:
   """The GPU-size convolution (32x64->64 at 56^2) with 8 x 8 and 4 x 16 outputs a thread: nvcc keeps them in registers (93-96)."""
   k = next(k for k in gpu_kernels("conv2d", batch=32, cin=64, cout=64, size=56) if k.reduceop is not None)
-  for tile in ((8, 8), (4, 16)):
-    stats = ptxas_stats(tmp_path, CUDARenderer().render(Kernel(k.ast, cuda_caps(arch)).apply_opts(conv_tile(*tile))), arch)
+  tiles = ((8, 8), (4, 16))
+  srcs = [CUDARenderer().render(Kernel(k.ast, cuda_caps(arch)).apply_opts(conv_tile(*tile))) for tile in tiles]
+  for tile, stats in zip(tiles, ptxas_stats_each(tmp_path, srcs, arch)):
     assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 128, (tile, stats)
 
 
@@ -249,11 +250,13 @@ def test_gemms_of_64_columns_take_a_128x64_shared_tile(tmp_path: Any, arch: str)
   convolution and attention match NumPy."""
   with Context(WINO=2): wino = next(k for k in gpu_kernels("conv2d", batch=32, cin=64, cout=64, size=56) if k.reduceop is not None)
   with Context(FLASH=0): pv = [k for k in gpu_kernels("attention", batch=4, heads=16, seq=1024, dim=64) if k.reduceop is not None][-1]
+  tiled = []
   for k, row in ((wino, 1), (pv, 2)):
     k = Kernel(k.ast, cuda_caps(arch))
     assert default_opts(k) == shared_tile_64(row), (k.name, default_opts(k))
-    if shutil.which("nvcc") is not None:
-      stats = ptxas_stats(tmp_path, CUDARenderer().render(k.apply_opts(shared_tile_64(row))), arch)
+    tiled.append(k.apply_opts(shared_tile_64(row)))
+  if shutil.which("nvcc") is not None:
+    for k, stats in zip(tiled, ptxas_stats_each(tmp_path, [CUDARenderer().render(k) for k in tiled], arch)):
       assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 128, (k.name, stats)
   if arch != "sm_90": return
   dev = Device["EMU"]

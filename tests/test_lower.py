@@ -1,4 +1,4 @@
-"""Lowering: a kernel with its opts as a linear program of UOps (codegen/lower.py), and renderers that spell every statement of it."""
+"""Lowering: a kernel with its opts as a linear program of UOps (codegen/lower/), and renderers that spell every statement of it."""
 from __future__ import annotations
 
 from dataclasses import replace

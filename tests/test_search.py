@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from tinytune.results_db import Database
 from tinytune.runtime import Buffer
 from tinytune.search.evaluate import Built, Evaluator, Result, Timing, TimingPolicy, source_hash
 from tinytune.search.space import actions
-from tinytune.search.strategy import STRATEGIES, Budget, run_strategy
+from tinytune.search.strategy import STRATEGIES, Budget, SearchContext, run_strategy
 
 
 def cpu_kernel(t: Tensor) -> Kernel:
@@ -788,6 +789,56 @@ def test_the_next_round_compiles_while_this_one_runs(monkeypatch: pytest.MonkeyP
     waited = time.monotonic() - st - sum(r.run_s for r in done)
   assert [r.status for r in done] == ["ok"] * 3 and not ev.early
   assert waited < SLOW_S, f"the worker waited {waited:.2f} s for builds that were done"
+
+
+def test_early_builds_no_longer_likely_are_dropped_once_built() -> None:
+  """A build `following` named that a later guess no longer names goes once it is built, not at the evaluator's close: a long search
+  guesses a new round at every result, and kept every program it once thought likely."""
+  first, second = [tuple(c) for c in EMU_CANDIDATES[:3]], [tuple(c) for c in EMU_CANDIDATES[3:]]
+  with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2) as ev:
+    ev._compile_early(first)
+    wait([build for _, build in ev.early.values()])
+    ev._compile_early(second)
+    assert set(ev.early) == set(second)
+
+
+def test_the_worker_starts_with_the_first_candidate_to_measure() -> None:
+  """No worker starts (nor the reference compiles) for candidates all stored already, as a resume of a finished search finds them:
+  a GPU's worker takes a second or more to start. The first candidate that needs measuring starts it."""
+  k = matmul_kernel(16)
+  stored = {opts_to_json(opts): Result(opts, "ok", 1e-3, 1e-3, source_hash=str(i), stored=True)
+            for i, opts in enumerate([(), tuple(default_opts(k))])}
+  with Evaluator(k, "CPU", known=stored) as ev:
+    assert [r.status for r in ev.evaluate([(), default_opts(k)])] == ["ok", "ok"]
+    assert ev.worker is None and ev.ref is None
+    assert ev.evaluate([[Opt(OptOps.UPCAST, 0, 2)]])[0].status == "ok" and ev.worker is not None
+
+
+@pytest.mark.parametrize("strategy", ["random", "optuna"])
+def test_random_and_optuna_keep_the_compiles_busy(strategy: str, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+  """Random search draws, and optuna asks for, its next candidates while the worker runs a batch (optuna's constant liar counts the
+  batch's as bad guesses), and the evaluator compiles them meanwhile (`following`): each batch after the first finds every one of
+  its new candidates built or building, where a GPU's 16 compile processes idled at the end of every batch (of 8, of 4) before,
+  and the worker waited for the next batch's first compiles. Trials asked ahead and never run are told so."""
+  if strategy == "optuna": pytest.importorskip("optuna")
+  ready: list[float] = []
+  evaluate = Evaluator.evaluate
+  def spy(self: Evaluator, candidates: list, following: object = None) -> list[Result]:
+    ready.append(sum(tuple(c) in self.early for c in candidates) / max(1, len(candidates)))
+    return evaluate(self, candidates, following)  # type: ignore[arg-type]
+  monkeypatch.setattr(Evaluator, "evaluate", spy)
+  k = emu_matmul_kernel(32)
+  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(max_seconds=0.01)) as ev:
+    db = f"sqlite:///{tmp_path}/optuna.db"
+    result = run_strategy(strategy, k, ev, Budget(14), default_opts(k), SearchContext(db, 1, "matmul", device="EMU"), batch=4)
+  if strategy == "optuna":
+    import optuna
+    (summary,) = optuna.get_all_study_summaries(db)
+    states = {t.state.name for t in optuna.load_study(study_name=summary.study_name, storage=db).trials}
+    assert "RUNNING" not in states and "COMPLETE" in states, states
+  assert len(ready) >= 4 and all(r == 1.0 for r in ready[1:] if r), ready
+  assert sum(r > 0 for r in ready[1:]) >= 3, ready
+  assert sum(r.status != "invalid" for r in result.history) == 14
 
 
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -383,16 +383,18 @@ def test_tc_wgmma_conversions_do_not_branch(tmp_path, dt: DType) -> None:  # typ
 def test_gpu_suites_pipelined_wgmma_compiles_without_spills(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """The GPU suite's pipelined wgmma variants at 4096^3 (bench/gpu_suite.py): 64x128 in 3 and 4 stages and 128x128 in 3, float16 and
   bfloat16, built by nvcc for sm_90a with no spills."""
-  from ops_support import ptxas_stats
+  from ops_support import ptxas_stats_each
+  cases, srcs = [], []
   with emu_arch("sm_90"):
     for dt in (dtypes.float16, dtypes.bfloat16):
       z = [Tensor.zeros(4096, 4096, dtype=dt).contiguous() for _ in range(2)]  # never allocated
       ast = create_schedule((z[0] @ z[1]).uop, "EMU")[0][-1].ast
       for opts in ([Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.PIPELINE, 0, 3)], [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.PIPELINE, 0, 4)],
                    [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.PIPELINE, 0, 3)]):
-        kernel = Kernel(ast, Device["EMU"].caps).apply_opts([Opt(OptOps.TC, 0, 2), *opts])
-        stats = ptxas_stats(tmp_path, Device["EMU"].renderer.render(kernel), "sm_90a")
-        assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (dt, opts, stats)
+        cases.append((dt, opts))
+        srcs.append(Device["EMU"].renderer.render(Kernel(ast, Device["EMU"].caps).apply_opts([Opt(OptOps.TC, 0, 2), *opts])))
+  for (dt, opts), stats in zip(cases, ptxas_stats_each(tmp_path, srcs, "sm_90a")):  # one nvcc for them all
+    assert stats["bytes spill stores"] == stats["bytes spill loads"] == 0 and stats["registers"] <= 255, (dt, opts, stats)
 
 
 def test_tc_wgmma_without_the_proxy_fence_fails() -> None:

@@ -47,24 +47,16 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   from tinytune import engine
   from tinytune.engine.realize import schedule_many
   from tinytune.results_db import Database
-  from tinytune.runtime import Device
   from tinytune.search.progress import ProgressLine
   from tinytune.search.strategy import check_options
-  from tinytune.search.tune import DEFAULT_CANDIDATES, KernelOutcome, Tuner, outcome_frame
+  from tinytune.search.tune import KernelOutcome, Tuner, outcome_frame
 
   outputs, workload, params = _outputs(program, example_inputs)
   if name is not None and (not isinstance(name, str) or not name.strip()): raise TypeError(f"name must be a non-empty str, not {name!r}")
   workload = name or workload
   if not isinstance(strategy, str): raise TypeError(f"strategy must be a name (beam, optuna, random), not {type(strategy).__name__}")
   check_options(strategy, dict(options or {}))  # an unknown name or option, or a missing optional dependency, fails before anything runs
-  if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)): raise TypeError(f"budget must be an int, not {budget!r}")
-  if budget is not None and budget < 1: raise ValueError(f"budget must be at least 1 candidate per kernel, not {budget}")
-  if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
-    raise ValueError(f"seconds must be a positive number, not {seconds!r}")
-  if budget is None and seconds is None: budget = env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES
-  devices = {Device.canonicalize(device or t.device) for t in outputs}
-  if len(devices) > 1: raise ValueError(f"the outputs are on several devices ({', '.join(sorted(devices))}); pass device= to tune for one")
-  dev = devices.pop() if devices else Device.canonicalize(device)
+  budget, dev = _budget(budget, seconds), _device(outputs, device)
   database = db if isinstance(db, Database) else Database(db)
 
   # the kernels a realize of all the outputs together runs (a training step's shared gradients once, its assigns in place)
@@ -83,6 +75,24 @@ def tune(program: Tensor | Sequence[Tensor] | Callable[..., Any], *example_input
   frame = outcome_frame(outcomes, lambda o: {"device": dev, "dtype": kernels[o.key][1].ast.dtype.name})
   frame["candidates"] = [sum(c.values()) for c in frame.get("candidates", [])]  # a cache hit measured none
   return frame.reindex(columns=TUNE_COLUMNS).astype(TUNE_DTYPES)
+
+
+def _budget(budget: Any, seconds: Any) -> int | None:
+  """tune()'s candidates per kernel, once `budget` and `seconds` are checked: where neither is given, $TINYTUNE_BUDGET or the default."""
+  from tinytune.search.tune import DEFAULT_CANDIDATES
+  if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)): raise TypeError(f"budget must be an int, not {budget!r}")
+  if budget is not None and budget < 1: raise ValueError(f"budget must be at least 1 candidate per kernel, not {budget}")
+  if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+    raise ValueError(f"seconds must be a positive number, not {seconds!r}")
+  return (env_count("TINYTUNE_BUDGET", 1) or DEFAULT_CANDIDATES) if budget is None and seconds is None else budget
+
+
+def _device(outputs: list[Tensor], device: str | None) -> str:
+  """The one device of the outputs (`device` where given), or the default device where there are none."""
+  from tinytune.runtime import Device
+  devices = {Device.canonicalize(device or t.device) for t in outputs}
+  if len(devices) > 1: raise ValueError(f"the outputs are on several devices ({', '.join(sorted(devices))}); pass device= to tune for one")
+  return devices.pop() if devices else Device.canonicalize(device)
 
 
 def _outputs(program: Any, example_inputs: tuple) -> tuple[list[Tensor], str, dict[str, Any]]:

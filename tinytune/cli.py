@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 
@@ -104,12 +105,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   device, dtype = Device.canonicalize(args.device), workload.dtype(args.dtype)
   params = workload.params(parse_params(args.param, workload.names), is_gpu(device))
   options = check_options(args.strategy, search_options(args))  # fail early on a bad name, option or missing optional dependency
-  if args.workers > (cores := os.cpu_count() or 1) and not args.oversubscribe:
-    raise ValueError(f"--workers {args.workers} is more than the {cores} cores here, where workers only slow each other; "
-                     "add --oversubscribe to start them anyway")
-  if args.workers > MAX_OVERSUBSCRIBE * cores:  # each worker is a process with its own timing worker: thousands would exhaust the machine
-    raise ValueError(f"--workers {args.workers} is more than {MAX_OVERSUBSCRIBE} per core ({MAX_OVERSUBSCRIBE * cores} here), "
-                     "even with --oversubscribe")
+  _check_workers(args.workers, args.oversubscribe)
   _check_format(args.format)
   console = Console(stderr=True, quiet=args.quiet or args.format == "json")
   _runs_on(workload, params, dtype, device)
@@ -137,6 +133,16 @@ def cmd_search(args: argparse.Namespace) -> int:
   _write(render({"kernels": frame}, args.format, title, "search", context, {"kernels": title}), None)
   _emulated_note(device)
   return 0
+
+
+def _check_workers(workers: int, oversubscribe: bool) -> None:
+  """`search --workers`: at most the cores here, or MAX_OVERSUBSCRIBE a core with --oversubscribe."""
+  if workers > (cores := os.cpu_count() or 1) and not oversubscribe:
+    raise ValueError(f"--workers {workers} is more than the {cores} cores here, where workers only slow each other; "
+                     "add --oversubscribe to start them anyway")
+  if workers > MAX_OVERSUBSCRIBE * cores:  # each worker is a process with its own timing worker: thousands would exhaust the machine
+    raise ValueError(f"--workers {workers} is more than {MAX_OVERSUBSCRIBE} per core ({MAX_OVERSUBSCRIBE * cores} here), "
+                     "even with --oversubscribe")
 
 
 def search_options(args: argparse.Namespace) -> dict[str, str]:
@@ -305,10 +311,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
   from tinytune.kernels import get_workload
   from tinytune.kernels.baselines import store
-  from tinytune.kernels.peaks import device_peaks
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
-  from tinytune.runtime import Device, device_fingerprint
+  from tinytune.runtime import Device
   from tinytune.search.worker import mismatches
 
   _check_format(args.format)
@@ -319,10 +324,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _against(args.against or DEFAULT_AGAINST)
   _runs_on(workload, params, dtype, device)
   against = _installed(against, args)
-  try: peaks = device_peaks(db, device, device_fingerprint(device), measure=not args.no_peak and not Device[device].emulated)  # an emulator has none
-  except RuntimeError as e:  # a GPU's probe runs PyTorch there, which may be missing or built without that device
-    peaks = None
-    print(f"tinytune: note: the peak of {device} cannot be measured ({e}); roof_pct is left out", file=sys.stderr)
+  peaks = _peaks(db, device, measure=not args.no_peak)
   timings = _timings(workload, params, device, against, db, dtype, args)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
   flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
@@ -348,6 +350,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
   _emulated_note(device)
   if not ok: print(f"tinytune: error: {workload.name} in {dtype.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
+
+
+def _peaks(db: Any, device: str, measure: bool) -> tuple[float, float] | None:
+  """The device's peak (GFLOPS, GB/s) for bench's roof_pct, measured where it is not stored and `measure` says so; None, after a note,
+  where it cannot be measured."""
+  from tinytune.kernels.peaks import device_peaks
+  from tinytune.runtime import Device, device_fingerprint
+  try: return device_peaks(db, device, device_fingerprint(device), measure=measure and not Device[device].emulated)  # an emulator has none
+  except RuntimeError as e:  # a GPU's probe runs PyTorch there, which may be missing or built without that device
+    print(f"tinytune: note: the peak of {device} cannot be measured ({e}); roof_pct is left out", file=sys.stderr)
+    return None
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -390,15 +403,7 @@ def _rerun(entry: Any, device: str) -> tuple[str, float | None]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-  from datetime import datetime, timezone
-
-  import pandas as pd
-
-  from tinytune import engine
-  from tinytune.codegen import CODEGEN_VERSION
-  from tinytune.reports import render
-  from tinytune.results_db import Database, fingerprint_hash
-  from tinytune.results_db import cache as files
+  from tinytune.results_db import fingerprint_hash
   from tinytune.runtime import Device, device_fingerprint
 
   named = args.device
@@ -413,53 +418,87 @@ def cmd_cache(args: argparse.Namespace) -> int:
   if args.action in ("import", "verify") and len(args.files) != 1: raise ValueError(f"cache {args.action} takes one cache file")
   try: before = datetime.fromisoformat(args.before).replace(tzinfo=timezone.utc) if args.before else None
   except ValueError: raise ValueError(f"bad --before {args.before!r}: write a date, YYYY-MM-DD") from None
-  if args.action == "export":
-    db = Database(args.db)
-    if args.all: device_hash = None
-    elif args.device is None or named is not None: device_hash = here
-    elif len(match := [h for h in db.fingerprints() if h.startswith(args.device.lower())]) == 1: device_hash = match[0]
-    else: raise ValueError(f"--device {args.device!r} is no device name and matches {len(match)} fingerprints in {db!r}; give more of the hash")
-    out = files.export(db, args.out, device_hash, args.workload)
-    print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
-  elif args.action == "import":
-    stored, kept = files.import_file(Database(args.db), args.files[0], args.force)
-    engine.forget()  # programs in this process look their kernels up again
-    print(f"imported {stored} entries into the tuning cache; kept {kept} existing entries that were as fast or faster")
-  elif args.action == "merge":
-    if len(args.files) < 2: raise ValueError("cache merge takes two or more files")
-    out = files.merge(args.files, args.out)
-    print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
-  elif args.action == "prune":
-    if args.files:
-      out, dropped = files.prune(files.CacheFile.open(args.files[0]), args.files[0], CODEGEN_VERSION, before)
-      print(f"{out.path}: dropped {dropped} entries, kept {len(out.entries)}")
-    else: print(f"dropped {Database(args.db).prune_tuned(CODEGEN_VERSION, before)} entries from the tuning cache")
-  elif args.action == "verify":
-    cache = files.CacheFile.open(args.files[0])
-    m = cache.manifest
-    print(f"{cache.path}: format {m['format_version']}, made by tinytune {m.get('tinytune_version')} at {m.get('created_at')}, checksum ok;\n"
-          f"  {len(cache.entries)} entries for {len(cache.devices)} device(s), {len(cache.for_device(here))} for this device ({here[:12]})")
-    if not args.run: return 0
-    bad = 0
-    for e in cache.for_device(here).values():
-      verdict, speedup = _rerun(e, device)
-      bad += not verdict.startswith("ok")
-      print(f"  {e.kernel_name or e.kernel_key[:12]} {e.workload} {e.params}: {verdict}" + (f", {speedup:.2f}x the default" if speedup else ""))
-    return 1 if bad else 0
-  else:  # list
-    entries = files.CacheFile.open(args.files[0]).entries if args.files else [files.Entry(
-      t.kernel_key, t.device_hash, t.kernel_name, t.workload, t.params, t.opts_json, t.best_s, t.default_s, t.updated_at.isoformat())
-      for t in Database(args.db, read_only=True).tuned_entries()]
-    rows = [{"kernel": e.kernel_name or e.kernel_key[:12], "workload": e.workload, "params": json.loads(e.params) if e.params else None,
-             "device": e.device_hash[:12], "here": e.device_hash == here, "tuned_ms": ms(e.best_s), "default_ms": ms(e.default_s),
-             "speedup": e.speedup, "updated_at": e.updated_at[:19], "opts": json.loads(e.opts), "key": e.kernel_key} for e in entries]
-    title = f"tuning cache: {args.files[0] if args.files else 'the results database'} ({len(entries)} entries)"
-    _write(render({"entries": pd.DataFrame(rows)}, args.format, title, "cache list", {"source": args.files[0] if args.files else None},
-                  {"entries": title}), None)
+  if args.action == "export": _cache_export(args, here if args.device is None or named is not None else None)
+  elif args.action == "import": _cache_import(args)
+  elif args.action == "merge": _cache_merge(args)
+  elif args.action == "prune": _cache_prune(args, before)
+  elif args.action == "verify": return _cache_verify(args, device, here)
+  else: _cache_list(args, here)
   return 0
 
 
-def add_cache_parser(sub: Any) -> argparse.ArgumentParser:
+def _cache_export(args: argparse.Namespace, here: str | None) -> None:
+  """`here`: this device's fingerprint hash, or None where --device is a prefix of another device's."""
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  db = Database(args.db)
+  if args.all: device_hash = None
+  elif here is not None: device_hash = here
+  elif len(match := [h for h in db.fingerprints() if h.startswith(args.device.lower())]) == 1: device_hash = match[0]
+  else: raise ValueError(f"--device {args.device!r} is no device name and matches {len(match)} fingerprints in {db!r}; give more of the hash")
+  out = files.export(db, args.out, device_hash, args.workload)
+  print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
+
+
+def _cache_import(args: argparse.Namespace) -> None:
+  from tinytune import engine
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  stored, kept = files.import_file(Database(args.db), args.files[0], args.force)
+  engine.forget()  # programs in this process look their kernels up again
+  print(f"imported {stored} entries into the tuning cache; kept {kept} existing entries that were as fast or faster")
+
+
+def _cache_merge(args: argparse.Namespace) -> None:
+  from tinytune.results_db import cache as files
+  if len(args.files) < 2: raise ValueError("cache merge takes two or more files")
+  out = files.merge(args.files, args.out)
+  print(f"wrote {out.path}: {len(out.entries)} entries for {len(out.devices)} device(s)")
+
+
+def _cache_prune(args: argparse.Namespace, before: datetime | None) -> None:
+  from tinytune.codegen import CODEGEN_VERSION
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  if args.files:
+    out, dropped = files.prune(files.CacheFile.open(args.files[0]), args.files[0], CODEGEN_VERSION, before)
+    print(f"{out.path}: dropped {dropped} entries, kept {len(out.entries)}")
+  else: print(f"dropped {Database(args.db).prune_tuned(CODEGEN_VERSION, before)} entries from the tuning cache")
+
+
+def _cache_verify(args: argparse.Namespace, device: str, here: str) -> int:
+  from tinytune.results_db import cache as files
+  cache = files.CacheFile.open(args.files[0])
+  m = cache.manifest
+  print(f"{cache.path}: format {m['format_version']}, made by tinytune {m.get('tinytune_version')} at {m.get('created_at')}, checksum ok;\n"
+        f"  {len(cache.entries)} entries for {len(cache.devices)} device(s), {len(cache.for_device(here))} for this device ({here[:12]})")
+  if not args.run: return 0
+  bad = 0
+  for e in cache.for_device(here).values():
+    verdict, speedup = _rerun(e, device)
+    bad += not verdict.startswith("ok")
+    print(f"  {e.kernel_name or e.kernel_key[:12]} {e.workload} {e.params}: {verdict}" + (f", {speedup:.2f}x the default" if speedup else ""))
+  return 1 if bad else 0
+
+
+def _cache_list(args: argparse.Namespace, here: str) -> None:
+  import pandas as pd
+
+  from tinytune.reports import render
+  from tinytune.results_db import Database
+  from tinytune.results_db import cache as files
+  entries = files.CacheFile.open(args.files[0]).entries if args.files else [files.Entry(
+    t.kernel_key, t.device_hash, t.kernel_name, t.workload, t.params, t.opts_json, t.best_s, t.default_s, t.updated_at.isoformat())
+    for t in Database(args.db, read_only=True).tuned_entries()]
+  rows = [{"kernel": e.kernel_name or e.kernel_key[:12], "workload": e.workload, "params": json.loads(e.params) if e.params else None,
+           "device": e.device_hash[:12], "here": e.device_hash == here, "tuned_ms": ms(e.best_s), "default_ms": ms(e.default_s),
+           "speedup": e.speedup, "updated_at": e.updated_at[:19], "opts": json.loads(e.opts), "key": e.kernel_key} for e in entries]
+  title = f"tuning cache: {args.files[0] if args.files else 'the results database'} ({len(entries)} entries)"
+  _write(render({"entries": pd.DataFrame(rows)}, args.format, title, "cache list", {"source": args.files[0] if args.files else None},
+                {"entries": title}), None)
+
+
+def add_cache_parser(sub: Any) -> None:
   cache = sub.add_parser("cache", help="tuning cache files for deployments: export, import, merge, list, verify, prune")
   cache.add_argument("action", choices=["export", "import", "merge", "list", "verify", "prune"], help="what to do (see the README's cache files)")
   cache.add_argument("files", nargs="*", help="cache file(s): import FILE, merge A B, list [FILE], verify FILE, prune [FILE] (else the database)")
@@ -473,7 +512,7 @@ def add_cache_parser(sub: Any) -> argparse.ArgumentParser:
                       help="prune: also drop entries updated before this date (YYYY-MM-DD); those of other codegen versions always go")
   cache.add_argument("--db", default=None, help=DB_HELP)
   add_format(cache, "list: table (default), csv, md, json, html")
-  return cache
+  cache.add_argument("--target", default=None, help=TARGET_HELP)
 
 
 def _sweep(specs: list[str], workload: Any) -> list[dict[str, int]]:
@@ -626,6 +665,12 @@ def build_parser() -> argparse.ArgumentParser:
   ap = Parser(prog="tinytune", description="A kernel generator and autotuner.")
   ap.add_argument("--version", action="version", version=f"tinytune {__version__}")
   sub = ap.add_subparsers(dest="command", required=True)
+  for add in (add_search_parser, add_bench_parser, add_compare_parser, add_report_parser, add_devices_parsers, add_db_parser, add_cache_parser):
+    add(sub)
+  return ap
+
+
+def add_search_parser(sub: Any) -> None:
   search = sub.add_parser("search", help="find the fastest opts for each kernel of a workload and store them in the tuning cache")
   search.add_argument("workload", help="a workload of `tinytune kernels`")
   search.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
@@ -648,9 +693,19 @@ def build_parser() -> argparse.ArgumentParser:
   search.add_argument("--quiet", action="store_true", help="no progress bar")
   search.add_argument("--objective", default="median", choices=["median", "min"], help="what ranks candidates: their runs' median or min")
   search.add_argument("--verbose", action="store_true", help="a line per candidate as measured, with its %% of the best (TINYTUNE_PRINT_TUNING=1)")
+  search.add_argument("--target", default=None, help=TARGET_HELP)
+
+
+def add_bench_parser(sub: Any) -> None:
   bench = sub.add_parser("bench", help="time a workload with its default and tuned opts beside PyTorch and NumPy")
   bench.add_argument("workload", help="a workload of `tinytune kernels`")
   bench.add_argument("-p", "--param", action="append", default=[], help="KEY=VALUE, e.g. -p m=1024 (-p help lists them)")
+  add_timing_args(bench)
+  bench.add_argument("--no-peak", action="store_true", help="do not measure the device's peak throughput if it is not stored yet")
+  bench.add_argument("--target", default=None, help=TARGET_HELP)
+
+
+def add_compare_parser(sub: Any) -> None:
   compare = sub.add_parser("compare", help="a table over sizes (or one): tinytune default and tuned, PyTorch, NumPy, and the speedups")
   compare.add_argument("workload", help="a workload of `tinytune kernels`")
   compare.add_argument("--sweep", action="append", default=[], help="KEY=V1,V2,... (repeat for a grid), e.g. --sweep n=256,512; none: one size")
@@ -658,17 +713,24 @@ def build_parser() -> argparse.ArgumentParser:
   compare.add_argument("--tune", action="store_true", help="search each size the tuning cache does not have (see --strategy, --budget)")
   compare.add_argument("--strategy", default="beam", help="search strategy for --tune (default beam)")
   compare.add_argument("--budget", type=count, default=40, help="candidates per kernel for --tune (default 40)")
-  for p in (bench, compare):
-    p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
-    p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
-    p.add_argument("--against", default=None, help=f"baselines to time: torch, numpy or both (default {DEFAULT_AGAINST}, without torch where "
-                   "it is not installed; named here, a missing one is an error)")
-    p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
-    p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
-    add_format(p)
-    p.add_argument("--db", default=None, help=DB_HELP)
-    p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
-  bench.add_argument("--no-peak", action="store_true", help="do not measure the device's peak throughput if it is not stored yet")
+  add_timing_args(compare)
+  compare.add_argument("--target", default=None, help=TARGET_HELP)
+
+
+def add_timing_args(p: argparse.ArgumentParser) -> None:
+  """What bench and compare share: the device, dtype, baselines and timing, the output and the database."""
+  p.add_argument("--device", default=None, help="device name (default: $TINYTUNE_DEVICE or CPU)")
+  p.add_argument("--dtype", default="float32", help=DTYPE_HELP + "; PyTorch and NumPy run in it too")
+  p.add_argument("--against", default=None, help=f"baselines to time: torch, numpy or both (default {DEFAULT_AGAINST}, without torch where "
+                 "it is not installed; named here, a missing one is an error)")
+  p.add_argument("--repeats", type=count, default=30, help="most timed repeats per implementation (default 30; fewer once the spread settles)")
+  p.add_argument("--warm-cache", action="store_true", help="on a GPU, no L2 flush between repeats (default: flush, so each run starts cold)")
+  add_format(p)
+  p.add_argument("--db", default=None, help=DB_HELP)
+  p.add_argument("--no-store", action="store_true", help="do not record the timings in the results database")
+
+
+def add_report_parser(sub: Any) -> None:
   report = sub.add_parser("report", help="the results database as tables and plots: best results, baselines, search history")
   report.add_argument("--workload", default=None, help="only this workload")
   report.add_argument("--device", default=None, help="only this device: a kind (cpu), a label (CPU:1a2b3c4d) or a fingerprint hash prefix")
@@ -677,15 +739,14 @@ def build_parser() -> argparse.ArgumentParser:
   report.add_argument("--table", action="append", default=[], help="only this table: devices, best, baselines, history (repeatable)")
   report.add_argument("--out", default=None, help="write to this file instead of stdout")
   report.add_argument("--db", default=None, help=DB_HELP)
+
+
+def add_devices_parsers(sub: Any) -> None:
   devices = sub.add_parser("devices", help="the devices tinytune knows: fingerprints of those present, what is missing for the others")
-  kernels = sub.add_parser("kernels", help="the workload catalog with its parameters and defaults")
-  for p in (devices, kernels): add_format(p)
+  add_format(devices)
   devices.add_argument("--probe", action="store_true", help="measure each present device's peak GFLOPS and GB/s again; each stored peak only rises")
   devices.add_argument("--db", default=None, help="results database for --probe: a SQLAlchemy URL or a SQLite file path")
-  add_db_parser(sub)
-  cache = add_cache_parser(sub)
-  for command in (search, bench, compare, cache): command.add_argument("--target", default=None, help=TARGET_HELP)
-  return ap
+  add_format(sub.add_parser("kernels", help="the workload catalog with its parameters and defaults"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ class Ops(Enum):
   AND = auto(); OR = auto(); XOR = auto()  # noqa: E702
   # ternary
   WHERE = auto()
-  # a lowered program's statements (codegen/lower.py): loops, branches, accumulators, memory, lanes, the workgroup, tensor cores
+  # a lowered program's statements (codegen/lower/): loops, branches, accumulators, memory, lanes, the workgroup, tensor cores
   RANGE = auto(); ENDRANGE = auto(); IF = auto(); ELSE = auto(); ENDIF = auto(); EXIT = auto()  # noqa: E702
   DEFINE_ACC = auto(); ASSIGN = auto(); LOAD = auto(); STORE = auto(); VECTORIZE = auto(); GEP = auto(); FOLD = auto()  # noqa: E702
   SPECIAL = auto(); DEFINE_VAR = auto(); INRANGE = auto(); DEFINE_LOCAL = auto(); CELL = auto(); BARRIER = auto(); WMMA = auto()  # noqa: E702
@@ -200,7 +200,7 @@ class UOp:
       return s[0] if 0 <= s[0][0] and s[0][1] < c and s[0][0] // c == s[0][1] // c else (0, c - 1)
     if self.op is Ops.CMPLT: return (int(s[0][1] < s[1][0]), int(s[0][0] < s[1][1]))
     if self.op is Ops.XOR and self.dtype.is_int and s[0][0] >= 0 and s[1][0] >= 0 and not math.isinf(s[0][1]) and not math.isinf(s[1][1]):
-      return (0, (1 << int(max(s[0][1], s[1][1])).bit_length()) - 1)  # a swizzled offset (lower.py): the bits of neither operand
+      return (0, (1 << int(max(s[0][1], s[1][1])).bit_length()) - 1)  # a swizzled offset (lower.staged): the bits of neither operand
     if self.op is Ops.WHERE:
       c, x = self.src[0], self.src[1]
       if c.op is Ops.CMPLT and (v := c.src[0]).op is Ops.VAR and c.src[1].op is Ops.CONST and v.arg[1] < c.src[1].arg <= v.arg[2]:

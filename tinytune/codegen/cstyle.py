@@ -1,4 +1,4 @@
-"""The C-style renderer family: it spells a lowered program (codegen/lower.py) statement by statement; dialects set types,
+"""The C-style renderer family: it spells a lowered program (codegen/lower/) statement by statement; dialects set types,
 qualifiers, prefixes and the spelling of the ops they do differently."""
 from __future__ import annotations
 
@@ -321,7 +321,7 @@ class CRenderer(CStyleRenderer):
     return f"({args[0]}{'<' if op is Ops.CMPLT else '!='}{args[1]})"
 
   vector_floats = FLOAT_LANES
-  # a thread's array of a row (see lower.py, RowArrays) holds its values as a buffer would, loaded and stored the same way
+  # a thread's array of a row (see lower.rows, RowArrays) holds its values as a buffer would, loaded and stored the same way
   def local_type(self, dtype: DType, stored: bool = False) -> str: return super().local_type(dtype, True)  # a thread's arrays: as stored
   def vector_prelude(self, width: int, used: set[DType]) -> str:
     return super().vector_prelude(width, used) + vector_library(self.func_prefix, width, used)
@@ -415,7 +415,7 @@ class CUDARenderer(_GPURenderer):
     if kind == "wgmma" and what == "accs":  # one array of the wgmma's D, each tile's 8 floats of it named as mma.sync's acc
       js = arg[0]
       return f"float accw{js[0]}[{8 * len(js)}] = {{}}; float " + ", ".join(f"*acc{j} = accw{js[0]} + {8 * i}" for i, j in enumerate(js)) + ";"
-    if kind == "wgmma" and what == "mma":  # the descriptors' leading offset: K's next core matrix, 128 bytes on (_Lowerer.tile_offset)
+    if kind == "wgmma" and what == "mma":  # the descriptors' leading offset: K's next core matrix, 128 bytes on (StagedTiles.offset)
       js, ta, sa, tb, sb, _ = arg
       def desc(tile: str, src: UOp, sbo: int) -> str:
         return f"tt_wgmma_desc((unsigned)__cvta_generic_to_shared({tile}+{self.index(src, at.index)}), 128, {sbo})"
@@ -441,13 +441,13 @@ class CUDARenderer(_GPURenderer):
     if what == "acc": return f"float acc{arg[0]}[8] = {{}};"
     if what == "fragment": return f"unsigned {arg[0]}[4];"
     if what == "load":
-      name, buf, ld, which, layout, rows, *line = arg  # a swizzled tile's line (lower.StagedTile.line) last
+      name, buf, ld, which, layout, rows, *line = arg  # a swizzled tile's line (lower.staged.StagedTile.line) last
       along_k = (which == "a") == (layout == "row_major")  # the pair's two elements are neighbours in memory
       def off(i: str, j: str) -> str: return f"({i})*{ld}+{j}" if layout == "row_major" else f"({j})*{ld}+{i}"
       out = [f"{{ const auto* p = {self.ptr(buf)}+{self.index(u.src[0], at.index)};"]
       if rows:  # ldmatrix: register r's 8x8 block at MMA_PAIRS[r] is matrix r, lane 8 r + e gives the address of its row e in memory
         row = f"tile_col*{ld}+tile_row*8" if layout == "row_major" else f"(tile_row*8+lane%8)*{ld}+(lane&8)"
-        # a swizzled tile (lower.StagedTile.line): the row's offset from the array's start XORs its 16-byte chunk with its line's index
+        # a swizzled tile (lower.staged.StagedTile.line): the row's offset from the array's start XORs its 16-byte chunk with its line's index
         at_row = f"{self.ptr(buf)}+tt_swizzle(p-{self.ptr(buf)}+{row}, {line[0]})" if line else f"p+{row}"
         return f"{out[0]} tt_ldmatrix_x4{'' if along_k else '_trans'}({name}, {at_row}); }}"
       for r, (di, dj) in enumerate(self.MMA_PAIRS):
@@ -461,7 +461,7 @@ class CUDARenderer(_GPURenderer):
     return (f"for (int h = 0; h < 2; h++) for (int e = 0; e < 2; e++) {{ tiles[warp*256+mg*16+8*h+2*mt+e] = acc{arg[0]}[4*h+e]; "
             f"tiles[warp*256+(mg+8)*16+8*h+2*mt+e] = acc{arg[0]}[4*h+2+e]; }}")
   def flash_tc(self, u: UOp, at: _At, what: str, arg: list) -> str:
-    """TC attention's statements (lower.flash_attention_tc) on the lanes' accumulators: each 16x16 tile's 8 floats, element 4 h + r at
+    """TC attention's statements (lower.flash.flash_attention_tc) on the lanes' accumulators: each 16x16 tile's 8 floats, element 4 h + r at
     row mg + 8 (r / 2), column 8 h + 2 mt + r % 2; fm and fl, the running max and the lane's share of the sum of rows mg and mg + 8."""
     inf, full = self.inf, "0xffffffffu"
     def rows(x: str, op: str) -> str:  # a row's value across its 4 lanes (lane 4 mg + mt)
@@ -488,7 +488,7 @@ class CUDARenderer(_GPURenderer):
   def mma_prelude(self, dtype: DType) -> str:
     """tt_mma: c (4 floats) += A (4 registers) @ B (2 registers); tt_pack: two 16-bit elements in a register, the first in the low half;
     tt_ldmatrix_x4 (and _trans): a warp's four 8x8 matrices from shared memory, each lane giving the address of one 16-byte row;
-    tt_swizzle: where a swizzled tile's element `e` is (lines of `line` elements, 8 a chunk: see lower.StagedTile)."""
+    tt_swizzle: where a swizzled tile's element `e` is (lines of `line` elements, 8 a chunk: see lower.staged.StagedTile)."""
     ty, f = "bf16" if dtype == dtypes.bfloat16 else "f16", self.func_prefix
     return (f"{f} void tt_mma(float* c, const unsigned* a, const unsigned* b) {{\n"
             f'  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"\n'

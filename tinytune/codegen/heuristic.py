@@ -311,7 +311,7 @@ CPU_TAIL: tuple[Callable[[Plan], None], ...] = (batch_outer, threads, column_pan
 def attention_opts(kernel: Kernel) -> list[Opt]:
   """Attention in one kernel (see lower.attention): the keys in blocks of the SIMD width (a vector of scores on a CPU), else 8, 4 or 2
   (one rescale a block); on a CPU the rows across its cores where it is long enough for them. On a GPU attention in tiles
-  (lower.flash_attention): tiles of 32 keys, 8 threads a row, 4 rows a thread and 64 a workgroup (48 KiB of shared memory at a head dim
+  (lower.flash.flash_attention): tiles of 32 keys, 8 threads a row, 4 rows a thread and 64 a workgroup (48 KiB of shared memory at a head dim
   of 64; 128 threads of 32 scores and 32 outputs each), smaller where the sizes do not divide."""
   k, rows = kernel.copy(), kernel.n_global - 1
   if k.caps.has_local:
@@ -376,7 +376,7 @@ def _row_lanes(k: Kernel, strides: list[list[int]], simd: int = 0) -> bool:
   red = k.n_global + axis
   if not any(st[red] == 1 for st in strides) or any(st[red] not in (0, 1) for st in strides): return False
   if k.sizes[red] < 2 * simd: return False
-  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see lower.py, _Lowerer.split)
+  if k.sizes[red] % simd:  # padded to whole vectors for as many accumulators as leave two iterations without padding (see Lowerer.split)
     _first_valid(k, Opt(OptOps.PADTO, red, next(amt for amt in (4 * simd, 2 * simd, simd) if k.sizes[red] // amt >= 2)))
   before = len(k.opts)
   _first_valid(k, *(Opt(OptOps.LANES, axis, amt) for amt in ((4 * simd, 2 * simd, simd) if k.reduceop.dtype == dtypes.float32 else (simd,))))

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from tinytune.codegen.caps import DeviceCaps
 from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
@@ -77,7 +77,7 @@ def find_tensor_core(k: Kernel) -> TensorCore:
       if a is None or b is None or a is b: continue
       (sam, sak), (sbk, sbn) = (a.arg.strides[row], a.arg.strides[kd]), (b.arg.strides[kd], b.arg.strides[col])
       (al, ald), (bl, bld) = ("row_major", sam) if sak == 1 else ("col_major", sak), ("row_major", sbk) if sbn == 1 else ("col_major", sbn)
-      if not k.caps.has_local:  # lowering takes each pair as the lanes allow (see _Lowerer.dot)
+      if not k.caps.has_local:  # lowering takes each pair as the lanes allow (see lower.dots.DotPairs.dot)
         check(k.sizes[kd] % TC_PAIR == 0, f"TC on the CPU needs a sum over an even length (pairs), not {k.sizes[kd]}")
         return TensorCore(row, col, a, b, al, bl, ald, bld)
       if not (sak == 1 or sam == 1) or not (sbn == 1 or sbk == 1): continue
@@ -197,7 +197,7 @@ class Kernel:
     self.padded: dict[int, int] = {}  # dim -> real size, for dims grown by PADTO
     self.opts: list[Opt] = []
     self.tc: TensorCore | None = None
-    self.flash_tc = False  # TC on attention in tiles (lower.flash_attention_tc): a warp's 16 rows by mma.sync
+    self.flash_tc = False  # TC on attention in tiles (lower.flash.flash_attention_tc): a warp's 16 rows by mma.sync
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
     self.pack = False  # PACK: the inputs of pack_tiles are read from contiguous copies of their panels
@@ -299,91 +299,93 @@ class Kernel:
   def apply_opt(self, opt: Opt) -> None:
     """Apply one opt in place, or raise KernelOptError (leaving the kernel unchanged) if it is not valid here."""
     check(isinstance(opt, Opt) and type(opt.axis) is int and type(opt.arg) is int, f"not an opt: {opt!r}")
-    op, arg = opt.op, opt.arg
-    if op is OptOps.TC and self.attention is not None: return self.flash_opt(opt)
-    if op is OptOps.TC:
-      check(opt.axis == 0 and arg in (0, 1, 2), "TC takes axis 0 and arg 0 (wmma), 1 (mma.sync) or 2 (wgmma): the kernel's matmul picks its axes")
-      check(arg == 0 or self.caps.has_local, f"TC's arg {arg} ({'mma.sync' if arg == 1 else 'wgmma'}) is a GPU's")
-      tc = replace(find_tensor_core(self), mma=arg == 1, wgmma=arg == 2)
-      check(arg != 2 or 2 in self.caps.tc_args, "TC's arg 2 (wgmma) is sm_90's (Hopper): this GPU's TC takes args "
-            + " and ".join(map(str, self.caps.tc_args)))
-      check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
-      check(arg != 2 or self.sizes[tc.row] % WARPGROUP_ROWS == 0,
-            f"TC's arg 2 (wgmma) needs the matmul's rows a multiple of {WARPGROUP_ROWS}: a warpgroup's 4 warps take 16 each")
-      if arg == 0 and self.caps.has_local:  # load_matrix_sync: each 16x16 tile's first element 32-byte aligned, wherever its batch is
-        check(all(v.arg.offset % 16 == 0 and all(st % 16 == 0 for d, st in enumerate(v.arg.strides) if d not in (tc.row, tc.col, self.n_global))
-                  for v in (tc.a, tc.b)), "TC's arg 0 (wmma) needs each 16x16 tile 32-byte aligned: arg 1 takes 16-byte aligned rows")
-      for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
-        rem, size = self.remaining(dim), TC_SIZE if self.caps.has_local else TC_PAIR
-        self.axes.append(Axis(size, AxisKind.TC, dim, rem.stride))
-        rem.stride, rem.size = rem.stride * size, rem.size // size
-      self.tc = tc
-      if tc.wgmma:  # the warpgroup (4 warps along A's rows, 16 each), and STAGE's K tiles, which its descriptors name: 64 of K where K allows
-        rem = self.remaining(tc.row)
-        self.axes.append(Axis(4, AxisKind.LOCAL, tc.row, rem.stride))
-        rem.stride, rem.size = rem.stride * 4, rem.size // 4
-        rem = self.remaining(self.n_global)
-        size = next(s for s in (4, 2, 1) if rem.size % s == 0)
-        self.axes.append(Axis(rem.size // size, AxisKind.STAGE, self.n_global, rem.stride * size))
-        rem.size = size
-      self.opts.append(opt)
-      return
-    if op is OptOps.PREFETCH:
-      check(opt.axis == 0 and arg == 0, "PREFETCH takes axis 0 and arg 0")
-      check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PREFETCH needs STAGE with more than one K tile")
-      check(not self.prefetch and self.stages == 1, "one PREFETCH opt per kernel, not with PIPELINE")
-      self.prefetch = True
-      self.opts.append(opt)
-      return
-    if op is OptOps.PACK:
-      check(opt.axis == 0 and arg == 0, "PACK takes axis 0 and arg 0")
-      check(not self.caps.has_local and not self.pack and self.tc is None, "PACK is for the CPU, once per kernel, without TC")
-      check(bool(self.pack_tiles()), "PACK needs an input read along the reduce that a loop inside its own loops reads again (a matmul's "
-            "B with the row loop inside the column loop)")
-      self.pack = True
-      self.opts.append(opt)
-      return
-    if op is OptOps.PIPELINE:
-      check(opt.axis == 0 and 2 <= arg <= 8, "PIPELINE takes axis 0 and 2 to 8 stages")
-      check(self.caps.async_copy, "PIPELINE is cp.async, CUDA's on sm_80 and later: on HIP and OpenCL STAGE copies its tiles with plain loads "
-            "and stores (PREFETCH overlaps them with the compute)")
-      check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PIPELINE needs STAGE with more than one K tile")
-      check(self.stages == 1 and not self.prefetch, "one PIPELINE opt per kernel, not with PREFETCH")
-      check(self.tc is None or self.tc.mma or self.tc.wgmma, "PIPELINE with TC needs TC's arg 1 (mma.sync) or 2 (wgmma): wmma's tiles hold "
-            "A transposed, which cp.async cannot copy")
-      check((need := self.stage_bytes() * arg + self.tc_shared()) <= self.caps.shared_bytes,
-            f"PIPELINE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
-      self.stages = arg
-      self.opts.append(opt)
-      return
-    if op is OptOps.RASTER:
-      check(self.caps.has_local, "RASTER needs a device with workgroups")
-      check(self.raster is None, "one RASTER opt per kernel")
-      order = [d for d in self.global_order if d not in self.row_dims]  # the dims of the workgroups (see launch_dims)
-      check(opt.axis in order and order.index(opt.axis) < len(order) - 1, "RASTER needs an axis of workgroups, and another after it")
-      size = self.remaining(opt.axis).size
-      check(1 < arg < size and size % arg == 0, f"RASTER {arg} does not split the {size} workgroups along axis {opt.axis} into bands")
-      self.raster = (opt.axis, arg)
-      self.opts.append(opt)
-      return
-    if op is OptOps.STREAM:
-      check(opt.axis == 0 and arg == 0, "STREAM takes axis 0 and arg 0")
-      check(not self.caps.has_local and not self.stream, "STREAM is for the CPU, once per kernel")
-      self.stream = True
-      self.opts.append(opt)
-      return
-    staged = any(a.kind is AxisKind.STAGE for a in self.axes)
-    if self.attention is not None:
-      check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP, OptOps.STAGE, OptOps.GROUP),
-            f"{op.name} does not apply to attention in one kernel")
-      if op is OptOps.STAGE or staged or op is OptOps.GROUP: return self.flash_opt(opt)
-      if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and arg > 0:  # each row keeps its query and output in registers
-        at = self.attention
-        held = self.sizes_of(AxisKind.UPCAST) * arg * (at.src[0].shape[-1] + at.shape[-1])
-        check(held <= 4 * self.caps.max_upcast, f"UPCAST {arg}: the rows' queries and outputs would take {held} registers")
-    if staged: check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES, OptOps.TC), f"{op.name} does not combine with STAGE")
+    if opt.op is OptOps.TC and self.attention is not None: self.flash_opt(opt)
+    elif opt.op in KERNEL_OPTS: KERNEL_OPTS[opt.op](self, opt)
+    elif self.attention is not None and self.flash_takes(opt): self.flash_opt(opt)
+    else: AXIS_OPTS[opt.op](self, opt, self.opt_dim(opt))
+    self.opts.append(opt)
+
+  def has(self, kind: AxisKind) -> bool: return any(a.kind is kind for a in self.axes)
+  def split_inner(self, kind: AxisKind, dim: int, size: int) -> None:
+    """Split the inner `size` of dim's loop off as an axis of `kind`."""
+    rem = self.remaining(dim)
+    self.axes.append(Axis(size, kind, dim, rem.stride))
+    rem.stride, rem.size = rem.stride * size, rem.size // size
+  def split_outer(self, kind: AxisKind, dim: int, size: int) -> None:
+    """Split the outer `size` of dim's loop off as an axis of `kind`."""
+    rem = self.remaining(dim)
+    self.axes.append(Axis(size, kind, dim, rem.stride * (rem.size // size)))
+    rem.size //= size
+
+  # ***** the opts of the whole kernel *****
+  def tc_opt(self, opt: Opt) -> None:
+    arg = opt.arg
+    check(opt.axis == 0 and arg in (0, 1, 2), "TC takes axis 0 and arg 0 (wmma), 1 (mma.sync) or 2 (wgmma): the kernel's matmul picks its axes")
+    check(arg == 0 or self.caps.has_local, f"TC's arg {arg} ({'mma.sync' if arg == 1 else 'wgmma'}) is a GPU's")
+    tc = replace(find_tensor_core(self), mma=arg == 1, wgmma=arg == 2)
+    check(arg != 2 or 2 in self.caps.tc_args, "TC's arg 2 (wgmma) is sm_90's (Hopper): this GPU's TC takes args "
+          + " and ".join(map(str, self.caps.tc_args)))
+    check(arg in self.caps.tc_args, f"TC's arg {arg} (PTX mma.sync) is CUDA's: this GPU's TC takes arg 0")
+    check(arg != 2 or self.sizes[tc.row] % WARPGROUP_ROWS == 0,
+          f"TC's arg 2 (wgmma) needs the matmul's rows a multiple of {WARPGROUP_ROWS}: a warpgroup's 4 warps take 16 each")
+    if arg == 0 and self.caps.has_local:  # load_matrix_sync: each 16x16 tile's first element 32-byte aligned, wherever its batch is
+      check(all(v.arg.offset % 16 == 0 and all(st % 16 == 0 for d, st in enumerate(v.arg.strides) if d not in (tc.row, tc.col, self.n_global))
+                for v in (tc.a, tc.b)), "TC's arg 0 (wmma) needs each 16x16 tile 32-byte aligned: arg 1 takes 16-byte aligned rows")
+    for dim in (tc.row, tc.col, self.n_global) if self.caps.has_local else (self.n_global,):  # the CPU: K in pairs
+      self.split_inner(AxisKind.TC, dim, TC_SIZE if self.caps.has_local else TC_PAIR)
+    self.tc = tc
+    if tc.wgmma:  # the warpgroup (4 warps along A's rows, 16 each), and STAGE's K tiles, which its descriptors name: 64 of K where K allows
+      self.split_inner(AxisKind.LOCAL, tc.row, 4)
+      k = self.remaining(self.n_global).size
+      self.split_outer(AxisKind.STAGE, self.n_global, k // next(s for s in (4, 2, 1) if k % s == 0))
+
+  def prefetch_opt(self, opt: Opt) -> None:
+    check(opt.axis == 0 and opt.arg == 0, "PREFETCH takes axis 0 and arg 0")
+    check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PREFETCH needs STAGE with more than one K tile")
+    check(not self.prefetch and self.stages == 1, "one PREFETCH opt per kernel, not with PIPELINE")
+    self.prefetch = True
+
+  def pack_opt(self, opt: Opt) -> None:
+    check(opt.axis == 0 and opt.arg == 0, "PACK takes axis 0 and arg 0")
+    check(not self.caps.has_local and not self.pack and self.tc is None, "PACK is for the CPU, once per kernel, without TC")
+    check(bool(self.pack_tiles()), "PACK needs an input read along the reduce that a loop inside its own loops reads again (a matmul's "
+          "B with the row loop inside the column loop)")
+    self.pack = True
+
+  def pipeline_opt(self, opt: Opt) -> None:
+    arg = opt.arg
+    check(opt.axis == 0 and 2 <= arg <= 8, "PIPELINE takes axis 0 and 2 to 8 stages")
+    check(self.caps.async_copy, "PIPELINE is cp.async, CUDA's on sm_80 and later: on HIP and OpenCL STAGE copies its tiles with plain loads "
+          "and stores (PREFETCH overlaps them with the compute)")
+    check(any(a.kind is AxisKind.STAGE and a.size > 1 for a in self.axes), "PIPELINE needs STAGE with more than one K tile")
+    check(self.stages == 1 and not self.prefetch, "one PIPELINE opt per kernel, not with PREFETCH")
+    check(self.tc is None or self.tc.mma or self.tc.wgmma, "PIPELINE with TC needs TC's arg 1 (mma.sync) or 2 (wgmma): wmma's tiles hold "
+          "A transposed, which cp.async cannot copy")
+    check((need := self.stage_bytes() * arg + self.tc_shared()) <= self.caps.shared_bytes,
+          f"PIPELINE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+    self.stages = arg
+
+  def raster_opt(self, opt: Opt) -> None:
+    check(self.caps.has_local, "RASTER needs a device with workgroups")
+    check(self.raster is None, "one RASTER opt per kernel")
+    order = [d for d in self.global_order if d not in self.row_dims]  # the dims of the workgroups (see launch_dims)
+    check(opt.axis in order and order.index(opt.axis) < len(order) - 1, "RASTER needs an axis of workgroups, and another after it")
+    size = self.remaining(opt.axis).size
+    check(1 < opt.arg < size and size % opt.arg == 0, f"RASTER {opt.arg} does not split the {size} workgroups along axis {opt.axis} into bands")
+    self.raster = (opt.axis, opt.arg)
+
+  def stream_opt(self, opt: Opt) -> None:
+    check(opt.axis == 0 and opt.arg == 0, "STREAM takes axis 0 and arg 0")
+    check(not self.caps.has_local and not self.stream, "STREAM is for the CPU, once per kernel")
+    self.stream = True
+
+  # ***** the opts of one axis: the checks they share, then each one's own *****
+  def opt_dim(self, opt: Opt) -> int:
+    """The kernel dim that an opt of one axis splits, after the checks these opts share: what STAGE, TC and RASTER combine with."""
+    op = opt.op
+    if self.has(AxisKind.STAGE): check(op not in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LANES), f"{op.name} does not combine with STAGE")
     if self.tc is not None:
-      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE, OptOps.RASTER) if self.caps.has_local else \
+      combine = (OptOps.UPCAST, OptOps.LOCAL, OptOps.UNROLL, OptOps.SWAP, OptOps.STAGE) if self.caps.has_local else \
         (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP, OptOps.THREAD, OptOps.PADTO, OptOps.KBLOCK, OptOps.LANES)
       check(op in combine, f"{op.name} does not combine with TC")
       check(not self.tc.wgmma or op is not OptOps.LOCAL, "TC's arg 2 (wgmma) keeps one warpgroup a workgroup: LOCAL does not combine with it")
@@ -391,139 +393,167 @@ class Kernel:
     if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP):
       check(0 <= opt.axis < self.n_global, f"{op.name} axis {opt.axis} is not one of the {self.n_global} global axes")
       dim = opt.axis
-    elif op in (OptOps.UNROLL, OptOps.LANES, OptOps.GROUP, OptOps.GROUPTOP, OptOps.KBLOCK, OptOps.STAGE):
-      check(0 <= opt.axis < self.n_reduce, f"{op.name} axis {opt.axis} is not one of the {self.n_reduce} reduce axes")
-      dim = self.n_global + opt.axis
-    else:
+    elif op is OptOps.PADTO:
       check(0 <= opt.axis < len(self.sizes), f"PADTO axis {opt.axis} is not one of the {len(self.sizes)} axes")
       dim = opt.axis
-    rem = self.remaining(dim)
+    else:
+      check(0 <= opt.axis < self.n_reduce, f"{op.name} axis {opt.axis} is not one of the {self.n_reduce} reduce axes")
+      dim = self.n_global + opt.axis
     if self.raster is not None:  # RASTER's bands stay whole
       check(op is not OptOps.SWAP, "SWAP comes before RASTER: it changes the workgroups' order")
-      if dim == self.raster[0] and op in (OptOps.PADTO, OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
-        check(op is not OptOps.PADTO and arg > 0 and (rem.size // arg) % self.raster[1] == 0 and rem.size // arg > self.raster[1],
-              f"{op.name} after RASTER {self.raster[1]} would leave axis {dim}'s workgroups in no whole number of bands")
-    if op is OptOps.SWAP:
-      check(dim < arg < self.n_global, f"SWAP {dim} needs a later global axis, got {arg}")  # one spelling per swap: no (1, 0) after (0, 1)
-      i, j = self.global_order.index(dim), self.global_order.index(arg)
-      check(i < j, "SWAP moves an axis inward past a later one; use the earlier axis first")
-      self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
-    elif op is OptOps.STAGE:
-      check(self.caps.has_local, "STAGE needs a device with workgroups and shared memory")
-      check(self.tc is None or not self.tc.wgmma, "TC's arg 2 (wgmma) stages its K tiles itself: STAGE does not combine with it")
-      check(not staged, "one STAGE opt per kernel")
-      check(all(a.kind not in (AxisKind.GROUP, AxisKind.LANES) for a in self.axes), "STAGE does not combine with GROUP or LANES")
-      check(bool(self.stage_inputs), "STAGE needs an input read along the kernel's one reduce dim, its last, straight from memory")
-      check(1 < arg <= rem.size and rem.size % arg == 0, f"STAGE {arg} does not split reduce axis {opt.axis} of size {rem.size} into tiles")
-      whole = rem.size
-      self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, dim, rem.stride * arg))
-      rem.size = arg
-      if (need := self.stage_bytes() + self.tc_shared()) > self.caps.shared_bytes:
-        self.axes.pop()
-        rem.size = whole
-        raise KernelOptError(f"STAGE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
-    elif op is OptOps.KBLOCK:
-      check(not self.caps.has_local, "KBLOCK needs a CPU: on a device with workgroups each thread keeps its sums in registers")
-      check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), "one KBLOCK opt per kernel")
-      check(all(a.kind is not AxisKind.LANES for a in self.axes), LANES_KBLOCK)
-      check(1 < arg < rem.size and rem.size % arg == 0, f"KBLOCK {arg} does not split reduce axis {opt.axis} of size {rem.size} into blocks")
-      check((why := self.kblock_problem()) is None, f"KBLOCK: {why}")
-      self.axes.append(Axis(rem.size // arg, AxisKind.KBLOCK, dim, rem.stride * arg))
-      rem.size = arg
-    elif op is OptOps.PADTO:
-      check(dim not in self.padded and sum(a.dim == dim for a in self.axes) == 1, "PADTO comes before any split of its axis")
-      new = round_up(rem.size, arg) if arg > 1 else 0
-      check(arg > 1 and new != rem.size and new <= 2 * rem.size, f"PADTO {arg} does not fit axis of size {rem.size}")
-      self.padded[dim], rem.size, self.sizes[dim] = rem.size, new, new
-    else:
-      check(arg > 1 and rem.size % arg == 0 and rem.size > 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
-      if op is OptOps.LANES:
-        check(bool(self.reduceops) and all(r.arg[0] in (Ops.ADD, Ops.MAX) for r in self.reduceops), "LANES needs a sum or max")
-        check(all(a.kind is not AxisKind.LANES for a in self.axes), "one LANES opt per kernel")
-        check(all(a.kind is not AxisKind.KBLOCK for a in self.axes), LANES_KBLOCK)
-      if op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LANES):
-        check(self.upcast_size(AxisKind[op.name], dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
-      if op is OptOps.UPCAST and self.tc is not None and self.caps.has_local:  # a 4096^3 float16 TC candidate of 128 tiles compiled 38 s
-        need = TC_SIZE * TC_SIZE // self.caps.warp * self.sizes_of(AxisKind.UPCAST) * arg  # a 16x16 float32 tile over the warp's lanes
-        check(need <= self.caps.vector_registers, f"TC's accumulators would take {need} registers a thread, over {self.caps.vector_registers}")
-      if op is OptOps.LOCAL and dim in self.row_dims:  # a row's threads are the workgroup's, the GROUP's fastest, each a share of it
-        group, threads, shared = self.sizes_of(AxisKind.GROUP), self.thread_axes, prod(self.axes[i].size for i in self.row_thread_axes)
-        check(bool(threads) and self.axes[threads[-1]].kind is AxisKind.GROUP and group % (arg * shared) == 0,
-              "LOCAL along a row written after its statistic splits it over the reduce's GROUP threads, fastest: its product divides theirs")
-      elif op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
-        check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
-      if op in (OptOps.UPCAST, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):  # GROUP partials: one per accumulator and thread
-        if self.tc is not None and op is OptOps.LOCAL:  # each warp's accumulator tiles go through 256 floats of shared memory
-          need = self.tc_shared(arg) + (self.stage_bytes(dim, arg) if staged else 0)
-          check(need <= self.caps.shared_bytes, f"TC needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
-        if staged and op in (OptOps.UPCAST, OptOps.LOCAL) and (need := self.stage_bytes(dim, arg) + self.tc_shared()) > self.caps.shared_bytes:
-          raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
-        rows = self.row_dims  # a row's parts add no accumulators nor threads (see launch_dims)
-        if self.reduceop is not None and (op in (OptOps.GROUP, OptOps.GROUPTOP) or any(a.kind is AxisKind.GROUP for a in self.axes)) and \
-           dim not in rows:
-          shared = prod(a.size for a in self.axes if a.kind is AxisKind.UPCAST and a.dim not in rows) * self.launch_dims[1] * arg * \
-            max(r.dtype.itemsize for r in self.reduceops)
-          check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")
-      if op is OptOps.THREAD:
-        check(self.caps.threads > 1 and arg <= 4 * self.caps.threads, f"THREAD {arg} over this device's {self.caps.threads} threads")
-        check(all(a.kind is not AxisKind.THREAD for a in self.axes), "one THREAD opt per kernel")
-      kind = {OptOps.UPCAST: AxisKind.UPCAST, OptOps.UNROLL: AxisKind.UNROLL, OptOps.LANES: AxisKind.LANES, OptOps.LOCAL: AxisKind.LOCAL,
-              OptOps.GROUP: AxisKind.GROUP, OptOps.GROUPTOP: AxisKind.GROUP, OptOps.THREAD: AxisKind.THREAD}[op]
-      if op in (OptOps.THREAD, OptOps.GROUPTOP):  # outer part
-        self.axes.append(Axis(arg, kind, dim, rem.stride * (rem.size // arg)))
-      else:  # inner part
-        self.axes.append(Axis(arg, kind, dim, rem.stride))
-        rem.stride *= arg
-      rem.size //= arg
-    self.opts.append(opt)
+      (along, bands), size, arg = self.raster, self.remaining(dim).size, opt.arg
+      if dim == along and op in (OptOps.PADTO, OptOps.UPCAST, OptOps.LOCAL, OptOps.THREAD):
+        check(op is not OptOps.PADTO and arg > 0 and (size // arg) % bands == 0 and size // arg > bands,
+              f"{op.name} after RASTER {bands} would leave axis {dim}'s workgroups in no whole number of bands")
+    return dim
+
+  def check_divides(self, opt: Opt, dim: int) -> None:
+    size = self.remaining(dim).size
+    check(opt.arg > 1 and size % opt.arg == 0 and size > 0, f"{opt.op.name} {opt.arg} does not divide axis {opt.axis} of size {size}")
+  def check_registers(self, kind: AxisKind, dim: int, arg: int) -> None:
+    check(self.upcast_size(kind, dim, arg) <= self.caps.max_upcast, f"upcast product over {self.caps.max_upcast}")
+  def check_workgroup(self, arg: int) -> None:
+    check(self.launch_dims[1] * arg <= self.caps.max_local, f"a workgroup of over {self.caps.max_local} threads")
+
+  def check_shared(self, dim: int, arg: int, group: bool = False) -> None:
+    """The shared memory of STAGE's tiles (as UPCAST or LOCAL grows them) and of GROUP's partials: one per accumulator and thread."""
+    if self.has(AxisKind.STAGE) and not group and (need := self.stage_bytes(dim, arg) + self.tc_shared()) > self.caps.shared_bytes:
+      raise KernelOptError(f"the staged tiles would need {need} bytes of shared memory, over {self.caps.shared_bytes}")
+    rows = self.row_dims  # a row's parts add no accumulators nor threads (see launch_dims)
+    if self.reduceop is not None and (group or self.has(AxisKind.GROUP)) and dim not in rows:
+      shared = prod(a.size for a in self.axes if a.kind is AxisKind.UPCAST and a.dim not in rows) * self.launch_dims[1] * arg * \
+        max(r.dtype.itemsize for r in self.reduceops)
+      check(shared <= self.caps.shared_bytes, f"GROUP partials need {shared} bytes of shared memory, over {self.caps.shared_bytes}")
+
+  def upcast_opt(self, opt: Opt, dim: int) -> None:
+    self.check_divides(opt, dim)
+    self.check_registers(AxisKind.UPCAST, dim, opt.arg)
+    if self.tc is not None and self.caps.has_local:  # a 4096^3 float16 TC candidate of 128 tiles compiled 38 s
+      need = TC_SIZE * TC_SIZE // self.caps.warp * self.sizes_of(AxisKind.UPCAST) * opt.arg  # a 16x16 float32 tile over the warp's lanes
+      check(need <= self.caps.vector_registers, f"TC's accumulators would take {need} registers a thread, over {self.caps.vector_registers}")
+    self.check_shared(dim, opt.arg)
+    self.split_inner(AxisKind.UPCAST, dim, opt.arg)
+
+  def unroll_opt(self, opt: Opt, dim: int) -> None:
+    self.check_divides(opt, dim)
+    self.check_registers(AxisKind.UNROLL, dim, opt.arg)
+    self.split_inner(AxisKind.UNROLL, dim, opt.arg)
+
+  def lanes_opt(self, opt: Opt, dim: int) -> None:
+    self.check_divides(opt, dim)
+    check(bool(self.reduceops) and all(r.arg[0] in (Ops.ADD, Ops.MAX) for r in self.reduceops), "LANES needs a sum or max")
+    check(not self.has(AxisKind.LANES), "one LANES opt per kernel")
+    check(not self.has(AxisKind.KBLOCK), LANES_KBLOCK)
+    self.check_registers(AxisKind.LANES, dim, opt.arg)
+    self.split_inner(AxisKind.LANES, dim, opt.arg)
+
+  def local_opt(self, opt: Opt, dim: int) -> None:
+    arg = opt.arg
+    self.check_divides(opt, dim)
+    if dim in self.row_dims:  # a row's threads are the workgroup's, the GROUP's fastest, each a share of it
+      group, threads, shared = self.sizes_of(AxisKind.GROUP), self.thread_axes, prod(self.axes[i].size for i in self.row_thread_axes)
+      check(bool(threads) and self.axes[threads[-1]].kind is AxisKind.GROUP and group % (arg * shared) == 0,
+            "LOCAL along a row written after its statistic splits it over the reduce's GROUP threads, fastest: its product divides theirs")
+    else: self.check_workgroup(arg)
+    if self.tc is not None:  # each warp's accumulator tiles go through 256 floats of shared memory
+      need = self.tc_shared(arg) + (self.stage_bytes(dim, arg) if self.has(AxisKind.STAGE) else 0)
+      check(need <= self.caps.shared_bytes, f"TC needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+    self.check_shared(dim, arg)
+    self.split_inner(AxisKind.LOCAL, dim, arg)
+
+  def group_opt(self, opt: Opt, dim: int) -> None:
+    """GROUP, and GROUPTOP: the outer part."""
+    self.check_divides(opt, dim)
+    self.check_workgroup(opt.arg)
+    self.check_shared(dim, opt.arg, group=True)
+    (self.split_outer if opt.op is OptOps.GROUPTOP else self.split_inner)(AxisKind.GROUP, dim, opt.arg)
+
+  def thread_opt(self, opt: Opt, dim: int) -> None:
+    self.check_divides(opt, dim)
+    check(self.caps.threads > 1 and opt.arg <= 4 * self.caps.threads, f"THREAD {opt.arg} over this device's {self.caps.threads} threads")
+    check(not self.has(AxisKind.THREAD), "one THREAD opt per kernel")
+    self.split_outer(AxisKind.THREAD, dim, opt.arg)
+
+  def swap_opt(self, opt: Opt, dim: int) -> None:
+    check(dim < opt.arg < self.n_global, f"SWAP {dim} needs a later global axis, got {opt.arg}")  # one spelling per swap: no (1, 0) after (0, 1)
+    i, j = self.global_order.index(dim), self.global_order.index(opt.arg)
+    check(i < j, "SWAP moves an axis inward past a later one; use the earlier axis first")
+    self.global_order[i], self.global_order[j] = self.global_order[j], self.global_order[i]
+
+  def stage_opt(self, opt: Opt, dim: int) -> None:
+    arg, rem = opt.arg, self.remaining(dim)
+    check(self.caps.has_local, "STAGE needs a device with workgroups and shared memory")
+    check(self.tc is None or not self.tc.wgmma, "TC's arg 2 (wgmma) stages its K tiles itself: STAGE does not combine with it")
+    check(not self.has(AxisKind.STAGE), "one STAGE opt per kernel")
+    check(not self.has(AxisKind.GROUP) and not self.has(AxisKind.LANES), "STAGE does not combine with GROUP or LANES")
+    check(bool(self.stage_inputs), "STAGE needs an input read along the kernel's one reduce dim, its last, straight from memory")
+    check(1 < arg <= rem.size and rem.size % arg == 0, f"STAGE {arg} does not split reduce axis {opt.axis} of size {rem.size} into tiles")
+    whole = rem.size
+    self.split_outer(AxisKind.STAGE, dim, whole // arg)
+    if (need := self.stage_bytes() + self.tc_shared()) > self.caps.shared_bytes:  # the tiles' size needs the STAGE axis in place
+      self.axes.pop()
+      rem.size = whole
+      raise KernelOptError(f"STAGE {arg} needs {need} bytes of shared memory, over {self.caps.shared_bytes}")
+
+  def kblock_opt(self, opt: Opt, dim: int) -> None:
+    arg, size = opt.arg, self.remaining(dim).size
+    check(not self.caps.has_local, "KBLOCK needs a CPU: on a device with workgroups each thread keeps its sums in registers")
+    check(not self.has(AxisKind.KBLOCK), "one KBLOCK opt per kernel")
+    check(not self.has(AxisKind.LANES), LANES_KBLOCK)
+    check(1 < arg < size and size % arg == 0, f"KBLOCK {arg} does not split reduce axis {opt.axis} of size {size} into blocks")
+    check((why := self.kblock_problem()) is None, f"KBLOCK: {why}")
+    self.split_outer(AxisKind.KBLOCK, dim, size // arg)
+
+  def padto_opt(self, opt: Opt, dim: int) -> None:
+    arg, rem = opt.arg, self.remaining(dim)
+    check(dim not in self.padded and sum(a.dim == dim for a in self.axes) == 1, "PADTO comes before any split of its axis")
+    new = round_up(rem.size, arg) if arg > 1 else 0
+    check(arg > 1 and new != rem.size and new <= 2 * rem.size, f"PADTO {arg} does not fit axis of size {rem.size}")
+    self.padded[dim], rem.size, self.sizes[dim] = rem.size, new, new
+
+  def flash_takes(self, opt: Opt) -> bool:
+    """Whether an opt of one axis on attention is one of attention in tiles (flash_opt: STAGE, GROUP and any after STAGE), after the
+    checks of those that apply to attention in one kernel."""
+    op, at = opt.op, self.attention
+    assert at is not None
+    check(op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.THREAD, OptOps.SWAP, OptOps.STAGE, OptOps.GROUP),
+          f"{op.name} does not apply to attention in one kernel")
+    if op in (OptOps.STAGE, OptOps.GROUP) or self.has(AxisKind.STAGE): return True
+    if op is OptOps.UPCAST and 0 <= opt.axis < self.n_global and opt.arg > 0:  # each row keeps its query and output in registers
+      held = self.sizes_of(AxisKind.UPCAST) * opt.arg * (at.src[0].shape[-1] + at.shape[-1])
+      check(held <= 4 * self.caps.max_upcast, f"UPCAST {opt.arg}: the rows' queries and outputs would take {held} registers")
+    return False
 
   def flash_opt(self, opt: Opt) -> None:
-    """An opt of attention in tiles (lower.flash_attention): STAGE t, the keys in tiles of t that a workgroup copies to shared memory
+    """An opt of attention in tiles (lower.flash.flash_attention): STAGE t, the keys in tiles of t that a workgroup copies to shared memory
     (before any other opt along the keys), then GROUP g (threads per row: a row's keys of a tile and its output's dims split over g
     threads) and the rows' LOCAL (the workgroup's rows) and UPCAST parts (each thread's rows), nothing else; the tiles fit in shared memory."""
     op, arg, rows = opt.op, opt.arg, self.n_global - 1
     check(self.caps.has_local, f"{op.name} on attention needs a device with workgroups and shared memory")
-    at = self.attention
-    assert at is not None
-    if op is OptOps.TC:  # each warp 16 rows (a TC axis), by mma.sync: then STAGE (tiles of 16 keys) and the rows' LOCAL (warps)
-      check(opt.axis == 0 and arg == 1 and not self.opts, "TC on attention takes axis 0 and arg 1 (mma.sync), before any other opt")
-      check(1 in self.caps.tc_args and self.caps.async_copy, "TC on attention is mma.sync's, CUDA's on sm_80 and later")
-      check(len(at.src) == 3 and all(x.dtype == at.src[0].dtype for x in at.src) and at.src[0].dtype in (dtypes.float16, dtypes.bfloat16),
-            "TC on attention takes queries, keys and values of one 16-bit float dtype, and no mask")
-      check(at.src[0].shape[-1] % 16 == 0 and at.shape[-1] % 16 == 0, "TC on attention needs the head dims multiples of 16")
-      check(all(x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.mask is None and x.arg.strides[-1] == 1 and x.arg.offset % 8 == 0
-                and all(st % 8 == 0 for st in x.arg.strides[:-1]) for x in at.src),
-            "TC on attention copies its inputs from memory 16 bytes at a time: rows contiguous and 16-byte aligned")
-      rem = self.remaining(rows)
-      check(rem.size % 16 == 0, f"TC on attention needs the rows a multiple of 16, not {rem.size}")
-      keys = self.remaining(self.n_global)
-      check(keys.size % 16 == 0, f"TC on attention needs the keys a multiple of 16, not {keys.size}")
-      self.flash_tc, tile = True, next((t for t in TC_TILES if keys.size % t == 0 and self.flash_bytes(16, t, 1) <= self.caps.shared_bytes), 0)
-      if not tile: self.flash_tc = False
-      check(tile > 0, f"TC on attention: no tile of {', '.join(map(str, TC_TILES))} keys divides the {keys.size} keys and fits in shared memory")
-      self.axes.append(Axis(16, AxisKind.TC, rows, rem.stride))
-      rem.stride, rem.size = rem.stride * 16, rem.size // 16
-      self.axes.append(Axis(keys.size // tile, AxisKind.STAGE, keys.dim, keys.stride * tile))
-      keys.size = tile
-      self.opts.append(opt)
-      return
+    if op is OptOps.TC: return self.flash_tc_opt(opt)
     if self.flash_tc: check(op is OptOps.LOCAL and opt.axis == rows, f"TC on attention takes its tiles itself, then the rows' LOCAL, axis {rows}")
     if op is OptOps.STAGE:
-      check(opt.axis == 0 and not any(a.kind is AxisKind.STAGE for a in self.axes), "one STAGE opt, on axis 0 (the keys)")
+      check(opt.axis == 0 and not self.has(AxisKind.STAGE), "one STAGE opt, on axis 0 (the keys)")
       check(all(a.kind in (AxisKind.GLOBAL, AxisKind.REDUCE) or a.kind in (AxisKind.LOCAL, AxisKind.UPCAST, AxisKind.TC) and a.dim == rows
                 for a in self.axes),
             "STAGE on attention comes before any opt but the rows' LOCAL and UPCAST")
       check(1 < arg <= self.sizes[-1] and self.sizes[-1] % arg == 0 and arg % 4 == 0 and arg <= STAGE_MAX,
             f"STAGE {arg} does not split the {self.sizes[-1]} keys into tiles of a multiple of 4")
     else:
-      check(any(a.kind is AxisKind.STAGE for a in self.axes), f"{op.name} on attention comes after STAGE (attention in tiles)")
+      check(self.has(AxisKind.STAGE), f"{op.name} on attention comes after STAGE (attention in tiles)")
       check(op in (OptOps.GROUP, OptOps.LOCAL, OptOps.UPCAST), f"{op.name} does not combine with STAGE on attention")
       check(op is OptOps.GROUP or opt.axis == rows, f"{op.name} on attention in tiles splits the rows, axis {rows}")
       if op is OptOps.GROUP:
         check(opt.axis == 0 and self.sizes_of(AxisKind.GROUP) == 1, "one GROUP opt, on axis 0 (the keys)")
-        check(self.attention is not None and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
+        check(self.attention is not None and arg != 0 and self.attention.shape[-1] % arg == 0, f"GROUP {arg} does not divide the output's dims")
     rem = self.remaining(self.n_global if op in (OptOps.STAGE, OptOps.GROUP) else rows)
     check(arg > 1 and rem.size % arg == 0, f"{op.name} {arg} does not divide axis {opt.axis} of size {rem.size}")
+    self.check_flash_fits(op, arg)
+    if op is OptOps.STAGE: self.split_outer(AxisKind.STAGE, rem.dim, rem.size // arg)
+    else: self.split_inner(AxisKind[op.name], rem.dim, arg)
+
+  def check_flash_fits(self, op: OptOps, arg: int) -> None:
+    """Attention in tiles after STAGE, GROUP, LOCAL or UPCAST `arg`: a workgroup's threads, each thread's rows and the tiles' shared memory."""
     block, tile, group = self.flash_sizes()
     if op in (OptOps.LOCAL, OptOps.UPCAST): block *= arg
     if op is OptOps.STAGE: tile = arg
@@ -533,14 +563,27 @@ class Kernel:
     check(upcast <= 16, "over 16 rows a thread")
     check((need := self.flash_bytes(block, tile, group)) <= self.caps.shared_bytes,
           f"attention's tiles need {need} bytes of shared memory, over {self.caps.shared_bytes}")
-    if op is OptOps.STAGE:
-      self.axes.append(Axis(rem.size // arg, AxisKind.STAGE, rem.dim, rem.stride * arg))
-      rem.size = arg
-    else:
-      kind = {OptOps.GROUP: AxisKind.GROUP, OptOps.LOCAL: AxisKind.LOCAL, OptOps.UPCAST: AxisKind.UPCAST}[op]
-      self.axes.append(Axis(arg, kind, rem.dim, rem.stride))
-      rem.stride, rem.size = rem.stride * arg, rem.size // arg
-    self.opts.append(opt)
+
+  def flash_tc_opt(self, opt: Opt) -> None:
+    """TC on attention: each warp 16 rows (a TC axis), by mma.sync; then STAGE (tiles of 16 keys) and the rows' LOCAL (warps)."""
+    at, rows = self.attention, self.n_global - 1
+    assert at is not None
+    check(opt.axis == 0 and opt.arg == 1 and not self.opts, "TC on attention takes axis 0 and arg 1 (mma.sync), before any other opt")
+    check(1 in self.caps.tc_args and self.caps.async_copy, "TC on attention is mma.sync's, CUDA's on sm_80 and later")
+    check(len(at.src) == 3 and all(x.dtype == at.src[0].dtype for x in at.src) and at.src[0].dtype in (dtypes.float16, dtypes.bfloat16),
+          "TC on attention takes queries, keys and values of one 16-bit float dtype, and no mask")
+    check(at.src[0].shape[-1] % 16 == 0 and at.shape[-1] % 16 == 0, "TC on attention needs the head dims multiples of 16")
+    check(all(x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.mask is None and x.arg.strides[-1] == 1 and x.arg.offset % 8 == 0
+              and all(st % 8 == 0 for st in x.arg.strides[:-1]) for x in at.src),
+          "TC on attention copies its inputs from memory 16 bytes at a time: rows contiguous and 16-byte aligned")
+    check((n := self.remaining(rows).size) % 16 == 0, f"TC on attention needs the rows a multiple of 16, not {n}")
+    check((keys := self.remaining(self.n_global).size) % 16 == 0, f"TC on attention needs the keys a multiple of 16, not {keys}")
+    self.flash_tc = True  # flash_bytes counts TC's tiles
+    tile = next((t for t in TC_TILES if keys % t == 0 and self.flash_bytes(16, t, 1) <= self.caps.shared_bytes), 0)
+    self.flash_tc = tile > 0
+    check(tile > 0, f"TC on attention: no tile of {', '.join(map(str, TC_TILES))} keys divides the {keys} keys and fits in shared memory")
+    self.split_inner(AxisKind.TC, rows, 16)
+    self.split_outer(AxisKind.STAGE, self.n_global, keys // tile)
 
   def flash_sizes(self) -> tuple[int, int, int]:
     """Attention in tiles: (the workgroup's rows, the keys' tile, the threads per row)."""
@@ -548,7 +591,7 @@ class Kernel:
     return rows, next((a.stride for a in self.axes if a.kind is AxisKind.STAGE), 1), self.sizes_of(AxisKind.GROUP)
 
   def flash_arrays(self, block: int, tile: int, group: int) -> tuple[tuple[str, int], ...]:
-    """The shared arrays of attention in tiles (lower.flash_attention declares them), by name and float32 count: tiles of the queries,
+    """The shared arrays of attention in tiles (lower.flash.flash_attention declares them), by name and float32 count: tiles of the queries,
     keys, values and probabilities, rows padded by 16 bytes, and each thread's row maxima and sums."""
     at = self.attention
     assert at is not None
@@ -585,7 +628,7 @@ class Kernel:
 
   def cpu_loops(self) -> tuple[list[int], int, int]:
     """The CPU's loop nest outside the reduce, outermost first: (axes, t, n): the THREAD parts (the first t), the K block, the global
-    loops in their order; the reduce runs inside the first n, what follows it inside them all (see lower.LoopNest.cpu)."""
+    loops in their order; the reduce runs inside the first n, what follows it inside them all (see lower.loops.LoopNest.cpu)."""
     threads = [i for i, a in enumerate(self.axes) if a.kind is AxisKind.THREAD and a.size != 1]
     outer = threads + [i for i, a in enumerate(self.axes) if a.kind is AxisKind.KBLOCK]
     n = len(outer)
@@ -686,7 +729,7 @@ class Kernel:
         dims = [dn for dn in dims if dn[0] not in frag] + sorted((dn for dn in dims if dn[0] in frag), key=lambda dn: dn[0] == fastest)
         row = dims[-1][1] * view.dtype.itemsize
         ret.append((view, dims, 16 // view.dtype.itemsize if row % 32 == 0 and swizzle_line(row) == 0 else 0))
-      else:  # load_matrix_sync takes 32-byte aligned fragments; wgmma's core matrices (see _Lowerer.tile_offset) are not padded
+      else:  # load_matrix_sync takes 32-byte aligned fragments; wgmma's core matrices (see lower.staged.StagedTiles.offset) are not padded
         pad = 0 if self.tc is not None and self.tc.wgmma else 32 if self.tc is not None else 16
         ret.append((view, dims, pad // view.dtype.itemsize if fastest != dims[-1][0] else 0))
     return ret
@@ -698,6 +741,15 @@ class Kernel:
 
   def __repr__(self) -> str:
     return f"<Kernel {self.name} key={self.key[:8]} opts={self.opts}>"
+
+
+KERNEL_OPTS: dict[OptOps, Callable[[Kernel, Opt], None]] = {  # the opts of the whole kernel
+  OptOps.TC: Kernel.tc_opt, OptOps.PREFETCH: Kernel.prefetch_opt, OptOps.PACK: Kernel.pack_opt, OptOps.PIPELINE: Kernel.pipeline_opt,
+  OptOps.RASTER: Kernel.raster_opt, OptOps.STREAM: Kernel.stream_opt}
+AXIS_OPTS: dict[OptOps, Callable[[Kernel, Opt, int], None]] = {  # the opts of one axis, each given its kernel dim (Kernel.opt_dim)
+  OptOps.UPCAST: Kernel.upcast_opt, OptOps.UNROLL: Kernel.unroll_opt, OptOps.LANES: Kernel.lanes_opt, OptOps.LOCAL: Kernel.local_opt,
+  OptOps.GROUP: Kernel.group_opt, OptOps.GROUPTOP: Kernel.group_opt, OptOps.THREAD: Kernel.thread_opt, OptOps.SWAP: Kernel.swap_opt,
+  OptOps.STAGE: Kernel.stage_opt, OptOps.KBLOCK: Kernel.kblock_opt, OptOps.PADTO: Kernel.padto_opt}
 
 
 def swizzle_line(row: int) -> int:

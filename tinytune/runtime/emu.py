@@ -1,7 +1,7 @@
 """EMU: a CUDA GPU emulated in NumPy, so that GPU code paths are proven on any CPU.
 
 A kernel is scheduled for a CUDA GPU (the caps of `TINYTUNE_EMU_ARCH`, sm_80 or sm_90, default sm_90) and rendered by the CUDA
-renderer (DEBUG=4 prints its CUDA source), and EMU runs the lowered program that source spells (codegen/lower.py): statement by
+renderer (DEBUG=4 prints its CUDA source), and EMU runs the lowered program that source spells (codegen/lower/): statement by
 statement, every thread of a workgroup in lock step as one NumPy array (several workgroups side by side), each value with the C
 type the CUDA source gives it. What CUDA does, EMU does: float32 math in float32, float16 and bfloat16 computed in float32 and
 rounded to their type where the source rounds, integers wrap, C's division and remainder truncate, a float cast to an int

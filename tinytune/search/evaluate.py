@@ -208,8 +208,7 @@ class Evaluator:
     self.evaluated = 0  # candidates measured now (not read back, not duplicates)
     self.run_s: list[float] = []  # the wall time of each candidate's run in the worker
     self.render_s: list[float] = []  # ... and of rendering each
-    ref = reference_kernel(self.kernel)
-    self.ref = (_b64(self.dev.compile(self.dev.renderer.render(ref))), ref.name, ref.launch_dims)
+    self.ref: tuple[str, str, tuple[int, int]] | None = None  # the reference's program, built with the first worker
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
     # where the device compiles apart (a GPU's NVRTC: no device state), candidates are rendered and compiled in forked processes
     # while the worker verifies and times those before them: a float16 TC candidate took 60 ms to render and 600 ms to compile,
@@ -218,11 +217,15 @@ class Evaluator:
     self.early: dict[tuple[Opt, ...], tuple[Kernel, Future[Built]]] = {}  # builds started before a call asked for them (`following`)
     self.refused: set[tuple[Opt, ...]] = set()  # ... and the invalid ones among them
     self.ref_dir = tempfile.TemporaryDirectory(prefix="tinytune-ref-")  # the reference output, kept for workers that replace one that died
-    self.worker: _Worker | None = self._spawn()  # starting while the first candidates compile
+    # started with the first candidate that needs measuring, while it compiles: a resume that finds every candidate stored needs none
+    self.worker: _Worker | None = None
     self.checked_on = ""  # where the worker compares outputs with the reference: "device" or "host"
 
   def _spawn(self) -> _Worker:
     """A new worker, starting: a second or more (a GPU's context, the inputs, the reference), which no candidate's run counts."""
+    if self.ref is None:
+      ref = reference_kernel(self.kernel)
+      self.ref = (_b64(self.dev.compile(self.dev.renderer.render(ref))), ref.name, ref.launch_dims)
     spec = {"device": self.device, "seed": self.seed, "inputs": [(b.size, b.dtype.name) for b in self.kernel.bufs], "ref": self.ref,
             "out": (math.prod(self.kernel.out_shape), self.kernel.ast.dtype.name), "terms": math.prod(self.kernel.sizes[self.kernel.n_global:]),
             "ref_file": os.path.join(self.ref_dir.name, "ref.npy"), "device_check": self.device_check}
@@ -262,6 +265,7 @@ class Evaluator:
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
       while len(ahead) >= 2 * self.pool._max_workers and not stopped: stopped = not self._finish(ahead, results)
       if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
+      if self.worker is None: self.worker = self._spawn()  # starting while this candidate compiles
       ahead.append((i, opts, k, self._submit(opts, k, building)))
     while ahead and not stopped:
       if following is not None and self.dev.compiles_apart and not self.past_deadline(): self._compile_early(following([r for r in results if r]))
@@ -270,10 +274,11 @@ class Evaluator:
 
   def _compile_early(self, candidates: Sequence[Sequence[Opt]]) -> None:
     """Start compiling candidates a later call will likely ask for, while up to twice as many are in flight as there are jobs; those
-    no longer likely that have not started compiling are dropped, lest they hold up the ones now likely."""
+    no longer likely are dropped: those not started, lest they hold up the ones now likely, and those built, lest a long search keep
+    every program it once thought likely (one still compiling goes at a later call, once built)."""
     likely = list(dict.fromkeys(map(tuple, candidates)))
     for opts in set(self.early) - set(likely):
-      if self.early[opts][1].cancel(): del self.early[opts]
+      if (build := self.early[opts][1]).done() or build.cancel(): del self.early[opts]
     flight = sum(not build.done() for _, build in self.early.values())
     for opts in likely:
       if flight >= 2 * self.pool._max_workers: return

@@ -13,7 +13,7 @@ from typing import Any
 from tinytune.codegen.kernel import Kernel, KernelOptError
 from tinytune.codegen.opts import Opt
 from tinytune.helpers import warn_once
-from tinytune.search.evaluate import Evaluator, Result
+from tinytune.search.evaluate import Evaluator, Following, Result
 from tinytune.search.space import opts_from_params, parameter_space
 from tinytune.search.strategy import Budget, Option, SearchContext, SearchResult, finalize, tried
 
@@ -31,9 +31,10 @@ def _optuna() -> Any:
   return optuna
 
 
-def _sampler(optuna: Any, name: str, seed: int, shared: bool) -> Any:
-  # constant_liar: trials other workers are running count as bad guesses, so workers sharing a study spread out
-  if name == "tpe": return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=shared)
+def _sampler(optuna: Any, name: str, seed: int) -> Any:
+  # constant_liar: trials asked for and not yet told (the rest of a batch, those asked ahead, other workers') count as bad guesses,
+  # so they spread out
+  if name == "tpe": return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
   if name == "cmaes": return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
   try: return optuna.samplers.GPSampler(seed=seed)  # gp: OPTIONS allows no other name
   except ImportError as e: raise RuntimeError(f"the GP sampler needs its extra dependencies ({e}): pip install torch scipy") from e
@@ -63,39 +64,52 @@ def _storage(optuna: Any, url: str) -> Any:
 
 def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[Opt, ...], context: SearchContext, sampler: str, seed: int,
                   batch: int, patience: int) -> SearchResult:
-  """Ask optuna for `batch` points at a time and measure the new ones; stop at the budget, or after `patience` trials in a row
-  that had nothing new to measure (pruned, or repeats of what was measured), which means the space is used up."""
+  """Ask optuna for `batch` points at a time and measure the new ones (on a device that compiles apart, the next ones are asked for
+  while these run, and compiled meanwhile); stop at the budget, or after `patience` trials in a row that had nothing new to measure
+  (pruned, or repeats of what was measured), which means the space is used up."""
   optuna = _optuna()
   space, storage = parameter_space(kernel), context.db_url
   study_name, study_attrs = _study(kernel, default, context) if storage else (None, {})
   study = optuna.create_study(storage=_storage(optuna, storage) if storage else None, study_name=study_name, direction="minimize",
-                              sampler=_sampler(optuna, sampler, seed + context.worker, storage is not None), load_if_exists=storage is not None)
+                              sampler=_sampler(optuna, sampler, seed + context.worker), load_if_exists=storage is not None)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     study.set_metric_names(["ms"])
   for key, value in study_attrs.items(): study.set_user_attr(key, value)
-  history: list[Result] = ev.evaluate([default, ()])  # the default first: the live speedup compares with it, as the final table does
-  if history and history[0].status == "ok": study.set_user_attr("default_ms", history[0].time * 1e3)
-  measured = {r.opts: r for r in history}
+  history: list[Result] = []
+  measured: dict[tuple[Opt, ...], Result] = {}
+  pending: list[tuple[Any, tuple[Opt, ...]]] = []  # trials asked for and not yet measured, valid ones
   idle = 0
-  while (left := budget.left(tried(history))) and idle < patience:
-    asked: list[tuple[Any, tuple[Opt, ...]]] = []
-    for _ in range(min(batch, left)):
+  def ask(n: int) -> list[tuple[Opt, ...]]:
+    """Ask until `n` trials are pending (a point that breaks a joint limit is pruned before compiling, and optuna learns to avoid it);
+    the new opts among the first `n`."""
+    nonlocal idle
+    while len(pending) < n and idle < patience:
       trial = study.ask()
-      params = {name: trial.suggest_categorical(name, choices) for name, choices in space.items()}
-      opts = opts_from_params(kernel, params)
+      opts = opts_from_params(kernel, {name: trial.suggest_categorical(name, choices) for name, choices in space.items()})
       trial.set_user_attr("opts", " ".join(map(repr, opts)) or "none")
       try: ev.kernel_for(opts)
-      except KernelOptError as e:  # a joint limit: pruned before compiling, and optuna learns to avoid it
+      except KernelOptError as e:
         trial.set_user_attr("status", f"invalid: {e}")
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         history.append(Result(opts, "invalid", error=str(e)))
         idle += 1
         continue
-      asked.append((trial, opts))
-    fresh = list(dict.fromkeys(opts for _, opts in asked if opts not in measured))[:left]
+      pending.append((trial, opts))
+    return list(dict.fromkeys(opts for _, opts in pending[:n] if opts not in measured))
+  def following(left: int) -> Following:
+    """The trials after this batch, asked for now (constant_liar counts this batch's as bad guesses): the evaluator compiles them
+    while the worker runs this batch (on a GPU: a batch of 4 left all but 4 compile processes idle, and those at its end)."""
+    return lambda so_far: ask(min(left, 2 * ev.pool._max_workers))
+  first = ev.evaluate([default, ()], following(budget.left(2)))  # the default first: the live speedup compares with it, as the final table does
+  if first and first[0].status == "ok": study.set_user_attr("default_ms", first[0].time * 1e3)
+  history += first
+  measured.update((r.opts, r) for r in first)
+  while (left := budget.left(tried(history))) and idle < patience:
+    fresh = ask(n := min(batch, left))[:left]
+    asked, pending[:] = pending[:n], pending[n:]
     before = ev.evaluated
-    results = ev.evaluate(fresh)
+    results = ev.evaluate(fresh, following(left - len(fresh)))
     measured.update((r.opts, r) for r in results)
     history += results
     idle = 0 if ev.evaluated > before else idle + len(asked)
@@ -109,6 +123,9 @@ def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[
       else:
         trial.set_user_attr("error", r.error[:200])
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
+  for trial, _ in pending:  # asked ahead, and the budget ended first
+    trial.set_user_attr("status", "not run: out of budget")
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
   if idle >= patience:
     study.set_user_attr("stopped", f"{patience} trials in a row had nothing new to measure")
     warn_once(f"optuna stopped searching {kernel.name} early: {patience} trials in a row had nothing new to measure")

@@ -49,19 +49,8 @@ def _basic(self: Tensor, index: Any, write: bool = False) -> tuple[Tensor, list[
   whole; the Tensor indices with the dim each indexes there; and the part of each of self's dims the index reads, as
   (start, length, step) (whole where a Tensor indexes it; a negative step reads from start down). The Tensor indices are checked
   in the kernel that reads them, but a write's (`write`) before it writes anything, on the host (see tinytune.tensor.checks)."""
-  index = index if isinstance(index, tuple) else (index,)
-  items: list[tuple[Any, int | None]] = []
-  for i in index:
-    if isinstance(i, (list, tuple, np.ndarray)) or (isinstance(i, Tensor) and i.dtype == dtypes.bool): items += _index_arrays(i)
-    else: items.append((i, None))
-  ellipsis = [at for at, (i, _) in enumerate(items) if i is Ellipsis]  # `is`, never ==: Tensor == builds a Tensor
-  if len(ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
-  real = [i for i, _ in items if i is not None and i is not Ellipsis]
-  if len(real) > self.ndim: raise IndexError(f"too many indices ({len(real)}) for a tensor of {self.ndim} dims")
-  at = ellipsis[0] if ellipsis else len(items)
-  items = items[:at] + [(slice(None), None)] * (self.ndim - len(real)) + items[at + 1:]
   x, dim, out_shape, tensors, parts = self, 0, [], [], []
-  for i, size in items:
+  for i, size in _items(index, self.ndim):
     if i is None: out_shape.append(1); continue
     n = x.shape[dim]
     if isinstance(i, np.ndarray):
@@ -81,22 +70,45 @@ def _basic(self: Tensor, index: Any, write: bool = False) -> tuple[Tensor, list[
       x = x.shrink(tuple((int(i) % n, int(i) % n + 1) if j == dim else None for j in range(x.ndim)))
       parts.append((int(i) % n, 1, 1))
     elif isinstance(i, slice):
-      start, stop, step = i.indices(n)
-      length = max(0, -(-(stop - start) // step))
-      parts.append((start, length, step))
-      if step < 0: x, start, stop, step = x.flip(dim), n - 1 - start, n - 1 - stop, -step
-      if (start, length, step) != (0, n, 1):  # a whole dim (the dims an index leaves out) needs no shrink
-        x = x.shrink(tuple((start, start + (length - 1) * step + 1 if length else start) if j == dim else None for j in range(x.ndim)))
-      if step > 1 and length:
-        shp = x.shape
-        x = x.pad(tuple((0, length * step - shp[dim]) if j == dim else None for j in range(x.ndim)))
-        x = x.reshape(shp[:dim] + (length, step) + shp[dim + 1:]).shrink(
-          tuple((0, 1) if j == dim + 1 else None for j in range(x.ndim + 1))).reshape(shp[:dim] + (length,) + shp[dim + 1:])
-      out_shape.append(length)
+      x, part = _slice(x, dim, i)
+      parts.append(part)
+      out_shape.append(part[1])
     else: raise IndexError(f"unsupported index {i!r}: use ints, slices, None, ..., int or bool Tensors, or lists")
     dim += 1
   if x is self: x = self._move("reshape", self.shape, self.shape)  # x[:] is a view of x (the same node), as in torch, not x
   return x.reshape(tuple(out_shape)), tensors, parts
+
+
+def _items(index: Any, ndim: int) -> list[tuple[Any, int | None]]:
+  """An index as one item per dim it reads or adds (a list, array or mask as its int arrays, see _index_arrays; the ellipsis, or the
+  end, as the whole dims the index leaves out), each with the size its dim must have (masks) or None."""
+  items: list[tuple[Any, int | None]] = []
+  for i in index if isinstance(index, tuple) else (index,):
+    if isinstance(i, (list, tuple, np.ndarray)) or (isinstance(i, Tensor) and i.dtype == dtypes.bool): items += _index_arrays(i)
+    else: items.append((i, None))
+  ellipsis = [at for at, (i, _) in enumerate(items) if i is Ellipsis]  # `is`, never ==: Tensor == builds a Tensor
+  if len(ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
+  real = [i for i, _ in items if i is not None and i is not Ellipsis]
+  if len(real) > ndim: raise IndexError(f"too many indices ({len(real)}) for a tensor of {ndim} dims")
+  at = ellipsis[0] if ellipsis else len(items)
+  return items[:at] + [(slice(None), None)] * (ndim - len(real)) + items[at + 1:]
+
+
+def _slice(x: Tensor, dim: int, i: slice) -> tuple[Tensor, tuple[int, int, int]]:
+  """x sliced along dim by `i`, and the part of the dim it reads: (start, length, step)."""
+  n = x.shape[dim]
+  start, stop, step = i.indices(n)
+  length = max(0, -(-(stop - start) // step))
+  part = (start, length, step)
+  if step < 0: x, start, stop, step = x.flip(dim), n - 1 - start, n - 1 - stop, -step
+  if (start, length, step) != (0, n, 1):  # a whole dim (the dims an index leaves out) needs no shrink
+    x = x.shrink(tuple((start, start + (length - 1) * step + 1 if length else start) if j == dim else None for j in range(x.ndim)))
+  if step > 1 and length:
+    shp = x.shape
+    x = x.pad(tuple((0, length * step - shp[dim]) if j == dim else None for j in range(x.ndim)))
+    x = x.reshape(shp[:dim] + (length, step) + shp[dim + 1:]).shrink(
+      tuple((0, 1) if j == dim + 1 else None for j in range(x.ndim + 1))).reshape(shp[:dim] + (length,) + shp[dim + 1:])
+  return x, part
 
 
 def setitem(self: Tensor, index: Any, value: Tensor | Scalar) -> None:
