@@ -8,7 +8,7 @@ from ops_support import bench_module
 
 from tinytune import Kernel, Tensor, engine
 from tinytune.codegen.caps import cuda_caps
-from tinytune.codegen.heuristic import SPLIT_MIN_K, gpu_split_k
+from tinytune.codegen.heuristic import SPLIT_MIN_K, default_opts, gpu_split_k
 from tinytune.engine.schedule import create_schedule
 from tinytune.helpers import Context
 from tinytune.kernels import get_workload
@@ -78,6 +78,22 @@ def test_few_rows_with_a_long_k_are_split() -> None:
     a, b = (Tensor.full(s, 1.0, device="EMU").contiguous().realize() for s in ((16, k), (k, 1024)))
     with Context(SPLITK=0): (ast,) = [item.ast for item in create_schedule((a @ b).uop, "EMU")[0]]
     assert [gpu_split_k(Kernel(ast, cuda_caps(arch))) for arch in ("sm_80", "sm_90")] == [shares] * 2
+
+
+def test_small_matmuls_shrink_their_register_tile_to_fill_the_sms() -> None:
+  """The MLP's 128x784 @ 784x128 ran 4 workgroups of 4x4 tiles in 2 shares on an H200's 132 SMs (71.6 us): each thread now computes
+  one output, 64 workgroups in 2 shares. Where the 4x4 tile in its shares reaches the SMs (16 rows over K=4096: 64 workgroups in 16
+  shares) it stays, and so does a big matmul's."""
+  def plan(m: int, k: int, n: int) -> tuple[int, int, int]:
+    a, b = (Tensor.full(s, 1.0, device="EMU").contiguous().realize() for s in ((m, k), (k, n)))
+    with Context(SPLITK=0): (ast,) = [item.ast for item in create_schedule((a @ b).uop, "EMU")[0]]
+    kernel = Kernel(ast, cuda_caps("sm_90"))
+    shares, tiled = gpu_split_k(kernel), kernel.copy().apply_opts(default_opts(kernel))
+    groups, threads = tiled.launch_dims
+    return groups, m * n // (groups * threads), shares  # workgroups, outputs a thread, shares
+  assert plan(128, 784, 128) == (64, 1, 2)
+  assert plan(16, 4096, 1024) == (16, 16, 16)
+  assert plan(1024, 1024, 1024)[:2] == (256, 16)
 
 
 def test_heuristic_split_on_emu_matches_numpy() -> None:

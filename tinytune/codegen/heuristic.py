@@ -488,12 +488,22 @@ def gpu_tensor_cores(k: Kernel) -> bool:
   return True
 
 
+# the register tiles gpu_register_tile tries (outputs a thread computes along the lane dim and the row dim), biggest first
+REGISTER_TILES = ((4, 4), (4, 2), (2, 2), (2, 1), (1, 1))
+
+
 def gpu_register_tile(k: Kernel) -> bool:
-  """A matmul-like kernel: a 4x4 register tile in a 16x16 workgroup."""
+  """A matmul-like kernel: a 4x4 register tile in a 16x16 workgroup, or the biggest smaller tile whose workgroups, times the split-K
+  shares the reduce allows (split_room), reach the SMs: the MLP's 128x128 layer over K=784 ran 8 workgroups of 4x4 tiles on an H200's
+  132 SMs, 71.6 us, each thread's long K loop waiting on its loads. Unmeasured on a GPU so far."""
   lane = k.n_global - 1
   if k.reduceop is None or (row := next((d for d in reversed(range(lane)) if _broadcasts_along(k, lane, d)), None)) is None: return False
-  for d in (lane, row): _first_valid(k, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2)))
-  for d in (lane, row): _first_valid(k, *(Opt(OptOps.LOCAL, d, amt) for amt in (16, 8, 4, 2)))
+  for tile in REGISTER_TILES:
+    t = k.copy()
+    for d, most in zip((lane, row), tile): _first_valid(t, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2) if amt <= most))
+    for d in (lane, row): _first_valid(t, *(Opt(OptOps.LOCAL, d, amt) for amt in (16, 8, 4, 2)))
+    if t.launch_dims[0] * split_room(k) >= k.caps.sms: break
+  k.apply_opts(t.opts[len(k.opts):])
   _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, 4))
   if prod(k.out_shape) >= BIG_TILE_OUTPUTS: _first_valid(k, Opt(OptOps.UPCAST, row, 4))  # 16x4 per thread: found by BEAM on an H100
   return True
@@ -662,18 +672,27 @@ def gpu_split_k(k: Kernel) -> int:
   into N shares (where N divides it) on any device with workgroups. The schedule runs the shares as one kernel that writes each
   share's partial results and a second that combines them in order (schedule.split_k): the same result every run, where atomic adds
   into the output would add in any order (and OpenCL 1.2 has no float atomics)."""
-  forced = SPLITK.value
-  if forced == 0 or not k.caps.has_local or (red := k.reduceop) is None or len(k.reduceops) != 1 or k.n_reduce != 1 or \
-     red.arg[0] not in (Ops.ADD, Ops.MAX): return 1
-  length = k.sizes[-1]
-  if forced > 0: return forced if forced > 1 and length % forced == 0 else 1
-  if not k.caps.gpu or not k.caps.sms or length < 2 * SPLIT_MIN_K or _tile_row(k, lane_dim(k), input_strides(k)) is None: return 1
+  if (forced := SPLITK.value) == 0 or not k.caps.has_local or not _one_reduce(k): return 1
+  if forced > 0: return forced if forced > 1 and k.sizes[-1] % forced == 0 else 1
+  if (room := split_room(k)) == 1: return 1
   groups, threads = k.copy().apply_opts(workgroup_optimizations(k)).launch_dims
   if groups >= k.caps.sms: return 1
   shares = 1
-  while groups * threads * shares < k.caps.sms * SM_THREADS and length % (2 * shares) == 0 and length // (2 * shares) >= SPLIT_MIN_K and \
-        2 * shares <= SPLIT_MAX: shares *= 2
+  while groups * threads * shares < k.caps.sms * SM_THREADS and 2 * shares <= room: shares *= 2
   return shares
+
+
+def _one_reduce(k: Kernel) -> bool:
+  return k.reduceop is not None and len(k.reduceops) == 1 and k.n_reduce == 1 and k.reduceop.arg[0] in (Ops.ADD, Ops.MAX)
+
+
+def split_room(k: Kernel) -> int:
+  """The most shares gpu_split_k may cut a kernel's reduce into by default (a power of two up to SPLIT_MAX, each share at least
+  SPLIT_MIN_K long; 1 where the kernel is not a matmul-like one on a GPU, or SPLITK is set)."""
+  if SPLITK.value >= 0 or not k.caps.gpu or not k.caps.sms or not _one_reduce(k) or _tile_row(k, lane_dim(k), input_strides(k)) is None: return 1
+  length, room = k.sizes[-1], 1
+  while 2 * room <= SPLIT_MAX and length % (2 * room) == 0 and length // (2 * room) >= SPLIT_MIN_K: room *= 2
+  return room
 
 
 GPU_PLANNERS: tuple[Callable[[Kernel], bool], ...] = (gpu_row_statistic, gpu_tensor_cores, gpu_shared_tile, gpu_conv, gpu_register_tile,
