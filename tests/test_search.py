@@ -801,6 +801,18 @@ def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None
   assert wall <= 5.5 and result.counts().get("ok", 0) >= 1, (wall, result.counts())
 
 
+def test_compile_processes_end_quietly_under_the_commands_stop_handler(capfd: pytest.CaptureFixture[str]) -> None:
+  """A search command raises Stopped on SIGTERM; the compile processes it forks must not: the search terminates them at its end (and
+  a Ctrl-C reaches them with it), and each printed a traceback of Stopped raised in its queue's wait."""
+  from tinytune.helpers import on_stop_signal
+  before = signal.signal(signal.SIGTERM, on_stop_signal)
+  try:
+    with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2) as ev: assert [r.status for r in ev.evaluate(EMU_CANDIDATES[:2])] == ["ok"] * 2
+  finally: signal.signal(signal.SIGTERM, before)
+  time.sleep(0.5)  # the terminated processes' last words
+  assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_slow_compile_holds_up_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
   """The worker runs whichever candidate in flight is built first: a TC candidate's compile took from 1.3 to 38 s (loaded Zen 4),
   and the candidates given after it are measured while it compiles."""
