@@ -5,7 +5,8 @@
 
 Each run builds a new index Tensor and realizes X[idx] (the same graph structure, so the schedule cache hits, as in a training
 loop); the time is wall clock from the index's creation to the realized rows, median of the runs after one warm-up.
---checks times X[idx], nn.Embedding(1000, 64) of (16, 64) ids and X[idx * 1] (an index computed lazily), 15 runs each per round,
+--checks times X[idx], nn.Embedding(1000, 64) of (16, 64) ids, X[idx * 1] (an index computed lazily) and A[idx] (10^6 int32 indices
+into arange(10^6)), 15 runs each per round,
 with the index checks (tinytune.tensor.checks.checked: fused into the kernel that reads the index) on and turned off, the rounds
 alternating which goes first (--runs rounds after one warm-up round); on a shared machine run `uptime` beside it."""
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from tinytune import Tensor, nn
 from tinytune.nn import layers
+from tinytune.runtime import Device
 from tinytune.tensor import indexing
 
 
@@ -33,10 +35,12 @@ def compare_checks(rounds: int, device: str | None, per: int = 15) -> None:
       idx = Tensor(rng.integers(0, high, shape).astype(np.int32), device=device).realize()
       start = time.perf_counter()
       op(idx).realize()
+      Device[idx.device].synchronize()  # unchecked, an asynchronous device's realize returns before its kernel ran
       return time.perf_counter() - start
     return run
+  A = Tensor.arange(10**6, device=device).contiguous().realize()
   work = {"X[idx]": timed(lambda i: X[i], 60000, (128,)), "Embedding": timed(emb, 1000, (16, 64)),
-          "X[idx * 1]": timed(lambda i: X[i * 1], 60000, (128,))}
+          "X[idx * 1]": timed(lambda i: X[i * 1], 60000, (128,)), "A[idx] 10^6": timed(lambda i: A[i], 10**6, (10**6,))}
   real = indexing.checked
   times: dict[tuple[str, bool], list[float]] = {(w, on): [] for w in work for on in (True, False)}
   try:
@@ -49,7 +53,7 @@ def compare_checks(rounds: int, device: str | None, per: int = 15) -> None:
   finally: indexing.checked = layers.checked = real
   for w in work:
     yes, no = times[(w, True)], times[(w, False)]
-    print(f"{w:11s} checked {statistics.median(yes) * 1e3:.3f} ms (min {min(yes) * 1e3:.3f}), unchecked {statistics.median(no) * 1e3:.3f} ms "
+    print(f"{w:12s} checked {statistics.median(yes) * 1e3:.3f} ms (min {min(yes) * 1e3:.3f}), unchecked {statistics.median(no) * 1e3:.3f} ms "
           f"(min {min(no) * 1e3:.3f}), median of {len(yes)} runs")
 
 

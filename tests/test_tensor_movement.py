@@ -670,6 +670,40 @@ def test_index_checked_in_the_kernel_that_reads_it() -> None:
   assert take(Tensor([7, -1]).realize()).tolist() == [7, 9]
 
 
+@pytest.mark.parametrize("name, update", [
+  ("assign", lambda a, b, src, i: [a.assign(src[i])]),
+  ("in place", lambda a, b, src, i: [a.assign(a + src[i])]),
+  ("lazy index", lambda a, b, src, i: [a.assign(src[i * 1])]),
+  ("with another write", lambda a, b, src, i: [b.assign(b + 1), a.assign(src[i])]),
+])
+@pytest.mark.usefixtures("oracle_device")
+def test_assign_of_a_bad_gather_writes_nothing(name: str, update: Callable) -> None:
+  """An assign whose value gathers with an index out of range raises before anything is written, as setitem and torch, and leaves
+  each tensor as it was: the kernel that gathered into the memory wrote the rows it could before its flag was read, and the pending
+  assign stayed to raise again."""
+  src = Tensor.arange(8).float().contiguous().realize()
+  a, b = Tensor.full((8,), -1.0).contiguous().realize(), Tensor.full((8,), -2.0).contiguous().realize()
+  with pytest.raises(IndexError, match="index 99 is out of bounds for dimension 0 with size 8"):
+    Tensor.realize(*update(a, b, src, Tensor([0, 1, 2, 3, 4, 5, 6, 99]).realize()))
+  assert a._memory.numpy_view().tolist() == [-1.0] * 8, name  # type: ignore[union-attr]  # the memory, not only the tensor's view
+  assert a.tolist() == [-1.0] * 8 and b.tolist() == [-2.0] * 8, name
+  Tensor.realize(*update(a, b, src, Tensor([7, 6, 5, 4, 3, 2, 1, 0]).realize()))
+  assert a.tolist()[:2] == ([6.0, 5.0] if name == "in place" else [7.0, 6.0])
+
+
+@pytest.mark.usefixtures("oracle_device")
+def test_tinyjit_replay_of_a_bad_gather_writes_nothing() -> None:
+  """A replay reads the index checks' flags before the kernels that write memory, as a realize does: it read them after all its
+  kernels, so a bad index updated the parameter (here with the 0 an out-of-range read gives) before raising."""
+  table, w = Tensor.arange(8).float().contiguous().realize(), Tensor.full((2,), 1.0).contiguous().realize()
+  step = TinyJit(lambda i: w.assign(w + table[i]).realize())
+  for v in ([1, 2], [3, 4], [0, 0]): step(Tensor(v).realize())
+  assert w.tolist() == [5.0, 7.0]
+  with pytest.raises(IndexError, match="index 9 is out of bounds"): step(Tensor([1, 9]).realize())
+  assert w.tolist() == [5.0, 7.0]
+  assert step(Tensor([1, 1]).realize()).tolist() == [6.0, 8.0]
+
+
 def test_gpu_suite_times_the_gather_checked_and_not() -> None:
   """bench/gpu_suite.py's gather section, on the CPU: a row of times for each index, checked and not, and the check put back after."""
   import argparse
@@ -706,6 +740,30 @@ def test_index_check_on_gpus(tmp_path: Any) -> None:
   if (clang := hip_clang("gfx90a")) is not None:
     res = subprocess.run([clang, *hip_flags("gfx90a"), "-", "-o", "-"], input=hip, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
+  items, _ = create_schedule(Tensor.arange(10)[Tensor(np.array([1, 2], np.int32))].uop, "CPU")  # an int32 index: an int32 flag
+  k = Kernel(items[-1].ast, Device["EMU"].caps)
+  src = CUDARenderer().render(k.apply_opts(hand_coded_optimizations(k)))
+  assert "if (v4) atomicExch(data3+0, v1);" in src and " int* __restrict__ data3" in src
+  if shutil.which("nvcc"): ptxas_stats(tmp_path, src, "sm_90")
+
+
+def test_index_check_on_opencl_stores_per_work_item() -> None:
+  """On OpenCL each work-item stores a bad index at its own element of the flag (its first local id): pocl runs a work-group's items
+  as one vectorized loop, where a store under a condition to one address became a masked scatter in every iteration (a 10^6 gather
+  on pocl 1.6 times slower than unchecked), and a store to consecutive ones is a masked vector store; an int32 index is compared and
+  stored as int32, so the loop keeps int32's vector width. The flag has an element for each work-item a workgroup can have."""
+  from tinytune.codegen.cstyle import OpenCLRenderer
+  from tinytune.codegen.heuristic import hand_coded_optimizations
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  items, _ = create_schedule(Tensor.arange(10)[Tensor(np.array([1, 2], np.int32))].uop, "CPU")
+  k = Kernel(items[-1].ast, Device["EMU"].caps)
+  src = OpenCLRenderer().render(k.apply_opts(hand_coded_optimizations(k)))
+  assert "if (v4) data3[0+get_local_id(0)] = v1;" in src and "__global int* restrict data3" in src
+  assert OpenCLRenderer().flag_size(k.caps) == k.caps.max_local
+  items, _ = create_schedule(Tensor.arange(10)[Tensor([1, 2])].uop, "CPU")  # int64: an int64 flag
+  assert "__global long* restrict data3" in OpenCLRenderer().render(Kernel(items[-1].ast, Device["EMU"].caps))
 
 
 @pytest.mark.usefixtures("oracle_device")

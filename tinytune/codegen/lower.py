@@ -566,12 +566,12 @@ class _Lowerer:
   def check(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
     """CHECK's value, and a store of each lane's value outside [lo, hi) into the flag (threads that find one race to store theirs:
     the flag ends up holding one of them)."""
-    val, (lo, hi), buf, i64 = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], dtypes.int64
+    val, (lo, hi), buf, dt = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], u.src[1].dtype  # the flag's: int32 or int64
     for i in range(1 if val.kind is Kind.SCALAR else self.width):
-      v = val.lane(i) if u.dtype == i64 else self.value(Ops.CAST, i64, (val.lane(i),))
-      below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(i64, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(i64, hi - 1), v))
+      v = val.lane(i) if u.dtype == dt else self.value(Ops.CAST, dt, (val.lane(i),))
+      below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(dt, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(dt, hi - 1), v))
       bad = UOp.var(self.value(Ops.OR, dtypes.bool, (below, above)).arg.name, 0, 1)  # a guard is index math: the value by its name
-      self.emit(Ops.STORE, UOp.const(i64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=i64)
+      self.emit(Ops.STORE, UOp.const(dtypes.int64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=dt)
     return val
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:

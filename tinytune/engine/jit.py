@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
 from tinytune import rng
@@ -41,7 +41,9 @@ class _Captured:
   device: str  # where the kernels run (a function with no Tensor arguments has only its kernels' buffers to say)
   dev: Compiled  # that device
   batch: Callable[[list[Buffer]], None] | None = None
-  flags: tuple[Flag, ...] = ()  # CHECK's flags that the kernels store an index out of range into: read after each replay
+  # CHECK's flags that the kernels store an index out of range into, by the number of steps after which they are read: right after
+  # the last kernel that stores into each, so that a bad index raises before the kernels after it write memory, as at a realize
+  checks: dict[int, tuple[Flag, ...]] = field(default_factory=dict)
 
 
 class TinyJit(Generic[R]):
@@ -71,10 +73,20 @@ class TinyJit(Generic[R]):
     where = {id(b): i for i, b in enumerate(inputs)}
     steps = [(kernel, [where.get(id(b), b) for b in bufs]) for kernel, bufs in captured]
     device = next((b.device for _, bufs in captured for b in bufs), tensors[0].device if tensors else Device.DEFAULT)
-    self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], tuple(others), ret, draws, device, Device[device])
-    if steps: self.captured.batch = self.captured.dev.batch([(k.program, bufs) for k, bufs in steps])
-    self.captured.flags = tuple(dict.fromkeys(b for _, bufs in captured for b in bufs if isinstance(b, Flag)))
+    cap = self.captured = _Captured(steps, [(t.shape, t.dtype, t.device) for t in tensors], tuple(others), ret, draws, device, Device[device])
+    last = {b: n + 1 for n, (_, bufs) in enumerate(captured) for b in bufs if isinstance(b, Flag)}
+    for flag, n in last.items(): cap.checks[n] = (*cap.checks.get(n, ()), flag)
+    cuts = [0, *sorted(n for n in cap.checks if n < len(steps)), len(steps)]
+    parts = [p for a, b in zip(cuts, cuts[1:]) if steps and (p := cap.dev.batch([(k.program, bufs) for k, bufs in steps[a:b]])) is not None]
+    if parts and len(parts) == len(cuts) - 1: cap.batch = parts[0] if len(parts) == 1 else functools.partial(self._parts, parts, cuts[1:])
     return ret
+
+  def _parts(self, parts: list[Callable[[list[Buffer]], None]], ends: list[int], inputs: list[Buffer]) -> None:
+    """The batches of the steps between reads of CHECK's flags, reading each between them."""
+    assert self.captured is not None
+    for part, end in zip(parts, ends):
+      part(inputs)
+      if end < len(self.captured.steps): self._check(end)
 
   @staticmethod
   def _realized(ret: R) -> R:
@@ -104,9 +116,15 @@ class TinyJit(Generic[R]):
       else: batch(inputs)
       if debug >= 2: print(f"TinyJit {self.fn.__name__}: {len(cap.steps)} kernels in one call, {seconds * 1e6:.1f} us")
     else:
-      for kernel, bufs in cap.steps: run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], cap.device)
-    for f in cap.flags: f.check()
+      for n, (kernel, bufs) in enumerate(cap.steps):
+        run_kernel(kernel, [inputs[b] if isinstance(b, int) else b for b in bufs], cap.device)
+        if n + 1 < len(cap.steps): self._check(n + 1)
+    self._check(len(cap.steps))
     return cap.ret
+
+  def _check(self, steps: int) -> None:
+    assert self.captured is not None
+    for f in self.captured.checks.get(steps, ()): f.check()
 
 
 def _show(inputs: list[tuple[tuple[int, ...], Any, str]]) -> str:

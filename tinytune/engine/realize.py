@@ -59,17 +59,19 @@ def _reused(topo: list[UOp], device: str) -> dict[UOp, UOp]:
 
 
 class Flag(Buffer):
-  """The one int64 into which the kernels that compute a CHECK(x, flag) node (arg (lo, hi)) store an element of x outside [lo, hi):
-  it holds lo until one does. `check` after those kernels ran raises error(that element), and takes the flag back to lo, so the
-  next run of those kernels checks their values again."""
-  def __init__(self, device: str, lo: int, error: Callable[[int], Exception]):
-    super().__init__(device, 1, dtypes.int64)
+  """The integers (one, or one a work-item: the renderer's flag_size) into which the kernels that compute a CHECK(x, flag) node (arg
+  (lo, hi)) store an element of x outside [lo, hi): each holds lo until one does. `check` after those kernels ran raises error(that
+  element), and takes the flag back to lo, so the next run of those kernels checks their values again."""
+  def __init__(self, device: str, lo: int, error: Callable[[int], Exception], dtype: DType = dtypes.int64):
+    dev = Device[device]
+    super().__init__(device, dev.renderer.flag_size(dev.caps), dtype)
     self.lo, self.error = lo, error
-    self.copyin(np.array([lo]))
+    self.copyin(np.full(self.size, lo))
 
   def check(self) -> None:
-    if (v := int(self.numpy_view()[0])) != self.lo:
-      self.copyin(np.array([self.lo]))
+    if (bad := (got := self.numpy_view()) != self.lo).any():
+      v = int(got[bad][0])  # before the copy in: the CPU's view is the flag's memory
+      self.copyin(np.full(self.size, self.lo))
       raise self.error(v)
 
 
@@ -160,22 +162,40 @@ def realize_all(targets: list[Target]) -> list[UOp]:
     ret = realize(u, device, into)
     if into is not None: mark_realized(u, ret)  # later writes' graphs read the new value, until forget_realized below
     return ret
-  ret = plan_order(targets, lambda u: realized(u) is not None, step)
-  if any(memory is not None for _, _, memory in targets): schedule.forget_realized()  # what was realized before may have read that memory
-  return ret
+  try: return plan_order(targets, lambda u: realized(u) is not None, step)
+  finally:
+    if any(memory is not None for _, _, memory in targets): schedule.forget_realized()  # what was realized before may have read that memory
 
 
 def plan_order(targets: list[Target], computed: Callable[[UOp], bool], step: Callable[[UOp, str, Buffer | None], UOp]) -> list[UOp]:
   """The one order in which targets are computed together, by `step(graph, device, into)` (realize, or schedule without running):
   the reduces and copies they share first, each its own kernel, then each target. A write goes straight from the value's own kernel
   where nothing still to run reads that memory otherwise (an optimizer's moments, then the parameter that reads their new values);
-  else the value goes to a new buffer first, and is copied in once everything else ran. `computed` says what is realized already."""
+  else the value goes to a new buffer first, and is copied in once everything else ran. Where anything is written, the index checks
+  come first, each its own kernel over its index, so that a bad index raises before any write (a check fused into a kernel that
+  writes memory would leave it half written). `computed` says what is realized already."""
+  if any(memory is not None for _, _, memory in targets):
+    for u, device in _index_checks(targets, computed):
+      if not computed(u): step(u, device, None)
   for u in shared_reduces([u for u, _, _ in targets]): step(u, next(d for t, d, _ in targets if u in t.toposort), None)
   direct = _direct_writes(targets, computed)
   views: list[UOp | None] = [None if i in direct else step(u, device, None) for i, (u, device, _) in enumerate(targets)]
   for i in sorted(direct): views[i] = step(*targets[i])
   return [step(v, device, memory) if memory is not None and i not in direct else v  # type: ignore[misc, arg-type]
           for i, (v, (_, device, memory)) in enumerate(zip(views, targets))]
+
+
+def _index_checks(targets: list[Target], computed: Callable[[UOp], bool]) -> list[tuple[UOp, str]]:
+  """The CHECK nodes the targets compute (not past computed nodes), each with its target's device, sources first."""
+  found: dict[UOp, str] = {}
+  for root, device, _ in targets:
+    seen, stack = set(), [root]
+    while stack:
+      if (u := stack.pop()) in seen or computed(u): continue
+      seen.add(u)
+      if u.op is Ops.CHECK: found.setdefault(u, device)
+      stack.extend(u.src)
+  return sorted(found.items(), key=lambda c: len(c[0].toposort))
 
 
 def _direct_writes(targets: list[Target], computed: Callable[[UOp], bool]) -> set[int]:

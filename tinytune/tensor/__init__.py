@@ -95,7 +95,12 @@ class Tensor:
       if not self.requires_grad: self._ctx = None  # as tinygrad: a realized tensor that does not require grad is where gradients stop
       return self
     tensors = (self, *others)
-    for t, u in zip(tensors, realize_all([(t.uop, t.device, t._memory if t._pending else None) for t in tensors])):
+    try: values = realize_all([(t.uop, t.device, t._memory if t._pending else None) for t in tensors])
+    except BaseException:  # a bad index raises before any write (see plan_order): each pending assign is dropped, its memory as it was
+      for t in tensors:
+        if t._pending: t.uop, t._pending = buffer_view(t._memory, t.shape), False  # type: ignore[arg-type]
+      raise
+    for t, u in zip(tensors, values):
       t.uop, t._pending = u, False
       if not t.requires_grad: t._ctx = None
     return self

@@ -1,6 +1,6 @@
 """Checks of values PyTorch raises on: an index out of range, an integer division by zero.
 
-An index is checked in the kernel that reads it (`checked`): a CHECK node stores a value out of range into a flag (one int64), which
+An index is checked in the kernel that reads it (`checked`): a CHECK node stores a value out of range into a flag (int32 or int64), which
 the realize that ran the kernel reads after it and raises on (a GPU waits there for that realize's kernels). Every element that a
 kernel reads is checked, and only those (x[idx][:1] checks idx[0] only); a constant is checked at the call. The other checks
 (`require`: a target that is not the ignored one, a divisor of 0, an index into an empty dim) run on the host: values already in
@@ -37,7 +37,9 @@ def checked(values: Tensor, lo: int, hi: int, error: Callable[[int], Exception])
     require(values, lambda v: (v < lo) | (v >= hi), error)
     return values
   from tinytune.engine.realize import Flag
-  flag = UOp(Ops.BUFFER, dtypes.int64, (), Flag(values.device, lo, error))
+  # an int32 index is compared and stored as int32 where the bounds fit: an int64 store of it halves pocl's vector width
+  dtype = dtypes.int32 if values.dtype == dtypes.int32 and -2**31 <= lo and hi <= 2**31 else dtypes.int64
+  flag = UOp(Ops.BUFFER, dtype, (), Flag(values.device, lo, error, dtype))
   return type(values)._of(UOp(Ops.CHECK, values.dtype, (values.uop, flag), (lo, hi)), values.device)
 
 
