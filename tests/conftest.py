@@ -20,6 +20,14 @@ os.environ.setdefault("TINYTUNE_NOISE_CHECK", "0")
 WORKGROUP_DEVICES = [d for d in ("OPENCL", "CUDA", "AMD") if device_status(d) is None]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+  """A TINYTUNE_DEVICE that names no device, or one that does not open here, stops the run with one line, not a failure per test."""
+  if not os.getenv("TINYTUNE_DEVICE"): return
+  try: why = device_status(Device.DEFAULT)
+  except ValueError as e: why = str(e)
+  if why is not None: pytest.exit(f"tinytune's tests cannot run on TINYTUNE_DEVICE={os.environ['TINYTUNE_DEVICE']}: {why}", returncode=4)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
   """pocl compiles a kernel in about 0.2 s: on OpenCL, a parametrized test runs few cases that bring each of its parameter values
   once (picked greedily, the case with the most values not yet brought first), and a fixed eighth of the others (the CPU runs

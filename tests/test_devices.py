@@ -208,6 +208,14 @@ def test_absent_device_says_what_is_missing(name: str) -> None:
   with pytest.raises(Exception, match=re.escape(why[:20])): Device[name]
 
 
+def test_the_suite_on_a_device_that_is_not_here_stops_with_one_line() -> None:
+  name = next((d for d in ("CUDA", "AMD") if device_status(d) is not None), "TPU")
+  r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(os.path.dirname(__file__), "test_basic.py")],
+                     capture_output=True, text=True, env={**os.environ, "TINYTUNE_DEVICE": name}, timeout=120)
+  assert r.returncode == 4 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+  assert f"tinytune's tests cannot run on TINYTUNE_DEVICE={name}: " in r.stdout + r.stderr
+
+
 def test_unknown_device() -> None:
   with pytest.raises(ValueError, match="unknown device 'TPU'; available: CPU, OPENCL, CUDA, AMD"): Device.canonicalize("TPU")
 

@@ -64,6 +64,7 @@ def test_a_products_epilogue_goes_with_it_not_into_the_next_product() -> None:
   assert not _computed_once(epilogue, set(), users, False, lambda r: False)
 
 
+@pytest.mark.usefixtures("on_cpu")  # the CPU's kernel counts: a GPU splits the 512x64 product's K too (split-K: 3 kernels)
 def test_transposed_matmul_operand_is_packed() -> None:
   """x @ w.T (nn.Linear) with a large w copies w.T into rows first: read in place, each vector of the product gathered 16 elements
   a row apart (1024 x 1024: 246 ms, packed 23 ms). A small or already contiguous B, or one few rows read, is read in place, as is

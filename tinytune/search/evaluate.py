@@ -10,6 +10,7 @@ import json
 import math
 import os
 import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,12 @@ def _build(src: str, render_s: float, compile: Callable[[str], bytes]) -> Built:
 
 # what the compile processes of a device that compiles apart render and compile; set just before they are forked, so they inherit it
 _FORKED: dict[str, Any] = {}
+
+
+def _forked_init() -> None:
+  """A compile process dies on a stop signal, quietly: the search terminates it at its end, and a Ctrl-C reaches it with the search,
+  which records and stops (the command's handler, inherited, raised Stopped in the pool's queue wait and printed its traceback)."""
+  for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(signum, signal.SIG_DFL)
 
 
 def _build_forked(opts_json: str) -> Built:
@@ -304,7 +311,7 @@ class Evaluator:
     if self.dev.compiles_apart:
       if self.procs is None:  # forked at the first candidate, inheriting the kernel and the renderer as they are now
         _FORKED.update(kernel=self.kernel, render=self.render_source, dev=self.dev)
-        self.procs = ProcessPoolExecutor(self.pool._max_workers, mp_context=get_context("fork"))
+        self.procs = ProcessPoolExecutor(self.pool._max_workers, mp_context=get_context("fork"), initializer=_forked_init)
       try: return self.procs.submit(_build_forked, opts_to_json(opts))
       except BrokenProcessPool: self._close_procs()  # a compiler crashed its process: a fresh pool for the next candidate
       return self._submit(opts, k, building)
