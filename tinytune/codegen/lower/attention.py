@@ -50,14 +50,21 @@ def attention(lw: Lowerer) -> LinearProgram:
 Row = tuple[list[UOp], list[Val], Val, Val, list[Val]]  # a thread's row: its dims, its query's values, m, l and its output accumulators
 
 
-class _OneKernel:
-  """Attention in one kernel (see attention): the inputs, the lanes of the head dims, and the thread's rows."""
+class Inputs:
+  """An attention kernel's node (Ops.ATTENTION) and its parts: the queries, keys, values and masks, the scale and whether causal."""
   def __init__(self, lw: Lowerer):
-    k, node = lw.k, lw.k.attention
+    node = lw.k.attention
     assert node is not None
-    self.lw, self.k, self.node = lw, k, node
+    self.lw, self.k, self.node = lw, lw.k, node
     self.q, self.keys, self.values, *self.masks = node.src
     self.scale, self.causal = node.arg
+
+
+class _OneKernel(Inputs):
+  """Attention in one kernel (see attention): the inputs, the lanes of the head dims, and the thread's rows."""
+  def __init__(self, lw: Lowerer):
+    super().__init__(lw)
+    k, node = self.k, self.node
     n, f32, (e_size, ev_size) = k.n_global, dtypes.float32, (self.q.shape[-1], node.shape[-1])
     simd = k.caps.simd_width if {Ops.ADD, Ops.MUL} <= lw.target.vector_ops else 1
     lw.width = self.w = w = next((w for w in (simd, 8, 4) if w <= simd and e_size % w == 0 and ev_size % w == 0), 1)

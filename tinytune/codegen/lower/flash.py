@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING, Iterator
 
 from tinytune.codegen.kernel import FLASH_PAD, TC_PAD, AxisKind
-from tinytune.codegen.lower.attention import _const, _keep, _read, _shift, _total
+from tinytune.codegen.lower.attention import Inputs, _const, _keep, _read, _shift, _total
 from tinytune.codegen.lower.program import TRUE, AccArg, Kind, LinearProgram, LoadArg, LocalArg, LoopArg, SpecialArg, StoreArg, Val, stmt, when
 from tinytune.dtype import dtypes
 from tinytune.shape import strides_for
@@ -16,17 +16,14 @@ if TYPE_CHECKING:
   from tinytune.codegen.lower.lowerer import Lowerer
 
 
-class _Tiles:
+class _Tiles(Inputs):
   """What both forms of attention in tiles share (Kernel.flash_opt): the attention's inputs, its block of query rows, its tile of
   keys and threads a row (Kernel.flash_sizes), the tiles' loop (STAGE) and the reduce's variable in it, the workgroup's threads and
   its LOCAL axes (the slowest first)."""
   def __init__(self, lw: Lowerer):
-    k, node = lw.k, lw.k.attention
-    assert node is not None
-    self.lw, self.k, self.node = lw, k, node
-    self.q, self.keys, self.values, *self.masks = node.src
-    self.scale, self.causal = node.arg
-    self.e_size, self.ev_size = self.q.shape[-1], node.shape[-1]
+    super().__init__(lw)
+    k = self.k
+    self.e_size, self.ev_size = self.q.shape[-1], self.node.shape[-1]
     self.block, self.tile, self.group = k.flash_sizes()
     self.stage = next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.STAGE)
     self.svar, self.rvar = lw.nesting.vars[self.stage], lw.nesting.vars[next(i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE)]
