@@ -500,11 +500,12 @@ def gpu_register_tile(k: Kernel) -> bool:
   132 SMs, 71.6 us, each thread's long K loop waiting on its loads. Unmeasured on a GPU so far."""
   lane = k.n_global - 1
   if k.reduceop is None or (row := next((d for d in reversed(range(lane)) if _broadcasts_along(k, lane, d)), None)) is None: return False
+  room = split_room(k)
   for tile in REGISTER_TILES:
     t = k.copy()
     for d, most in zip((lane, row), tile): _first_valid(t, *(Opt(OptOps.UPCAST, d, amt) for amt in (4, 2) if amt <= most))
     for d in (lane, row): _first_valid(t, *(Opt(OptOps.LOCAL, d, amt) for amt in (16, 8, 4, 2)))
-    if t.launch_dims[0] * split_room(k) >= k.caps.sms: break
+    if t.launch_dims[0] * room >= k.caps.sms: break
   k.apply_opts(t.opts[len(k.opts):])
   _first_valid(k, Opt(OptOps.UNROLL, k.n_reduce - 1, 4))
   if prod(k.out_shape) >= BIG_TILE_OUTPUTS: _first_valid(k, Opt(OptOps.UPCAST, row, 4))  # 16x4 per thread: found by BEAM on an H100

@@ -217,6 +217,7 @@ class Evaluator:
     self.render_s: list[float] = []  # ... and of rendering each
     self.ref: tuple[str, str, tuple[int, int]] | None = None  # the reference's program, built with the first worker
     self.pool = ThreadPoolExecutor(self.jobs or os.cpu_count() or 1)
+    self.in_flight = 2 * self.pool._max_workers  # builds kept going at once: twice the jobs, so none idles while the worker measures
     # where the device compiles apart (a GPU's NVRTC: no device state), candidates are rendered and compiled in forked processes
     # while the worker verifies and times those before them: a float16 TC candidate took 60 ms to render and 600 ms to compile,
     # 165 ms to verify and time (H200)
@@ -270,7 +271,7 @@ class Evaluator:
         continue
       try: k = self.kernel_for(opts)
       except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
-      while len(ahead) >= 2 * self.pool._max_workers and not stopped: stopped = not self._finish(ahead, results)
+      while len(ahead) >= self.in_flight and not stopped: stopped = not self._finish(ahead, results)
       if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
       if self.worker is None: self.worker = self._spawn()  # starting while this candidate compiles
       ahead.append((i, opts, k, self._submit(opts, k, building)))
@@ -288,7 +289,7 @@ class Evaluator:
       if (build := self.early[opts][1]).done() or build.cancel(): del self.early[opts]
     flight = sum(not build.done() for _, build in self.early.values())
     for opts in likely:
-      if flight >= 2 * self.pool._max_workers: return
+      if flight >= self.in_flight: return
       if opts in self.early or opts in self.refused or opts_to_json(opts) in self.known: continue
       try: k = self.kernel_for(opts)
       except KernelOptError:

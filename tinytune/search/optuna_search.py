@@ -100,7 +100,7 @@ def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[
   def following(left: int) -> Following:
     """The trials after this batch, asked for now (constant_liar counts this batch's as bad guesses): the evaluator compiles them
     while the worker runs this batch (on a GPU: a batch of 4 left all but 4 compile processes idle, and those at its end)."""
-    return lambda so_far: ask(min(left, 2 * ev.pool._max_workers))
+    return lambda so_far: ask(min(left, ev.in_flight))
   first = ev.evaluate([default, ()], following(budget.left(2)))  # the default first: the live speedup compares with it, as the final table does
   if first and first[0].status == "ok": study.set_user_attr("default_ms", first[0].time * 1e3)
   history += first

@@ -36,7 +36,7 @@ def random_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[
       else: seen.add(opts); drawn.append(opts); misses = 0
     return drawn[:n]
   def following(left: int) -> Callable[[list[Result]], list[tuple[Opt, ...]]]:
-    return lambda so_far: draw(min(left, 2 * ev.pool._max_workers))
+    return lambda so_far: draw(min(left, ev.in_flight))
   history: list[Result] = ev.evaluate([default, ()], following(budget.left(2)))  # the default first: the live speedup compares with it
   while (left := budget.left(tried(history))) and (candidates := draw(min(batch, left))):
     del drawn[:len(candidates)]

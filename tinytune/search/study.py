@@ -86,7 +86,7 @@ class SharedEvaluator(Evaluator):
     if self.claims is None: return super().evaluate(candidates, following)
     todo = [tuple(c) for c in candidates]
     theirs: dict[str, tuple[int, list[tuple[Opt, ...]]]] = {}  # source hash -> (the run that measures it, our opts with that source)
-    chunk = 2 * self.pool._max_workers
+    chunk = self.in_flight
     for start in range(0, len(todo), chunk):
       if self.past_deadline(): break
       mine = []
