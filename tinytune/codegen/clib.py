@@ -108,20 +108,20 @@ def max_exp2(fp: str, w: int) -> str:
 """
   if w not in AVX512: return generic
   target, macros = AVX512[w]
+  nanmax = f"{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}\n"  # AVX-512's and AVX's: the same name, their own macro
   def define(i: int) -> str: return "".join(f"#define TT_{m}{w}(a, b) {spellings[i]}\n" for m, spellings in macros.items())
   ret = f"""#if {target}
 #ifdef __clang__
 {define(1)}#else
 {define(0)}#endif
-{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}
-{head}{clamp}  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
+{nanmax}{head}{clamp}  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
   return TT_SCALEF{w}(p, n);
 }}
 """
   if w in AVX:
     target, spelled = AVX[w]
     ret += f"#elif {target}\n" + "".join(f"#define TT_{m}{w}(a, b) {spelling}\n" for m, spelling in spelled.items())
-    ret += f"{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}\n{head}{clamp}{round_}{scale}  return r;\n}}\n"
+    ret += f"{nanmax}{head}{clamp}{round_}{scale}  return r;\n}}\n"
   return ret + f"#else\n{generic}#endif\n"
 
 
