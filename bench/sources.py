@@ -7,9 +7,10 @@ Every kernel of the opt fuzzer's cases and of the workload catalog (small sizes)
 random valid opt lists (plus lists that start with TC or KBLOCK, which random picks rarely reach), on the C renderer with CPU caps
 and on the OpenCL (with and without cl_khr_fp16), CUDA and HIP renderers with workgroup caps (and CUDA with CPU caps). Then the
 features random lists seldom reach (features()), with the opt lists their tests use: attention in one kernel (C, and CUDA, HIP and
-OpenCL in tiles), on tensor cores (CUDA sm_80 and sm_90), PIPELINE, wgmma, AMD's WMMA and MFMA, RASTER, and the GPU heuristics' plans
-at the catalog's GPU sizes. `save` keeps each opt list with its source, so `check` renders exactly those lists even where the opt
-rules changed in between. Run it from the repository root; the tests it takes its kernels from are those beside the tinytune imported."""
+OpenCL in tiles), on tensor cores (CUDA sm_80 and sm_90), PIPELINE, wgmma, AMD's WMMA and MFMA, RASTER, gathers' index checks, and the
+GPU heuristics' plans at the catalog's GPU sizes. `save` keeps each opt list with its source, so `check` renders exactly those lists
+even where the opt rules changed in between. Run it from the repository root; the tests it takes its kernels from are those beside
+the tinytune imported."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ import sys
 import zlib
 
 import tinytune
-from tinytune import Context, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes
+from tinytune import Context, Kernel, KernelOptError, Opt, OptOps, Tensor, dtypes, nn
 from tinytune.codegen.caps import amd_caps, cuda_caps
 from tinytune.codegen.cstyle import CRenderer, CStyleRenderer, CUDARenderer, HIPRenderer, OpenCLRenderer
 from tinytune.codegen.heuristic import default_opts
@@ -99,7 +100,8 @@ def attention(device: str, dt: DType, q: tuple[int, ...], kv: tuple[int, ...], e
 def features() -> dict[str, tuple[UOp, Plans]]:
   """The kernels of the features the fuzzer's random lists seldom or never reach, each with the opt lists and the renderers (by their
   caps) the tests exercise it with: attention in one kernel (CPU and GPU), in tiles (STAGE) and on tensor cores; PIPELINE's cp.async
-  stages; wgmma (TC 2); AMD's WMMA and MFMA; RASTER; the GPU heuristics' plans of the catalog at its GPU sizes (split K among them)."""
+  stages; wgmma (TC 2); AMD's WMMA and MFMA; RASTER; gathers' index checks (CHECK); the GPU heuristics' plans of the catalog at its GPU
+  sizes (split K among them)."""
   ret: dict[str, tuple[UOp, Plans]] = {}
   def add(named: tuple[str, UOp], renderers: tuple[str, ...], *lists: list[Opt]) -> None:
     for name in renderers: ret.setdefault(named[0], (named[1], {}))[1].setdefault(name, []).extend(lists)
@@ -155,6 +157,14 @@ def features() -> dict[str, tuple[UOp, Plans]]:
                                                                            Opt(OptOps.RASTER, 1, 2)])
   add(matmul("EMU", f32, 512, 32, 256), (*TILES, "cuda_sm90"), [*test_raster.STAGED_TILE, raster])
   add(matmul("EMU", f32, 4096, 256, 4096), ("cuda_sm90",), [*test_raster.STAGED_TILE, Opt(OptOps.RASTER, 0, 8)])
+  A, X, emb = inputs("CPU", f32, (4096,), (300, 64)) + [nn.Embedding(1000, 64)]  # CHECK: indices checked in the kernel that reads them
+  emb.weight = inputs("CPU", f32, (1000, 64))[0]  # a buffer, not its random start
+  for name, gather, shape in [("A[idx]", lambda i: A[i], (4096,)), ("X[idx]", lambda i: X[i], (32,)), ("X[idx].sum(1)", lambda i: X[i].sum(1), (32,)),
+                              ("embedding", emb, (16, 64))]:
+    for dt in (dtypes.int32, dtypes.int64):
+      named = (f"CPU/{name}/{'x'.join(map(str, shape))}/{dt.name}", last_ast(gather(inputs("CPU", dt, shape)[0]), "CPU"))
+      add(named, ("c",), [], default_opts(Kernel(named[1], CAPS)))
+      add(named, TILES, [], default_opts(Kernel(named[1], TILE_CAPS)))
   for name, w in WORKLOADS.items():  # the GPU heuristics' plans at the catalog's GPU sizes, split K among them (test_split_k's sizes too)
     for params in [w.params({}, gpu=True)] + [w.params(p) for p in SPLIT_SIZES.get(name, [])]:
       built = w.build(params, *inputs("EMU", f32, *w.inputs(params)))
