@@ -30,6 +30,11 @@ KBLOCK_BYTES = 8 << 20
 # an output this large goes past the caches (STREAM): it would not stay there for the next kernel, and a cached store first reads
 # the line it writes, a third more memory traffic
 STREAM_BYTES = 8 << 20
+# AVX2's streamed lines are two 8-lane stores: from this output size, which stays in no L3 we met (32 MiB on Zen 4), where smaller ones
+# could stay there for the next kernel (x86-64-v3, process CPU time of the kernels in turn, one thread, at load 6-7: attention
+# 1x8x1024x64's 32 MiB of scores and probabilities 1.04x, a 64 MiB softmax 1.19x, elementwise 1.22x; at 13-16 MiB conv2d 16x64x56x56
+# 0.89-0.99x, softmax 8192x512 0.95x)
+STREAM_HALF_LINES_BYTES = 32 << 20
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
 # from this K, a matmul whose B is gathered (x @ W.T) takes dot products along K: float32 64x1024 @ (1024x1024).T 3.37 -> 0.6 ms,
 # 128x3072 @ (768x3072).T 13.1 -> 3.4, 64x512 @ (1024x512).T 0.35 -> 0.31; at K 256 the tile is faster (0.17-0.19 ms against 0.26),
@@ -281,10 +286,12 @@ def k_blocks(p: Plan) -> None:
 
 
 def streaming_stores(p: Plan) -> None:
-  """An AVX-512 float32 output past the caches (STREAM_BYTES) stored around them, where its lanes are whole vectors."""
+  """A float32 output past the caches (STREAM_BYTES) stored around them, where its lanes are whole 64-byte lines: one AVX-512 vector,
+  or two AVX2 ones (lowerer.half_lines) in an output past the L3 (STREAM_HALF_LINES_BYTES)."""
   k, lane = p.k, p.lane
-  if k.ast.dtype == dtypes.float32 and p.simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
-     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % p.simd == 0 for a in k.axes):
+  if k.ast.dtype == dtypes.float32 and p.simd in (8, 16) and lane is not None and \
+     prod(k.out_shape) * 4 >= (STREAM_BYTES if p.simd == 16 else STREAM_HALF_LINES_BYTES) and \
+     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % (CACHE_LINE // 4) == 0 for a in k.axes):
     p.first_valid(Opt(OptOps.STREAM, 0, 0))
 
 
