@@ -291,18 +291,26 @@ class Lowerer:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
 
   def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None, stream: bool = False) -> None:
-    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line goes past the caches (the CPU's)."""
+    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line, or of half of one where the next
+    store writes the other half (see half_lines), goes past the caches (the CPU's)."""
     dt = dtype or self.k.ast.dtype
     if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        stream = stream and self.width * dt.itemsize == 64 and not self.target.has_local
+        stream = stream and not self.target.has_local and (self.width * dt.itemsize == 64 or self.half_lines and dt == dtypes.float32)
         self.emit(Ops.STORE, base, val.items[0], guard, arg=store_arg(self.width, buf, stream), dtype=dt)
         return
       for i in range(self.width):
         self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=store_arg(1, buf, False), dtype=dt)
       return
     self.emit(Ops.STORE, off, val.lane(0), guard, arg=store_arg(1, buf, False), dtype=dt)
+
+  @functools.cached_property
+  def half_lines(self) -> bool:
+    """8 float32 lanes whose output part along its contiguous dim spans whole 64-byte lines: each line's two vectors stored one after
+    the other (the register parts' instances, see instances), so that a CPU's write-combining joins them into a whole line."""
+    axis = self.row_axis if self.row_axis >= 0 else self.lane_axis
+    return self.width == 8 and axis >= 0 and self.k.axes[axis].kind is AxisKind.UPCAST and self.k.axes[axis].size % 16 == 0
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
