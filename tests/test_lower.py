@@ -293,3 +293,27 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   with pytest.raises(KernelOptError, match="once per kernel"):
     kernel(arr(64, 64) + 1, CPU, [Opt(OptOps.STREAM, 0, 0), Opt(OptOps.STREAM, 0, 0)])
   with pytest.raises(KernelOptError, match="for the CPU"): kernel(arr(64, 64) + 1, GPU, [Opt(OptOps.STREAM, 0, 0)])
+
+
+def test_sources_script_keeps_the_features_kernels(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  """bench/sources.py builds the features' kernels from their tests' cases (attention, PIPELINE, wgmma, AMD's matrix cores, RASTER, index
+  checks, the GPU plans), each renderer's opt lists applying to its kernel; a save of some then a check finds them identical, and a
+  source unlike the one saved is reported."""
+  import json
+
+  from ops_support import bench_module
+  sources = bench_module("sources")
+  features = sources.features()
+  assert {name for _, plans in features.values() for name in plans} == {"c", "cuda_tiles", "hip_tiles", "opencl_tiles", "cuda_sm80", "cuda_sm90",
+                                                                      "hip_gfx1100", "hip_gfx942"}
+  assert all(lists for _, plans in features.values() for lists in plans.values())
+  monkeypatch.setattr(sources, "fuzzed", dict)
+  monkeypatch.setattr(sources, "features", lambda: dict(list(features.items())[::25]))
+  path = tmp_path / "sources.json"
+  sources.save(str(path), 0)
+  assert sources.check(str(path)) == 0
+  records = json.loads(path.read_text())
+  assert not any(r["src"].startswith("!!") for r in records)
+  records[-1]["src"] = records[-1]["src"].replace("(", "[", 1)
+  path.write_text(json.dumps(records))
+  assert sources.check(str(path)) == 1
