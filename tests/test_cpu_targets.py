@@ -384,6 +384,28 @@ def test_attentions_matmuls_take_3_rows_of_4_vectors_on_16_registers() -> None:
   assert tiles(ones(1, 1, 1024, 1024) @ ones(1, 1, 1024, 1024), "x86-64-v3") == [[16, 6]]
 
 
+def test_outputs_stream_past_the_caches_from_a_size_per_target() -> None:
+  """STREAM by default for float32 outputs of whole lines: AVX-512 (a line a store) from 8 MiB (STREAM_BYTES), AVX2 (two stores a line)
+  only from 32 MiB (STREAM_HALF_LINES_BYTES, past the L3), its source storing each line's two halves non-temporally; SSE's 4 lanes never."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  def kernel(n: int, target: str) -> Kernel:  # an elementwise kernel of n float32 outputs with its default opts
+    (item,), _ = create_schedule((Tensor(np.ones(n, np.float32)) + 1).uop, "CPU")
+    t = cpu_target(target)
+    k = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers))
+    return k.apply_opts(default_opts(k))
+  assert [kernel(n, "x86-64-v3").stream for n in (4 << 20, 8 << 20)] == [False, True]  # 16 and 32 MiB
+  assert kernel(2 << 20, "x86-64-v4").stream and not kernel(8 << 20, "x86-64-v2").stream
+  assert "tt_f8_stream(" in CRenderer().render(kernel(8 << 20, "x86-64-v3"))
+
+
 def test_packed_panels_k_blocks_follow_the_l2_size() -> None:
   """A packed panel of B stays within half the target's L2 (and PACK_BYTES): AVX2's 1024^3 panel of 16 columns by all of K (64 KiB)
   is whole with a 1 MB L2 or 128 KiB, and K is cut in blocks of 512 (32 KiB) with 64 KiB."""
