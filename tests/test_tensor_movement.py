@@ -767,22 +767,31 @@ def test_index_check_on_opencl_stores_per_work_item() -> None:
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc here to say which loops it vectorizes")
-def test_cpu_index_check_leaves_the_gather_loop_vectorizable(tmp_path: Any) -> None:
+def test_cpu_index_check_leaves_the_gather_loop_vectorizable(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
   """On the CPU a thread keeps an index out of range in a register (the flag's first value until one comes) and stores it into the
-  flag once, after its loops: a store under a condition in the loop kept GCC from vectorizing the gather (a 10^6-element A[idx])."""
+  flag once, after its loops: a store under a condition in the loop kept GCC from vectorizing the gather (a 10^6-element A[idx]).
+  Where GCC vectorizes no gather on this CPU (no AVX2, NEON without SVE), neither does it the checked one: nothing to compare."""
   import re
 
   from tinytune.codegen.kernel import Kernel
   from tinytune.engine.schedule import create_schedule
   from tinytune.runtime import Device
   from tinytune.runtime.cpu import FLAGS
-  items, _ = create_schedule(Tensor.arange(10**6).contiguous()[Tensor(np.zeros(10**6, np.int32))].uop, "CPU")
-  src = Device["CPU"].renderer.render(Kernel(items[-1].ast, Device["CPU"].caps))  # no opts: one thread, no OpenMP
+  from tinytune.tensor import indexing
+  def gather() -> str:  # no opts: one thread, no OpenMP
+    items, _ = create_schedule(Tensor.arange(10**6).contiguous()[Tensor(np.zeros(10**6, np.int32))].uop, "CPU")
+    return Device["CPU"].renderer.render(Kernel(items[-1].ast, Device["CPU"].caps))
+  def vectorized(src: str) -> bool:
+    (tmp_path / "k.c").write_text(src)
+    res = subprocess.run(["gcc", *FLAGS, "-c", "k.c", "-o", "k.o", "-fopt-info-vec-optimized"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return f"k.c:{src[:src.index('for (long g0')].count(chr(10)) + 1}:" in res.stderr and "loop vectorized" in res.stderr
+  src = gather()
   assert src.count("__atomic_store_n") == 1 and re.search(r"\n  }\n  _Bool (v\d+) = \(flag3!=\(-1000000\)\);\n  if \(\1\) __atomic_store_n", src)
-  (tmp_path / "k.c").write_text(src)
-  res = subprocess.run(["gcc", *FLAGS, "-c", "k.c", "-o", "k.o", "-fopt-info-vec-optimized"], cwd=tmp_path, capture_output=True, text=True)
-  loop = src[:src.index("for (long g0")].count("\n") + 1
-  assert res.returncode == 0 and f"k.c:{loop}:" in res.stderr and "loop vectorized" in res.stderr, res.stderr
+  with monkeypatch.context() as m:
+    m.setattr(indexing, "checked", lambda values, lo, hi, error: values)
+    if not vectorized(gather()): pytest.skip("gcc vectorizes no gather on this CPU")
+  assert vectorized(src)
 
 
 @pytest.mark.parametrize("seed", range(3))
