@@ -22,7 +22,7 @@ from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
-from tinytune.search.evaluate import Built, Evaluator, Result, Timing, TimingPolicy, source_hash
+from tinytune.search.evaluate import Built, Evaluator, Result, Timing, TimingPolicy, _Worker, source_hash
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, SearchContext, run_strategy
 
@@ -784,7 +784,8 @@ def test_the_next_round_compiles_while_this_one_runs(monkeypatch: pytest.MonkeyP
   with Evaluator(emu_matmul_kernel(32), "EMU", jobs=2, policy=TimingPolicy(max_seconds=0.05)) as ev:
     assert ev.evaluate([()])[0].status == "ok"
     assert [r.status for r in ev.evaluate(first, following)] == ["ok"] * 3
-    assert seen[0] == 0 and set(ev.early) == set(second)  # asked before any result came, and again as they came
+    # asked before any result came, and again as they came; those built once the round's last were with the worker went to it too
+    assert seen[0] == 0 and set(ev.early) | {s.opts for s in ev.sent} | set(ev.ahead) == set(second)
     wait([build for _, build in ev.early.values()])
     st = time.monotonic()
     done = ev.evaluate(second)
@@ -826,7 +827,8 @@ def test_random_and_optuna_keep_the_compiles_busy(strategy: str, monkeypatch: py
   ready: list[float] = []
   evaluate = Evaluator.evaluate
   def spy(self: Evaluator, candidates: list, following: object = None) -> list[Result]:
-    ready.append(sum(tuple(c) in self.early for c in candidates) / max(1, len(candidates)))
+    early = set(self.early) | set(self.ahead) | {s.opts for s in self.sent}  # building or built, with the worker, or measured
+    ready.append(sum(tuple(c) in early for c in candidates) / max(1, len(candidates)))
     return evaluate(self, candidates, following)  # type: ignore[arg-type]
   monkeypatch.setattr(Evaluator, "evaluate", spy)
   k = emu_matmul_kernel(32)
@@ -841,6 +843,29 @@ def test_random_and_optuna_keep_the_compiles_busy(strategy: str, monkeypatch: py
   assert len(ready) >= 4 and all(r == 1.0 for r in ready[1:] if r), ready
   assert sum(r > 0 for r in ready[1:]) >= 3, ready
   assert sum(r.status != "invalid" for r in result.history) == 14
+
+
+@pytest.mark.parametrize("strategy", ["beam", "random", "optuna"])
+def test_the_worker_has_the_next_candidate_while_it_runs_one(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  """The evaluator sends the worker its next candidate before reading the answer to the one it runs, within a call and across
+  calls (the next call's likely candidates, compiled early, go to it once this call's last are with it): the worker no longer waits
+  for this process to record a result, nor for the strategy to draw, ask or expand between calls (on a fake GPU it sat idle for
+  most of a search)."""
+  if strategy == "optuna": pytest.importorskip("optuna")
+  queued: list[int] = []  # at each answer the search reads, the requests the worker had
+  reply = _Worker.reply
+  def spy(self: _Worker, timeout: float) -> list:
+    if ev.sent: queued.append(len(ev.sent))
+    return reply(self, timeout)
+  monkeypatch.setattr(_Worker, "reply", spy)
+  k = emu_matmul_kernel(32)
+  # each candidate's run takes 0.1 s or more, its build (EMU: rendering it) much less: every answer can find the next one built
+  with Evaluator(k, "EMU", jobs=2, policy=TimingPolicy(warmup_seconds=0.1, warmup_runs=None, max_seconds=0.01)) as ev:
+    options = {} if strategy == "beam" else {"batch": 3}
+    result = run_strategy(strategy, k, ev, Budget(12), default_opts(k), **options)
+  assert sum(r.status != "invalid" for r in result.history) >= 10
+  # one at a time before; with calls of 3 and only a call's own candidates queued, at most 2 answers in 3
+  assert sum(n >= 2 for n in queued) >= 0.8 * (len(queued) - 1), queued
 
 
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.helpers import env_count, env_int
-from tinytune.search.evaluate import Evaluator, Result, Timing
+from tinytune.search.evaluate import FINALISTS, Evaluator, Result, Timing
 
 
 @dataclass
@@ -169,7 +169,7 @@ def noisy(times: Sequence[Timing], searched: Sequence[float], winner: int) -> bo
 def busy_note() -> str: return f"noisy: the machine was busy (load {os.getloadavg()[0]:.1f})"
 
 
-def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = 3) -> SearchResult:
+def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = FINALISTS) -> SearchResult:
   """Time the fastest few again beside the default, interleaved; the default wins unless something beats it by more than a tie.
   A re-time far from the search's own measurements, or spread wide, is measured once more; still so, the result says it is noisy."""
   default = tuple(default)
