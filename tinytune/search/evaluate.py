@@ -369,18 +369,22 @@ class Evaluator:
     if self.deadline is None: return False
     typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
     if rendering and self.render_s: typical += statistics.median(self.render_s[-8:])
-    closing = self.closing_s() if self.end is not None and self.deadline >= self.end else 0.0
-    return time.monotonic() + typical * (1 + len(self.sent)) + closing > self.deadline
+    return time.monotonic() + typical * (1 + len(self.sent)) > self._latest()
+
+  def _latest(self) -> float:
+    """When the last candidate must end: the deadline, less the finalists' re-time where the deadline is the budget's end."""
+    assert self.deadline is not None
+    return self.deadline - (self.closing_s() if self.end is not None and self.deadline >= self.end else 0.0)
 
   def closing_s(self) -> float:
     """How long re-timing the finalists (strategy.finalize: RETIME_ROUNDS rounds of the default and FINALISTS others) will take,
-    from the candidates measured so far: each request what the worker took besides verifying and timing (loading the program, the
-    round trip), and the runs RETIME_POLICY allows a typical candidate, its warm-up included."""
+    from the candidates measured so far: each request costs what the worker took besides verifying and timing (loading the
+    program, the round trip) and RETIME_POLICY's runs of a typical candidate."""
     ok = [r.time for r in self.by_source.values() if r.status == "ok"]
     if not ok or not self.overhead_s: return 0.0
-    t, p = statistics.median(ok), self.policy
-    runs = min((2 + (p.warmup_runs if p.warmup_runs is not None else RETIME_POLICY["max_repeats"]) + RETIME_POLICY["max_repeats"]) * t,
-               p.warmup_seconds + RETIME_POLICY["max_seconds"] + 3 * t)
+    t, p, r = statistics.median(ok), self.policy, RETIME_POLICY
+    runs = t + min(t * (r["max_repeats"] if p.warmup_runs is None else p.warmup_runs), p.warmup_seconds + t)  # the first, the warm-up
+    runs += max(r["min_repeats"] * t, min(r["max_repeats"] * t, r["max_seconds"] + t))  # the repeats timed
     return RETIME_ROUNDS * min(len(ok), FINALISTS + 1) * (statistics.median(self.overhead_s[-8:]) + runs)
 
   def _submit(self, opts: tuple[Opt, ...], k: Kernel, building: dict[str, Future[Built]]) -> Future[Built]:
@@ -415,7 +419,7 @@ class Evaluator:
       return more
     if not ahead: return True
     if not more: return False
-    timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+    timeout = None if self.deadline is None else max(0.0, self._latest() - time.monotonic())
     return bool(wait([build for *_, build in ahead], timeout, FIRST_COMPLETED).done)
 
   def _give(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> bool:

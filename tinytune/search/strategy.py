@@ -21,14 +21,17 @@ class Budget:
   candidates: int | None = 200
   seconds: float | None = None
   started: float = field(default_factory=time.monotonic)
+  # whether one more candidate, and then choosing the winner, still fit in the seconds: run_strategy asks its evaluator, which
+  # predicts both from the candidates measured so far
+  fits: Callable[[], bool] = lambda: True
 
   def deadline(self) -> float | None:
-    """When evaluation stops starting candidates: at 90% of the seconds, so choosing the winner fits in the rest."""
-    return None if self.seconds is None else self.started + 0.9 * self.seconds
+    """When the seconds end."""
+    return None if self.seconds is None else self.started + self.seconds
 
   def left(self, tried: int) -> int:
     """How many more candidates may be tried (0 when out of time)."""
-    if (deadline := self.deadline()) is not None and time.monotonic() > deadline: return 0
+    if (deadline := self.deadline()) is not None and (time.monotonic() > deadline or not self.fits()): return 0
     return max(0, self.candidates - tried) if self.candidates is not None else 1 << 30
 
 
@@ -208,5 +211,6 @@ def run_strategy(name: str, kernel: Kernel, ev: Evaluator, budget: Budget, defau
                  **options: Any) -> SearchResult:
   """Search `kernel` with strategy `name` and its options (checked; the table's defaults for those not given)."""
   options = {key: o.default for key, o in strategy_options(name).items()} | check_options(name, options)
-  ev.deadline, ev.end = budget.deadline(), None if budget.seconds is None else budget.started + budget.seconds
+  ev.deadline = ev.end = budget.deadline()  # candidates stop where those left and the finalists' re-time would end past it
+  budget.fits = lambda: not ev.past_deadline()
   return get_strategy(name)(kernel, ev, budget, tuple(default), context or SearchContext(), **options)
