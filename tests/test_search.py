@@ -892,6 +892,9 @@ def test_the_worker_has_the_next_candidate_while_it_runs_one(strategy: str, monk
   assert sum(r.status != "invalid" for r in result.history) >= 10
   # one at a time before; with calls of 3 and only a call's own candidates queued, at most 2 answers in 3
   assert sum(n >= 2 for n in queued) >= 0.8 * (len(queued) - 1), queued
+  # and by the worker's own clock it waited for its requests (after the first, which waits for the first build) far less than it ran them
+  waited, ran = (sum(x) for x in zip(*ev.worker_s[1:]))
+  assert len(ev.worker_s) == len(queued) and waited < 0.5 * ran, ev.worker_s
 
 
 def test_a_gpu_search_keeps_its_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -271,6 +271,7 @@ class Evaluator:
     self.answered = 0.0  # when the worker last answered: the oldest request sent before that runs from then
     self.ahead: dict[tuple[Opt, ...], Result] = {}  # candidates measured before a call asked for them (`following`'s, sent ahead)
     self.overhead_s: list[float] = []  # of each candidate's run, what was neither verifying nor timing (loading it, the round trip)
+    self.worker_s: list[tuple[float, float]] = []  # by the worker's clock, for each candidate: how long it waited for it, and ran it
 
   def _spawn(self) -> _Worker:
     """A new worker, starting: a second or more (a GPU's context, the inputs, the reference), which no candidate's run counts."""
@@ -486,7 +487,8 @@ class Evaluator:
     else:
       times, med = reply[1], statistics.median(reply[1])
       res = replace(res, min_s=min(times), median_s=med, spread=(med - min(times)) / med if med else 0.0)
-      if len(reply) > 3: self.overhead_s.append(max(0.0, res.run_s - res.verify_s - float(reply[3])))
+      self.overhead_s.append(max(0.0, res.run_s - res.verify_s - float(reply[3])))
+    if len(reply) > 5: self.worker_s.append((float(reply[4]), float(reply[5])))
     self.run_s.append(res.run_s)
     self._record(s.slot, s.opts, s.built, results, res)
 
