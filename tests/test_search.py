@@ -512,11 +512,17 @@ def test_candidates_stop_where_those_left_and_the_finalists_re_time_would_overru
   with Evaluator(k, "CPU") as ev:
     ev.by_source = {str(i): Result((), "ok", 1e-3, 1e-3) for i in range(6)}
     ev.run_s, ev.overhead_s = [0.05], [0.01]
-    # 5 rounds of the default and 3 finalists, each request its overhead and up to 1 + 3 + 5 runs of 1 ms (the first, the warm-up, the repeats)
-    assert ev.closing_s() == pytest.approx(5 * 4 * (0.01 + 0.001 + 0.003 + 0.005))
-    ev.deadline = ev.end = time.monotonic() + 0.05 + ev.closing_s() + 0.5
+    # a round of the default and 3 finalists, each request its overhead and up to 1 + 3 + 5 runs of 1 ms (the first, the warm-up, the repeats)
+    assert ev.retime_round_s() == pytest.approx(4 * (0.01 + 0.001 + 0.003 + 0.005))
+    closing = 5 * ev.retime_round_s()  # 5 rounds, under a tenth of the budget's 10 s
+    ev.deadline = ev.end = time.monotonic() + 0.05 + closing + 0.5
+    ev.budget_s = 10.0
     assert not ev.past_deadline()
-    ev.deadline = ev.end = time.monotonic() + 0.05 + ev.closing_s() - 0.1  # a candidate fits, the re-time after it does not
+    ev.deadline = ev.end = time.monotonic() + 0.05 + closing - 0.1  # a candidate fits, the re-time after it does not
+    assert ev.past_deadline()
+    ev.budget_s = 0.5  # where 5 rounds take more than a tenth of the budget, it keeps a tenth, or one round
+    assert not ev.past_deadline()
+    ev.deadline = ev.end = time.monotonic() + 0.05 + ev.retime_round_s() - 0.05
     assert ev.past_deadline()
     ev.end = None  # a deadline that is not the budget's end (tests, the study): no re-time follows it
     assert not ev.past_deadline()
@@ -526,6 +532,21 @@ def test_candidates_stop_where_those_left_and_the_finalists_re_time_would_overru
     assert budget.deadline() == pytest.approx(budget.started + 10.0) and budget.left(0) > 0
     ev.run_s = [20.0]  # a candidate takes longer than the budget has left
     assert budget.left(0) == 0
+
+
+def test_the_re_time_starts_no_round_that_would_end_past_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+  """The finalists' re-time goes on round by round while the budget has room for one more (it started one while any time was
+  left, and a slow round, seconds on a loaded CPU, ran that far past the budget)."""
+  k, entries = matmul_kernel(16), [(), (Opt(OptOps.UPCAST, 0, 2),)]
+  with Evaluator(k, "CPU") as ev:
+    ev.libs = {opts: "built" for opts in entries}
+    def slow(msg: list, timeout: float | None = None) -> list:
+      time.sleep(0.2)
+      return ["ok", [1e-3]]
+    monkeypatch.setattr(ev, "_request", slow)
+    ev.end = time.monotonic() + 0.6  # a round takes 0.4 s: the second would end at 0.8 s
+    times = ev.retime(entries)
+  assert [t.n for t in times] == [1, 1] and time.monotonic() < ev.end
 
 
 def test_beam_starts_from_the_plan_the_heuristics_hold_in_reserve() -> None:

@@ -213,6 +213,7 @@ QUEUED = 2  # run requests the worker holds at once: the one it runs, and the ne
 # the finalists' re-time (strategy.finalize): this many rounds, interleaved, of the default and FINALISTS others, each run so
 RETIME_ROUNDS, FINALISTS = 5, 3
 RETIME_POLICY = {"max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2}
+RETIME_SHARE = 0.1  # the part of a budget in seconds kept for the re-time's rounds, where they take longer than that (one at least)
 
 
 @dataclass
@@ -271,6 +272,7 @@ class Evaluator:
     self.answered = 0.0  # when the worker last answered: the oldest request sent before that runs from then
     self.ahead: dict[tuple[Opt, ...], Result] = {}  # candidates measured before a call asked for them (`following`'s, sent ahead)
     self.overhead_s: list[float] = []  # of each candidate's run, what was neither verifying nor timing (loading it, the round trip)
+    self.budget_s: float | None = None  # the budget's seconds, which end at `end` (run_strategy sets both)
     self.worker_s: list[tuple[float, float]] = []  # by the worker's clock, for each candidate: how long it waited for it, and ran it
 
   def _spawn(self) -> _Worker:
@@ -366,27 +368,31 @@ class Evaluator:
     """Whether a new candidate would end past the deadline, going by how long the candidates so far took to run (a 2048^3
     matmul's take seconds each, and one started just before the deadline overran a 20 s budget by 4 s), those the worker has yet
     to answer first, and, before it is rendered in this process, to render (a tensor-core matmul's lowering took 0.2 to 0.4 s of
-    Python); and where the deadline ends the budget (`end`), what choosing the winner will take after it (closing_s)."""
+    Python); and where the deadline ends the budget (`end`), what choosing the winner will take after it (_latest)."""
     if self.deadline is None: return False
     typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
     if rendering and self.render_s: typical += statistics.median(self.render_s[-8:])
     return time.monotonic() + typical * (1 + len(self.sent)) > self._latest()
 
   def _latest(self) -> float:
-    """When the last candidate must end: the deadline, less the finalists' re-time where the deadline is the budget's end."""
+    """When the last candidate must end: the deadline, less the finalists' re-time where the deadline is the budget's end. The
+    re-time takes RETIME_ROUNDS rounds where they fit in a tenth of the budget (a fast GPU's took a fraction of it), one at least."""
     assert self.deadline is not None
-    return self.deadline - (self.closing_s() if self.end is not None and self.deadline >= self.end else 0.0)
+    if self.end is None or self.deadline < self.end: return self.deadline
+    one = self.retime_round_s()
+    return self.deadline - min(RETIME_ROUNDS * one, max(one, RETIME_SHARE * self.budget_s if self.budget_s else math.inf))
 
-  def closing_s(self) -> float:
-    """How long re-timing the finalists (strategy.finalize: RETIME_ROUNDS rounds of the default and FINALISTS others) will take,
-    from the candidates measured so far: each request costs what the worker took besides verifying and timing (loading the
-    program, the round trip) and RETIME_POLICY's runs of a typical candidate."""
-    ok = [r.time for r in self.by_source.values() if r.status == "ok"]
-    if not ok or not self.overhead_s: return 0.0
-    t, p, r = statistics.median(ok), self.policy, RETIME_POLICY
-    runs = t + min(t * (r["max_repeats"] if p.warmup_runs is None else p.warmup_runs), p.warmup_seconds + t)  # the first, the warm-up
-    runs += max(r["min_repeats"] * t, min(r["max_repeats"] * t, r["max_seconds"] + t))  # the repeats timed
-    return RETIME_ROUNDS * min(len(ok), FINALISTS + 1) * (statistics.median(self.overhead_s[-8:]) + runs)
+  def retime_round_s(self) -> float:
+    """How long a round of re-timing the finalists (strategy.finalize: the default and FINALISTS others) will take, from the
+    candidates measured so far: each request costs what the worker took besides verifying and timing (loading the program, the
+    round trip) and RETIME_POLICY's runs of one of the fastest candidates (a random search's typical one ran 17x as long)."""
+    fastest = sorted(r.time for r in self.by_source.values() if r.status == "ok")[:FINALISTS + 1]
+    if not fastest or not self.overhead_s: return 0.0
+    p, r = self.policy, RETIME_POLICY
+    def request(t: float) -> float:
+      runs = t + min(t * (r["max_repeats"] if p.warmup_runs is None else p.warmup_runs), p.warmup_seconds + t)  # the first, the warm-up
+      return runs + max(r["min_repeats"] * t, min(r["max_repeats"] * t, r["max_seconds"] + t))  # and the repeats timed
+    return len(fastest) * statistics.median(self.overhead_s[-8:]) + sum(map(request, fastest))
 
   def _submit(self, opts: tuple[Opt, ...], k: Kernel, building: dict[str, Future[Built]]) -> Future[Built]:
     """Start rendering and compiling a candidate: in a compile process where the device compiles apart, else rendered here (a
@@ -520,8 +526,9 @@ class Evaluator:
       libs.append((self.libs.get(opts) or _b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
     policy = {**vars(self.policy), **RETIME_POLICY, "cutoff": 0}
     samples: list[list[float]] = [[] for _ in candidates]
-    for r in range(rounds):
-      if r and self.end is not None and time.monotonic() > self.end: break  # one round at least, more while the budget lasts
+    st = time.monotonic()
+    for r in range(rounds):  # one round at least, more while the budget has room for one
+      if r and self.end is not None and time.monotonic() + (time.monotonic() - st) / r > self.end: break
       for j, (lib, name, launch) in enumerate(libs):
         reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
