@@ -210,7 +210,8 @@ def reference_kernel(kernel: Kernel) -> Kernel:
 Following = Callable[[list[Result]], Sequence[Sequence[Opt]]]
 
 QUEUED = 2  # run requests the worker holds at once: the one it runs, and the next, so it never waits for this process between them
-# the finalists' re-time (strategy.finalize): this many rounds, interleaved, of the default and FINALISTS others, each run so
+# the finalists' re-time (strategy.finalize): this many rounds, interleaved, of the default and FINALISTS others, each request
+# timed under RETIME_POLICY
 RETIME_ROUNDS, FINALISTS = 5, 3
 RETIME_POLICY = {"max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2}
 RETIME_SHARE = 0.1  # the part of a budget in seconds kept for the re-time's rounds, where they take longer than that (one at least)
