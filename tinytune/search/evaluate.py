@@ -48,7 +48,7 @@ class Result:
   objective: str = "median"  # which of its timings ranks it: "median" or "min" (see OBJECTIVES)
   render_s: float = 0.0  # where its seconds went: rendering its source, ...
   verify_s: float = 0.0  # ... checking its output in the worker, ...
-  run_s: float = 0.0  # ... and the whole run request (load, verify, time, the worker's round trip); compile_s above
+  run_s: float = 0.0  # ... and the whole run request in the worker (load, verify, time); compile_s above
 
   @property
   def time(self) -> float: return (self.min_s if self.objective == "min" else self.median_s) if self.status == "ok" else math.inf
@@ -485,8 +485,10 @@ class Evaluator:
         else: ahead.insert(0, (r.slot, r.opts, r.k, r.build))
       self.sent.clear()
     else: self._give(ahead, results)
+    # its run: the worker's own seconds on it where it answered (the answer may wait unread while this process is busy)
     res = Result(s.opts, reply[0], compile_s=s.built.compile_s, source_hash=s.built.source_hash, objective=self.objective,
-                 render_s=s.built.render_s, verify_s=float(reply[2]) if len(reply) > 2 else 0.0, run_s=self.answered - begun)
+                 render_s=s.built.render_s, verify_s=float(reply[2]) if len(reply) > 2 else 0.0,
+                 run_s=float(reply[5]) if len(reply) > 5 else self.answered - begun)
     if reply[0] == "timeout" and s.cut < self.timeout_s:
       best = s.policy["cutoff"] / self.policy.cutoff_ratio
       reply[1] = f"cut off after {s.cut:.1f} s, over {s.cut / best:.0f}x the best so far"
