@@ -254,7 +254,8 @@ def timed_search(dev: str, n: int, dt: str, strategy: str, seconds: float, retim
 
 def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any]], wall: float, cpu: float, waited: float) -> str:
   """Where a search's seconds went: per candidate (medians) its render, compile, verify and run; the worker's busy share, and the
-  share of the search it sat idle while the evaluator `waited` for a build; the search process's own CPU seconds (`cpu`: its strategy,
+  share of the search it sat idle while the evaluator `waited` for a build, and by the worker's own clock the share of its time it
+  waited for a request, and what a request cost besides verifying and timing; the search process's own CPU seconds (`cpu`: its strategy,
   its evaluator's bookkeeping) per candidate; how soon the first result came, and the last; and how many of the candidates measured
   used tensor cores."""
   med = lambda xs: statistics.median(xs) * 1e3 if xs else float("nan")  # noqa: E731
@@ -263,10 +264,14 @@ def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any
   ran = [r for _, r in finished if r.run_s]
   tc = sum(any(o.op.name == "TC" for o in r.opts) for _, r in finished)
   first, last = (finished[0][0], finished[-1][0]) if finished else (float("nan"), float("nan"))
+  idle, busy = (sum(x) for x in zip(*ev.worker_s)) if ev.worker_s else (0.0, 0.0)
+  overhead = med(ev.overhead_s)
   return (f"{dt}: per candidate (medians) render {each['render']:.0f} ms and compile {each['compile']:.0f} ms in {ev.pool._max_workers} "
           f"{'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; run {each['run']:.0f} ms in the worker, of "
           f"it verify {each['verify']:.1f} ms (outputs compared on the {ev.checked_on or '?'}); the worker busy "
-          f"{sum(r.run_s for r in ran) / wall:.0%} of the search, idle waiting for a build {waited / wall:.0%}; the search's own process "
+          f"{sum(r.run_s for r in ran) / wall:.0%} of the search, idle waiting for a build {waited / wall:.0%}; by its own clock idle "
+          f"{idle / max(1e-9, idle + busy):.0%} from its start to its last candidate (a request's load and round trip {overhead:.1f} ms); "
+          f"the search's own process "
           f"{cpu / max(1, len(finished)) * 1e3:.0f} ms of CPU a candidate; its first result at {first:.1f} s, its last at {last:.1f} s "
           f"(then the finalists' re-time); {ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")
 

@@ -9,13 +9,16 @@ import hashlib
 import json
 import math
 import os
+import queue
 import select
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
@@ -45,7 +48,7 @@ class Result:
   objective: str = "median"  # which of its timings ranks it: "median" or "min" (see OBJECTIVES)
   render_s: float = 0.0  # where its seconds went: rendering its source, ...
   verify_s: float = 0.0  # ... checking its output in the worker, ...
-  run_s: float = 0.0  # ... and the whole run request (load, verify, time, the worker's round trip); compile_s above
+  run_s: float = 0.0  # ... and the whole run request in the worker (load, verify, time); compile_s above
 
   @property
   def time(self) -> float: return (self.min_s if self.objective == "min" else self.median_s) if self.status == "ok" else math.inf
@@ -80,46 +83,63 @@ class TimingPolicy:
 
 class _Worker:
   """A `python -m tinytune.search.worker` process holding the kernel's buffers. It starts (buffers filled, the reference run) while
-  the caller goes on: `ready` waits for it."""
+  the caller goes on: `ready` waits for it. It answers requests in the order sent, and a request sent while it runs the one before
+  waits in its pipe, so it goes on to the next without waiting for the caller."""
 
   def __init__(self, spec: dict, timeout: float):
-    self.proc = subprocess.Popen([sys.executable, "-m", "tinytune.search.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    self.timeout, self.started = timeout, self.send(spec)
+    self.proc = subprocess.Popen([sys.executable, "-m", "tinytune.search.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    self.unread = b""  # what came from its stdout after the last answer read
+    # a thread writes the requests: a program of more than the pipe holds (64 KB) would block the caller until the worker read it,
+    # and a candidate that hangs would then hold it past its timeout
+    self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    threading.Thread(target=self._write, daemon=True).start()
+    self.timeout = timeout
+    self.send(spec)
     self._ready: list | None = None
 
   @property
   def ready(self) -> list:
     """["ready", where it compares outputs] once the worker has started, or why it did not (given `timeout` from this first ask)."""
-    if self._ready is None: self._ready = self.reply(self.timeout) if self.started else self.died()
+    if self._ready is None: self._ready = self.reply(self.timeout)
     return self._ready
 
   def request(self, msg: object, timeout: float) -> list:
-    """One request; its reply, ["crashed", why] if the worker died, or ["timeout", why] if it did not answer in time."""
-    return self.reply(timeout) if self.send(msg) else self.died()
+    """One request, none other in flight; its reply, ["crashed", why] if the worker died, or ["timeout", why] if it did not answer in time."""
+    self.send(msg)
+    return self.reply(timeout)
 
-  def send(self, msg: object) -> bool:
+  def send(self, msg: object) -> None: self.outbox.put(json.dumps(msg).encode() + b"\n")
+
+  def _write(self) -> None:
     assert self.proc.stdin is not None
-    try:
-      self.proc.stdin.write(json.dumps(msg) + "\n")
-      self.proc.stdin.flush()
-      return True
-    except (BrokenPipeError, OSError): return False
+    while (line := self.outbox.get()) is not None:
+      try:
+        self.proc.stdin.write(line)
+        self.proc.stdin.flush()
+      except (BrokenPipeError, OSError): return  # it died: its reply says so
 
   def reply(self, timeout: float) -> list:
+    """The answer to the oldest request not answered yet. Read from the pipe itself: where two answers came together, a buffered
+    reader would hold the second where `select` does not see it."""
     assert self.proc.stdout is not None
+    end, fd = time.monotonic() + timeout, self.proc.stdout.fileno()
     try:
-      if not select.select([self.proc.stdout], [], [], timeout)[0]:
-        self.kill()
-        return ["timeout", f"no answer in {timeout:.1f} s"]
-      if line := self.proc.stdout.readline(): return json.loads(line)
-    except OSError: pass
-    return self.died()
+      while b"\n" not in self.unread:
+        if not select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
+          self.kill()
+          return ["timeout", f"no answer in {timeout:.1f} s"]
+        if not (chunk := os.read(fd, 1 << 16)): return self.died()
+        self.unread += chunk
+    except OSError: return self.died()
+    line, _, self.unread = self.unread.partition(b"\n")
+    return json.loads(line)
 
   def died(self) -> list:
     self.kill()
     return ["crashed", f"the worker died (exit code {self.proc.returncode})"]
 
   def kill(self) -> None:
+    self.outbox.put(None)
     if self.proc.poll() is None: self.proc.kill()
     self.proc.wait(5)
 
@@ -189,6 +209,27 @@ def reference_kernel(kernel: Kernel) -> Kernel:
 # given a call's results so far, the candidates likely to be asked for next (the next round of a BEAM search)
 Following = Callable[[list[Result]], Sequence[Sequence[Opt]]]
 
+QUEUED = 2  # run requests the worker holds at once: the one it runs, and the next, so it never waits for this process between them
+# the finalists' re-time (strategy.finalize): this many rounds, interleaved, of the default and FINALISTS others, each request
+# timed under RETIME_POLICY
+RETIME_ROUNDS, FINALISTS = 5, 3
+RETIME_POLICY = {"max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2}
+RETIME_SHARE = 0.1  # the part of a budget in seconds kept for the re-time's rounds, where they take longer than that (one at least)
+
+
+@dataclass
+class _Sent:
+  """A run request the worker has: a call's candidate (`slot`: its place in the call's results), or one sent ahead of the call that
+  will likely ask for it (None). What it takes to send it again, where the worker died before it ran, and the policy it ran under."""
+  slot: int | None
+  opts: tuple[Opt, ...]
+  k: Kernel
+  build: Future[Built]
+  built: Built
+  policy: dict = field(default_factory=dict)
+  cut: float = 0.0  # seconds after it began that it is cut off
+  at: float = 0.0  # time.monotonic() when it was sent
+
 
 @dataclass
 class Evaluator:
@@ -228,6 +269,12 @@ class Evaluator:
     # started with the first candidate that needs measuring, while it compiles: a resume that finds every candidate stored needs none
     self.worker: _Worker | None = None
     self.checked_on = ""  # where the worker compares outputs with the reference: "device" or "host"
+    self.sent: deque[_Sent] = deque()  # run requests the worker has, oldest first, their answers not read yet
+    self.answered = 0.0  # when the worker last answered: the oldest request sent before that runs from then
+    self.ahead: dict[tuple[Opt, ...], Result] = {}  # candidates measured before a call asked for them (`following`'s, sent ahead)
+    self.overhead_s: list[float] = []  # of each candidate's run, what was neither verifying nor timing (loading it, the round trip)
+    self.budget_s: float | None = None  # the budget's seconds, which end at `end` (run_strategy sets both)
+    self.worker_s: list[tuple[float, float]] = []  # by the worker's clock, for each candidate: how long it waited for it, and ran it
 
   def _spawn(self) -> _Worker:
     """A new worker, starting: a second or more (a GPU's context, the inputs, the reference), which no candidate's run counts."""
@@ -256,28 +303,38 @@ class Evaluator:
   def evaluate(self, candidates: Sequence[Sequence[Opt]], following: Following | None = None) -> list[Result]:
     """Results in the order given; each new measurement is reported to on_result as it finishes. Up to twice as many candidates as
     there are compile jobs are rendered and compiled ahead, and the worker runs whichever is built first (a TC candidate's compile
-    took from 1.3 to 38 s on a loaded Zen 4: one slow compile holds up no other). Once all are under way, and where the device
+    took from 1.3 to 38 s on a loaded Zen 4: one slow compile holds up no other). The worker always has the next built candidate
+    waiting while it runs one, so it never waits for this process between candidates. Once all are under way, and where the device
     compiles apart, `following` (given this call's results so far) names the candidates likely to come next, and they are compiled
-    meanwhile: a later call that asks for one takes its build, so the worker need not wait for the next round's first compiles.
+    meanwhile: a later call that asks for one takes its build, and once this call's last candidates are with the worker, those built
+    are sent too, so the worker goes on while the strategy chooses its next call (a later call takes their results).
     Past the deadline no new candidate is compiled or run: the results stop at the first candidate that was not."""
     results: list[Result | None] = [None] * len(candidates)
     ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]] = []
     building: dict[str, Future[Built]] = {}  # source hash -> its build in flight (compiled in this process: a duplicate waits for it)
     stopped = False
-    for i, opts in enumerate(map(tuple, candidates)):
-      if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = replace(stored, objective=self.objective); continue
-      if (early := self.early.pop(opts, None)) is not None:
-        ahead.append((i, opts, *early))
-        continue
-      try: k = self.kernel_for(opts)
-      except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
-      while len(ahead) >= self.in_flight and not stopped: stopped = not self._finish(ahead, results)
-      if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
-      if self.worker is None: self.worker = self._spawn()  # starting while this candidate compiles
-      ahead.append((i, opts, k, self._submit(opts, k, building)))
-    while ahead and not stopped:
-      if following is not None and self.dev.compiles_apart and not self.past_deadline(): self._compile_early(following([r for r in results if r]))
-      stopped = not self._finish(ahead, results)
+    try:
+      for i, opts in enumerate(map(tuple, candidates)):
+        if (stored := self.known.get(opts_to_json(opts))) is not None: results[i] = replace(stored, objective=self.objective); continue
+        if (measured := self.ahead.pop(opts, None)) is not None: results[i] = measured; continue
+        if (sent := next((s for s in self.sent if s.slot is None and s.opts == opts), None)) is not None:
+          sent.slot = i  # with the worker already
+          continue
+        if (early := self.early.pop(opts, None)) is not None:
+          ahead.append((i, opts, *early))
+          continue
+        try: k = self.kernel_for(opts)
+        except KernelOptError as e: results[i] = Result(opts, "invalid", error=str(e)); continue
+        while len(ahead) >= self.in_flight and not stopped: stopped = not self._step(ahead, results)
+        if stopped or self.past_deadline(rendering=not self.dev.compiles_apart): break
+        if self.worker is None: self.worker = self._spawn()  # starting while this candidate compiles
+        ahead.append((i, opts, k, self._submit(opts, k, building)))
+      while (ahead and not stopped) or any(s.slot is not None for s in self.sent):
+        if following is not None and self.dev.compiles_apart and not self.past_deadline(): self._compile_early(following([r for r in results if r]))
+        stopped = not self._step(ahead, results) or stopped
+        if not ahead: self._send_early()
+    finally:
+      for s in self.sent: s.slot = None  # stopped by a signal: what the worker has is no longer this call's
     return results[:next((i for i, r in enumerate(results) if r is None), len(results))]  # type: ignore[return-value]
 
   def _compile_early(self, candidates: Sequence[Sequence[Opt]]) -> None:
@@ -290,7 +347,8 @@ class Evaluator:
     flight = sum(not build.done() for _, build in self.early.values())
     for opts in likely:
       if flight >= self.in_flight: return
-      if opts in self.early or opts in self.refused or opts_to_json(opts) in self.known: continue
+      if opts in self.early or opts in self.refused or opts in self.ahead or opts_to_json(opts) in self.known: continue
+      if any(s.opts == opts for s in self.sent): continue
       try: k = self.kernel_for(opts)
       except KernelOptError:
         self.refused.add(opts)  # not applied again at the next result: the worker waits while this process works
@@ -298,13 +356,44 @@ class Evaluator:
       self.early[opts] = (k, self._submit(opts, k, {}))
       flight += 1
 
+  def _send_early(self) -> None:
+    """Give the worker early builds that are done, while it has room: measured while the strategy chooses its next call."""
+    for opts, (k, build) in list(self.early.items()):
+      if len(self.sent) >= QUEUED or self.past_deadline(): return
+      if not build.done() or build.cancelled() or build.exception() is not None: continue
+      if (built := build.result()).lib is None or built.source_hash in self.by_source or self._in_flight(built.source_hash): continue
+      del self.early[opts]
+      self._send(_Sent(None, opts, k, build, built))
+
   def past_deadline(self, rendering: bool = False) -> bool:
     """Whether a new candidate would end past the deadline, going by how long the candidates so far took to run (a 2048^3
-    matmul's take seconds each, and one started just before the deadline overran a 20 s budget by 4 s) and, before it is
-    rendered in this process, to render (a tensor-core matmul's lowering took 0.2 to 0.4 s of Python)."""
+    matmul's take seconds each, and one started just before the deadline overran a 20 s budget by 4 s), those the worker has yet
+    to answer first, and, before it is rendered in this process, to render (a tensor-core matmul's lowering took 0.2 to 0.4 s of
+    Python); and where the deadline ends the budget (`end`), what choosing the winner will take after it (_latest)."""
+    if self.deadline is None: return False
     typical = statistics.median(self.run_s[-8:]) if self.run_s else 0.0
     if rendering and self.render_s: typical += statistics.median(self.render_s[-8:])
-    return self.deadline is not None and time.monotonic() + typical > self.deadline
+    return time.monotonic() + typical * (1 + len(self.sent)) > self._latest()
+
+  def _latest(self) -> float:
+    """When the last candidate must end: the deadline, less the finalists' re-time where the deadline is the budget's end. The
+    re-time takes RETIME_ROUNDS rounds where they fit in a tenth of the budget (a fast GPU's took a fraction of it), one at least."""
+    assert self.deadline is not None
+    if self.end is None or self.deadline < self.end: return self.deadline
+    one = self.retime_round_s()
+    return self.deadline - min(RETIME_ROUNDS * one, max(one, RETIME_SHARE * self.budget_s if self.budget_s else math.inf))
+
+  def retime_round_s(self) -> float:
+    """How long a round of re-timing the finalists (strategy.finalize: the default and FINALISTS others) will take, from the
+    candidates measured so far: each request costs what the worker took besides verifying and timing (loading the program, the
+    round trip) and RETIME_POLICY's runs of one of the fastest candidates (a random search's typical one ran 17x as long)."""
+    fastest = sorted(r.time for r in self.by_source.values() if r.status == "ok")[:FINALISTS + 1]
+    if not fastest or not self.overhead_s: return 0.0
+    p, r = self.policy, RETIME_POLICY
+    def request(t: float) -> float:
+      runs = t + min(t * (r["max_repeats"] if p.warmup_runs is None else p.warmup_runs), p.warmup_seconds + t)  # the first, the warm-up
+      return runs + max(r["min_repeats"] * t, min(r["max_repeats"] * t, r["max_seconds"] + t))  # and the repeats timed
+    return len(fastest) * statistics.median(self.overhead_s[-8:]) + sum(map(request, fastest))
 
   def _submit(self, opts: tuple[Opt, ...], k: Kernel, building: dict[str, Future[Built]]) -> Future[Built]:
     """Start rendering and compiling a candidate: in a compile process where the device compiles apart, else rendered here (a
@@ -327,66 +416,122 @@ class Evaluator:
     building[h] = self.pool.submit(self._compile, src, render_s)
     return building[h]
 
-  def _finish(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> bool:
-    """Wait for a candidate in flight to be built, the first given of those that are, and run it (or take the result of its source,
-    measured already); False where the deadline came first. A compile still running at the deadline is left to finish alone (a
-    chunk's compiles ran 2.4 s past a 5 s budget on pocl)."""
+  def _step(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> bool:
+    """One step of a call: give the worker what is built (up to QUEUED requests), then read its oldest answer, or, where it has
+    nothing, wait for a build; False where the deadline stops new candidates. A compile still running at the deadline is left to
+    finish alone (a chunk's compiles ran 2.4 s past a 5 s budget on pocl)."""
     check_stop()
-    if self.past_deadline(): return False
-    if not wait([build for *_, build in ahead], None if self.deadline is None else max(0.0, self.deadline - time.monotonic()),
-                FIRST_COMPLETED).done: return False
-    i, opts, k, build = ahead.pop(next(j for j, entry in enumerate(ahead) if entry[3].done()))
-    try: built = build.result()
-    except BrokenProcessPool:
-      self._close_procs()
-      built = Built("", None, 0.0, 0.0, "the compile process died")
-    except CancelledError: built = Built("", None, 0.0, 0.0, "the compile process died")  # its pool broke and was closed meanwhile
-    if self.dev.compiles_apart: self.render_s.append(built.render_s)
-    if built.source_hash not in self.by_source or not built.source_hash:
-      if built.lib is None: res = Result(opts, "compile_error", compile_s=built.compile_s, source_hash=built.source_hash, error=built.error,
-                                         render_s=built.render_s)
-      else:
-        res = self._run(opts, built.lib, k, built)
-        self.run_s.append(res.run_s)
-      self.by_source[built.source_hash] = res
-      self.evaluated += 1
-      if self.on_result is not None: self.on_result(res)
-    results[i] = res = replace(self.by_source[built.source_hash], opts=opts)
-    if res.status == "ok" and (lib := built.lib or self.libs.get(self.by_source[built.source_hash].opts)): self.libs[opts] = lib
+    more = self._give(ahead, results)
+    if self.sent:
+      self._receive(ahead, results)
+      return more
+    if not ahead: return True
+    if not more: return False
+    timeout = None if self.deadline is None else max(0.0, self._latest() - time.monotonic())
+    return bool(wait([build for *_, build in ahead], timeout, FIRST_COMPLETED).done)
+
+  def _give(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> bool:
+    """Send the worker the built candidates, the first given first, until it has QUEUED requests; a build that failed, or whose
+    source was measured, takes its result at once. False where the deadline stops new candidates."""
+    j = 0
+    while j < len(ahead):
+      i, opts, k, build = ahead[j]
+      if not build.done(): j += 1; continue
+      try: built = build.result()
+      except BrokenProcessPool:
+        self._close_procs()
+        built = Built("", None, 0.0, 0.0, "the compile process died")
+      except CancelledError: built = Built("", None, 0.0, 0.0, "the compile process died")  # its pool broke and was closed meanwhile
+      done = built.lib is None or built.source_hash in self.by_source
+      if not done and self._in_flight(built.source_hash): j += 1; continue  # the same kernel, measured now: this takes its result
+      if not done and len(self.sent) >= QUEUED: return True
+      if not done and self.past_deadline(): return False
+      del ahead[j]
+      if self.dev.compiles_apart: self.render_s.append(built.render_s)
+      if done: self._record(i, opts, built, results)
+      else: self._send(_Sent(i, opts, k, build, built))
     return True
+
+  def _in_flight(self, h: str) -> bool: return any(s.built.source_hash == h for s in self.sent)
+
+  def _send(self, s: _Sent) -> None:
+    """A candidate's run request to the worker, with a timing policy and a cut-off from the results so far."""
+    best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
+    s.policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
+    if self.end is not None:  # near the budget's end, time each candidate for a part of what is left
+      s.policy["max_seconds"] = min(s.policy["max_seconds"], max(0.05, (self.end - time.monotonic()) / 4))
+    # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
+    # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
+    s.cut = min(self.timeout_s, max(CUT_MIN_S, 4 * s.policy["cutoff"]) + self.policy.max_seconds) if s.policy["cutoff"] else self.timeout_s
+    if self.end is not None and math.isfinite(best): s.cut = min(s.cut, max(CUT_MIN_S, self.end - time.monotonic()))  # none runs far past the end
+    worker = self._started()
+    worker.send(["run", s.built.lib, s.k.name, s.k.launch_dims, s.policy, True])
+    s.at = time.monotonic()
+    self.sent.append(s)
+
+  def _receive(self, ahead: list[tuple[int, tuple[Opt, ...], Kernel, Future[Built]]], results: list[Result | None]) -> None:
+    """Read the worker's answer to its oldest request and record it, having first sent it its next (it runs that meanwhile). Where
+    the worker died or was cut off, the requests it had go back to be sent to the next."""
+    s = self.sent[0]
+    assert self.worker is not None
+    begun = max(s.at, self.answered)  # it ran from when the worker answered the request before it
+    reply = self.worker.reply(max(0.0, s.cut - (time.monotonic() - begun)))
+    self.sent.popleft()
+    self.answered = time.monotonic()
+    if reply[0] in ("crashed", "timeout"):
+      self.worker = None
+      for r in reversed(self.sent):
+        if r.slot is None: self.early[r.opts] = (r.k, r.build)
+        else: ahead.insert(0, (r.slot, r.opts, r.k, r.build))
+      self.sent.clear()
+    else: self._give(ahead, results)
+    # its run: the worker's own seconds on it where it answered (the answer may wait unread while this process is busy)
+    res = Result(s.opts, reply[0], compile_s=s.built.compile_s, source_hash=s.built.source_hash, objective=self.objective,
+                 render_s=s.built.render_s, verify_s=float(reply[2]) if len(reply) > 2 else 0.0,
+                 run_s=float(reply[5]) if len(reply) > 5 else self.answered - begun)
+    if reply[0] == "timeout" and s.cut < self.timeout_s:
+      best = s.policy["cutoff"] / self.policy.cutoff_ratio
+      reply[1] = f"cut off after {s.cut:.1f} s, over {s.cut / best:.0f}x the best so far"
+    if reply[0] != "ok": res = replace(res, error=reply[1])
+    else:
+      times, med = reply[1], statistics.median(reply[1])
+      res = replace(res, min_s=min(times), median_s=med, spread=(med - min(times)) / med if med else 0.0)
+      self.overhead_s.append(max(0.0, res.run_s - res.verify_s - float(reply[3])))
+    if len(reply) > 5: self.worker_s.append((float(reply[4]), float(reply[5])))
+    self.run_s.append(res.run_s)
+    self._record(s.slot, s.opts, s.built, results, res)
+
+  def _record(self, slot: int | None, opts: tuple[Opt, ...], built: Built, results: list[Result | None], measured: Result | None = None) -> None:
+    """A candidate's result: `measured` now, its build's failure, or the result of its source measured before; into the call's
+    `results` at `slot`, or kept for the call that asks for it (sent ahead)."""
+    if built.source_hash not in self.by_source or not built.source_hash:
+      self.by_source[built.source_hash] = measured or Result(opts, "compile_error", compile_s=built.compile_s, source_hash=built.source_hash,
+                                                             error=built.error, render_s=built.render_s)
+      self.evaluated += 1
+      if self.on_result is not None: self.on_result(self.by_source[built.source_hash])
+    res = replace(self.by_source[built.source_hash], opts=opts)
+    if slot is None: self.ahead[opts] = res
+    else: results[slot] = res
+    if res.status == "ok" and (lib := built.lib or self.libs.get(self.by_source[built.source_hash].opts)): self.libs[opts] = lib
 
   def _compile(self, src: str, render_s: float) -> Built: return _build(src, render_s, self.dev.compile)
 
-  def _run(self, opts: tuple[Opt, ...], lib: str, k: Kernel, built: Built) -> Result:
-    best = min((r.median_s for r in self.by_source.values() if r.status == "ok"), default=math.inf)
-    policy = {**vars(self.policy), "cutoff": self.policy.cutoff_ratio * best if math.isfinite(best) else 0}
-    if self.end is not None:  # near the budget's end, time each candidate for a part of what is left
-      policy["max_seconds"] = min(policy["max_seconds"], max(0.05, (self.end - time.monotonic()) / 4))
-    # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
-    # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
-    cut = min(self.timeout_s, max(CUT_MIN_S, 4 * policy["cutoff"]) + self.policy.max_seconds) if policy["cutoff"] else self.timeout_s
-    if self.end is not None and math.isfinite(best): cut = min(cut, max(CUT_MIN_S, self.end - time.monotonic()))  # none runs far past the end
-    self._started()
-    st = time.monotonic()
-    reply = self._request(["run", lib, k.name, k.launch_dims, policy, True], cut)
-    res = Result(opts, reply[0], compile_s=built.compile_s, source_hash=built.source_hash, objective=self.objective, render_s=built.render_s,
-                 verify_s=float(reply[2]) if len(reply) > 2 else 0.0, run_s=time.monotonic() - st)
-    if reply[0] == "timeout" and cut < self.timeout_s: reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
-    if reply[0] != "ok": return replace(res, error=reply[1])
-    times = reply[1]
-    med = statistics.median(times)
-    return replace(res, min_s=min(times), median_s=med, spread=(med - min(times)) / med if med else 0.0)
+  def _drain(self) -> None:
+    """Read the answers to every request the worker has (candidates sent ahead: kept for a later call)."""
+    while self.sent: self._receive([], [])
 
-  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = 5) -> list[Timing]:
+  def retime(self, candidates: Sequence[Sequence[Opt]], rounds: int = RETIME_ROUNDS) -> list[Timing]:
     """Time candidates again, interleaved round by round so drift hits all alike; the median and spread per candidate."""
+    self._drain()
     libs = []
     for opts in map(tuple, candidates):
       k = self.kernel_for(opts)
       libs.append((self.libs.get(opts) or _b64(self.dev.compile(self.render_source(k))), k.name, k.launch_dims))
-    policy = {**vars(self.policy), "max_repeats": 5, "min_repeats": 3, "max_seconds": 0.2, "cutoff": 0}
+    policy = {**vars(self.policy), **RETIME_POLICY, "cutoff": 0}
     samples: list[list[float]] = [[] for _ in candidates]
-    for r in range(rounds):
-      if r and self.end is not None and time.monotonic() > self.end: break  # one round at least, more while the budget lasts
+    st = time.monotonic()
+    for r in range(rounds):  # one round at least, more while the budget has room for one
+      if r and self.end is not None and time.monotonic() + (time.monotonic() - st) / r > self.end: break
       for j, (lib, name, launch) in enumerate(libs):
         reply = self._request(["run", lib, name, launch, policy, False])
         samples[j] += reply[1] if reply[0] == "ok" else [math.inf]
@@ -405,6 +550,7 @@ class Evaluator:
     if self.worker is not None:
       self.worker.kill()
       self.worker = None
+    self.sent.clear()
     self.pool.shutdown(wait=False, cancel_futures=True)  # compiles past the deadline: not waited for
     self._close_procs()
     self.ref_dir.cleanup()

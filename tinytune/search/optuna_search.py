@@ -105,14 +105,16 @@ def optuna_search(kernel: Kernel, ev: Evaluator, budget: Budget, default: tuple[
   if first and first[0].status == "ok": study.set_user_attr("default_ms", first[0].time * 1e3)
   history += first
   measured.update((r.opts, r) for r in first)
+  sources = {r.source_hash for r in first}
   while (left := budget.left(tried(history))) and idle < patience:
     fresh = ask(n := min(batch, left))[:left]
     asked, pending[:] = pending[:n], pending[n:]
-    before = ev.evaluated
     results = ev.evaluate(fresh, following(left - len(fresh)))
     measured.update((r.opts, r) for r in results)
+    new = any(r.source_hash not in sources for r in results if r.status != "invalid" and not r.stored)  # a kernel not measured before
+    sources.update(r.source_hash for r in results)
     history += results
-    idle = 0 if ev.evaluated > before else idle + len(asked)
+    idle = 0 if new else idle + len(asked)
     for trial, opts in asked:
       if (r := measured.get(opts)) is None:
         trial.set_user_attr("status", "not run: out of budget")

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.opts import Opt
 from tinytune.helpers import env_count, env_int
-from tinytune.search.evaluate import Evaluator, Result, Timing
+from tinytune.search.evaluate import FINALISTS, Evaluator, Result, Timing
 
 
 @dataclass
@@ -21,14 +21,17 @@ class Budget:
   candidates: int | None = 200
   seconds: float | None = None
   started: float = field(default_factory=time.monotonic)
+  # whether one more candidate, and then choosing the winner, still fit in the seconds: run_strategy asks its evaluator, which
+  # predicts both from the candidates measured so far
+  fits: Callable[[], bool] = lambda: True
 
   def deadline(self) -> float | None:
-    """When evaluation stops starting candidates: at 90% of the seconds, so choosing the winner fits in the rest."""
-    return None if self.seconds is None else self.started + 0.9 * self.seconds
+    """When the seconds end."""
+    return None if self.seconds is None else self.started + self.seconds
 
   def left(self, tried: int) -> int:
     """How many more candidates may be tried (0 when out of time)."""
-    if (deadline := self.deadline()) is not None and time.monotonic() > deadline: return 0
+    if (deadline := self.deadline()) is not None and (time.monotonic() > deadline or not self.fits()): return 0
     return max(0, self.candidates - tried) if self.candidates is not None else 1 << 30
 
 
@@ -169,7 +172,7 @@ def noisy(times: Sequence[Timing], searched: Sequence[float], winner: int) -> bo
 def busy_note() -> str: return f"noisy: the machine was busy (load {os.getloadavg()[0]:.1f})"
 
 
-def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = 3) -> SearchResult:
+def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], finalists: int = FINALISTS) -> SearchResult:
   """Time the fastest few again beside the default, interleaved; the default wins unless something beats it by more than a tie.
   A re-time far from the search's own measurements, or spread wide, is measured once more; still so, the result says it is noisy."""
   default = tuple(default)
@@ -181,10 +184,11 @@ def finalize(ev: Evaluator, history: list[Result], default: Sequence[Opt], final
   medians = [searched.get(opts, math.inf) for opts in entries]
   if not top and (mine := next((r for r in history if r.opts == default and r.status == "ok"), None)) is not None:
     return SearchResult(default, mine.time, default, mine.time, history, mine.spread)  # nothing beat it: its search timing is the figure
+  st = time.monotonic()
   times = ev.retime(entries)
   result = choose(default, top, [t.median for t in times], history)
-  # measured once more while the budget lasts: the first re-time may have met a passing load
-  if noisy(times, medians, entries.index(result.best)) and (ev.end is None or time.monotonic() < ev.end):
+  # measured once more where the budget has room for it: the first re-time may have met a passing load
+  if noisy(times, medians, entries.index(result.best)) and (ev.end is None or time.monotonic() + (time.monotonic() - st) < ev.end):
     times = ev.retime(entries)
     result = choose(default, top, [t.median for t in times], history)
   winner = entries.index(result.best)
@@ -208,5 +212,7 @@ def run_strategy(name: str, kernel: Kernel, ev: Evaluator, budget: Budget, defau
                  **options: Any) -> SearchResult:
   """Search `kernel` with strategy `name` and its options (checked; the table's defaults for those not given)."""
   options = {key: o.default for key, o in strategy_options(name).items()} | check_options(name, options)
-  ev.deadline, ev.end = budget.deadline(), None if budget.seconds is None else budget.started + budget.seconds
+  ev.deadline = ev.end = budget.deadline()  # candidates stop where those left and the finalists' re-time would end past it
+  ev.budget_s = budget.seconds
+  budget.fits = lambda: not ev.past_deadline()
   return get_strategy(name)(kernel, ev, budget, tuple(default), context or SearchContext(), **options)

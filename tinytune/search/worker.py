@@ -161,29 +161,32 @@ def serve(spec: dict, requests: Any, reply: Any) -> None:
   wanted = on_device or on_device is None and dev.asynchronous and ref.size >= DEVICE_CHECK_MIN
   if (device_check := DeviceCheck.tried(check, out) if wanted else None) is None and on_device:
     raise RuntimeError("the device check failed its test on the reference")
-  reply(["ready", "device" if device_check is not None else "host"])
-  for line in requests:
-    msg = json.loads(line)
-    if msg[0] != "run": break
-    _, lib, name, launch, policy, verify = msg
+  def measure(lib: str, name: str, launch: list[int], policy: dict, verify: bool) -> list:
+    """[status, the times or why not, seconds verifying, seconds timing]."""
     prg, st = program(lib, name, launch), time.perf_counter()
     if verify:
       if device_check is None:
         out.copyin(sentinel)
         prg(out, *inputs)
         if (bad := check.mismatches(out.numpy_view())).any():
-          why = f"{int(bad.sum())} of {ref.size} outputs differ from the reference, first at {int(np.argmax(bad))}"
-          reply(["wrong", why, time.perf_counter() - st])
-          continue
+          return ["wrong", f"{int(bad.sum())} of {ref.size} outputs differ from the reference, first at {int(np.argmax(bad))}",
+                  time.perf_counter() - st, 0.0]
       else:
         device_check.fill(out)
         prg(out, *inputs)
         if (found := device_check())[0]:
-          why = f"{found[0]} of {ref.size} outputs differ from the reference, the worst by {found[1]:.3g}"
-          reply(["wrong", why, time.perf_counter() - st])
-          continue
+          return ["wrong", f"{found[0]} of {ref.size} outputs differ from the reference, the worst by {found[1]:.3g}", time.perf_counter() - st, 0.0]
     verify_s = time.perf_counter() - st  # the run, the copy out and the comparison: the seconds before timing
-    reply(["ok", timed(lambda: prg.timed(out, *inputs), policy), verify_s])
+    times = timed(lambda: prg.timed(out, *inputs), policy)
+    return ["ok", times, verify_s, time.perf_counter() - st - verify_s]
+  reply(["ready", "device" if device_check is not None else "host"])
+  answered = time.perf_counter()
+  for line in requests:
+    got, msg = time.perf_counter(), json.loads(line)
+    if msg[0] != "run": break
+    # and by its own clock: how long it waited for this request (idle), and how long it took to answer it
+    reply([*measure(*msg[1:]), got - answered, time.perf_counter() - got])
+    answered = time.perf_counter()
 
 
 def main() -> None:
