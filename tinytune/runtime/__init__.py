@@ -191,11 +191,11 @@ class BufferPool:
 
   def give(self, device: str, nbytes: int, mem: Any) -> None:
     """Keeps a freed Buffer's (memory, address) for the next Buffer of its size; memory the pool drops goes back to its device."""
-    if nbytes == 0 or nbytes > self.limit: return Device[device].free(mem[0])
+    if nbytes == 0 or nbytes > (limit := self.limit): return Device[device].free(mem[0])
     self.free.setdefault((device, nbytes), []).append(mem)
     self.free.move_to_end((device, nbytes))
     self.held += nbytes
-    while self.held > self.limit:
+    while self.held > limit:
       (dev, size), mems = next(iter(self.free.items()))
       Device[dev].free(mems.pop(0)[0])
       self.held -= size
