@@ -114,14 +114,17 @@ def test_small_attention_split_matches_numpy_on_opencl() -> None:
 
 
 def test_gpu_suite_times_the_mlp_forward_under_each_split() -> None:
-  """bench/gpu_suite.py's launch overhead, on the CPU: the one-kernel step (here and in a fresh process) and the MLP forward under
-  TinyJit, each with its host's issuing time, and the forward again under each of MLP_SPLITS, its output the default's."""
+  """bench/gpu_suite.py's launch overhead, on the CPU: the one-kernel step (here, in a fresh process, and here with garbage collection
+  off) and the MLP forward under TinyJit, each with its host's issuing time, and the forward again under each of MLP_SPLITS, its output
+  the default's."""
   import argparse
   suite_module = bench_module("gpu_suite")
   suite = suite_module.Suite(argparse.Namespace(quick=True, budget=600))
   suite_module.overhead(suite, "CPU", steps=4)
   rows = [line.split(" | ") for line in suite.lines if line.startswith("| ") and "---" not in line]  # the header goes with its rule
+  heap = rows[2][0].split("(")[1].split()[0]
   assert [r[0] for r in rows] == ["| one-kernel step, 4096 floats", "| the same step in a fresh process",
+                                  f"| the same step, garbage collection off ({heap} objects in this process)",
                                   "| MLP 784-128-10 forward, TinyJit (one native call, 2 kernels)",
                                   *[f"| the same, SPLITK={n} (one native call, 2 kernels)" for n in suite_module.MLP_SPLITS]]
   assert all(float(r[1]) > 0 for r in rows) and all(float(r[2]) > 0 for r in rows if r[2] != "-")

@@ -42,19 +42,17 @@ class ContextVar:
   """A knob read from the environment when first used (so a bad value is an error that names it, raised where it is used, which
   the CLI turns into one line) and changeable with `with Context(NAME=value):`."""
   registry: dict[str, ContextVar] = {}
+  value: int  # a plain attribute once read or set, not a property: every realize and kernel run reads some (a call each)
 
   def __init__(self, key: str, default: int):
     self.key, self.default = key, default
-    self._value: int | None = None
     ContextVar.registry[key] = self
 
-  @property
-  def value(self) -> int:
-    if self._value is None: self._value = env_int(self.key, self.default)
-    return self._value
-
-  @value.setter
-  def value(self, v: int) -> None: self._value = v
+  def __getattr__(self, name: str) -> int:
+    """`value` before its first read: the environment's now."""
+    if name != "value": raise AttributeError(name)
+    self.value = env_int(self.key, self.default)
+    return self.value
 
   def __bool__(self) -> bool: return bool(self.value)
   def __ge__(self, x: int) -> bool: return self.value >= x

@@ -38,6 +38,12 @@ class Ops(Enum):
   __hash__ = object.__hash__  # members are singletons; enum's own hash is a python call, and UOps hash their op on every construction
 
 
+# members as module names, for the code that runs on every node built or walked (a step's graph, an index expression): on Python 3.11
+# each `Ops.X` goes through the enum metaclass's __getattr__ hook, some 900 machine instructions (a 6-node realize walk asked 19)
+BUFFER, CONST, VIEW, WHERE = Ops.BUFFER, Ops.CONST, Ops.VIEW, Ops.WHERE
+
+
+COMPARISONS = {Ops.CMPLT, Ops.CMPNE}
 UNARY = {Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP}
 TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN}  # calls of math code: tens of instructions a value
 BINARY = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
@@ -75,6 +81,7 @@ def _forget(ref: _Ref) -> None:
   if (now := _cache.pop(ref.key, None)) is not ref and now is not None: _cache[ref.key] = now  # a newer node built after this one died
 
 
+_OWN_SHAPE = {Ops.BUFFER, Ops.CONST, Ops.VAR, Ops.VIEW, Ops.REDUCE, Ops.GATHER, Ops.ATTENTION}  # the ops whose shape is not their first source's
 _cache: dict[tuple, _Ref] = {}  # structure -> the live node (a plain dict: WeakValueDictionary.get is slow)
 
 
@@ -88,7 +95,7 @@ class UOp:
 
   def __new__(cls, op: Ops, dtype: DType, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
     # the dtype's name hashes faster than the dtype; repr keeps -0.0 apart from 0.0 (an int or bool constant's dtype says which it is)
-    key = (op, dtype.name, src, repr(arg) if op is Ops.CONST and type(arg) is float else arg)
+    key = (op, dtype.name, src, repr(arg) if type(arg) is float and op is CONST else arg)
     if (ref := _cache.get(key)) is not None and (ret := ref()) is not None: return ret
     ret = object.__new__(cls)
     ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
@@ -114,13 +121,13 @@ class UOp:
     elif not (r := _INT_RANGE[dtype.name])[0] <= (v := int(v)) <= r[1]:  # an int wraps to its type's range, as in C
       bits = 8 * dtype.itemsize
       v = (v % 2**bits) - (2**bits if kind == "i" and v % 2**bits >= 2**(bits - 1) else 0)
-    return UOp(Ops.CONST, dtype, (), v)
+    return UOp(CONST, dtype, (), v)
 
   @staticmethod
   def var(name: str, lo: int, hi: int) -> UOp: return UOp(Ops.VAR, dtypes.int64, (), (name, lo, hi))
 
   def alu(self, op: Ops, *src: UOp) -> UOp:
-    dtype = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else (src[-1] if op is Ops.WHERE else self).dtype
+    dtype = dtypes.bool if op in COMPARISONS else (src[-1] if op is WHERE else self).dtype
     return UOp(op, dtype, (self, *src))
 
   def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
@@ -142,13 +149,13 @@ class UOp:
   # ***** properties *****
   @cached
   def shape(self) -> tuple[int, ...]:
+    if self.op not in _OWN_SHAPE: return self.src[0].shape  # an ALU op's, asked of every op a Tensor builds
     if self.op is Ops.BUFFER: return (self.arg.size,)
     if self.op in (Ops.CONST, Ops.VAR): return ()
     if self.op is Ops.VIEW: return self.arg.shape
     if self.op is Ops.REDUCE: return tuple(1 if i in self.arg[1] else s for i, s in enumerate(self.src[0].shape))
     if self.op is Ops.GATHER: return self.src[1].shape
-    if self.op is Ops.ATTENTION: return (*self.src[0].shape[:-1], self.src[2].shape[-1])
-    return self.src[0].shape
+    return (*self.src[0].shape[:-1], self.src[2].shape[-1])  # ATTENTION's
 
   @property
   def toposort(self) -> list[UOp]:

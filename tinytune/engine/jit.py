@@ -15,14 +15,14 @@ from tinytune.engine.schedule import is_buffer_view
 from tinytune.helpers import DEBUG, prod
 from tinytune.runtime import Buffer, Compiled, Device
 from tinytune.tensor import Tensor, checks
-from tinytune.uop import Ops, UOp
+from tinytune.uop import BUFFER, VIEW, Ops, UOp
 
 R = TypeVar("R")
 
 
 def _input_buffer(t: Tensor) -> Buffer:
   """The buffer that holds a realized input, copied to a buffer of its own where it is a view into a larger one."""
-  if (u := t.uop).op is Ops.VIEW and (b := u.src[0]).op is Ops.BUFFER and not t._pending and u.arg.contiguous and \
+  if (u := t.uop).op is VIEW and (b := u.src[0]).op is BUFFER and not t._pending and u.arg.contiguous and \
      prod(u.arg.shape) == b.arg.size and schedule.realized(u) is None: return b.arg  # realized already, as a replay's inputs mostly are
   t.realize()
   if not (is_buffer_view(t.uop) and t.uop.arg.contiguous and prod(t.shape) == t.uop.src[0].arg.size):

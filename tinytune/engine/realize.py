@@ -15,7 +15,7 @@ from tinytune.engine.schedule import ScheduleItem, buffer_view, create_schedule,
 from tinytune.helpers import DEBUG, NOOPT, SPLITK, prod, tune_mode
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.uop import Ops, UOp
+from tinytune.uop import BUFFER, CONST, VIEW, Ops, UOp
 
 
 def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer], dict[UOp, int]] | None:
@@ -31,13 +31,13 @@ def structure(target: UOp, device: str) -> tuple[list[UOp], tuple, list[Buffer],
     u, srcs = stack[-1]
     for s in srcs:
       if s in index: continue
-      if (op := s.op) is Ops.BUFFER:  # a leaf is taken at once, not pushed and popped (a step's graph is mostly leaves)
+      if (op := s.op) is BUFFER:  # a leaf is taken at once, not pushed and popped (a step's graph is mostly leaves)
         if "realized_as" in s.__dict__ and (v := realized(s)) is not None and v is not s and v.src[0].arg.device == device: return None
         part: Any = (op, s.dtype, s.arg.size, s.arg.device)
         buffers.append(s.arg)
       # a constant and its broadcasts (never realized: schedule.mark_realized): the node itself, hash-consed by dtype, value (-0.0 apart
       # from 0.0) and view, and kept alive by the key, so the next step's graph finds it built
-      elif op is Ops.CONST or op is Ops.VIEW and s.src[0].op is Ops.CONST: part = s
+      elif op is CONST or op is VIEW and s.src[0].op is CONST: part = s
       else:
         stack.append((s, iter(s.src)))
         break

@@ -18,7 +18,7 @@ from tinytune.codegen.kernel import Kernel, dims_read, same_rows
 from tinytune.helpers import prod
 from tinytune.runtime import Buffer, Device
 from tinytune.shape import View
-from tinytune.uop import ALU, TRANSCENDENTAL, Ops, Pat, Rules, UOp, graph_rewrite
+from tinytune.uop import ALU, BUFFER, CONST, TRANSCENDENTAL, VIEW, Ops, Pat, Rules, UOp, graph_rewrite
 
 
 @dataclass
@@ -43,7 +43,7 @@ def realized(u: UOp) -> UOp | None:
 def mark_realized(u: UOp, view: UOp) -> None:
   """Where `u` is a constant (or a constant broadcast), nothing: a graph that reads it computes it again, fused, and the schedule
   cache, which keeps constants alive in its keys, pins no buffer through them."""
-  if u.op is Ops.CONST or u.op is Ops.VIEW and u.src[0].op is Ops.CONST: return
+  if u.op is CONST or u.op is VIEW and u.src[0].op is CONST: return
   u.__dict__["realized_as"] = (view, _writes)
 
 
@@ -60,10 +60,10 @@ def keep_rewrite(asked: UOp, rewrite: UOp) -> None:
 
 
 def buffer_view(buf: Buffer, shape: tuple[int, ...], view: View | None = None) -> UOp:
-  return UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), view or View.create(shape))
+  return UOp(VIEW, buf.dtype, (UOp(BUFFER, buf.dtype, (), buf),), view or View.create(shape))
 
 
-def is_buffer_view(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER
+def is_buffer_view(u: UOp) -> bool: return u.op is VIEW and u.src[0].op is BUFFER
 
 
 # a view of a contiguous view reads the same flat offsets as the inner view's source: one view, so the kernel indexes the buffer

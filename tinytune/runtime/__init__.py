@@ -191,11 +191,11 @@ class BufferPool:
 
   def give(self, device: str, nbytes: int, mem: Any) -> None:
     """Keeps a freed Buffer's (memory, address) for the next Buffer of its size; memory the pool drops goes back to its device."""
-    if nbytes == 0 or nbytes > self.limit: return Device[device].free(mem[0])
+    if nbytes == 0 or nbytes > (limit := self.limit): return Device[device].free(mem[0])
     self.free.setdefault((device, nbytes), []).append(mem)
     self.free.move_to_end((device, nbytes))
     self.held += nbytes
-    while self.held > self.limit:
+    while self.held > limit:
       (dev, size), mems = next(iter(self.free.items()))
       Device[dev].free(mems.pop(0)[0])
       self.held -= size
@@ -219,14 +219,14 @@ class Buffer:
   def __repr__(self) -> str: return f"<Buffer {self.uid} {self.device} {self.size} {self.dtype.name}>"
   def __del__(self) -> None:
     if self._mem is not None and POOL is not None:  # POOL is None at interpreter exit
-      POOL.give(self.device, self.nbytes, (self._mem, self.__dict__.get("address")))
+      POOL.give(self.device, self.size * self.dtype.itemsize, (self._mem, self.__dict__.get("address")))  # nbytes, without its call
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
   @property
   def mem(self) -> Any:
     if self._mem is None:
       dev = Device[self.device]
-      if (pooled := POOL.take(self.device, self.nbytes)) is None: self._mem = dev.alloc(self.size, self.dtype)
+      if (pooled := POOL.take(self.device, self.size * self.dtype.itemsize)) is None: self._mem = dev.alloc(self.size, self.dtype)
       else:
         self._mem = dev.retype(pooled[0], self.size, self.dtype)
         if pooled[1] is not None: self.__dict__["address"] = pooled[1]  # a CPU buffer's (runtime.cpu.address), the same after retype
@@ -262,6 +262,7 @@ class _DeviceRegistry:
     return upper
 
   def __getitem__(self, name: str) -> Compiled:
+    if (dev := self._opened.get(name)) is not None: return dev  # an open device by its canonical name: every buffer asks
     name = self.canonicalize(name)
     if name not in self._opened:
       module, cls = _BACKENDS[name].split(":")

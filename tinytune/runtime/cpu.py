@@ -164,7 +164,10 @@ class CPUProgram(Program):
 
 def address(buf: Buffer) -> int:
   """A CPU buffer's address, as a C argument."""
-  return kept_address(buf, lambda mem: mem.__array_interface__["data"][0])
+  return kept_address(buf, _data)
+
+
+def _data(mem: np.ndarray) -> int: return mem.__array_interface__["data"][0]
 
 
 class CPUDevice(Compiled):
