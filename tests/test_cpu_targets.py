@@ -397,6 +397,27 @@ def test_conv_weight_gradients_k_blocks_follow_the_l2_size() -> None:
     assert next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
 
 
+def test_conv_weight_gradient_of_a_biased_input_k_blocks() -> None:
+  """The 3x3 64 -> 64 weight gradient of the CNN step reads relu(x + b) (3.3 MB of inputs): the bias, which the reduce does not move,
+  keeps it from no K blocks; it sums its images in blocks whose inputs stay in half a 1 MB L2."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.opts import OptOps
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name.startswith("r_1_3_3_64_64_"))
+  t = cpu_target("x86-64-v3")
+  caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=1 << 20)
+  k = Kernel(ast, caps)
+  opts = default_opts(k)
+  block = next((o.arg for o in opts if o.op is OptOps.KBLOCK), None)
+  assert block is not None and sum(b.nbytes for b in k.bufs) * block <= 128 * (1 << 19), opts
+
+
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""
