@@ -123,7 +123,10 @@ class UOp:
     dtype = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else (src[-1] if op is Ops.WHERE else self).dtype
     return UOp(op, dtype, (self, *src))
 
-  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+  def cast(self, dtype: DType) -> UOp:
+    if self.dtype == dtype: return self
+    if dtype == dtypes.bool and self.op is Ops.CAST and self.src[0].dtype == dtypes.bool: return self.src[0]  # a mask made a number and back
+    return UOp(Ops.CAST, dtype, (self,))
 
   # ***** symbolic index math (python ints are promoted to int constants) *****
   def _c(self, x: UOp | int) -> UOp: return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
