@@ -299,3 +299,13 @@ def test_a_padded_copy_of_a_computed_value_indexes_its_source_by_its_own_dims() 
   x_load = next(u for u in p.uops if u.op is Ops.LOAD and u.arg.buf == 1)
   assert x_load.arg.width == 4 and x_load.src[1].op is not Ops.CONST  # one vector, read where the mask holds
   np.testing.assert_array_equal(y.numpy(), np.pad(np.maximum(x + b.reshape(1, 3, 1, 1), 0), ((0, 1), (0, 0), (2, 2), (4, 4))))
+
+
+def test_a_mask_made_a_number_stays_a_vector() -> None:
+  """(x == y) as float32, as a max pool's gradient counts its window's maxima: the comparison's mask, negated and made a number, stays
+  one vector, where each lane was taken out of it and converted on its own."""
+  x, y = np.arange(32, dtype=np.float32).reshape(4, 8), np.arange(32, dtype=np.float32).reshape(4, 8) % 3
+  out = (Tensor(x) == Tensor(y)).float()
+  p = lower(kernel(out, CPU, [Opt(U, 1, 4)]), CRenderer())
+  assert not any(u.op is Ops.GEP for u in p.uops) and [u.op for u in p.uops if u.op in (Ops.CMPNE, Ops.WHERE)] == [Ops.CMPNE] * 2 + [Ops.WHERE]
+  np.testing.assert_array_equal(out.numpy(), (x == y).astype(np.float32))

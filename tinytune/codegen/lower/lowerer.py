@@ -226,6 +226,13 @@ class Lowerer:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
     floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
+    if floats[0] == dtypes.bool and any(s.kind is Kind.VECTOR for s in srcs) and Ops.WHERE in self.target.vector_ops:
+      # a mask vector (a comparison's) made a number, or compared with another, stays a vector: a pool's gradient counts its window's
+      # maxima this way, and took each lane out and converted it twice
+      if op is Ops.CAST and dtype in self.vf:
+        return self.alu(Ops.WHERE, dtype, [srcs[0], *(Val(Kind.SCALAR, (UOp.const(dtype, v),)) for v in (1, 0))], [dtypes.bool, dtype, dtype])
+      if op is Ops.CMPNE and op in self.target.vector_ops:
+        return Val(Kind.VECTOR, (self.value(op, dtype, tuple(self.mask(s) for s in srcs), self.width),))
     if op in self.target.vector_ops and all(d in self.vf for d in floats[op is Ops.WHERE:]) and (dtype in self.vf or op in CMP):
       if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
       else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
