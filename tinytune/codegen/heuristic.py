@@ -219,8 +219,15 @@ def plan_transpose(p: Plan) -> bool:
 
 
 def plan_elementwise(p: Plan) -> bool:
-  """Anything else: vectors along the lane dim."""
+  """Anything else: vectors along the lane dim; where it is too short for one (a pool's 2x2 windows laid out last), the short trailing
+  dims unrolled whole, up to 16 values, not looped over two at a time: the CNN step's batchnorm into its pool's windows
+  (128x32x10x10x2x2) 3.96 -> 1.89 ms on x86-64-v3 (one thread's CPU time)."""
+  k = p.k
   if p.vectorize and p.lane is not None: p.upcast(p.lane, 2 * p.simd, p.simd, 8, 4)
+  if k.upcast_size() == 1 and p.lane is not None and k.sizes[p.lane] < 4:
+    for d in (d for d in reversed(range(k.n_global)) if k.sizes[d] > 1):
+      if k.upcast_size() * k.sizes[d] > 16: break
+      p.upcast(d, k.sizes[d])
   return True
 
 
