@@ -456,6 +456,26 @@ def test_short_trailing_dims_no_vector_fits_are_unrolled() -> None:
   assert {a.dim for a in k.axes if a.kind is AxisKind.UPCAST} >= {4, 5} and k.upcast_size() <= 16, k.opts
 
 
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v4"])
+def test_a_transpose_of_computed_values_takes_the_small_tile(target: str) -> None:
+  """relu's gradient written channels last (the CNN step's 128x24x24x32, x and the gradient both read 672 floats apart along the
+  channels) in 4x4 tiles, not the 8x8 of a copy: 4.9 -> 2.7 ms on a Zen 4, at x86-64-v3 and natively alike."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import AxisKind
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name == "E_1_128_24_24_32")
+  t = cpu_target(target)
+  caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers)
+  k = Kernel(ast, caps).apply_opts(default_opts(Kernel(ast, caps)))
+  assert sorted(a.size for a in k.axes if a.kind is AxisKind.UPCAST) == [4, 4], k.opts
+
+
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""
