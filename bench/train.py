@@ -1,6 +1,6 @@
 """A training step against PyTorch eager on the same threads, in one run.
 
-  python bench/train.py [--threads 2] [--rounds 5] [--steps 50] [--skip-cnn] [--target x86-64-v3]
+  python bench/train.py [--threads 2] [--rounds 5] [--steps 50] [--skip-cnn] [--target x86-64-v3] [--kernels N]
 
 (a) the MLP 784 -> 128 -> 10, batch 128, Adam, data in memory: one step = sample a batch + forward + backward + update; tinytune
     under TinyJit against torch eager. The figure is torch's time per step over tinytune's (above 1: tinytune is faster).
@@ -9,7 +9,8 @@
     so `tinytune search train_step -p model=cnn --seconds 120` tunes them; run this again afterwards for the tuned figure.
 Every figure is the median of --rounds rounds of --steps steps, tinytune's and torch's rounds in turn (a load that comes and
 goes falls on both); the first steps (compile, capture) are not timed. With --target (or $TINYTUNE_CPU_TARGET) narrower than this
-CPU, PyTorch is held to the target's ISA too (it reads that as it loads, so before it is imported here).
+CPU, PyTorch is held to the target's ISA too (it reads that as it loads, so before it is imported here). --kernels N then runs each
+kernel of tinytune's CNN step alone, in order, and lists the N slowest by their median (with OMP_NUM_THREADS=1 on a loaded machine).
 """
 from __future__ import annotations
 
@@ -96,7 +97,9 @@ def cnn_steps(batch: int) -> tuple[Callable[[], object], Callable[[], object]]:
 
   def tt() -> object:
     idx = rng.integers(0, len(X), batch)
-    return tt_step(Tensor(X[idx]), Tensor(Y[idx]))
+    tt.inputs = [Tensor(X[idx]), Tensor(Y[idx])]  # type: ignore[attr-defined]  # the last step's, for --kernels
+    return tt_step(*tt.inputs)  # type: ignore[attr-defined]
+  tt.jit = tt_step  # type: ignore[attr-defined]
 
   tparams = [torch.tensor(a, requires_grad=True) for a in weights]
   topt = torch.optim.Adam(tparams, lr=1e-3)
@@ -112,12 +115,30 @@ def cnn_steps(batch: int) -> tuple[Callable[[], object], Callable[[], object]]:
   return tt, pt
 
 
+def kernel_times(jit: object, inputs: list, rounds: int, top: int) -> None:
+  """Each kernel of a captured TinyJit step run alone, in the step's order on the step's last inputs, `rounds` times: the `top`
+  slowest by their median, with their opts (what a step's milliseconds are spent on)."""
+  from tinytune.engine.jit import TinyJit, _input_buffer
+  assert isinstance(jit, TinyJit) and jit.captured is not None
+  ins = [_input_buffer(t) for t in inputs]
+  steps = [(k, [ins[b] if isinstance(b, int) else b for b in bufs]) for k, bufs in jit.captured.steps]
+  times: list[list[float]] = [[] for _ in steps]
+  for _ in range(rounds):
+    for (k, bufs), t in zip(steps, times): t.append(k.program(*bufs))
+  meds = [statistics.median(t) for t in times]
+  print(f"{len(steps)} kernels, their medians summed {sum(meds) * 1e3:.2f} ms; the slowest:")
+  for i in sorted(range(len(steps)), key=lambda i: -meds[i])[:top]:
+    k, opts = steps[i][0], " ".join(f"{o.op.name}:{o.axis}:{o.arg}" for o in steps[i][0].opts)
+    print(f"  {i:3d} {meds[i] * 1e3:7.3f} ms {k.flops / meds[i] / 1e9:6.1f} GFLOPS {k.name:30s} {opts}")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--threads", type=int, default=2)
   ap.add_argument("--rounds", type=int, default=5)
   ap.add_argument("--steps", type=int, default=50)
   ap.add_argument("--skip-cnn", action="store_true", help="only (a)")
+  ap.add_argument("--kernels", type=int, default=0, metavar="N", help="then time the CNN step's kernels one by one and list the N slowest")
   ap.add_argument("--target", default=None, help="CPU target of tinytune's kernels and PyTorch's ISA: native (default), x86-64-v3, ...")
   args = ap.parse_args()
   from tinytune.kernels.baselines import torch_env
@@ -141,6 +162,7 @@ def main() -> None:
   print(f"(b) CNN beautiful_mnist Adam step, batch 128, 28x28: tinytune+TinyJit {t_tt * 1e3:.2f} ms, torch eager {t_pt * 1e3:.2f} ms, "
         f"torch/tinytune {t_pt / t_tt:.2f}x (target >= 0.7; >= 1.0 after tuning: run `tinytune search train_step -p model=cnn "
         "--seconds 120`, then this again)")
+  if args.kernels: kernel_times(tt.jit, tt.inputs, args.rounds * steps, args.kernels)  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

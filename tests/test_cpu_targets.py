@@ -446,6 +446,85 @@ def test_conv_weight_gradients_k_blocks_follow_the_l2_size() -> None:
     assert next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
 
 
+def test_conv_weight_gradient_of_a_biased_input_k_blocks() -> None:
+  """The 3x3 64 -> 64 weight gradient of the CNN step reads relu(x + b) (3.3 MB of inputs): the bias, which the reduce does not move,
+  keeps it from no K blocks; it sums its images in blocks whose inputs stay in half a 1 MB L2."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.opts import OptOps
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name.startswith("r_1_3_3_64_64_"))
+  t = cpu_target("x86-64-v3")
+  caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=1 << 20)
+  k = Kernel(ast, caps)
+  opts = default_opts(k)
+  block = next((o.arg for o in opts if o.op is OptOps.KBLOCK), None)
+  assert block is not None and sum(b.nbytes for b in k.bufs) * block <= 128 * (1 << 19), opts
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v4"])
+def test_a_register_tile_takes_an_odd_row_dim_whole(target: str) -> None:
+  """The CNN step's 1 -> 32 5x5 weight gradient tiles its 32 output channels by the kernel's 5 columns (10 accumulators with AVX2),
+  where no row count that divides 5 was tried and the tile was 2 vectors: 23.6 -> 69.9 GFLOPS on x86-64-v3 (one thread)."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import AxisKind
+  from tinytune.helpers import prod
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name.startswith("r_1_5_5_1_32_"))
+  t = cpu_target(target)
+  caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers)
+  k = Kernel(ast, caps).apply_opts(default_opts(Kernel(ast, caps)))
+  ups = [a for a in k.axes if a.kind is AxisKind.UPCAST]
+  assert {a.dim for a in ups} == {2, 4} and prod(a.size for a in ups) // t.lanes <= t.registers - 4, k.opts
+
+
+def test_short_trailing_dims_no_vector_fits_are_unrolled() -> None:
+  """The CNN step's batchnorm written into its pool's 2x2 windows (128x32x10x10x2x2): no vector fits the last dim, so the two
+  window dims are unrolled whole, where they were loops of two (3.96 -> 1.89 ms on x86-64-v3, one thread)."""
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import AxisKind
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name == "E_128_32_10_10_2_2")
+  k = Kernel(ast, Device["CPU"].caps)
+  k.apply_opts(default_opts(Kernel(ast, Device["CPU"].caps)))
+  assert {a.dim for a in k.axes if a.kind is AxisKind.UPCAST} >= {4, 5} and k.upcast_size() <= 16, k.opts
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v4"])
+def test_a_transpose_of_computed_values_takes_the_small_tile(target: str) -> None:
+  """relu's gradient written channels last (the CNN step's 128x24x24x32, x and the gradient both read 672 floats apart along the
+  channels) in 4x4 tiles, not the 8x8 of a copy: 4.9 -> 2.7 ms on a Zen 4, at x86-64-v3 and natively alike."""
+  import dataclasses
+
+  from tinytune import Kernel, dtypes
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import AxisKind
+  from tinytune.kernels import get_workload
+  from tinytune.kernels.workload import schedule
+  w = get_workload("train_step")
+  built, _ = w.instantiate(w.params({"model": 1, "batch": 128}), dtypes.float32)
+  ast = next(it.ast for it in schedule(built, "CPU")[0] if Kernel(it.ast, Device["CPU"].caps).name == "E_1_128_24_24_32")
+  t = cpu_target(target)
+  caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers)
+  k = Kernel(ast, caps).apply_opts(default_opts(Kernel(ast, caps)))
+  assert sorted(a.size for a in k.axes if a.kind is AxisKind.UPCAST) == [4, 4], k.opts
+
+
 def test_bench_compare_says_what_regressed(tmp_path) -> None:  # type: ignore[no-untyped-def]
   """bench/kernels.py --compare FILE: the shapes whose torch/tinytune ratio fell below 90% of the file's, and a file of another CPU
   family refused in one line."""

@@ -295,6 +295,30 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   with pytest.raises(KernelOptError, match="for the CPU"): kernel(arr(64, 64) + 1, GPU, [Opt(OptOps.STREAM, 0, 0)])
 
 
+def test_a_padded_copy_of_a_computed_value_indexes_its_source_by_its_own_dims() -> None:
+  """relu(x + b) padded (as the CNN step pads its batchnorm's gradient for the input gradient's conv): the source is indexed by its
+  own dims counted from the mask's start, with no division, in vector loads guarded by the mask (an extra image of padding reads
+  nothing), where the index through the flat offset had a division and a modulo per dim and gathered each lane."""
+  rng = np.random.default_rng(0)
+  x, b = rng.standard_normal((2, 3, 4, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+  y = (Tensor(x) + Tensor(b).reshape(1, 3, 1, 1)).relu().pad(((0, 1), (0, 0), (2, 2), (4, 4)))
+  p = lower(kernel(y, CPU, [Opt(U, 3, 4)]), CRenderer())
+  assert not any(v.op in (Ops.IDIV, Ops.MOD) for u in p.uops for s in u.src for v in s.toposort)
+  x_load = next(u for u in p.uops if u.op is Ops.LOAD and u.arg.buf == 1)
+  assert x_load.arg.width == 4 and x_load.src[1].op is not Ops.CONST  # one vector, read where the mask holds
+  np.testing.assert_array_equal(y.numpy(), np.pad(np.maximum(x + b.reshape(1, 3, 1, 1), 0), ((0, 1), (0, 0), (2, 2), (4, 4))))
+
+
+def test_a_mask_made_a_number_stays_a_vector() -> None:
+  """(x == y) as float32, as a max pool's gradient counts its window's maxima: the comparison's mask, negated and made a number, stays
+  one vector, where each lane was taken out of it and converted on its own."""
+  x, y = np.arange(32, dtype=np.float32).reshape(4, 8), np.arange(32, dtype=np.float32).reshape(4, 8) % 3
+  out = (Tensor(x) == Tensor(y)).float()
+  p = lower(kernel(out, CPU, [Opt(U, 1, 4)]), CRenderer())
+  assert not any(u.op is Ops.GEP for u in p.uops) and [u.op for u in p.uops if u.op in (Ops.CMPNE, Ops.WHERE)] == [Ops.CMPNE] * 2 + [Ops.WHERE]
+  np.testing.assert_array_equal(out.numpy(), (x == y).astype(np.float32))
+
+
 def test_sources_script_keeps_the_features_kernels(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
   """bench/sources.py builds the features' kernels from their tests' cases (attention, PIPELINE, wgmma, AMD's matrix cores, RASTER, index
   checks, the GPU plans), each renderer's opt lists applying to its kernel; a save of some then a check finds them identical, and a

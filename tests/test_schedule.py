@@ -112,6 +112,16 @@ def test_matmul_has_no_materialized_broadcast() -> None:
   assert item.out.size == 32 * 24  # the (32, 24, 16) product only exists inside the kernel
 
 
+def test_a_mask_beside_numbers_stays_a_mask() -> None:
+  """relu's gradient, (x > 0).where(g, 0.0): where's condition, broadcast beside float32 operands, was a float32 cast back to bool
+  (each SIMD lane of the comparison taken out, converted twice and put back); it is the comparison itself."""
+  x, g = Tensor.rand(4, 8).realize(), Tensor.rand(4, 8).realize()
+  (item,), _ = create_schedule((x > 0.5).where(g, 0.0).uop, x.device)
+  assert not any(u.op is Ops.CAST for u in item.ast.toposort)
+  np.testing.assert_array_equal(((x > 0.5).where(g, 0.0)).numpy(), np.where(x.numpy() > 0.5, g.numpy(), 0))
+  assert (x > 0.5).cast("float32").cast("bool").uop is (x > 0.5).uop and (x * 2).cast("int32").cast("bool").uop.op is Ops.CAST
+
+
 def test_realized_results_are_reused() -> None:
   a = Tensor.rand(16, 16).realize()
   m = a.max(1, keepdim=True)

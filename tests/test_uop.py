@@ -46,6 +46,17 @@ def test_nested_div_and_mod() -> None:
   assert simplify((x * 3) % 3) is c(0)
 
 
+def test_a_part_below_a_factor_of_the_divisor_drops() -> None:
+  # a pool's backward upcast along w (20 wide) by 4: (20h + 4g + lane) // 40 is h // 2 (its 2x2 windows' row), as w stays below 20
+  h, g, lane = UOp.var("h", 0, 19), UOp.var("g", 0, 4), UOp.var("lane", 0, 3)
+  assert simplify((h * 20 + g * 4 + lane) // 40) is simplify(h // 2) is simplify((h * 20 + g * 4 + 3) // 40)
+  assert simplify((h * 20 + g * 4 + lane) % 40) is simplify((h % 2) * 20 + g * 4 + lane)
+  assert simplify((h * 20 + g * 4 + lane + 1) // 40) is not simplify(h // 2)  # w + 1 reaches 20
+  # a bound on an upcast's groups: 4g + lane < 24 is g < 6 for every lane; 4g + lane < 22 is not one comparison of g
+  g = UOp.var("g", 0, 9)
+  assert simplify((g * 4 + lane).lt(24)) is simplify(g.lt(6)) and lane in simplify((g * 4 + lane).lt(22)).vars
+
+
 def test_gcd_cancels() -> None:
   assert simplify((x * 6 + y * 4 + 2) // 2) is simplify(x * 3 + y * 2 + 1)
   e = simplify((x * 6 + y * 4) % 4)  # 2 * ((3x + 2y) % 2)

@@ -14,6 +14,17 @@ def split_offset(off: UOp, shape: tuple[int, ...], simplified: Callable[[UOp], U
   return tuple(simplified((off // st) % s) if s != 1 else UOp.const(dtypes.int64, 0) for s, st in zip(shape, strides_for(shape)))
 
 
+def masked_split(v: View, idxs: tuple[UOp, ...], shape: tuple[int, ...], simplified: Callable[[UOp], UOp] = simplify) -> tuple[UOp, ...]:
+  """The index along each dim of a contiguous `shape` at which view `v` reads at `idxs`, right where v's mask holds: each dim is
+  counted from its mask's start, so a padded copy's index splits with no division (outside the mask it may leave the source)."""
+  assert v.mask is not None
+  starts = [UOp.var(f"masked{d}", 0, hi - lo - 1) for d, (lo, hi) in enumerate(v.mask)]
+  off = v.offset + sum(lo * st for (lo, _), st in zip(v.mask, v.strides))
+  split = split_offset(simplified(sum((j * st for j, st in zip(starts, v.strides) if st != 0), UOp.const(dtypes.int64, off))), shape, simplified)
+  back = {j: i - lo for j, i, (lo, _) in zip(starts, idxs, v.mask)}
+  return tuple(simplified(i.substitute(back)) for i in split)
+
+
 def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
   strides, acc = [], 1
   for s in reversed(shape):

@@ -130,7 +130,10 @@ class UOp:
     dtype = dtypes.bool if op in COMPARISONS else (src[-1] if op is WHERE else self).dtype
     return UOp(op, dtype, (self, *src))
 
-  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+  def cast(self, dtype: DType) -> UOp:
+    if self.dtype == dtype: return self
+    if dtype == dtypes.bool and self.op is Ops.CAST and self.src[0].dtype == dtypes.bool: return self.src[0]  # a mask made a number and back
+    return UOp(Ops.CAST, dtype, (self,))
 
   # ***** symbolic index math (python ints are promoted to int constants) *****
   def _c(self, x: UOp | int) -> UOp: return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
@@ -380,18 +383,35 @@ def divmod_const(u: UOp, x: UOp, divisor: UOp) -> UOp | None:
     y = from_linear(u.dtype, {t: v // g for t, v in terms.items()}, c // g)
     return y // (d // g) if op is Ops.IDIV else (y % (d // g)) * g
   whole, q = {t: v // d for t, v in terms.items() if v % d == 0}, c // d
-  if not whole and q == 0: return None  # nothing to pull out of the division
+  if not whole and q == 0:  # nothing to pull out of the division: a part that a factor g of d leaves below g may drop
+    if (split := _split_below(terms, c, lambda g: d % g == 0)) is None: return None
+    g, big, small = split
+    return big // (d // g) if op is Ops.IDIV else (big % (d // g)) * g + small
   rest = from_linear(u.dtype, {t: v for t, v in terms.items() if v % d != 0}, c % d)  # floor semantics: (d*a + r) // d == a + r // d
   return rest % d if op is Ops.MOD else from_linear(u.dtype, whole, q) + rest // d
 
 
+def _split_below(terms: dict[UOp, int], c: int, fits: Callable[[int], bool]) -> tuple[int, UOp, UOp] | None:
+  """sum(terms) + c as g*big + small with 0 <= small < g, for the largest factor g = gcd(coefficient, ...) that `fits` and leaves
+  some term in big (a split index whose inner part an upcast's lanes or a padded view's offset keep below the outer's stride)."""
+  dtype = next(iter(terms)).dtype if terms else dtypes.int64
+  for g in sorted({abs(v) for v in terms.values()}, reverse=True):
+    if g < 2 or not fits(g): continue
+    small = from_linear(dtype, {t: v for t, v in terms.items() if v % g != 0}, c % g)
+    if 0 <= small.vmin and small.vmax < g:
+      return g, from_linear(dtype, {t: v // g for t, v in terms.items() if v % g == 0}, c // g), small
+  return None
+
+
 def lt_const(a: UOp, c: UOp) -> UOp | None:
-  """sum + k < c becomes sum < c - k, and a common factor g of the sum's coefficients divides out: g*s < c iff s < ceil(c / g)."""
+  """sum + k < c becomes sum < c - k, and a common factor g of the sum's coefficients divides out: g*s < c iff s < ceil(c / g);
+  g*s + r < c with 0 <= r < g (an upcast's lanes) is s < ceil(c / g) where g divides c."""
   if not a.dtype.is_int: return None
   c, (terms, k) = c.arg, linear(a)
   if k != 0: return from_linear(a.dtype, terms, 0).lt(c - k)
   g = math.gcd(*terms.values()) if terms else 1
   if g > 1: return from_linear(a.dtype, {t: v // g for t, v in terms.items()}, 0).lt(-(-c // g))
+  if (split := _split_below(terms, 0, lambda g: c % g == 0)) is not None: return split[1].lt(c // split[0])
   return None
 
 

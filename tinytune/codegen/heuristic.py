@@ -180,10 +180,11 @@ def plan_register_tile(p: Plan) -> bool:
   vectors = max(1, k.upcast_size() // simd)
   # rows x vectors of accumulators, at most the registers less 4 (B's vectors, a broadcast of A): 16 registers (AVX2, SSE) hold 6 rows
   # of 2 vectors, 12 accumulators, enough FMAs in flight for two units of latency 4 where 4 rows leave them waiting (1024^3 on
-  # x86-64-v3, one core: 1.59x faster, the rows padded to 1026)
+  # x86-64-v3, one core: 1.59x faster, the rows padded to 1026); an odd dim of 5 or 3 rows whole where it is not padded (the CNN step's
+  # 1 -> 32 5x5 weight gradient by its kernel's 5 columns: 23.6 -> 69.9 GFLOPS on x86-64-v3, one thread)
   fits = [r for r in ((16, 8, 6, 4, 3, 2) if three else (16, 8, 6, 4, 2)) if r * vectors <= k.caps.vector_registers - 4]
   if (r := _pad_to(k.sizes[row], fits)) and k.sizes[row] % r: p.first_valid(Opt(OptOps.PADTO, row, r))
-  p.upcast(row, *fits)
+  p.upcast(row, *fits, *(r for r in (5, 3) if r * vectors <= k.caps.vector_registers - 4))
   return True
 
 
@@ -218,7 +219,10 @@ def plan_transpose(p: Plan) -> bool:
   Where no tile splits that dim (a padded row of 34) and the vectors' gathered lines share too few L1 sets (rows 4 KiB apart), that
   dim's whole run inside a few lanes (see _transpose_runs): conv2d 4x32 at 32^2's NCHW -> padded NHWC copy 0.214 -> 0.028 ms."""
   if p.lane is None: return False
-  if (tile := _transpose_tile(p.k, p.lane, p.strides)) is not None:
+  # 4x4 where the values are computed, not copied (relu's gradient written channels last for the CNN step's 5x5 weight gradient, x and
+  # the gradient both gathered: 8x8 4.9 ms, 4x4 2.7 on a Zen 4, at x86-64-v3 and natively alike)
+  computed = any(u.op in ALU and u.op is not Ops.CAST for u in p.k.ast.toposort)
+  if (tile := _transpose_tile(p.k, p.lane, p.strides, (4,) if computed else (8, 4))) is not None:
     p.upcast(p.lane, tile[1])
     p.upcast(tile[0], tile[1])
   elif (runs := _transpose_runs(p.k, p.lane, p.strides)) is not None:
@@ -229,8 +233,15 @@ def plan_transpose(p: Plan) -> bool:
 
 
 def plan_elementwise(p: Plan) -> bool:
-  """Anything else: vectors along the lane dim."""
+  """Anything else: vectors along the lane dim; where it is too short for one (a pool's 2x2 windows laid out last), the short trailing
+  dims unrolled whole, up to 16 values, not looped over two at a time: the CNN step's batchnorm into its pool's windows
+  (128x32x10x10x2x2) 3.96 -> 1.89 ms on x86-64-v3 (one thread's CPU time)."""
+  k = p.k
   if p.vectorize and p.lane is not None: p.upcast(p.lane, 2 * p.simd, p.simd, 8, 4)
+  if k.upcast_size() == 1 and p.lane is not None and k.sizes[p.lane] < 4:
+    for d in (d for d in reversed(range(k.n_global)) if k.sizes[d] > 1):
+      if k.upcast_size() * k.sizes[d] > 16: break
+      p.upcast(d, k.sizes[d])
   return True
 
 
@@ -284,8 +295,10 @@ def k_blocks(p: Plan) -> None:
     rows, red = k.sizes[p.tile_row] * k.ast.dtype.itemsize, k.remaining(k.n_global).size
     if rows * red > KBLOCK_BYTES:
       p.first_valid(*(Opt(OptOps.KBLOCK, 0, b) for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= KBLOCK_BYTES // rows))
-  if p.tile_row is not None and not p.gathered and not p.pack and k.n_reduce > 1 and all(st[k.n_global] for st in p.strides):
-    # a reduce over several dims that every input is split along the first of (a convolution's weight gradient: batch x positions)
+  if p.tile_row is not None and not p.gathered and not p.pack and k.n_reduce > 1 and \
+     all(st[k.n_global] or not any(st[k.n_global:]) for st in p.strides):
+    # a reduce over several dims that every input is split along the first of (a convolution's weight gradient: batch x positions),
+    # but for reads the reduce does not move (a bias added to the input: relu(x + b)'s gradient of the 3x3 64 -> 64 conv)
     # in blocks of that dim whose inputs stay in half the L2 while every register tile reads them: the 5x5 gradient of the CNN step
     # (32x32 channels, 128x20x20 terms, 16 MB read by each of 400 tiles) in blocks of 4 images: 2.9x on x86-64-v3, 1.1-1.2x native
     first, inner, inputs, most = k.remaining(k.n_global).size, prod(k.sizes[k.n_global + 1:]), sum(b.nbytes for b in k.bufs), k.caps.l2_bytes // 2
@@ -432,11 +445,11 @@ def stacked_dims(k: Kernel) -> list[tuple[int, int]]:
   return sorted(found.items())
 
 
-def _transpose_tile(k: Kernel, lane: int, strides: list[list[int]]) -> tuple[int, int] | None:
+def _transpose_tile(k: Kernel, lane: int, strides: list[list[int]], widths: tuple[int, ...] = (8, 4)) -> tuple[int, int] | None:
   """For a kernel with no reduce (the heuristic asks no other): (dim, width) where an input gathered along the lane dim is contiguous
-  along that other output dim, and width (8 or 4) splits both."""
+  along that other output dim, and width (the first of `widths`) splits both."""
   return next(((d, w) for st in strides if abs(st[lane]) >= GATHER_STRIDE for d in range(k.n_global) if d != lane and st[d] == 1
-               for w in (8, 4) if k.sizes[lane] % w == 0 and k.sizes[d] % w == 0), None)
+               for w in widths if k.sizes[lane] % w == 0 and k.sizes[d] % w == 0), None)
 
 
 def l1_lines(k: Kernel, stride: int) -> int:

@@ -28,7 +28,7 @@ from tinytune.codegen.lower.program import (
 from tinytune.codegen.lower.rows import RowArrays
 from tinytune.codegen.lower.staged import StagedTiles
 from tinytune.dtype import DType, dtypes
-from tinytune.shape import split_offset, strides_for
+from tinytune.shape import masked_split, split_offset, strides_for
 from tinytune.uop import Ops, UOp, from_linear, is_linear, linear, linear_sum, simplify
 
 
@@ -47,6 +47,10 @@ class Lowerer:
     self.memo: dict[tuple, Val] = {}  # the values made in `lines`, by node and index (reset with it)
     self.simplified: dict[UOp, UOp] = {}  # index math is simplified once per kernel, however many lanes and instances share it
     self.view_indices: dict[tuple, tuple[UOp, UOp, tuple[UOp, ...]]] = {}
+    # an elementwise kernel reads a masked view of a computed value (a padded copy) by the source's own dims (masked_split), each read
+    # made for it guarded by the mask (read_guard), so the source is read in the mask alone; a reduce's loops read outside node()
+    self.masked_reads = k.reduceop is None and k.attention is None and not any(u.op is Ops.CHECK for u in k.ast.toposort)
+    self.read_guard = TRUE
     # the reduces: each accumulator (reduce, the output index that made it, its value), where each is, and the dims of the output
     # instance that made it; a chain's reduces run one loop each, in `stage` order
     self.accs: list[tuple[UOp, tuple[UOp, ...], Val]] = []
@@ -155,13 +159,15 @@ class Lowerer:
     if (key := (view, used)) not in self.view_indices:
       valid = TRUE if v.mask is None else self.simplify(v.index(idx)[1])
       off, src = linear_sum(dtypes.int64, [(i, st) for i, st in zip(idx, v.strides) if st != 0], v.offset, self.simplified), view.src[0]
-      child = () if src.op is Ops.BUFFER else split_offset(off, src.shape, self.simplify)
+      if src.op is Ops.BUFFER: child: tuple[UOp, ...] = ()
+      elif self.masked_reads and v.mask is not None: child = masked_split(v, idx, src.shape, self.simplify)
+      else: child = split_offset(off, src.shape, self.simplify)
       self.view_indices[key] = (off, valid, child)
     return self.view_indices[key]
 
   # ***** values *****
   def node(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
-    key = (u, idx)
+    key = (u, idx, self.read_guard)
     if key in self.memo: return self.memo[key]
     if u.op is Ops.CONST: ret = Val(Kind.SCALAR, (u,))
     elif u.op is Ops.VIEW:
@@ -170,8 +176,14 @@ class Lowerer:
       elif self.in_body and u in self.staged.tiles: ret = self.staged.read(u)
       elif self.in_body and u in self.packed.panels: ret = self.packed.read(u)
       elif (src := u.src[0]).op is Ops.BUFFER:
+        if self.read_guard is not TRUE and not 0 <= off.vmin <= off.vmax < src.arg.size: valid = self.simplify(valid.logical_and(self.read_guard))
         if (lkey := (src, off, valid)) not in self.memo: self.memo[lkey] = self.load(src, off, valid)
         ret = self.memo[lkey]
+      elif self.masked_reads and u.arg.mask is not None:  # its source is read where the mask holds: masked_split's index is right there
+        outer, self.read_guard = self.read_guard, self.simplify(valid.logical_and(self.read_guard))
+        ret = self.node(src, child)
+        self.read_guard = outer
+        if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
       else:
         ret = self.node(src, child)
         if valid is not TRUE: ret = self.alu(Ops.WHERE, u.dtype, [self.index_val(valid), ret, Val(Kind.SCALAR, (UOp.const(u.dtype, 0),))])
@@ -231,6 +243,13 @@ class Lowerer:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
     if all(s.kind is Kind.SCALAR for s in srcs): return Val(Kind.SCALAR, (self.value(op, dtype, tuple(s.items[0] for s in srcs)),))
     floats = src_dtypes or ([dtypes.bool, dtype, dtype] if op is Ops.WHERE else [dtype])
+    if floats[0] == dtypes.bool and any(s.kind is Kind.VECTOR for s in srcs) and Ops.WHERE in self.target.vector_ops:
+      # a mask vector (a comparison's) made a number, or compared with another, stays a vector: a pool's gradient counts its window's
+      # maxima this way, and took each lane out and converted it twice
+      if op is Ops.CAST and dtype in self.vf:
+        return self.alu(Ops.WHERE, dtype, [srcs[0], *(Val(Kind.SCALAR, (UOp.const(dtype, v),)) for v in (1, 0))], [dtypes.bool, dtype, dtype])
+      if op is Ops.CMPNE and op in self.target.vector_ops:
+        return Val(Kind.VECTOR, (self.value(op, dtype, tuple(self.mask(s) for s in srcs), self.width),))
     if op in self.target.vector_ops and all(d in self.vf for d in floats[op is Ops.WHERE:]) and (dtype in self.vf or op in CMP):
       if op is Ops.WHERE: args = (self.mask(srcs[0]), *(self.splat(s) for s in srcs[1:]))
       else: args = tuple(self.vec(s) if op in ARITH else self.splat(s) for s in srcs)  # operators take scalars beside vectors
