@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
-from tinytune.codegen.clib import STREAM16, dot_pairs, fold_functions, vector_math
+from tinytune.codegen.clib import dot_pairs, fold_functions, streaming_stores, vector_math
 from tinytune.codegen.cstyle import CRenderer
 from tinytune.dtype import dtypes
 from tinytune.runtime.cpu import FLAGS, cpuinfo
@@ -141,14 +141,18 @@ def test_lane_folds_put_each_vectors_fold_in_its_lane(cc: str, tmp_path: Path) -
     np.testing.assert_array_equal(m, x.max(1))
 
 
-def test_streaming_stores_write_every_line(tmp_path: Path) -> None:
-  """tt_f16_stream stores a vector where the address starts a 64-byte line (non-temporally, with AVX-512) and where it does not."""
-  src = CRenderer().vector_prelude(16, set())
-  assert STREAM16 in src
-  src += "void f(const float* x, float* y, int n) { for (int i = 0; i < n; i += 16) tt_f16_stream(y + i, tt_f16_load(x + i)); tt_fence(); }\n"
+@pytest.mark.parametrize("cc", ["gcc", "clang"])
+@pytest.mark.parametrize("w", [8, 16])
+def test_streaming_stores_write_every_line(w: int, cc: str, tmp_path: Path) -> None:
+  """tt_f{w}_stream stores a vector where the address is aligned to it (non-temporally, with AVX-512 at 16 lanes, AVX at 8) and where
+  it is not, built by gcc and clang; without those instructions it is a plain store."""
+  src = CRenderer().vector_prelude(w, set())
+  if w == 16: assert streaming_stores(16) in src  # every 16-lane program has it; an 8-lane one where it streams (program_prelude)
+  else: src += streaming_stores(w)
+  src += f"void f(const float* x, float* y, int n) {{ for (int i = 0; i < n; i += {w}) tt_f{w}_stream(y + i, tt_f{w}_load(x + i)); tt_fence(); }}\n"
   x = np.random.default_rng(0).standard_normal(1024).astype(np.float32)
-  for extra in ([], NO_AVX512):
-    fn = build(tmp_path, src, f"stream{len(extra)}", extra).f
+  for extra in ([], NO_AVX512 if w == 16 else NO_AVX):
+    fn = build(tmp_path, src, f"stream{len(extra)}", extra, cc).f
     for skew in (0, 1, 8):
       raw = np.zeros(x.size + 32, np.float32)
       out = raw[(-raw.ctypes.data % 64) // 4 + skew:][:x.size]

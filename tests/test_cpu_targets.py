@@ -357,6 +357,55 @@ def test_matmuls_pack_b_where_enough_rows_read_its_panels() -> None:
   assert {OptOps.PACK, OptOps.KBLOCK} <= ops(opts(256, 4096, 4096, "x86-64-v4", gathered=True))
 
 
+def test_attentions_matmuls_take_3_rows_of_4_vectors_on_16_registers() -> None:
+  """On AVX2 attention's Q.K^T (K of 64) and P.V (64 columns) take 3 rows by 4 vectors (P.V's rows of P pass twice, not 4 times), as
+  does a batch of matmuls with a K of 64; AVX-512's 32 registers keep 6 by 2, as do AVX2's 1024^3 matmul and a batch whose K and
+  columns are both 64 (Winograd's GEMMs)."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import OptOps
+  from tinytune.engine.schedule import create_schedule
+  def tiles(t: Tensor, target: str) -> list[list[int]]:  # each kernel's UPCASTs of its matmul (those with a reduce)
+    items, _ = create_schedule(t.uop, "CPU")
+    caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=cpu_target(target).lanes, vector_registers=cpu_target(target).registers)
+    kernels = [Kernel(item.ast, caps) for item in items]
+    return [[o.arg for o in default_opts(k) if o.op is OptOps.UPCAST] for k in kernels if k.reduceop is not None and k.n_global == 4]
+  ones = lambda *shape: Tensor(np.ones(shape, np.float32))  # noqa: E731
+  q = ones(1, 8, 1024, 64)
+  assert tiles(q.scaled_dot_product_attention(ones(1, 8, 1024, 64), ones(1, 8, 1024, 64)), "x86-64-v3") == [[32, 3], [16], [32, 3]]
+  assert tiles(q.scaled_dot_product_attention(ones(1, 8, 1024, 64), ones(1, 8, 1024, 64)), "x86-64-v4") == [[32, 8], [32], [32, 8]]
+  assert tiles(ones(1, 16, 256, 64) @ ones(1, 16, 64, 256), "x86-64-v3") == [[32, 3]]
+  assert tiles(ones(1, 36, 256, 64) @ ones(1, 36, 64, 64), "x86-64-v3") == [[16, 6]]
+  assert tiles(ones(1, 1, 1024, 1024) @ ones(1, 1, 1024, 1024), "x86-64-v3") == [[16, 6]]
+
+
+def test_outputs_stream_past_the_caches_from_a_size_per_target() -> None:
+  """STREAM by default for float32 outputs of whole lines: AVX-512 (a line a store) from 8 MiB (STREAM_BYTES), AVX2 (two stores a line)
+  only from 32 MiB (STREAM_HALF_LINES_BYTES, past the L3), its source storing each line's two halves non-temporally; SSE's 4 lanes never."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.cstyle import CRenderer
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  def kernel(n: int, target: str) -> Kernel:  # an elementwise kernel of n float32 outputs with its default opts
+    (item,), _ = create_schedule((Tensor(np.ones(n, np.float32)) + 1).uop, "CPU")
+    t = cpu_target(target)
+    k = Kernel(item.ast, dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers))
+    return k.apply_opts(default_opts(k))
+  assert [kernel(n, "x86-64-v3").stream for n in (4 << 20, 8 << 20)] == [False, True]  # 16 and 32 MiB
+  assert kernel(2 << 20, "x86-64-v4").stream and not kernel(8 << 20, "x86-64-v2").stream
+  assert "tt_f8_stream(" in CRenderer().render(kernel(8 << 20, "x86-64-v3"))
+
+
 def test_packed_panels_k_blocks_follow_the_l2_size() -> None:
   """A packed panel of B stays within half the target's L2 (and PACK_BYTES): AVX2's 1024^3 panel of 16 columns by all of K (64 KiB)
   is whole with a 1 MB L2 or 128 KiB, and K is cut in blocks of 512 (32 KiB) with 64 KiB."""

@@ -64,9 +64,11 @@ def test_vector_math_dense(lo: float, hi: float) -> None:
 
 
 @pytest.mark.parametrize("cc", ["gcc", "clang"])
-def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> None:
-  """A STREAM kernel built by gcc and clang, with AVX-512 (non-temporal stores where the line is aligned) and without (plain
-  stores), writes the same values into an output that starts on a cache line and into one that does not."""
+@pytest.mark.parametrize("lanes,isa", [(16, "avx512f"), (8, "avx2")])
+def test_streaming_stores_write_every_line_aligned_or_not(cc: str, lanes: int, isa: str, tmp_path) -> None:
+  """A STREAM kernel built by gcc and clang, with AVX-512 or AVX2 (non-temporal stores where the vector is aligned: a line, or
+  two halves of one) and without (plain stores), writes the same values into an output that starts on a cache line and into one
+  that does not."""
   import ctypes
   import shutil
   import subprocess
@@ -75,16 +77,17 @@ def test_streaming_stores_write_every_line_aligned_or_not(cc: str, tmp_path) -> 
   from tinytune.engine.schedule import create_schedule
   from tinytune.runtime import DeviceCaps
   from tinytune.runtime.cpu import cpuinfo
-  if shutil.which(cc) is None or "avx512f" not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an AVX-512 CPU")
+  if shutil.which(cc) is None or isa not in cpuinfo().get("flags", "").split(): pytest.skip(f"needs {cc} and an {isa} CPU")
   x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
   items, _ = create_schedule(((Tensor(x) + 1) * 2).uop, "CPU")
-  k = Kernel(items[-1].ast, DeviceCaps(threads=2, simd_width=16))
+  k = Kernel(items[-1].ast, DeviceCaps(threads=2, simd_width=lanes))
   k.apply_opts([Opt(OptOps.UPCAST, 0, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)])
   (tmp_path / "s.c").write_text(src := CRenderer().render(k))
-  assert "tt_f16_stream" in src and "tt_fence();" in src
-  for extra in ([], ["-mno-avx512f"]):
+  assert f"tt_f{lanes}_stream" in src and "tt_fence();" in src
+  march, without = ("-march=native", "-mno-avx512f") if lanes == 16 else ("-march=x86-64-v3", "-mno-avx")
+  for extra in ([], [without]):
     lib = tmp_path / f"s{len(extra)}.so"
-    subprocess.run([cc, "-O3", "-march=native", *extra, "-fPIC", "-shared", "s.c", "-o", str(lib)], cwd=tmp_path, check=True)
+    subprocess.run([cc, "-O3", march, *extra, "-fPIC", "-shared", "s.c", "-o", str(lib)], cwd=tmp_path, check=True)
     fn = getattr(ctypes.CDLL(str(lib)), k.name)
     for skew in (0, 1):  # the output on a 64-byte line, then 4 bytes past one
       raw = np.zeros(x.size + 32, np.float32)

@@ -290,8 +290,8 @@ def test_a_chain_of_statistics_on_workgroups() -> None:
 
 
 def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> None:
-  """STREAM: the output's 16-lane vector stores (a 64-byte line each) go past the caches, and each thread's share ends with a fence;
-  narrower vector stores, scalar stores and the stores of a row array stay cached."""
+  """STREAM: the output's 16-lane vector stores (a 64-byte line each), or 8-lane ones two a line, go past the caches, and each thread's
+  share ends with a fence; narrower vector stores, 8-lane ones of half a line, scalar stores and the stores of a row array stay cached."""
   avx512 = DeviceCaps(threads=2, simd_width=16)
   p = lower(kernel(arr(64, 64).exp() + 1, avx512, [Opt(U, 1, 32), Opt(OptOps.THREAD, 0, 2), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   stores = [u for u in p.uops if u.op is Ops.STORE]
@@ -302,8 +302,40 @@ def test_stream_stores_whole_lines_past_the_caches_and_fences_each_thread() -> N
   assert src.count("tt_f16_stream(data0+") == 2 and "tt_fence();" in src
   narrow = lower(kernel(arr(64, 64) + 1, CPU, [Opt(U, 1, 8), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   assert not any(u.op is Ops.BARRIER or u.op is Ops.STORE and u.arg[2] for u in narrow.uops)
+  # AVX2's 8 lanes: two vectors a line, one after the other, where the lanes' part spans whole lines (16 floats), not 8
+  avx2 = DeviceCaps(threads=2, simd_width=8)
+  halves = lower(kernel(arr(64, 64).exp() + 1, avx2, [Opt(U, 1, 16), Opt(U, 0, 2), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
+  assert all(u.arg == StoreArg(8, 0, True) for u in halves.uops if u.op is Ops.STORE)
+  streamed = [line.strip() for line in CRenderer().spell(halves).splitlines() if "tt_f8_stream(data0+" in line]
+  assert [line.split("(g1*16))")[-1].split(",")[0] for line in streamed] == ["", "+8)", "+64)", "+72)"]  # each line's halves in turn
+  eight = lower(kernel(arr(64, 64) + 1, avx2, [Opt(U, 1, 8), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
+  assert not any(u.op is Ops.STORE and u.arg[2] for u in eight.uops) and "tt_f8_stream" not in CRenderer().spell(eight)
   softmax = lower(kernel(arr(64, 64).softmax(-1), avx512, [Opt(OptOps.LANES, 0, 32), Opt(U, 1, 32), Opt(OptOps.STREAM, 0, 0)]), CRenderer())
   assert {u.arg[1:3] for u in softmax.uops if u.op is Ops.STORE} == {(0, True), ("row0", False)}
   with pytest.raises(KernelOptError, match="once per kernel"):
     kernel(arr(64, 64) + 1, CPU, [Opt(OptOps.STREAM, 0, 0), Opt(OptOps.STREAM, 0, 0)])
   with pytest.raises(KernelOptError, match="for the CPU"): kernel(arr(64, 64) + 1, GPU, [Opt(OptOps.STREAM, 0, 0)])
+
+
+def test_sources_script_keeps_the_features_kernels(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+  """bench/sources.py builds the features' kernels from their tests' cases (attention, PIPELINE, wgmma, AMD's matrix cores, RASTER, index
+  checks, the GPU plans), each renderer's opt lists applying to its kernel; a save of some then a check finds them identical, and a
+  source unlike the one saved is reported."""
+  import json
+
+  from ops_support import bench_module
+  sources = bench_module("sources")
+  features = sources.features()
+  assert {name for _, plans in features.values() for name in plans} == {"c", "cuda_tiles", "hip_tiles", "opencl_tiles", "cuda_sm80", "cuda_sm90",
+                                                                      "hip_gfx1100", "hip_gfx942"}
+  assert all(lists for _, plans in features.values() for lists in plans.values())
+  monkeypatch.setattr(sources, "fuzzed", dict)
+  monkeypatch.setattr(sources, "features", lambda: dict(list(features.items())[::25]))
+  path = tmp_path / "sources.json"
+  sources.save(str(path), 0)
+  assert sources.check(str(path)) == 0
+  records = json.loads(path.read_text())
+  assert not any(r["src"].startswith("!!") for r in records)
+  records[-1]["src"] = records[-1]["src"].replace("(", "[", 1)
+  path.write_text(json.dumps(records))
+  assert sources.check(str(path)) == 1

@@ -766,6 +766,60 @@ def test_index_check_on_opencl_stores_per_work_item() -> None:
   assert "__global long* restrict data3" in OpenCLRenderer().render(Kernel(items[-1].ast, Device["EMU"].caps))
 
 
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc here to say which loops it vectorizes")
+def test_cpu_index_check_leaves_the_gather_loop_vectorizable(tmp_path: Any) -> None:
+  """On the CPU a thread keeps an index out of range in a register (the flag's first value until one comes) and stores it into the
+  flag once, after its loops: a store under a condition in the loop kept GCC from vectorizing the gather (a 10^6-element A[idx])."""
+  import re
+
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  from tinytune.runtime.cpu import FLAGS
+  items, _ = create_schedule(Tensor.arange(10**6).contiguous()[Tensor(np.zeros(10**6, np.int32))].uop, "CPU")
+  src = Device["CPU"].renderer.render(Kernel(items[-1].ast, Device["CPU"].caps))  # no opts: one thread, no OpenMP
+  assert src.count("__atomic_store_n") == 1 and re.search(r"\n  }\n  _Bool (v\d+) = \(flag3!=\(-1000000\)\);\n  if \(\1\) __atomic_store_n", src)
+  (tmp_path / "k.c").write_text(src)
+  res = subprocess.run(["gcc", *FLAGS, "-c", "k.c", "-o", "k.o", "-fopt-info-vec-optimized"], cwd=tmp_path, capture_output=True, text=True)
+  loop = src[:src.index("for (long g0")].count("\n") + 1
+  assert res.returncode == 0 and f"k.c:{loop}:" in res.stderr and "loop vectorized" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cpu_index_check_under_random_opts(seed: int) -> None:
+  """The CPU's flag register (see above) under the opt fuzzer's lists: a gather, a gather of rows, a sum over gathered rows (the check
+  in the reduce's loop) and an embedding; in range, each computes what it computes with its default opts and leaves the flag at its
+  first value; with one index out of range, that index lands in the flag."""
+  import random
+
+  from test_opts import random_sequence
+
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.engine import compile_kernel
+  from tinytune.engine.realize import Flag
+  from tinytune.engine.schedule import create_schedule
+  from tinytune.runtime import Device
+  rng = random.Random(seed)
+  A, X = Tensor.arange(64).contiguous().realize(), Tensor.arange(48 * 20).reshape(48, 20).float().contiguous().realize()
+  emb = nn.Embedding(30, 8)
+  cases = [(lambda i: A[i], -64, 64, (64,)), (lambda i: X[i], -48, 48, (12,)), (lambda i: X[i].sum(1), -48, 48, (16,)), (emb, 0, 30, (4, 6))]
+  for fn, lo, n, shape in cases:  # an embedding's ids are never negative
+    for bad in (None, n + 5):
+      idx = np.random.default_rng(seed).integers(lo, n, shape).astype(np.int32)
+      if bad is not None: idx.flat[3] = bad
+      out = fn(Tensor(idx).realize())
+      items, _ = create_schedule(out.uop, "CPU")
+      kernel = Kernel(items[-1].ast, Device["CPU"].caps)
+      kernel.apply_opts(random_sequence(kernel, rng))
+      (flag,) = [b for b in kernel.bufs if isinstance(b, Flag)]
+      program, _ = compile_kernel(kernel, "CPU")
+      program(items[-1].out, *kernel.bufs)
+      assert int(flag.numpy_view()[0]) == (flag.lo if bad is None else bad), kernel.opts
+      if bad is None:
+        np.testing.assert_allclose(items[-1].out.numpy_view().reshape(out.shape), fn(Tensor(idx)).numpy(), err_msg=str(kernel.opts))
+      flag.copyin(np.full(1, flag.lo))
+
+
 @pytest.mark.usefixtures("oracle_device")
 def test_ignored_targets_and_in_range_indices_pass() -> None:
   assert Tensor([[-1.0, -2.0]]).nll_loss(Tensor([-100])).isnan().item()  # torch's ignore_index: 0 / 0, as torch

@@ -314,7 +314,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
   from tinytune.reports import params_label, render
   from tinytune.results_db import Database
   from tinytune.runtime import Device
-  from tinytune.search.worker import mismatches
 
   _check_format(args.format)
   workload = get_workload(args.workload)
@@ -326,19 +325,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
   against = _installed(against, args)
   peaks = _peaks(db, device, measure=not args.no_peak)
   timings = _timings(workload, params, device, against, db, dtype, args)
+  if not args.no_store:
+    for t in timings.values(): store(db, workload, params, device, t, dtype)
   ref = workload.reference(params, *[a.astype(np.float64) if dtype.is_float else a for a in workload.arrays(params, dtype)])
-  flops, nbytes, tuned_s = workload.flops(params), workload.nbytes(params, dtype.itemsize), timings["tinytune-tuned"].median_s
-  rows, ok = [], True
-  for lib, t in timings.items():
-    wrong = t.output is None or t.output.shape != ref.shape or mismatches(t.output, ref, tolerance(dtype)).any()
-    if lib.startswith("tinytune") and wrong: ok = False
-    if not args.no_store: store(db, workload, params, device, t, dtype)
-    gflops, gbs = flops / t.median_s / 1e9, nbytes / t.median_s / 1e9
-    roof_pct, above = roof(gflops, gbs, peaks, dtype.name)
-    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "spread": t.spread,
-                 "min_ms": t.min_s * 1e3,
-                 "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
-                 "note": "; ".join(x for x in (t.note, noisy({lib: t}), above) if x)})
+  rows, ok = _bench_rows(timings, ref, dtype, (workload.flops(params), workload.nbytes(params, dtype.itemsize)), peaks)
   peak = f" (roof {peaks[0]:.0f} GFLOPS, {peaks[1]:.1f} GB/s)" if peaks else ""
   what = f"{workload.name} {params_label(params, workload.name)} {dtype.name} on {_on(device)}{peak}"
   titles = {"implementations": f"{what} (ms: median ±spread of the runs; tuned_speedup above 1: tuned is faster)",
@@ -350,6 +340,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
   _emulated_note(device)
   if not ok: print(f"tinytune: error: {workload.name} in {dtype.name}: tinytune's output differs from NumPy's", file=sys.stderr)
   return 0 if ok else 1
+
+
+def _bench_rows(timings: dict[str, Any], ref: Any, dtype: Any, work: tuple[int, int], peaks: tuple[float, float] | None
+                ) -> tuple[list[dict[str, Any]], bool]:
+  """The table's row of each implementation (its times, rates of `work`'s flops and bytes, share of the roof, speed against tuned
+  tinytune), and whether every tinytune output matches the reference `ref`."""
+  from tinytune.search.worker import mismatches
+  (flops, nbytes), tuned_s = work, timings["tinytune-tuned"].median_s
+  rows, ok = [], True
+  for lib, t in timings.items():
+    wrong = t.output is None or t.output.shape != ref.shape or mismatches(t.output, ref, tolerance(dtype)).any()
+    if lib.startswith("tinytune") and wrong: ok = False
+    gflops, gbs = flops / t.median_s / 1e9, nbytes / t.median_s / 1e9
+    roof_pct, above = roof(gflops, gbs, peaks, dtype.name)
+    rows.append({"implementation": lib, "dtype": dtype.name, "version": t.version, "median_ms": t.median_s * 1e3, "spread": t.spread,
+                 "min_ms": t.min_s * 1e3,
+                 "gflops": gflops, "gbs": gbs, "roof_pct": roof_pct, "tuned_speedup": t.median_s / tuned_s,
+                 "note": "; ".join(x for x in (t.note, noisy({lib: t}), above) if x)})
+  return rows, ok
 
 
 def _peaks(db: Any, device: str, measure: bool) -> tuple[float, float] | None:

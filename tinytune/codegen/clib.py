@@ -63,20 +63,27 @@ HALF_CONVERT = {16: ("defined(__AVX512F__)", "__builtin_ia32_vcvtph2ps512_mask(h
                 8: ("defined(__F16C__)", "__builtin_ia32_vcvtph2ps256(h)", "__builtin_ia32_vcvtps2ph256(x, 0)")}
 
 
-# a non-temporal store of a whole 64-byte line (AVX-512's vmovntps, which needs the line's address; elsewhere a plain store), and the
-# fence after a thread's last one, so that its stores are visible once the kernel returns
-STREAM16 = """#if defined(__AVX512F__)
-static inline void tt_f16_stream(float* p, tt_f16 v) {
-  if ((__UINTPTR_TYPE__)p % 64) tt_f16_store(p, v);
+# a non-temporal vector store (vmovntps: AVX-512's of a whole 64-byte line, AVX's of half of one, each where the address is aligned to
+# it; elsewhere a plain store), and the fence after a thread's last one, so that its stores are visible once the kernel returns
+STREAM_ISA = {16: ("defined(__AVX512F__)", "__builtin_ia32_movntps512"), 8: ("defined(__AVX__)", "__builtin_ia32_movntps256")}
+
+
+def streaming_stores(w: int) -> str:
+  """tt_f{w}_stream and tt_fence (see STREAM_ISA), for the vectors of `w` float32 lanes that have a non-temporal store."""
+  if w not in STREAM_ISA: return ""
+  isa, movnt = STREAM_ISA[w]
+  return f"""#if {isa}
+static inline void tt_f{w}_stream(float* p, tt_f{w} v) {{
+  if ((__UINTPTR_TYPE__)p % {4 * w}) tt_f{w}_store(p, v);
 #ifdef __clang__
-  else __builtin_nontemporal_store(v, (tt_f16*)p);
+  else __builtin_nontemporal_store(v, (tt_f{w}*)p);
 #else
-  else __builtin_ia32_movntps512(p, v);
+  else {movnt}(p, v);
 #endif
-}
+}}
 #define tt_fence() __builtin_ia32_sfence()
 #else
-#define tt_f16_stream tt_f16_store
+#define tt_f{w}_stream tt_f{w}_store
 #define tt_fence()
 #endif
 """
@@ -108,20 +115,20 @@ def max_exp2(fp: str, w: int) -> str:
 """
   if w not in AVX512: return generic
   target, macros = AVX512[w]
+  nanmax = f"{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}\n"  # AVX-512's and AVX's: the same name, their own macro
   def define(i: int) -> str: return "".join(f"#define TT_{m}{w}(a, b) {spellings[i]}\n" for m, spellings in macros.items())
   ret = f"""#if {target}
 #ifdef __clang__
 {define(1)}#else
 {define(0)}#endif
-{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}
-{head}{clamp}  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
+{nanmax}{head}{clamp}  {F} n = (xc + 12582912.0f) - 12582912.0f, f = xc - n, p = {p};
   return TT_SCALEF{w}(p, n);
 }}
 """
   if w in AVX:
     target, spelled = AVX[w]
     ret += f"#elif {target}\n" + "".join(f"#define TT_{m}{w}(a, b) {spelling}\n" for m, spelling in spelled.items())
-    ret += f"{fp} {F} tt_max{w}({F} a, {F} b) {{ return TT_NANMAX{w}(a, b); }}\n{head}{clamp}{round_}{scale}  return r;\n}}\n"
+    ret += f"{nanmax}{head}{clamp}{round_}{scale}  return r;\n}}\n"
   return ret + f"#else\n{generic}#endif\n"
 
 
@@ -312,6 +319,6 @@ def dot_pairs(fp: str, w: int) -> str:
 
 
 def vector_library(fp: str, width: int, used: set[DType]) -> str:
-  """What a program with vectors of `width` float32 lanes may call: the vector math, streaming stores (16 lanes) and the
-  conversions of the 16-bit floats in `used`."""
-  return vector_math(fp, width) + (STREAM16 if width == 16 else "") + half_vectors(fp, width, used)
+  """What a program with vectors of `width` float32 lanes may call: the vector math, streaming stores (16 lanes; the 8 lanes' where a
+  program streams, see CRenderer.program_prelude) and the conversions of the 16-bit floats in `used`."""
+  return vector_math(fp, width) + (streaming_stores(width) if width == 16 else "") + half_vectors(fp, width, used)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tinytune.codegen.caps import STATIC_SHARED, DeviceCaps
-from tinytune.codegen.clib import dot_pairs, fold_functions, vector_library, vector_math
+from tinytune.codegen.clib import dot_pairs, fold_functions, streaming_stores, vector_library, vector_math
 from tinytune.codegen.kernel import Kernel
 from tinytune.codegen.lower import ARITH, CLOSES, FLOAT_LANES, OPENS, TRUE, VALUES, LinearProgram, lower, tc_kind
 from tinytune.dtype import DType, dtypes
@@ -255,7 +255,7 @@ class CStyleRenderer:
     (idx, val, guard), (w, buf, stream) = u.src, u.arg[:3]
     ptr, i, v = self.ptr(buf), self.index(idx, at.index), self.operand(val, at)
     if u.arg.any: return self.guarded(self.store_any(ptr, i, v, u.dtype), guard, at)
-    vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # streaming: see clib.STREAM16
+    vector = f"{self.vtype(w)}_{'stream' if stream else 'store'}{self.half_suffix.get(u.dtype, '')}({ptr}+{i}, {v});"  # see clib.streaming_stores
     return self.guarded(vector if w > 1 else self.store(ptr, i, v, u.dtype), guard, at)
   def special(self, u: UOp, at: _At) -> str:
     name, base, mult, mod = u.arg
@@ -328,10 +328,12 @@ class CRenderer(CStyleRenderer):
 
   def prelude(self, k: Kernel) -> str: return super().prelude(k) + vector_math(self.func_prefix, 0)
   def program_prelude(self, p: LinearProgram) -> str:
-    """TC's bfloat16 pairs and dot products, and the lane folds, where the program's statements call them; tt_hmul in float16 programs."""
+    """TC's bfloat16 pairs and dot products, the lane folds and 8 lanes' streaming stores, where the program's statements call them;
+    tt_hmul in float16 programs."""
     dots, folds = any(u.op is Ops.WMMA for u in p.uops), any(u.op is Ops.FOLD and u.arg.across for u in p.uops)
+    streams = p.width == 8 and any(u.op is Ops.STORE and u.arg.stream for u in p.uops)
     return (dot_pairs(self.func_prefix, p.width) if dots else "") + (fold_functions(self.func_prefix, p.width) if folds else "") \
-      + (HALF_PRODUCT if dtypes.float16 in _dtypes(p.kernel) else "")
+      + (streaming_stores(8) if streams else "") + (HALF_PRODUCT if dtypes.float16 in _dtypes(p.kernel) else "")
   lane_folds = True
   def lane_fold(self, op: Ops, args: list[str], width: int) -> str:
     return f"tt_fold_{'add' if op is Ops.ADD else 'max'}{width}((tt_f{width}[]){{{', '.join(args + args[:1] * (width - len(args)))}}})"

@@ -30,6 +30,11 @@ KBLOCK_BYTES = 8 << 20
 # an output this large goes past the caches (STREAM): it would not stay there for the next kernel, and a cached store first reads
 # the line it writes, a third more memory traffic
 STREAM_BYTES = 8 << 20
+# AVX2's streamed lines are two 8-lane stores: from this output size, which stays in no L3 we met (32 MiB on Zen 4), where smaller ones
+# could stay there for the next kernel (x86-64-v3, process CPU time of the kernels in turn, one thread, at load 6-7: attention
+# 1x8x1024x64's 32 MiB of scores and probabilities 1.04x, a 64 MiB softmax 1.19x, elementwise 1.22x; at 13-16 MiB conv2d 16x64x56x56
+# 0.89-0.99x, softmax 8192x512 0.95x)
+STREAM_HALF_LINES_BYTES = 32 << 20
 KBLOCK_MIN = 128  # shorter blocks spend more on reloading the output's partial sums than they save
 # K blocks of packed panels up to this long read A's rows in runs too short for the prefetcher (2 KiB): each of their row tiles waits on
 # L3, where longer ones keep up (x86-64-v3, one thread: 2048^3 in blocks of 512 65 GFLOPS, linear 256x4096x4096 in blocks of 2048 95,
@@ -157,8 +162,8 @@ def plan_dot(p: Plan) -> bool:
 def plan_register_tile(p: Plan) -> bool:
   """A matmul in any guise: a register tile like BLIS's micro-kernel, rows x (2 vectors) of accumulators, each loaded vector reused by
   every row; where A's values are computed (a fused bias and relu, softmax's exp), 4 vectors, so each computed row value serves more
-  lanes. A gathered B: one vector serves as many rows as the registers hold, and the rows stay outer (the tile's rows of A stay in L1
-  while B's columns pass them)."""
+  lanes, and 3 rows of them for attention's two matmuls on 16 registers. A gathered B: one vector serves as many rows as the registers
+  hold, and the rows stay outer (the tile's rows of A stay in L1 while B's columns pass them)."""
   k, lane, row, simd = p.k, p.lane, p.tile_row, p.simd
   if row is None or lane is None or k.reduceop is None: return False
   if k.caps.tensor_cores and not p.gathered: p.first_valid(Opt(OptOps.TC, 0, 0))  # bfloat16 dot products (a CPU with AVX512_BF16)
@@ -166,7 +171,13 @@ def plan_register_tile(p: Plan) -> bool:
   # so is each 16-bit element of A, converted on its own, where K is long (float16 1024^3 12.4 -> 11.1 ms, 2048^3 104 -> 91; at K 784
   # a tie, and a train step's K of 10 lost 7 us)
   computed |= _half_inputs(k) and k.tc is None and k.sizes[-1] >= 1024
-  widths = (simd,) if p.gathered else ((4 * simd,) if computed else ()) + (2 * simd, simd, 8, 4)
+  # and on 16 registers a batch of matmuls with K or the lanes at most 8 vectors long and the other longer (attention's Q.K^T and P.V
+  # with a head dim of 64): 3 rows of 4 vectors take 7 loads a step where 6 of 2 take 8, and P.V's rows of P pass twice, not 4 times
+  # (x86-64-v3, process CPU time of the kernels in turn on one thread, loaded: attention 1x8x1024x64 1.04x, 2x8x512x64 1.11x, 1x4x256x64
+  # 1.18x, bmm 16x256x256x64 1.02-1.05x; matmul 1024^3 in 3x32 2.1x slower, Winograd's 64x64 GEMMs of conv2d 16x64x56x56 0.94-0.97x)
+  short, long = sorted((k.sizes[lane], k.sizes[-1]))
+  three = k.caps.vector_registers <= 16 and bool(_batched(p)) and k.n_reduce == 1 and short <= 8 * simd < long
+  widths = (simd,) if p.gathered else ((4 * simd,) if computed or three else ()) + (2 * simd, simd, 8, 4)
   # lanes (then rows) padded to a wider tile where that adds at most 1/16 of them (1000 -> 1008 for 2 vectors of 8, not 1 vector), or,
   # where no width divides them (97x61), to whole vectors where that adds at most 1/8: not left scalar. Masked at the end
   if p.vectorize and (w := _pad_to(k.sizes[lane], widths)) and k.sizes[lane] % w: p.first_valid(Opt(OptOps.PADTO, lane, w))
@@ -175,7 +186,7 @@ def plan_register_tile(p: Plan) -> bool:
   # rows x vectors of accumulators, at most the registers less 4 (B's vectors, a broadcast of A): 16 registers (AVX2, SSE) hold 6 rows
   # of 2 vectors, 12 accumulators, enough FMAs in flight for two units of latency 4 where 4 rows leave them waiting (1024^3 on
   # x86-64-v3, one core: 1.59x faster, the rows padded to 1026)
-  fits = [r for r in (16, 8, 6, 4, 2) if r * vectors <= k.caps.vector_registers - 4]
+  fits = [r for r in ((16, 8, 6, 4, 3, 2) if three else (16, 8, 6, 4, 2)) if r * vectors <= k.caps.vector_registers - 4]
   if (r := _pad_to(k.sizes[row], fits)) and k.sizes[row] % r: p.first_valid(Opt(OptOps.PADTO, row, r))
   p.upcast(row, *fits)
   return True
@@ -232,12 +243,17 @@ CPU_PLANNERS: tuple[Callable[[Plan], bool], ...] = (plan_stack, plan_full_reduce
                                                      plan_row_reduce, plan_column_sum, plan_transpose, plan_elementwise)
 
 
+def _batched(p: Plan) -> list[int]:
+  """A matmul's batch dims: every input varies along them."""
+  k = p.k
+  return [d for d in range(k.n_global) if d not in (p.tile_row, p.lane) and k.sizes[d] > 1 and all(st[d] for st in p.strides)]
+
+
 def batch_outer(p: Plan) -> None:
   """Batch dims (every input varies along them) outermost, in order: each batch's operands stay in cache."""
-  k = p.k
   if p.tile_row is None: return
-  batch = [d for d in range(k.n_global) if d not in (p.tile_row, p.lane) and k.sizes[d] > 1 and all(st[d] for st in p.strides)]
-  for i, d in enumerate(batch):
+  k = p.k
+  for i, d in enumerate(_batched(p)):
     if (at := k.global_order[i]) != d: p.first_valid(Opt(OptOps.SWAP, min(at, d), max(at, d)))
 
 
@@ -286,10 +302,12 @@ def k_blocks(p: Plan) -> None:
 
 
 def streaming_stores(p: Plan) -> None:
-  """An AVX-512 float32 output past the caches (STREAM_BYTES) stored around them, where its lanes are whole vectors."""
+  """A float32 output past the caches (STREAM_BYTES) stored around them, where its lanes are whole 64-byte lines: one AVX-512 vector,
+  or two AVX2 ones (lowerer.half_lines) in an output past the L3 (STREAM_HALF_LINES_BYTES)."""
   k, lane = p.k, p.lane
-  if k.ast.dtype == dtypes.float32 and p.simd == 16 and lane is not None and prod(k.out_shape) * 4 >= STREAM_BYTES and \
-     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % p.simd == 0 for a in k.axes):
+  if k.ast.dtype == dtypes.float32 and p.simd in (8, 16) and lane is not None and \
+     prod(k.out_shape) * 4 >= (STREAM_BYTES if p.simd == 16 else STREAM_HALF_LINES_BYTES) and \
+     any(a.kind is AxisKind.UPCAST and a.dim == lane and a.stride == 1 and a.size % (CACHE_LINE // 4) == 0 for a in k.axes):
     p.first_valid(Opt(OptOps.STREAM, 0, 0))
 
 

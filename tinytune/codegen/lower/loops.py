@@ -37,12 +37,13 @@ class LoopNest:
     return [*opened, *body, *(stmt(Ops.ENDRANGE) for _ in opened)]
 
   def cpu(self, bodies: list[list[UOp]], full_bodies: list[list[UOp]], split: int | None, combine: list[list[UOp]], decls: list[UOp],
-          post: list[UOp], packs: dict[int, list[UOp]] | None = None) -> list[UOp]:
+          post: list[UOp], packs: dict[int, list[UOp]] | None = None, flags: tuple[list[UOp], list[UOp]] = ([], [])) -> list[UOp]:
     """The CPU's loop nest: THREAD parts across cores, then K blocks (inside the threads, which own their outputs), then the global
     loops, each output's accumulators, the reduce loops, the LANES combine and what follows the reduce. A row's statistic (see
     Kernel.reduce_out_dims) is reduced inside the loops of the dims it changes along only, once per row, before the row's loops; a
     chain of them (softmax's max, then its sum), one reduce loop after another. PACK's copies (`packs`, by the number of loops
-    around them) go first inside their loops."""
+    around them) go first inside their loops; `flags`' registers (Lowerer.flag_registers) are declared first in a thread's share and
+    stored last in it."""
     k = self.k
     outer, t, n = k.cpu_loops()
     red, reduce = [i for i, a in enumerate(k.axes) if a.kind is AxisKind.REDUCE], []
@@ -56,7 +57,7 @@ class LoopNest:
     fence = [stmt(Ops.BARRIER, arg="stores")] if any(u.op is Ops.STORE and u.arg.stream for u in post) else []
     body, end = decls + reduce + self.nest(outer[n:], post), n
     for at, copies in sorted((packs or {}).items(), reverse=True): body, end = copies + self.nest(outer[at:end], body), at
-    return self.nest(outer[:t], self.nest(outer[t:end], body) + fence, parallel=True)
+    return self.nest(outer[:t], flags[0] + self.nest(outer[t:end], body) + fence + flags[1], parallel=True)
 
   def staged(self, copies: Copies, body: list[UOp], landed: Sequence[UOp] = ()) -> list[UOp]:
     """STAGE's loop of K tiles around `body` (the loops in a tile): each iteration copies the tiles to shared memory (`copies`:

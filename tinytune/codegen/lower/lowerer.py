@@ -57,6 +57,7 @@ class Lowerer:
     self.at_dims: list[UOp] = []  # the dims (unclamped) at which add() reads the reduce's source: staged tiles are read by them
     self.unpadded = -1  # a padded dim lowered as if unpadded (split)
     self.cell: UOp | None = None  # TC: the reduce's value is this element of shared memory
+    self.flags: dict[int, tuple[UOp, int]] = {}  # the CPU's CHECK flags: each one's register (a thread's) and the flag's first value
     # the features' state
     self.staged, self.packed, self.lanes = StagedTiles(self), PackedPanels(self), LanePartials(self)
     self.rows = RowArrays.of(self) if rows else None
@@ -201,14 +202,30 @@ class Lowerer:
 
   def check(self, u: UOp, idx: tuple[UOp, ...]) -> Val:
     """CHECK's value, and a store of each lane's value outside [lo, hi) into the flag (threads that find one race to store theirs:
-    the flag ends up holding one of them)."""
+    the flag ends up holding one of them). On the CPU (loops lowered by program()) a lane's value out of range goes into a register
+    the thread stores once after its loops (flag_registers): a store in the loop kept GCC from vectorizing it."""
     val, (lo, hi), buf, dt = self.node(u.src[0], idx), u.arg, self.bufs[u.src[1].arg], u.src[1].dtype  # the flag's: int32 or int64
+    kept = not self.target.has_local and self.k.attention is None
+    if kept and buf not in self.flags:
+      self.flags[buf] = (stmt(Ops.DEFINE_ACC, UOp.const(dt, lo), arg=AccArg(f"flag{buf}", 1, Ops.WHERE), dtype=dt), lo)
     for i in range(1 if val.kind is Kind.SCALAR else self.width):
       v = val.lane(i) if u.dtype == dt else self.value(Ops.CAST, dt, (val.lane(i),))
       below, above = self.value(Ops.CMPLT, dtypes.bool, (v, UOp.const(dt, lo))), self.value(Ops.CMPLT, dtypes.bool, (UOp.const(dt, hi - 1), v))
-      bad = UOp.var(self.value(Ops.OR, dtypes.bool, (below, above)).arg.name, 0, 1)  # a guard is index math: the value by its name
-      self.emit(Ops.STORE, UOp.const(dtypes.int64, 0), v, bad, arg=store_arg(1, buf, False, "", True), dtype=dt)
+      bad = self.value(Ops.OR, dtypes.bool, (below, above))
+      if kept: self.emit(Ops.ASSIGN, flag := self.flags[buf][0], self.value(Ops.WHERE, dt, (bad, v, flag)), TRUE)
+      else:  # a guard is index math: the value by its name
+        self.emit(Ops.STORE, UOp.const(dtypes.int64, 0), v, UOp.var(bad.arg.name, 0, 1), arg=store_arg(1, buf, False, "", True), dtype=dt)
     return val
+
+  def flag_registers(self) -> tuple[list[UOp], list[UOp]]:
+    """The CPU's CHECK flag registers (see check): their declarations, first in a thread's share, and the stores of those that hold a
+    value out of range, last in it."""
+    lines, self.lines = self.lines, []
+    for buf, (flag, lo) in self.flags.items():
+      bad = UOp.var(self.value(Ops.CMPNE, dtypes.bool, (flag, UOp.const(flag.dtype, lo))).arg.name, 0, 1)
+      self.emit(Ops.STORE, UOp.const(dtypes.int64, 0), flag, bad, arg=store_arg(1, buf, False, "", True), dtype=flag.dtype)
+    stores, self.lines = self.lines, lines
+    return [flag for flag, _ in self.flags.values()], stores
 
   def alu(self, op: Ops, dtype: DType, srcs: list[Val], src_dtypes: list[DType] | None = None) -> Val:
     if op is Ops.ADD and (kept := [s for s in srcs if not s.padding]) != srcs: return kept[0] if kept else srcs[0]  # a cat's piece alone
@@ -274,18 +291,26 @@ class Lowerer:
       for i, u in enumerate(acc.items): self.emit(Ops.ASSIGN, u, val.lane(i), TRUE, arg=op)
 
   def store(self, val: Val, off: UOp, guard: UOp, buf: int | str = 0, dtype: DType | None = None, stream: bool = False) -> None:
-    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line goes past the caches (the CPU's)."""
+    """Store `val` at `off` where `guard` holds; `stream`: a vector store of a whole 64-byte line, or of half of one where the next
+    store writes the other half (see half_lines), goes past the caches (the CPU's)."""
     dt = dtype or self.k.ast.dtype
     if self.lane_dep(off) and val.kind is not Kind.SCALAR or self.lane_dep(off, guard):
       base = self.subst_lane(off, 0)
       if val.kind is Kind.VECTOR and not self.lane_dep(guard) and self.contiguous(off, base):
-        stream = stream and self.width * dt.itemsize == 64 and not self.target.has_local
+        stream = stream and not self.target.has_local and (self.width * dt.itemsize == 64 or self.half_lines and dt == dtypes.float32)
         self.emit(Ops.STORE, base, val.items[0], guard, arg=store_arg(self.width, buf, stream), dtype=dt)
         return
       for i in range(self.width):
         self.emit(Ops.STORE, self.subst_lane(off, i), val.lane(i), self.subst_lane(guard, i), arg=store_arg(1, buf, False), dtype=dt)
       return
     self.emit(Ops.STORE, off, val.lane(0), guard, arg=store_arg(1, buf, False), dtype=dt)
+
+  @functools.cached_property
+  def half_lines(self) -> bool:
+    """8 float32 lanes whose output part along its contiguous dim spans whole 64-byte lines: each line's two vectors stored one after
+    the other (the register parts' instances, see instances), so that a CPU's write-combining joins them into a whole line."""
+    axis = self.row_axis if self.row_axis >= 0 else self.lane_axis
+    return self.width == 8 and axis >= 0 and self.k.axes[axis].kind is AxisKind.UPCAST and self.k.axes[axis].size % 16 == 0
 
   def out_offset(self, dims: list[UOp]) -> UOp:
     return self.simplify(sum((dims[d] * st for d, st in enumerate(strides_for(self.k.out_shape)) if st), UOp.const(dtypes.int64, 0)))
@@ -312,7 +337,7 @@ class Lowerer:
     # STAGE: the first tile's copy, and each tile's (PREFETCH: the next tile's loads before the compute, its stores after)
     copies = self.staged.copies()
     if self.target.has_local: uops = self.nesting.workgroups(bodies, self.lanes.combine, self.decls, self.accs, self.width, post, copies)
-    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.lanes.combine, self.decls, post, self.packed.copies())
+    else: uops = self.nesting.cpu(bodies, full_bodies, split, self.lanes.combine, self.decls, post, self.packed.copies(), self.flag_registers())
     return LinearProgram(k, self.width, uops, in_order or tile)
 
   def reduce_bodies(self) -> list[list[UOp]]:

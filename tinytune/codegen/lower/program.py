@@ -61,7 +61,7 @@ class LoadArg(NamedTuple):  # LOAD
 class StoreArg(NamedTuple):  # STORE
   width: int
   buf: int | str
-  stream: bool  # a whole 64-byte line past the caches
+  stream: bool  # past the caches: a whole 64-byte line, or half of one beside the store of the other half (Lowerer.half_lines)
   cp_async: str = ""  # "ca" or "cg": a copy of a LOAD from global memory to shared memory by PTX cp.async, which lands at the
   # BARRIER ("wait_group", n) that covers the BARRIER "commit_group" after it
   any: bool = False  # threads may store to the one element together, any of their values landing (CHECK's flag): an atomic store
