@@ -426,6 +426,35 @@ def test_packed_panels_k_blocks_follow_the_l2_size() -> None:
     assert OptOps.PACK in {o.op for o in opts} and next((o.arg for o in opts if o.op is OptOps.KBLOCK), None) == block, (l2, opts)
 
 
+def test_k_blocked_matmuls_pack_blocks_of_b_within_the_l2() -> None:
+  """Where B's panels would be packed and K blocked (AVX2's 2048^3), B's K block is packed many column tiles wide (PACK 1) with the
+  rows outside the columns, within half the L2 and PACK_BLOCK_BYTES: a K of 256 by 256 columns with a 1 MB L2 (the cores' column
+  blocks as THREAD 8), 128 by 256 with 256 KiB; a K of 4096 in blocks of 128 by 512 columns. 1024^3 keeps its panels of all of K,
+  and x @ W.T of 256x4096x4096 its panels in K blocks of 2048 (long enough runs of A's rows, see PANEL_RUN_MAX)."""
+  import dataclasses
+
+  import numpy as np
+
+  from tinytune import Tensor
+  from tinytune.codegen.heuristic import default_opts
+  from tinytune.codegen.kernel import Kernel
+  from tinytune.codegen.opts import Opt, OptOps
+  from tinytune.engine.schedule import create_schedule
+  t = cpu_target("x86-64-v3")
+  def opts(n: int, l2: int = 1 << 20, m: int = 0, gathered: bool = False) -> list[Opt]:
+    b = Tensor(np.ones((n, n), np.float32))
+    (item,), _ = create_schedule((Tensor(np.ones((m or n, n), np.float32)) @ (b.T if gathered else b)).uop, "CPU")
+    caps = dataclasses.replace(Device["CPU"].caps, threads=2, simd_width=t.lanes, vector_registers=t.registers, l2_bytes=l2)
+    return default_opts(Kernel(item.ast, caps))
+  tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6)]
+  assert opts(2048) == [*tile, Opt(OptOps.THREAD, 1, 8), Opt(OptOps.KBLOCK, 0, 256), Opt(OptOps.PACK, 0, 1)]
+  assert opts(2048, 256 << 10)[3:] == [Opt(OptOps.THREAD, 1, 8), Opt(OptOps.KBLOCK, 0, 128), Opt(OptOps.PACK, 0, 1)]
+  assert opts(4096)[-3:] == [Opt(OptOps.THREAD, 1, 8), Opt(OptOps.KBLOCK, 0, 128), Opt(OptOps.PACK, 0, 1)]  # after STREAM
+  assert opts(1024)[3:] == [Opt(OptOps.THREAD, 1, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 0)]
+  assert opts(4096, m=256, gathered=True)[3:] == [Opt(OptOps.THREAD, 1, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.KBLOCK, 0, 2048),
+                                                  Opt(OptOps.PACK, 0, 0)]
+
+
 def test_conv_weight_gradients_k_blocks_follow_the_l2_size() -> None:
   """The CNN step's 5x5 weight gradient (32x32 channels over 128 images of 20x20, 16 MB of inputs) sums its images in blocks whose
   inputs stay in half the L2: 4 images with a 1 MB L2, 8 with 2 MB, and no blocks where all of them fit."""

@@ -85,8 +85,8 @@ def test_pack_copies_b_panels_once_per_column_tile_and_the_rows_read_them() -> N
   a, b = arr(32, 16), arr(16, 24)
   for bt, kblock in ((b, []), (arr(24, 16).T, []), (b, [Opt(OptOps.KBLOCK, 0, 4)])):
     k = kernel(a @ bt, CPU, [Opt(U, 1, 8), Opt(U, 0, 2), Opt(OptOps.SWAP, 0, 1), *kblock, Opt(OptOps.PACK, 0, 0)])
-    (view, at, dims), = k.pack_tiles()
-    assert view.arg.strides[0] == 0 and dims == [(2, 16 // (4 if kblock else 1)), (1, 8)]
+    (view, at, loops, dims), = k.pack_tiles()
+    assert view.arg.strides[0] == 0 and not loops and dims == [(2, 16 // (4 if kblock else 1)), (1, 8)]
     p = lower(k, CRenderer())
     ranges = [u.arg.var for u in p.uops if u.op is Ops.RANGE]
     assert ranges == [*(["k5"] if kblock else []), "g1", "c0_2", "g0", "r2"]
@@ -99,6 +99,28 @@ def test_pack_copies_b_panels_once_per_column_tile_and_the_rows_read_them() -> N
     assert [u.arg.width for u in body if u.op is Ops.LOAD and u.arg.buf == "pack0"] == [4, 4]
   with pytest.raises(KernelOptError, match="PACK needs"):  # the columns in registers, inside the row loop: no panel is read twice
     kernel(a @ b, CPU, [Opt(U, 1, 8), Opt(U, 1, 3), Opt(OptOps.PACK, 0, 0)])
+
+
+def test_pack_block_copies_b_once_per_k_block_outside_the_row_loop() -> None:
+  """PACK 1: with the rows outside the columns, B's K block for all of the thread's columns is copied once per K block, before the
+  row loop, one contiguous panel after another (a column tile's K steps together), and the reduce reads the panel of its column
+  tile; PACK 0 there copies A's rows only (B's panel is read once). With the columns outside the rows PACK 1 copies A's block instead,
+  and with the columns all in registers it has none."""
+  a, b = arr(32, 16), arr(16, 24)
+  k = kernel(a @ b, CPU, [Opt(U, 1, 4), Opt(U, 0, 2), Opt(OptOps.THREAD, 1, 2), Opt(OptOps.KBLOCK, 0, 4), Opt(OptOps.PACK, 0, 1)])
+  (tile,) = k.pack_tiles()
+  assert tile.view.arg.strides[0] == 0 and tile.at == 2 and tile.loops == [(k.axes.index(k.remaining(1)), 3)] and tile.dims == [(2, 4), (1, 4)]
+  p = lower(k, CRenderer())
+  assert [u.arg.var for u in p.uops if u.op is Ops.RANGE] == ["t5", "k6", "c0_a1", "c0_2", "g0", "g1", "r2"]
+  assert next(u for u in p.uops if u.op is Ops.DEFINE_LOCAL).arg.size == 3 * 4 * 4
+  body = p.uops[next(i for i, u in enumerate(p.uops) if u.op is Ops.RANGE and u.arg.var == "r2"):]
+  reads = [u for u in body if u.op is Ops.LOAD and u.arg.buf == "pack0"]
+  assert [u.arg.width for u in reads] == [4] and {v.arg[0] for v in reads[0].src[0].vars} == {"g1", "r2"}  # its column tile's panel
+  assert [t.view.arg.strides[1] for t in kernel(a @ b, CPU, [Opt(U, 1, 4), Opt(OptOps.THREAD, 1, 2), Opt(OptOps.PACK, 0, 0)]).pack_tiles()] == [0]
+  (tile,) = kernel(a @ b, CPU, [Opt(U, 1, 4), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 1)]).pack_tiles()
+  assert tile.view.arg.strides[1] == 0 and tile.loops == [(0, 32)] and tile.dims == [(2, 16), (0, 1)]
+  with pytest.raises(KernelOptError, match="PACK needs"):
+    kernel(a @ b, CPU, [Opt(U, 1, 8), Opt(U, 1, 3), Opt(OptOps.PACK, 0, 1)])
 
 
 def test_lanes_partials_combine_in_a_tree_after_the_loop() -> None:

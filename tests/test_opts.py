@@ -235,7 +235,7 @@ def test_candidate_opts() -> None:
   assert by_op == {(OptOps.UPCAST, 0): {2, 3, 4, 6, 8, 12, 24}, (OptOps.UPCAST, 1): {2, 4, 5, 10, 20}, (OptOps.UNROLL, 0): {2, 3, 4, 6, 12},
                    (OptOps.LANES, 0): {2, 3, 4, 6, 12}, (OptOps.THREAD, 0): {2, 3, 4, 6, 8}, (OptOps.THREAD, 1): {2, 4, 5}, (OptOps.SWAP, 0): {1},
                    (OptOps.PADTO, 0): {5, 7, 16, 32}, (OptOps.PADTO, 1): {3, 6, 7, 8, 16, 32}, (OptOps.PADTO, 2): {5, 7, 8, 16},
-                   (OptOps.KBLOCK, 0): {2, 3, 4, 6}, (OptOps.STREAM, 0): {0}, (OptOps.PACK, 0): {0}}
+                   (OptOps.KBLOCK, 0): {2, 3, 4, 6}, (OptOps.STREAM, 0): {0}, (OptOps.PACK, 0): {0, 1}}
   assert {o.op for o in candidate_opts(k)} == set(OptOps)
   k.apply_opts([Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.THREAD, 1, 2)])
   upcasts = {o.arg for o in valid_opts(k) if o.op is OptOps.UPCAST and o.axis == 0}
@@ -318,6 +318,14 @@ def test_hand_picked_sequences() -> None:
   ])
   check_opts(kernel_cases()["matmul_odd"], [[o(t.UPCAST, 1, 4), o(t.UPCAST, 0, 3), o(t.SWAP, 0, 1), o(t.LANES, 0, 4), pack]])
   check_opts(kernel_cases()["batched_matmul"], [[o(t.UPCAST, 2, 10), o(t.UPCAST, 1, 2), o(t.SWAP, 1, 2), pack, o(t.UNROLL, 0, 2)]])
+  block = o(t.PACK, 0, 1)  # B's K block many panels wide, copied outside the row loop: with the columns' threads, padded rows and lanes
+  check_opts(kernel_cases()["matmul_relu"], [
+    [o(t.UPCAST, 1, 2), o(t.UPCAST, 0, 2), o(t.THREAD, 1, 3), o(t.KBLOCK, 0, 8), block],
+    [o(t.PADTO, 0, 16), o(t.UPCAST, 0, 8), o(t.UPCAST, 1, 4), block, o(t.KBLOCK, 0, 6), o(t.UNROLL, 0, 3)],
+    [o(t.PADTO, 1, 16), o(t.PADTO, 0, 12), o(t.UPCAST, 1, 8), o(t.UPCAST, 0, 3), block],
+  ])
+  check_opts(kernel_cases()["matmul_odd"], [[o(t.UPCAST, 1, 4), o(t.UPCAST, 0, 3), o(t.KBLOCK, 0, 4), block, o(t.UNROLL, 0, 2)]])
+  check_opts(kernel_cases()["batched_matmul"], [[o(t.UPCAST, 2, 2), o(t.UPCAST, 1, 2), o(t.THREAD, 0, 3), block, o(t.UNROLL, 0, 3)]])
   check_opts(kernel_cases()["matmul_wide"], [  # streaming stores of whole lines: threads, K blocks (whose sums so far stay cached)
     [o(t.UPCAST, 1, 16), o(t.UPCAST, 0, 3), o(t.STREAM, 0, 0), o(t.THREAD, 0, 2)],
     [o(t.STREAM, 0, 0), o(t.UPCAST, 1, 32), o(t.KBLOCK, 0, 4), o(t.UNROLL, 0, 2), o(t.SWAP, 0, 1)],

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from tinytune.codegen.caps import DeviceCaps
 from tinytune.codegen.opts import KernelOptError, Opt, OptOps, check
@@ -163,6 +163,20 @@ def find_reduces(ast: UOp) -> list[UOp]:
 
 
 PACK_BYTES = 128 << 10  # the largest panel PACK copies: an array on the stack of each thread (macOS gives threads 512 KiB), K blocked to fit
+PACK_BLOCK_BYTES = 256 << 10  # the largest block PACK 1 copies, on the same stack: half of a macOS thread's
+
+
+class PackTile(NamedTuple):
+  """An input PACK copies (see Kernel.pack_tiles): its view, where its copy goes (the number of loops of cpu_loops around it), the
+  loops inside that whose every iteration the copy holds (PACK 1's block: [(axis, size)], outermost first), and the parts of each
+  dim that one iteration of them reads [(dim, extent)]."""
+  view: UOp
+  at: int
+  loops: list[tuple[int, int]]
+  dims: list[tuple[int, int]]
+
+  @property
+  def size(self) -> int: return prod(e for _, e in self.dims) * prod(n for _, n in self.loops)  # elements
 LANES_KBLOCK = "LANES and KBLOCK do not combine: between K blocks the output holds each sum, not its lanes' partial sums"
 
 
@@ -201,6 +215,7 @@ class Kernel:
     self.stream = False  # STREAM: the output's whole-line vector stores skip the caches
     self.prefetch = False  # PREFETCH: STAGE's next tile is loaded during the current one's compute
     self.pack = False  # PACK: the inputs of pack_tiles are read from contiguous copies of their panels
+    self.pack_block = False  # PACK 1: of the blocks the loops inside read (see pack_tiles)
     self.stages = 1  # PIPELINE: STAGE's tiles in a ring of this many shared buffers, filled by cp.async
     self.raster: tuple[int, int] | None = None  # RASTER: (the global dim of the bands, their workgroups along it)
     self.bufs: list[KernelBuffer] = [u.arg for u in ast.toposort if u.op is Ops.BUFFER]
@@ -346,10 +361,13 @@ class Kernel:
     self.prefetch = True
 
   def pack_opt(self, opt: Opt) -> None:
-    check(opt.axis == 0 and opt.arg == 0, "PACK takes axis 0 and arg 0")
+    check(opt.axis == 0 and opt.arg in (0, 1), "PACK takes axis 0 and arg 0 (panels) or 1 (blocks)")
     check(not self.caps.has_local and not self.pack and self.tc is None, "PACK is for the CPU, once per kernel, without TC")
-    check(bool(self.pack_tiles()), "PACK needs an input read along the reduce that a loop inside its own loops reads again (a matmul's "
-          "B with the row loop inside the column loop)")
+    self.pack_block = opt.arg == 1
+    if not self.pack_tiles():
+      self.pack_block = False
+      raise KernelOptError("PACK needs an input read along the reduce that a loop inside its own loops reads again (a matmul's B with the "
+                           "row loop inside the column loop; PACK 1: the column loop inside the row loop)")
     self.pack = True
 
   def pipeline_opt(self, opt: Opt) -> None:
@@ -636,12 +654,14 @@ class Kernel:
     n = max([n] + [j + 1 for j, i in enumerate(outer) if self.reduceop is None or self.axes[i].dim in self.reduce_out_dims])
     return outer, len(threads), n
 
-  def pack_tiles(self) -> list[tuple[UOp, int, list[tuple[int, int]]]]:
-    """PACK's panels on the CPU: for each input of the one reduce that it reads straight from memory at its own index (a matmul's B),
-    that changes along a reduce dim and that a loop between its own loops and the reduce reads again (the row loop inside B's column
-    loop): (view, where its copy goes: the number of loops of cpu_loops around it, its panel's dims [(dim, extent)]). The panel holds
-    what the loops inside read: the reduce dims' parts within the K block outermost, then the output dims' register parts, in order.
-    Panels over PACK_BYTES are not copied."""
+  def pack_tiles(self) -> list[PackTile]:
+    """PACK's copies on the CPU: each input of the one reduce that it reads straight from memory at its own index (a matmul's B), that
+    changes along a reduce dim and that a loop between its own loops and the reduce reads again. PACK 0 copies a panel inside the last
+    loop that reads the input (B's columns loop, the rows inside), PACK 1 a block outside the first that does not (the rows loop, the
+    columns inside: a K block of B many column tiles wide, which stays in the L2 while every row tile passes it), where a loop inside
+    reads it (the block holds each of its iterations, outermost first). A panel holds what one iteration of the loops inside reads:
+    the reduce dims' parts within the K block outermost, then the output dims' register parts, in order. Copies over PACK_BYTES
+    (PACK 1: PACK_BLOCK_BYTES) are not made."""
     red = self.reduceop
     if self.caps.has_local or red is None or len(self.reduceops) != 1 or red.arg[1] != tuple(range(self.n_global, len(self.sizes))) or \
        red.src[0].shape[:self.n_global] != tuple(self.out_shape): return []
@@ -652,11 +672,17 @@ class Kernel:
       seen.add(u)
       used = self.dims_used(u)
       if not any(d >= self.n_global for d in used): continue
-      at = max([t] + [j + 1 for j in range(t, n) if self.axes[outer[j]].dim in used or self.axes[outer[j]].kind is AxisKind.KBLOCK])
+      def reads(j: int) -> bool: return self.axes[outer[j]].dim in used or self.axes[outer[j]].kind is AxisKind.KBLOCK
+      if self.pack_block:
+        at = next((j for j in range(t, n) if not reads(j) and self.axes[outer[j]].size > 1), n)
+        loops = [(outer[j], self.axes[outer[j]].size) for j in range(at, n) if reads(j) and self.axes[outer[j]].size > 1]
+        if not loops: continue
+      else: at, loops = max([t] + [j + 1 for j in range(t, n) if reads(j)]), []
       if prod(self.axes[i].size for i in outer[at:n]) <= 1: continue  # nothing reads the panel again
       dims = [(d, prod(a.size for a in self.axes if a.dim == d and a.kind not in (AxisKind.GLOBAL, AxisKind.THREAD, AxisKind.KBLOCK)))
               for d in [*(d for d in used if d >= self.n_global), *(d for d in used if d < self.n_global)]]
-      if prod(e for _, e in dims) * u.dtype.itemsize <= PACK_BYTES: ret.append((u, at, dims))
+      tile = PackTile(u, at, loops, dims)
+      if tile.size * u.dtype.itemsize <= (PACK_BLOCK_BYTES if self.pack_block else PACK_BYTES): ret.append(tile)
     return ret
 
   def dims_used(self, view: UOp) -> list[int]:
@@ -789,4 +815,4 @@ def candidate_opts(k: Kernel) -> list[Opt]:
       ret += [Opt(OptOps.STAGE, d - k.n_global, a) for a in args if a <= STAGE_MAX]
     ret += [Opt(OptOps.PADTO, d, a) for a in CANDIDATE_ARGS]
   return ret + [Opt(OptOps.TC, 0, 0), Opt(OptOps.TC, 0, 1), Opt(OptOps.TC, 0, 2), Opt(OptOps.STREAM, 0, 0), Opt(OptOps.PREFETCH, 0, 0),
-                *(Opt(OptOps.PIPELINE, 0, s) for s in (2, 3, 4)), Opt(OptOps.PACK, 0, 0)]
+                *(Opt(OptOps.PIPELINE, 0, s) for s in (2, 3, 4)), Opt(OptOps.PACK, 0, 0), Opt(OptOps.PACK, 0, 1)]

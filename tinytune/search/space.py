@@ -37,7 +37,8 @@ Choice = int | str
 def parameter_space(kernel: Kernel) -> dict[str, tuple[Choice, ...]]:
   """The optuna search's parameters, named for the opt they make, with the choices valid on `kernel` one at a time: per global
   axis an upcast amount, per reduce axis a K block length, a lanes and an unroll amount (1: none), the axis split across the
-  cores, a pair of axes to swap ("off": none), whether the output goes past the caches and whether B's panels are packed (PACK).
+  cores, a pair of axes to swap ("off": none), whether the output goes past the caches and whether B is packed (PACK: "on" its
+  panels, "block" its K blocks many panels wide).
   A parameter with one choice is left out. Choices can still break a joint limit (an upcast product too large, a thread count that
   no longer divides, a PACK with no panel to pack): applying the opts finds those before anything is compiled."""
   valid = actions(kernel)
@@ -50,7 +51,7 @@ def parameter_space(kernel: Kernel) -> dict[str, tuple[Choice, ...]]:
   big = [d for d in range(kernel.n_global) if kernel.sizes[d] > 1]  # a swap with an axis of size 1 changes nothing
   space["swap"] = ("off", *(f"{o.axis},{o.arg}" for o in valid if o.op is OptOps.SWAP and o.axis in big and o.arg in big))
   space["stream"] = ("off", *(["on"] if any(o.op is OptOps.STREAM for o in valid) else []))
-  space["pack"] = ("off", *(["on"] if any(o.op is OptOps.PACK for o in valid) else []))
+  space["pack"] = ("off", *(["on", "block"] if any(o.op is OptOps.PACK for o in valid) else []))
   return {name: choices for name, choices in space.items() if len(choices) > 1}
 
 
@@ -63,5 +64,5 @@ def opts_from_params(kernel: Kernel, params: dict[str, Choice]) -> tuple[Opt, ..
   if (axis := params.get("thread", "off")) != "off": opts.append(Opt(OptOps.THREAD, int(axis), kernel.caps.threads))
   if (pair := params.get("swap", "off")) != "off": opts.append(Opt(OptOps.SWAP, *map(int, str(pair).split(","))))
   if params.get("stream", "off") == "on": opts.append(Opt(OptOps.STREAM, 0, 0))
-  if params.get("pack", "off") == "on": opts.append(Opt(OptOps.PACK, 0, 0))  # last: what it packs depends on the loop order
+  if (pack := params.get("pack", "off")) != "off": opts.append(Opt(OptOps.PACK, 0, int(pack == "block")))  # last: it depends on the loop order
   return tuple(o for o in opts if o.op not in (OptOps.UPCAST, OptOps.LANES, OptOps.UNROLL, OptOps.KBLOCK) or o.arg > 1)

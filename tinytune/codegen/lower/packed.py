@@ -18,18 +18,20 @@ if TYPE_CHECKING:
 
 class Panel(NamedTuple):  # a packed input's array
   name: str
-  dims: list[tuple[int, int]]  # (dim, extent) of the panel (Kernel.pack_tiles)
-  strides: list[int]  # the array's
+  loops: list[tuple[int, int]]  # (axis, size) of the loops whose every iteration it holds (PACK 1's block; see Kernel.pack_tiles)
+  dims: list[tuple[int, int]]  # (dim, extent) of the panel one iteration of them reads
+  strides: list[int]  # the array's: the loops', then the dims'
   at: int  # the number of loops around its copy
 
 
 class PackedPanels:
   """PACK's panels: each packed input's array (none without PACK). The reduce body reads a packed input from its panel (read);
-  copies() makes the statements that fill them, which LoopNest.cpu places inside their loops."""
+  copies() makes the statements that fill them, which LoopNest.cpu places inside their loops. A block (PACK 1) is its loops' panels
+  one after another, each contiguous like PACK 0's."""
   def __init__(self, lw: Lowerer):
     self.lw, k = lw, lw.k
-    self.panels = {view: Panel(f"pack{j}", dims, list(strides_for(tuple(e for _, e in dims))), at)
-                   for j, (view, at, dims) in enumerate(k.pack_tiles() if k.pack else [])}
+    self.panels = {t.view: Panel(f"pack{j}", t.loops, t.dims, list(strides_for(tuple(n for _, n in t.loops) + tuple(e for _, e in t.dims))), t.at)
+                   for j, t in enumerate(k.pack_tiles() if k.pack else [])}
 
   @functools.cached_property
   def parts(self) -> list[UOp]:
@@ -39,22 +41,26 @@ class PackedPanels:
                        lw.simplified) for d in range(len(k.sizes))]
 
   def read(self, view: UOp) -> Val:
-    """A packed input's value at the dims add() reads, from its panel: each dim's index less its part outside the panel."""
-    lw, (name, dims, strides, _) = self.lw, self.panels[view]
+    """A packed input's value at the dims add() reads, from its panel: its loops' panel, then each dim's index less its part outside
+    the panel."""
+    lw, (name, loops, dims, strides, _) = self.lw, self.panels[view]
     outside = {v: UOp.const(dtypes.int64, 0) for part in self.parts for v in part.vars}
-    off = linear_sum(dtypes.int64, [(lw.simplify(lw.at_dims[d].substitute(outside)), st) for (d, _), st in zip(dims, strides)], 0,
-                     lw.simplified)
+    at = [lw.nesting.vars[i] for i, _ in loops] + [lw.simplify(lw.at_dims[d].substitute(outside)) for d, _ in dims]
+    off = linear_sum(dtypes.int64, list(zip(at, strides)), 0, lw.simplified)
     if (key := (name, off)) not in lw.memo: lw.memo[key] = lw.read(view.dtype, name, off, TRUE)
     return lw.memo[key]
 
   def copies(self) -> dict[int, list[UOp]]:
-    """PACK's copies, by the number of loops around them: each panel's array, then loops over its reduce dims whose body copies the
-    output dims' parts (unrolled); in vectors along the input's fastest dim in memory where that is contiguous and splits into them."""
+    """PACK's copies, by the number of loops around them: each panel's array, then loops over its block's loops (in place of theirs)
+    and its reduce dims whose body copies the output dims' parts (unrolled); in vectors along the input's fastest dim in memory where
+    that is contiguous and splits into them."""
     lw, ret = self.lw, dict[int, list[UOp]]()
     k = lw.k
-    for j, (view, (name, dims, strides, at)) in enumerate(self.panels.items()):
+    for j, (view, (name, block, dims, strides, at)) in enumerate(self.panels.items()):
       lw.lines = ret.setdefault(at, [])
-      lw.emit(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(e for _, e in dims)), dtype=view.dtype)
+      lw.emit(Ops.DEFINE_LOCAL, arg=LocalArg(name, prod(e for _, e in dims) * prod(n for _, n in block)), dtype=view.dtype)
+      in_block = {lw.nesting.vars[i]: UOp.var(f"c{j}_a{i}", 0, n - 1) for i, n in block}
+      for i, n in block: lw.emit(Ops.RANGE, arg=LoopArg(in_block[lw.nesting.vars[i]].arg[0], 0, n, False))
       st = view.arg.strides
       fast = min(dims, key=lambda de: (abs(st[de[0]]) or 1 << 62, -de[0]))[0]
       w = lw.width if lw.width > 1 and st[fast] == 1 and dict(dims)[fast] % lw.width == 0 else 1
@@ -66,9 +72,10 @@ class PackedPanels:
       for vals in itertools.product(*(range(steps(d, e)) for d, e in unrolled)):
         pos = {**at_loop, **{d: UOp.const(dtypes.int64, v) for (d, _), v in zip(unrolled, vals)}}
         if w > 1: pos[fast] = lw.simplify(pos[fast] * w + lw.lane)
-        idx = tuple(lw.clamp(d, lw.simplify(self.parts[d] + pos.get(d, 0))) for d in range(len(k.sizes)))
+        idx = tuple(lw.clamp(d, lw.simplify(self.parts[d].substitute(in_block) + pos.get(d, 0))) for d in range(len(k.sizes)))
         off, valid, _ = lw.view_index(view, idx)
         val = lw.read(view.dtype, lw.bufs[view.src[0].arg], off, valid)
-        lw.store(val, linear_sum(dtypes.int64, [(pos[d], s) for (d, _), s in zip(dims, strides)], 0, lw.simplified), TRUE, name, view.dtype)
-      lw.lines += [stmt(Ops.ENDRANGE) for _ in loops]
+        place = [*zip(in_block.values(), strides), *((pos[d], s) for (d, _), s in zip(dims, strides[len(block):]))]
+        lw.store(val, linear_sum(dtypes.int64, place, 0, lw.simplified), TRUE, name, view.dtype)
+      lw.lines += [stmt(Ops.ENDRANGE) for _ in [*block, *loops]]
     return ret
