@@ -19,4 +19,7 @@ from __future__ import annotations
 # 10: TC on CPUs with AVX512_BF16 (bfloat16 matmuls' K in pairs, vdpbf16ps), first in their default opts; x @ W.T with a long K
 #     as dot products along K (LANES); a reduce's kernel takes along the elementwise work after it that nothing else reads
 # 11: bfloat16 rounding in vector lanes through AVX512_BF16's vcvtneps2bf16 where no lane is a NaN or subnormal
-CODEGEN_VERSION = "11"
+# 12: STREAM on AVX2 (two 8-lane non-temporal stores a line); the CPU's index checks kept in a register per thread; PACK 1 (B's K
+#     block copied outside the row loop); index math without the parts a factor of the divisor keeps below it; padded copies of
+#     computed values indexed by the source's own dims; comparison masks kept as vectors
+CODEGEN_VERSION = "12"
