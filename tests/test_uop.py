@@ -216,6 +216,20 @@ def test_divmod_exhaustive_small(d: int) -> None:
           assert evaluate(s, {"a": va, "b": vb}) == evaluate(e, {"a": va, "b": vb}), f"{e} -> {s}"
 
 
+@pytest.mark.parametrize("d", [6, 8, 12, 16, 24])
+def test_a_part_below_a_factor_exhaustive(d: int) -> None:
+  """Every value of a sum // d, % d and < d where a factor of d may split it (4a + b: b stays below 4), or where the small part
+  may go negative (8a + n) or reach the factor (2a + 3b): the random expressions above rarely build such a sum."""
+  a, b, n = VARS[:3]
+  envs = [{"a": va, "b": vb, "n": vn} for va in range(8) for vb in range(4) for vn in range(-6, 7)]
+  for p, q, r in ((4, 1, 0), (8, 2, 1), (8, 0, 1), (6, 0, 1), (2, 3, 0), (12, 3, 1), (4, 0, 1), (3, 1, 0), (-4, 1, 0)):
+    for k in (-5, 0, 1, 3):
+      e = a * p + b * q + n * r + k
+      for u in (e // d, e % d, e.lt(d), e.lt(-d)):
+        s = simplify(u)
+        assert all(evaluate(s, env) == evaluate(u, env) for env in envs), f"{u} -> {s}"
+
+
 def test_unbounded_operands() -> None:
   """A product or quotient of an expression with no known bounds has none either (once nan, which folded comparisons to False)."""
   p = UOp.var("p", 0, 9) * UOp(Ops.VIEW, dtypes.int64, (), None)
