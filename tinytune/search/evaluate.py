@@ -273,7 +273,7 @@ class Evaluator:
     self.sent: deque[_Sent] = deque()  # run requests the worker has, oldest first, their answers not read yet
     self.answered = 0.0  # when the worker last answered: the oldest request sent before that runs from then
     self.ahead: dict[tuple[Opt, ...], Result] = {}  # candidates measured before a call asked for them (`following`'s, sent ahead)
-    self.overhead_s: list[float] = []  # of each candidate's run, what was neither verifying nor timing (loading it, the round trip)
+    self.overhead_s: list[float] = []  # of each candidate's run, by the worker's clock what was neither verifying nor timing (reading it, loading it)
     self.budget_s: float | None = None  # the budget's seconds, which end at `end` (run_strategy sets both)
     self.worker_s: list[tuple[float, float]] = []  # by the worker's clock, for each candidate: how long it waited for it, and ran it
 
@@ -386,8 +386,8 @@ class Evaluator:
 
   def retime_round_s(self) -> float:
     """How long a round of re-timing the finalists (strategy.finalize: the default and FINALISTS others) will take, from the
-    candidates measured so far: each request costs what the worker took besides verifying and timing (loading the program, the
-    round trip) and RETIME_POLICY's runs of one of the fastest candidates (a random search's typical one ran 17x as long)."""
+    candidates measured so far: each request costs what the worker took besides verifying and timing (reading the request,
+    loading the program) and RETIME_POLICY's runs of one of the fastest candidates (a random search's typical one ran 17x as long)."""
     fastest = sorted(r.time for r in self.by_source.values() if r.status == "ok")[:FINALISTS + 1]
     if not fastest or not self.overhead_s: return 0.0
     p, r = self.policy, RETIME_POLICY
