@@ -541,10 +541,10 @@ def test_the_re_time_starts_no_round_that_would_end_past_the_budget(monkeypatch:
   with Evaluator(k, "CPU") as ev:
     ev.libs = {opts: "built" for opts in entries}
     def slow(msg: list, timeout: float | None = None) -> list:
-      time.sleep(0.2)
+      time.sleep(0.3)
       return ["ok", [1e-3]]
     monkeypatch.setattr(ev, "_request", slow)
-    ev.end = time.monotonic() + 0.6  # a round takes 0.4 s: the second would end at 0.8 s
+    ev.end = time.monotonic() + 1.0  # a round takes 0.6 s: the second would end at 1.2 s
     times = ev.retime(entries)
   assert [t.n for t in times] == [1, 1] and time.monotonic() < ev.end
 
