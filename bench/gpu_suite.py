@@ -270,7 +270,7 @@ def search_rate(dt: str, ev: Any, history: list, finished: list[tuple[float, Any
           f"{'processes' if ev.dev.compiles_apart else 'threads'} while the worker runs others; run {each['run']:.0f} ms in the worker, of "
           f"it verify {each['verify']:.1f} ms (outputs compared on the {ev.checked_on or '?'}); the worker busy "
           f"{sum(r.run_s for r in ran) / wall:.0%} of the search, idle waiting for a build {waited / wall:.0%}; by its own clock idle "
-          f"{idle / max(1e-9, idle + busy):.0%} from its start to its last candidate (a request's load and round trip {overhead:.1f} ms); "
+          f"{idle / max(1e-9, idle + busy):.0%} from its start to its last candidate (a request's reading and load {overhead:.1f} ms); "
           f"the search's own process "
           f"{cpu / max(1, len(finished)) * 1e3:.0f} ms of CPU a candidate; its first result at {first:.1f} s, its last at {last:.1f} s "
           f"(then the finalists' re-time); {ev.evaluated} measured ({tc} with TC), {len(history)} tried with the invalid")

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ from tinytune.dtype import DType, dtypes
 from tinytune.engine.schedule import create_schedule
 from tinytune.results_db import Database
 from tinytune.runtime import Buffer
-from tinytune.search.evaluate import Built, Evaluator, Result, Timing, TimingPolicy, _Worker, source_hash
+from tinytune.search.evaluate import Built, Evaluator, Result, Timing, TimingPolicy, _Sent, _Worker, source_hash
 from tinytune.search.space import actions
 from tinytune.search.strategy import STRATEGIES, Budget, SearchContext, run_strategy
 
@@ -468,6 +468,23 @@ def test_a_candidate_far_slower_than_the_best_is_cut_off_not_waited_for() -> Non
   assert res.status == "timeout" and "cut off after 3.0 s" in res.error and time.monotonic() - st < 10
 
 
+def test_a_queued_candidate_is_cut_at_the_budgets_end_however_late_it_began() -> None:
+  """A candidate sent while the one before runs begins when that one is answered: its cut-off at the budget's end counts from then
+  (counted from when it was sent, one queued behind a slow candidate ran that much past the budget)."""
+  class Fake:
+    ready, timeouts = ["ready", "host"], []
+    def send(self, msg: list) -> None: pass
+    def reply(self, timeout: float) -> list: self.timeouts.append(timeout); return ["timeout", "no answer"]
+  with Evaluator(matmul_kernel(16), "CPU") as ev:
+    ev.by_source = {"best": Result((), "ok", 1.0, 1.0)}  # a slow kernel: its cut-off from the best is the 10 s timeout
+    ev.worker, ev.end = Fake(), time.monotonic() + 5  # type: ignore[assignment]
+    ev._send(s := _Sent(None, (), ev.kernel_for(()), Future(), Built("h", "lib", 0.0, 0.0)))
+    s.at -= 4; ev.end -= 4; s.end -= 4  # sent 4 s ago, and the one before it answered only now: 1 s of the budget is left
+    ev.answered = time.monotonic()
+    ev._receive([], [])
+  assert s.cut == 10 and Fake.timeouts[0] <= 2.0, Fake.timeouts  # CUT_MIN_S from when it began, not the 5 s left when sent
+
+
 def test_no_candidate_starts_that_would_end_past_the_deadline() -> None:
   with Evaluator(matmul_kernel(16), "CPU") as ev:
     ev.deadline = time.monotonic() + 2
@@ -541,10 +558,10 @@ def test_the_re_time_starts_no_round_that_would_end_past_the_budget(monkeypatch:
   with Evaluator(k, "CPU") as ev:
     ev.libs = {opts: "built" for opts in entries}
     def slow(msg: list, timeout: float | None = None) -> list:
-      time.sleep(0.2)
+      time.sleep(0.3)
       return ["ok", [1e-3]]
     monkeypatch.setattr(ev, "_request", slow)
-    ev.end = time.monotonic() + 0.6  # a round takes 0.4 s: the second would end at 0.8 s
+    ev.end = time.monotonic() + 1.0  # a round takes 0.6 s: the second would end at 1.2 s
     times = ev.retime(entries)
   assert [t.n for t in times] == [1, 1] and time.monotonic() < ev.end
 

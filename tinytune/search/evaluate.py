@@ -228,6 +228,7 @@ class _Sent:
   built: Built
   policy: dict = field(default_factory=dict)
   cut: float = 0.0  # seconds after it began that it is cut off
+  end: float = math.inf  # time.monotonic() near which it is cut off however late it began: the budget's end (CUT_MIN_S after it began at least)
   at: float = 0.0  # time.monotonic() when it was sent
 
 
@@ -272,7 +273,7 @@ class Evaluator:
     self.sent: deque[_Sent] = deque()  # run requests the worker has, oldest first, their answers not read yet
     self.answered = 0.0  # when the worker last answered: the oldest request sent before that runs from then
     self.ahead: dict[tuple[Opt, ...], Result] = {}  # candidates measured before a call asked for them (`following`'s, sent ahead)
-    self.overhead_s: list[float] = []  # of each candidate's run, what was neither verifying nor timing (loading it, the round trip)
+    self.overhead_s: list[float] = []  # of each candidate's run, by the worker's clock what was neither verifying nor timing (reading it, loading it)
     self.budget_s: float | None = None  # the budget's seconds, which end at `end` (run_strategy sets both)
     self.worker_s: list[tuple[float, float]] = []  # by the worker's clock, for each candidate: how long it waited for it, and ran it
 
@@ -385,8 +386,8 @@ class Evaluator:
 
   def retime_round_s(self) -> float:
     """How long a round of re-timing the finalists (strategy.finalize: the default and FINALISTS others) will take, from the
-    candidates measured so far: each request costs what the worker took besides verifying and timing (loading the program, the
-    round trip) and RETIME_POLICY's runs of one of the fastest candidates (a random search's typical one ran 17x as long)."""
+    candidates measured so far: each request costs what the worker took besides verifying and timing (reading the request,
+    loading the program) and RETIME_POLICY's runs of one of the fastest candidates (a random search's typical one ran 17x as long)."""
     fastest = sorted(r.time for r in self.by_source.values() if r.status == "ok")[:FINALISTS + 1]
     if not fastest or not self.overhead_s: return 0.0
     p, r = self.policy, RETIME_POLICY
@@ -463,7 +464,7 @@ class Evaluator:
     # a candidate still running long after the cutoff (a run under it is timed for up to max_seconds more) cannot win: stop it there
     # (a new worker costs about a second) rather than at the timeout (the 2048^3 matmul with no opts, a start of BEAM's, runs a minute)
     s.cut = min(self.timeout_s, max(CUT_MIN_S, 4 * s.policy["cutoff"]) + self.policy.max_seconds) if s.policy["cutoff"] else self.timeout_s
-    if self.end is not None and math.isfinite(best): s.cut = min(s.cut, max(CUT_MIN_S, self.end - time.monotonic()))  # none runs far past the end
+    if self.end is not None and math.isfinite(best): s.end = self.end  # none runs far past the end
     worker = self._started()
     worker.send(["run", s.built.lib, s.k.name, s.k.launch_dims, s.policy, True])
     s.at = time.monotonic()
@@ -475,7 +476,8 @@ class Evaluator:
     s = self.sent[0]
     assert self.worker is not None
     begun = max(s.at, self.answered)  # it ran from when the worker answered the request before it
-    reply = self.worker.reply(max(0.0, s.cut - (time.monotonic() - begun)))
+    cut = min(s.cut, max(CUT_MIN_S, s.end - begun))  # from when it began: queued behind a slow one, it began late
+    reply = self.worker.reply(max(0.0, cut - (time.monotonic() - begun)))
     self.sent.popleft()
     self.answered = time.monotonic()
     if reply[0] in ("crashed", "timeout"):
@@ -489,9 +491,9 @@ class Evaluator:
     res = Result(s.opts, reply[0], compile_s=s.built.compile_s, source_hash=s.built.source_hash, objective=self.objective,
                  render_s=s.built.render_s, verify_s=float(reply[2]) if len(reply) > 2 else 0.0,
                  run_s=float(reply[5]) if len(reply) > 5 else self.answered - begun)
-    if reply[0] == "timeout" and s.cut < self.timeout_s:
+    if reply[0] == "timeout" and cut < self.timeout_s:
       best = s.policy["cutoff"] / self.policy.cutoff_ratio
-      reply[1] = f"cut off after {s.cut:.1f} s, over {s.cut / best:.0f}x the best so far"
+      reply[1] = f"cut off after {cut:.1f} s, over {cut / best:.0f}x the best so far"
     if reply[0] != "ok": res = replace(res, error=reply[1])
     else:
       times, med = reply[1], statistics.median(reply[1])
