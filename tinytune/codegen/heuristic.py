@@ -351,7 +351,7 @@ def packed_blocks(p: Plan) -> None:
   k, row, lane = p.k, p.tile_row, p.lane
   if not (k.pack and k.has(AxisKind.KBLOCK)) or row is None or lane is None or k.remaining(k.n_global).size > PANEL_RUN_MAX: return
   plan = [o for o in k.opts if o.op not in (OptOps.THREAD, OptOps.KBLOCK, OptOps.PACK) and o != Opt(OptOps.SWAP, row, lane)]
-  red, tiles, threads = k.sizes[-1], k.remaining(lane).size, k.caps.threads
+  red, tiles, threads = k.sizes[k.n_global], k.remaining(lane).size, k.caps.threads
   for block in (b for b in reversed(divisors(red)) if KBLOCK_MIN <= b <= BLOCK_K):
     for parts in (n for n in range(threads, 4 * threads + 1, threads) if tiles % n == 0):
       t = Kernel(k.ast, k.caps)
