@@ -392,11 +392,11 @@ def divmod_const(u: UOp, x: UOp, divisor: UOp) -> UOp | None:
 
 
 def _split_below(terms: dict[UOp, int], c: int, fits: Callable[[int], bool]) -> tuple[int, UOp, UOp] | None:
-  """sum(terms) + c as g*big + small with 0 <= small < g, for the largest factor g = gcd(coefficient, ...) that `fits` and leaves
+  """sum(terms) + c as g*big + small with 0 <= small < g, for the largest coefficient g (in absolute value) that `fits` and leaves
   some term in big (a split index whose inner part an upcast's lanes or a padded view's offset keep below the outer's stride)."""
-  dtype = next(iter(terms)).dtype if terms else dtypes.int64
   for g in sorted({abs(v) for v in terms.values()}, reverse=True):
     if g < 2 or not fits(g): continue
+    dtype = next(iter(terms)).dtype
     small = from_linear(dtype, {t: v for t, v in terms.items() if v % g != 0}, c % g)
     if 0 <= small.vmin and small.vmax < g:
       return g, from_linear(dtype, {t: v // g for t, v in terms.items() if v % g == 0}, c // g), small
